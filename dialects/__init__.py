@@ -1,0 +1,1 @@
+"""The modeldsl dialects: ``mdsl.graph`` (functional graph) and ``mdsl.sched`` (schedule)."""

@@ -1,0 +1,1 @@
+"""The modeldsl passes: one file per pass, each listed once in ``registry.PASSES``."""
