@@ -1,0 +1,1 @@
+ANNOTATIONS = ()  # placeholder, being written

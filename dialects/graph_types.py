@@ -1,0 +1,194 @@
+"""Types and attributes of ``mdsl.graph``: symbolic shapes, tensors, dimension lists.
+
+* ``!mdsl.graph.tensor<[B, T, 2*D*Hkv + D*Hq], bf16>`` — a tensor whose
+  dimensions are integers or canonical symbolic expressions
+  (:mod:`modeldsl.symbolic`); ``*`` marks variadic leading dimensions.
+* ``#mdsl.graph.dims<[d_ff, d_ff]>`` — a list of dimensions as an attribute
+  (split sizes, view shapes).
+* ``#mdsl.graph.expr<n_layers>`` — one dimension expression (stack counts).
+
+In IR text floor division and modulo are spelled ``floordiv`` and ``mod``
+(``//`` starts a comment in MLIR syntax); the DSL spells them ``//`` and ``%``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xdsl.dialects.builtin import StringAttr
+from xdsl.ir import Attribute, Data, ParametrizedAttribute, TypeAttribute
+from xdsl.irdl import irdl_attr_definition
+from xdsl.parser import AttrParser
+from xdsl.printer import Printer
+from xdsl.utils.exceptions import VerifyException
+
+from modeldsl.dialects.dtypes import DType
+from modeldsl.symbolic import (
+    STAR,
+    Dim,
+    Expr,
+    ExprLike,
+    SymbolicError,
+    make_shape,
+    numel,
+    shape_text,
+)
+
+_EXPR_PUNCTUATION = ("+", "-", "*", "(", ")")
+
+
+def parse_dim_expr(parser: AttrParser, allow_star: bool = False) -> Dim:
+    """Parse one dimension (an expression, or ``*`` where allowed) from IR text."""
+    start = parser.pos
+    pieces: list[str] = []
+    depth = 0
+    while True:
+        if depth == 0 and pieces and _at_dim_end(parser):
+            break
+        if (value := parser.parse_optional_integer(allow_boolean=False, allow_negative=False)) is not None:
+            pieces.append(str(value))
+        elif (name := parser.parse_optional_identifier()) is not None:
+            pieces.append(name)
+        elif (punct := _parse_optional_expr_punctuation(parser)) is not None:
+            depth += {"(": 1, ")": -1}.get(punct, 0)
+            pieces.append(punct)
+        elif not pieces:
+            parser.raise_error("expected a dimension expression")
+        else:
+            break
+    if pieces == ["*"]:
+        if not allow_star:
+            parser.raise_error("'*' is only allowed as a leading tensor dimension", start, parser.pos)
+        return STAR
+    try:
+        return Expr.parse(" ".join(pieces))
+    except SymbolicError as err:
+        parser.raise_error(f"invalid dimension expression: {err}", start, parser.pos)
+
+
+def _at_dim_end(parser: AttrParser) -> bool:
+    text = parser._current_token.text  # noqa: SLF001 - a lookahead the parser API lacks
+    return text in (",", "]", ">")
+
+
+def _parse_optional_expr_punctuation(parser: AttrParser) -> str | None:
+    for punct in _EXPR_PUNCTUATION:
+        if parser.parse_optional_punctuation(punct) is not None:  # type: ignore[arg-type]
+            return punct
+    return None
+
+
+def parse_dims(parser: AttrParser, allow_star: bool = True) -> tuple[Dim, ...]:
+    """Parse ``[d0, d1, ...]``."""
+    start = parser.pos
+    dims = parser.parse_comma_separated_list(
+        parser.Delimiter.SQUARE, lambda: parse_dim_expr(parser, allow_star)
+    )
+    try:
+        return make_shape(dims)
+    except SymbolicError as err:
+        parser.raise_error(str(err), start, parser.pos)
+
+
+@irdl_attr_definition
+class DimsAttr(Data[tuple[Dim, ...]]):
+    """A list of (symbolic) dimensions: ``#mdsl.graph.dims<[d_ff, d_ff]>``."""
+
+    name = "mdsl.graph.dims"
+
+    @classmethod
+    def parse_parameter(cls, parser: AttrParser) -> tuple[Dim, ...]:
+        with parser.in_angle_brackets():
+            return parse_dims(parser)
+
+    def print_parameter(self, printer: Printer) -> None:
+        printer.print_string(f"<{shape_text(self.data)}>")
+
+    @staticmethod
+    def from_list(dims: Sequence[ExprLike]) -> "DimsAttr":
+        return DimsAttr(make_shape(list(dims)))
+
+
+@irdl_attr_definition
+class ExprAttr(Data[Expr]):
+    """One dimension expression: ``#mdsl.graph.expr<n_layers>``."""
+
+    name = "mdsl.graph.expr"
+
+    @classmethod
+    def parse_parameter(cls, parser: AttrParser) -> Expr:
+        with parser.in_angle_brackets():
+            return parse_dim_expr(parser)  # type: ignore[return-value]
+
+    def print_parameter(self, printer: Printer) -> None:
+        printer.print_string(f"<{self.data}>")
+
+    @staticmethod
+    def of(value: ExprLike) -> "ExprAttr":
+        return ExprAttr(Expr.of(value))
+
+
+@irdl_attr_definition
+class TensorType(ParametrizedAttribute, TypeAttribute):
+    """A tensor with a symbolic shape and an element type."""
+
+    name = "mdsl.graph.tensor"
+
+    dims: DimsAttr
+    dtype_name: StringAttr
+
+    def __init__(self, shape: Sequence[ExprLike] | DimsAttr, dtype: DType | str):
+        dims = shape if isinstance(shape, DimsAttr) else DimsAttr(make_shape(list(shape)))
+        spelling = dtype.value if isinstance(dtype, DType) else dtype
+        super().__init__(dims, StringAttr(spelling))
+
+    @property
+    def shape(self) -> tuple[Dim, ...]:
+        return self.dims.data
+
+    @property
+    def dtype(self) -> DType:
+        return DType(self.dtype_name.data)
+
+    @property
+    def rank(self) -> int:
+        """Number of dimensions (a variadic ``*`` counts as one)."""
+        return len(self.shape)
+
+    @property
+    def is_variadic(self) -> bool:
+        return bool(self.shape) and self.shape[0] is STAR
+
+    def numel(self) -> Expr | None:
+        return numel(self.shape)
+
+    def with_shape(self, shape: Sequence[ExprLike]) -> "TensorType":
+        return TensorType(shape, self.dtype)
+
+    def with_dtype(self, dtype: DType | str) -> "TensorType":
+        return TensorType(self.dims, dtype)
+
+    def verify(self) -> None:
+        try:
+            DType.parse(self.dtype_name.data)
+        except ValueError as err:
+            raise VerifyException(str(err)) from None
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
+        with parser.in_angle_brackets():
+            dims = parse_dims(parser)
+            parser.parse_punctuation(",")
+            start = parser.pos
+            spelling = parser.parse_identifier("element type")
+            try:
+                DType.parse(spelling)
+            except ValueError as err:
+                parser.raise_error(str(err), start, parser.pos)
+        return [DimsAttr(dims), StringAttr(spelling)]
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<{shape_text(self.shape)}, {self.dtype_name.data}>")
+
+
+GRAPH_TYPES_AND_ATTRS: tuple[type[Attribute], ...] = (TensorType, DimsAttr, ExprAttr)

@@ -1,0 +1,2 @@
+from xdsl.ir import Dialect
+Sched = Dialect("mdsl.sched", [], [])  # placeholder, being written

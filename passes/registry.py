@@ -1,0 +1,44 @@
+"""The one registry of passes that ``mdsl-opt`` and the Python pipeline use.
+
+Project passes are named ``mdsl-<verb>`` (no dots: the pipeline parser
+rejects them); each lives in its own file in this folder and is listed once
+here. A few general xDSL passes that work on any IR are listed too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from xdsl.passes import ModulePass
+
+
+def _canonicalize() -> type[ModulePass]:
+    from xdsl.transforms.canonicalize import CanonicalizePass
+
+    return CanonicalizePass
+
+
+def _cse() -> type[ModulePass]:
+    from xdsl.transforms.common_subexpression_elimination import (
+        CommonSubexpressionElimination,
+    )
+
+    return CommonSubexpressionElimination
+
+
+def _dce() -> type[ModulePass]:
+    from xdsl.transforms.dead_code_elimination import DeadCodeElimination
+
+    return DeadCodeElimination
+
+
+GENERAL_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
+    "canonicalize": _canonicalize,
+    "cse": _cse,
+    "dce": _dce,
+}
+
+# Project passes, added by the issues that build them: name -> factory.
+PROJECT_PASSES: dict[str, Callable[[], type[ModulePass]]] = {}
+
+PASSES: dict[str, Callable[[], type[ModulePass]]] = {**GENERAL_PASSES, **PROJECT_PASSES}

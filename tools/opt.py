@@ -1,0 +1,139 @@
+"""``mdsl-opt``: parse modeldsl IR, run a pass pipeline, print the result.
+
+An ``xDSLOptMain`` that loads the ``mdsl.graph`` and ``mdsl.sched`` dialects
+eagerly, takes its passes from :mod:`modeldsl.passes.registry`, accepts
+``-p`` and ``--pass-pipeline`` (same syntax; an MLIR-style
+``builtin.module(...)`` wrapper is accepted too) and reports bad input as
+``file:line:col: error: ...`` with the source line and a caret, never a
+Python traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+from typing import IO
+
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
+from xdsl.xdsl_opt_main import xDSLOptMain
+
+from modeldsl.ir import LocatingParser, load_dialects, verify_module
+from modeldsl.passes.registry import PASSES
+
+
+class UserError(Exception):
+    """Bad input or flags: reported as a message, exit code 1."""
+
+
+def normalize_pipeline(spec: str) -> str:
+    """Strip an MLIR-style ``builtin.module(...)`` wrapper from a pipeline."""
+    spec = spec.strip()
+    for prefix in ("builtin.module(", "any("):
+        if spec.startswith(prefix) and spec.endswith(")"):
+            return spec[len(prefix) : -1].strip()
+    return spec
+
+
+class MdslOptMain(xDSLOptMain):
+    def __init__(self, args: Sequence[str] | None = None):
+        self._op_spans = {}
+        super().__init__(description="modeldsl IR optimizer driver", args=args)
+
+    def register_all_dialects(self) -> None:
+        load_dialects(self.ctx)
+
+    def register_all_passes(self) -> None:
+        for name, factory in PASSES.items():
+            self.register_pass(name, factory)
+
+    def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
+        super().register_all_arguments(arg_parser)
+        arg_parser.add_argument(
+            "--pass-pipeline",
+            type=str,
+            default=None,
+            help="pass pipeline, same syntax as -p (e.g. 'dce,cse' or 'builtin.module(dce)')",
+        )
+
+    def setup_pipeline(self) -> None:
+        if self.args.pass_pipeline is not None:
+            if self.args.passes:
+                raise UserError("give the pipeline with either -p or --pass-pipeline, not both")
+            self.args.passes = self.args.pass_pipeline
+        self.args.passes = normalize_pipeline(self.args.passes)
+        try:
+            super().setup_pipeline()
+        except ArgSpecParseError as err:
+            raise UserError(f"invalid pass pipeline: {err}") from None
+        except ValueError as err:
+            known = ", ".join(sorted(self.available_passes))
+            raise UserError(f"{err} (known passes: {known})") from None
+
+    def register_all_frontends(self) -> None:
+        def parse_mlir(stream: IO[bytes]) -> ModuleOp:
+            parser = LocatingParser(self.ctx, stream.read().decode(), self.get_input_name())
+            module = parser.parse_module(not self.args.no_implicit_module)
+            self._op_spans = parser.op_spans
+            return module
+
+        self.available_frontends["mlir"] = parse_mlir
+
+    def parse_chunk(self, chunk: IO[bytes], file_extension: str, start_offset: int = 0) -> ModuleOp | None:
+        module = super().parse_chunk(chunk, file_extension, start_offset)
+        if start_offset:
+            self._op_spans = {
+                op: dataclasses.replace(span, line_offset=start_offset)
+                for op, span in self._op_spans.items()
+            }
+        return module
+
+    def apply_passes(self, prog: ModuleOp) -> None:
+        if not self.args.disable_verify:
+            diagnostics = verify_module(prog, self._op_spans)
+            if diagnostics:
+                raise InputDiagnostics("".join(d.render() for d in diagnostics))
+        super().apply_passes(prog)
+
+
+class InputDiagnostics(DiagnosticException):
+    """Verifier failures of the input, already rendered with locations."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        tool = MdslOptMain(args=argv)
+        tool.run()
+    except UserError as err:
+        print(f"mdsl-opt: error: {err}", file=sys.stderr)
+        return 1
+    except FileNotFoundError as err:
+        print(f"mdsl-opt: error: no such file: {err.filename}", file=sys.stderr)
+        return 1
+    except (ParseError, DiagnosticException) as err:
+        sys.stderr.write(str(err))
+        return 1
+    except ValueError as err:  # e.g. an unknown file extension
+        print(f"mdsl-opt: error: {err}", file=sys.stderr)
+        return 1
+    except Exception as err:  # noqa: BLE001 - a bug, but still no traceback for users
+        if os.environ.get("MDSL_DEBUG"):
+            raise
+        print(
+            f"mdsl-opt: internal error: {type(err).__name__}: {err}\n"
+            "hint: this is a bug in modeldsl; rerun with MDSL_DEBUG=1 for a traceback and report it",
+            file=sys.stderr,
+        )
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["MdslOptMain", "main", "ModulePass"]

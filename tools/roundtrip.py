@@ -1,0 +1,73 @@
+"""``mdsl-roundtrip``: check that IR prints in a form that parses back to itself.
+
+For each chunk of the input (``--split-input-file`` style, ``// -----``):
+parse it, print the custom form, parse that and print again (the two prints
+must be equal), print the generic form, parse that and print in custom form
+(must again be equal). Prints the custom form for FileCheck; exits 1 with a
+unified diff on any mismatch. Used by the lit ``%roundtrip`` substitution.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from collections.abc import Sequence
+
+from xdsl.utils.exceptions import DiagnosticException, ParseError
+
+from modeldsl.ir import make_context, parse_module, print_ir, verify_module
+
+
+class RoundTripMismatch(Exception):
+    pass
+
+
+def _reprint(text: str, name: str, generic: bool = False) -> str:
+    module, _ = parse_module(make_context(), text, name)
+    return print_ir(module, generic=generic)
+
+
+def roundtrip_chunk(text: str, name: str) -> str:
+    """The custom print of ``text``, after checking both round trips."""
+    module, spans = parse_module(make_context(), text, name)
+    diagnostics = verify_module(module, spans)
+    if diagnostics:
+        raise DiagnosticException("".join(d.render() for d in diagnostics))
+    custom = print_ir(module)
+    _expect_equal(custom, _reprint(custom, f"{name} (custom print)"), "custom print does not re-parse to itself")
+    generic = print_ir(module, generic=True)
+    _expect_equal(custom, _reprint(generic, f"{name} (generic print)"), "generic print does not re-parse to the same IR")
+    return custom
+
+
+def _expect_equal(expected: str, got: str, what: str) -> None:
+    if expected != got:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), got.splitlines(True), "first", "second"))
+        raise RoundTripMismatch(f"{what}:\n{diff}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: mdsl-roundtrip FILE", file=sys.stderr)
+        return 2
+    path = args[0]
+    try:
+        with open(path) as f:
+            chunks = f.read().split("// -----")
+    except OSError as err:
+        print(f"mdsl-roundtrip: error: {err}", file=sys.stderr)
+        return 1
+    outputs = []
+    for chunk in chunks:
+        try:
+            outputs.append(roundtrip_chunk(chunk, path))
+        except (ParseError, DiagnosticException, RoundTripMismatch) as err:
+            print(str(err), file=sys.stderr)
+            return 1
+    sys.stdout.write("// -----\n".join(outputs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
