@@ -19,6 +19,7 @@ from typing import ClassVar
 
 from xdsl.dialects.builtin import (
     BoolAttr,
+    DenseArrayBase,
     FloatAttr,
     IntegerAttr,
     IntegerType,
@@ -28,11 +29,14 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.irdl import (
+    AttrSizedOperandSegments,
     IRDLOperation,
     attr_def,
     irdl_op_definition,
     operand_def,
     opt_attr_def,
+    opt_operand_def,
+    opt_result_def,
     result_def,
     traits_def,
     var_operand_def,
@@ -236,20 +240,6 @@ class PrimitiveOp(IRDLOperation):
 
 
 
-__all__ = [
-    "PrimitiveOp",
-    "PRIMITIVE_OPS",
-    "DimsAttr",
-    "Expr",
-    "operand_def",
-    "result_def",
-    "var_operand_def",
-    "var_result_def",
-    "opt_attr_def",
-    "irdl_op_definition",
-    "get_float",
-    "get_int",
-]
 
 
 # ----------------------------------------------------------------------------
@@ -267,12 +257,36 @@ def matmul_dims(transpose: str, a: TensorType, b: TensorType) -> tuple[Dim, Dim,
     return m, ka, kb, n
 
 
+def check_matmul(transpose: str, a: TensorType, b: TensorType, c: TensorType, batched: bool) -> None:
+    check_min_rank("A", a, 2)
+    check_min_rank("B", b, 2)
+    check_min_rank("result", c, 2)
+    m, ka, kb, n = matmul_dims(transpose, a, b)
+    check_dim(f"inner dimensions ({transpose})", ka, kb)
+    check_dim("result rows", dim_at(c, -2), m)
+    check_dim("result columns", dim_at(c, -1), n)
+    if not (a.is_variadic or c.is_variadic) and a.rank != c.rank:
+        raise VerifyException(f"result rank {c.rank} differs from the rank of A ({a.rank})")
+    if not batched:
+        check_rank("B", b, 2)
+        if transpose[0] == "T" and (a.is_variadic or a.rank > 2):
+            raise VerifyException("A with leading dimensions cannot be transposed; use batched_matmul")
+        return
+    if b.is_variadic or a.is_variadic or b.rank == 2:
+        return
+    if b.rank != a.rank:
+        raise VerifyException(f"B must be a matrix or have the rank of A ({a.rank}), got {b}")
+    for i in range(a.rank - 2):
+        check_dim(f"batch dimension {i}", a.shape[i], b.shape[i])
+
+
 @irdl_op_definition
 class MatmulOp(PrimitiveOp):
-    """``C = alpha * op(A) @ op(B) (+ beta * C)``; ``NT`` is ``A @ B^T``.
+    """``C = alpha * op(A) @ op(B)``: ``NN`` A@B, ``NT`` A@B^T, ``TN`` A^T@B, ``TT`` A^T@B^T.
 
-    A may have leading dims (``[*, K]`` activations against a ``[N, K]``
-    weight); B is a matrix.
+    A may carry leading dimensions (``[*, K]`` activations against a
+    ``[N, K]`` weight); B is a matrix. ``accumulate`` (and ``beta``) ask the
+    schedule to add into the existing gradient buffer.
     """
 
     name = "mdsl.graph.matmul"
@@ -287,18 +301,1465 @@ class MatmulOp(PrimitiveOp):
     beta = float_param(0.0)
 
     def verify_shapes(self) -> None:
-        a, b, c = tensor(self.a), tensor(self.b), tensor(self.c)
-        check_min_rank("A", a, 2 if self.transpose.data[0] == "T" else 1)
-        check_rank("B", b, 2)
-        if a.is_variadic or a.rank > 2:
-            if self.transpose.data[0] == "T":
-                raise VerifyException("A with leading batch dims cannot be transposed")
-        m, ka, kb, n = matmul_dims(self.transpose.data, a, b)
-        check_dim(f"inner dimensions of matmul ({self.transpose.data})", ka, kb)
-        check_dim("result rows", dim_at(c, -2) if c.rank >= 2 or c.is_variadic else m, m)
-        check_dim("result columns", dim_at(c, -1), n)
-        if not (a.is_variadic or c.is_variadic) and a.rank != c.rank:
-            raise VerifyException(f"result rank {c.rank} differs from A's rank {a.rank}")
+        check_matmul(self.transpose.data, tensor(self.a), tensor(self.b), tensor(self.c), batched=False)
 
 
-PRIMITIVE_OPS: tuple[type[Operation], ...] = (MatmulOp,)
+@irdl_op_definition
+class BatchedMatmulOp(PrimitiveOp):
+    """``C[b] = op(A[b]) @ op(B[b])`` over leading dims; a matrix B broadcasts."""
+
+    name = "mdsl.graph.batched_matmul"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"transpose": TRANSPOSE_MODES}
+
+    a = operand_def(TensorType)
+    b = operand_def(TensorType)
+    c = result_def(TensorType)
+    transpose = enum_param("NN")
+    accumulate = bool_param(False)
+
+    def verify_shapes(self) -> None:
+        check_matmul(self.transpose.data, tensor(self.a), tensor(self.b), tensor(self.c), batched=True)
+
+
+@irdl_op_definition
+class GroupedGemmOp(PrimitiveOp):
+    """MoE grouped GEMM: rows ``offsets[g]:offsets[g+1]`` of ``input`` times ``weights[g]``.
+
+    ``input: [tokens, K]``, ``weights: [G, N, K]`` with the default ``NT``
+    (``input_g @ weights[g]^T``), or ``[G, K, N]`` with ``NN``;
+    ``offsets: [G + 1]`` int32. (The spec writes the default as ``TN``;
+    modeldsl uses the one transpose convention of ``matmul``.)
+    """
+
+    name = "mdsl.graph.grouped_gemm"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"transpose": ("NN", "NT")}
+
+    input = operand_def(TensorType)
+    weights = operand_def(TensorType)
+    offsets = operand_def(TensorType)
+    output = result_def(TensorType)
+    transpose = enum_param("NT")
+
+    def verify_shapes(self) -> None:
+        x, w, off, out = tensor(self.input), tensor(self.weights), tensor(self.offsets), tensor(self.output)
+        check_rank("input", x, 2)
+        check_rank("weights", w, 3)
+        check_rank("offsets", off, 1)
+        check_dtype_in("offsets", off, INDEX_DTYPES)
+        k_dim, n_dim = (2, 1) if self.transpose.data == "NT" else (1, 2)
+        check_dim("inner dimension", dim_at(x, 1), w.shape[k_dim])
+        check_dim("offsets length (groups + 1)", off.shape[0], w.shape[0] + 1)
+        check_dim("output rows", out.shape[0], x.shape[0])
+        check_dim("output columns", dim_at(out, 1), w.shape[n_dim])
+
+
+@irdl_op_definition
+class GroupedGemmWeightGradOp(PrimitiveOp):
+    """Per-group weight gradient: ``d_weights[g] = d_output_g^T @ input_g`` (``[G, N, K]``)."""
+
+    name = "mdsl.graph.grouped_gemm_weight_grad"
+
+    input = operand_def(TensorType)
+    d_output = operand_def(TensorType)
+    offsets = operand_def(TensorType)
+    d_weights = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        x, dy, off, dw = tensor(self.input), tensor(self.d_output), tensor(self.offsets), tensor(self.d_weights)
+        check_rank("input", x, 2)
+        check_rank("d_output", dy, 2)
+        check_rank("d_weights", dw, 3)
+        check_dtype_in("offsets", off, INDEX_DTYPES)
+        check_dim("token count", x.shape[0], dy.shape[0])
+        check_dim("d_weights groups", dw.shape[0] + 1, dim_at(off, 0))
+        check_dim("d_weights rows", dw.shape[1], dy.shape[1])
+        check_dim("d_weights columns", dw.shape[2], x.shape[1])
+
+
+# ----------------------------------------------------------------------------
+# 6.2 Normalization
+# ----------------------------------------------------------------------------
+
+
+def check_row_stat(what: str, x: TensorType, stat: TensorType) -> None:
+    """``stat`` (rstd, mean, lse) has the shape of ``x`` without its last dim, fp32."""
+    check_dtype_in(what, stat, (DType.FP32,))
+    if x.is_variadic or stat.is_variadic:
+        return
+    check_same_shape(f"{what} shape", stat, x.with_shape(list(x.shape[:-1])))
+
+
+def check_norm_weight(what: str, x: TensorType, weight: TensorType) -> None:
+    check_rank(what, weight, 1)
+    check_dim(f"{what} length", weight.shape[0], dim_at(x, -1))
+
+
+@irdl_op_definition
+class RmsnormOp(PrimitiveOp):
+    """``y = x / sqrt(mean(x^2) + eps) * weight``; also returns ``rstd`` (fp32) for backward."""
+
+    name = "mdsl.graph.rmsnorm"
+
+    x = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    y = result_def(TensorType)
+    rstd = result_def(TensorType)
+    eps = float_param(1e-6)
+
+    def verify_shapes(self) -> None:
+        x, y = tensor(self.x), tensor(self.y)
+        check_same_shape("y", x, y)
+        check_norm_weight("weight", x, tensor(self.weight))
+        check_row_stat("rstd", x, tensor(self.rstd))
+
+
+@irdl_op_definition
+class RmsnormBackwardOp(PrimitiveOp):
+    """``(d_y, x, weight, rstd) -> (d_x, d_weight)``."""
+
+    name = "mdsl.graph.rmsnorm_backward"
+
+    d_y = operand_def(TensorType)
+    x = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    rstd = operand_def(TensorType)
+    d_x = result_def(TensorType)
+    d_weight = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        x = tensor(self.x)
+        check_same_shape("d_y", x, tensor(self.d_y))
+        check_same_shape("d_x", x, tensor(self.d_x))
+        check_norm_weight("weight", x, tensor(self.weight))
+        check_same_shape("d_weight", tensor(self.weight), tensor(self.d_weight))
+        check_row_stat("rstd", x, tensor(self.rstd))
+
+
+@irdl_op_definition
+class FusedResidualRmsnormOp(PrimitiveOp):
+    """``residual_out = residual + input; y = rmsnorm(residual_out, weight)``."""
+
+    name = "mdsl.graph.fused_residual_rmsnorm"
+
+    residual = operand_def(TensorType)
+    input = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    residual_out = result_def(TensorType)
+    y = result_def(TensorType)
+    rstd = result_def(TensorType)
+    eps = float_param(1e-6)
+
+    def verify_shapes(self) -> None:
+        r = tensor(self.residual)
+        for what, t in (("input", self.input), ("residual_out", self.residual_out), ("y", self.y)):
+            check_same_shape(what, r, tensor(t))
+        check_norm_weight("weight", r, tensor(self.weight))
+        check_row_stat("rstd", r, tensor(self.rstd))
+
+
+@irdl_op_definition
+class FusedResidualRmsnormBackwardOp(PrimitiveOp):
+    """``(d_y, d_residual_next, residual_out, weight, rstd) -> (d_residual, d_input, d_weight)``."""
+
+    name = "mdsl.graph.fused_residual_rmsnorm_backward"
+
+    d_y = operand_def(TensorType)
+    d_residual_next = operand_def(TensorType)
+    residual_out = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    rstd = operand_def(TensorType)
+    d_residual = result_def(TensorType)
+    d_input = result_def(TensorType)
+    d_weight = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        r = tensor(self.residual_out)
+        for what, t in (("d_y", self.d_y), ("d_residual_next", self.d_residual_next),
+                        ("d_residual", self.d_residual), ("d_input", self.d_input)):
+            check_same_shape(what, r, tensor(t))
+        check_norm_weight("weight", r, tensor(self.weight))
+        check_same_shape("d_weight", tensor(self.weight), tensor(self.d_weight))
+        check_row_stat("rstd", r, tensor(self.rstd))
+
+
+@irdl_op_definition
+class LayernormOp(PrimitiveOp):
+    """``y = (x - mean) * rstd * weight (+ bias)``; returns ``mean`` and ``rstd`` (fp32)."""
+
+    name = "mdsl.graph.layernorm"
+
+    x = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    bias = opt_operand_def(TensorType)
+    y = result_def(TensorType)
+    mean = result_def(TensorType)
+    rstd = result_def(TensorType)
+    eps = float_param(1e-5)
+
+    def verify_shapes(self) -> None:
+        x = tensor(self.x)
+        check_same_shape("y", x, tensor(self.y))
+        check_norm_weight("weight", x, tensor(self.weight))
+        if self.bias is not None:
+            check_norm_weight("bias", x, tensor(self.bias))
+        check_row_stat("mean", x, tensor(self.mean))
+        check_row_stat("rstd", x, tensor(self.rstd))
+
+
+@irdl_op_definition
+class LayernormBackwardOp(PrimitiveOp):
+    """``(d_y, x, weight, mean, rstd) -> (d_x, d_weight, d_bias?)``."""
+
+    name = "mdsl.graph.layernorm_backward"
+
+    d_y = operand_def(TensorType)
+    x = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    mean = operand_def(TensorType)
+    rstd = operand_def(TensorType)
+    d_x = result_def(TensorType)
+    d_weight = result_def(TensorType)
+    d_bias = opt_result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        x = tensor(self.x)
+        check_same_shape("d_y", x, tensor(self.d_y))
+        check_same_shape("d_x", x, tensor(self.d_x))
+        check_norm_weight("weight", x, tensor(self.weight))
+        check_same_shape("d_weight", tensor(self.weight), tensor(self.d_weight))
+        if self.d_bias is not None:
+            check_same_shape("d_bias", tensor(self.weight), tensor(self.d_bias))
+        check_row_stat("mean", x, tensor(self.mean))
+        check_row_stat("rstd", x, tensor(self.rstd))
+
+
+# ----------------------------------------------------------------------------
+# 6.3 Activations, and the elementwise base classes
+# ----------------------------------------------------------------------------
+
+
+class UnaryElementwiseOp(PrimitiveOp):
+    """``x -> out`` with the same shape and element type."""
+
+    x = operand_def(TensorType)
+    out = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        x, out = tensor(self.x), tensor(self.out)
+        check_same_shape("result", x, out)
+        check_same_dtype("result", x, out)
+
+
+class UnaryBackwardOp(PrimitiveOp):
+    """``(d_out, x) -> d_x``: the backward of an elementwise activation."""
+
+    d_out = operand_def(TensorType)
+    x = operand_def(TensorType)
+    d_x = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        x = tensor(self.x)
+        check_same_shape("d_out", x, tensor(self.d_out))
+        check_same_shape("d_x", x, tensor(self.d_x))
+
+
+class GatedOp(PrimitiveOp):
+    """``(gate, up) -> act(gate) * up``; gate and up have one shape."""
+
+    gate = operand_def(TensorType)
+    up = operand_def(TensorType)
+    out = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        gate = tensor(self.gate)
+        check_same_shape("gate and up", gate, tensor(self.up))
+        check_same_shape("result", gate, tensor(self.out))
+
+
+class GatedBackwardOp(PrimitiveOp):
+    """``(d_out, gate, up) -> (d_gate, d_up)``."""
+
+    d_out = operand_def(TensorType)
+    gate = operand_def(TensorType)
+    up = operand_def(TensorType)
+    d_gate = result_def(TensorType)
+    d_up = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        gate = tensor(self.gate)
+        for what, t in (("up", self.up), ("d_out", self.d_out), ("d_gate", self.d_gate), ("d_up", self.d_up)):
+            check_same_shape(what, gate, tensor(t))
+
+
+@irdl_op_definition
+class SwigluOp(GatedOp):
+    """``silu(gate) * up``."""
+
+    name = "mdsl.graph.swiglu"
+
+
+@irdl_op_definition
+class SwigluBackwardOp(GatedBackwardOp):
+    name = "mdsl.graph.swiglu_backward"
+
+
+@irdl_op_definition
+class GegluOp(GatedOp):
+    """``gelu(gate) * up`` (tanh approximation unless ``approximate = false``)."""
+
+    name = "mdsl.graph.geglu"
+    approximate = bool_param(True)
+
+
+@irdl_op_definition
+class GegluBackwardOp(GatedBackwardOp):
+    name = "mdsl.graph.geglu_backward"
+    approximate = bool_param(True)
+
+
+@irdl_op_definition
+class SiluOp(UnaryElementwiseOp):
+    """``x * sigmoid(x)``."""
+
+    name = "mdsl.graph.silu"
+
+
+@irdl_op_definition
+class SiluBackwardOp(UnaryBackwardOp):
+    name = "mdsl.graph.silu_backward"
+
+
+@irdl_op_definition
+class ReluOp(UnaryElementwiseOp):
+    """``max(x, 0)``."""
+
+    name = "mdsl.graph.relu"
+
+
+@irdl_op_definition
+class ReluBackwardOp(UnaryBackwardOp):
+    name = "mdsl.graph.relu_backward"
+
+
+@irdl_op_definition
+class Relu2Op(UnaryElementwiseOp):
+    """``max(x, 0)^2``."""
+
+    name = "mdsl.graph.relu2"
+
+
+@irdl_op_definition
+class Relu2BackwardOp(UnaryBackwardOp):
+    name = "mdsl.graph.relu2_backward"
+
+
+@irdl_op_definition
+class GeluOp(UnaryElementwiseOp):
+    """GELU; the tanh approximation unless ``approximate = false`` (erf)."""
+
+    name = "mdsl.graph.gelu"
+    approximate = bool_param(True)
+
+
+@irdl_op_definition
+class GeluBackwardOp(UnaryBackwardOp):
+    name = "mdsl.graph.gelu_backward"
+    approximate = bool_param(True)
+
+
+@irdl_op_definition
+class SoftmaxOp(UnaryElementwiseOp):
+    """Softmax along ``dim``."""
+
+    name = "mdsl.graph.softmax"
+    dim = int_param(-1)
+
+    def verify_shapes(self) -> None:
+        super().verify_shapes()
+        x = tensor(self.x)
+        if not x.is_variadic:
+            normalize_axis("dim", get_int(self, "dim"), x.rank)
+
+
+@irdl_op_definition
+class SoftmaxBackwardOp(PrimitiveOp):
+    """``(d_out, out) -> d_x`` (uses the forward output, not its input)."""
+
+    name = "mdsl.graph.softmax_backward"
+
+    d_out = operand_def(TensorType)
+    out = operand_def(TensorType)
+    d_x = result_def(TensorType)
+    dim = int_param(-1)
+
+    def verify_shapes(self) -> None:
+        out = tensor(self.out)
+        check_same_shape("d_out", out, tensor(self.d_out))
+        check_same_shape("d_x", out, tensor(self.d_x))
+
+
+# ----------------------------------------------------------------------------
+# 6.4 Attention
+# ----------------------------------------------------------------------------
+
+
+def check_heads(q: TensorType, k: TensorType, v: TensorType | None = None) -> None:
+    """q ``[B, Hq, Tq, D]``, k/v ``[B, Hkv, Tk, D]`` with ``Hq % Hkv == 0``."""
+    for what, t in (("q", q), ("k", k)) + ((("v", v),) if v is not None else ()):
+        check_rank(what, t, 4)
+    check_dim("batch of q and k", q.shape[0], k.shape[0])
+    check_dim("head dim of q and k", q.shape[3], k.shape[3])
+    hq, hkv = q.shape[1], k.shape[1]
+    ratio = (hq % hkv).const_value() if hkv.const_value() != 0 else None
+    if ratio is not None and ratio != 0:
+        raise VerifyException(f"query heads ({hq}) must be a multiple of kv heads ({hkv}) (GQA)")
+    if v is not None:
+        check_same_shape("k and v", k, v)
+
+
+class AttentionAttrs:
+    causal = bool_param(True)
+    softmax_scale = opt_attr_def(FloatAttr)
+    window_size = opt_attr_def(IntegerAttr)
+
+
+@irdl_op_definition
+class FlashAttentionOp(PrimitiveOp):
+    """Fused attention, GQA by head broadcast: ``(q, k, v, alibi_slopes?) -> (out, lse)``.
+
+    ``q: [B, Hq, Tq, D]``, ``k, v: [B, Hkv, Tk, D]``; ``lse: [B, Hq, Tq]``
+    fp32. ``softmax_scale`` defaults to ``1/sqrt(D)``; ``window_size`` is a
+    sliding window (Mistral). Tq may be shorter than Tk (decoding with a KV
+    cache: the queries are the last Tq positions).
+    """
+
+    name = "mdsl.graph.flash_attention"
+
+    q = operand_def(TensorType)
+    k = operand_def(TensorType)
+    v = operand_def(TensorType)
+    alibi_slopes = opt_operand_def(TensorType)
+    out = result_def(TensorType)
+    lse = result_def(TensorType)
+    causal = bool_param(True)
+    softmax_scale = opt_attr_def(FloatAttr)
+    window_size = opt_attr_def(IntegerAttr)
+
+    def verify_shapes(self) -> None:
+        q, k, v = tensor(self.q), tensor(self.k), tensor(self.v)
+        check_heads(q, k, v)
+        check_same_shape("out", q, tensor(self.out))
+        check_row_stat("lse", q, tensor(self.lse))
+        check_attention_attrs(self, q, k)
+        if self.alibi_slopes is not None:
+            slopes = tensor(self.alibi_slopes)
+            check_rank("alibi_slopes", slopes, 1)
+            check_dim("alibi_slopes length", slopes.shape[0], q.shape[1])
+
+
+def check_attention_attrs(op: Operation, q: TensorType, k: TensorType) -> None:
+    window = op.attributes.get("window_size")
+    if isinstance(window, IntegerAttr) and window.value.data <= 0:
+        raise VerifyException(f"window_size must be positive, got {window.value.data}")
+    scale = op.attributes.get("softmax_scale")
+    if isinstance(scale, FloatAttr) and not scale.value.data > 0:
+        raise VerifyException(f"softmax_scale must be positive, got {scale.value.data}")
+    tq, tk = q.shape[2], k.shape[2]
+    if (tq - tk).const_value() is not None and (tq - tk).const_value() > 0:
+        raise VerifyException(f"more queries ({tq}) than keys ({tk})")
+
+
+@irdl_op_definition
+class FlashAttentionBackwardOp(PrimitiveOp):
+    """``(d_out, q, k, v, out, lse) -> (d_q, d_k, d_v)``."""
+
+    name = "mdsl.graph.flash_attention_backward"
+
+    d_out = operand_def(TensorType)
+    q = operand_def(TensorType)
+    k = operand_def(TensorType)
+    v = operand_def(TensorType)
+    out = operand_def(TensorType)
+    lse = operand_def(TensorType)
+    d_q = result_def(TensorType)
+    d_k = result_def(TensorType)
+    d_v = result_def(TensorType)
+    causal = bool_param(True)
+    softmax_scale = opt_attr_def(FloatAttr)
+    window_size = opt_attr_def(IntegerAttr)
+
+    def verify_shapes(self) -> None:
+        q, k, v = tensor(self.q), tensor(self.k), tensor(self.v)
+        check_heads(q, k, v)
+        for what, t in (("d_out", self.d_out), ("out", self.out), ("d_q", self.d_q)):
+            check_same_shape(what, q, tensor(t))
+        check_same_shape("d_k", k, tensor(self.d_k))
+        check_same_shape("d_v", v, tensor(self.d_v))
+        check_row_stat("lse", q, tensor(self.lse))
+        check_attention_attrs(self, q, k)
+
+
+def check_rope_freqs(q: TensorType, freqs: TensorType) -> None:
+    """``freqs: [T, D // 2, 2]`` (cos, sin) for the T positions of q."""
+    check_rank("freqs", freqs, 3)
+    check_dim("freqs positions", freqs.shape[0], q.shape[2])
+    check_dim("freqs pairs (head_dim // 2)", freqs.shape[1], q.shape[3] // 2)
+    check_dim("freqs last dimension (cos, sin)", freqs.shape[2], Expr.const(2))
+    d = q.shape[3].const_value()
+    if d is not None and d % 2:
+        raise VerifyException(f"rotary head dim must be even, got {d}")
+
+
+@irdl_op_definition
+class RopeOp(PrimitiveOp):
+    """Rotary embedding of q and k: ``(q, k, freqs) -> (q_rot, k_rot)``.
+
+    ``interleaved`` pairs ``(x[2i], x[2i+1])``; otherwise ``(x[i], x[i+D/2])``
+    (the HuggingFace layout).
+    """
+
+    name = "mdsl.graph.rope"
+
+    q = operand_def(TensorType)
+    k = operand_def(TensorType)
+    freqs = operand_def(TensorType)
+    q_rot = result_def(TensorType)
+    k_rot = result_def(TensorType)
+    interleaved = bool_param(False)
+
+    def verify_shapes(self) -> None:
+        q, k = tensor(self.q), tensor(self.k)
+        check_heads(q, k)
+        check_same_shape("q_rot", q, tensor(self.q_rot))
+        check_same_shape("k_rot", k, tensor(self.k_rot))
+        check_rope_freqs(q, tensor(self.freqs))
+
+
+@irdl_op_definition
+class RopeBackwardOp(PrimitiveOp):
+    """``(d_q_rot, d_k_rot, freqs) -> (d_q, d_k)``: the inverse rotation."""
+
+    name = "mdsl.graph.rope_backward"
+
+    d_q_rot = operand_def(TensorType)
+    d_k_rot = operand_def(TensorType)
+    freqs = operand_def(TensorType)
+    d_q = result_def(TensorType)
+    d_k = result_def(TensorType)
+    interleaved = bool_param(False)
+
+    def verify_shapes(self) -> None:
+        q, k = tensor(self.d_q_rot), tensor(self.d_k_rot)
+        check_heads(q, k)
+        check_same_shape("d_q", q, tensor(self.d_q))
+        check_same_shape("d_k", k, tensor(self.d_k))
+        check_rope_freqs(q, tensor(self.freqs))
+
+
+@irdl_op_definition
+class QkNormOp(PrimitiveOp):
+    """Per-head RMSNorm of q and k: ``(q, k, q_weight, k_weight) -> (q_norm, k_norm, q_rstd, k_rstd)``."""
+
+    name = "mdsl.graph.qk_norm"
+
+    q = operand_def(TensorType)
+    k = operand_def(TensorType)
+    q_weight = operand_def(TensorType)
+    k_weight = operand_def(TensorType)
+    q_norm = result_def(TensorType)
+    k_norm = result_def(TensorType)
+    q_rstd = result_def(TensorType)
+    k_rstd = result_def(TensorType)
+    eps = float_param(1e-6)
+
+    def verify_shapes(self) -> None:
+        q, k = tensor(self.q), tensor(self.k)
+        check_heads(q, k)
+        check_same_shape("q_norm", q, tensor(self.q_norm))
+        check_same_shape("k_norm", k, tensor(self.k_norm))
+        check_norm_weight("q_weight", q, tensor(self.q_weight))
+        check_norm_weight("k_weight", k, tensor(self.k_weight))
+        check_row_stat("q_rstd", q, tensor(self.q_rstd))
+        check_row_stat("k_rstd", k, tensor(self.k_rstd))
+
+
+@irdl_op_definition
+class QkNormBackwardOp(PrimitiveOp):
+    """``(d_q_norm, d_k_norm, q, k, q_weight, k_weight, q_rstd, k_rstd) -> (d_q, d_k, d_q_weight, d_k_weight)``."""
+
+    name = "mdsl.graph.qk_norm_backward"
+
+    d_q_norm = operand_def(TensorType)
+    d_k_norm = operand_def(TensorType)
+    q = operand_def(TensorType)
+    k = operand_def(TensorType)
+    q_weight = operand_def(TensorType)
+    k_weight = operand_def(TensorType)
+    q_rstd = operand_def(TensorType)
+    k_rstd = operand_def(TensorType)
+    d_q = result_def(TensorType)
+    d_k = result_def(TensorType)
+    d_q_weight = result_def(TensorType)
+    d_k_weight = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        q, k = tensor(self.q), tensor(self.k)
+        check_heads(q, k)
+        for what, t in (("d_q_norm", self.d_q_norm), ("d_q", self.d_q)):
+            check_same_shape(what, q, tensor(t))
+        for what, t in (("d_k_norm", self.d_k_norm), ("d_k", self.d_k)):
+            check_same_shape(what, k, tensor(t))
+        check_norm_weight("q_weight", q, tensor(self.q_weight))
+        check_norm_weight("k_weight", k, tensor(self.k_weight))
+        check_same_shape("d_q_weight", tensor(self.q_weight), tensor(self.d_q_weight))
+        check_same_shape("d_k_weight", tensor(self.k_weight), tensor(self.d_k_weight))
+        check_row_stat("q_rstd", q, tensor(self.q_rstd))
+        check_row_stat("k_rstd", k, tensor(self.k_rstd))
+
+
+# ----------------------------------------------------------------------------
+# 6.5 Tensor manipulation
+# ----------------------------------------------------------------------------
+
+
+def check_all_but_axis(what: str, a: TensorType, b: TensorType, axis: int) -> None:
+    """Same rank and dims except along ``axis``."""
+    if a.is_variadic or b.is_variadic:
+        return
+    if a.rank != b.rank:
+        raise VerifyException(f"{what}: ranks differ ({_shape(a)} vs {_shape(b)})")
+    for i, (da, db) in enumerate(zip(a.shape, b.shape)):
+        if i != axis:
+            check_dim(f"{what}: dimension {i}", da, db)
+
+
+def resolve_axis(what: str, axis: int, t: TensorType) -> int | None:
+    """The non-negative axis, or None when a variadic shape makes it unknowable."""
+    if t.is_variadic:
+        if axis >= 0:
+            return None
+        return None
+    return normalize_axis(what, axis, t.rank)
+
+
+@irdl_op_definition
+class SplitOp(PrimitiveOp):
+    """Views of consecutive chunks of ``x`` along ``dim``: ``sizes`` sum to that dim."""
+
+    name = "mdsl.graph.split"
+
+    x = operand_def(TensorType)
+    outs = var_result_def(TensorType)
+    sizes = attr_def(DimsAttr)
+    dim = int_param(-1)
+
+    def verify_shapes(self) -> None:
+        x = tensor(self.x)
+        sizes = self.sizes.data
+        if len(sizes) != len(self.outs):
+            raise VerifyException(f"{len(sizes)} sizes but {len(self.outs)} results")
+        if any(s is STAR for s in sizes):
+            raise VerifyException("split sizes cannot be '*'")
+        axis = get_int(self, "dim")
+        total = Expr()
+        for s in sizes:
+            total = total + s
+        check_dim("split sizes must sum to the split dimension", total, dim_at(x, axis))
+        n = resolve_axis("dim", axis, x)
+        for i, (size, out) in enumerate(zip(sizes, self.outs)):
+            t = tensor(out)
+            check_same_dtype(f"result #{i}", x, t)
+            check_dim(f"result #{i} along dim", dim_at(t, axis), size)
+            if n is not None:
+                check_all_but_axis(f"result #{i}", x, t, n)
+
+
+@irdl_op_definition
+class ConcatOp(PrimitiveOp):
+    """Concatenation along ``dim`` (copies)."""
+
+    name = "mdsl.graph.concat"
+
+    inputs = var_operand_def(TensorType)
+    out = result_def(TensorType)
+    dim = int_param(-1)
+
+    def verify_shapes(self) -> None:
+        if not self.inputs:
+            raise VerifyException("needs at least one input")
+        out = tensor(self.out)
+        axis = get_int(self, "dim")
+        total = Expr()
+        for i, value in enumerate(self.inputs):
+            t = tensor(value)
+            check_same_dtype(f"input #{i}", out, t)
+            d = dim_at(t, axis)
+            if d is STAR:
+                return
+            total = total + d
+            n = resolve_axis("dim", axis, t)
+            if n is not None:
+                check_all_but_axis(f"input #{i}", out, t, n)
+        check_dim("concatenated dimension", dim_at(out, axis), total)
+
+
+@irdl_op_definition
+class ViewOp(PrimitiveOp):
+    """Reshape of a contiguous tensor (a view): the result type holds the new shape."""
+
+    name = "mdsl.graph.view"
+
+    x = operand_def(TensorType)
+    out = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        x, out = tensor(self.x), tensor(self.out)
+        check_same_dtype("result", x, out)
+        check_numel_equal("a view keeps the element count", x, out)
+
+
+@irdl_op_definition
+class TransposeOp(PrimitiveOp):
+    """Swaps dimensions ``dim0`` and ``dim1``."""
+
+    name = "mdsl.graph.transpose"
+
+    x = operand_def(TensorType)
+    out = result_def(TensorType)
+    dim0 = attr_def(IntegerAttr)
+    dim1 = attr_def(IntegerAttr)
+
+    def verify_shapes(self) -> None:
+        x, out = tensor(self.x), tensor(self.out)
+        check_same_dtype("result", x, out)
+        if x.is_variadic or out.is_variadic:
+            return
+        if x.rank != out.rank:
+            raise VerifyException("a transpose keeps the rank")
+        d0 = normalize_axis("dim0", self.dim0.value.data, x.rank)
+        d1 = normalize_axis("dim1", self.dim1.value.data, x.rank)
+        expected = list(x.shape)
+        expected[d0], expected[d1] = expected[d1], expected[d0]
+        check_same_shape("result", x.with_shape(expected), out)
+
+
+@irdl_op_definition
+class PermuteOp(PrimitiveOp):
+    """Reorders dimensions: result dim ``i`` is input dim ``dims[i]``."""
+
+    name = "mdsl.graph.permute"
+
+    x = operand_def(TensorType)
+    out = result_def(TensorType)
+    dims = attr_def(DenseArrayBase)
+
+    def verify_shapes(self) -> None:
+        x, out = tensor(self.x), tensor(self.out)
+        check_same_dtype("result", x, out)
+        perm = list(self.dims.get_values())
+        if x.is_variadic:
+            raise VerifyException("permute needs a shape without '*'")
+        if sorted(perm) != list(range(x.rank)):
+            raise VerifyException(f"dims {perm} is not a permutation of 0..{x.rank - 1}")
+        check_same_shape("result", x.with_shape([x.shape[p] for p in perm]), out)
+
+
+@irdl_op_definition
+class ContiguousOp(UnaryElementwiseOp):
+    """Materializes a contiguous copy when the input is a strided view; else a no-op."""
+
+    name = "mdsl.graph.contiguous"
+
+
+# ----------------------------------------------------------------------------
+# 6.6 Elementwise, 6.7 reductions
+# ----------------------------------------------------------------------------
+
+
+def broadcast_shape(what: str, a: TensorType, b: TensorType) -> list[Dim] | None:
+    """NumPy broadcasting of two shapes; None when a variadic shape hides the rank."""
+    if a.is_variadic or b.is_variadic:
+        return None
+    result: list[Dim] = []
+    sa, sb = list(a.shape), list(b.shape)
+    for i in range(1, max(len(sa), len(sb)) + 1):
+        da = sa[-i] if i <= len(sa) else Expr.const(1)
+        db = sb[-i] if i <= len(sb) else Expr.const(1)
+        if da == 1:
+            result.append(db)
+        elif db == 1 or da == db:
+            result.append(da)
+        elif definitely_different(da, db):
+            raise VerifyException(f"{what}: shapes {_shape(a)} and {_shape(b)} do not broadcast")
+        else:
+            result.append(da)
+    return result[::-1]
+
+
+class BinaryElementwiseOp(PrimitiveOp):
+    """``(a, b) -> out`` with NumPy broadcasting."""
+
+    a = operand_def(TensorType)
+    b = operand_def(TensorType)
+    out = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        a, b, out = tensor(self.a), tensor(self.b), tensor(self.out)
+        shape = broadcast_shape("operands", a, b)
+        if shape is not None:
+            check_same_shape("result of broadcasting", a.with_shape(shape), out)
+
+
+@irdl_op_definition
+class AddOp(BinaryElementwiseOp):
+    name = "mdsl.graph.add"
+
+
+@irdl_op_definition
+class MulOp(BinaryElementwiseOp):
+    name = "mdsl.graph.mul"
+
+
+@irdl_op_definition
+class BiasAddOp(PrimitiveOp):
+    """``x + bias`` with ``bias: [N]`` along the last dim of ``x: [*, N]``."""
+
+    name = "mdsl.graph.bias_add"
+
+    x = operand_def(TensorType)
+    bias = operand_def(TensorType)
+    out = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        x = tensor(self.x)
+        check_norm_weight("bias", x, tensor(self.bias))
+        check_same_shape("result", x, tensor(self.out))
+
+
+@irdl_op_definition
+class ScaleOp(UnaryElementwiseOp):
+    """``x * factor``."""
+
+    name = "mdsl.graph.scale"
+    factor = attr_def(FloatAttr)
+
+
+@irdl_op_definition
+class Add3Op(PrimitiveOp):
+    """``a + b + c`` (parallel residual blocks)."""
+
+    name = "mdsl.graph.add3"
+
+    a = operand_def(TensorType)
+    b = operand_def(TensorType)
+    c = operand_def(TensorType)
+    out = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        a = tensor(self.a)
+        for what, t in (("b", self.b), ("c", self.c), ("result", self.out)):
+            check_same_shape(what, a, tensor(t))
+
+
+def reduced_shape(x: TensorType, axes: Sequence[int], keepdim: bool) -> list[Dim] | None:
+    if x.is_variadic and any(a >= 0 for a in axes):
+        return None
+    rank = len(x.shape)
+    norm = {normalize_axis("reduction dim", a, rank) for a in axes}
+    if len(norm) != len(axes):
+        raise VerifyException(f"reduction dims {list(axes)} repeat a dimension")
+    if x.is_variadic and 0 in norm:
+        raise VerifyException("cannot reduce over the variadic '*' dimensions by position")
+    return [Expr.const(1) if i in norm else d for i, d in enumerate(x.shape) if keepdim or i not in norm]
+
+
+class ReductionOp(PrimitiveOp):
+    x = operand_def(TensorType)
+    out = result_def(TensorType)
+    dims = attr_def(DenseArrayBase)
+    keepdim = bool_param(False)
+
+    def verify_shapes(self) -> None:
+        x = tensor(self.x)
+        axes = list(self.dims.get_values())
+        if not axes:
+            raise VerifyException("needs at least one reduction dim")
+        shape = reduced_shape(x, axes, bool(get_int(self, "keepdim")))
+        if shape is not None:
+            check_same_shape("result", x.with_shape(shape), tensor(self.out))
+
+
+@irdl_op_definition
+class ReduceSumOp(ReductionOp):
+    name = "mdsl.graph.reduce_sum"
+
+
+@irdl_op_definition
+class ReduceMeanOp(ReductionOp):
+    name = "mdsl.graph.reduce_mean"
+
+
+@irdl_op_definition
+class ReduceMaxOp(PrimitiveOp):
+    """Max along ``dim``: ``(values, indices)`` (indices int32 or int64)."""
+
+    name = "mdsl.graph.reduce_max"
+
+    x = operand_def(TensorType)
+    values = result_def(TensorType)
+    indices = result_def(TensorType)
+    dim = attr_def(IntegerAttr)
+    keepdim = bool_param(False)
+
+    def verify_shapes(self) -> None:
+        x = tensor(self.x)
+        check_dtype_in("indices", tensor(self.indices), INDEX_DTYPES)
+        shape = reduced_shape(x, [self.dim.value.data], bool(get_int(self, "keepdim")))
+        if shape is not None:
+            check_same_shape("values", x.with_shape(shape), tensor(self.values))
+            check_same_shape("indices", x.with_shape(shape), tensor(self.indices))
+
+
+# ----------------------------------------------------------------------------
+# 6.8 Embedding
+# ----------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class EmbeddingOp(PrimitiveOp):
+    """``weight[indices]``: ``([*], [V, D]) -> [*, D]``."""
+
+    name = "mdsl.graph.embedding"
+
+    indices = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    out = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        idx, w, out = tensor(self.indices), tensor(self.weight), tensor(self.out)
+        check_dtype_in("indices", idx, INDEX_DTYPES)
+        check_rank("weight", w, 2)
+        check_same_dtype("result", w, out)
+        check_dim("embedding width", dim_at(out, -1), w.shape[1])
+        check_same_shape("result without its last dim", idx, out.with_shape(list(out.shape[:-1])))
+
+
+@irdl_op_definition
+class EmbeddingBackwardOp(PrimitiveOp):
+    """Scatter-add of ``d_out`` rows into ``d_weight: [V, D]``."""
+
+    name = "mdsl.graph.embedding_backward"
+
+    d_out = operand_def(TensorType)
+    indices = operand_def(TensorType)
+    d_weight = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        dy, idx, dw = tensor(self.d_out), tensor(self.indices), tensor(self.d_weight)
+        check_dtype_in("indices", idx, INDEX_DTYPES)
+        check_rank("d_weight", dw, 2)
+        check_dim("embedding width", dim_at(dy, -1), dw.shape[1])
+        check_same_shape("d_out without its last dim", idx, dy.with_shape(list(dy.shape[:-1])))
+
+
+# ----------------------------------------------------------------------------
+# 6.9 MoE
+# ----------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class MoeRouterOp(PrimitiveOp):
+    """Router: ``logits = x @ gate^T``, softmax (or sigmoid), top-k, optional renormalization.
+
+    ``(x: [N, C], gate: [E, C]) -> (weights: [N, top_k], indices: [N, top_k] int32, aux_loss: [] fp32)``
+    """
+
+    name = "mdsl.graph.moe_router"
+
+    x = operand_def(TensorType)
+    gate = operand_def(TensorType)
+    weights = result_def(TensorType)
+    indices = result_def(TensorType)
+    aux_loss = result_def(TensorType)
+    top_k = attr_def(IntegerAttr)
+    normalize = bool_param(True)
+    aux_loss_coef = float_param(0.01)
+    use_sigmoid = bool_param(False)
+
+    def verify_shapes(self) -> None:
+        x, gate = tensor(self.x), tensor(self.gate)
+        w, idx, aux = tensor(self.weights), tensor(self.indices), tensor(self.aux_loss)
+        k = self.top_k.value.data
+        check_rank("x", x, 2)
+        check_rank("gate", gate, 2)
+        check_dim("hidden size of x and gate", x.shape[1], gate.shape[1])
+        if k <= 0:
+            raise VerifyException(f"top_k must be positive, got {k}")
+        experts = gate.shape[0].const_value()
+        if experts is not None and k > experts:
+            raise VerifyException(f"top_k ({k}) exceeds the number of experts ({experts})")
+        expected = x.with_shape([x.shape[0], k])
+        check_same_shape("weights", expected, w)
+        check_same_shape("indices", expected, idx)
+        check_dtype_in("indices", idx, INDEX_DTYPES)
+        check_rank("aux_loss", aux, 0)
+        check_dtype_in("aux_loss", aux, (DType.FP32,))
+
+
+@irdl_op_definition
+class MoeRouterBackwardOp(PrimitiveOp):
+    """``(d_weights, x, gate, indices) -> (d_x, d_gate)``."""
+
+    name = "mdsl.graph.moe_router_backward"
+
+    d_weights = operand_def(TensorType)
+    x = operand_def(TensorType)
+    gate = operand_def(TensorType)
+    indices = operand_def(TensorType)
+    d_x = result_def(TensorType)
+    d_gate = result_def(TensorType)
+    normalize = bool_param(True)
+    aux_loss_coef = float_param(0.01)
+    use_sigmoid = bool_param(False)
+
+    def verify_shapes(self) -> None:
+        x, gate = tensor(self.x), tensor(self.gate)
+        check_same_shape("d_x", x, tensor(self.d_x))
+        check_same_shape("d_gate", gate, tensor(self.d_gate))
+        check_same_shape("d_weights and indices", tensor(self.d_weights), tensor(self.indices))
+        check_dtype_in("indices", tensor(self.indices), INDEX_DTYPES)
+
+
+@irdl_op_definition
+class MoePermuteOp(PrimitiveOp):
+    """Groups token copies by expert: ``(x [N, C], indices [N, K], expert_offsets [E + 1]) -> (permuted [N*K, C], scatter_indices [N*K])``."""
+
+    name = "mdsl.graph.moe_permute"
+
+    x = operand_def(TensorType)
+    indices = operand_def(TensorType)
+    expert_offsets = operand_def(TensorType)
+    permuted = result_def(TensorType)
+    scatter_indices = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        x, idx, off = tensor(self.x), tensor(self.indices), tensor(self.expert_offsets)
+        perm, scatter = tensor(self.permuted), tensor(self.scatter_indices)
+        check_rank("x", x, 2)
+        check_rank("indices", idx, 2)
+        check_rank("expert_offsets", off, 1)
+        for what, t in (("indices", idx), ("expert_offsets", off), ("scatter_indices", scatter)):
+            check_dtype_in(what, t, INDEX_DTYPES)
+        check_dim("tokens of x and indices", x.shape[0], idx.shape[0])
+        total = idx.shape[0] * idx.shape[1]
+        check_same_shape("permuted", x.with_shape([total, x.shape[1]]), perm)
+        check_same_shape("scatter_indices", x.with_shape([total]), scatter)
+
+
+@irdl_op_definition
+class MoeUnpermuteOp(PrimitiveOp):
+    """Scatters expert outputs back and combines them with the routing weights: ``-> [N, C]``."""
+
+    name = "mdsl.graph.moe_unpermute"
+
+    expert_outputs = operand_def(TensorType)
+    weights = operand_def(TensorType)
+    scatter_indices = operand_def(TensorType)
+    combined = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        eo, w, scatter, out = (tensor(v) for v in (self.expert_outputs, self.weights, self.scatter_indices, self.combined))
+        check_rank("expert_outputs", eo, 2)
+        check_rank("weights", w, 2)
+        check_dtype_in("scatter_indices", scatter, INDEX_DTYPES)
+        check_dim("expert_outputs rows (tokens * top_k)", eo.shape[0], w.shape[0] * w.shape[1])
+        check_same_shape("scatter_indices", eo.with_shape([eo.shape[0]]), scatter)
+        check_same_shape("combined", eo.with_shape([w.shape[0], eo.shape[1]]), out)
+
+
+@irdl_op_definition
+class MoeUnpermuteBackwardOp(PrimitiveOp):
+    """``(d_combined, expert_outputs, weights, scatter_indices) -> (d_expert_outputs, d_weights)``.
+
+    The spec lists ``(d_combined, weights, scatter_indices)``; ``d_weights``
+    needs the expert outputs too, so they are an operand here.
+    """
+
+    name = "mdsl.graph.moe_unpermute_backward"
+
+    d_combined = operand_def(TensorType)
+    expert_outputs = operand_def(TensorType)
+    weights = operand_def(TensorType)
+    scatter_indices = operand_def(TensorType)
+    d_expert_outputs = result_def(TensorType)
+    d_weights = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        check_same_shape("d_expert_outputs", tensor(self.expert_outputs), tensor(self.d_expert_outputs))
+        check_same_shape("d_weights", tensor(self.weights), tensor(self.d_weights))
+        check_dtype_in("scatter_indices", tensor(self.scatter_indices), INDEX_DTYPES)
+        w, dc = tensor(self.weights), tensor(self.d_combined)
+        check_dim("tokens of d_combined and weights", dc.shape[0], w.shape[0])
+
+
+# ----------------------------------------------------------------------------
+# 6.10 Mamba
+# ----------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class MambaConv1dOp(PrimitiveOp):
+    """Causal depthwise conv over time: ``x: [B, D, T]``, ``weight: [D, 1, kernel_size]``.
+
+    Optional ``bias: [D]`` and incremental ``state: [B, D, kernel_size - 1]``
+    (which adds the ``conv_state_out`` result).
+    """
+
+    name = "mdsl.graph.mamba_conv1d"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"activation": ("silu", "none")}
+
+    x = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    bias = opt_operand_def(TensorType)
+    conv_state = opt_operand_def(TensorType)
+    y = result_def(TensorType)
+    conv_state_out = opt_result_def(TensorType)
+    kernel_size = int_param(4)
+    activation = enum_param("silu")
+
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    assembly_format = (
+        "$x `,` $weight (`bias` $bias^)? (`state` $conv_state^)? attr-dict "
+        "`:` type($x) `,` type($weight) (`,` `bias` type($bias)^)? (`,` `state` type($conv_state)^)? "
+        "`->` type($y) (`,` type($conv_state_out)^)?"
+    )
+
+    def verify_shapes(self) -> None:
+        x, w, y = tensor(self.x), tensor(self.weight), tensor(self.y)
+        ks = get_int(self, "kernel_size")
+        check_rank("x", x, 3)
+        check_same_shape("y", x, y)
+        check_same_shape("weight", x.with_shape([x.shape[1], 1, ks]), w)
+        if self.bias is not None:
+            check_norm_weight("bias", x.with_shape([x.shape[1]]), tensor(self.bias))
+        state_shape = [x.shape[0], x.shape[1], ks - 1]
+        if self.conv_state is not None:
+            check_same_shape("conv_state", x.with_shape(state_shape), tensor(self.conv_state))
+        if (self.conv_state is None) != (self.conv_state_out is None):
+            raise VerifyException("conv_state_out is returned exactly when a conv_state is given")
+        if self.conv_state_out is not None:
+            check_same_shape("conv_state_out", x.with_shape(state_shape), tensor(self.conv_state_out))
+
+
+@irdl_op_definition
+class MambaConv1dBackwardOp(PrimitiveOp):
+    """``(d_y, x, weight) -> (d_x, d_weight, d_bias?)``."""
+
+    name = "mdsl.graph.mamba_conv1d_backward"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"activation": ("silu", "none")}
+
+    d_y = operand_def(TensorType)
+    x = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    bias = opt_operand_def(TensorType)
+    d_x = result_def(TensorType)
+    d_weight = result_def(TensorType)
+    d_bias = opt_result_def(TensorType)
+    kernel_size = int_param(4)
+    activation = enum_param("silu")
+
+    def verify_shapes(self) -> None:
+        x = tensor(self.x)
+        check_same_shape("d_y", x, tensor(self.d_y))
+        check_same_shape("d_x", x, tensor(self.d_x))
+        check_same_shape("d_weight", tensor(self.weight), tensor(self.d_weight))
+        if (self.bias is None) != (self.d_bias is None):
+            raise VerifyException("d_bias is returned exactly when a bias is given")
+
+
+@irdl_op_definition
+class MambaSelectiveScanOp(PrimitiveOp):
+    """Selective SSM scan ``h[t] = exp(delta A) h[t-1] + delta B[t] x[t]; y[t] = C[t] h[t] + D x[t]``.
+
+    ``u, delta: [B, D, T]``, ``a_log: [D, N]``, ``b_proj, c_proj: [B, G, N, T]``,
+    ``d_skip, dt_bias: [D]``, optional ``ssm_state: [B, D, N]`` ->
+    ``(y: [B, D, T], ssm_state_out: [B, D, N])``. (The spec's A, B, C, D.)
+    """
+
+    name = "mdsl.graph.mamba_selective_scan"
+
+    u = operand_def(TensorType)
+    delta = operand_def(TensorType)
+    a_log = operand_def(TensorType)
+    b_proj = operand_def(TensorType)
+    c_proj = operand_def(TensorType)
+    d_skip = operand_def(TensorType)
+    dt_bias = operand_def(TensorType)
+    ssm_state = opt_operand_def(TensorType)
+    y = result_def(TensorType)
+    ssm_state_out = result_def(TensorType)
+    chunk_size = int_param(256)
+
+    def verify_shapes(self) -> None:
+        verify_scan_operands(self)
+        u = tensor(self.u)
+        check_same_shape("y", u, tensor(self.y))
+        check_same_shape("ssm_state_out", u.with_shape([u.shape[0], u.shape[1], dim_at(tensor(self.a_log), 1)]),
+                         tensor(self.ssm_state_out))
+
+
+def verify_scan_operands(op: Operation) -> None:
+    u, delta, a = tensor(op.u), tensor(op.delta), tensor(op.a_log)
+    check_rank("u", u, 3)
+    check_same_shape("delta", u, delta)
+    check_rank("a_log", a, 2)
+    batch, channels, steps = u.shape
+    n = a.shape[1]
+    check_dim("a_log channels", a.shape[0], channels)
+    for what in ("b_proj", "c_proj"):
+        t = tensor(getattr(op, what))
+        check_rank(what, t, 4)
+        check_dim(f"{what} batch", t.shape[0], batch)
+        check_dim(f"{what} state size", t.shape[2], n)
+        check_dim(f"{what} steps", t.shape[3], steps)
+        groups = t.shape[1].const_value()
+        chans = channels.const_value()
+        if groups and chans is not None and chans % groups:
+            raise VerifyException(f"channels ({chans}) must be a multiple of the groups of {what} ({groups})")
+    for what in ("d_skip", "dt_bias"):
+        check_same_shape(what, u.with_shape([channels]), tensor(getattr(op, what)))
+    if op.ssm_state is not None:
+        check_same_shape("ssm_state", u.with_shape([batch, channels, n]), tensor(op.ssm_state))
+    if getattr(op, "chunk_size", None) is not None and get_int(op, "chunk_size") <= 0:
+        raise VerifyException("chunk_size must be positive")
+
+
+@irdl_op_definition
+class MambaSelectiveScanBackwardOp(PrimitiveOp):
+    """``(d_y, u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, y, ssm_state?) -> (d_u, d_delta, d_a_log, d_b_proj, d_c_proj, d_d_skip, d_dt_bias)``."""
+
+    name = "mdsl.graph.mamba_selective_scan_backward"
+
+    d_y = operand_def(TensorType)
+    u = operand_def(TensorType)
+    delta = operand_def(TensorType)
+    a_log = operand_def(TensorType)
+    b_proj = operand_def(TensorType)
+    c_proj = operand_def(TensorType)
+    d_skip = operand_def(TensorType)
+    dt_bias = operand_def(TensorType)
+    y = operand_def(TensorType)
+    ssm_state = opt_operand_def(TensorType)
+    d_u = result_def(TensorType)
+    d_delta = result_def(TensorType)
+    d_a_log = result_def(TensorType)
+    d_b_proj = result_def(TensorType)
+    d_c_proj = result_def(TensorType)
+    d_d_skip = result_def(TensorType)
+    d_dt_bias = result_def(TensorType)
+    chunk_size = int_param(256)
+
+    def verify_shapes(self) -> None:
+        verify_scan_operands(self)
+        u = tensor(self.u)
+        check_same_shape("d_y", u, tensor(self.d_y))
+        check_same_shape("y", u, tensor(self.y))
+        for name in ("u", "delta", "a_log", "b_proj", "c_proj", "d_skip", "dt_bias"):
+            check_same_shape(f"d_{name}", tensor(getattr(self, name)), tensor(getattr(self, f"d_{name}")))
+
+
+# ----------------------------------------------------------------------------
+# 6.11 Utility
+# ----------------------------------------------------------------------------
+
+
+class ConstantFillOp(PrimitiveOp):
+    """A new tensor of the result type filled with one value."""
+
+    out = result_def(TensorType)
+
+    assembly_format = "attr-dict `:` type($out)"
+
+    def verify_shapes(self) -> None:
+        if tensor(self.out).is_variadic:
+            raise VerifyException("a constant tensor needs a shape without '*'")
+
+
+@irdl_op_definition
+class ZerosOp(ConstantFillOp):
+    name = "mdsl.graph.zeros"
+
+
+@irdl_op_definition
+class OnesOp(ConstantFillOp):
+    name = "mdsl.graph.ones"
+
+
+@irdl_op_definition
+class FillOp(ConstantFillOp):
+    name = "mdsl.graph.fill"
+    value = attr_def(FloatAttr)
+
+
+@irdl_op_definition
+class CopyOp(UnaryElementwiseOp):
+    """A copy into a new buffer."""
+
+    name = "mdsl.graph.copy"
+
+
+@irdl_op_definition
+class CastOp(PrimitiveOp):
+    """Element type conversion (explicit casts of spec 7.4.4); same shape."""
+
+    name = "mdsl.graph.cast"
+
+    x = operand_def(TensorType)
+    out = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        check_same_shape("result", tensor(self.x), tensor(self.out))
+
+
+# ----------------------------------------------------------------------------
+# Losses
+# ----------------------------------------------------------------------------
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def check_loss_outputs(op: Operation, rows: Dim, loss: TensorType, lse: TensorType) -> None:
+    check_dtype_in("loss", loss, (DType.FP32,))
+    check_dtype_in("lse", lse, (DType.FP32,))
+    check_rank("lse", lse, 1)
+    check_dim("lse rows", lse.shape[0], rows)
+    if op.attributes["reduction"].data == "none" if "reduction" in op.attributes else False:
+        check_rank("per-token loss", loss, 1)
+        check_dim("loss rows", loss.shape[0], rows)
+    else:
+        check_rank("loss", loss, 0)
+
+
+@irdl_op_definition
+class CrossEntropyOp(PrimitiveOp):
+    """Softmax cross-entropy over the vocabulary: ``(logits [N, V], labels [N]) -> (loss, lse [N])``.
+
+    Labels equal to ``ignore_index`` do not count; ``mean`` divides by the
+    number of counted labels. ``loss`` is a scalar (``[]``) unless
+    ``reduction = "none"`` (``[N]``); both results are fp32.
+    """
+
+    name = "mdsl.graph.cross_entropy"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"reduction": REDUCTIONS}
+
+    logits = operand_def(TensorType)
+    labels = operand_def(TensorType)
+    loss = result_def(TensorType)
+    lse = result_def(TensorType)
+    ignore_index = int_param(-100)
+    reduction = enum_param("mean")
+
+    def verify_shapes(self) -> None:
+        logits, labels = tensor(self.logits), tensor(self.labels)
+        check_rank("logits", logits, 2)
+        check_rank("labels", labels, 1)
+        check_dtype_in("labels", labels, INDEX_DTYPES)
+        check_dim("rows of logits and labels", logits.shape[0], labels.shape[0])
+        check_loss_outputs(self, logits.shape[0], tensor(self.loss), tensor(self.lse))
+
+
+@irdl_op_definition
+class CrossEntropyBackwardOp(PrimitiveOp):
+    """``(d_loss, logits, labels, lse) -> d_logits`` = ``(softmax - onehot) * d_loss`` per counted row."""
+
+    name = "mdsl.graph.cross_entropy_backward"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"reduction": REDUCTIONS}
+
+    d_loss = operand_def(TensorType)
+    logits = operand_def(TensorType)
+    labels = operand_def(TensorType)
+    lse = operand_def(TensorType)
+    d_logits = result_def(TensorType)
+    ignore_index = int_param(-100)
+    reduction = enum_param("mean")
+
+    def verify_shapes(self) -> None:
+        logits = tensor(self.logits)
+        check_rank("logits", logits, 2)
+        check_same_shape("d_logits", logits, tensor(self.d_logits))
+        check_dtype_in("labels", tensor(self.labels), INDEX_DTYPES)
+        check_loss_outputs(self, logits.shape[0], tensor(self.d_loss), tensor(self.lse))
+
+
+@irdl_op_definition
+class FusedLmHeadLossOp(PrimitiveOp):
+    """LM head and cross-entropy without materializing all logits: ``(x [N, C], weight [V, C], labels [N]) -> (loss, lse [N])``."""
+
+    name = "mdsl.graph.fused_lm_head_loss"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"reduction": REDUCTIONS}
+
+    x = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    labels = operand_def(TensorType)
+    loss = result_def(TensorType)
+    lse = result_def(TensorType)
+    ignore_index = int_param(-100)
+    reduction = enum_param("mean")
+    compute_accuracy = bool_param(False)
+
+    def verify_shapes(self) -> None:
+        x, w, labels = tensor(self.x), tensor(self.weight), tensor(self.labels)
+        check_rank("x", x, 2)
+        check_rank("weight", w, 2)
+        check_rank("labels", labels, 1)
+        check_dtype_in("labels", labels, INDEX_DTYPES)
+        check_dim("hidden size of x and weight", x.shape[1], w.shape[1])
+        check_dim("rows of x and labels", x.shape[0], labels.shape[0])
+        check_loss_outputs(self, x.shape[0], tensor(self.loss), tensor(self.lse))
+
+
+@irdl_op_definition
+class FusedLmHeadLossBackwardOp(PrimitiveOp):
+    """``(d_loss, x, weight, labels, lse) -> (d_x, d_weight)``, recomputing logits chunk by chunk."""
+
+    name = "mdsl.graph.fused_lm_head_loss_backward"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"reduction": REDUCTIONS}
+
+    d_loss = operand_def(TensorType)
+    x = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    labels = operand_def(TensorType)
+    lse = operand_def(TensorType)
+    d_x = result_def(TensorType)
+    d_weight = result_def(TensorType)
+    ignore_index = int_param(-100)
+    reduction = enum_param("mean")
+
+    def verify_shapes(self) -> None:
+        x, w = tensor(self.x), tensor(self.weight)
+        check_rank("x", x, 2)
+        check_rank("weight", w, 2)
+        check_dim("hidden size of x and weight", x.shape[1], w.shape[1])
+        check_same_shape("d_x", x, tensor(self.d_x))
+        check_same_shape("d_weight", w, tensor(self.d_weight))
+        check_dtype_in("labels", tensor(self.labels), INDEX_DTYPES)
+        check_loss_outputs(self, x.shape[0], tensor(self.d_loss), tensor(self.lse))
+
+
+PRIMITIVE_OPS: tuple[type[Operation], ...] = (
+    MatmulOp, BatchedMatmulOp, GroupedGemmOp, GroupedGemmWeightGradOp,
+    RmsnormOp, RmsnormBackwardOp, FusedResidualRmsnormOp, FusedResidualRmsnormBackwardOp,
+    LayernormOp, LayernormBackwardOp,
+    SwigluOp, SwigluBackwardOp, GegluOp, GegluBackwardOp, SiluOp, SiluBackwardOp,
+    ReluOp, ReluBackwardOp, Relu2Op, Relu2BackwardOp, GeluOp, GeluBackwardOp,
+    SoftmaxOp, SoftmaxBackwardOp,
+    FlashAttentionOp, FlashAttentionBackwardOp, RopeOp, RopeBackwardOp, QkNormOp, QkNormBackwardOp,
+    SplitOp, ConcatOp, ViewOp, TransposeOp, PermuteOp, ContiguousOp,
+    AddOp, MulOp, BiasAddOp, ScaleOp, Add3Op,
+    ReduceSumOp, ReduceMeanOp, ReduceMaxOp,
+    EmbeddingOp, EmbeddingBackwardOp,
+    MoeRouterOp, MoeRouterBackwardOp, MoePermuteOp, MoeUnpermuteOp, MoeUnpermuteBackwardOp,
+    MambaConv1dOp, MambaConv1dBackwardOp, MambaSelectiveScanOp, MambaSelectiveScanBackwardOp,
+    ZerosOp, OnesOp, FillOp, CopyOp, CastOp,
+    CrossEntropyOp, CrossEntropyBackwardOp, FusedLmHeadLossOp, FusedLmHeadLossBackwardOp,
+)
