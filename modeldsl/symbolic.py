@@ -502,13 +502,24 @@ def static_shape(shape: tuple[Dim, ...]) -> tuple[int, ...]:
 
 
 def definitely_different(a: Dim, b: Dim) -> bool:
-    """True when two dimensions are provably unequal (both known and different).
+    """True when two dimensions are provably unequal for all positive sizes.
 
     Verifiers use this: symbolic dims that merely look different (``B`` vs
-    ``T``) may be bound equal later, so only a difference of two constants, or
-    two expressions whose difference is a non-zero constant, is an error.
+    ``T``) may be bound equal later, so only a difference that can never be
+    zero (``8`` vs ``16``, ``T + 1`` vs ``T``, ``64*B*T`` vs ``128*B*T``) is
+    an error.
     """
     if a is STAR or b is STAR:
         return False
-    diff = (a - b).const_value()
-    return diff is not None and diff != 0
+    return _provably_nonzero(a - b)
+
+
+def _provably_nonzero(e: Expr) -> bool:
+    """Sizes are positive integers, so a non-zero polynomial over plain symbols
+    whose coefficients all have one sign (``64*B*T``, ``T + 1``) is never 0."""
+    terms = e.terms
+    if not terms:
+        return False
+    signs = {c > 0 for c in terms.values()}
+    plain = all(isinstance(atom, Symbol) for mono in terms for atom, _ in mono)
+    return len(signs) == 1 and plain

@@ -96,7 +96,10 @@ def test_shapes():
 def test_definitely_different_only_for_provable_differences():
     assert definitely_different(E("4"), E("8"))
     assert definitely_different(E("T+1"), E("T"))
+    assert definitely_different(E("64*B*T"), E("128*B*T"))
     assert not definitely_different(E("B"), E("T"))
+    assert not definitely_different(E("2*(D//2)"), E("D"))
+    assert not definitely_different(E("B*T"), E("4*T"))
     assert not definitely_different(E("B"), E("B"))
     assert not definitely_different(STAR, E("4"))
 

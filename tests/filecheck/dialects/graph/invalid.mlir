@@ -1,0 +1,239 @@
+// Verifier rules of mdsl.graph: each chunk breaks one rule; the diagnostic
+// names the op, its location and the rule.
+// RUN: mdsl-opt %s --split-input-file --verify-diagnostics | filecheck %s
+
+!a = !mdsl.graph.tensor<[4, 8], fp32>
+!b = !mdsl.graph.tensor<[16, 3], fp32>
+!c = !mdsl.graph.tensor<[4, 3], fp32>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%a: !a, %b: !b) -> !c {
+    %c = mdsl.graph.matmul %a, %b : (!a, !b) -> !c
+    mdsl.graph.return %c : !c
+  }
+}
+// CHECK: invalid.mlir:10:5: error: 'mdsl.graph.matmul' op inner dimensions (NN): 8 != 16
+// CHECK-NEXT: %c = mdsl.graph.matmul %a, %b : (!a, !b) -> !c
+// CHECK-NEXT: ^^^^^^^^^^^^^^^^^^^^^^
+
+// -----
+
+!x = !mdsl.graph.tensor<[B, T, 64], bf16>
+!w = !mdsl.graph.tensor<[32, 64], bf16>
+!y = !mdsl.graph.tensor<[B, T, 32], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%x: !x, %w: !w) -> !y {
+    %y = mdsl.graph.matmul %x, %w {transpose = "NN"} : (!x, !w) -> !y
+    mdsl.graph.return %y : !y
+  }
+}
+// CHECK: invalid.mlir:25:5: error: 'mdsl.graph.matmul' op inner dimensions (NN): 64 != 32
+
+// -----
+
+!x = !mdsl.graph.tensor<[B, T, D], bf16>
+!u = !mdsl.graph.tensor<[B, T, D + 1], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%g: !x, %u: !u) -> !x {
+    %y = mdsl.graph.swiglu %g, %u : (!x, !u) -> !x
+    mdsl.graph.return %y : !x
+  }
+}
+// CHECK: error: 'mdsl.graph.swiglu' op gate and up: shapes [B, T, D] and [B, T, D + 1] differ
+
+// -----
+
+!q = !mdsl.graph.tensor<[B, 12, T, 64], bf16>
+!kv = !mdsl.graph.tensor<[B, 8, T, 64], bf16>
+!l = !mdsl.graph.tensor<[B, 12, T], fp32>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%q: !q, %k: !kv, %v: !kv) -> !q {
+    %o, %lse = mdsl.graph.flash_attention %q, %k, %v : (!q, !kv, !kv) -> (!q, !l)
+    mdsl.graph.return %o : !q
+  }
+}
+// CHECK: error: 'mdsl.graph.flash_attention' op query heads (12) must be a multiple of kv heads (8) (GQA)
+
+// -----
+
+!q = !mdsl.graph.tensor<[B, H, T, 64], bf16>
+!f = !mdsl.graph.tensor<[T, 64, 2], fp32>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%q: !q, %k: !q, %freqs: !f) -> !q {
+    %qr, %kr = mdsl.graph.rope %q, %k, %freqs : (!q, !q, !f) -> (!q, !q)
+    mdsl.graph.return %qr : !q
+  }
+}
+// CHECK: error: 'mdsl.graph.rope' op freqs pairs (head_dim // 2): 64 != 32
+
+// -----
+
+!x = !mdsl.graph.tensor<[B, T, 96], bf16>
+!p = !mdsl.graph.tensor<[B, T, 32], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%x: !x) -> !p {
+    %a, %b = mdsl.graph.split %x {sizes = #mdsl.graph.dims<[32, 32]>} : (!x) -> (!p, !p)
+    mdsl.graph.return %a : !p
+  }
+}
+// CHECK: error: 'mdsl.graph.split' op split sizes must sum to the split dimension: 64 != 96
+
+// -----
+
+!x = !mdsl.graph.tensor<[B, T, 64], bf16>
+!v = !mdsl.graph.tensor<[B, T, 8, 16], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%x: !x) -> !v {
+    %y = mdsl.graph.view %x : (!x) -> !v
+    mdsl.graph.return %y : !v
+  }
+}
+// CHECK: error: 'mdsl.graph.view' op a view keeps the element count: [B, T, 64] has 64*B*T elements, [B, T, 8, 16] has 128*B*T
+
+// -----
+
+!x = !mdsl.graph.tensor<[B, T, 64], bf16>
+!w = !mdsl.graph.tensor<[32], bf16>
+!r = !mdsl.graph.tensor<[B, T], fp32>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%x: !x, %w: !w) -> !x {
+    %y, %rstd = mdsl.graph.rmsnorm %x, %w : (!x, !w) -> (!x, !r)
+    mdsl.graph.return %y : !x
+  }
+}
+// CHECK: error: 'mdsl.graph.rmsnorm' op weight length: 32 != 64
+
+// -----
+
+!x = !mdsl.graph.tensor<[B, T, 64], bf16>
+!w = !mdsl.graph.tensor<[64], bf16>
+!r = !mdsl.graph.tensor<[B, T], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%x: !x, %w: !w) -> !x {
+    %y, %rstd = mdsl.graph.rmsnorm %x, %w : (!x, !w) -> (!x, !r)
+    mdsl.graph.return %y : !x
+  }
+}
+// CHECK: error: 'mdsl.graph.rmsnorm' op rstd must have element type fp32, got bf16
+
+// -----
+
+!i = !mdsl.graph.tensor<[B, T], fp32>
+!e = !mdsl.graph.tensor<[V, 64], bf16>
+!y = !mdsl.graph.tensor<[B, T, 64], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%i: !i, %e: !e) -> !y {
+    %y = mdsl.graph.embedding %i, %e : (!i, !e) -> !y
+    mdsl.graph.return %y : !y
+  }
+}
+// CHECK: error: 'mdsl.graph.embedding' op indices must have element type int32 or int64, got fp32
+
+// -----
+
+!w = !mdsl.graph.tensor<[4, 4], fp32>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%w: !w) -> !w {
+    %y = mdsl.graph.matmul %w, %w {transpose = "XN"} : (!w, !w) -> !w
+    mdsl.graph.return %y : !w
+  }
+}
+// CHECK: error: 'mdsl.graph.matmul' op transpose must be one of NN, NT, TN, TT, got 'XN'
+
+// -----
+
+!a = !mdsl.graph.tensor<[B, T, 64], bf16>
+!b = !mdsl.graph.tensor<[B, T, 32], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%a: !a, %b: !b) -> !a {
+    %y = mdsl.graph.add %a, %b : (!a, !b) -> !a
+    mdsl.graph.return %y : !a
+  }
+}
+// CHECK: error: 'mdsl.graph.add' op operands: shapes [B, T, 64] and [B, T, 32] do not broadcast
+
+// -----
+
+!q = !mdsl.graph.tensor<[B, H, T, D], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%q: !q) -> !q {
+    %y = mdsl.graph.permute %q {dims = array<i64: 0, 1, 1, 3>} : (!q) -> !q
+    mdsl.graph.return %y : !q
+  }
+}
+// CHECK: error: 'mdsl.graph.permute' op dims [0, 1, 1, 3] is not a permutation of 0..3
+
+// -----
+
+!w = !mdsl.graph.tensor<[64, 64], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.param @w : !w
+  mdsl.graph.func @f() -> !mdsl.graph.tensor<[64, 32], bf16> {
+    %w = mdsl.graph.param_ref @w : !mdsl.graph.tensor<[64, 32], bf16>
+    mdsl.graph.return %w : !mdsl.graph.tensor<[64, 32], bf16>
+  }
+}
+// CHECK: error: 'mdsl.graph.param_ref' op type !mdsl.graph.tensor<[64, 32], bf16> does not match the declaration of '@w' (!mdsl.graph.tensor<[64, 64], bf16>)
+
+// -----
+
+!x = !mdsl.graph.tensor<[B, T, 64], bf16>
+!s = !mdsl.graph.tensor<[3, 64, 64], bf16>
+!w = !mdsl.graph.tensor<[64, 64], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.param @blocks.w : !s
+  mdsl.graph.func @block(%h: !x, %w: !w) -> !x {
+    mdsl.graph.return %h : !x
+  }
+  mdsl.graph.func @f(%x: !x) -> !x {
+    %w = mdsl.graph.param_ref @blocks.w : !s
+    %y = mdsl.graph.stack @block count #mdsl.graph.expr<4> (%x : !x) layers(%w : !s) -> !x
+    mdsl.graph.return %y : !x
+  }
+}
+// CHECK: error: 'mdsl.graph.stack' op per-layer operand #0 has 3 layers, the stack runs 4
+
+// -----
+
+!x = !mdsl.graph.tensor<[B, T, 64], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%x: !x) -> !x {
+    %y = mdsl.graph.call @nothere(%x) : (!x) -> !x
+    mdsl.graph.return %y : !x
+  }
+}
+// CHECK: error: 'mdsl.graph.call' op '@nothere' does not name a function of the model
+
+// -----
+
+!x = !mdsl.graph.tensor<[B, T, 64], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%x: !x) -> !mdsl.graph.tensor<[B, T, 64], fp32> {
+    mdsl.graph.return %x : !x
+  }
+}
+// CHECK: error: 'mdsl.graph.return' op returned types (!mdsl.graph.tensor<[B, T, 64], bf16>) do not match the function results (!mdsl.graph.tensor<[B, T, 64], fp32>)
+
+// -----
+
+!l = !mdsl.graph.tensor<[N, V], fp32>
+!t = !mdsl.graph.tensor<[N], fp32>
+!s = !mdsl.graph.tensor<[], fp32>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%l: !l, %t: !t) -> !s {
+    %loss, %lse = mdsl.graph.cross_entropy %l, %t : (!l, !t) -> (!s, !t)
+    mdsl.graph.return %loss : !s
+  }
+}
+// CHECK: error: 'mdsl.graph.cross_entropy' op labels must have element type int32 or int64, got fp32
+
+// -----
+
+!x = !mdsl.graph.tensor<[B, 32, 64], bf16>
+!z = !mdsl.graph.tensor<[B, 64, 64], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%x: !x) -> !z {
+    %y = mdsl.graph.transpose %x {dim0 = 1 : i64, dim1 = 2 : i64} : (!x) -> !z
+    mdsl.graph.return %y : !z
+  }
+}
+// CHECK: error: 'mdsl.graph.transpose' op result: shapes [B, 64, 32] and [B, 64, 64] differ
