@@ -353,7 +353,7 @@ class StackSymbolUser(SymbolUserOpInterface):
         _check_types(
             "block body input",
             func.function_type.inputs.data,
-            [*op.carried.types, *slice_types],
+            [*op.carried.types, *op.shared.types, *slice_types],
         )
         _check_types("block body result", func.function_type.outputs.data, op.res.types)
 
@@ -362,11 +362,13 @@ class StackSymbolUser(SymbolUserOpInterface):
 class StackOp(IRDLOperation):
     """Runs one block body ``count`` times, threading the carried values.
 
-    ``mdsl.graph.stack @block count #mdsl.graph.expr<n_layers> (%h : !t) layers(%wq, %wk : !w, !w) -> !t``
-    calls ``@block(carried..., per_layer[l]...)`` for ``l`` in ``0..count``;
-    each per-layer operand has the layer count as its leading dimension and
-    the body receives the slice of layer ``l``. The results are the carried
-    values after the last layer.
+    ``mdsl.graph.stack @block count #mdsl.graph.expr<n_layers> (%h : !t) shared(%freqs : !f) layers(%wq, %wk : !w, !w) -> !t``
+    calls ``@block(carried..., shared..., per_layer[l]...)`` for ``l`` in
+    ``0..count``: carried values are threaded from layer to layer, shared
+    values are the same for every layer (RoPE tables, masks), and each
+    per-layer operand has the layer count as its leading dimension, the body
+    receiving the slice of layer ``l``. The results are the carried values
+    after the last layer.
     """
 
     name = "mdsl.graph.stack"
@@ -374,6 +376,7 @@ class StackOp(IRDLOperation):
     body = prop_def(SymbolRefAttr)
     count = prop_def(ExprAttr)
     carried = var_operand_def(TensorType)
+    shared = var_operand_def(TensorType)
     per_layer = var_operand_def(TensorType)
     res = var_result_def(TensorType)
 
@@ -382,6 +385,7 @@ class StackOp(IRDLOperation):
 
     assembly_format = (
         "$body `count` qualified($count) `(` $carried `:` type($carried) `)` "
+        "(`shared` `(` $shared^ `:` type($shared) `)`)? "
         "(`layers` `(` $per_layer^ `:` type($per_layer) `)`)? attr-dict `->` type($res)"
     )
 
@@ -391,9 +395,10 @@ class StackOp(IRDLOperation):
         count: ExprAttr,
         carried: Sequence[SSAValue],
         per_layer: Sequence[SSAValue],
+        shared: Sequence[SSAValue] = (),
     ):
         super().__init__(
-            operands=[carried, per_layer],
+            operands=[carried, shared, per_layer],
             result_types=[[v.type for v in carried]],
             properties={"body": FlatSymbolRefAttr(body), "count": count},
         )

@@ -16,7 +16,7 @@ from xdsl.dialects.func import Func
 from xdsl.ir import Operation
 from xdsl.parser import Parser
 from xdsl.printer import Printer
-from xdsl.utils.exceptions import DiagnosticException, VerifyException
+from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
 from xdsl.utils.lexer import Span
 
 
@@ -71,8 +71,20 @@ class IRDiagnostic:
         text = f"'{self.op_name}' op {self.message}"
         if self.span is None:
             return f"<unknown>: error: {text}\n"
-        loc = self.span.get_location()
-        return f"{loc}: error: {text}\n" + self.span.print_with_context().split("\n", 1)[1]
+        return render_located(self.span, text)
+
+
+def render_located(span: Span, message: str) -> str:
+    """``file:line:col: error: message``, then the source line and a caret under the span."""
+    context = span.print_with_context().split("\n", 1)[1]
+    return f"{span.get_location()}: error: {message}\n{context}"
+
+
+class LocatedParseError(ParseError):
+    """A parse error printed the way compilers print them (see :func:`render_located`)."""
+
+    def __str__(self) -> str:
+        return render_located(self.span, self.msg)
 
 
 def _error_message(err: Exception) -> str:
@@ -95,8 +107,12 @@ def verify_module(module: Operation, spans: dict[Operation, Span] | None = None)
 
 
 def parse_module(ctx: Context, text: str, name: str = "<input>") -> tuple[ModuleOp, dict[Operation, Span]]:
+    """Parse IR text; parse errors come out as :class:`LocatedParseError`."""
     parser = LocatingParser(ctx, text, name)
-    module = parser.parse_module()
+    try:
+        module = parser.parse_module()
+    except ParseError as err:
+        raise LocatedParseError(err.span, err.msg) from None
     return module, parser.op_spans
 
 

@@ -22,7 +22,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from modeldsl.ir import LocatingParser, load_dialects, verify_module
+from modeldsl.ir import LocatedParseError, LocatingParser, load_dialects, verify_module
 from modeldsl.passes.registry import PASSES
 
 
@@ -77,7 +77,10 @@ class MdslOptMain(xDSLOptMain):
     def register_all_frontends(self) -> None:
         def parse_mlir(stream: IO[bytes]) -> ModuleOp:
             parser = LocatingParser(self.ctx, stream.read().decode(), self.get_input_name())
-            module = parser.parse_module(not self.args.no_implicit_module)
+            try:
+                module = parser.parse_module(not self.args.no_implicit_module)
+            except ParseError as err:
+                raise LocatedParseError(err.span, err.msg) from None
             self._op_spans = parser.op_spans
             return module
 

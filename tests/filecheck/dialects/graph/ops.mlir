@@ -48,6 +48,8 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %g = mdsl.graph.param_ref @norm : !vec
     // CHECK: mdsl.graph.stack @block count #mdsl.graph.expr<n_layers>(%x : !mdsl.graph.tensor<[B, T, C], bf16>) layers(%sw : !mdsl.graph.tensor<[n_layers, C, C], bf16>) -> !mdsl.graph.tensor<[B, T, C], bf16>
     %s = mdsl.graph.stack @block count #mdsl.graph.expr<n_layers> (%x : !x) layers(%sw : !stacked) -> !x
+    // CHECK: mdsl.graph.stack @block count #mdsl.graph.expr<n_layers>(%x : !mdsl.graph.tensor<[B, T, C], bf16>) shared(%w : !mdsl.graph.tensor<[C, C], bf16>) -> !mdsl.graph.tensor<[B, T, C], bf16>
+    %s0 = mdsl.graph.stack @block count #mdsl.graph.expr<n_layers> (%x : !x) shared(%w : !w) -> !x
     // CHECK: mdsl.graph.call @block(%s, %w) : (!mdsl.graph.tensor<[B, T, C], bf16>, !mdsl.graph.tensor<[C, C], bf16>) -> !mdsl.graph.tensor<[B, T, C], bf16>
     %c = mdsl.graph.call @block(%s, %w) : (!x, !w) -> !x
 
