@@ -717,12 +717,6 @@ def check_heads(q: TensorType, k: TensorType, v: TensorType | None = None) -> No
         check_same_shape("k and v", k, v)
 
 
-class AttentionAttrs:
-    causal = bool_param(True)
-    softmax_scale = opt_attr_def(FloatAttr)
-    window_size = opt_attr_def(IntegerAttr)
-
-
 @irdl_op_definition
 class FlashAttentionOp(PrimitiveOp):
     """Fused attention, GQA by head broadcast: ``(q, k, v, alibi_slopes?) -> (out, lse)``.
@@ -935,11 +929,7 @@ def check_all_but_axis(what: str, a: TensorType, b: TensorType, axis: int) -> No
 
 def resolve_axis(what: str, axis: int, t: TensorType) -> int | None:
     """The non-negative axis, or None when a variadic shape makes it unknowable."""
-    if t.is_variadic:
-        if axis >= 0:
-            return None
-        return None
-    return normalize_axis(what, axis, t.rank)
+    return None if t.is_variadic else normalize_axis(what, axis, t.rank)
 
 
 @irdl_op_definition
@@ -1633,7 +1623,8 @@ def check_loss_outputs(op: Operation, rows: Dim, loss: TensorType, lse: TensorTy
     check_dtype_in("lse", lse, (DType.FP32,))
     check_rank("lse", lse, 1)
     check_dim("lse rows", lse.shape[0], rows)
-    if op.attributes["reduction"].data == "none" if "reduction" in op.attributes else False:
+    reduction = op.attributes.get("reduction")
+    if isinstance(reduction, StringAttr) and reduction.data == "none":
         check_rank("per-token loss", loss, 1)
         check_dim("loss rows", loss.shape[0], rows)
     else:
