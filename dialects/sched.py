@@ -1,2 +1,852 @@
-from xdsl.ir import Dialect
-Sched = Dialect("mdsl.sched", [], [])  # placeholder, being written
+"""The ``mdsl.sched`` dialect: the imperative schedule a backend executes.
+
+A ``program`` owns one arena per memory class (params, activations,
+workspace, grads, external) with its size in bytes. Buffers are typed views
+(``!mdsl.sched.buffer<[2, 64], bf16>``) placed at an offset in an arena, or
+aliases of another buffer at a byte offset. The body is an ordered list of
+launches of registry kernels, GEMMs, attention calls, memsets and copies,
+layer loops (one block body run per layer, with per-layer slices of stacked
+buffers), recompute segments, collectives and stream synchronization.
+Ops write their outputs in place: an output is an operand, not a result.
+
+Later issues (lowering, memory planning, CUDA) refine these ops; every op
+already has a verifier and a custom form that round-trips.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from xdsl.dialects.builtin import (
+    DenseArrayBase,
+    FloatAttr,
+    IndexType,
+    IntegerAttr,
+    StringAttr,
+    SymbolNameConstraint,
+    SymbolRefAttr,
+    UnitAttr,
+    f64,
+    i64,
+)
+from xdsl.ir import Attribute, Block, Dialect, Operation, ParametrizedAttribute, Region, SSAValue, TypeAttribute
+from xdsl.irdl import (
+    AttrSizedOperandSegments,
+    IRDLOperation,
+    attr_def,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    opt_attr_def,
+    opt_operand_def,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+)
+from xdsl.parser import AttrParser, Parser
+from xdsl.printer import Printer
+from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface, SymbolTable
+from xdsl.utils.exceptions import VerifyException
+
+from modeldsl.dialects.dtypes import DType
+
+ARENAS: tuple[str, ...] = ("params", "activations", "workspace", "grads", "external")
+EPILOGUES: tuple[str, ...] = ("none", "bias", "relu", "relu_bias", "gelu", "gelu_bias", "bgrad")
+ATTENTION_LAYOUTS: tuple[str, ...] = ("bhtd", "bthd")
+COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
+REDUCE_OPS: tuple[str, ...] = ("sum", "max", "min", "avg")
+
+
+# ----------------------------------------------------------------------------
+# The buffer type
+# ----------------------------------------------------------------------------
+
+
+@irdl_attr_definition
+class BufferType(ParametrizedAttribute, TypeAttribute):
+    """A typed view of bytes in an arena: ``!mdsl.sched.buffer<[2, 64], bf16>``."""
+
+    name = "mdsl.sched.buffer"
+
+    shape_attr: DenseArrayBase
+    dtype_name: StringAttr
+
+    def __init__(self, shape: Sequence[int], dtype: DType | str):
+        spelling = dtype.value if isinstance(dtype, DType) else dtype
+        super().__init__(DenseArrayBase.from_list(i64, list(shape)), StringAttr(spelling))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.shape_attr.get_values())
+
+    @property
+    def dtype(self) -> DType:
+        return DType(self.dtype_name.data)
+
+    @property
+    def numel(self) -> int:
+        total = 1
+        for d in self.shape:
+            total *= d
+        return total
+
+    @property
+    def nbytes(self) -> int:
+        return self.dtype.byte_size(self.numel)
+
+    def verify(self) -> None:
+        try:
+            DType.parse(self.dtype_name.data)
+        except ValueError as err:
+            raise VerifyException(str(err)) from None
+        if any(d < 0 for d in self.shape):
+            raise VerifyException(f"buffer dimensions must be non-negative, got {list(self.shape)}")
+
+    @classmethod
+    def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
+        with parser.in_angle_brackets():
+            dims = parser.parse_comma_separated_list(
+                parser.Delimiter.SQUARE, lambda: parser.parse_integer(allow_boolean=False)
+            )
+            parser.parse_punctuation(",")
+            start = parser.pos
+            spelling = parser.parse_identifier("element type")
+            try:
+                DType.parse(spelling)
+            except ValueError as err:
+                parser.raise_error(str(err), start, parser.pos)
+        return [DenseArrayBase.from_list(i64, dims), StringAttr(spelling)]
+
+    def print_parameters(self, printer: Printer) -> None:
+        printer.print_string(f"<[{', '.join(map(str, self.shape))}], {self.dtype_name.data}>")
+
+
+def buffer_type(value: SSAValue) -> BufferType:
+    t = value.type
+    if not isinstance(t, BufferType):
+        raise VerifyException(f"expected a !mdsl.sched.buffer, got {t}")
+    return t
+
+
+# ----------------------------------------------------------------------------
+# Shared helpers
+# ----------------------------------------------------------------------------
+
+
+def _check_choice(what: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise VerifyException(f"{what} must be one of {', '.join(allowed)}, got '{value}'")
+
+
+def _enclosing_program(op: Operation) -> "ProgramOp | None":
+    parent = op.parent_op()
+    while parent is not None and not isinstance(parent, ProgramOp):
+        parent = parent.parent_op()
+    return parent
+
+
+def check_stream(op: Operation) -> None:
+    """An op's optional ``stream`` attribute must name a stream of its program."""
+    stream = op.attributes.get("stream")
+    if stream is None:
+        return
+    if not isinstance(stream, SymbolRefAttr):
+        raise VerifyException("stream must be a symbol reference like @comm")
+    program = _enclosing_program(op)
+    if program is None or not isinstance(SymbolTable.lookup_symbol(program, stream), StreamOp):
+        raise VerifyException(f"stream {stream} is not declared in the program")
+
+
+class SchedOp(IRDLOperation):
+    """Base of the body ops: checks the optional ``stream`` attribute."""
+
+    def verify_(self) -> None:
+        check_stream(self)
+        self.verify_op()
+
+    def verify_op(self) -> None:
+        pass
+
+
+def _parse_keyword_in(parser: Parser, allowed: Sequence[str], what: str) -> str:
+    start = parser.pos
+    word = parser.parse_optional_identifier()
+    if word not in allowed:
+        parser.raise_error(f"expected {what} ({', '.join(allowed)})", start, parser.pos)
+    return word
+
+
+# ----------------------------------------------------------------------------
+# Program, buffers
+# ----------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class ProgramOp(IRDLOperation):
+    """A schedule with one arena per memory class:
+
+    ``mdsl.sched.program @train arenas(params = 1024, activations = 4096, workspace = 0, grads = 1024, external = 256) { ... }``
+    """
+
+    name = "mdsl.sched.program"
+
+    sym_name = prop_def(SymbolNameConstraint())
+    arena_sizes = prop_def(DenseArrayBase)
+    body = region_def("single_block")
+
+    traits = traits_def(SymbolOpInterface(), SymbolTable(), NoTerminator(), IsolatedFromAbove())
+
+    def __init__(self, name: str, arenas: dict[str, int] | None = None, body: Region | None = None):
+        sizes = [int((arenas or {}).get(a, 0)) for a in ARENAS]
+        super().__init__(
+            properties={"sym_name": StringAttr(name), "arena_sizes": DenseArrayBase.from_list(i64, sizes)},
+            regions=[body if body is not None else Region(Block())],
+        )
+
+    @property
+    def arenas(self) -> dict[str, int]:
+        return dict(zip(ARENAS, self.arena_sizes.get_values()))
+
+    def verify_(self) -> None:
+        sizes = list(self.arena_sizes.get_values())
+        if len(sizes) != len(ARENAS):
+            raise VerifyException(f"expected {len(ARENAS)} arena sizes ({', '.join(ARENAS)}), got {len(sizes)}")
+        for arena, size in self.arenas.items():
+            if size < 0:
+                raise VerifyException(f"arena {arena} has negative size {size}")
+        for op in self.body.walk():
+            if isinstance(op, BufferOp) and op.offset is not None and op.alias_of is None:
+                end = op.offset.value.data + op.bytes.value.data
+                limit = self.arenas[op.arena.data]
+                if end > limit:
+                    raise VerifyException(
+                        f"buffer at offset {op.offset.value.data} with {op.bytes.value.data} bytes "
+                        f"overflows arena {op.arena.data} ({limit} bytes)"
+                    )
+
+    @classmethod
+    def parse(cls, parser: Parser) -> "ProgramOp":
+        name = parser.parse_symbol_name().data
+        parser.parse_keyword("arenas")
+        sizes: dict[str, int] = {}
+
+        def parse_entry() -> None:
+            arena = _parse_keyword_in(parser, ARENAS, "an arena")
+            parser.parse_punctuation("=")
+            sizes[arena] = parser.parse_integer(allow_boolean=False)
+
+        parser.parse_comma_separated_list(parser.Delimiter.PAREN, parse_entry)
+        attrs = parser.parse_optional_attr_dict_with_keyword()
+        body = parser.parse_region()
+        op = ProgramOp(name, sizes, body)
+        if attrs is not None:
+            op.attributes |= attrs.data
+        return op
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(f" @{self.sym_name.data} arenas(")
+        printer.print_string(", ".join(f"{a} = {s}" for a, s in self.arenas.items()))
+        printer.print_string(")")
+        printer.print_op_attributes(self.attributes, print_keyword=True)
+        printer.print_string(" ")
+        printer.print_region(self.body, print_entry_block_args=False, print_empty_block=False)
+
+
+@irdl_op_definition
+class BufferOp(IRDLOperation):
+    """A buffer: an arena, an offset (absent until planned) and a byte size.
+
+    ``%b = mdsl.sched.buffer activations offset 256 bytes 4096 : !mdsl.sched.buffer<[2, 1024], bf16>``;
+    an alias views another buffer at a byte offset:
+    ``%v = mdsl.sched.buffer activations offset 2048 bytes 2048 alias_of %b : ...``.
+    """
+
+    name = "mdsl.sched.buffer"
+
+    alias_of = opt_operand_def(BufferType)
+    result = result_def(BufferType)
+    arena = prop_def(StringAttr)
+    offset = opt_prop_def(IntegerAttr)
+    bytes = prop_def(IntegerAttr)
+
+    traits = traits_def(HasParent(ProgramOp))
+
+    def __init__(
+        self,
+        arena: str,
+        result_type: BufferType,
+        offset: int | None = None,
+        nbytes: int | None = None,
+        alias_of: SSAValue | None = None,
+    ):
+        props: dict[str, Attribute] = {
+            "arena": StringAttr(arena),
+            "bytes": IntegerAttr(result_type.nbytes if nbytes is None else nbytes, i64),
+        }
+        if offset is not None:
+            props["offset"] = IntegerAttr(offset, i64)
+        super().__init__(
+            operands=[[alias_of] if alias_of is not None else []],
+            result_types=[result_type],
+            properties=props,
+        )
+
+    def verify_(self) -> None:
+        _check_choice("arena", self.arena.data, ARENAS)
+        t = buffer_type(self.result)
+        size = self.bytes.value.data
+        if size < t.nbytes:
+            raise VerifyException(f"{size} bytes cannot hold {list(t.shape)} x {t.dtype.value} ({t.nbytes} bytes)")
+        if self.offset is not None and self.offset.value.data < 0:
+            raise VerifyException(f"offset must be non-negative, got {self.offset.value.data}")
+        if self.alias_of is not None:
+            self._verify_alias()
+
+    def _verify_alias(self) -> None:
+        base = self.alias_of.owner
+        if not isinstance(base, BufferOp):
+            raise VerifyException("alias_of must be a buffer")
+        if base.arena.data != self.arena.data:
+            raise VerifyException(f"alias in arena {self.arena.data} of a buffer in arena {base.arena.data}")
+        if self.offset is None:
+            raise VerifyException("an alias needs its byte offset into the aliased buffer")
+        end = self.offset.value.data + self.bytes.value.data
+        if end > base.bytes.value.data:
+            raise VerifyException(
+                f"alias [{self.offset.value.data}, {end}) exceeds the {base.bytes.value.data} bytes of the aliased buffer"
+            )
+
+    @classmethod
+    def parse(cls, parser: Parser) -> "BufferOp":
+        arena = _parse_keyword_in(parser, ARENAS, "an arena")
+        offset = parser.parse_integer(allow_boolean=False) if parser.parse_optional_keyword("offset") else None
+        parser.parse_keyword("bytes")
+        nbytes = parser.parse_integer(allow_boolean=False)
+        alias = None
+        if parser.parse_optional_keyword("alias_of"):
+            alias = parser.parse_unresolved_operand()
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        result_type = parser.parse_type()
+        alias_value = None
+        if alias is not None:
+            base_type = parser.parse_type() if parser.parse_optional_keyword("from") else result_type
+            alias_value = parser.resolve_operand(alias, base_type)
+        op = BufferOp(arena, result_type, offset, nbytes, alias_value)
+        op.attributes |= attrs
+        return op
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(f" {self.arena.data}")
+        if self.offset is not None:
+            printer.print_string(f" offset {self.offset.value.data}")
+        printer.print_string(f" bytes {self.bytes.value.data}")
+        if self.alias_of is not None:
+            printer.print_string(" alias_of ")
+            printer.print_operand(self.alias_of)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.result.type)
+        if self.alias_of is not None and self.alias_of.type != self.result.type:
+            printer.print_string(" from ")
+            printer.print_attribute(self.alias_of.type)
+
+
+# ----------------------------------------------------------------------------
+# Work: kernel launches, GEMMs, attention, memset, copy
+# ----------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class LaunchOp(SchedOp):
+    """A launch of a registry kernel that reads ``inputs`` and writes ``outputs``:
+
+    ``mdsl.sched.launch "rmsnorm_fwd"(%x, %w) -> (%y, %rstd) {eps = 1.0e-05 : f64} : (...) -> (...)``
+
+    Optional ``grid`` and ``block`` give the launch configuration; ``inplace``
+    allows an output to be one of the inputs.
+    """
+
+    name = "mdsl.sched.launch"
+
+    kernel = prop_def(StringAttr)
+    inputs = var_operand_def(BufferType)
+    outputs = var_operand_def(BufferType)
+    grid = opt_attr_def(DenseArrayBase)
+    block = opt_attr_def(DenseArrayBase)
+    inplace = opt_attr_def(UnitAttr)
+
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    assembly_format = (
+        "$kernel `(` $inputs `)` `->` `(` $outputs `)` attr-dict "
+        "`:` `(` type($inputs) `)` `->` `(` type($outputs) `)`"
+    )
+
+    def __init__(self, kernel: str, inputs: Sequence[SSAValue], outputs: Sequence[SSAValue], attributes: dict[str, Attribute] | None = None):
+        super().__init__(
+            operands=[inputs, outputs],
+            properties={"kernel": StringAttr(kernel)},
+            attributes=attributes or {},
+        )
+
+    def verify_op(self) -> None:
+        if not self.kernel.data:
+            raise VerifyException("kernel name must not be empty")
+        if not self.outputs:
+            raise VerifyException("a launch writes at least one output")
+        if self.inplace is None:
+            shared = set(self.inputs) & set(self.outputs)
+            if shared:
+                raise VerifyException("an output is also an input; mark the launch 'inplace' if the kernel allows it")
+        for what, dims in (("grid", self.grid), ("block", self.block)):
+            if dims is not None:
+                values = list(dims.get_values())
+                if not 1 <= len(values) <= 3 or any(v <= 0 for v in values):
+                    raise VerifyException(f"{what} must have 1 to 3 positive dimensions, got {values}")
+
+
+def _gemm_dims(a: BufferType, b: BufferType, transa: bool, transb: bool) -> tuple[int, int, int, int]:
+    (ar, ac), (br, bc) = a.shape[-2:], b.shape[-2:]
+    m, ka = (ac, ar) if transa else (ar, ac)
+    kb, n = (bc, br) if transb else (br, bc)
+    return m, ka, kb, n
+
+
+@irdl_op_definition
+class GemmOp(SchedOp):
+    """``C = alpha * op(A) @ op(B) + beta * C`` (+ epilogue), through cuBLASLt on the GPU.
+
+    The last two dims of each buffer are the matrix, row-major; leading dims
+    are a batch (B may have none: it broadcasts). ``transa``/``transb``
+    transpose A and B; ``epilogue`` fuses a bias, an activation or a bias
+    gradient.
+    """
+
+    name = "mdsl.sched.gemm"
+
+    a = operand_def(BufferType)
+    b = operand_def(BufferType)
+    bias = opt_operand_def(BufferType)
+    c = operand_def(BufferType)
+    transa = attr_def(IntegerAttr, default_value=IntegerAttr.from_bool(False))
+    transb = attr_def(IntegerAttr, default_value=IntegerAttr.from_bool(False))
+    alpha = attr_def(FloatAttr, default_value=FloatAttr(1.0, f64))
+    beta = attr_def(FloatAttr, default_value=FloatAttr(0.0, f64))
+    epilogue = attr_def(StringAttr, default_value=StringAttr("none"))
+
+    assembly_format = (
+        "$a `,` $b (`bias` $bias^)? `->` $c attr-dict "
+        "`:` type($a) `,` type($b) (`,` `bias` type($bias)^)? `->` type($c)"
+    )
+
+    def __init__(
+        self,
+        a: SSAValue,
+        b: SSAValue,
+        c: SSAValue,
+        bias: SSAValue | None = None,
+        attributes: dict[str, Attribute] | None = None,
+    ):
+        super().__init__(operands=[a, b, [bias] if bias is not None else [], c], attributes=attributes or {})
+
+    def verify_op(self) -> None:
+        _check_choice("epilogue", self.epilogue.data, EPILOGUES)
+        a, b, c = buffer_type(self.a), buffer_type(self.b), buffer_type(self.c)
+        for what, t in (("A", a), ("B", b), ("C", c)):
+            if len(t.shape) < 2:
+                raise VerifyException(f"{what} must have at least 2 dims, got {list(t.shape)}")
+        m, ka, kb, n = _gemm_dims(a, b, bool(self.transa.value.data), bool(self.transb.value.data))
+        if ka != kb:
+            raise VerifyException(f"inner dimensions differ: op(A) is [{m}, {ka}], op(B) is [{kb}, {n}]")
+        if c.shape[-2:] != (m, n):
+            raise VerifyException(f"C must be [{m}, {n}] in its last two dims, got {list(c.shape)}")
+        batch_a, batch_c = a.shape[:-2], c.shape[:-2]
+        if batch_a != batch_c or (len(b.shape) > 2 and b.shape[:-2] != batch_a):
+            raise VerifyException(f"batch dims differ: A {list(batch_a)}, B {list(b.shape[:-2])}, C {list(batch_c)}")
+        self._verify_bias(m, n)
+
+    def _verify_bias(self, m: int, n: int) -> None:
+        """``*bias`` epilogues read a bias of N values added to every row of C;
+        ``bgrad`` writes into it the column sums of op(B) (N values)."""
+        epilogue = self.epilogue.data
+        needs_bias = epilogue.endswith("bias") or epilogue == "bgrad"
+        if needs_bias != (self.bias is not None):
+            raise VerifyException(f"epilogue '{epilogue}' {'needs a' if needs_bias else 'takes no'} bias operand")
+        if self.bias is not None and buffer_type(self.bias).numel != n:
+            raise VerifyException(f"bias has {buffer_type(self.bias).numel} elements, expected {n}")
+
+
+def _attention_dims(t: BufferType, layout: str) -> tuple[int, int, int, int]:
+    """(batch, heads, tokens, head_dim) of a 4-d buffer in ``layout``."""
+    if len(t.shape) != 4:
+        raise VerifyException(f"attention buffers are 4-d ({layout}), got {list(t.shape)}")
+    b, x, y, d = t.shape
+    return (b, x, y, d) if layout == "bhtd" else (b, y, x, d)
+
+
+def _verify_attention(op: Operation, q_v: SSAValue, k_v: SSAValue, v_v: SSAValue, lse_v: SSAValue) -> None:
+    layout = op.attributes["layout"].data
+    _check_choice("layout", layout, ATTENTION_LAYOUTS)
+    bq, hq, tq, dq = _attention_dims(buffer_type(q_v), layout)
+    k, v = buffer_type(k_v), buffer_type(v_v)
+    bk, hkv, tk, dk = _attention_dims(k, layout)
+    if k.shape != v.shape:
+        raise VerifyException(f"k and v differ: {list(k.shape)} vs {list(v.shape)}")
+    if bq != bk or dq != dk:
+        raise VerifyException(f"q [{bq}, {hq}, {tq}, {dq}] and k [{bk}, {hkv}, {tk}, {dk}] disagree on batch or head dim")
+    if hkv == 0 or hq % hkv:
+        raise VerifyException(f"query heads ({hq}) must be a multiple of kv heads ({hkv})")
+    if tq > tk:
+        raise VerifyException(f"more queries ({tq}) than keys ({tk})")
+    lse = buffer_type(lse_v)
+    if lse.shape != (bq, hq, tq) or lse.dtype is not DType.FP32:
+        raise VerifyException(f"lse must be [{bq}, {hq}, {tq}] fp32, got {list(lse.shape)} {lse.dtype.value}")
+    window = op.attributes["window"].value.data
+    if window < 0:
+        raise VerifyException(f"window must be >= 0 (0 means none), got {window}")
+
+
+class AttentionAttrs:
+    causal = attr_def(IntegerAttr, default_value=IntegerAttr.from_bool(True))
+    window = attr_def(IntegerAttr, default_value=IntegerAttr(0, i64))
+    scale = opt_attr_def(FloatAttr)
+    layout = attr_def(StringAttr, default_value=StringAttr("bhtd"))
+
+
+@irdl_op_definition
+class AttentionOp(SchedOp):
+    """Fused attention ``(q, k, v) -> (out, lse)``: causal, GQA, sliding window (``window`` > 0)."""
+
+    name = "mdsl.sched.attention"
+
+    q = operand_def(BufferType)
+    k = operand_def(BufferType)
+    v = operand_def(BufferType)
+    out = operand_def(BufferType)
+    lse = operand_def(BufferType)
+    causal = AttentionAttrs.causal
+    window = AttentionAttrs.window
+    scale = AttentionAttrs.scale
+    layout = AttentionAttrs.layout
+
+    assembly_format = (
+        "$q `,` $k `,` $v `->` $out `,` $lse attr-dict "
+        "`:` type($q) `,` type($k) `,` type($v) `->` type($out) `,` type($lse)"
+    )
+
+    def verify_op(self) -> None:
+        _verify_attention(self, self.q, self.k, self.v, self.lse)
+        if buffer_type(self.out).shape != buffer_type(self.q).shape:
+            raise VerifyException("out must have the shape of q")
+
+
+@irdl_op_definition
+class AttentionBackwardOp(SchedOp):
+    """Attention backward ``(q, k, v, out, d_out, lse) -> (d_q, d_k, d_v)``."""
+
+    name = "mdsl.sched.attention_backward"
+
+    q = operand_def(BufferType)
+    k = operand_def(BufferType)
+    v = operand_def(BufferType)
+    out = operand_def(BufferType)
+    d_out = operand_def(BufferType)
+    lse = operand_def(BufferType)
+    d_q = operand_def(BufferType)
+    d_k = operand_def(BufferType)
+    d_v = operand_def(BufferType)
+    causal = AttentionAttrs.causal
+    window = AttentionAttrs.window
+    scale = AttentionAttrs.scale
+    layout = AttentionAttrs.layout
+
+    assembly_format = (
+        "$q `,` $k `,` $v `,` $out `,` $d_out `,` $lse `->` $d_q `,` $d_k `,` $d_v attr-dict "
+        "`:` type($q) `,` type($k) `,` type($v) `,` type($out) `,` type($d_out) `,` type($lse) "
+        "`->` type($d_q) `,` type($d_k) `,` type($d_v)"
+    )
+
+    def verify_op(self) -> None:
+        _verify_attention(self, self.q, self.k, self.v, self.lse)
+        for what, grad, like in (("d_q", self.d_q, self.q), ("d_k", self.d_k, self.k), ("d_v", self.d_v, self.v),
+                                 ("d_out", self.d_out, self.q), ("out", self.out, self.q)):
+            if buffer_type(grad).shape != buffer_type(like).shape:
+                raise VerifyException(f"{what} must have the shape {list(buffer_type(like).shape)}")
+
+
+@irdl_op_definition
+class MemsetOp(SchedOp):
+    """Fills a buffer with one value: ``mdsl.sched.memset %b value 0.0``."""
+
+    name = "mdsl.sched.memset"
+
+    target = operand_def(BufferType)
+    value = attr_def(FloatAttr, default_value=FloatAttr(0.0, f64))
+
+    assembly_format = "$target attr-dict `:` type($target)"
+
+
+@irdl_op_definition
+class CopyOp(SchedOp):
+    """Copies ``src`` into ``dst`` (equal byte sizes)."""
+
+    name = "mdsl.sched.copy"
+
+    src = operand_def(BufferType)
+    dst = operand_def(BufferType)
+
+    assembly_format = "$src `->` $dst attr-dict `:` type($src) `->` type($dst)"
+
+    def verify_op(self) -> None:
+        src, dst = buffer_type(self.src), buffer_type(self.dst)
+        if src.nbytes != dst.nbytes:
+            raise VerifyException(f"copy between buffers of {src.nbytes} and {dst.nbytes} bytes")
+        if self.src == self.dst:
+            raise VerifyException("copy of a buffer onto itself")
+
+
+# ----------------------------------------------------------------------------
+# Structure: layer loops, per-layer views, recompute segments
+# ----------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class LayerLoopOp(SchedOp):
+    """Runs its body once per layer: ``mdsl.sched.layer_loop %l = 0 to 28 { ... }``.
+
+    ``reverse`` runs the layers from last to first (backward).
+    """
+
+    name = "mdsl.sched.layer_loop"
+
+    lower = prop_def(IntegerAttr)
+    upper = prop_def(IntegerAttr)
+    reverse = opt_prop_def(UnitAttr)
+    body = region_def("single_block")
+
+    traits = traits_def(NoTerminator())
+
+    def __init__(self, lower: int, upper: int, body: Region | None = None, reverse: bool = False):
+        props: dict[str, Attribute] = {"lower": IntegerAttr(lower, i64), "upper": IntegerAttr(upper, i64)}
+        if reverse:
+            props["reverse"] = UnitAttr()
+        super().__init__(
+            properties=props,
+            regions=[body if body is not None else Region(Block(arg_types=[IndexType()]))],
+        )
+
+    @property
+    def index(self) -> SSAValue:
+        return self.body.block.args[0]
+
+    def verify_op(self) -> None:
+        args = self.body.block.args
+        if len(args) != 1 or not isinstance(args[0].type, IndexType):
+            raise VerifyException("the body takes one index argument, the layer")
+        if not 0 <= self.lower.value.data <= self.upper.value.data:
+            raise VerifyException(f"layer range {self.lower.value.data} to {self.upper.value.data} is empty or negative")
+
+    @classmethod
+    def parse(cls, parser: Parser) -> "LayerLoopOp":
+        arg = parser.parse_argument(expect_type=False)
+        parser.parse_punctuation("=")
+        lower = parser.parse_integer(allow_boolean=False)
+        parser.parse_keyword("to")
+        upper = parser.parse_integer(allow_boolean=False)
+        reverse = parser.parse_optional_keyword("reverse") is not None
+        attrs = parser.parse_optional_attr_dict_with_keyword()
+        body = parser.parse_region([arg.resolve(IndexType())])
+        op = LayerLoopOp(lower, upper, body, reverse)
+        if attrs is not None:
+            op.attributes |= attrs.data
+        return op
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.index)
+        printer.print_string(f" = {self.lower.value.data} to {self.upper.value.data}")
+        if self.reverse is not None:
+            printer.print_string(" reverse")
+        printer.print_op_attributes(self.attributes, print_keyword=True)
+        printer.print_string(" ")
+        printer.print_region(self.body, print_entry_block_args=False)
+
+
+@irdl_op_definition
+class LayerViewOp(IRDLOperation):
+    """The slice of layer ``%l`` of a stacked buffer (leading dim = layers)."""
+
+    name = "mdsl.sched.layer_view"
+
+    stacked = operand_def(BufferType)
+    layer = operand_def(IndexType)
+    result = result_def(BufferType)
+
+    assembly_format = "$stacked `[` $layer `]` attr-dict `:` type($stacked) `->` type($result)"
+
+    def __init__(self, stacked: SSAValue, layer: SSAValue):
+        t = buffer_type(stacked)
+        super().__init__(operands=[stacked, layer], result_types=[BufferType(t.shape[1:], t.dtype)])
+
+    def verify_(self) -> None:
+        stacked, result = buffer_type(self.stacked), buffer_type(self.result)
+        if not stacked.shape or stacked.shape[1:] != result.shape or stacked.dtype != result.dtype:
+            raise VerifyException(
+                f"a layer view of {list(stacked.shape)} {stacked.dtype.value} is "
+                f"{list(stacked.shape[1:])} {stacked.dtype.value}, got {list(result.shape)} {result.dtype.value}"
+            )
+
+
+@irdl_op_definition
+class RecomputeSegmentOp(SchedOp):
+    """Forward ops replayed during backward: ``mdsl.sched.recompute_segment "mlp" layer(%l) { ... }``."""
+
+    name = "mdsl.sched.recompute_segment"
+
+    segment = prop_def(StringAttr)
+    layer = opt_operand_def(IndexType)
+    body = region_def("single_block")
+
+    traits = traits_def(NoTerminator())
+
+    assembly_format = "$segment (`layer` `(` $layer^ `)`)? attr-dict-with-keyword $body"
+
+    def __init__(self, segment: str, body: Region | None = None, layer: SSAValue | None = None):
+        super().__init__(
+            operands=[[layer] if layer is not None else []],
+            properties={"segment": StringAttr(segment)},
+            regions=[body if body is not None else Region(Block())],
+        )
+
+    def verify_op(self) -> None:
+        if not self.segment.data:
+            raise VerifyException("a recompute segment needs a name")
+
+
+# ----------------------------------------------------------------------------
+# Distribution: collectives, streams, synchronization
+# ----------------------------------------------------------------------------
+
+
+@irdl_op_definition
+class CollectiveOp(SchedOp):
+    """A collective over a process group:
+
+    ``mdsl.sched.collective "all_reduce" %g -> %g group "dp" {op = "sum"}``; send
+    and recv take ``peer``, broadcast takes ``root``.
+    """
+
+    name = "mdsl.sched.collective"
+
+    kind = prop_def(StringAttr)
+    input = operand_def(BufferType)
+    output = operand_def(BufferType)
+    group = prop_def(StringAttr)
+    op = opt_attr_def(StringAttr)
+    peer = opt_attr_def(IntegerAttr)
+    root = opt_attr_def(IntegerAttr)
+
+    assembly_format = "$kind $input `->` $output `group` $group attr-dict `:` type($input) `->` type($output)"
+
+    REDUCING: ClassVar[tuple[str, ...]] = ("all_reduce", "reduce_scatter")
+
+    def verify_op(self) -> None:
+        kind = self.kind.data
+        _check_choice("collective", kind, COLLECTIVES)
+        if not self.group.data:
+            raise VerifyException("a collective needs a group")
+        if kind in self.REDUCING:
+            if self.op is None:
+                raise VerifyException(f"{kind} needs a reduction 'op' ({', '.join(REDUCE_OPS)})")
+            _check_choice("op", self.op.data, REDUCE_OPS)
+        elif self.op is not None:
+            raise VerifyException(f"{kind} takes no reduction op")
+        if (kind in ("send", "recv")) != (self.peer is not None):
+            raise VerifyException("send and recv (and only they) need a 'peer' rank")
+        if (kind == "broadcast") != (self.root is not None):
+            raise VerifyException("broadcast (and only it) needs a 'root' rank")
+        for what, rank in (("peer", self.peer), ("root", self.root)):
+            if rank is not None and rank.value.data < 0:
+                raise VerifyException(f"{what} rank must be non-negative")
+        src, dst = buffer_type(self.input), buffer_type(self.output)
+        if kind in ("all_reduce", "broadcast", "send", "recv", "all_to_all") and src.nbytes != dst.nbytes:
+            raise VerifyException(f"{kind} input and output differ in size ({src.nbytes} vs {dst.nbytes} bytes)")
+        if kind == "all_gather" and dst.nbytes % max(src.nbytes, 1):
+            raise VerifyException("all_gather output must be a whole multiple of its input")
+        if kind == "reduce_scatter" and src.nbytes % max(dst.nbytes, 1):
+            raise VerifyException("reduce_scatter input must be a whole multiple of its output")
+
+
+@irdl_op_definition
+class StreamOp(IRDLOperation):
+    """Declares a stream of the program: ``mdsl.sched.stream @comm priority -1``."""
+
+    name = "mdsl.sched.stream"
+
+    sym_name = prop_def(SymbolNameConstraint())
+    priority = prop_def(IntegerAttr)
+
+    traits = traits_def(SymbolOpInterface(), HasParent(ProgramOp))
+
+    def __init__(self, name: str, priority: int = 0):
+        super().__init__(properties={"sym_name": StringAttr(name), "priority": IntegerAttr(priority, i64)})
+
+    @classmethod
+    def parse(cls, parser: Parser) -> "StreamOp":
+        name = parser.parse_symbol_name().data
+        parser.parse_keyword("priority")
+        op = StreamOp(name, parser.parse_integer(allow_boolean=False))
+        op.attributes |= parser.parse_optional_attr_dict()
+        return op
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(f" @{self.sym_name.data} priority {self.priority.value.data}")
+        printer.print_op_attributes(self.attributes)
+
+
+@irdl_op_definition
+class SyncOp(IRDLOperation):
+    """``mdsl.sched.sync @compute waits @comm``: work on the first stream issued after
+    this point waits for all work issued so far on the second."""
+
+    name = "mdsl.sched.sync"
+
+    waiter = prop_def(SymbolRefAttr)
+    waited = prop_def(SymbolRefAttr)
+
+    assembly_format = "$waiter `waits` $waited attr-dict"
+
+    def __init__(self, waiter: str, waited: str):
+        super().__init__(properties={"waiter": SymbolRefAttr(waiter), "waited": SymbolRefAttr(waited)})
+
+    def verify_(self) -> None:
+        program = _enclosing_program(self)
+        for ref in (self.waiter, self.waited):
+            if program is None or not isinstance(SymbolTable.lookup_symbol(program, ref), StreamOp):
+                raise VerifyException(f"stream {ref} is not declared in the program")
+        if self.waiter == self.waited:
+            raise VerifyException("a stream cannot wait on itself")
+
+
+SCHED_OPS: tuple[type[Operation], ...] = (
+    ProgramOp,
+    BufferOp,
+    LaunchOp,
+    GemmOp,
+    AttentionOp,
+    AttentionBackwardOp,
+    MemsetOp,
+    CopyOp,
+    LayerLoopOp,
+    LayerViewOp,
+    RecomputeSegmentOp,
+    CollectiveOp,
+    StreamOp,
+    SyncOp,
+)
+
+Sched = Dialect("mdsl.sched", list(SCHED_OPS), [BufferType])
