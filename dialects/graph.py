@@ -59,7 +59,7 @@ from xdsl.traits import (
 )
 from xdsl.utils.exceptions import VerifyException
 
-from modeldsl.dialects.annotations import ANNOTATIONS
+from modeldsl.dialects.annotations import ANNOTATIONS, check_annotations
 from modeldsl.dialects.graph_primitives import PRIMITIVE_OPS
 from modeldsl.dialects.graph_types import (
     GRAPH_TYPES_AND_ATTRS,
@@ -144,6 +144,9 @@ class ParamOp(IRDLOperation):
     traits = traits_def(SymbolOpInterface(), HasParent(ModelOp))
 
     assembly_format = "$sym_name `:` qualified($param_type) attr-dict"
+
+    def verify_(self) -> None:
+        check_annotations(self)
 
     def __init__(self, name: str, param_type: TensorType, annotations: Sequence[Attribute] = ()):
         attributes = {"annotations": ArrayAttr(annotations)} if annotations else {}

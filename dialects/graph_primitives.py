@@ -45,6 +45,7 @@ from xdsl.irdl import (
 from xdsl.traits import Pure
 from xdsl.utils.exceptions import VerifyException
 
+from modeldsl.dialects.annotations import check_annotations
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph_types import DimsAttr, TensorType
 from modeldsl.symbolic import STAR, Dim, Expr, definitely_different, numel
@@ -217,6 +218,7 @@ class PrimitiveOp(IRDLOperation):
     assembly_format = UNIFORM_FORMAT
 
     def verify_(self) -> None:
+        check_annotations(self)
         for name, allowed in self.ENUMS.items():
             check_enum(self, name, allowed)
         self.verify_shapes()

@@ -25,12 +25,12 @@
 
 // CHECK: mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attributes {hf_config = {hidden_size = "d_model"}} {
 mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attributes {hf_config = {hidden_size = "d_model"}} {
-  // CHECK-NEXT: mdsl.graph.param @embed : !mdsl.graph.tensor<[V, C], bf16>
-  mdsl.graph.param @embed : !emb
+  // CHECK-NEXT: mdsl.graph.param @embed : !mdsl.graph.tensor<[V, C], bf16> {annotations = [#mdsl.graph.trainable<lr_scale = 0.1>, #mdsl.graph.shard<column, tp_size = 2>]}
+  mdsl.graph.param @embed : !emb {annotations = [#mdsl.graph.trainable<lr_scale = 0.1>, #mdsl.graph.shard<column, tp_size = 2>]}
   // CHECK-NEXT: mdsl.graph.param @blocks.w : !mdsl.graph.tensor<[n_layers, C, C], bf16>
   mdsl.graph.param @blocks.w : !stacked
-  // CHECK-NEXT: mdsl.graph.param @norm : !mdsl.graph.tensor<[C], bf16>
-  mdsl.graph.param @norm : !vec
+  // CHECK-NEXT: mdsl.graph.param @norm : !mdsl.graph.tensor<[C], bf16> {annotations = [#mdsl.graph.frozen]}
+  mdsl.graph.param @norm : !vec {annotations = [#mdsl.graph.frozen]}
 
   // CHECK: mdsl.graph.func @block(%h: !mdsl.graph.tensor<[B, T, C], bf16>, %w: !mdsl.graph.tensor<[C, C], bf16>) -> !mdsl.graph.tensor<[B, T, C], bf16> attributes {kind = "block"} {
   mdsl.graph.func @block(%h: !x, %w: !w) -> !x attributes {kind = "block"} {
@@ -93,8 +93,8 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %gg = mdsl.graph.geglu %x, %r {approximate = false} : (!x, !x) -> !x
     // CHECK: mdsl.graph.geglu_backward %x, %x, %r :
     %gg1, %gg2 = mdsl.graph.geglu_backward %x, %x, %r : (!x, !x, !x) -> (!x, !x)
-    // CHECK: mdsl.graph.silu %x :
-    %a1 = mdsl.graph.silu %x : (!x) -> !x
+    // CHECK: mdsl.graph.silu %x {annotations = [#mdsl.graph.memory<recompute>, #mdsl.graph.hook<AfterMLPActivation, mode = modify>]} :
+    %a1 = mdsl.graph.silu %x {annotations = [#mdsl.graph.memory<recompute>, #mdsl.graph.hook<AfterMLPActivation, mode = modify>]} : (!x) -> !x
     // CHECK: mdsl.graph.silu_backward %x, %x :
     %a2 = mdsl.graph.silu_backward %x, %x : (!x, !x) -> !x
     // CHECK: mdsl.graph.relu %x :
