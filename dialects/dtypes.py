@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from xdsl.parser import AttrParser
+from xdsl.utils.exceptions import VerifyException
+
 
 @dataclass(frozen=True)
 class DTypeInfo:
@@ -75,3 +78,22 @@ _INFO: dict[DType, DTypeInfo] = {
 }
 
 DTYPE_SPELLINGS: tuple[str, ...] = tuple(d.value for d in DType)
+
+
+def parse_dtype_spelling(parser: AttrParser) -> str:
+    """Parse an element type spelling in IR text, as a located error when unknown."""
+    start = parser.pos
+    spelling = parser.parse_identifier(" (an element type)")
+    try:
+        DType.parse(spelling)
+    except ValueError as err:
+        parser.raise_error(str(err), start, parser.pos)
+    return spelling
+
+
+def verify_dtype_spelling(spelling: str) -> None:
+    """Raise a VerifyException for an unknown element type spelling."""
+    try:
+        DType.parse(spelling)
+    except ValueError as err:
+        raise VerifyException(str(err)) from None

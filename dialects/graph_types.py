@@ -22,7 +22,7 @@ from xdsl.parser import AttrParser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
-from modeldsl.dialects.dtypes import DType
+from modeldsl.dialects.dtypes import DType, parse_dtype_spelling, verify_dtype_spelling
 from modeldsl.symbolic import (
     STAR,
     Dim,
@@ -169,22 +169,14 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
         return TensorType(self.dims, dtype)
 
     def verify(self) -> None:
-        try:
-            DType.parse(self.dtype_name.data)
-        except ValueError as err:
-            raise VerifyException(str(err)) from None
+        verify_dtype_spelling(self.dtype_name.data)
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
         with parser.in_angle_brackets():
             dims = parse_dims(parser)
             parser.parse_punctuation(",")
-            start = parser.pos
-            spelling = parser.parse_identifier("element type")
-            try:
-                DType.parse(spelling)
-            except ValueError as err:
-                parser.raise_error(str(err), start, parser.pos)
+            spelling = parse_dtype_spelling(parser)
         return [DimsAttr(dims), StringAttr(spelling)]
 
     def print_parameters(self, printer: Printer) -> None:

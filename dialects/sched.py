@@ -52,7 +52,7 @@ from xdsl.printer import Printer
 from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface, SymbolTable
 from xdsl.utils.exceptions import VerifyException
 
-from modeldsl.dialects.dtypes import DType
+from modeldsl.dialects.dtypes import DType, parse_dtype_spelling, verify_dtype_spelling
 
 ARENAS: tuple[str, ...] = ("params", "activations", "workspace", "grads", "external")
 EPILOGUES: tuple[str, ...] = ("none", "bias", "relu", "relu_bias", "gelu", "gelu_bias", "bgrad")
@@ -99,10 +99,7 @@ class BufferType(ParametrizedAttribute, TypeAttribute):
         return self.dtype.byte_size(self.numel)
 
     def verify(self) -> None:
-        try:
-            DType.parse(self.dtype_name.data)
-        except ValueError as err:
-            raise VerifyException(str(err)) from None
+        verify_dtype_spelling(self.dtype_name.data)
         if any(d < 0 for d in self.shape):
             raise VerifyException(f"buffer dimensions must be non-negative, got {list(self.shape)}")
 
@@ -113,12 +110,7 @@ class BufferType(ParametrizedAttribute, TypeAttribute):
                 parser.Delimiter.SQUARE, lambda: parser.parse_integer(allow_boolean=False)
             )
             parser.parse_punctuation(",")
-            start = parser.pos
-            spelling = parser.parse_identifier("element type")
-            try:
-                DType.parse(spelling)
-            except ValueError as err:
-                parser.raise_error(str(err), start, parser.pos)
+            spelling = parse_dtype_spelling(parser)
         return [DenseArrayBase.from_list(i64, dims), StringAttr(spelling)]
 
     def print_parameters(self, printer: Printer) -> None:
