@@ -1,0 +1,180 @@
+"""Coded diagnostics for bad input of any kind: DSL source, checkpoints, configs, flags.
+
+A :class:`Diagnostic` has a code (E001-E027 and W001-W005 of spec 000
+Appendix C/D, plus project codes), a message, a hint and a location. It
+renders the way compilers print errors::
+
+    model.module:12:5: error[E002]: undefined identifier 'wieght'
+       12 |     in -> matmul(wieght) -> out
+          |                  ^^^^^^
+    hint: did you mean 'weight'?
+
+and as JSON (``{code, severity, message, hint, location}``) for
+``--diagnostics-format=json``. Several independent diagnostics are collected
+in a :class:`DiagnosticSink` and raised together as a
+:class:`DiagnosticError`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+CODES: dict[str, str] = {
+    "E001": "Syntax error",
+    "E002": "Undefined identifier",
+    "E003": "Type mismatch",
+    "E004": "Shape mismatch",
+    "E005": "Missing required gradient",
+    "E006": "Saved tensor not available in backward",
+    "E007": "Circular dependency in graph",
+    "E008": "Invalid annotation",
+    "E009": "Duplicate parameter name",
+    "E010": "Invalid weight mapping",
+    "E011": "Incompatible inheritance",
+    "E012": "Missing required parameter",
+    "E013": "Invalid fusion pattern",
+    "E014": "Unsupported primitive",
+    "E015": "Invalid dtype for operation",
+    "E016": "`if` guard must be ConstExpr",
+    "E017": "Tensor redefinition in same scope (SSA violation)",
+    "E018": "Gradient shape mismatch",
+    "E019": "Circular gradient dependency",
+    "E020": "Gradient dtype incompatible",
+    "E021": "Recompute tensor not derivable from saved tensors",
+    "E022": "Circular recompute dependency",
+    "E023": "Import name conflict",
+    "E024": "Import alias shadows existing name",
+    "E025": "Checkpoint spans pipeline stages",
+    "E026": "Invalid constraint expression",
+    "E027": "Constraint violation",
+    "E028": "File not found or unreadable",
+    "W001": "User definition shadows primitive",
+    "W002": "Local definition shadows import",
+    "W003": "Suboptimal auto-derived backward",
+    "W004": "Unused saved tensor",
+    "W005": "Implicit dtype narrowing",
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """A named source text (a file, or a string given on the command line)."""
+
+    name: str
+    text: str
+
+    def line(self, number: int) -> str:
+        lines = self.text.splitlines()
+        return lines[number - 1] if 0 < number <= len(lines) else ""
+
+
+@dataclass(frozen=True)
+class Span:
+    """A range of a source: 1-based line and column, end exclusive."""
+
+    source: Source
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+    @property
+    def location(self) -> str:
+        return f"{self.source.name}:{self.line}:{self.column}"
+
+    def to_json(self) -> dict:
+        return {
+            "file": self.source.name,
+            "line": self.line,
+            "column": self.column,
+            "end_line": self.end_line,
+            "end_column": self.end_column,
+        }
+
+    def caret_lines(self) -> str:
+        """The source line and a caret line under the span (first line only)."""
+        text = self.source.line(self.line)
+        end = self.end_column if self.end_line == self.line else len(text) + 1
+        width = max(1, end - self.column)
+        gutter = f"{self.line:>5} | "
+        return f"{gutter}{text}\n{' ' * (len(gutter) - 2)}| {' ' * (self.column - 1)}{'^' * width}\n"
+
+
+@dataclass
+class Diagnostic:
+    code: str
+    message: str
+    span: Span | None = None
+    hint: str = ""
+    notes: list[tuple[str, Span]] = field(default_factory=list)
+
+    @property
+    def severity(self) -> str:
+        return "warning" if self.code.startswith("W") else "error"
+
+    def render(self) -> str:
+        where = f"{self.span.location}: " if self.span is not None else ""
+        text = f"{where}{self.severity}[{self.code}]: {self.message}\n"
+        if self.span is not None:
+            text += self.span.caret_lines()
+        for note, span in self.notes:
+            text += f"{span.location}: note: {note}\n{span.caret_lines()}"
+        if self.hint:
+            text += f"hint: {self.hint}\n"
+        return text
+
+    def to_json(self) -> dict:
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "message": self.message,
+            "hint": self.hint,
+            "location": self.span.to_json() if self.span is not None else None,
+        }
+
+
+class DiagnosticError(Exception):
+    """One or more error diagnostics (warnings may ride along)."""
+
+    def __init__(self, diagnostics: list[Diagnostic]):
+        self.diagnostics = diagnostics
+        super().__init__("\n".join(d.render() for d in diagnostics))
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity == "error"]
+
+
+class DiagnosticSink:
+    """Collects diagnostics so that independent errors are all reported in one run."""
+
+    def __init__(self) -> None:
+        self.diagnostics: list[Diagnostic] = []
+
+    def error(self, code: str, message: str, span: Span | None = None, hint: str = "") -> Diagnostic:
+        return self.add(Diagnostic(code, message, span, hint))
+
+    def warning(self, code: str, message: str, span: Span | None = None, hint: str = "") -> Diagnostic:
+        return self.add(Diagnostic(code, message, span, hint))
+
+    def add(self, diagnostic: Diagnostic) -> Diagnostic:
+        if diagnostic.code not in CODES:
+            raise ValueError(f"unknown diagnostic code {diagnostic.code}")
+        self.diagnostics.append(diagnostic)
+        return diagnostic
+
+    @property
+    def has_errors(self) -> bool:
+        return any(d.severity == "error" for d in self.diagnostics)
+
+    def raise_if_errors(self) -> None:
+        if self.has_errors:
+            raise DiagnosticError(self.diagnostics)
+
+
+def render_all(diagnostics: list[Diagnostic], fmt: str = "text") -> str:
+    """All diagnostics as text (blank line between) or as a JSON list."""
+    if fmt == "json":
+        return json.dumps([d.to_json() for d in diagnostics], indent=2) + "\n"
+    return "\n".join(d.render() for d in diagnostics)

@@ -1,0 +1,1 @@
+"""Frontends: the Module DSL text language (``text``), later the Python decorator DSL."""

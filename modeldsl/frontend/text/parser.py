@@ -1,0 +1,159 @@
+"""Parsing Module DSL source into a Lark tree (and, via ``ast.build``, into the AST).
+
+The post-lexer does three things before Lark's indentation handling:
+
+* a line that starts with ``->`` or with an annotation ``@`` continues the
+  previous statement (unless that statement opened a section with ``:``);
+* a ``-`` that starts a line is a list-item marker (``ITEM_DASH``), not a minus;
+* ``x`` between ``]`` and a name is the array operator of ``[n] x Block(...)``.
+
+Syntax errors become E001 diagnostics with the location, the offending line
+and a hint listing what was expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+
+from lark import Lark, Token, Tree
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.indenter import DedentError, Indenter
+
+from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
+
+GRAMMAR = Path(__file__).with_name("grammar.lark")
+OPEN = {"LPAR", "LSQB", "LBRACE"}
+CLOSE = {"RPAR", "RSQB", "RBRACE"}
+
+
+class ModuleDslIndenter(Indenter):
+    NL_type = "_NL"
+    OPEN_PAREN_types = sorted(OPEN)
+    CLOSE_PAREN_types = sorted(CLOSE)
+    INDENT_type = "_INDENT"
+    DEDENT_type = "_DEDENT"
+    tab_len = 8
+
+    def process(self, stream: Iterator[Token]) -> Iterator[Token]:
+        return super().process(_rewrite(stream))
+
+
+def _rewrite(stream: Iterator[Token]) -> Iterator[Token]:
+    """Join continuation lines and retype line-start dashes and array ``x``."""
+    depth = 0
+    previous: Token | None = None
+    at_line_start = True
+    pending: Token | None = None
+    tokens = iter(stream)
+    while True:
+        token = pending if pending is not None else next(tokens, None)
+        pending = None
+        if token is None:
+            return
+        if token.type == "_NL" and depth == 0:
+            following = next(tokens, None)
+            continues = (
+                following is not None
+                and following.value in ("->", "@")
+                and previous is not None
+                and previous.type != "COLON"
+            )
+            pending = following
+            if continues:
+                continue
+            at_line_start = True
+            previous = token
+            yield token
+            continue
+        if token.type in OPEN:
+            depth += 1
+        elif token.type in CLOSE:
+            depth = max(0, depth - 1)
+        if at_line_start and depth == 0 and token.type == "MINUS":
+            token = Token.new_borrow_pos("ITEM_DASH", token.value, token)
+        elif token.type == "NAME" and token.value == "x" and previous is not None and previous.type == "RSQB":
+            following = next(tokens, None)
+            if following is not None and following.type == "NAME":
+                token = Token.new_borrow_pos("TIMES", token.value, token)
+            pending = following
+        at_line_start = False
+        previous = token
+        yield token
+
+
+@lru_cache(maxsize=1)
+def _parser() -> Lark:
+    return Lark(
+        GRAMMAR.read_text(),
+        parser="lalr",
+        lexer="basic",
+        postlex=ModuleDslIndenter(),
+        propagate_positions=True,
+        maybe_placeholders=True,
+    )
+
+
+def parse_tree(text: str, name: str = "<input>") -> Tree:
+    """The Lark parse tree of a source; syntax errors raise DiagnosticError(E001)."""
+    source = Source(name, text)
+    if not text.endswith("\n"):
+        text += "\n"
+    try:
+        return _parser().parse(text)
+    except UnexpectedInput as err:
+        raise DiagnosticError([_syntax_error(source, err)]) from None
+    except DedentError as err:
+        raise DiagnosticError([Diagnostic("E001", f"inconsistent indentation: {err}", None,
+                                          "indent each block by the same amount as its siblings")]) from None
+
+
+def _syntax_error(source: Source, err: UnexpectedInput) -> Diagnostic:
+    line = getattr(err, "line", None) or 1
+    column = getattr(err, "column", None) or 1
+    if isinstance(err, UnexpectedEOF) or line < 1:
+        lines = source.text.splitlines() or [""]
+        line, column = len(lines), len(lines[-1]) + 1
+    width = 1
+    if isinstance(err, UnexpectedToken):
+        what = _describe(err.token)
+        width = max(1, len(str(err.token.value).split("\n")[0]))
+        message = f"unexpected {what}"
+        expected = sorted(_pretty(t) for t in err.accepts or err.expected)
+    elif isinstance(err, UnexpectedCharacters):
+        message = f"unexpected character {source.text[err.pos_in_stream]!r}" if err.pos_in_stream < len(source.text) else "unexpected end of input"
+        expected = sorted(_pretty(t) for t in err.allowed or [])
+    else:
+        message = "unexpected end of input"
+        expected = sorted(_pretty(t) for t in getattr(err, "expected", []) or [])
+    hint = f"expected {', '.join(expected[:8])}{', ...' if len(expected) > 8 else ''}" if expected else ""
+    span = Span(source, line, column, line, column + width)
+    return Diagnostic("E001", f"syntax error: {message}", span, hint)
+
+
+_TOKEN_NAMES = {
+    "_NL": "end of line", "_INDENT": "an indented block", "_DEDENT": "the end of the block",
+    "NAME": "a name", "INT": "an integer", "FLOAT": "a number", "STRING": "a string",
+    "LONG_STRING": "a doc string", "COLON": "':'", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['",
+    "RSQB": "']'", "COMMA": "','", "EQUAL": "'='", "ITEM_DASH": "'-'", "$END": "end of input",
+}
+
+
+def _pretty(terminal: str) -> str:
+    return _TOKEN_NAMES.get(terminal, f"'{terminal.lower()}'" if terminal.isupper() and len(terminal) < 12 else terminal)
+
+
+def _describe(token: Token) -> str:
+    if token.type == "$END":
+        return "end of input"
+    if token.type in ("_NL", "_INDENT", "_DEDENT"):
+        return _TOKEN_NAMES[token.type]
+    return f"'{token.value}'"
+
+
+def parse_source(text: str, name: str = "<input>"):
+    """Parse source text into the AST (see ``modeldsl.frontend.text.ast``)."""
+    from modeldsl.frontend.text.ast import build
+
+    return build(parse_tree(text, name), Source(name, text))
