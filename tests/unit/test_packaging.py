@@ -19,6 +19,7 @@ SUBPACKAGES = [
     "modeldsl.passes.registry",
     "modeldsl.kernels",
     "modeldsl.tools.opt",
+    "modeldsl.frontend.text.parser",
 ]
 
 
@@ -57,5 +58,5 @@ def test_wheel_contains_the_mapped_folders(wheel):
     import zipfile
 
     names = zipfile.ZipFile(wheel).namelist()
-    for path in ("modeldsl/dialects/graph.py", "modeldsl/passes/registry.py", "modeldsl/tools/opt.py", "modeldsl/kernels/__init__.py"):
+    for path in ("modeldsl/frontend/text/grammar.lark", "modeldsl/dialects/graph.py", "modeldsl/passes/registry.py", "modeldsl/tools/opt.py", "modeldsl/kernels/__init__.py"):
         assert path in names

@@ -39,6 +39,20 @@ class ModuleDslIndenter(Indenter):
     def process(self, stream: Iterator[Token]) -> Iterator[Token]:
         return super().process(_rewrite(stream))
 
+    def handle_NL(self, token: Token) -> Iterator[Token]:  # noqa: N802 - Lark's name
+        try:
+            yield from super().handle_NL(token)
+        except DedentError as err:
+            raise IndentationProblem(token.end_line, token.end_column, str(err)) from None
+
+
+class IndentationProblem(Exception):
+    """A dedent to a column that no enclosing block started at."""
+
+    def __init__(self, line: int, column: int, detail: str):
+        super().__init__(detail)
+        self.line, self.column = line, column
+
 
 def _rewrite(stream: Iterator[Token]) -> Iterator[Token]:
     """Join continuation lines and retype line-start dashes and array ``x``."""
@@ -104,9 +118,11 @@ def parse_tree(text: str, name: str = "<input>") -> Tree:
         return _parser().parse(text)
     except UnexpectedInput as err:
         raise DiagnosticError([_syntax_error(source, err)]) from None
-    except DedentError as err:
-        raise DiagnosticError([Diagnostic("E001", f"inconsistent indentation: {err}", None,
-                                          "indent each block by the same amount as its siblings")]) from None
+    except IndentationProblem as err:
+        span = Span(source, err.line, err.column, err.line, err.column + 1)
+        raise DiagnosticError([Diagnostic(
+            "E001", "syntax error: inconsistent indentation: this line is not aligned with any enclosing block",
+            span, "indent each line like the other lines of its block")]) from None
 
 
 def _syntax_error(source: Source, err: UnexpectedInput) -> Diagnostic:
@@ -116,24 +132,46 @@ def _syntax_error(source: Source, err: UnexpectedInput) -> Diagnostic:
         lines = source.text.splitlines() or [""]
         line, column = len(lines), len(lines[-1]) + 1
     width = 1
+    hint = ""
     if isinstance(err, UnexpectedToken):
         what = _describe(err.token)
         width = max(1, len(str(err.token.value).split("\n")[0]))
+        if err.token.type in ("_INDENT", "_DEDENT"):
+            line, column = err.token.end_line or line, err.token.end_column or column
+            width = 1
+            if err.token.type == "_INDENT":
+                hint = "the line before an indented block must end with ':' (a section such as 'params:')"
         message = f"unexpected {what}"
         expected = sorted(_pretty(t) for t in err.accepts or err.expected)
+        if err.token.type in ("$END", "_DEDENT") and _at_end(source, line):
+            line, column, width = _end_position(source)
+            message = "unexpected end of input"
+            if {"')'", "']'", "'}'"} & set(expected):
+                hint = "a bracket opened earlier is never closed"
     elif isinstance(err, UnexpectedCharacters):
         message = f"unexpected character {source.text[err.pos_in_stream]!r}" if err.pos_in_stream < len(source.text) else "unexpected end of input"
         expected = sorted(_pretty(t) for t in err.allowed or [])
     else:
         message = "unexpected end of input"
         expected = sorted(_pretty(t) for t in getattr(err, "expected", []) or [])
-    hint = f"expected {', '.join(expected[:8])}{', ...' if len(expected) > 8 else ''}" if expected else ""
+    if expected and not hint:
+        hint = f"expected {', '.join(expected[:10])}{', ...' if len(expected) > 10 else ''}"
     span = Span(source, line, column, line, column + width)
     return Diagnostic("E001", f"syntax error: {message}", span, hint)
 
 
+def _at_end(source: Source, line: int) -> bool:
+    return line > len(source.text.rstrip("\n").splitlines())
+
+
+def _end_position(source: Source) -> tuple[int, int, int]:
+    """Line, column and width of the end of the last non-blank line."""
+    lines = source.text.rstrip().splitlines() or [""]
+    return len(lines), len(lines[-1]) + 1, 1
+
+
 _TOKEN_NAMES = {
-    "_NL": "end of line", "_INDENT": "an indented block", "_DEDENT": "the end of the block",
+    "_NL": "end of line", "_INDENT": "indentation", "_DEDENT": "end of the block",
     "NAME": "a name", "INT": "an integer", "FLOAT": "a number", "STRING": "a string",
     "LONG_STRING": "a doc string", "COLON": "':'", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['",
     "RSQB": "']'", "COMMA": "','", "EQUAL": "'='", "ITEM_DASH": "'-'", "$END": "end of input",
@@ -141,13 +179,22 @@ _TOKEN_NAMES = {
 
 
 def _pretty(terminal: str) -> str:
-    return _TOKEN_NAMES.get(terminal, f"'{terminal.lower()}'" if terminal.isupper() and len(terminal) < 12 else terminal)
+    if terminal in _TOKEN_NAMES:
+        return _TOKEN_NAMES[terminal]
+    literal = _literals().get(terminal)
+    return f"'{literal}'" if literal is not None else terminal.lower()
+
+
+@lru_cache(maxsize=1)
+def _literals() -> dict[str, str]:
+    """Terminal name -> its literal text, for the string terminals of the grammar."""
+    return {t.name: t.pattern.value for t in _parser().terminals if t.pattern.type == "str"}
 
 
 def _describe(token: Token) -> str:
-    if token.type == "$END":
-        return "end of input"
-    if token.type in ("_NL", "_INDENT", "_DEDENT"):
+    if token.type == "$END" or (token.type in ("_DEDENT",) and not token.value):
+        return "end of input" if token.type == "$END" else _TOKEN_NAMES[token.type]
+    if token.type in ("_NL", "_INDENT", "_DEDENT") or token.value == "":
         return _TOKEN_NAMES[token.type]
     return f"'{token.value}'"
 
