@@ -22,6 +22,7 @@ from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
 from xdsl.xdsl_opt_main import xDSLOptMain
 
+from modeldsl.diagnostics import DiagnosticError, render_all
 from modeldsl.ir import LocatedParseError, LocatingParser, load_dialects, verify_module
 from modeldsl.passes.registry import PASSES
 
@@ -53,6 +54,18 @@ class MdslOptMain(xDSLOptMain):
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         super().register_all_arguments(arg_parser)
+        arg_parser.add_argument(
+            "--emit",
+            choices=("ir", "ast"),
+            default="ir",
+            help="for Module DSL input (.module): 'ast' prints the parsed AST",
+        )
+        arg_parser.add_argument(
+            "--diagnostics-format",
+            choices=("text", "json"),
+            default="text",
+            help="how Module DSL diagnostics are printed",
+        )
         arg_parser.add_argument(
             "--pass-pipeline",
             type=str,
@@ -95,6 +108,28 @@ class MdslOptMain(xDSLOptMain):
             }
         return module
 
+    def run(self) -> None:
+        if self.args.input_file and self.args.input_file.endswith(".module"):
+            self.run_module_dsl()
+            return
+        super().run()
+
+    def run_module_dsl(self) -> None:
+        """Parse a Module DSL file; ``--emit=ast`` prints its AST."""
+        from modeldsl.frontend.text.ast import dump
+        from modeldsl.frontend.text.parser import parse_source
+
+        path = self.args.input_file
+        with open(path, encoding="utf-8") as f:
+            program = parse_source(f.read(), path)
+        if self.args.emit == "ast":
+            sys.stdout.write(dump(program))
+            return
+        raise UserError(
+            "lowering Module DSL to mdsl.graph is not available yet (the frontend issue is in progress); "
+            "--emit=ast prints the parsed AST"
+        )
+
     def apply_passes(self, prog: ModuleOp) -> None:
         if not self.args.disable_verify:
             diagnostics = verify_module(prog, self._op_spans)
@@ -108,9 +143,15 @@ class InputDiagnostics(DiagnosticException):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    tool = None
     try:
         tool = MdslOptMain(args=argv)
         tool.run()
+    except DiagnosticError as err:
+        fmt = tool.args.diagnostics_format if tool is not None else "text"
+        stream = sys.stdout if fmt == "json" else sys.stderr
+        stream.write(render_all(err.diagnostics, fmt))
+        return 1
     except UserError as err:
         print(f"mdsl-opt: error: {err}", file=sys.stderr)
         return 1
