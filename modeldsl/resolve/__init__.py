@@ -1,0 +1,1 @@
+"""Resolution and checks of Module DSL programs: constants, scopes, imports, types."""

@@ -1,0 +1,287 @@
+"""Compile-time expressions (ConstExpr, spec 3.7): evaluation, `let:` bindings, constraints.
+
+A ConstExpr is built from literals, module/model parameters, `let`-bound
+names, arithmetic, comparisons, boolean operators and the pure intrinsics
+``sqrt``, ``ceil_div``, ``min``, ``max``, ``abs``. Integer parameters whose
+value is not fixed yet (a model's config, bound later from a HuggingFace
+config) are symbols, so ``d_model // num_heads`` evaluates to a symbolic
+dimension (:class:`modeldsl.symbolic.Expr`).
+
+Errors are coded diagnostics: E002 for an undefined name, E016 when an `if`
+guard depends on a tensor, E026 for a constraint that is not a boolean
+ConstExpr, E027 for a violated constraint (with the user's message).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from modeldsl.diagnostics import DiagnosticSink, Span
+from modeldsl.frontend.text import ast
+from modeldsl.symbolic import Expr, SymbolicError
+
+Value = Any  # int | float | bool | str | None | Expr (symbolic integer)
+
+
+class ConstError(Exception):
+    """A ConstExpr that cannot be evaluated; carries the diagnostic to report."""
+
+    def __init__(self, code: str, message: str, span: Span | None, hint: str = ""):
+        super().__init__(message)
+        self.code, self.message, self.span, self.hint = code, message, span, hint
+
+
+class NotConstant(Exception):
+    """The value depends on something not known yet (a symbol in a comparison)."""
+
+
+@dataclass
+class ConstEnv:
+    """Names visible to ConstExprs, and names that are tensors (RuntimeExpr)."""
+
+    values: dict[str, Value] = field(default_factory=dict)
+    tensors: set[str] = field(default_factory=set)
+    parent: "ConstEnv | None" = None
+
+    def lookup(self, name: str) -> tuple[bool, Value]:
+        env: ConstEnv | None = self
+        while env is not None:
+            if name in env.values:
+                return True, env.values[name]
+            env = env.parent
+        return False, None
+
+    def is_tensor(self, name: str) -> bool:
+        env: ConstEnv | None = self
+        while env is not None:
+            if name in env.tensors:
+                return True
+            env = env.parent
+        return False
+
+    def child(self) -> "ConstEnv":
+        return ConstEnv(parent=self)
+
+
+def _sqrt(x: Value) -> float:
+    if isinstance(x, Expr):
+        raise NotConstant()
+    return math.sqrt(x)
+
+
+def _ceil_div(a: Value, b: Value) -> Value:
+    if isinstance(a, Expr) or isinstance(b, Expr):
+        return Expr.of(a).ceildiv(b)
+    return -(-a // b)
+
+
+def _abs(x: Value) -> Value:
+    if isinstance(x, Expr):
+        raise NotConstant()
+    return abs(x)
+
+
+def _minmax(pick: Callable) -> Callable:
+    def apply(*args: Value) -> Value:
+        if any(isinstance(a, Expr) for a in args):
+            raise NotConstant()
+        return pick(args)
+
+    return apply
+
+
+INTRINSICS: dict[str, Callable[..., Value]] = {
+    "sqrt": _sqrt,
+    "ceil_div": _ceil_div,
+    "min": _minmax(min),
+    "max": _minmax(max),
+    "abs": _abs,
+}
+
+_ARITH: dict[str, Callable[[Value, Value], Value]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+    "//": operator.floordiv,
+    "%": operator.mod,
+    "**": operator.pow,
+}
+_COMPARE: dict[str, Callable[[Value, Value], bool]] = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    ">": operator.gt,
+    "<=": operator.le,
+    ">=": operator.ge,
+}
+
+
+def evaluate(node: ast.Expr, env: ConstEnv, context: str = "expression") -> Value:
+    """The value of a ConstExpr; raises ConstError (coded) or NotConstant."""
+    if isinstance(node, (ast.Int, ast.Float, ast.Str, ast.Bool)):
+        return node.value
+    if isinstance(node, ast.NoneLit):
+        return None
+    if isinstance(node, ast.Name):
+        return _lookup(node, env, context)
+    if isinstance(node, ast.Unary):
+        value = evaluate(node.operand, env, context)
+        if node.op == "not":
+            return not _truth(value, node)
+        return -value
+    if isinstance(node, ast.Binary):
+        return _binary(node, env, context)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in INTRINSICS:
+        if any(a.name is not None for a in node.args):
+            raise ConstError("E026", f"{node.func.id}() takes positional arguments only", node.span)
+        args = [evaluate(a.value, env, context) for a in node.args]
+        try:
+            return INTRINSICS[node.func.id](*args)
+        except TypeError as err:
+            raise ConstError("E026", f"bad arguments to {node.func.id}(): {err}", node.span) from None
+    if isinstance(node, (ast.Attribute, ast.Index, ast.Call)) and _mentions_tensor(node, env):
+        raise ConstError(
+            "E016" if context == "if" else "E026",
+            f"{_describe(context)} depends on a tensor value (a RuntimeExpr)", node.span,
+            "only literals, parameters, let-bound names and sqrt/ceil_div/min/max/abs are known at compile time",
+        )
+    raise ConstError("E026", f"{_describe(context)} is not a compile-time expression", node.span,
+                     "only literals, parameters, let-bound names and sqrt/ceil_div/min/max/abs are allowed")
+
+
+def _describe(context: str) -> str:
+    return {"if": "the if guard", "constraint": "the constraint"}.get(context, f"the {context}")
+
+
+def _lookup(node: ast.Name, env: ConstEnv, context: str) -> Value:
+    found, value = env.lookup(node.id)
+    if found:
+        return value
+    if env.is_tensor(node.id):
+        code = "E016" if context == "if" else "E026"
+        raise ConstError(code, f"{_describe(context)} uses the tensor '{node.id}', which is only known at run time",
+                         node.span, "guards and constraints may use parameters and let-bound names only")
+    raise ConstError("E002", f"undefined identifier '{node.id}'", node.span,
+                     "define it as a parameter of the module or in its let: section")
+
+
+def _mentions_tensor(node: ast.Expr, env: ConstEnv) -> bool:
+    while isinstance(node, (ast.Attribute, ast.Index, ast.Call)):
+        node = node.base if isinstance(node, (ast.Attribute, ast.Index)) else node.func
+        if isinstance(node, ast.Call):
+            return any(_mentions_tensor(a.value, env) for a in node.args) or _mentions_tensor(node.func, env)
+    return isinstance(node, ast.Name) and env.is_tensor(node.id)
+
+
+def _truth(value: Value, node: ast.Node) -> bool:
+    if isinstance(value, Expr):
+        raise NotConstant()
+    return bool(value)
+
+
+def _binary(node: ast.Binary, env: ConstEnv, context: str) -> Value:
+    if node.op in ("and", "or"):
+        left = _truth(evaluate(node.lhs, env, context), node.lhs)
+        if (node.op == "and" and not left) or (node.op == "or" and left):
+            return left
+        return _truth(evaluate(node.rhs, env, context), node.rhs)
+    lhs, rhs = evaluate(node.lhs, env, context), evaluate(node.rhs, env, context)
+    if node.op in _COMPARE:
+        if isinstance(lhs, Expr) or isinstance(rhs, Expr):
+            diff = (Expr.of(lhs) - Expr.of(rhs)).const_value() if _intlike(lhs) and _intlike(rhs) else None
+            if diff is None:
+                raise NotConstant()
+            return _COMPARE[node.op](diff, 0)
+        return _COMPARE[node.op](lhs, rhs)
+    try:
+        if isinstance(lhs, Expr) or isinstance(rhs, Expr):
+            return _symbolic(node, lhs, rhs)
+        return _ARITH[node.op](lhs, rhs)
+    except ZeroDivisionError:
+        raise ConstError("E026", f"division by zero in '{node.op}'", node.span) from None
+    except TypeError:
+        raise ConstError("E026", f"'{node.op}' cannot combine {type(lhs).__name__} and {type(rhs).__name__}",
+                         node.span) from None
+
+
+def _intlike(value: Value) -> bool:
+    return isinstance(value, Expr) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _symbolic(node: ast.Binary, lhs: Value, rhs: Value) -> Value:
+    if not (_intlike(lhs) and _intlike(rhs)) or node.op in ("/", "**"):
+        raise NotConstant()
+    try:
+        return _ARITH[node.op](Expr.of(lhs), Expr.of(rhs))
+    except SymbolicError as err:
+        raise ConstError("E026", str(err), node.span) from None
+
+
+# ----------------------------------------------------------------------------
+# let: sections and constraints
+# ----------------------------------------------------------------------------
+
+
+def evaluate_let(section: ast.Section, env: ConstEnv, sink: DiagnosticSink) -> None:
+    """Bind each ``name = expr`` of a ``let:`` section and check its constraints, in order."""
+    for stmt in section.body:
+        if isinstance(stmt, ast.Binding):
+            try:
+                env.values[stmt.name] = evaluate(stmt.value, env, "let binding")
+            except NotConstant:
+                env.values[stmt.name] = None
+            except ConstError as err:
+                sink.error(err.code, err.message, err.span, err.hint)
+        elif isinstance(stmt, ast.Section) and stmt.name == "constraint":
+            check_constraints(stmt, env, sink)
+        elif isinstance(stmt, ast.Section) and stmt.value is not None and stmt.name is not None:
+            # `B: batch_dim` declares a symbolic dimension
+            env.values[stmt.name] = Expr.sym(stmt.name)
+        else:
+            sink.error("E001", "a let: section holds `name = expression` bindings and a constraint: section",
+                       stmt.span)
+
+
+def check_constraints(section: ast.Section, env: ConstEnv, sink: DiagnosticSink) -> None:
+    """Each ``condition, "message"`` must be a boolean ConstExpr that holds (E026, E027)."""
+    for stmt in section.body:
+        if not isinstance(stmt, ast.Constraint):
+            sink.error("E026", 'a constraint is written `condition, "message"`', stmt.span)
+            continue
+        try:
+            value = evaluate(stmt.condition, env, "constraint")
+        except NotConstant:
+            continue  # depends on config values bound later; checked again at specialization
+        except ConstError as err:
+            code = "E026" if err.code in ("E016",) else err.code
+            sink.error(code, err.message, err.span, err.hint)
+            continue
+        if not isinstance(value, bool):
+            sink.error("E026", f"a constraint must be a comparison or boolean, got {value!r}", stmt.condition.span,
+                       "write a condition such as `d_model % num_heads == 0`")
+        elif not value:
+            sink.error("E027", f"constraint violated: {stmt.message}", stmt.condition.span,
+                       "change the parameters so that the condition holds")
+
+
+def guard_value(condition: ast.Expr, env: ConstEnv, sink: DiagnosticSink) -> bool | None:
+    """The value of an `if` guard; E016 when it depends on a tensor, None if unknown."""
+    try:
+        value = evaluate(condition, env, "if")
+    except NotConstant:
+        sink.error("E016", "the if guard is not known at compile time", condition.span,
+                   "guards may use parameters with known values and let-bound names")
+        return None
+    except ConstError as err:
+        sink.error(err.code, err.message, err.span, err.hint)
+        return None
+    return _truth(value, condition)
+
+
+def env_from_params(values: Mapping[str, Value], tensors: set[str] | None = None) -> ConstEnv:
+    return ConstEnv(dict(values), set(tensors or ()))
