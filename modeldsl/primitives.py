@@ -1,0 +1,154 @@
+"""The primitives the DSL can call, with their signatures read off the graph ops.
+
+Each ``mdsl.graph`` primitive op already declares, in IRDL, its operands
+(tensor inputs, in order, some optional or variadic), its results and its
+attributes with their defaults. This module derives the DSL view of the same
+facts — so a primitive is described once, by its op — and converts DSL
+argument values into the op's attributes. Later issues hang the VJP rule,
+the numpy reference and the kernels on the same entries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, IntegerType, StringAttr, i64
+from xdsl.ir import Attribute, Operation
+from xdsl.irdl import OptOperandDef, OptResultDef, VarOperandDef, VarResultDef
+
+from modeldsl.dialects.graph_primitives import PRIMITIVE_OPS, PrimitiveOp, bool_attr, float_attr, int_attr
+from modeldsl.dialects.graph_types import DimsAttr
+from modeldsl.symbolic import Expr, SymbolicError
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """A tensor input or output of a primitive."""
+
+    name: str
+    optional: bool = False
+    variadic: bool = False
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A compile-time parameter: kind is float, int, bool, enum, dims or ints."""
+
+    name: str
+    kind: str
+    default: Any = None
+    required: bool = False
+    choices: tuple[str, ...] = ()
+
+    def to_attribute(self, value: Any) -> Attribute:
+        """The op attribute for a DSL value; ValueError with a message when it does not fit."""
+        if self.kind == "enum":
+            text = str(value)
+            if text not in self.choices:
+                raise ValueError(f"'{text}' is not one of {', '.join(self.choices)}")
+            return StringAttr(text)
+        if self.kind == "bool":
+            if not isinstance(value, bool):
+                raise ValueError(f"expects true or false, got {value!r}")
+            return bool_attr(value)
+        if self.kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"expects a number, got {value!r}")
+            return float_attr(value)
+        if self.kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"expects an integer, got {value!r}")
+            return int_attr(value)
+        if self.kind == "ints":
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                raise ValueError(f"expects a list of integers, got {value!r}")
+            return DenseArrayBase.from_list(i64, list(value))
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"expects a list of sizes, got {value!r}")
+        try:
+            return DimsAttr.from_list([Expr.of(v) if not isinstance(v, Expr) else v for v in value])
+        except SymbolicError as err:
+            raise ValueError(str(err)) from None
+
+
+@dataclass(frozen=True)
+class PrimitiveSignature:
+    name: str
+    op: type[PrimitiveOp]
+    inputs: tuple[TensorSlot, ...]
+    outputs: tuple[TensorSlot, ...]
+    params: tuple[ParamSpec, ...]
+
+    def param(self, name: str) -> ParamSpec | None:
+        return next((p for p in self.params if p.name == name), None)
+
+    @property
+    def is_backward(self) -> bool:
+        return self.name.endswith("_backward") or self.name.endswith("_weight_grad")
+
+
+def _slot(name: str, definition: Any, optional_types: tuple, variadic_types: tuple) -> TensorSlot:
+    optional = isinstance(definition, optional_types)
+    variadic = isinstance(definition, variadic_types) and not optional
+    return TensorSlot(name, optional, variadic)
+
+
+def _python_default(attr: Attribute | None) -> Any:
+    if isinstance(attr, StringAttr):
+        return attr.data
+    if isinstance(attr, FloatAttr):
+        return attr.value.data
+    if isinstance(attr, IntegerAttr):
+        if isinstance(attr.type, IntegerType) and attr.type.width.data == 1:
+            return bool(attr.value.data)
+        return attr.value.data
+    return None
+
+
+def _param_kind(op: type[PrimitiveOp], name: str, definition: Any) -> str:
+    if name in op.ENUMS:
+        return "enum"
+    default = definition.default_value
+    if isinstance(default, IntegerAttr) and isinstance(default.type, IntegerType) and default.type.width.data == 1:
+        return "bool"
+    base = getattr(definition.constr, "attr", None)
+    for cls, kind in ((FloatAttr, "float"), (IntegerAttr, "int"), (DenseArrayBase, "ints"), (DimsAttr, "dims"), (StringAttr, "enum")):
+        if base is cls or isinstance(default, cls):
+            return kind
+    raise AssertionError(f"cannot tell the kind of {op.name}.{name}")
+
+
+def signature_of(op: type[PrimitiveOp]) -> PrimitiveSignature:
+    definition = op.get_irdl_definition()
+    inputs = tuple(_slot(n, d, (OptOperandDef,), (VarOperandDef,)) for n, d in definition.operands)
+    outputs = tuple(_slot(n, d, (OptResultDef,), (VarResultDef,)) for n, d in definition.results)
+    params = []
+    for name, attr_def in definition.attributes.items():
+        if name == "annotations":
+            continue
+        default = attr_def.default_value
+        optional = type(attr_def).__name__.startswith("Opt")
+        params.append(ParamSpec(
+            name,
+            _param_kind(op, name, attr_def),
+            _python_default(default),
+            required=default is None and not optional,
+            choices=op.ENUMS.get(name, ()),
+        ))
+    return PrimitiveSignature(op.name.removeprefix("mdsl.graph."), op, inputs, outputs, tuple(params))
+
+
+@lru_cache(maxsize=1)
+def primitives() -> dict[str, PrimitiveSignature]:
+    """Every primitive by its DSL name (``matmul``, ``rmsnorm_backward``, ...)."""
+    return {sig.name: sig for sig in map(signature_of, PRIMITIVE_OPS)}
+
+
+def lookup_primitive(name: str) -> PrimitiveSignature | None:
+    return primitives().get(name)
+
+
+def is_primitive_op(op: Operation) -> bool:
+    return isinstance(op, PrimitiveOp)
