@@ -81,10 +81,10 @@ class Scope:
         return Scope(self.sink, self)
 
     @contextmanager
-    def branch(self, taken: bool) -> Iterator["Scope"]:
-        """A scope for one branch of an ``if``; the taken branch's names flow out."""
-        inner = self.child()
+    def branches(self, taken: int | None, count: int = 2) -> Iterator[list["Scope"]]:
+        """Scopes for the branches of an ``if``/``else``, each checked against the
+        names defined before it; the names of branch ``taken`` flow out afterwards."""
+        inner = [self.child() for _ in range(count)]
         yield inner
-        if taken:
-            for name, binding in inner.names.items():
-                self.names[name] = binding
+        if taken is not None:
+            self.names.update(inner[taken].names)

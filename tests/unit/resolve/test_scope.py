@@ -35,9 +35,8 @@ def test_both_branches_may_define_a_name_and_the_taken_one_flows_out():
     sink = DiagnosticSink()
     scope = Scope(sink)
     scope.define("y", "y", None)
-    with scope.branch(taken=True) as then:
+    with scope.branches(taken=0) as (then, orelse):
         then.define("out", "from-then", span(1, 1))
-    with scope.branch(taken=False) as orelse:
         orelse.define("out", "from-else", span(2, 1))
         orelse.define("y", "again", span(2, 5))
     assert scope.find("out").value == "from-then"
