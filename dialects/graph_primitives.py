@@ -229,16 +229,23 @@ class PrimitiveOp(IRDLOperation):
     @classmethod
     def make(
         cls,
-        operands: Sequence[SSAValue | Sequence[SSAValue]],
-        result_types: Sequence[Attribute | Sequence[Attribute]],
+        operands: Sequence[SSAValue | Sequence[SSAValue] | None],
+        result_types: Sequence[Attribute | Sequence[Attribute] | None],
         attributes: dict[str, Attribute] | None = None,
     ):
-        """Create the op from operands, result types and attributes."""
-        return cls.create(
-            operands=[v for group in operands for v in (group if isinstance(group, (list, tuple)) else [group])],
-            result_types=[t for group in result_types for t in (group if isinstance(group, (list, tuple)) else [group])],
+        """Create the op with one entry per operand and result definition: a value
+        (a type), None for an absent optional, a list for a variadic."""
+        return cls.build(
+            operands=[_as_group(o) for o in operands],
+            result_types=[_as_group(r) for r in result_types],
             attributes=attributes or {},
         )
+
+
+def _as_group(entry):
+    if entry is None:
+        return []
+    return list(entry) if isinstance(entry, (list, tuple)) else entry
 
 
 

@@ -10,6 +10,7 @@ the numpy reference and the kernels on the same entries.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -84,9 +85,40 @@ class PrimitiveSignature:
     def param(self, name: str) -> ParamSpec | None:
         return next((p for p in self.params if p.name == name), None)
 
+    def group_operands(self, values: Sequence[Any]) -> list[Any]:
+        """Operands given in order, one entry per input slot (see :func:`distribute`)."""
+        return distribute(self.name, self.inputs, values, "tensor input")
+
+    def group_results(self, types: Sequence[Any]) -> list[Any]:
+        """Result types given in order, one entry per output slot."""
+        return distribute(self.name, self.outputs, types, "result")
+
     @property
     def is_backward(self) -> bool:
         return self.name.endswith("_backward") or self.name.endswith("_weight_grad")
+
+
+def distribute(op_name: str, slots: Sequence[TensorSlot], values: Sequence[Any], what: str) -> list[Any]:
+    """Distribute values given in order over slots: a required slot takes one, an
+    optional slot takes one while there are spare values (in slot order), a
+    variadic slot takes the rest. One entry per slot (None for an absent optional)."""
+    required = sum(1 for s in slots if not (s.optional or s.variadic))
+    spare = len(values) - required
+    if spare < 0 or (spare and not any(s.optional or s.variadic for s in slots)):
+        raise ValueError(f"{op_name} takes {required} {what}(s), got {len(values)}")
+    grouped, rest = [], list(values)
+    for index, slot in enumerate(slots):
+        if slot.variadic:
+            later = sum(1 for s in slots[index + 1 :] if not (s.optional or s.variadic))
+            take = len(rest) - later
+            grouped.append(rest[:take])
+            rest = rest[take:]
+        elif slot.optional and spare <= 0:
+            grouped.append(None)
+        else:
+            spare -= slot.optional
+            grouped.append(rest.pop(0))
+    return grouped
 
 
 def _slot(name: str, definition: Any, optional_types: tuple, variadic_types: tuple) -> TensorSlot:

@@ -83,3 +83,15 @@ def test_values_become_attributes():
 def test_bad_values_are_rejected_with_a_message(prim, param, value, message):
     with pytest.raises(ValueError, match=message):
         lookup_primitive(prim).param(param).to_attribute(value)
+
+
+def test_group_operands_fills_slots_in_order():
+    assert lookup_primitive("matmul").group_operands(["a", "b"]) == ["a", "b"]
+    assert lookup_primitive("layernorm").group_operands(["x", "w"]) == ["x", "w", None]
+    assert lookup_primitive("layernorm").group_operands(["x", "w", "b"]) == ["x", "w", "b"]
+    assert lookup_primitive("concat").group_operands(["a", "b", "c"]) == [["a", "b", "c"]]
+    assert lookup_primitive("mamba_conv1d").group_operands(["x", "w", "b"]) == ["x", "w", "b", None]
+    with pytest.raises(ValueError, match="takes 2 tensor input"):
+        lookup_primitive("matmul").group_operands(["a"])
+    with pytest.raises(ValueError, match="takes 2 tensor input"):
+        lookup_primitive("matmul").group_operands(["a", "b", "c"])
