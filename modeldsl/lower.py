@@ -1,0 +1,662 @@
+"""Lowering Module DSL declarations to ``mdsl.graph``.
+
+A top declaration (a model, or a module/block lowered on its own) becomes one
+``mdsl.graph.model`` op: its signature parameters become the model's config
+(integer ones stay symbols in shapes, so ``mdsl-specialize`` can bind them
+later), every tensor parameter of it and of its sub-module instances becomes
+an ``mdsl.graph.param`` named by its path (``blocks.attn.qkv_weight``), and
+its forward graph becomes ``@forward``. Module instances are inlined, keeping
+tensor names as SSA name hints; ``[n] x Block(...)`` becomes one block body
+function plus an ``mdsl.graph.stack`` call, its parameters stacked with a
+leading ``n`` dimension.
+
+Every problem is a coded diagnostic collected in a sink, so one run reports
+all independent errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from xdsl.dialects.builtin import ArrayAttr, BoolAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+
+from modeldsl.diagnostics import DiagnosticError, DiagnosticSink, Span
+from modeldsl.dialects.annotations import AnnotationError, make_annotation
+from modeldsl.dialects.dtypes import DTYPE_SPELLINGS
+from modeldsl.dialects.graph import ExprAttr, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
+from modeldsl.dialects.graph_types import TensorType
+from modeldsl.frontend.text import ast
+from modeldsl.infer import InferenceError, infer_result_types
+from modeldsl.primitives import PrimitiveSignature, lookup_primitive
+from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate, evaluate_let, guard_value
+from modeldsl.resolve.scope import Scope
+from modeldsl.symbolic import STAR, Expr, SymbolicError
+
+DEFAULT_DTYPE = "bf16"
+# Parameters that only shape inference needs (not op attributes), first in positional order.
+INFERENCE_PARAMS = {
+    "view": ("shape",),
+    "zeros": ("shape", "dtype"),
+    "ones": ("shape", "dtype"),
+    "fill": ("shape", "value", "dtype"),
+    "cast": ("dtype",),
+}
+
+
+class LoweringFailed(Exception):
+    """Raised to abandon one statement after its diagnostic was reported."""
+
+
+@dataclass
+class ParamSlot:
+    """A tensor parameter of an instance: where it is declared, and how it is read."""
+
+    path: str
+    type: TensorType
+    value: SSAValue | None = None  # a block argument, or a bound caller tensor
+
+
+@dataclass
+class Instance:
+    """A module, block or model with its arguments, as seen while lowering."""
+
+    decl: ast.Decl
+    env: ConstEnv
+    prefix: str
+    params: dict[str, ParamSlot | "Instance" | "StackedInstance"] = field(default_factory=dict)
+
+
+@dataclass
+class StackedInstance:
+    """``[n] x Block(...)``: one body, parameters stacked along a leading ``count`` dim."""
+
+    body: Instance
+    count: Expr
+    span: Span
+
+
+class Lowering:
+    def __init__(self, program: ast.Program, sink: DiagnosticSink):
+        self.program = program
+        self.sink = sink
+        self.decls = {d.name: d for d in program.declarations}
+        self.model: ModelOp | None = None
+        self.block: Block | None = None
+        self.param_refs: dict[str, SSAValue] = {}
+        self.funcs: dict[str, FuncOp] = {}
+
+    # ------------------------------------------------------------------ entry
+    def lower(self, top: ast.Decl, config: dict[str, Any] | None = None) -> ModuleOp:
+        env, config_attrs = self.config_env(top, config or {})
+        self.model = ModelOp(top.name, config_attrs)
+        instance = Instance(top, env, "")
+        self.evaluate_let(instance)
+        self.declare_params(instance, stack=None)
+        self.lower_forward(instance)
+        return ModuleOp([self.model])
+
+    def config_env(self, decl: ast.Decl, overrides: dict[str, Any]) -> tuple[ConstEnv, dict[str, Attribute]]:
+        """Signature parameters: integers stay symbols in shapes; others take their values."""
+        env = ConstEnv()
+        attrs: dict[str, Attribute] = {}
+        for param in decl.params or []:
+            if param.rest or param.name is None:
+                continue
+            value = overrides.get(param.name)
+            if value is None and param.default is not None:
+                value = self.const(param.default, env)
+            if isinstance(value, bool):
+                env.values[param.name] = value
+                attrs[param.name] = BoolAttr.from_bool(value)
+            elif isinstance(value, int) or value is None and _type_name(param) == "int":
+                env.values[param.name] = Expr.sym(param.name)
+                if value is not None:
+                    attrs[param.name] = IntegerAttr(value, i64)
+            elif isinstance(value, float):
+                env.values[param.name] = value
+                attrs[param.name] = FloatAttr(value, f64)
+            elif isinstance(value, str):
+                env.values[param.name] = value
+                attrs[param.name] = StringAttr(value)
+            else:
+                env.values[param.name] = Expr.sym(param.name)
+        return env, attrs
+
+    # ------------------------------------------------------------------ constants
+    def const(self, node: ast.Expr, env: ConstEnv, context: str = "expression") -> Any:
+        try:
+            return evaluate(node, env, context)
+        except NotConstant:
+            self.sink.error("E026", f"the {context} is not known at compile time", node.span)
+        except ConstError as err:
+            self.sink.error(err.code, err.message, err.span, err.hint)
+        raise LoweringFailed()
+
+    def evaluate_let(self, instance: Instance) -> None:
+        for section in instance.decl.sections("let"):
+            evaluate_let(section, instance.env, self.sink)
+
+    # ------------------------------------------------------------------ params
+    def declare_params(self, instance: Instance, stack: StackedInstance | None, bound: Sequence[SSAValue] = ()) -> None:
+        """Declare an instance's tensor parameters (or bind them to caller tensors)."""
+        bound = list(bound)
+        seen: dict[str, Span] = {}
+        for section in instance.decl.sections("params"):
+            for entry in section.body:
+                if not isinstance(entry, ast.Section) or entry.value is None or entry.name is None:
+                    self.sink.error("E001", "a parameter is declared as `name: [shape]` or `name: Module(...)`",
+                                    entry.span)
+                    continue
+                if entry.name in seen:
+                    self.sink.error("E009", f"duplicate parameter name '{entry.name}'", entry.key.span,
+                                    "each parameter of a module needs its own name")
+                    continue
+                seen[entry.name] = entry.span
+                try:
+                    self.declare_param(instance, entry, stack, bound)
+                except LoweringFailed:
+                    continue
+
+    def declare_param(self, instance: Instance, entry: ast.Section, stack: StackedInstance | None,
+                      bound: list[SSAValue]) -> None:
+        value = entry.value
+        if value.guard is not None and not guard_value(value.guard, instance.env, self.sink):
+            return
+        path = f"{instance.prefix}{entry.name}"
+        expr = value.expr
+        if isinstance(expr, ast.Optional_):
+            expr = expr.base
+        if isinstance(expr, ast.ListExpr):
+            ptype = self.tensor_type(expr, instance.env)
+            if bound:
+                instance.params[entry.name] = ParamSlot(path, ptype, bound.pop(0))
+                return
+            annotations = self.annotations(value.annotations)
+            self.emit_param(path, ptype, stack, annotations)
+            instance.params[entry.name] = ParamSlot(path, ptype)
+            return
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "tied_to":
+            target = expr.args[0].value if expr.args else None
+            if not isinstance(target, ast.Name) or target.id not in instance.params:
+                self.sink.error("E002", "tied_to(...) needs a parameter declared before it", expr.span)
+                raise LoweringFailed()
+            instance.params[entry.name] = instance.params[target.id]
+            return
+        if isinstance(expr, ast.ArrayType):
+            count = self.const(expr.count, instance.env, "layer count")
+            body = self.instantiate(expr.element, instance.env, f"{path}.")
+            stacked = StackedInstance(body, Expr.of(count), expr.span)
+            self.declare_params(body, stacked)
+            instance.params[entry.name] = stacked
+            return
+        child = self.instantiate(expr, instance.env, f"{path}.")
+        self.declare_params(child, stack)
+        instance.params[entry.name] = child
+
+    def emit_param(self, path: str, ptype: TensorType, stack: StackedInstance | None, annotations: list) -> None:
+        declared = ptype if stack is None else TensorType([stack.count, *ptype.shape], ptype.dtype)
+        self.model.body.block.add_op(ParamOp(path, declared, annotations))
+
+    def instantiate(self, expr: ast.Expr, env: ConstEnv, prefix: str,
+                    bound_types: Sequence[TensorType] = ()) -> Instance:
+        """``Module(args)`` or a bare ``Module``: a new instance with its arguments bound.
+
+        Parameters not given may be inferred from the tensors bound to the
+        module's parameters: ``Linear(up_weight)`` takes ``in_dim`` and
+        ``out_dim`` from the shape of ``up_weight``."""
+        call_args: list[ast.Arg] = []
+        if isinstance(expr, ast.Call):
+            call_args, expr = expr.args, expr.func
+        if not isinstance(expr, ast.Name) or expr.id not in self.decls:
+            name = expr.id if isinstance(expr, ast.Name) else "this expression"
+            self.sink.error("E002", f"undefined module '{name}'", expr.span,
+                            "declare the module in this file or import it")
+            raise LoweringFailed()
+        decl = self.decls[expr.id]
+        child_env = ConstEnv()
+        positional = [p for p in decl.params or [] if not p.rest]
+        given: dict[str, Any] = {}
+        for index, arg in enumerate(call_args):
+            name = arg.name if arg.name is not None else (positional[index].name if index < len(positional) else None)
+            if name is None:
+                self.sink.error("E012", f"{decl.name} takes {len(positional)} argument(s)", arg.span)
+                raise LoweringFailed()
+            given[name] = self.const(arg.value, env)
+        inferred = _infer_from_bound(decl, bound_types)
+        for param in positional:
+            if param.name in given:
+                child_env.values[param.name] = given[param.name]
+            elif param.name in inferred:
+                child_env.values[param.name] = inferred[param.name]
+            elif param.default is not None:
+                child_env.values[param.name] = self.const(param.default, child_env)
+            else:
+                self.sink.error("E012", f"missing required parameter '{param.name}' of {decl.name}", expr.span,
+                                f"pass it: {decl.name}(..., {param.name}=...)")
+                raise LoweringFailed()
+        instance = Instance(decl, child_env, prefix)
+        self.evaluate_let(instance)
+        return instance
+
+    # ------------------------------------------------------------------ types
+    def tensor_type(self, expr: ast.Expr, env: ConstEnv) -> TensorType:
+        if not isinstance(expr, ast.ListExpr):
+            self.sink.error("E003", "expected a tensor type like [B, T, d_model]", expr.span)
+            raise LoweringFailed()
+        items = list(expr.items)
+        dtype = DEFAULT_DTYPE
+        if items and isinstance(items[-1], ast.Name) and items[-1].id in DTYPE_SPELLINGS:
+            dtype = items.pop().id
+        dims: list[Any] = []
+        for item in items:
+            if isinstance(item, ast.Star):
+                dims.append(STAR)
+            else:
+                dims.append(self.dim(item, env))
+        try:
+            return TensorType(dims, dtype)
+        except SymbolicError as err:
+            self.sink.error("E004", str(err), expr.span)
+            raise LoweringFailed() from None
+
+    def dim(self, node: ast.Expr, env: ConstEnv) -> Expr:
+        shape_env = env.child()
+        for name in _free_names(node):
+            if not env.lookup(name)[0]:
+                shape_env.values[name] = Expr.sym(name)  # a symbolic dimension such as B or T
+        value = self.const(node, shape_env, "shape dimension")
+        if isinstance(value, bool) or not isinstance(value, (int, Expr)):
+            self.sink.error("E004", f"a dimension must be an integer, got {value!r}", node.span)
+            raise LoweringFailed()
+        return Expr.of(value)
+
+    def annotations(self, nodes: Sequence[ast.Annotation]) -> list[Attribute]:
+        result = []
+        for node in nodes:
+            args, kwargs = [], {}
+            try:
+                for arg in node.args:
+                    value = _annotation_value(arg.value)
+                    if arg.name is None:
+                        args.append(value)
+                    else:
+                        kwargs[arg.name] = value
+                result.append(make_annotation(node.name, args, kwargs))
+            except AnnotationError as err:
+                self.sink.error("E008", err.message, node.span, err.hint)
+        return result
+
+    # ------------------------------------------------------------------ forward
+    def lower_forward(self, instance: Instance) -> None:
+        forward = _only(instance.decl.sections("forward"))
+        if forward is None:
+            self.sink.error("E001", f"{instance.decl.name} has no forward: section", instance.decl.span)
+            return
+        inputs, outputs = self.signature(forward, instance.env)
+        func = FuncOp("forward", [t for _, t, _ in inputs], [], kind="forward")
+        self.model.body.block.add_op(func)
+        self.block = func.body.block
+        scope = Scope(self.sink)
+        for (name, _, span), arg in zip(inputs, func.body.block.args):
+            arg.name_hint = name
+            scope.define(name, arg, span, "input")
+        results = self.run_graph(instance, forward, scope, outputs)
+        self.block.add_op(ReturnOp(*results))
+        func.function_type = type(func.function_type).from_lists(
+            [t for _, t, _ in inputs], [r.type for r in results]
+        )
+
+    def signature(self, forward: ast.Section, env: ConstEnv) -> tuple[list, list]:
+        """(name, type, span) of the inputs, and the output names."""
+        inputs: list[tuple[str, TensorType, Span]] = []
+        outputs: list[str] = []
+        for entry in forward.body:
+            if not isinstance(entry, ast.Section) or entry.name not in ("in", "inputs", "out", "outputs"):
+                continue
+            pairs = _typed_entries(entry)
+            try:
+                if entry.name in ("in", "inputs"):
+                    inputs += [(n, self.tensor_type(t, env), s) for n, t, s in pairs]
+                else:
+                    outputs += [n for n, _, _ in pairs]
+            except LoweringFailed:
+                continue
+        return inputs, outputs or ["out"]
+
+    def run_graph(self, instance: Instance, forward: ast.Section, scope: Scope, outputs: list[str]) -> list[SSAValue]:
+        graph = _only([s for s in forward.body if isinstance(s, ast.Section) and s.name == "graph"])
+        if graph is None:
+            self.sink.error("E001", f"the forward of {instance.decl.name} has no graph: section", forward.span)
+            raise LoweringFailed()
+        self.run_statements(instance, graph.body, scope)
+        results = []
+        for name in outputs:
+            binding = scope.lookup(name, forward.span)
+            if binding is None or binding.kind == "poisoned":
+                raise LoweringFailed()
+            results.append(binding.value)
+        return results
+
+    def run_statements(self, instance: Instance, statements: Sequence[ast.Stmt], scope: Scope) -> None:
+        for stmt in statements:
+            try:
+                if isinstance(stmt, ast.Flow):
+                    try:
+                        self.run_flow(instance, stmt, scope)
+                    except LoweringFailed:
+                        _poison(stmt.chain[-1], scope)
+                        raise
+                elif isinstance(stmt, ast.If):
+                    taken = guard_value(stmt.condition, instance.env, self.sink)
+                    if taken is None:
+                        continue
+                    with scope.branches(0 if taken else 1) as (then, orelse):
+                        self.run_statements(instance, stmt.then if taken else (stmt.orelse or []),
+                                            then if taken else orelse)
+                elif isinstance(stmt, ast.ExprStmt) and isinstance(stmt.expr, (ast.Str, ast.EllipsisLit)):
+                    if isinstance(stmt.expr, ast.EllipsisLit):
+                        self.sink.error("E001", "this graph is left incomplete ('...')", stmt.span,
+                                        "write the graph out; the spec's '...' is a placeholder")
+                else:
+                    self.sink.error("E001", "a graph holds data flows (a -> op() -> b) and if/else", stmt.span)
+            except LoweringFailed:
+                continue
+
+    def run_flow(self, instance: Instance, flow: ast.Flow, scope: Scope) -> None:
+        values = self.source(instance, flow.chain[0], scope)
+        last_ops: list[Operation] = []
+        for stage in flow.chain[1:-1]:
+            values, last_ops = self.apply(instance, stage, values, scope)
+        self.bind(flow.chain[-1], values, scope, last_ops, flow)
+        annotations = self.annotations(flow.annotations)
+        if annotations and last_ops:
+            last_ops[-1].attributes["annotations"] = ArrayAttr(annotations)
+
+    def source(self, instance: Instance, node: ast.Expr, scope: Scope) -> list[SSAValue]:
+        if isinstance(node, ast.TupleExpr):
+            return [v for item in node.items for v in self.source(instance, item, scope)]
+        if isinstance(node, ast.Call):
+            values, _ = self.apply(instance, node, [], scope)
+            return values
+        return [self.tensor(instance, node, scope)]
+
+    def tensor(self, instance: Instance, node: ast.Expr, scope: Scope) -> SSAValue:
+        """A tensor named in a graph: a graph value or a (nested) parameter."""
+        if isinstance(node, ast.Name):
+            found = scope.find(node.id)
+            if found is not None and found.kind == "poisoned":
+                raise LoweringFailed()  # its definition failed and was reported
+            if found is not None:
+                return found.value
+            param = instance.params.get(node.id)
+            if isinstance(param, ParamSlot):
+                return self.read_param(param)
+            scope.lookup(node.id, node.span)
+            raise LoweringFailed()
+        if isinstance(node, ast.Attribute) and isinstance(node.base, ast.Name):
+            child = instance.params.get(node.base.id)
+            if isinstance(child, Instance) and isinstance(child.params.get(node.attr), ParamSlot):
+                return self.read_param(child.params[node.attr])
+        self.sink.error("E002", "expected a tensor name here", node.span)
+        raise LoweringFailed()
+
+    def read_param(self, param: ParamSlot) -> SSAValue:
+        if param.value is not None:
+            return param.value
+        if param.path not in self.param_refs:
+            ref = ParamRefOp(param.path, param.type)
+            ref.result.name_hint = param.path.replace(".", "_")
+            self.block.add_op(ref)
+            self.param_refs[param.path] = ref.result
+        return self.param_refs[param.path]
+
+    def bind(self, node: ast.Expr, values: list[SSAValue], scope: Scope, ops: list[Operation], flow: ast.Flow) -> None:
+        names = node.items if isinstance(node, ast.TupleExpr) else [node]
+        if len(names) != len(values):
+            self.sink.error("E003", f"the flow produces {len(values)} value(s) but names {len(names)}", node.span)
+            raise LoweringFailed()
+        for target, value in zip(names, values):
+            if isinstance(target, ast.Annotated):
+                target = target.value
+            if not isinstance(target, ast.Name):
+                self.sink.error("E001", "a flow ends in a name or a tuple of names", target.span)
+                raise LoweringFailed()
+            if target.id != "_" and (value.owner in ops or value.name_hint is None):
+                value.name_hint = target.id
+            scope.define(target.id, value, target.span)
+
+    # ------------------------------------------------------------------ operations
+    def apply(self, instance: Instance, stage: ast.Expr, inputs: list[SSAValue], scope: Scope):
+        func, args = (stage.func, stage.args) if isinstance(stage, ast.Call) else (stage, [])
+        if isinstance(func, ast.Name):
+            primitive = lookup_primitive(func.id)
+            param = instance.params.get(func.id)
+            if isinstance(param, (Instance, StackedInstance)):
+                return self.call_instance(param, inputs, args, instance, scope, stage.span)
+            if func.id in self.decls:
+                child = self.instantiate_call(func, args, instance, scope)
+                return self.call_instance(child, inputs, [], instance, scope, stage.span)
+            if primitive is not None:
+                return self.call_primitive(primitive, inputs, args, instance, scope, stage.span)
+        name = func.id if isinstance(func, ast.Name) else "this operation"
+        self.sink.error("E014", f"unknown primitive or module '{name}'", func.span,
+                        "primitives are listed in spec section 6; modules must be declared or imported")
+        raise LoweringFailed()
+
+    def instantiate_call(self, func: ast.Name, args: list[ast.Arg], instance: Instance, scope: Scope) -> Instance:
+        """``Linear(weight)``: tensor arguments bind the module's parameters in order."""
+        tensors = [a for a in args if a.name is None and self.is_tensor(a.value, instance, scope)]
+        consts = [a for a in args if a not in tensors]
+        call = ast.Call(func.span, func, consts)
+        bound = [self.tensor(instance, a.value, scope) for a in tensors]
+        child = self.instantiate(call, instance.env, f"{instance.prefix}{func.id}.", [b.type for b in bound])
+        self.declare_params(child, None, bound)
+        return child
+
+    def call_instance(self, target, inputs, args, instance, scope, span):
+        if isinstance(target, StackedInstance):
+            return self.call_stack(target, inputs, span), []
+        forward = _only(target.decl.sections("forward"))
+        inner_inputs, outputs = self.signature(forward, target.env)
+        if len(inner_inputs) != len(inputs):
+            self.sink.error("E003", f"{target.decl.name} takes {len(inner_inputs)} input(s), got {len(inputs)}", span)
+            raise LoweringFailed()
+        inner = Scope(self.sink)
+        for (name, _, s), value in zip(inner_inputs, inputs):
+            inner.define(name, value, s, "input")
+        results = self.run_graph(target, forward, inner, outputs)
+        return results, [r.owner for r in results if isinstance(r.owner, Operation)]
+
+    def call_stack(self, stacked: StackedInstance, inputs: list[SSAValue], span: Span) -> list[SSAValue]:
+        body = stacked.body
+        name = body.prefix.rstrip(".").replace(".", "_")
+        slots = _param_slots(body)
+        forward = _only(body.decl.sections("forward"))
+        inner_inputs, outputs = self.signature(forward, body.env)
+        types = [t for _, t, _ in inner_inputs] + [s.type for s in slots]
+        func = FuncOp(name, types, [], kind="block")
+        outer_block, outer_refs = self.block, self.param_refs
+        self.block, self.param_refs = func.body.block, {}
+        args = list(func.body.block.args)
+        for slot, arg in zip(slots, args[len(inner_inputs):]):
+            slot.value = arg
+            arg.name_hint = slot.path.split(".")[-1]
+        scope = Scope(self.sink)
+        for (n, _, s), arg in zip(inner_inputs, args):
+            arg.name_hint = n
+            scope.define(n, arg, s, "input")
+        results = self.run_graph(body, forward, scope, outputs)
+        self.block.add_op(ReturnOp(*results))
+        func.function_type = type(func.function_type).from_lists(types, [r.type for r in results])
+        self.model.body.block.add_op(func)
+        self.block, self.param_refs = outer_block, outer_refs
+        for slot in slots:
+            slot.value = None
+        stacked_values = [self.read_param(ParamSlot(s.path, TensorType([stacked.count, *s.type.shape], s.type.dtype)))
+                          for s in slots]
+        stack = StackOp(name, ExprAttr(stacked.count), inputs, stacked_values)
+        self.block.add_op(stack)
+        return list(stack.res)
+
+    def is_tensor(self, node: ast.Expr, instance: Instance, scope: Scope) -> bool:
+        if isinstance(node, ast.Name):
+            return scope.find(node.id) is not None or isinstance(instance.params.get(node.id), ParamSlot)
+        return isinstance(node, ast.Attribute) and isinstance(node.base, ast.Name) and isinstance(
+            instance.params.get(node.base.id), Instance
+        )
+
+    def call_primitive(self, sig: PrimitiveSignature, inputs, args, instance, scope, span):
+        operands = list(inputs)
+        params: dict[str, Any] = {}
+        positional_params = [*INFERENCE_PARAMS.get(sig.name, ()), *(p.name for p in sig.params)]
+        for arg in args:
+            if arg.name is None and self.is_tensor(arg.value, instance, scope):
+                operands.append(self.tensor(instance, arg.value, scope))
+            elif arg.name is None:
+                remaining = [p for p in positional_params if p not in params]
+                if not remaining:
+                    self.sink.error("E012", f"too many arguments to {sig.name}", arg.span)
+                    raise LoweringFailed()
+                params[remaining[0]] = self.param_value(arg.value, instance.env)
+            else:
+                if arg.name not in positional_params:
+                    known = ", ".join(positional_params) or "none"
+                    self.sink.error("E012", f"{sig.name} has no parameter '{arg.name}'", arg.span,
+                                    f"its parameters are: {known}")
+                    raise LoweringFailed()
+                params[arg.name] = self.param_value(arg.value, instance.env)
+        types = [v.type for v in operands]
+        try:
+            results = infer_result_types(sig.name, types, params)
+            grouped = sig.group_operands(operands)
+        except (InferenceError, ValueError) as err:
+            self.sink.error("E004", f"{sig.name}: {err}", span)
+            raise LoweringFailed() from None
+        attrs = {}
+        for name, value in params.items():
+            spec = sig.param(name)
+            if spec is None:
+                continue
+            try:
+                attrs[name] = spec.to_attribute(value)
+            except ValueError as err:
+                self.sink.error("E003", f"{sig.name}({name}=...): {err}", span)
+                raise LoweringFailed() from None
+        op = sig.op.make(grouped, sig.group_results(results), attrs)
+        self.block.add_op(op)
+        return list(op.results), [op]
+
+    def param_value(self, node: ast.Expr, env: ConstEnv) -> Any:
+        """A primitive's parameter: an enum word, a list of sizes, or a ConstExpr."""
+        if isinstance(node, ast.Name) and not env.lookup(node.id)[0]:
+            return node.id  # enum values (NT, silu) and dtypes
+        if isinstance(node, ast.ListExpr):
+            return [self.dim(item, env) if not isinstance(item, ast.Star) else STAR for item in node.items]
+        value = self.const(node, env)
+        return value.const_value() if isinstance(value, Expr) and value.is_const() else value
+
+
+# ----------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------
+
+
+def _infer_from_bound(decl: ast.Decl, bound_types: Sequence[TensorType]) -> dict[str, Any]:
+    """Signature parameters that appear alone as a dimension of a parameter bound to a tensor."""
+    names = {p.name for p in decl.params or [] if p.name}
+    found: dict[str, Any] = {}
+    entries = [e for section in decl.sections("params") for e in section.body
+               if isinstance(e, ast.Section) and e.value is not None and isinstance(e.value.expr, ast.ListExpr)]
+    for entry, bound in zip(entries, bound_types):
+        dims = [d for d in entry.value.expr.items if not (isinstance(d, ast.Name) and d.id in DTYPE_SPELLINGS)]
+        if len(dims) != len(bound.shape):
+            continue
+        for dim, actual in zip(dims, bound.shape):
+            if isinstance(dim, ast.Name) and dim.id in names and dim.id not in found and actual is not STAR:
+                value = actual.const_value()
+                found[dim.id] = value if value is not None else actual
+    return found
+
+
+def _only(items: list):
+    return items[0] if len(items) == 1 else None
+
+
+def _type_name(param: ast.Param) -> str | None:
+    return param.type.id if isinstance(param.type, ast.Name) else None
+
+
+def _free_names(node: ast.Expr) -> list[str]:
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Binary):
+        return _free_names(node.lhs) + _free_names(node.rhs)
+    if isinstance(node, ast.Unary):
+        return _free_names(node.operand)
+    return []
+
+
+def _typed_entries(entry: ast.Section) -> list[tuple[str, ast.Expr, Span]]:
+    """``in: [..]``, ``in: x: [..]`` or an indented list of ``name: [..]``."""
+    default = "in" if entry.name in ("in", "inputs") else "out"
+    if entry.value is not None:
+        expr = entry.value.expr
+        if isinstance(expr, ast.NamedField):
+            return [(expr.name, expr.value, expr.span)]
+        if isinstance(expr, ast.NamedTuple):
+            return [(f.name, f.value, f.span) for f in expr.fields]
+        return [(default, expr, entry.span)]
+    return [(e.name, e.value.expr, e.span) for e in entry.body if isinstance(e, ast.Section) and e.value]
+
+
+def _poison(node: ast.Expr, scope: Scope) -> None:
+    """Mark the names a failed flow would have defined, so their uses stay quiet."""
+    for target in node.items if isinstance(node, ast.TupleExpr) else [node]:
+        if isinstance(target, ast.Name) and scope.find(target.id) is None:
+            scope.define(target.id, None, target.span, "poisoned")
+
+
+def _param_slots(instance: Instance) -> list[ParamSlot]:
+    slots: list[ParamSlot] = []
+    for value in instance.params.values():
+        if isinstance(value, ParamSlot) and value not in slots:
+            slots.append(value)
+        elif isinstance(value, Instance):
+            slots += [s for s in _param_slots(value) if s not in slots]
+    return slots
+
+
+def _annotation_value(node: ast.Expr) -> Any:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, (ast.Int, ast.Float, ast.Str, ast.Bool)):
+        return node.value
+    if isinstance(node, ast.Unary) and node.op == "-" and isinstance(node.operand, (ast.Int, ast.Float)):
+        return -node.operand.value
+    if isinstance(node, (ast.ListExpr, ast.TupleExpr)):
+        return [_annotation_value(i) for i in node.items]
+    raise AnnotationError("annotation arguments are names, numbers, strings, booleans or lists")
+
+
+def lower_program(program: ast.Program, top: str | None = None, config: dict[str, Any] | None = None) -> ModuleOp:
+    """Lower the model (or the named declaration) of a program; DiagnosticError on any error."""
+    sink = DiagnosticSink()
+    decls = program.declarations
+    if top is not None:
+        chosen = next((d for d in decls if d.name == top), None)
+    else:
+        models = [d for d in decls if d.kind == "model"]
+        chosen = models[0] if len(models) == 1 else (decls[-1] if not models and decls else None)
+    if chosen is None:
+        sink.error("E002", f"no declaration named '{top}'" if top else "no model to lower", None,
+                   "name the declaration to lower")
+        raise DiagnosticError(sink.diagnostics)
+    try:
+        module = Lowering(program, sink).lower(chosen, config)
+    except LoweringFailed:
+        module = None
+    sink.raise_if_errors()
+    return module
