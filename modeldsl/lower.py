@@ -310,9 +310,9 @@ class Lowering:
         )
 
     def signature(self, forward: ast.Section, env: ConstEnv) -> tuple[list, list]:
-        """(name, type, span) of the inputs, and the output names."""
+        """(name, type, span) of the inputs and of the outputs."""
         inputs: list[tuple[str, TensorType, Span]] = []
-        outputs: list[str] = []
+        outputs: list[tuple[str, TensorType | None, Span]] = []
         for entry in forward.body:
             if not isinstance(entry, ast.Section) or entry.name not in ("in", "inputs", "out", "outputs"):
                 continue
@@ -321,10 +321,10 @@ class Lowering:
                 if entry.name in ("in", "inputs"):
                     inputs += [(n, self.tensor_type(t, env), s) for n, t, s in pairs]
                 else:
-                    outputs += [n for n, _, _ in pairs]
+                    outputs += [(n, self.tensor_type(t, env), s) for n, t, s in pairs]
             except LoweringFailed:
                 continue
-        return inputs, outputs or ["out"]
+        return inputs, outputs or [("out", None, forward.span)]
 
     def run_graph(self, instance: Instance, forward: ast.Section, scope: Scope, outputs: list[str]) -> list[SSAValue]:
         graph = _only([s for s in forward.body if isinstance(s, ast.Section) and s.name == "graph"])
@@ -333,12 +333,27 @@ class Lowering:
             raise LoweringFailed()
         self.run_statements(instance, graph.body, scope)
         results = []
-        for name in outputs:
-            binding = scope.lookup(name, forward.span)
+        for name, declared, span in outputs:
+            binding = scope.lookup(name, span)
             if binding is None or binding.kind == "poisoned":
                 raise LoweringFailed()
+            if declared is not None:
+                self.check_declared(name, declared, binding.value.type, span)
             results.append(binding.value)
         return results
+
+    def check_declared(self, name: str, declared: TensorType, actual: TensorType, span: Span) -> None:
+        """The graph's value for a declared output must have the declared type (E003, E004)."""
+        from modeldsl.dialects.graph_primitives import check_same_shape
+        from xdsl.utils.exceptions import VerifyException
+
+        try:
+            check_same_shape(f"output '{name}'", declared, actual)
+        except VerifyException as err:
+            self.sink.error("E004", f"{err}: declared {declared}, computed {actual}", span)
+        if declared.dtype != actual.dtype:
+            self.sink.error("E003", f"output '{name}' is declared {declared.dtype.value} but the graph computes "
+                            f"{actual.dtype.value}", span, "add the dtype to the declaration or cast the value")
 
     def run_statements(self, instance: Instance, statements: Sequence[ast.Stmt], scope: Scope) -> None:
         for stmt in statements:

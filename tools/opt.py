@@ -61,6 +61,11 @@ class MdslOptMain(xDSLOptMain):
             help="for Module DSL input (.module): 'ast' prints the parsed AST",
         )
         arg_parser.add_argument(
+            "--top",
+            default=None,
+            help="for Module DSL input: the declaration to lower (default: the model, else the last declaration)",
+        )
+        arg_parser.add_argument(
             "--diagnostics-format",
             choices=("text", "json"),
             default="text",
@@ -115,7 +120,8 @@ class MdslOptMain(xDSLOptMain):
         super().run()
 
     def run_module_dsl(self) -> None:
-        """Parse a Module DSL file; ``--emit=ast`` prints its AST."""
+        """Parse, check and lower a Module DSL file and print the mdsl.graph IR
+        (after the pipeline); ``--emit=ast`` prints its AST instead."""
         from modeldsl.frontend.text.ast import dump
         from modeldsl.frontend.text.parser import parse_source
 
@@ -125,10 +131,11 @@ class MdslOptMain(xDSLOptMain):
         if self.args.emit == "ast":
             sys.stdout.write(dump(program))
             return
-        raise UserError(
-            "lowering Module DSL to mdsl.graph is not available yet (the frontend issue is in progress); "
-            "--emit=ast prints the parsed AST"
-        )
+        from modeldsl.lower import lower_program
+
+        module = lower_program(program, self.args.top)
+        self.apply_passes(module)
+        sys.stdout.write(self.output_resulting_program(module))
 
     def apply_passes(self, prog: ModuleOp) -> None:
         if not self.args.disable_verify:
