@@ -92,6 +92,7 @@ class Lowering:
     def lower(self, top: ast.Decl, config: dict[str, Any] | None = None) -> ModuleOp:
         env, config_attrs = self.config_env(top, config or {})
         self.model = ModelOp(top.name, config_attrs)
+        self.check_constraints_on_defaults(top, config or {})
         instance = Instance(top, env, "")
         self.evaluate_let(instance)
         self.declare_params(instance, stack=None)
@@ -134,6 +135,30 @@ class Lowering:
         except ConstError as err:
             self.sink.error(err.code, err.message, err.span, err.hint)
         raise LoweringFailed()
+
+    def check_constraints_on_defaults(self, decl: ast.Decl, overrides: dict[str, Any]) -> None:
+        """Constraints on config values wait for specialization, but the defaults
+        (and given overrides) must already satisfy them: E027 now, not later."""
+        values: dict[str, Any] = {}
+        for param in decl.params or []:
+            if param.name is None or param.rest:
+                continue
+            if param.name in overrides:
+                values[param.name] = overrides[param.name]
+            elif param.default is not None:
+                try:
+                    values[param.name] = evaluate(param.default, ConstEnv(dict(values)))
+                except (ConstError, NotConstant):
+                    continue
+        if not values:
+            return
+        scratch = DiagnosticSink()
+        env = ConstEnv(values)
+        for section in decl.sections("let"):
+            evaluate_let(section, env, scratch)
+        for diagnostic in scratch.diagnostics:
+            if diagnostic.code == "E027":
+                self.sink.add(diagnostic)
 
     def evaluate_let(self, instance: Instance) -> None:
         for section in instance.decl.sections("let"):
@@ -365,8 +390,16 @@ class Lowering:
                         _poison(stmt.chain[-1], scope)
                         raise
                 elif isinstance(stmt, ast.If):
-                    taken = guard_value(stmt.condition, instance.env, self.sink)
+                    guard_env = instance.env.child()
+                    guard_env.tensors = set(scope.visible_names()) | {
+                        n for n, p in instance.params.items() if isinstance(p, ParamSlot)
+                    }
+                    taken = guard_value(stmt.condition, guard_env, self.sink)
                     if taken is None:
+                        for branch in (stmt.then, stmt.orelse or []):
+                            for inner in branch:
+                                if isinstance(inner, ast.Flow):
+                                    _poison(inner.chain[-1], scope)
                         continue
                     with scope.branches(0 if taken else 1) as (then, orelse):
                         self.run_statements(instance, stmt.then if taken else (stmt.orelse or []),
@@ -530,6 +563,9 @@ class Lowering:
         for arg in args:
             if arg.name is None and self.is_tensor(arg.value, instance, scope):
                 operands.append(self.tensor(instance, arg.value, scope))
+            elif arg.name is None and isinstance(arg.value, ast.Name) and not instance.env.lookup(arg.value.id)[0]:
+                scope.lookup(arg.value.id, arg.value.span)  # reports E002 with a suggestion
+                raise LoweringFailed()
             elif arg.name is None:
                 remaining = [p for p in positional_params if p not in params]
                 if not remaining:

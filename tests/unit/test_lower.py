@@ -1,0 +1,116 @@
+"""Lowering Module DSL to mdsl.graph: the IR it builds, and the coded diagnostics it reports."""
+
+import pytest
+
+from modeldsl.diagnostics import DiagnosticError
+from modeldsl.dialects.annotations import annotations_of
+from modeldsl.frontend.text.parser import parse_source
+from modeldsl.ir import print_ir, verify_module
+from modeldsl.lower import lower_program
+
+HEADER = "module M(d: int = 64, use_bias: bool = false):\n"
+
+
+def lower(text: str, top: str | None = None):
+    return lower_program(parse_source(text, "m.module"), top)
+
+
+def errors(text: str, top: str | None = None) -> list[tuple[str, int, int, str]]:
+    with pytest.raises(DiagnosticError) as info:
+        lower(text, top)
+    return [(d.code, d.span.line if d.span else 0, d.span.column if d.span else 0, d.message) for d in info.value.diagnostics]
+
+
+def module(graph: str, params: str = "    w: [d, d]\n", io: str = "    in: x: [B, d]\n    out: [B, d]\n") -> str:
+    return HEADER + "  params:\n" + params + "  forward:\n" + io + "    graph:\n" + graph
+
+
+def test_lowered_module_verifies_and_round_trips():
+    ir = lower(module("      x -> matmul(w, transpose=NT) -> out @memory(recompute) @hook(AfterQKVProjection)\n"))
+    assert verify_module(ir) == []
+    matmul = next(op for op in ir.walk() if op.name == "mdsl.graph.matmul")
+    assert [a.DSL_NAME for a in annotations_of(matmul)] == ["memory", "hook"]
+    assert "#mdsl.graph.memory<recompute>" in print_ir(ir)
+
+
+def test_undefined_tensor_is_e002_with_a_suggestion():
+    (err,) = errors(module("      x -> matmul(ww, transpose=NT) -> out\n"))
+    assert err[:3] == ("E002", 8, 19) and "'ww'" in err[3]
+
+
+def test_unknown_primitive_is_e014():
+    (err,) = errors(module("      x -> matmull(w) -> out\n"))
+    assert err[:3] == ("E014", 8, 12) and "matmull" in err[3]
+
+
+def test_duplicate_parameter_is_e009():
+    (err,) = errors(module("      x -> matmul(w, transpose=NT) -> out\n", params="    w: [d, d]\n    w: [d]\n"))
+    assert err[:2] == ("E009", 4)
+
+
+def test_missing_module_argument_is_e012():
+    text = (
+        "module Inner(k: int):\n  params:\n    w: [k]\n  forward:\n    in: [k]\n    graph:\n      in -> out\n"
+        + module("      x -> out\n", params="    inner: Inner()\n")
+    )
+    codes = errors(text, "M")
+    assert codes[0][0] == "E012" and "missing required parameter 'k' of Inner" in codes[0][3]
+
+
+def test_unknown_keyword_of_a_primitive_is_e012():
+    (err,) = errors(module("      x -> matmul(w, transposed=NT) -> out\n"))
+    assert err[0] == "E012" and "matmul has no parameter 'transposed'" in err[3]
+
+
+def test_bad_enum_value_is_e003():
+    (err,) = errors(module("      x -> matmul(w, transpose=XX) -> out\n"))
+    assert err[0] == "E003" and "'XX' is not one of NN, NT, TN, TT" in err[3]
+
+
+def test_bad_annotation_is_e008():
+    (err,) = errors(module("      x -> matmul(w, transpose=NT) -> out @memory(sometimes)\n"))
+    assert err[:2] == ("E008", 8) and "'sometimes' is not one of" in err[3]
+
+
+def test_guard_on_a_tensor_is_e016():
+    (err,) = errors(module("      if x:\n        x -> out\n      else:\n        x -> relu() -> out\n"))
+    assert err[:2] == ("E016", 8)
+
+
+def test_guard_on_a_parameter_chooses_a_branch():
+    ir = lower(module("      if use_bias:\n        x -> relu() -> out\n      else:\n        x -> silu() -> out\n"))
+    names = [op.name for op in ir.walk()]
+    assert "mdsl.graph.silu" in names and "mdsl.graph.relu" not in names
+
+
+def test_redefinition_is_e017():
+    (err,) = errors(module("      x -> relu() -> y\n      x -> silu() -> y\n      y -> out\n"))
+    assert err[:3] == ("E017", 9, 22)
+
+
+def test_shape_mismatch_is_reported_by_the_op_verifier_rules():
+    (err,) = errors(module("      x -> matmul(w, transpose=NT) -> out\n", io="    in: x: [B, d]\n    out: [B, 2 * d]\n"))
+    assert err[0] == "E004" and "output 'out'" in err[3]
+
+
+def test_declared_output_dtype_is_checked():
+    (err,) = errors(module("      x -> relu() -> out\n", io="    in: x: [B, d]\n    out: [B, d, fp32]\n"))
+    assert err[0] == "E003" and "declared fp32 but the graph computes bf16" in err[3]
+
+
+def test_constraint_violated_by_defaults_is_e027():
+    text = "module M(d: int = 60):\n  let:\n    constraint:\n      d % 8 == 0, \"d must be a multiple of 8\"\n" \
+           "  forward:\n    in: [d]\n    graph:\n      in -> out\n"
+    (err,) = errors(text)
+    assert err[:2] == ("E027", 4) and err[3] == "constraint violated: d must be a multiple of 8"
+    assert lower(text.replace("d: int = 60", "d: int = 64")) is not None
+
+
+def test_incomplete_placeholder_is_a_coded_diagnostic():
+    (err,) = errors(module("      ...\n      x -> out\n"))
+    assert err[0] == "E001" and "left incomplete" in err[3]
+
+
+def test_independent_errors_are_all_reported_and_uses_of_failed_values_stay_quiet():
+    codes = errors(module("      x -> nope() -> a\n      a -> relu() -> b\n      x -> matmul(missing) -> out\n"))
+    assert [c for c, *_ in codes] == ["E014", "E002"]
