@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xdsl.dialects.builtin import ArrayAttr, BoolAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Operation, SSAValue
+from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.diagnostics import DiagnosticError, DiagnosticSink, Span
 from modeldsl.dialects.annotations import AnnotationError, make_annotation
 from modeldsl.dialects.dtypes import DTYPE_SPELLINGS
 from modeldsl.dialects.graph import ExprAttr, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
+from modeldsl.dialects.graph_primitives import check_same_shape
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
 from modeldsl.infer import InferenceError, infer_result_types
@@ -369,9 +371,6 @@ class Lowering:
 
     def check_declared(self, name: str, declared: TensorType, actual: TensorType, span: Span) -> None:
         """The graph's value for a declared output must have the declared type (E003, E004)."""
-        from modeldsl.dialects.graph_primitives import check_same_shape
-        from xdsl.utils.exceptions import VerifyException
-
         try:
             check_same_shape(f"output '{name}'", declared, actual)
         except VerifyException as err:
@@ -597,6 +596,11 @@ class Lowering:
                 self.sink.error("E003", f"{sig.name}({name}=...): {err}", span)
                 raise LoweringFailed() from None
         op = sig.op.make(grouped, sig.group_results(results), attrs)
+        try:
+            op.verify_()
+        except VerifyException as err:
+            self.sink.error("E004", f"{sig.name}: {err}", span, _shapes_hint(sig.name, operands))
+            raise LoweringFailed() from None
         self.block.add_op(op)
         return list(op.results), [op]
 
@@ -630,6 +634,14 @@ def _infer_from_bound(decl: ast.Decl, bound_types: Sequence[TensorType]) -> dict
                 value = actual.const_value()
                 found[dim.id] = value if value is not None else actual
     return found
+
+
+def _shapes_hint(primitive: str, operands: Sequence[SSAValue]) -> str:
+    hint = "operand types: " + ", ".join(str(v.type).removeprefix("!mdsl.graph.tensor") for v in operands)
+    if primitive in ("matmul", "batched_matmul"):
+        hint += ("; transpose modes follow spec 6.1.1 (NT is A @ B^T), so a linear layer x @ W^T "
+                 "with W: [out, in] is matmul(W, transpose=NT)")
+    return hint
 
 
 def _only(items: list):

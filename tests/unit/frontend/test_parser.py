@@ -2,36 +2,13 @@
 
 import random
 import re
-from pathlib import Path
 
 import pytest
 
 from modeldsl.diagnostics import DiagnosticError
 from modeldsl.frontend.text import ast
 from modeldsl.frontend.text.parser import parse_source
-
-SPEC = Path(__file__).resolve().parents[3].parent / "shared" / "seeds" / "000_2373ac2d1ac196e6.txt"
-PROGRAM_START = re.compile(r"^(module|block|model|primitive|recipe|import|from|abstract) ", re.M)
-
-
-def spec_code_blocks(first_line: int = 0) -> list[tuple[int, str]]:
-    """(line, text) of each fenced code block of the spec that holds DSL declarations."""
-    if not SPEC.exists():
-        pytest.skip("the spec is not beside the repository")
-    blocks, current, start = [], None, 0
-    for number, line in enumerate(SPEC.read_text().split("\n"), 1):
-        if line.startswith("```"):
-            if current is None:
-                current, start, lang = [], number, line[3:].strip()
-            else:
-                text = "\n".join(current)
-                if lang == "" and start >= first_line and PROGRAM_START.search(text):
-                    blocks.append((start, text))
-                current = None
-        elif current is not None:
-            current.append(line)
-    return blocks
-
+from spec_blocks import spec_code_blocks
 
 def test_every_program_of_spec_sections_10_and_11_parses():
     blocks = spec_code_blocks(first_line=5875)
