@@ -88,12 +88,13 @@ class Lowering:
         self.model: ModelOp | None = None
         self.block: Block | None = None
         self.param_refs: dict[str, SSAValue] = {}
-        self.funcs: dict[str, FuncOp] = {}
+        self.active: list[str] = []  # declarations being instantiated, outermost first
 
     # ------------------------------------------------------------------ entry
     def lower(self, top: ast.Decl, config: dict[str, Any] | None = None) -> ModuleOp:
         env, config_attrs = self.config_env(top, config or {})
         self.model = ModelOp(top.name, config_attrs)
+        self.active.append(top.name)
         self.check_constraints_on_defaults(top, config or {})
         instance = Instance(top, env, "")
         self.evaluate_let(instance)
@@ -216,12 +217,19 @@ class Lowering:
             count = self.const(expr.count, instance.env, "layer count")
             body = self.instantiate(expr.element, instance.env, f"{path}.")
             stacked = StackedInstance(body, Expr.of(count), expr.span)
-            self.declare_params(body, stacked)
+            self.declare_nested(body, stacked)
             instance.params[entry.name] = stacked
             return
         child = self.instantiate(expr, instance.env, f"{path}.")
-        self.declare_params(child, stack)
+        self.declare_nested(child, stack)
         instance.params[entry.name] = child
+
+    def declare_nested(self, child: Instance, stack: StackedInstance | None, bound: Sequence[SSAValue] = ()) -> None:
+        self.active.append(child.decl.name)
+        try:
+            self.declare_params(child, stack, bound)
+        finally:
+            self.active.pop()
 
     def emit_param(self, path: str, ptype: TensorType, stack: StackedInstance | None, annotations: list) -> None:
         declared = ptype if stack is None else TensorType([stack.count, *ptype.shape], ptype.dtype)
@@ -243,6 +251,11 @@ class Lowering:
                             "declare the module in this file or import it")
             raise LoweringFailed()
         decl = self.decls[expr.id]
+        if decl.name in self.active:
+            chain = " -> ".join([*self.active, decl.name])
+            self.sink.error("E007", f"{decl.name} contains itself ({chain})", expr.span,
+                            "a module cannot be one of its own parameters")
+            raise LoweringFailed()
         child_env = ConstEnv()
         positional = [p for p in decl.params or [] if not p.rest]
         given: dict[str, Any] = {}
@@ -317,11 +330,17 @@ class Lowering:
         return result
 
     # ------------------------------------------------------------------ forward
+    def forward_of(self, decl: ast.Decl) -> ast.Section:
+        """The one ``forward:`` section of a declaration (E001 when absent or repeated)."""
+        sections = decl.sections("forward")
+        if len(sections) != 1:
+            problem = "has no forward: section" if not sections else "has more than one forward: section"
+            self.sink.error("E001", f"{decl.kind} {decl.name} {problem}", decl.span)
+            raise LoweringFailed()
+        return sections[0]
+
     def lower_forward(self, instance: Instance) -> None:
-        forward = _only(instance.decl.sections("forward"))
-        if forward is None:
-            self.sink.error("E001", f"{instance.decl.name} has no forward: section", instance.decl.span)
-            return
+        forward = self.forward_of(instance.decl)
         inputs, outputs = self.signature(forward, instance.env)
         func = FuncOp("forward", [t for _, t, _ in inputs], [], kind="forward")
         self.model.body.block.add_op(func)
@@ -500,13 +519,13 @@ class Lowering:
         call = ast.Call(func.span, func, consts)
         bound = [self.tensor(instance, a.value, scope) for a in tensors]
         child = self.instantiate(call, instance.env, f"{instance.prefix}{func.id}.", [b.type for b in bound])
-        self.declare_params(child, None, bound)
+        self.declare_nested(child, None, bound)
         return child
 
     def call_instance(self, target, inputs, args, instance, scope, span):
         if isinstance(target, StackedInstance):
             return self.call_stack(target, inputs, span), []
-        forward = _only(target.decl.sections("forward"))
+        forward = self.forward_of(target.decl)
         inner_inputs, outputs = self.signature(forward, target.env)
         if len(inner_inputs) != len(inputs):
             self.sink.error("E003", f"{target.decl.name} takes {len(inner_inputs)} input(s), got {len(inputs)}", span)
@@ -514,14 +533,21 @@ class Lowering:
         inner = Scope(self.sink)
         for (name, _, s), value in zip(inner_inputs, inputs):
             inner.define(name, value, s, "input")
-        results = self.run_graph(target, forward, inner, outputs)
+        if target.decl.name in self.active[1:]:
+            self.sink.error("E007", f"{target.decl.name} calls itself", span, "a module cannot run inside itself")
+            raise LoweringFailed()
+        self.active.append(target.decl.name)
+        try:
+            results = self.run_graph(target, forward, inner, outputs)
+        finally:
+            self.active.pop()
         return results, [r.owner for r in results if isinstance(r.owner, Operation)]
 
     def call_stack(self, stacked: StackedInstance, inputs: list[SSAValue], span: Span) -> list[SSAValue]:
         body = stacked.body
         name = body.prefix.rstrip(".").replace(".", "_")
         slots = _param_slots(body)
-        forward = _only(body.decl.sections("forward"))
+        forward = self.forward_of(body.decl)
         inner_inputs, outputs = self.signature(forward, body.env)
         types = [t for _, t, _ in inner_inputs] + [s.type for s in slots]
         func = FuncOp(name, types, [], kind="block")
@@ -714,8 +740,9 @@ def lower_program(program: ast.Program, top: str | None = None, config: dict[str
         models = [d for d in decls if d.kind == "model"]
         chosen = models[0] if len(models) == 1 else (decls[-1] if not models and decls else None)
     if chosen is None:
-        sink.error("E002", f"no declaration named '{top}'" if top else "no model to lower", None,
-                   "name the declaration to lower")
+        start = Span(program.source, 1, 1, 1, 2)
+        sink.error("E002", f"no declaration named '{top}'" if top else "no model to lower", start,
+                   "name the declaration to lower" if decls else "declare a model, module or block")
         raise DiagnosticError(sink.diagnostics)
     try:
         module = Lowering(program, sink).lower(chosen, config)

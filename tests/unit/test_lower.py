@@ -1,8 +1,11 @@
 """Lowering Module DSL to mdsl.graph: the IR it builds, and the coded diagnostics it reports."""
 
+import random
+from pathlib import Path
+
 import pytest
 
-from modeldsl.diagnostics import DiagnosticError
+from modeldsl.diagnostics import CODES, DiagnosticError
 from modeldsl.dialects.annotations import annotations_of
 from modeldsl.frontend.text.parser import parse_source
 from modeldsl.ir import print_ir, verify_module
@@ -132,3 +135,29 @@ def test_spec_section_10_and_11_programs_lower_or_fail_with_coded_diagnostics():
                 assert all(d.code.startswith(("E", "W")) for d in err.diagnostics)
                 assert all(d.span is not None for d in err.diagnostics), [d.render() for d in err.diagnostics]
     assert lowered >= 1 and lowered + refused >= 7
+
+
+def test_a_module_inside_itself_is_e007():
+    text = "module Loop(d: int = 4):\n  params:\n    w: [d]\n  forward:\n    in: [d]\n    out: [d]\n    graph:\n      in -> Loop(w) -> out\n"
+    (err,) = errors(text)
+    assert err[:3] == ("E007", 8, 13)
+
+
+STACKED = Path(__file__).resolve().parents[1] / "filecheck" / "frontend" / "lower-stacked-model.module"
+
+
+def test_mutated_models_fail_only_with_located_coded_diagnostics():
+    """Delete, duplicate and swap tokens and lines of a stacked model 300 times:
+    lowering either succeeds or reports located diagnostics, never a traceback."""
+    from frontend.test_parser import mutations
+
+    text = STACKED.read_text().split("# CHECK")[0]
+    rng = random.Random(2026)
+    refused = 0
+    for mutant in mutations(text, rng, 300):
+        try:
+            lower_program(parse_source(mutant, "mutant.module"))
+        except DiagnosticError as err:
+            refused += 1
+            assert all(d.span is not None and d.code in CODES for d in err.diagnostics)
+    assert refused > 100
