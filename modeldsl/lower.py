@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from xdsl.dialects.builtin import ArrayAttr, BoolAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
+from xdsl.dialects.builtin import ArrayAttr, BoolAttr, DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
@@ -99,8 +99,67 @@ class Lowering:
         instance = Instance(top, env, "")
         self.evaluate_let(instance)
         self.declare_params(instance, stack=None)
-        self.lower_forward(instance)
+        self.lower_hf_sections(top)
+        try:
+            self.lower_forward(instance)
+        except LoweringFailed:
+            pass
         return ModuleOp([self.model])
+
+    # ------------------------------------------------------------------ HuggingFace sections
+    def lower_hf_sections(self, decl: ast.Decl) -> None:
+        """``hf_config``, ``hf_mapping`` and ``hf_export`` as dictionaries on the model op."""
+        for name in ("hf_config", "hf_mapping", "hf_export"):
+            sections = decl.sections(name)
+            if not sections:
+                continue
+            if len(sections) > 1:
+                self.sink.error("E010", f"more than one {name}: section", sections[1].span)
+            entries: dict[str, Attribute] = {}
+            for stmt in sections[0].body:
+                try:
+                    key, value = self.hf_entry(stmt)
+                except LoweringFailed:
+                    continue
+                if key in entries:
+                    self.sink.error("E010", f"'{key}' is mapped twice in {name}", stmt.span)
+                entries[key] = value
+            self.model.attributes[name] = DictionaryAttr(entries)
+
+    def hf_entry(self, stmt: ast.Stmt) -> tuple[str, Attribute]:
+        if isinstance(stmt, ast.Section) and stmt.body and stmt.value is None:
+            nested = dict(self.hf_entry(inner) for inner in stmt.body)
+            return _source_text(stmt.key), DictionaryAttr(nested)
+        if isinstance(stmt, ast.Section) and stmt.value is not None:
+            return _source_text(stmt.key), self.hf_value(stmt.value.expr)
+        if isinstance(stmt, ast.Flow) and len(stmt.chain) == 2:
+            return _source_text(stmt.chain[0]), self.hf_value(stmt.chain[1])
+        self.sink.error("E010", "a weight mapping is `name: \"hf.tensor.name\"`, `name: fuse(...)`, "
+                        "`name: transform(...)`, `name: tied_to(...)` or `name -> split(...)`", stmt.span)
+        raise LoweringFailed()
+
+    def hf_value(self, node: ast.Expr) -> Attribute:
+        if isinstance(node, ast.Str):
+            return StringAttr(node.value)
+        if isinstance(node, ast.Name):
+            return StringAttr(node.id)
+        if isinstance(node, (ast.Int, ast.Bool)):
+            return IntegerAttr(int(node.value), i64)
+        if isinstance(node, ast.Float):
+            return FloatAttr(node.value, f64)
+        if isinstance(node, ast.ListExpr):
+            return ArrayAttr([self.hf_value(i) for i in node.items])
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            entries: dict[str, Attribute] = {"op": StringAttr(node.func.id)}
+            positional = [self.hf_value(a.value) for a in node.args if a.name is None]
+            parts = {a.name: self.hf_value(a.value) for a in node.args if a.style == "str:"}
+            entries.update({a.name: self.hf_value(a.value) for a in node.args if a.style in ("=", ":")})
+            if positional:
+                entries["args"] = ArrayAttr(positional)
+            if parts:
+                entries["parts"] = DictionaryAttr(parts)
+            return DictionaryAttr(entries)
+        return StringAttr(_source_text(node))
 
     def config_env(self, decl: ast.Decl, overrides: dict[str, Any]) -> tuple[ConstEnv, dict[str, Attribute]]:
         """Signature parameters: integers stay symbols in shapes; others take their values."""
@@ -660,6 +719,17 @@ def _infer_from_bound(decl: ast.Decl, bound_types: Sequence[TensorType]) -> dict
                 value = actual.const_value()
                 found[dim.id] = value if value is not None else actual
     return found
+
+
+def _source_text(node: ast.Node) -> str:
+    """The exact source text of a node (weight-mapping keys such as ``blocks[{i}].w?``)."""
+    span = node.span
+    lines = span.source.text.splitlines()[span.line - 1 : span.end_line]
+    if not lines:
+        return ""
+    if len(lines) == 1:
+        return lines[0][span.column - 1 : span.end_column - 1]
+    return "\n".join([lines[0][span.column - 1 :], *lines[1:-1], lines[-1][: span.end_column - 1]])
 
 
 def _shapes_hint(primitive: str, operands: Sequence[SSAValue]) -> str:
