@@ -166,4 +166,4 @@ def test_mutated_models_fail_only_with_located_coded_diagnostics():
 def test_a_weight_mapped_twice_is_e010():
     text = module("      x -> out\n") + '  hf_mapping:\n    w: "a.weight"\n    w: "b.weight"\n'
     (err,) = errors(text)
-    assert err[:2] == ("E010", 12) and "'w' is mapped twice" in err[3]
+    assert err[:2] == ("E010", 11) and "'w' is mapped twice" in err[3]
