@@ -34,6 +34,7 @@ from modeldsl.frontend.text import ast
 from modeldsl.infer import InferenceError, infer_result_types
 from modeldsl.primitives import PrimitiveSignature, lookup_primitive
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate, evaluate_let, guard_value
+from modeldsl.resolve.imports import resolve_program
 from modeldsl.resolve.scope import Scope
 from modeldsl.symbolic import STAR, Expr, SymbolicError
 
@@ -81,10 +82,10 @@ class StackedInstance:
 
 
 class Lowering:
-    def __init__(self, program: ast.Program, sink: DiagnosticSink):
+    def __init__(self, program: ast.Program, sink: DiagnosticSink, decls: dict[str, ast.Decl] | None = None):
         self.program = program
         self.sink = sink
-        self.decls = {d.name: d for d in program.declarations}
+        self.decls = decls if decls is not None else {d.name: d for d in program.declarations}
         self.model: ModelOp | None = None
         self.block: Block | None = None
         self.param_refs: dict[str, SSAValue] = {}
@@ -561,7 +562,7 @@ class Lowering:
             param = instance.params.get(func.id)
             if isinstance(param, (Instance, StackedInstance)):
                 return self.call_instance(param, inputs, args, instance, scope, stage.span)
-            if func.id in self.decls:
+            if func.id in self.decls and self.decls[func.id].kind != "primitive":
                 child = self.instantiate_call(func, args, instance, scope)
                 return self.call_instance(child, inputs, [], instance, scope, stage.span)
             if primitive is not None:
@@ -814,8 +815,9 @@ def lower_program(program: ast.Program, top: str | None = None, config: dict[str
         sink.error("E002", f"no declaration named '{top}'" if top else "no model to lower", start,
                    "name the declaration to lower" if decls else "declare a model, module or block")
         raise DiagnosticError(sink.diagnostics)
+    resolved = resolve_program(program, sink)
     try:
-        module = Lowering(program, sink).lower(chosen, config)
+        module = Lowering(program, sink, resolved.decls).lower(chosen, config)
     except LoweringFailed:
         module = None
     sink.raise_if_errors()

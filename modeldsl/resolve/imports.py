@@ -1,0 +1,214 @@
+"""Imports of Module DSL programs: search order, versions, name conflicts, the lock manifest.
+
+``import a.b.c [as X]``, ``import a.b.{X, Y}`` and ``from a.b import X as Y``
+are searched in the order of spec 4.7.1: the bundled standard library
+(``modeldsl/std``), then relative to the importing file, then relative to the
+working directory. A path names a file (``std.modules.linear`` is
+``std/modules/linear.module``, all of its declarations are imported), or a
+declaration in a file (``std.modules.linear.Linear``); a last component ``vN``
+asks for exactly that version (``matmul.v1`` is ``matmul.v1.module``), no
+version takes the newest.
+
+Two imports of one name are E023, an alias that shadows a name already
+imported is E024, a local declaration that shadows an import is W002 and one
+that shadows a primitive is W001.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from modeldsl.diagnostics import DiagnosticError, DiagnosticSink, Span
+from modeldsl.frontend.text import ast
+from modeldsl.frontend.text.parser import parse_source
+from modeldsl.primitives import lookup_primitive
+
+STD_ROOT = Path(__file__).resolve().parents[1] / "std"
+VERSION = re.compile(r"^v(\d+)$")
+
+
+@dataclass
+class Imported:
+    decl: ast.Decl
+    origin: str  # dotted module path it came from
+    span: Span
+
+
+@dataclass
+class ResolvedProgram:
+    """A program with every visible declaration by name, and the files it loaded."""
+
+    program: ast.Program
+    decls: dict[str, ast.Decl]
+    loaded: dict[str, Path] = field(default_factory=dict)  # dotted path -> file
+
+    def lock_manifest(self) -> str:
+        """The ``module.lock`` text of spec 4.7.1: every resolved module and its content hash."""
+        lines = ["version: 1", "resolved_modules:"]
+        for dotted, path in sorted(self.loaded.items()):
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+            where = "std" if _is_within(path, STD_ROOT) else "local"
+            version = _version_of(path) or "latest"
+            lines.append(f"  {dotted}: {version} {where}@{digest}")
+        return "\n".join(lines) + "\n"
+
+
+def _is_within(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root)
+        return True
+    except ValueError:
+        return False
+
+
+def _version_of(path: Path) -> str | None:
+    parts = path.name.split(".")
+    return parts[-2] if len(parts) >= 3 and VERSION.match(parts[-2]) else None
+
+
+class Resolver:
+    def __init__(self, sink: DiagnosticSink, search: list[Path] | None = None):
+        self.sink = sink
+        self.search = search
+        self.cache: dict[Path, ast.Program] = {}
+        self.loaded: dict[str, Path] = {}
+
+    def resolve(self, program: ast.Program) -> ResolvedProgram:
+        visible: dict[str, Imported] = {}
+        base = Path(program.source.name).resolve().parent
+        for item in program.imports:
+            for name, imported in self.import_names(item, base):
+                self.bind(visible, name, imported, item)
+        decls = {name: imported.decl for name, imported in visible.items()}
+        for decl in program.declarations:
+            if decl.name in visible:
+                self.sink.warning("W002", f"{decl.kind} {decl.name} shadows the imported {decl.name} "
+                                  f"from {visible[decl.name].origin}", decl.span, "rename one of them")
+            if lookup_primitive(decl.name) is not None:
+                self.sink.warning("W001", f"{decl.kind} {decl.name} shadows the primitive {decl.name}", decl.span,
+                                  "rename it unless you mean to replace the primitive")
+            decls[decl.name] = decl
+        return ResolvedProgram(program, decls, dict(self.loaded))
+
+    def bind(self, visible: dict[str, Imported], name: str, imported: Imported, item: ast.Node) -> None:
+        previous = visible.get(name)
+        if previous is None or previous.decl is imported.decl:
+            visible[name] = imported
+            return
+        aliased = isinstance(item, ast.Import) and item.alias == name or (
+            isinstance(item, ast.FromImport) and any(alias == name for _, alias in item.items)
+        )
+        if aliased:
+            self.sink.error("E024", f"the alias '{name}' shadows '{name}' imported from {previous.origin}",
+                            item.span, "choose another alias")
+        else:
+            self.sink.error("E023", f"'{name}' is imported from both {previous.origin} and {imported.origin}",
+                            item.span, f"import one of them with an alias: import ... as Other{name}")
+
+    # ------------------------------------------------------------------ finding modules
+    def import_names(self, item: ast.Node, base: Path) -> list[tuple[str, Imported]]:
+        if isinstance(item, ast.FromImport):
+            program, dotted = self.load(item.path, base, item.span)
+            if program is None:
+                return []
+            found = [(alias or name, self.find_decl(program, dotted, name, item.span)) for name, alias in item.items]
+            return [(n, d) for n, d in found if d is not None]
+        assert isinstance(item, ast.Import)
+        if item.names is not None:
+            program, dotted = self.load(item.path, base, item.span)
+            if program is None:
+                return []
+            found = [(n, self.find_decl(program, dotted, n, item.span)) for n in item.names]
+            return [(n, d) for n, d in found if d is not None]
+        versioned = bool(VERSION.match(item.path[-1]))
+        program, dotted = self.load(item.path, base, item.span, quiet=not versioned)
+        if program is None and versioned:
+            return []
+        if program is not None:
+            decls = program.declarations
+            if item.alias is not None:
+                if len(decls) != 1:
+                    self.sink.error("E002", f"'import {'.'.join(item.path)} as {item.alias}' needs a file with one "
+                                    f"declaration; it has {len(decls)}", item.span,
+                                    "import the declaration by name: import a.b.Name as Alias")
+                    return []
+                return [(item.alias, Imported(decls[0], dotted, item.span))]
+            return [(d.name, Imported(d, dotted, item.span)) for d in decls]
+        program, dotted = self.load(item.path[:-1], base, item.span)
+        if program is None:
+            return []
+        imported = self.find_decl(program, dotted, item.path[-1], item.span)
+        return [(item.alias or item.path[-1], imported)] if imported is not None else []
+
+    def find_decl(self, program: ast.Program, dotted: str, name: str, span: Span) -> Imported | None:
+        for decl in program.declarations:
+            if decl.name == name:
+                return Imported(decl, dotted, span)
+        self.sink.error("E002", f"{dotted} has no declaration '{name}'", span,
+                        f"it declares: {', '.join(d.name for d in program.declarations) or 'nothing'}")
+        return None
+
+    def load(self, path: list[str], base: Path, span: Span, quiet: bool = False) -> tuple[ast.Program | None, str]:
+        dotted = ".".join(path)
+        file = self.find_file(path, base)
+        if file is None:
+            if not quiet:
+                self.sink.error("E002", f"cannot find module '{dotted}'", span,
+                                "searched the standard library, the importing file's folder and the working folder")
+            return None, dotted
+        self.loaded[dotted] = file
+        if file not in self.cache:
+            try:
+                self.cache[file] = parse_source(file.read_text(encoding="utf-8"), str(file))
+            except DiagnosticError as err:
+                for diagnostic in err.diagnostics:
+                    self.sink.add(diagnostic)
+                return None, dotted
+        return self.cache[file], dotted
+
+    def find_file(self, path: list[str], base: Path) -> Path | None:
+        if not path:
+            return None
+        version = path[-1] if VERSION.match(path[-1]) else None
+        stem = path[:-1] if version else path
+        roots = self.search or _roots(stem, base)
+        for root, parts in roots:
+            folder = root.joinpath(*parts[:-1]) if parts[:-1] else root
+            name = parts[-1] if parts else ""
+            if version:
+                candidate = folder / f"{name}.{version}.module"
+                if candidate.is_file():
+                    return candidate
+                continue
+            newest = _newest(folder, name)
+            if newest is not None:
+                return newest
+        return None
+
+
+def _roots(stem: list[str], base: Path) -> list[tuple[Path, list[str]]]:
+    roots: list[tuple[Path, list[str]]] = []
+    if stem and stem[0] == "std":
+        roots.append((STD_ROOT, stem[1:]))
+    roots.append((base, stem))
+    roots.append((Path.cwd(), stem))
+    return roots
+
+
+def _newest(folder: Path, name: str) -> Path | None:
+    plain = folder / f"{name}.module"
+    versions = sorted(
+        (int(VERSION.match(p.name.split(".")[-2]).group(1)), p)
+        for p in folder.glob(f"{name}.v*.module")
+        if VERSION.match(p.name.split(".")[-2])
+    ) if folder.is_dir() else []
+    if plain.is_file():
+        return plain
+    return versions[-1][1] if versions else None
+
+
+def resolve_program(program: ast.Program, sink: DiagnosticSink) -> ResolvedProgram:
+    return Resolver(sink).resolve(program)
