@@ -238,6 +238,9 @@ class Lowering:
                     self.sink.error("E001", "a parameter is declared as `name: [shape]` or `name: Module(...)`",
                                     entry.span)
                     continue
+                guard = entry.value.guard
+                if guard is not None and not guard_value(guard, instance.env, self.sink):
+                    continue
                 if entry.name in seen:
                     self.sink.error("E009", f"duplicate parameter name '{entry.name}'", entry.key.span,
                                     "each parameter of a module needs its own name")
@@ -251,8 +254,6 @@ class Lowering:
     def declare_param(self, instance: Instance, entry: ast.Section, stack: StackedInstance | None,
                       bound: list[SSAValue]) -> None:
         value = entry.value
-        if value.guard is not None and not guard_value(value.guard, instance.env, self.sink):
-            return
         path = f"{instance.prefix}{entry.name}"
         expr = value.expr
         if isinstance(expr, ast.Optional_):
@@ -604,6 +605,8 @@ class Lowering:
         return results, [r.owner for r in results if isinstance(r.owner, Operation)]
 
     def call_stack(self, stacked: StackedInstance, inputs: list[SSAValue], span: Span) -> list[SSAValue]:
+        """The block's outputs thread into its first inputs (carried); the other
+        inputs are the same for every layer (shared)."""
         body = stacked.body
         name = body.prefix.rstrip(".").replace(".", "_")
         slots = _param_slots(body)
@@ -630,7 +633,13 @@ class Lowering:
             slot.value = None
         stacked_values = [self.read_param(ParamSlot(s.path, TensorType([stacked.count, *s.type.shape], s.type.dtype)))
                           for s in slots]
-        stack = StackOp(name, ExprAttr(stacked.count), inputs, stacked_values)
+        carried, shared = inputs[: len(results)], inputs[len(results) :]
+        if [v.type for v in carried] != [r.type for r in results]:
+            self.sink.error("E003", f"the outputs of {body.decl.name} must have the types of its first "
+                            f"{len(results)} input(s) to be stacked", span,
+                            "a stacked block maps (carried..., shared...) to carried values of the same types")
+            raise LoweringFailed()
+        stack = StackOp(name, ExprAttr(stacked.count), carried, stacked_values, shared)
         self.block.add_op(stack)
         return list(stack.res)
 
