@@ -90,6 +90,7 @@ class Lowering:
         self.block: Block | None = None
         self.param_refs: dict[str, SSAValue] = {}
         self.active: list[str] = []  # declarations being instantiated, outermost first
+        self.concrete: dict[str, int] = {}  # configured values of the top's integer parameters
 
     # ------------------------------------------------------------------ entry
     def lower(self, top: ast.Decl, config: dict[str, Any] | None = None) -> ModuleOp:
@@ -213,6 +214,7 @@ class Lowering:
                     values[param.name] = evaluate(param.default, ConstEnv(dict(values)))
                 except (ConstError, NotConstant):
                     continue
+        self.concrete = {k: v for k, v in values.items() if isinstance(v, int) and not isinstance(v, bool)}
         if not values:
             return
         scratch = DiagnosticSink()
@@ -222,6 +224,19 @@ class Lowering:
         for diagnostic in scratch.diagnostics:
             if diagnostic.code == "E027":
                 self.sink.add(diagnostic)
+
+    def guard(self, condition: ast.Expr, env: ConstEnv) -> bool | None:
+        """An ``if`` guard. Integer config values are symbols in shapes, but a guard
+        needs their configured value: ``if sliding_window > 0`` picks a branch
+        for this configuration (lowering again with another config may pick the other)."""
+        concrete = ConstEnv(parent=env, tensors=set(env.tensors))
+        scope: ConstEnv | None = env
+        while scope is not None:
+            for name, value in scope.values.items():
+                if name not in concrete.values and isinstance(value, Expr):
+                    concrete.values[name] = _concretize(value, self.concrete)
+            scope = scope.parent
+        return guard_value(condition, concrete, self.sink)
 
     def evaluate_let(self, instance: Instance) -> None:
         for section in instance.decl.sections("let"):
@@ -239,7 +254,7 @@ class Lowering:
                                     entry.span)
                     continue
                 guard = entry.value.guard
-                if guard is not None and not guard_value(guard, instance.env, self.sink):
+                if guard is not None and not self.guard(guard, instance.env):
                     continue
                 if entry.name in seen:
                     self.sink.error("E009", f"duplicate parameter name '{entry.name}'", entry.key.span,
@@ -473,7 +488,7 @@ class Lowering:
                     guard_env.tensors = set(scope.visible_names()) | {
                         n for n, p in instance.params.items() if isinstance(p, ParamSlot)
                     }
-                    taken = guard_value(stmt.condition, guard_env, self.sink)
+                    taken = self.guard(stmt.condition, guard_env)
                     if taken is None:
                         for branch in (stmt.then, stmt.orelse or []):
                             for inner in branch:
@@ -729,6 +744,13 @@ def _infer_from_bound(decl: ast.Decl, bound_types: Sequence[TensorType]) -> dict
                 value = actual.const_value()
                 found[dim.id] = value if value is not None else actual
     return found
+
+
+def _concretize(value: Expr, concrete: dict[str, int]) -> Any:
+    """A symbolic value with configured integers substituted (an int when fully known)."""
+    result = value.subs(concrete)
+    known = result.const_value()
+    return known if known is not None else result
 
 
 def _source_text(node: ast.Node) -> str:
