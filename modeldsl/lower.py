@@ -34,7 +34,7 @@ from modeldsl.frontend.text import ast
 from modeldsl.infer import InferenceError, infer_result_types
 from modeldsl.primitives import PrimitiveSignature, lookup_primitive
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate, evaluate_let, guard_value
-from modeldsl.resolve.imports import resolve_program
+from modeldsl.resolve.imports import ResolvedProgram, resolve_program
 from modeldsl.resolve.scope import Scope
 from modeldsl.symbolic import STAR, Expr, SymbolicError
 
@@ -69,6 +69,7 @@ class Instance:
     decl: ast.Decl
     env: ConstEnv
     prefix: str
+    namespace: dict[str, ast.Decl] = field(default_factory=dict)  # declarations visible inside it
     params: dict[str, ParamSlot | "Instance" | "StackedInstance"] = field(default_factory=dict)
 
 
@@ -82,10 +83,11 @@ class StackedInstance:
 
 
 class Lowering:
-    def __init__(self, program: ast.Program, sink: DiagnosticSink, decls: dict[str, ast.Decl] | None = None):
+    def __init__(self, program: ast.Program, sink: DiagnosticSink, resolved: ResolvedProgram | None = None):
         self.program = program
         self.sink = sink
-        self.decls = decls if decls is not None else {d.name: d for d in program.declarations}
+        self.resolved = resolved
+        self.decls = resolved.decls if resolved is not None else {d.name: d for d in program.declarations}
         self.model: ModelOp | None = None
         self.block: Block | None = None
         self.param_refs: dict[str, SSAValue] = {}
@@ -98,7 +100,7 @@ class Lowering:
         self.model = ModelOp(top.name, config_attrs)
         self.active.append(top.name)
         self.check_constraints_on_defaults(top, config or {})
-        instance = Instance(top, env, "")
+        instance = Instance(top, env, "", self.namespace_of(top))
         self.evaluate_let(instance)
         self.declare_params(instance, stack=None)
         self.lower_hf_sections(top)
@@ -225,6 +227,9 @@ class Lowering:
             if diagnostic.code == "E027":
                 self.sink.add(diagnostic)
 
+    def namespace_of(self, decl: ast.Decl) -> dict[str, ast.Decl]:
+        return self.resolved.namespace_of(decl) if self.resolved is not None else self.decls
+
     def guard(self, condition: ast.Expr, env: ConstEnv) -> bool | None:
         """An ``if`` guard. Integer config values are symbols in shapes, but a guard
         needs their configured value: ``if sliding_window > 0`` picks a branch
@@ -291,12 +296,12 @@ class Lowering:
             return
         if isinstance(expr, ast.ArrayType):
             count = self.const(expr.count, instance.env, "layer count")
-            body = self.instantiate(expr.element, instance.env, f"{path}.")
+            body = self.instantiate(expr.element, instance.env, f"{path}.", instance.namespace)
             stacked = StackedInstance(body, Expr.of(count), expr.span)
             self.declare_nested(body, stacked)
             instance.params[entry.name] = stacked
             return
-        child = self.instantiate(expr, instance.env, f"{path}.")
+        child = self.instantiate(expr, instance.env, f"{path}.", instance.namespace)
         self.declare_nested(child, stack)
         instance.params[entry.name] = child
 
@@ -311,7 +316,7 @@ class Lowering:
         declared = ptype if stack is None else TensorType([stack.count, *ptype.shape], ptype.dtype)
         self.model.body.block.add_op(ParamOp(path, declared, annotations))
 
-    def instantiate(self, expr: ast.Expr, env: ConstEnv, prefix: str,
+    def instantiate(self, expr: ast.Expr, env: ConstEnv, prefix: str, namespace: dict[str, ast.Decl],
                     bound_types: Sequence[TensorType] = ()) -> Instance:
         """``Module(args)`` or a bare ``Module``: a new instance with its arguments bound.
 
@@ -321,12 +326,12 @@ class Lowering:
         call_args: list[ast.Arg] = []
         if isinstance(expr, ast.Call):
             call_args, expr = expr.args, expr.func
-        if not isinstance(expr, ast.Name) or expr.id not in self.decls:
+        if not isinstance(expr, ast.Name) or expr.id not in namespace or namespace[expr.id].kind == "primitive":
             name = expr.id if isinstance(expr, ast.Name) else "this expression"
             self.sink.error("E002", f"undefined module '{name}'", expr.span,
                             "declare the module in this file or import it")
             raise LoweringFailed()
-        decl = self.decls[expr.id]
+        decl = namespace[expr.id]
         if decl.name in self.active:
             chain = " -> ".join([*self.active, decl.name])
             self.sink.error("E007", f"{decl.name} contains itself ({chain})", expr.span,
@@ -353,7 +358,7 @@ class Lowering:
                 self.sink.error("E012", f"missing required parameter '{param.name}' of {decl.name}", expr.span,
                                 f"pass it: {decl.name}(..., {param.name}=...)")
                 raise LoweringFailed()
-        instance = Instance(decl, child_env, prefix)
+        instance = Instance(decl, child_env, prefix, self.namespace_of(decl))
         self.evaluate_let(instance)
         return instance
 
@@ -578,7 +583,7 @@ class Lowering:
             param = instance.params.get(func.id)
             if isinstance(param, (Instance, StackedInstance)):
                 return self.call_instance(param, inputs, args, instance, scope, stage.span)
-            if func.id in self.decls and self.decls[func.id].kind != "primitive":
+            if func.id in instance.namespace and instance.namespace[func.id].kind != "primitive":
                 child = self.instantiate_call(func, args, instance, scope)
                 return self.call_instance(child, inputs, [], instance, scope, stage.span)
             if primitive is not None:
@@ -594,7 +599,8 @@ class Lowering:
         consts = [a for a in args if a not in tensors]
         call = ast.Call(func.span, func, consts)
         bound = [self.tensor(instance, a.value, scope) for a in tensors]
-        child = self.instantiate(call, instance.env, f"{instance.prefix}{func.id}.", [b.type for b in bound])
+        child = self.instantiate(call, instance.env, f"{instance.prefix}{func.id}.", instance.namespace,
+                                 [b.type for b in bound])
         self.declare_nested(child, None, bound)
         return child
 
@@ -634,7 +640,7 @@ class Lowering:
         args = list(func.body.block.args)
         for slot, arg in zip(slots, args[len(inner_inputs):]):
             slot.value = arg
-            arg.name_hint = slot.path.split(".")[-1]
+            arg.name_hint = slot.path.removeprefix(body.prefix).replace(".", "_")
         scope = Scope(self.sink)
         for (n, _, s), arg in zip(inner_inputs, args):
             arg.name_hint = n
@@ -848,7 +854,7 @@ def lower_program(program: ast.Program, top: str | None = None, config: dict[str
         raise DiagnosticError(sink.diagnostics)
     resolved = resolve_program(program, sink)
     try:
-        module = Lowering(program, sink, resolved.decls).lower(chosen, config)
+        module = Lowering(program, sink, resolved).lower(chosen, config)
     except LoweringFailed:
         module = None
     sink.raise_if_errors()

@@ -44,6 +44,11 @@ class ResolvedProgram:
     program: ast.Program
     decls: dict[str, ast.Decl]
     loaded: dict[str, Path] = field(default_factory=dict)  # dotted path -> file
+    namespaces: dict[int, dict[str, ast.Decl]] = field(default_factory=dict)  # id(decl) -> its file's names
+
+    def namespace_of(self, decl: ast.Decl) -> dict[str, ast.Decl]:
+        """The names visible inside a declaration: those of the file that declares it."""
+        return self.namespaces.get(id(decl), self.decls)
 
     def lock_manifest(self) -> str:
         """The ``module.lock`` text of spec 4.7.1: every resolved module and its content hash."""
@@ -75,8 +80,22 @@ class Resolver:
         self.search = search
         self.cache: dict[Path, ast.Program] = {}
         self.loaded: dict[str, Path] = {}
+        self.namespaces: dict[int, dict[str, ast.Decl]] = {}
+        self.resolving: set[int] = set()
 
     def resolve(self, program: ast.Program) -> ResolvedProgram:
+        decls = self.namespace(program)
+        return ResolvedProgram(program, decls, dict(self.loaded), dict(self.namespaces))
+
+    def namespace(self, program: ast.Program) -> dict[str, ast.Decl]:
+        """The names visible in a file (its imports and its declarations), each
+        imported file resolved in turn so its declarations see their own imports."""
+        key = id(program)
+        if program.declarations and id(program.declarations[0]) in self.namespaces:
+            return self.namespaces[id(program.declarations[0])]
+        if key in self.resolving:
+            return {d.name: d for d in program.declarations}
+        self.resolving.add(key)
         visible: dict[str, Imported] = {}
         base = Path(program.source.name).resolve().parent
         for item in program.imports:
@@ -87,11 +106,14 @@ class Resolver:
             if decl.name in visible:
                 self.sink.warning("W002", f"{decl.kind} {decl.name} shadows the imported {decl.name} "
                                   f"from {visible[decl.name].origin}", decl.span, "rename one of them")
-            if lookup_primitive(decl.name) is not None:
+            if lookup_primitive(decl.name) is not None and decl.kind != "primitive":
                 self.sink.warning("W001", f"{decl.kind} {decl.name} shadows the primitive {decl.name}", decl.span,
                                   "rename it unless you mean to replace the primitive")
             decls[decl.name] = decl
-        return ResolvedProgram(program, decls, dict(self.loaded))
+        for decl in program.declarations:
+            self.namespaces[id(decl)] = decls
+        self.resolving.discard(key)
+        return decls
 
     def bind(self, visible: dict[str, Imported], name: str, imported: Imported, item: ast.Node) -> None:
         previous = visible.get(name)
@@ -167,6 +189,7 @@ class Resolver:
                 for diagnostic in err.diagnostics:
                     self.sink.add(diagnostic)
                 return None, dotted
+            self.namespace(self.cache[file])
         return self.cache[file], dotted
 
     def find_file(self, path: list[str], base: Path) -> Path | None:
