@@ -727,7 +727,9 @@ class Lowering:
         if isinstance(node, ast.ListExpr):
             return [self.dim(item, env) if not isinstance(item, ast.Star) else STAR for item in node.items]
         value = self.const(node, env)
-        return value.const_value() if isinstance(value, Expr) and value.is_const() else value
+        if isinstance(value, Expr):
+            value = _concretize(value, self.concrete)  # attributes take the configured value
+        return value
 
 
 # ----------------------------------------------------------------------------
