@@ -1,0 +1,30 @@
+// The std attention module and dense block lower to mdsl.graph.
+// RUN: mdsl-opt %S/../../../modeldsl/std/modules/attention.module --top CausalSelfAttention | filecheck %s --check-prefix=ATTN
+// RUN: mdsl-opt %S/../../../modeldsl/std/blocks/dense.module --top DenseTransformerBlock | filecheck %s --check-prefix=BLOCK
+
+// ATTN: mdsl.graph.model @CausalSelfAttention config {use_qkv_bias = false, use_qk_norm = false, sliding_window = 0 : i64, eps = 1.000000e-06 : f64} {
+// ATTN-NEXT: mdsl.graph.param @qkv_weight : !mdsl.graph.tensor<[head_dim*num_heads + 2*head_dim*num_kv_heads, d_model], bf16>
+// ATTN-NEXT: mdsl.graph.param @out_weight : !mdsl.graph.tensor<[d_model, head_dim*num_heads], bf16>
+// ATTN: mdsl.graph.func @forward(%x: !mdsl.graph.tensor<[B, T, d_model], bf16>, %freqs: !mdsl.graph.tensor<[T, head_dim floordiv 2, 2], fp32>)
+// ATTN: %qkv_proj = mdsl.graph.matmul %x, %qkv_weight {transpose = "NT"}
+// ATTN-NEXT: %q_flat, %k_flat, %v_flat = mdsl.graph.split %qkv_proj {sizes = #mdsl.graph.dims<[head_dim*num_heads, head_dim*num_kv_heads, head_dim*num_kv_heads]>}
+// ATTN: %q_heads = mdsl.graph.transpose {{.*}} -> !mdsl.graph.tensor<[B, num_heads, T, head_dim], bf16>
+// ATTN: %k_heads = mdsl.graph.transpose {{.*}} -> !mdsl.graph.tensor<[B, num_kv_heads, T, head_dim], bf16>
+// ATTN: %q_rot, %k_rot = mdsl.graph.rope %q_heads, %k_heads, %freqs {annotations = [#mdsl.graph.hook<BeforeAttention>]}
+// ATTN-NEXT: %att, %lse = mdsl.graph.flash_attention %q_rot, %k_rot, %v :
+// ATTN: %att_flat = mdsl.graph.view {{.*}} -> !mdsl.graph.tensor<[B, T, head_dim*num_heads], bf16>
+// ATTN: %out = mdsl.graph.matmul %att_flat, %out_weight {transpose = "NT"}
+// ATTN-NOT: qk_norm
+
+// BLOCK: mdsl.graph.model @DenseTransformerBlock
+// BLOCK: mdsl.graph.param @ln1.weight : !mdsl.graph.tensor<[d_model], bf16>
+// BLOCK-NEXT: mdsl.graph.param @attention.qkv_weight
+// BLOCK-NEXT: mdsl.graph.param @attention.out_weight
+// BLOCK-NEXT: mdsl.graph.param @ln2.weight
+// BLOCK-NEXT: mdsl.graph.param @mlp.up_weight : !mdsl.graph.tensor<[2*d_ff, d_model], bf16>
+// BLOCK-NEXT: mdsl.graph.param @mlp.down_weight
+// BLOCK: %ln1_out, %{{.*}} = mdsl.graph.rmsnorm %x, %ln1_weight
+// BLOCK: %attn_out = mdsl.graph.matmul %att_flat, %attention_out_weight {transpose = "NT", annotations = [#mdsl.graph.hook<AfterAttnOutProjection>]}
+// BLOCK-NEXT: %residual_mid = mdsl.graph.add %x, %attn_out
+// BLOCK: %mlp_out = mdsl.graph.matmul %hidden, %mlp_down_weight {transpose = "NT", annotations = [#mdsl.graph.hook<AfterMLPDownProjection>]}
+// BLOCK-NEXT: %out = mdsl.graph.add %residual_mid, %mlp_out
