@@ -1,0 +1,55 @@
+"""The bundled standard library: every file parses, every module and model lowers and verifies."""
+
+from pathlib import Path
+
+import pytest
+
+from modeldsl.frontend.text.parser import parse_source
+from modeldsl.ir import verify_module
+from modeldsl.lower import lower_program
+from modeldsl.resolve.imports import STD_ROOT
+
+STD_FILES = sorted(STD_ROOT.rglob("*.module"))
+
+
+def load(path: Path):
+    return parse_source(path.read_text(), str(path))
+
+
+def test_the_std_tree_has_the_spec_layout():
+    names = {p.relative_to(STD_ROOT).as_posix() for p in STD_FILES}
+    assert {"modules/linear.module", "modules/mlp.module", "modules/attention.module", "modules/norm.module",
+            "blocks/dense.module", "models/llama.module", "models/qwen.module", "models/mistral.module"} <= names
+
+
+@pytest.mark.parametrize("path", STD_FILES, ids=lambda p: p.relative_to(STD_ROOT).as_posix())
+def test_every_declaration_lowers_and_verifies(path):
+    program = load(path)
+    for decl in program.declarations:
+        if decl.kind == "primitive":
+            continue
+        module = lower_program(program, decl.name)
+        assert verify_module(module) == [], decl.name
+
+
+@pytest.mark.parametrize(
+    "config, has_lm_head, qk_norm",
+    [({}, False, True), ({"tie_embeddings": False}, True, True)],
+)
+def test_qwen3_config_overrides(config, has_lm_head, qk_norm):
+    module = lower_program(load(STD_ROOT / "models" / "qwen.module"), "Qwen3", config)
+    params = {op.sym_name.data for op in module.walk() if op.name == "mdsl.graph.param"}
+    assert ("lm_head" in params) == has_lm_head
+    assert any(op.name == "mdsl.graph.qk_norm" for op in module.walk()) == qk_norm
+
+
+def test_mistral_without_sliding_window():
+    module = lower_program(load(STD_ROOT / "models" / "mistral.module"), "Mistral", {"sliding_window": 0})
+    attention = next(op for op in module.walk() if op.name == "mdsl.graph.flash_attention")
+    assert "window_size" not in attention.attributes
+
+
+def test_ir_size_does_not_grow_with_depth():
+    program = load(STD_ROOT / "models" / "llama.module")
+    sizes = {n: sum(1 for _ in lower_program(program, "Llama", {"n_layers": n}).walk()) for n in (2, 32, 80)}
+    assert len(set(sizes.values())) == 1, sizes
