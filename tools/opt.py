@@ -61,6 +61,11 @@ class MdslOptMain(xDSLOptMain):
             help="for Module DSL input (.module): 'ast' prints the parsed AST",
         )
         arg_parser.add_argument(
+            "--lock",
+            action="store_true",
+            help="for Module DSL input: write module.lock (the resolved imports) beside the file",
+        )
+        arg_parser.add_argument(
             "--top",
             default=None,
             help="for Module DSL input: the declaration to lower (default: the model, else the last declaration)",
@@ -131,11 +136,27 @@ class MdslOptMain(xDSLOptMain):
         if self.args.emit == "ast":
             sys.stdout.write(dump(program))
             return
+        if self.args.lock:
+            self.write_lock(program, path)
         from modeldsl.lower import lower_program
 
         module = lower_program(program, self.args.top)
         self.apply_passes(module)
         sys.stdout.write(self.output_resulting_program(module))
+
+    def write_lock(self, program, path: str) -> None:
+        """Write ``module.lock`` (spec 4.7.1) beside the input: every resolved import."""
+        from pathlib import Path
+
+        from modeldsl.diagnostics import DiagnosticSink
+        from modeldsl.resolve.imports import resolve_program
+
+        sink = DiagnosticSink()
+        resolved = resolve_program(program, sink)
+        sink.raise_if_errors()
+        lock = Path(path).with_name("module.lock")
+        lock.write_text(resolved.lock_manifest())
+        print(f"mdsl-opt: wrote {lock}", file=sys.stderr)
 
     def apply_passes(self, prog: ModuleOp) -> None:
         if not self.args.disable_verify:
