@@ -35,6 +35,7 @@ from modeldsl.infer import InferenceError, infer_result_types
 from modeldsl.primitives import PrimitiveSignature, lookup_primitive
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate, evaluate_let, guard_value
 from modeldsl.resolve.imports import ResolvedProgram, resolve_program
+from modeldsl.resolve.inherit import merged
 from modeldsl.resolve.scope import Scope
 from modeldsl.symbolic import STAR, Expr, SymbolicError
 
@@ -96,11 +97,13 @@ class Lowering:
 
     # ------------------------------------------------------------------ entry
     def lower(self, top: ast.Decl, config: dict[str, Any] | None = None) -> ModuleOp:
+        namespace = self.namespace_of(top)
+        top = self.concrete_decl(top, top.span)
         env, config_attrs = self.config_env(top, config or {})
         self.model = ModelOp(top.name, config_attrs)
         self.active.append(top.name)
         self.check_constraints_on_defaults(top, config or {})
-        instance = Instance(top, env, "", self.namespace_of(top))
+        instance = Instance(top, env, "", namespace)
         self.evaluate_let(instance)
         self.declare_params(instance, stack=None)
         self.lower_hf_sections(top)
@@ -331,7 +334,7 @@ class Lowering:
             self.sink.error("E002", f"undefined module '{name}'", expr.span,
                             "declare the module in this file or import it")
             raise LoweringFailed()
-        decl = namespace[expr.id]
+        decl = self.concrete_decl(namespace[expr.id], expr.span)
         if decl.name in self.active:
             chain = " -> ".join([*self.active, decl.name])
             self.sink.error("E007", f"{decl.name} contains itself ({chain})", expr.span,
@@ -358,9 +361,20 @@ class Lowering:
                 self.sink.error("E012", f"missing required parameter '{param.name}' of {decl.name}", expr.span,
                                 f"pass it: {decl.name}(..., {param.name}=...)")
                 raise LoweringFailed()
-        instance = Instance(decl, child_env, prefix, self.namespace_of(decl))
+        instance = Instance(decl, child_env, prefix, self.namespace_of(namespace[expr.id]))
         self.evaluate_let(instance)
         return instance
+
+    def concrete_decl(self, decl: ast.Decl, span: Span) -> ast.Decl:
+        """The declaration with its inheritance folded in; abstract ones cannot be used (E011)."""
+        if decl.abstract:
+            self.sink.error("E011", f"{decl.name} is abstract and cannot be instantiated", span,
+                            f"declare a module that extends {decl.name} and gives its graph")
+            raise LoweringFailed()
+        result = merged(decl, self.namespace_of(decl), self.sink)
+        if result is None:
+            raise LoweringFailed()
+        return result
 
     # ------------------------------------------------------------------ types
     def tensor_type(self, expr: ast.Expr, env: ConstEnv) -> TensorType:
