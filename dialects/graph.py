@@ -33,7 +33,6 @@ from xdsl.ir import Attribute, Block, Dialect, Operation, Region, SSAValue
 from xdsl.irdl import (
     AttrSizedOperandSegments,
     IRDLOperation,
-    attr_def,
     irdl_op_definition,
     opt_attr_def,
     opt_prop_def,

@@ -20,7 +20,6 @@ from xdsl.ir import Attribute, Data, ParametrizedAttribute, TypeAttribute
 from xdsl.irdl import irdl_attr_definition
 from xdsl.parser import AttrParser
 from xdsl.printer import Printer
-from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.dialects.dtypes import DType, parse_dtype_spelling, verify_dtype_spelling
 from modeldsl.symbolic import (

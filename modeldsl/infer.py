@@ -69,7 +69,7 @@ def _layernorm(ts, p):
 
 
 def _layernorm_backward(ts, p):
-    d_y, x, weight = ts[0], ts[1], ts[2]
+    x, weight = ts[1], ts[2]
     results = [x, weight]
     if p.get("with_bias", True):
         results.append(weight)
@@ -165,7 +165,6 @@ def _reduce(ts, p):
 
 
 def _reduce_max(ts, p):
-    x = ts[0]
     (values,) = _reduce(ts, {"dims": [p["dim"]], "keepdim": p.get("keepdim", False)})
     return [values, values.with_dtype(INT32)]
 

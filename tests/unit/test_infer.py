@@ -2,7 +2,6 @@
 
 import pytest
 from xdsl.dialects.builtin import ModuleOp
-from xdsl.ir import Block, Region
 
 from modeldsl.dialects.graph import FuncOp, ModelOp, ReturnOp
 from modeldsl.dialects.graph_types import TensorType

@@ -4,9 +4,8 @@ import re
 
 import pytest
 from xdsl.dialects.builtin import ModuleOp, StringAttr
-from xdsl.ir import Block, Region
 from xdsl.parser import Parser
-from xdsl.utils.exceptions import ParseError, VerifyException
+from xdsl.utils.exceptions import ParseError
 
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import (
