@@ -467,7 +467,8 @@ class Lowering:
                 continue
         return inputs, outputs or [("out", None, forward.span)]
 
-    def run_graph(self, instance: Instance, forward: ast.Section, scope: Scope, outputs: list[str]) -> list[SSAValue]:
+    def run_graph(self, instance: Instance, forward: ast.Section, scope: Scope,
+                  outputs: list[tuple[str, TensorType | None, Span]]) -> list[SSAValue]:
         graph = _only([s for s in forward.body if isinstance(s, ast.Section) and s.name == "graph"])
         if graph is None:
             self.sink.error("E001", f"the forward of {instance.decl.name} has no graph: section", forward.span)
@@ -590,7 +591,9 @@ class Lowering:
             scope.define(target.id, value, target.span)
 
     # ------------------------------------------------------------------ operations
-    def apply(self, instance: Instance, stage: ast.Expr, inputs: list[SSAValue], scope: Scope):
+    def apply(self, instance: Instance, stage: ast.Expr, inputs: list[SSAValue],
+              scope: Scope) -> tuple[list[SSAValue], list[Operation]]:
+        """One stage of a flow: a module instance, a module call or a primitive."""
         func, args = (stage.func, stage.args) if isinstance(stage, ast.Call) else (stage, [])
         if isinstance(func, ast.Name):
             primitive = lookup_primitive(func.id)
@@ -618,7 +621,9 @@ class Lowering:
         self.declare_nested(child, None, bound)
         return child
 
-    def call_instance(self, target, inputs, args, instance, scope, span):
+    def call_instance(self, target: Instance | StackedInstance, inputs: list[SSAValue], args: list[ast.Arg],
+                      instance: Instance, scope: Scope, span: Span) -> tuple[list[SSAValue], list[Operation]]:
+        """Inline a module instance's graph on the given inputs (or run a stack)."""
         if isinstance(target, StackedInstance):
             return self.call_stack(target, inputs, span), []
         forward = self.forward_of(target.decl)
@@ -685,7 +690,9 @@ class Lowering:
             instance.params.get(node.base.id), Instance
         )
 
-    def call_primitive(self, sig: PrimitiveSignature, inputs, args, instance, scope, span):
+    def call_primitive(self, sig: PrimitiveSignature, inputs: list[SSAValue], args: list[ast.Arg],
+                       instance: Instance, scope: Scope, span: Span) -> tuple[list[SSAValue], list[Operation]]:
+        """One primitive op: tensor arguments are operands, the others its parameters."""
         operands = list(inputs)
         params: dict[str, Any] = {}
         positional_params = [*INFERENCE_PARAMS.get(sig.name, ()), *(p.name for p in sig.params)]
