@@ -16,6 +16,7 @@ all independent errors.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.diagnostics import DiagnosticError, DiagnosticSink, Span
-from modeldsl.dialects.annotations import AnnotationError, make_annotation
+from modeldsl.dialects.annotations import AnnotationAttr, AnnotationError, effective_memory_policy, make_annotation
 from modeldsl.dialects.dtypes import DTYPE_SPELLINGS
 from modeldsl.dialects.graph import ExprAttr, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_primitives import check_same_shape
@@ -536,6 +537,28 @@ class Lowering:
         annotations = self.annotations(flow.annotations)
         if annotations and last_ops:
             last_ops[-1].attributes["annotations"] = ArrayAttr(annotations)
+        if last_ops:
+            self.record_memory_policy(instance, flow.chain[-1], last_ops[-1], annotations)
+
+    def record_memory_policy(self, instance: Instance, destination: ast.Expr, op: Operation,
+                             annotations: list[Attribute]) -> None:
+        """The memory mode of each named result by the precedence ladder of spec 7.2.0,
+        as ``memory = [...]`` on the op (``auto`` where only the default rule applies,
+        which the autodiff pass decides once it knows what the backward needs)."""
+        names = destination.items if isinstance(destination, ast.TupleExpr) else [destination]
+        save, recompute = _tensor_list(instance.decl, "save"), _tensor_list(instance.decl, "recompute")
+        modes = []
+        for target in names:
+            target = target.value if isinstance(target, ast.Annotated) else target
+            name = target.id if isinstance(target, ast.Name) else "_"
+            policy = effective_memory_policy(
+                name, annotations=[a for a in annotations if isinstance(a, AnnotationAttr)],
+                save=[name] if _matches(name, save) else [],
+                recompute=[name] if _matches(name, recompute) else [],
+            )
+            modes.append(policy.mode if policy.source != "default" else "auto")
+        if len(modes) == len(op.results) and any(m != "auto" for m in modes):
+            op.attributes["memory"] = ArrayAttr([StringAttr(m) for m in modes])
 
     def source(self, instance: Instance, node: ast.Expr, scope: Scope) -> list[SSAValue]:
         if isinstance(node, ast.TupleExpr):
@@ -830,6 +853,21 @@ def _typed_entries(entry: ast.Section) -> list[tuple[str, ast.Expr, Span]]:
             return [(f.name, f.value, f.span) for f in expr.fields]
         return [(default, expr, entry.span)]
     return [(e.name, e.value.expr, e.span) for e in entry.body if isinstance(e, ast.Section) and e.value]
+
+
+def _tensor_list(decl: ast.Decl, name: str) -> list[str]:
+    """The names (or wildcard patterns such as ``ln*_out``) of a forward ``save:`` or ``recompute:`` list."""
+    patterns: list[str] = []
+    for forward in decl.sections("forward"):
+        for entry in forward.body:
+            if isinstance(entry, ast.Section) and entry.name == name and entry.value is not None:
+                items = entry.value.expr.items if isinstance(entry.value.expr, ast.ListExpr) else []
+                patterns += [_source_text(item).replace(" ", "") for item in items]
+    return patterns
+
+
+def _matches(name: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
 def _poison(node: ast.Expr, scope: Scope) -> None:
