@@ -10,8 +10,8 @@
 // ATTN-NEXT: %q_flat, %k_flat, %v_flat = mdsl.graph.split %qkv_proj {sizes = #mdsl.graph.dims<[head_dim*num_heads, head_dim*num_kv_heads, head_dim*num_kv_heads]>}
 // ATTN: %q_heads = mdsl.graph.transpose {{.*}} -> !mdsl.graph.tensor<[B, num_heads, T, head_dim], bf16>
 // ATTN: %k_heads = mdsl.graph.transpose {{.*}} -> !mdsl.graph.tensor<[B, num_kv_heads, T, head_dim], bf16>
-// ATTN: %q_rot, %k_rot = mdsl.graph.rope %q_heads, %k_heads, %freqs {annotations = [#mdsl.graph.hook<BeforeAttention>]}
-// ATTN-NEXT: %att, %lse = mdsl.graph.flash_attention %q_rot, %k_rot, %v :
+// ATTN: %q_rot, %k_rot = mdsl.graph.rope %q_heads, %k_heads, %freqs {annotations = [#mdsl.graph.hook<BeforeAttention>], memory = ["save", "save"]}
+// ATTN-NEXT: %att, %lse = mdsl.graph.flash_attention %q_rot, %k_rot, %v {memory = ["save", "save"]} :
 // ATTN: %att_flat = mdsl.graph.view {{.*}} -> !mdsl.graph.tensor<[B, T, head_dim*num_heads], bf16>
 // ATTN: %out = mdsl.graph.matmul %att_flat, %out_weight {transpose = "NT"}
 // ATTN-NOT: qk_norm
