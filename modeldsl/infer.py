@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from xdsl.utils.exceptions import VerifyException
+
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph_types import TensorType
-from modeldsl.symbolic import STAR, Dim, Expr
+from modeldsl.symbolic import STAR, Dim, Expr, SymbolicError
 
 Rule = Callable[[Sequence[TensorType], dict[str, Any]], list[TensorType]]
 
@@ -305,3 +307,5 @@ def infer_result_types(primitive: str, operands: Sequence[TensorType], params: d
         return rule(list(operands), params)
     except (IndexError, KeyError) as err:
         raise InferenceError(f"{primitive}: missing operand or parameter ({err})") from None
+    except (TypeError, ValueError, ZeroDivisionError, SymbolicError, VerifyException) as err:
+        raise InferenceError(f"{primitive}: cannot infer the result type ({err})") from None

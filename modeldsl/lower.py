@@ -738,13 +738,6 @@ class Lowering:
                                     f"its parameters are: {known}")
                     raise LoweringFailed()
                 params[arg.name] = self.param_value(arg.value, instance.env)
-        types = [v.type for v in operands]
-        try:
-            results = infer_result_types(sig.name, types, params)
-            grouped = sig.group_operands(operands)
-        except (InferenceError, ValueError) as err:
-            self.sink.error("E004", f"{sig.name}: {err}", span)
-            raise LoweringFailed() from None
         attrs = {}
         for name, value in params.items():
             spec = sig.param(name)
@@ -755,6 +748,12 @@ class Lowering:
             except ValueError as err:
                 self.sink.error("E003", f"{sig.name}({name}=...): {err}", span)
                 raise LoweringFailed() from None
+        try:
+            results = infer_result_types(sig.name, [v.type for v in operands], params)
+            grouped = sig.group_operands(operands)
+        except (InferenceError, ValueError) as err:
+            self.sink.error("E004", f"{sig.name}: {err}", span)
+            raise LoweringFailed() from None
         op = sig.op.make(grouped, sig.group_results(results), attrs)
         try:
             op.verify_()

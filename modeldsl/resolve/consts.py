@@ -280,7 +280,11 @@ def guard_value(condition: ast.Expr, env: ConstEnv, sink: DiagnosticSink) -> boo
     except ConstError as err:
         sink.error(err.code, err.message, err.span, err.hint)
         return None
-    return _truth(value, condition)
+    if isinstance(value, Expr):
+        sink.error("E016", f"the if guard is the size '{value}', whose value is not known at compile time",
+                   condition.span, "guard on a boolean parameter or a comparison with known values")
+        return None
+    return bool(value)
 
 
 def env_from_params(values: Mapping[str, Value], tensors: set[str] | None = None) -> ConstEnv:

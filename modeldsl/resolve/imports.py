@@ -184,7 +184,7 @@ class Resolver:
         self.loaded[dotted] = file
         if file not in self.cache:
             try:
-                self.cache[file] = parse_source(file.read_text(encoding="utf-8"), str(file))
+                self.cache[file] = _parse_file(file)
             except DiagnosticError as err:
                 for diagnostic in err.diagnostics:
                     self.sink.add(diagnostic)
@@ -210,6 +210,19 @@ class Resolver:
             if newest is not None:
                 return newest
         return None
+
+
+_PARSED: dict[Path, tuple[float, ast.Program]] = {}
+
+
+def _parse_file(file: Path) -> ast.Program:
+    """Parse an imported file, reusing the AST while the file is unchanged."""
+    stamp = file.stat().st_mtime
+    cached = _PARSED.get(file)
+    if cached is None or cached[0] != stamp:
+        cached = (stamp, parse_source(file.read_text(encoding="utf-8"), str(file)))
+        _PARSED[file] = cached
+    return cached[1]
 
 
 def _roots(stem: list[str], base: Path) -> list[tuple[Path, list[str]]]:

@@ -53,3 +53,24 @@ def test_ir_size_does_not_grow_with_depth():
     program = load(STD_ROOT / "models" / "llama.module")
     sizes = {n: sum(1 for _ in lower_program(program, "Llama", {"n_layers": n}).walk()) for n in (2, 32, 80)}
     assert len(set(sizes.values())) == 1, sizes
+
+
+def test_500_mutations_of_the_std_models_fail_only_with_located_coded_diagnostics():
+    """Delete, duplicate and swap tokens and lines of the std models: every failure
+    is a coded diagnostic with a location, never a traceback."""
+    import random
+
+    from frontend.test_parser import mutations
+    from modeldsl.diagnostics import CODES, DiagnosticError
+
+    rng = random.Random(500)
+    refused = 0
+    models = [STD_ROOT / "models" / f"{name}.module" for name in ("llama", "qwen", "mistral")]
+    for index, mutant in enumerate(m for path in models for m in mutations(path.read_text(), rng, 167)):
+        try:
+            lower_program(parse_source(mutant, str(STD_ROOT / "models" / f"mutant{index}.module")))
+        except DiagnosticError as err:
+            refused += 1
+            for diagnostic in err.diagnostics:
+                assert diagnostic.code in CODES and diagnostic.span is not None, diagnostic.render()
+    assert refused > 150
