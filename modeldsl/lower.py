@@ -29,7 +29,8 @@ from modeldsl.diagnostics import DiagnosticError, DiagnosticSink, Span
 from modeldsl.dialects.annotations import AnnotationAttr, AnnotationError, effective_memory_policy, make_annotation
 from modeldsl.dialects.dtypes import DTYPE_SPELLINGS
 from modeldsl.dialects.graph import ExprAttr, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
-from modeldsl.dialects.graph_primitives import check_same_shape
+from modeldsl.dialects.dtypes import DType
+from modeldsl.dialects.graph_primitives import CastOp, check_same_shape
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
 from modeldsl.infer import InferenceError, infer_result_types
@@ -480,20 +481,36 @@ class Lowering:
             binding = scope.lookup(name, span)
             if binding is None or binding.kind == "poisoned":
                 raise LoweringFailed()
+            value = binding.value
             if declared is not None:
-                self.check_declared(name, declared, binding.value.type, span)
-            results.append(binding.value)
+                value = self.check_declared(name, declared, value, span)
+            results.append(value)
         return results
 
-    def check_declared(self, name: str, declared: TensorType, actual: TensorType, span: Span) -> None:
-        """The graph's value for a declared output must have the declared type (E003, E004)."""
+    def check_declared(self, name: str, declared: TensorType, value: SSAValue, span: Span) -> SSAValue:
+        """The graph's value for a declared output must have the declared type (E003,
+        E004). Between bf16, fp16 and fp32 the cast rules of spec 7.4.4 insert an
+        explicit cast: widening silently, narrowing with W005."""
+        actual = value.type
         try:
             check_same_shape(f"output '{name}'", declared, actual)
         except VerifyException as err:
             self.sink.error("E004", f"{err}: declared {declared}, computed {actual}", span)
-        if declared.dtype != actual.dtype:
-            self.sink.error("E003", f"output '{name}' is declared {declared.dtype.value} but the graph computes "
-                            f"{actual.dtype.value}", span, "add the dtype to the declaration or cast the value")
+        if declared.dtype == actual.dtype:
+            return value
+        implicit = {DType.BF16, DType.FP16, DType.FP32}
+        if {declared.dtype, actual.dtype} <= implicit:
+            if declared.dtype.bits < actual.dtype.bits:
+                self.sink.warning("W005", f"output '{name}' narrows {actual.dtype.value} to {declared.dtype.value}",
+                                  span, "declare the wider dtype, or cast explicitly with cast(dtype=...)")
+            cast = CastOp.make([value], [actual.with_dtype(declared.dtype)])
+            cast.results[0].name_hint = name
+            self.block.add_op(cast)
+            return cast.results[0]
+        self.sink.error("E003", f"output '{name}' is declared {declared.dtype.value} but the graph computes "
+                        f"{actual.dtype.value}", span,
+                        "this conversion is not implicit (spec 7.4.4): use @precision/@scaling or an explicit cast")
+        return value
 
     def run_statements(self, instance: Instance, statements: Sequence[ast.Stmt], scope: Scope) -> None:
         for stmt in statements:
@@ -898,9 +915,11 @@ def _annotation_value(node: ast.Expr) -> Any:
     raise AnnotationError("annotation arguments are names, numbers, strings, booleans or lists")
 
 
-def lower_program(program: ast.Program, top: str | None = None, config: dict[str, Any] | None = None) -> ModuleOp:
-    """Lower the model (or the named declaration) of a program; DiagnosticError on any error."""
-    sink = DiagnosticSink()
+def lower_program(program: ast.Program, top: str | None = None, config: dict[str, Any] | None = None,
+                  sink: DiagnosticSink | None = None) -> ModuleOp:
+    """Lower the model (or the named declaration) of a program; DiagnosticError on any
+    error. Warnings are left in ``sink`` when one is given."""
+    sink = sink if sink is not None else DiagnosticSink()
     decls = program.declarations
     if top is not None:
         chosen = next((d for d in decls if d.name == top), None)

@@ -138,9 +138,13 @@ class MdslOptMain(xDSLOptMain):
             return
         if self.args.lock:
             self.write_lock(program, path)
+        from modeldsl.diagnostics import DiagnosticSink
         from modeldsl.lower import lower_program
 
-        module = lower_program(program, self.args.top)
+        sink = DiagnosticSink()
+        module = lower_program(program, self.args.top, sink=sink)
+        if sink.diagnostics:
+            sys.stderr.write(render_all(sink.diagnostics, self.args.diagnostics_format))
         self.apply_passes(module)
         sys.stdout.write(self.output_resulting_program(module))
 

@@ -98,8 +98,20 @@ def test_shape_mismatch_is_reported_by_the_op_verifier_rules():
 
 
 def test_declared_output_dtype_is_checked():
-    (err,) = errors(module("      x -> relu() -> out\n", io="    in: x: [B, d]\n    out: [B, d, fp32]\n"))
-    assert err[0] == "E003" and "declared fp32 but the graph computes bf16" in err[3]
+    (err,) = errors(module("      x -> relu() -> out\n", io="    in: x: [B, d]\n    out: [B, d, fp8_e4m3]\n"))
+    assert err[0] == "E003" and "declared fp8_e4m3 but the graph computes bf16" in err[3]
+
+
+@pytest.mark.parametrize("source, target, warned", [("bf16", "fp32", False), ("fp32", "bf16", True), ("fp16", "bf16", False)])
+def test_implicit_float_casts_follow_spec_7_4_4(source, target, warned):
+    from modeldsl.diagnostics import DiagnosticSink
+
+    sink = DiagnosticSink()
+    text = module("      x -> relu() -> out\n", io=f"    in: x: [B, d, {source}]\n    out: [B, d, {target}]\n")
+    ir = lower_program(parse_source(text, "m.module"), sink=sink)
+    cast = next(op for op in ir.walk() if op.name == "mdsl.graph.cast")
+    assert str(cast.results[0].type).endswith(f"{target}>")
+    assert [d.code for d in sink.diagnostics] == (["W005"] if warned else [])
 
 
 def test_constraint_violated_by_defaults_is_e027():
