@@ -16,6 +16,7 @@ already has a verifier and a custom form that round-trips.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
@@ -30,7 +31,16 @@ from xdsl.dialects.builtin import (
     f64,
     i64,
 )
-from xdsl.ir import Attribute, Block, Dialect, Operation, ParametrizedAttribute, Region, SSAValue, TypeAttribute
+from xdsl.ir import (
+    Attribute,
+    Block,
+    Dialect,
+    Operation,
+    ParametrizedAttribute,
+    Region,
+    SSAValue,
+    TypeAttribute,
+)
 from xdsl.irdl import (
     AttrSizedOperandSegments,
     IRDLOperation,
@@ -49,13 +59,18 @@ from xdsl.irdl import (
 )
 from xdsl.parser import AttrParser, Parser
 from xdsl.printer import Printer
-from xdsl.traits import HasParent, IsolatedFromAbove, NoTerminator, SymbolOpInterface, SymbolTable
+from xdsl.traits import (
+    HasParent,
+    IsolatedFromAbove,
+    NoTerminator,
+    SymbolOpInterface,
+    SymbolTable,
+)
 from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.dialects.dtypes import DType, parse_dtype_spelling, verify_dtype_spelling
 
 ARENAS: tuple[str, ...] = ("params", "activations", "workspace", "grads", "external")
-EPILOGUES: tuple[str, ...] = ("none", "bias", "relu", "relu_bias", "gelu", "gelu_bias", "bgrad")
 ATTENTION_LAYOUTS: tuple[str, ...] = ("bhtd", "bthd")
 COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 REDUCE_OPS: tuple[str, ...] = ("sum", "max", "min", "avg")
@@ -134,7 +149,21 @@ def _check_choice(what: str, value: str, allowed: Sequence[str]) -> None:
         raise VerifyException(f"{what} must be one of {', '.join(allowed)}, got '{value}'")
 
 
-def _enclosing_program(op: Operation) -> "ProgramOp | None":
+def _optional(value: SSAValue | None) -> list[SSAValue]:
+    """The operand list of an optional operand, for builders."""
+    return [] if value is None else [value]
+
+
+def _non_default(**attrs: Attribute | None) -> dict[str, Attribute]:
+    """The attributes a builder sets: those not left at their default (None)."""
+    return {name: attr for name, attr in attrs.items() if attr is not None}
+
+
+def _stream_attr(stream: str | None) -> SymbolRefAttr | None:
+    return None if stream is None else SymbolRefAttr(stream)
+
+
+def _enclosing_program(op: Operation) -> ProgramOp | None:
     parent = op.parent_op()
     while parent is not None and not isinstance(parent, ProgramOp):
         parent = parent.parent_op()
@@ -170,6 +199,14 @@ def _parse_keyword_in(parser: Parser, allowed: Sequence[str], what: str) -> str:
     if word not in allowed:
         parser.raise_error(f"expected {what} ({', '.join(allowed)})", start, parser.pos)
     return word
+
+
+def _parse_body(parser: Parser) -> Region:
+    """A single-block region without block arguments; ``{}`` gives one empty block."""
+    body = parser.parse_region()
+    if not body.blocks:
+        body.add_block(Block())
+    return body
 
 
 # ----------------------------------------------------------------------------
@@ -221,7 +258,7 @@ class ProgramOp(IRDLOperation):
                     )
 
     @classmethod
-    def parse(cls, parser: Parser) -> "ProgramOp":
+    def parse(cls, parser: Parser) -> ProgramOp:
         name = parser.parse_symbol_name().data
         parser.parse_keyword("arenas")
         sizes: dict[str, int] = {}
@@ -233,8 +270,7 @@ class ProgramOp(IRDLOperation):
 
         parser.parse_comma_separated_list(parser.Delimiter.PAREN, parse_entry)
         attrs = parser.parse_optional_attr_dict_with_keyword()
-        body = parser.parse_region()
-        op = ProgramOp(name, sizes, body)
+        op = ProgramOp(name, sizes, _parse_body(parser))
         if attrs is not None:
             op.attributes |= attrs.data
         return op
@@ -313,7 +349,7 @@ class BufferOp(IRDLOperation):
             )
 
     @classmethod
-    def parse(cls, parser: Parser) -> "BufferOp":
+    def parse(cls, parser: Parser) -> BufferOp:
         arena = _parse_keyword_in(parser, ARENAS, "an arena")
         offset = parser.parse_integer(allow_boolean=False) if parser.parse_optional_keyword("offset") else None
         parser.parse_keyword("bytes")
@@ -378,11 +414,28 @@ class LaunchOp(SchedOp):
         "`:` `(` type($inputs) `)` `->` `(` type($outputs) `)`"
     )
 
-    def __init__(self, kernel: str, inputs: Sequence[SSAValue], outputs: Sequence[SSAValue], attributes: dict[str, Attribute] | None = None):
+    def __init__(
+        self,
+        kernel: str,
+        inputs: Sequence[SSAValue],
+        outputs: Sequence[SSAValue],
+        attributes: dict[str, Attribute] | None = None,
+        *,
+        grid: Sequence[int] | None = None,
+        block: Sequence[int] | None = None,
+        inplace: bool = False,
+        stream: str | None = None,
+    ):
+        attrs = _non_default(
+            grid=None if grid is None else DenseArrayBase.from_list(i64, list(grid)),
+            block=None if block is None else DenseArrayBase.from_list(i64, list(block)),
+            inplace=UnitAttr() if inplace else None,
+            stream=_stream_attr(stream),
+        )
         super().__init__(
             operands=[inputs, outputs],
             properties={"kernel": StringAttr(kernel)},
-            attributes=attributes or {},
+            attributes=attrs | (attributes or {}),
         )
 
     def verify_op(self) -> None:
@@ -408,14 +461,50 @@ def _gemm_dims(a: BufferType, b: BufferType, transa: bool, transb: bool) -> tupl
     return m, ka, kb, n
 
 
+@dataclass(frozen=True)
+class Epilogue:
+    """What a GEMM epilogue does with the optional ``bias`` and ``aux`` operands.
+
+    ``bias``: None (no bias operand), "read" (a bias of N values added to every
+    row of C), "write_n" (writes N column sums) or "write_m" (writes M row sums).
+    ``aux``: None, "write" (stores the pre-activation, shaped like C) or "read"
+    (reads it back for the activation gradient).
+    """
+
+    bias: str | None = None
+    aux: str | None = None
+
+
+EPILOGUES: dict[str, Epilogue] = {
+    "none": Epilogue(),
+    "bias": Epilogue(bias="read"),
+    "relu": Epilogue(),
+    "relu_bias": Epilogue(bias="read"),
+    "gelu": Epilogue(),
+    "gelu_bias": Epilogue(bias="read"),
+    # Forward GELU that saves its input for the backward ``dgelu``.
+    "gelu_aux": Epilogue(aux="write"),
+    "gelu_aux_bias": Epilogue(bias="read", aux="write"),
+    # C = (op(A) @ op(B)) * gelu'(aux); ``dgelu_bgrad`` also writes the column sums of C.
+    "dgelu": Epilogue(aux="read"),
+    "dgelu_bgrad": Epilogue(bias="write_n", aux="read"),
+    # Bias gradients: row sums of op(A) (M values) or column sums of op(B) (N values).
+    "bgrada": Epilogue(bias="write_m"),
+    "bgradb": Epilogue(bias="write_n"),
+}
+
+
 @irdl_op_definition
 class GemmOp(SchedOp):
     """``C = alpha * op(A) @ op(B) + beta * C`` (+ epilogue), through cuBLASLt on the GPU.
 
+    ``mdsl.sched.gemm %x, %w bias %b -> %y {transb = true, epilogue = "gelu_bias"} : ...``
+
     The last two dims of each buffer are the matrix, row-major; leading dims
-    are a batch (B may have none: it broadcasts). ``transa``/``transb``
-    transpose A and B; ``epilogue`` fuses a bias, an activation or a bias
-    gradient.
+    are a batch (B may have none: it broadcasts), so the batch count is the
+    product of C's leading dims. ``transa``/``transb`` transpose A and B;
+    ``epilogue`` (see ``EPILOGUES``) fuses a bias, an activation, an
+    activation gradient through the saved ``aux`` buffer, or a bias gradient.
     """
 
     name = "mdsl.sched.gemm"
@@ -423,6 +512,7 @@ class GemmOp(SchedOp):
     a = operand_def(BufferType)
     b = operand_def(BufferType)
     bias = opt_operand_def(BufferType)
+    aux = opt_operand_def(BufferType)
     c = operand_def(BufferType)
     transa = attr_def(IntegerAttr, default_value=IntegerAttr.from_bool(False))
     transb = attr_def(IntegerAttr, default_value=IntegerAttr.from_bool(False))
@@ -430,9 +520,10 @@ class GemmOp(SchedOp):
     beta = attr_def(FloatAttr, default_value=FloatAttr(0.0, f64))
     epilogue = attr_def(StringAttr, default_value=StringAttr("none"))
 
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
     assembly_format = (
-        "$a `,` $b (`bias` $bias^)? `->` $c attr-dict "
-        "`:` type($a) `,` type($b) (`,` `bias` type($bias)^)? `->` type($c)"
+        "$a `,` $b (`bias` $bias^)? (`aux` $aux^)? `->` $c attr-dict "
+        "`:` type($a) `,` type($b) (`bias` type($bias)^)? (`aux` type($aux)^)? `->` type($c)"
     )
 
     def __init__(
@@ -442,11 +533,27 @@ class GemmOp(SchedOp):
         c: SSAValue,
         bias: SSAValue | None = None,
         attributes: dict[str, Attribute] | None = None,
+        *,
+        aux: SSAValue | None = None,
+        transa: bool = False,
+        transb: bool = False,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        epilogue: str = "none",
+        stream: str | None = None,
     ):
-        super().__init__(operands=[a, b, [bias] if bias is not None else [], c], attributes=attributes or {})
+        attrs = _non_default(
+            transa=IntegerAttr.from_bool(True) if transa else None,
+            transb=IntegerAttr.from_bool(True) if transb else None,
+            alpha=FloatAttr(alpha, f64) if alpha != 1.0 else None,
+            beta=FloatAttr(beta, f64) if beta != 0.0 else None,
+            epilogue=StringAttr(epilogue) if epilogue != "none" else None,
+            stream=_stream_attr(stream),
+        )
+        super().__init__(operands=[a, b, _optional(bias), _optional(aux), c], attributes=attrs | (attributes or {}))
 
     def verify_op(self) -> None:
-        _check_choice("epilogue", self.epilogue.data, EPILOGUES)
+        _check_choice("epilogue", self.epilogue.data, tuple(EPILOGUES))
         a, b, c = buffer_type(self.a), buffer_type(self.b), buffer_type(self.c)
         for what, t in (("A", a), ("B", b), ("C", c)):
             if len(t.shape) < 2:
@@ -459,17 +566,22 @@ class GemmOp(SchedOp):
         batch_a, batch_c = a.shape[:-2], c.shape[:-2]
         if batch_a != batch_c or (len(b.shape) > 2 and b.shape[:-2] != batch_a):
             raise VerifyException(f"batch dims differ: A {list(batch_a)}, B {list(b.shape[:-2])}, C {list(batch_c)}")
-        self._verify_bias(m, n)
+        self._verify_epilogue_operands(m, n, c)
 
-    def _verify_bias(self, m: int, n: int) -> None:
-        """``*bias`` epilogues read a bias of N values added to every row of C;
-        ``bgrad`` writes into it the column sums of op(B) (N values)."""
-        epilogue = self.epilogue.data
-        needs_bias = epilogue.endswith("bias") or epilogue == "bgrad"
-        if needs_bias != (self.bias is not None):
-            raise VerifyException(f"epilogue '{epilogue}' {'needs a' if needs_bias else 'takes no'} bias operand")
-        if self.bias is not None and buffer_type(self.bias).numel != n:
-            raise VerifyException(f"bias has {buffer_type(self.bias).numel} elements, expected {n}")
+    def _verify_epilogue_operands(self, m: int, n: int, c: BufferType) -> None:
+        name = self.epilogue.data
+        rule = EPILOGUES[name]
+        for what, role, operand in (("bias", rule.bias, self.bias), ("aux", rule.aux, self.aux)):
+            if (role is None) != (operand is None):
+                raise VerifyException(f"epilogue '{name}' {'takes no' if role is None else 'needs a'} {what} operand")
+        if self.bias is not None:
+            expected = m if rule.bias == "write_m" else n
+            if buffer_type(self.bias).numel != expected:
+                raise VerifyException(
+                    f"bias of epilogue '{name}' has {buffer_type(self.bias).numel} elements, expected {expected}"
+                )
+        if self.aux is not None and buffer_type(self.aux).shape != c.shape:
+            raise VerifyException(f"aux must have the shape of C {list(c.shape)}, got {list(buffer_type(self.aux).shape)}")
 
 
 def _attention_dims(t: BufferType, layout: str) -> tuple[int, int, int, int]:
@@ -500,18 +612,42 @@ def _verify_attention(op: Operation, q_v: SSAValue, k_v: SSAValue, v_v: SSAValue
     window = op.attributes["window"].value.data
     if window < 0:
         raise VerifyException(f"window must be >= 0 (0 means none), got {window}")
+    scale = op.attributes.get("scale")
+    if isinstance(scale, FloatAttr) and not scale.value.data > 0:
+        raise VerifyException(f"scale must be positive, got {scale.value.data}")
 
 
 class AttentionAttrs:
+    """The attributes shared by ``attention`` and ``attention_backward``."""
+
     causal = attr_def(IntegerAttr, default_value=IntegerAttr.from_bool(True))
     window = attr_def(IntegerAttr, default_value=IntegerAttr(0, i64))
     scale = opt_attr_def(FloatAttr)
     layout = attr_def(StringAttr, default_value=StringAttr("bhtd"))
 
+    @staticmethod
+    def build(
+        causal: bool = True, window: int = 0, scale: float | None = None, layout: str = "bhtd", stream: str | None = None
+    ) -> dict[str, Attribute]:
+        """The attributes of a builder call, leaving defaults unset."""
+        return _non_default(
+            causal=None if causal else IntegerAttr.from_bool(False),
+            window=IntegerAttr(window, i64) if window else None,
+            scale=None if scale is None else FloatAttr(scale, f64),
+            layout=None if layout == "bhtd" else StringAttr(layout),
+            stream=_stream_attr(stream),
+        )
+
 
 @irdl_op_definition
 class AttentionOp(SchedOp):
-    """Fused attention ``(q, k, v) -> (out, lse)``: causal, GQA, sliding window (``window`` > 0)."""
+    """Fused attention ``(q, k, v) -> (out, lse)``: causal, GQA, sliding window (``window`` > 0).
+
+    ``mdsl.sched.attention %q, %k, %v -> %o, %lse {window = 8 : i64} : ...``; buffers
+    are ``[B, H, T, D]`` (``layout = "bhtd"``, the default) or ``[B, T, H, D]``
+    (``"bthd"``); ``lse`` is ``[B, Hq, Tq]`` fp32 in both; ``scale`` defaults
+    to ``1/sqrt(D)``.
+    """
 
     name = "mdsl.sched.attention"
 
@@ -530,6 +666,12 @@ class AttentionOp(SchedOp):
         "`:` type($q) `,` type($k) `,` type($v) `->` type($out) `,` type($lse)"
     )
 
+    def __init__(
+        self, q: SSAValue, k: SSAValue, v: SSAValue, out: SSAValue, lse: SSAValue, **attrs: bool | float | str | None
+    ):
+        """``attrs``: causal, window, scale, layout, stream (see ``AttentionAttrs.build``)."""
+        super().__init__(operands=[q, k, v, out, lse], attributes=AttentionAttrs.build(**attrs))
+
     def verify_op(self) -> None:
         _verify_attention(self, self.q, self.k, self.v, self.lse)
         if buffer_type(self.out).shape != buffer_type(self.q).shape:
@@ -538,7 +680,10 @@ class AttentionOp(SchedOp):
 
 @irdl_op_definition
 class AttentionBackwardOp(SchedOp):
-    """Attention backward ``(q, k, v, out, d_out, lse) -> (d_q, d_k, d_v)``."""
+    """Attention backward ``(q, k, v, out, d_out, lse) -> (d_q, d_k, d_v)``, attributes as ``attention``.
+
+    ``mdsl.sched.attention_backward %q, %k, %v, %o, %do, %lse -> %dq, %dk, %dv : ...``
+    """
 
     name = "mdsl.sched.attention_backward"
 
@@ -562,6 +707,22 @@ class AttentionBackwardOp(SchedOp):
         "`->` type($d_q) `,` type($d_k) `,` type($d_v)"
     )
 
+    def __init__(
+        self,
+        q: SSAValue,
+        k: SSAValue,
+        v: SSAValue,
+        out: SSAValue,
+        d_out: SSAValue,
+        lse: SSAValue,
+        d_q: SSAValue,
+        d_k: SSAValue,
+        d_v: SSAValue,
+        **attrs: bool | float | str | None,
+    ):
+        """``attrs``: causal, window, scale, layout, stream (see ``AttentionAttrs.build``)."""
+        super().__init__(operands=[q, k, v, out, d_out, lse, d_q, d_k, d_v], attributes=AttentionAttrs.build(**attrs))
+
     def verify_op(self) -> None:
         _verify_attention(self, self.q, self.k, self.v, self.lse)
         for what, grad, like in (("d_q", self.d_q, self.q), ("d_k", self.d_k, self.k), ("d_v", self.d_v, self.v),
@@ -572,7 +733,10 @@ class AttentionBackwardOp(SchedOp):
 
 @irdl_op_definition
 class MemsetOp(SchedOp):
-    """Fills a buffer with one value: ``mdsl.sched.memset %b value 0.0``."""
+    """Fills a buffer with one value (default 0.0):
+
+    ``mdsl.sched.memset %b {value = 1.0 : f64} : !mdsl.sched.buffer<[128], bf16>``
+    """
 
     name = "mdsl.sched.memset"
 
@@ -581,22 +745,44 @@ class MemsetOp(SchedOp):
 
     assembly_format = "$target attr-dict `:` type($target)"
 
+    def __init__(self, target: SSAValue, value: float = 0.0, *, stream: str | None = None):
+        attrs = _non_default(value=FloatAttr(value, f64) if value != 0.0 else None, stream=_stream_attr(stream))
+        super().__init__(operands=[target], attributes=attrs)
+
 
 @irdl_op_definition
 class CopyOp(SchedOp):
-    """Copies ``src`` into ``dst`` (equal byte sizes)."""
+    """Copies ``src`` into ``dst``: all of it (equal byte sizes), or the leading
+    ``bytes`` bytes of each.
+
+    ``mdsl.sched.copy %x -> %y : !x -> !y``, ``mdsl.sched.copy %x -> %y {bytes = 512 : i64} : ...``
+    """
 
     name = "mdsl.sched.copy"
 
     src = operand_def(BufferType)
     dst = operand_def(BufferType)
+    nbytes = opt_attr_def(IntegerAttr, attr_name="bytes")
 
     assembly_format = "$src `->` $dst attr-dict `:` type($src) `->` type($dst)"
 
+    def __init__(self, src: SSAValue, dst: SSAValue, *, nbytes: int | None = None, stream: str | None = None):
+        attrs = _non_default(
+            bytes=None if nbytes is None else IntegerAttr(nbytes, i64), stream=_stream_attr(stream)
+        )
+        super().__init__(operands=[src, dst], attributes=attrs)
+
     def verify_op(self) -> None:
         src, dst = buffer_type(self.src), buffer_type(self.dst)
-        if src.nbytes != dst.nbytes:
-            raise VerifyException(f"copy between buffers of {src.nbytes} and {dst.nbytes} bytes")
+        if self.nbytes is None:
+            if src.nbytes != dst.nbytes:
+                raise VerifyException(
+                    f"copy between buffers of {src.nbytes} and {dst.nbytes} bytes needs an explicit 'bytes'"
+                )
+        elif not 0 < self.nbytes.value.data <= min(src.nbytes, dst.nbytes):
+            raise VerifyException(
+                f"copy of {self.nbytes.value.data} bytes between buffers of {src.nbytes} and {dst.nbytes} bytes"
+            )
         if self.src == self.dst:
             raise VerifyException("copy of a buffer onto itself")
 
@@ -640,10 +826,12 @@ class LayerLoopOp(SchedOp):
         if len(args) != 1 or not isinstance(args[0].type, IndexType):
             raise VerifyException("the body takes one index argument, the layer")
         if not 0 <= self.lower.value.data <= self.upper.value.data:
-            raise VerifyException(f"layer range {self.lower.value.data} to {self.upper.value.data} is empty or negative")
+            raise VerifyException(
+                f"layer range {self.lower.value.data} to {self.upper.value.data} needs 0 <= lower <= upper"
+            )
 
     @classmethod
-    def parse(cls, parser: Parser) -> "LayerLoopOp":
+    def parse(cls, parser: Parser) -> LayerLoopOp:
         arg = parser.parse_argument(expect_type=False)
         parser.parse_punctuation("=")
         lower = parser.parse_integer(allow_boolean=False)
@@ -665,7 +853,7 @@ class LayerLoopOp(SchedOp):
             printer.print_string(" reverse")
         printer.print_op_attributes(self.attributes, print_keyword=True)
         printer.print_string(" ")
-        printer.print_region(self.body, print_entry_block_args=False)
+        printer.print_region(self.body, print_entry_block_args=False, print_empty_block=False)
 
 
 @irdl_op_definition
@@ -705,8 +893,6 @@ class RecomputeSegmentOp(SchedOp):
 
     traits = traits_def(NoTerminator())
 
-    assembly_format = "$segment (`layer` `(` $layer^ `)`)? attr-dict-with-keyword $body"
-
     def __init__(self, segment: str, body: Region | None = None, layer: SSAValue | None = None):
         super().__init__(
             operands=[[layer] if layer is not None else []],
@@ -718,10 +904,44 @@ class RecomputeSegmentOp(SchedOp):
         if not self.segment.data:
             raise VerifyException("a recompute segment needs a name")
 
+    @classmethod
+    def parse(cls, parser: Parser) -> RecomputeSegmentOp:
+        segment = parser.parse_str_literal()
+        layer = None
+        if parser.parse_optional_keyword("layer"):
+            with parser.in_parens():
+                layer = parser.resolve_operand(parser.parse_unresolved_operand(), IndexType())
+        attrs = parser.parse_optional_attr_dict_with_keyword()
+        op = RecomputeSegmentOp(segment, _parse_body(parser), layer)
+        if attrs is not None:
+            op.attributes |= attrs.data
+        return op
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_string_literal(self.segment.data)
+        if self.layer is not None:
+            printer.print_string(" layer(")
+            printer.print_operand(self.layer)
+            printer.print_string(")")
+        printer.print_op_attributes(self.attributes, print_keyword=True)
+        printer.print_string(" ")
+        printer.print_region(self.body, print_empty_block=False)
+
 
 # ----------------------------------------------------------------------------
 # Distribution: collectives, streams, synchronization
 # ----------------------------------------------------------------------------
+
+
+def _check_rank_attr(kind: str, what: str, rank: IntegerAttr | None, needed: bool) -> None:
+    """A ``peer`` (send/recv) or ``root`` (broadcast) rank: present exactly where needed, non-negative."""
+    if needed and rank is None:
+        raise VerifyException(f"{kind} needs a '{what}' rank")
+    if not needed and rank is not None:
+        raise VerifyException(f"{kind} takes no '{what}' rank")
+    if rank is not None and rank.value.data < 0:
+        raise VerifyException(f"{what} rank must be non-negative, got {rank.value.data}")
 
 
 @irdl_op_definition
@@ -746,6 +966,30 @@ class CollectiveOp(SchedOp):
 
     REDUCING: ClassVar[tuple[str, ...]] = ("all_reduce", "reduce_scatter")
 
+    def __init__(
+        self,
+        kind: str,
+        input: SSAValue,
+        output: SSAValue,
+        group: str,
+        *,
+        op: str | None = None,
+        peer: int | None = None,
+        root: int | None = None,
+        stream: str | None = None,
+    ):
+        attrs = _non_default(
+            op=None if op is None else StringAttr(op),
+            peer=None if peer is None else IntegerAttr(peer, i64),
+            root=None if root is None else IntegerAttr(root, i64),
+            stream=_stream_attr(stream),
+        )
+        super().__init__(
+            operands=[input, output],
+            properties={"kind": StringAttr(kind), "group": StringAttr(group)},
+            attributes=attrs,
+        )
+
     def verify_op(self) -> None:
         kind = self.kind.data
         _check_choice("collective", kind, COLLECTIVES)
@@ -757,13 +1001,8 @@ class CollectiveOp(SchedOp):
             _check_choice("op", self.op.data, REDUCE_OPS)
         elif self.op is not None:
             raise VerifyException(f"{kind} takes no reduction op")
-        if (kind in ("send", "recv")) != (self.peer is not None):
-            raise VerifyException("send and recv (and only they) need a 'peer' rank")
-        if (kind == "broadcast") != (self.root is not None):
-            raise VerifyException("broadcast (and only it) needs a 'root' rank")
-        for what, rank in (("peer", self.peer), ("root", self.root)):
-            if rank is not None and rank.value.data < 0:
-                raise VerifyException(f"{what} rank must be non-negative")
+        _check_rank_attr(kind, "peer", self.peer, needed=kind in ("send", "recv"))
+        _check_rank_attr(kind, "root", self.root, needed=kind == "broadcast")
         src, dst = buffer_type(self.input), buffer_type(self.output)
         if kind in ("all_reduce", "broadcast", "send", "recv", "all_to_all") and src.nbytes != dst.nbytes:
             raise VerifyException(f"{kind} input and output differ in size ({src.nbytes} vs {dst.nbytes} bytes)")
@@ -788,7 +1027,7 @@ class StreamOp(IRDLOperation):
         super().__init__(properties={"sym_name": StringAttr(name), "priority": IntegerAttr(priority, i64)})
 
     @classmethod
-    def parse(cls, parser: Parser) -> "StreamOp":
+    def parse(cls, parser: Parser) -> StreamOp:
         name = parser.parse_symbol_name().data
         parser.parse_keyword("priority")
         op = StreamOp(name, parser.parse_integer(allow_boolean=False))

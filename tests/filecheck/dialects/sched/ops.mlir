@@ -48,6 +48,7 @@ mdsl.sched.program @train arenas(params = 65536, activations = 65536, workspace 
   %gw = mdsl.sched.buffer grads offset 8192 bytes 16384 : !w
   %gb = mdsl.sched.buffer grads offset 24576 bytes 256 : !mdsl.sched.buffer<[128], bf16>
   %ws = mdsl.sched.buffer workspace offset 0 bytes 1024 : !mdsl.sched.buffer<[512], bf16>
+  %pre = mdsl.sched.buffer activations offset 25600 bytes 8192 : !y
 
   // CHECK: mdsl.sched.launch "rmsnorm_fwd"(%x, %g) -> (%n, %rstd) {eps = 1.000000e-05 : f64} : (!mdsl.sched.buffer<[2, 16, 64], bf16>, !mdsl.sched.buffer<[64], bf16>) -> (!mdsl.sched.buffer<[2, 16, 64], bf16>, !mdsl.sched.buffer<[2, 16], fp32>)
   mdsl.sched.launch "rmsnorm_fwd"(%x, %g) -> (%n, %rstd) {eps = 1.0e-05 : f64} : (!x, !v) -> (!x, !r)
@@ -57,10 +58,18 @@ mdsl.sched.program @train arenas(params = 65536, activations = 65536, workspace 
   mdsl.sched.launch "zero_init"() -> (%ws) : () -> (!mdsl.sched.buffer<[512], bf16>)
   // CHECK-NEXT: mdsl.sched.gemm %n, %w -> %y {transb = true} : !mdsl.sched.buffer<[2, 16, 64], bf16>, !mdsl.sched.buffer<[128, 64], bf16> -> !mdsl.sched.buffer<[2, 16, 128], bf16>
   mdsl.sched.gemm %n, %w -> %y {transb = true} : !x, !w -> !y
-  // CHECK-NEXT: mdsl.sched.gemm %n, %w bias %gb -> %y {transb = true, epilogue = "gelu_bias"} : !mdsl.sched.buffer<[2, 16, 64], bf16>, !mdsl.sched.buffer<[128, 64], bf16>, bias !mdsl.sched.buffer<[128], bf16> -> !mdsl.sched.buffer<[2, 16, 128], bf16>
-  mdsl.sched.gemm %n, %w bias %gb -> %y {transb = true, epilogue = "gelu_bias"} : !x, !w, bias !mdsl.sched.buffer<[128], bf16> -> !y
+  // CHECK-NEXT: mdsl.sched.gemm %n, %w bias %gb -> %y {transb = true, epilogue = "gelu_bias"} : !mdsl.sched.buffer<[2, 16, 64], bf16>, !mdsl.sched.buffer<[128, 64], bf16> bias !mdsl.sched.buffer<[128], bf16> -> !mdsl.sched.buffer<[2, 16, 128], bf16>
+  mdsl.sched.gemm %n, %w bias %gb -> %y {transb = true, epilogue = "gelu_bias"} : !x, !w bias !mdsl.sched.buffer<[128], bf16> -> !y
   // CHECK-NEXT: mdsl.sched.gemm %y2d, %n2d -> %gw {transa = true, alpha = 5.000000e-01 : f64, beta = 1.000000e+00 : f64}
   mdsl.sched.gemm %y2d, %n2d -> %gw {transa = true, alpha = 0.5 : f64, beta = 1.0 : f64} : !mdsl.sched.buffer<[32, 128], bf16>, !mdsl.sched.buffer<[32, 64], bf16> -> !w
+  // CHECK-NEXT: mdsl.sched.gemm %n, %w bias %gb aux %pre -> %y {transb = true, epilogue = "gelu_aux_bias", stream = @compute} : !mdsl.sched.buffer<[2, 16, 64], bf16>, !mdsl.sched.buffer<[128, 64], bf16> bias !mdsl.sched.buffer<[128], bf16> aux !mdsl.sched.buffer<[2, 16, 128], bf16> -> !mdsl.sched.buffer<[2, 16, 128], bf16>
+  mdsl.sched.gemm %n, %w bias %gb aux %pre -> %y {transb = true, epilogue = "gelu_aux_bias", stream = @compute} : !x, !w bias !mdsl.sched.buffer<[128], bf16> aux !y -> !y
+  // CHECK-NEXT: mdsl.sched.gemm %n, %w aux %pre -> %y {transb = true, epilogue = "dgelu"} : !mdsl.sched.buffer<[2, 16, 64], bf16>, !mdsl.sched.buffer<[128, 64], bf16> aux !mdsl.sched.buffer<[2, 16, 128], bf16> -> !mdsl.sched.buffer<[2, 16, 128], bf16>
+  mdsl.sched.gemm %n, %w aux %pre -> %y {transb = true, epilogue = "dgelu"} : !x, !w aux !y -> !y
+  // CHECK-NEXT: mdsl.sched.gemm %n, %w bias %gb aux %pre -> %y {transb = true, epilogue = "dgelu_bgrad"} :
+  mdsl.sched.gemm %n, %w bias %gb aux %pre -> %y {transb = true, epilogue = "dgelu_bgrad"} : !x, !w bias !mdsl.sched.buffer<[128], bf16> aux !y -> !y
+  // CHECK-NEXT: mdsl.sched.gemm %y2d, %n2d bias %gb -> %gw {transa = true, epilogue = "bgrada"} : !mdsl.sched.buffer<[32, 128], bf16>, !mdsl.sched.buffer<[32, 64], bf16> bias !mdsl.sched.buffer<[128], bf16> -> !mdsl.sched.buffer<[128, 64], bf16>
+  mdsl.sched.gemm %y2d, %n2d bias %gb -> %gw {transa = true, epilogue = "bgrada"} : !mdsl.sched.buffer<[32, 128], bf16>, !mdsl.sched.buffer<[32, 64], bf16> bias !mdsl.sched.buffer<[128], bf16> -> !w
   // CHECK-NEXT: mdsl.sched.attention %q, %k, %v -> %o, %lse {window = 8 : i64} :
   mdsl.sched.attention %q, %k, %v -> %o, %lse {window = 8 : i64} : !q, !kv, !kv -> !q, !lse
   // CHECK-NEXT: mdsl.sched.attention %q, %k, %v -> %o, %lse {causal = false, scale = 2.500000e-01 : f64} :
@@ -73,6 +82,8 @@ mdsl.sched.program @train arenas(params = 65536, activations = 65536, workspace 
   mdsl.sched.memset %gb {value = 1.0 : f64} : !mdsl.sched.buffer<[128], bf16>
   // CHECK-NEXT: mdsl.sched.copy %x -> %n : !mdsl.sched.buffer<[2, 16, 64], bf16> -> !mdsl.sched.buffer<[2, 16, 64], bf16>
   mdsl.sched.copy %x -> %n : !x -> !x
+  // CHECK-NEXT: mdsl.sched.copy %x -> %y {bytes = 4096 : i64} : !mdsl.sched.buffer<[2, 16, 64], bf16> -> !mdsl.sched.buffer<[2, 16, 128], bf16>
+  mdsl.sched.copy %x -> %y {bytes = 4096 : i64} : !x -> !y
 
   // CHECK-NEXT: mdsl.sched.layer_loop %l = 0 to 3 {
   mdsl.sched.layer_loop %l = 0 to 3 {
