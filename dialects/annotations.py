@@ -2,19 +2,27 @@
 
 One attribute class per annotation (``#mdsl.graph.memory<recompute>``,
 ``#mdsl.graph.shard<column, tp_size = 4>``, ``#mdsl.graph.frozen``), each
-with a schema of typed parameters and the spec's defaults. Parameters equal
-to their default are not stored, so printing is canonical and
-``parse(print(a)) == a``. Ops and parameter declarations carry their
-annotations in an ``annotations`` array attribute.
+with a schema of typed parameters (enums, names, dtypes, ints, floats,
+strings, bools, lists) and the spec's defaults. Parameters equal to their
+default are not stored, so printing is canonical and ``parse(print(a)) == a``.
+Ops and parameter declarations carry their annotations in an ``annotations``
+array attribute (:data:`ANNOTATIONS_ATTR_NAME`).
+
+Beside the annotations of section 7 this covers the few the spec uses
+elsewhere: ``@fuse_required`` (7.5.1), ``@recipe`` (7.4.4), ``@alias``,
+``@noalias`` (5.11.2) and ``@barrier`` (5.11.5).
 
 The frontend builds annotations with :func:`make_annotation` from the DSL's
 positional and keyword arguments; a bad annotation raises
 :class:`AnnotationError`, which the frontend reports as E008.
-:func:`effective_memory_policy` applies the precedence ladder of 7.2.0.
+:func:`check_annotation_set` rejects contradictory annotations on one target
+and :func:`effective_memory_policy` applies the precedence ladder of 7.2.0.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -35,13 +43,13 @@ from xdsl.parser import AttrParser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
-from modeldsl.dialects.dtypes import DTYPE_SPELLINGS
+from modeldsl.dialects.dtypes import DTYPE_SPELLINGS, DType
 
 ANNOTATIONS_ATTR_NAME = "annotations"
 
 
 class AnnotationError(Exception):
-    """A malformed annotation; the frontend reports it as E008."""
+    """A malformed annotation; the frontend reports it as E008 with ``hint``."""
 
     def __init__(self, message: str, hint: str = ""):
         super().__init__(message)
@@ -53,6 +61,9 @@ class AnnotationError(Exception):
 # Parameter schemas
 # ----------------------------------------------------------------------------
 
+TEXT_KINDS = ("enum", "name", "dtype", "str")
+WORD_KINDS = ("enum", "name", "dtype")  # printed bare, without quotes
+
 
 @dataclass(frozen=True)
 class Param:
@@ -63,6 +74,7 @@ class Param:
     ``str`` (a string literal), ``strs`` (a list of strings), ``ints`` (a list
     of integers). ``default`` None with ``required`` False means optional.
     ``positional`` parameters may be given without their name, in order.
+    ``minimum`` bounds numbers from below, excluded when ``strict``.
     """
 
     name: str
@@ -72,60 +84,76 @@ class Param:
     choices: tuple[str, ...] = ()
     positional: bool = False
     minimum: float | None = None
+    strict: bool = False
 
     def check(self, annotation: str, value: Any) -> Any:
         """Validate a Python value for this parameter and return it normalized."""
         where = f"@{annotation}({self.name}=...)"
-        if self.kind in ("enum", "name", "dtype", "str"):
-            if not isinstance(value, str):
-                raise AnnotationError(f"{where} expects a {self.kind_text()}, got {value!r}")
-            if self.kind == "enum" and value not in self.choices:
-                raise AnnotationError(f"{where}: '{value}' is not one of {', '.join(self.choices)}")
-            if self.kind == "dtype" and value not in DTYPE_SPELLINGS:
-                raise AnnotationError(f"{where}: '{value}' is not a dtype ({', '.join(DTYPE_SPELLINGS)})")
-            if self.kind == "name" and not value.isidentifier():
-                raise AnnotationError(f"{where}: '{value}' is not a name")
-            return value
+        if self.kind in TEXT_KINDS:
+            return self._check_text(where, value)
         if self.kind == "bool":
             if not isinstance(value, bool):
                 raise AnnotationError(f"{where} expects true or false, got {value!r}")
             return value
         if self.kind == "int":
-            if isinstance(value, bool) or not isinstance(value, int):
+            if not _is_int(value):
                 raise AnnotationError(f"{where} expects an integer, got {value!r}")
             return self._check_minimum(where, value)
         if self.kind == "float":
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise AnnotationError(f"{where} expects a number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise AnnotationError(f"{where} expects a finite number, got {value!r}")
             return self._check_minimum(where, float(value))
-        if self.kind in ("strs", "ints"):
-            item = str if self.kind == "strs" else int
-            if not isinstance(value, (list, tuple)) or not all(
-                isinstance(v, item) and not isinstance(v, bool) for v in value
-            ):
-                raise AnnotationError(f"{where} expects a list of {'strings' if item is str else 'integers'}, got {value!r}")
-            return list(value)
-        raise AssertionError(f"unknown parameter kind {self.kind}")
+        return self._check_list(where, value)
+
+    def _check_text(self, where: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise AnnotationError(f"{where} expects a {self.kind_text()}, got {value!r}")
+        if self.kind == "enum" and value not in self.choices:
+            raise AnnotationError(f"{where}: '{value}' is not one of {', '.join(self.choices)}")
+        if self.kind == "dtype" and value not in DTYPE_SPELLINGS:
+            raise AnnotationError(f"{where}: '{value}' is not a dtype ({', '.join(DTYPE_SPELLINGS)})")
+        if self.kind == "name" and not value.isidentifier():
+            raise AnnotationError(f"{where}: '{value}' is not a name")
+        if self.kind == "str" and self.required and not value:
+            raise AnnotationError(f"{where} must not be empty")
+        return value
+
+    def _check_list(self, where: str, value: Any) -> list[Any]:
+        is_item = (lambda v: isinstance(v, str)) if self.kind == "strs" else _is_int
+        if not isinstance(value, (list, tuple)) or not all(is_item(v) for v in value):
+            noun = "strings" if self.kind == "strs" else "integers"
+            raise AnnotationError(f"{where} expects a list of {noun}, got {value!r}")
+        return list(value)
 
     def _check_minimum(self, where: str, value: float) -> float:
-        if self.minimum is not None and value < self.minimum:
-            raise AnnotationError(f"{where} must be >= {self.minimum:g}, got {value}")
+        if self.minimum is None:
+            return value
+        if value < self.minimum or (self.strict and value == self.minimum):
+            raise AnnotationError(f"{where} must be {'>' if self.strict else '>='} {self.minimum:g}, got {value}")
         return value
 
     def kind_text(self) -> str:
+        """How error messages name this parameter's kind."""
         return {"enum": "word", "name": "name", "dtype": "dtype", "str": "string"}.get(self.kind, self.kind)
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def enum(name: str, choices: Sequence[str], default: str | None = None, positional: bool = False) -> Param:
+    """An enum parameter; required when it has no default."""
     return Param(name, "enum", default, required=default is None, choices=tuple(choices), positional=positional)
 
 
-def required(name: str, kind: str) -> Param:
-    return Param(name, kind, required=True, positional=True)
+def required(name: str, kind: str, minimum: float | None = None) -> Param:
+    """A required parameter, given first and usually positionally."""
+    return Param(name, kind, required=True, positional=True, minimum=minimum)
 
 
-def optional(name: str, kind: str, default: Any = None, minimum: float | None = None) -> Param:
-    return Param(name, kind, default, minimum=minimum)
+def optional(name: str, kind: str, default: Any = None, minimum: float | None = None, strict: bool = False) -> Param:
+    """An optional keyword parameter with the spec's default (None: absent)."""
+    return Param(name, kind, default, minimum=minimum, strict=strict)
 
 
 # ----------------------------------------------------------------------------
@@ -134,7 +162,8 @@ def optional(name: str, kind: str, default: Any = None, minimum: float | None = 
 
 
 def to_attr(param: Param, value: Any) -> Attribute:
-    if param.kind in ("enum", "name", "dtype", "str"):
+    """The builtin attribute that stores a checked value."""
+    if param.kind in TEXT_KINDS:
         return StringAttr(value)
     if param.kind == "bool":
         return IntegerAttr(int(value), IntegerType(1))
@@ -148,6 +177,7 @@ def to_attr(param: Param, value: Any) -> Attribute:
 
 
 def from_attr(param: Param, attr: Attribute) -> Any:
+    """The Python value stored in a builtin attribute."""
     if isinstance(attr, StringAttr):
         return attr.data
     if isinstance(attr, IntegerAttr):
@@ -161,30 +191,50 @@ def from_attr(param: Param, attr: Attribute) -> Any:
 
 
 def value_text(param: Param, value: Any) -> str:
-    if param.kind in ("enum", "name", "dtype"):
+    """A value as it is printed in IR text."""
+    if param.kind in WORD_KINDS:
         return value
     if param.kind == "str":
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return _string_text(value)
     if param.kind == "bool":
         return "true" if value else "false"
     if param.kind == "float":
-        return repr(float(value))
+        return _float_text(value)
     if param.kind == "strs":
-        return "[" + ", ".join(value_text(Param("s", "str"), v) for v in value) + "]"
-    return "[" + ", ".join(str(v) for v in value) + "]" if param.kind == "ints" else str(value)
+        return "[" + ", ".join(_string_text(v) for v in value) + "]"
+    if param.kind == "ints":
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def _string_text(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _float_text(value: float) -> str:
+    """Shortest round-tripping text that the IR lexer reads as a float (``1.0e-05``)."""
+    mantissa, e, exponent = repr(float(value)).partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    return mantissa + e + exponent
 
 
 def parse_value(parser: AttrParser, param: Param) -> Any:
-    if param.kind in ("enum", "name", "dtype"):
-        return parser.parse_identifier(f" for '{param.name}'")
+    """Parse one parameter value in IR text (checked later against the schema)."""
+    context = f" for '{param.name}'"
+    if param.kind == "name":
+        quoted = parser.parse_optional_str_literal()  # a quoted name is accepted, printed bare
+        return quoted if quoted is not None else parser.parse_identifier(context)
+    if param.kind in WORD_KINDS:
+        return parser.parse_identifier(context)
     if param.kind == "str":
-        return parser.parse_str_literal(f" for '{param.name}'")
+        return parser.parse_str_literal(context)
     if param.kind == "bool":
-        return parser.parse_boolean(f" for '{param.name}'")
+        return parser.parse_boolean(context)
     if param.kind == "int":
         return parser.parse_integer(allow_boolean=False)
     if param.kind == "float":
-        return float(parser.parse_number())
+        return float(parser.parse_number(context))
     item = parser.parse_str_literal if param.kind == "strs" else (lambda: parser.parse_integer(allow_boolean=False))
     return parser.parse_comma_separated_list(parser.Delimiter.SQUARE, item)
 
@@ -194,21 +244,47 @@ def parse_value(parser: AttrParser, param: Param) -> Any:
 # ----------------------------------------------------------------------------
 
 
+class _ClassConstant(property):
+    """A read-only alias of an upper-case class constant, readable on the class and its instances.
+
+    xDSL reserves lower-case class variables of attribute definitions for
+    parameters; a ``property`` is exempt, so the alias is one.
+    """
+
+    def __init__(self, constant: str):
+        super().__init__()
+        self.constant = constant
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        return getattr(owner if owner is not None else type(instance), self.constant)
+
+
 class AnnotationAttr(ParametrizedAttribute):
-    """Base of every annotation attribute: its non-default arguments in a dictionary."""
+    """Base of every annotation attribute: its non-default arguments in a dictionary.
+
+    Subclasses set ``DSL_NAME`` (the name after ``@``, also read as
+    ``dsl_name``), ``PARAMS`` (the schema, positional parameters first),
+    ``BINDING`` (the spec marks the annotation as one the compiler must
+    respect) and ``REPEATABLE`` (one target may carry it more than once), and
+    may override :meth:`check_values` for rules across parameters.
+    """
 
     DSL_NAME: ClassVar[str]
     PARAMS: ClassVar[tuple[Param, ...]] = ()
+    BINDING: ClassVar[bool] = False
+    REPEATABLE: ClassVar[bool] = False
+    dsl_name = _ClassConstant("DSL_NAME")
 
     args: DictionaryAttr
 
     @classmethod
     def schema(cls) -> dict[str, Param]:
+        """The parameters by name."""
         return {p.name: p for p in cls.PARAMS}
 
     @classmethod
-    def of(cls, **values: Any) -> "AnnotationAttr":
-        """Build from keyword values (validated; defaults dropped)."""
+    def of(cls, **values: Any) -> AnnotationAttr:
+        """Build from keyword values (validated; defaults dropped); raises AnnotationError."""
         return cls(DictionaryAttr(_canonical_args(cls, values)))
 
     @property
@@ -224,61 +300,43 @@ class AnnotationAttr(ParametrizedAttribute):
         return self.values[key]
 
     def verify(self) -> None:
+        """Known, well-typed, non-default parameters; required ones present; cross rules."""
         schema = self.schema()
         for key, attr in self.args.data.items():
             if key not in schema:
-                raise VerifyException(f"@{self.DSL_NAME} has no parameter '{key}'")
-            try:
-                value = schema[key].check(self.DSL_NAME, from_attr(schema[key], attr))
-            except AnnotationError as err:
-                raise VerifyException(err.message) from None
-            if value == schema[key].default and not schema[key].required:
-                raise VerifyException(f"@{self.DSL_NAME}: '{key}' equals its default and must be omitted")
+                raise VerifyException(f"@{self.dsl_name} has no parameter '{key}'")
+            param = schema[key]
+            value = _as_verify_error(param.check, self.dsl_name, from_attr(param, attr))
+            if value == param.default and not param.required:
+                raise VerifyException(f"@{self.dsl_name}: '{key}' equals its default and must be omitted")
         for p in self.PARAMS:
             if p.required and p.name not in self.args.data:
-                raise VerifyException(f"@{self.DSL_NAME} needs '{p.name}'")
-        try:
-            self.check_values(self.values)
-        except AnnotationError as err:
-            raise VerifyException(err.message) from None
+                raise VerifyException(f"@{self.dsl_name} needs '{p.name}'")
+        _as_verify_error(self.check_values, self.values)
 
     @classmethod
     def check_values(cls, values: dict[str, Any]) -> None:
-        """Rules across parameters; subclasses raise AnnotationError."""
+        """Rules across parameters (all values, defaults included); raise AnnotationError."""
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
-        schema = cls.schema()
+        """``<positional, ..., key = value, ...>``, or nothing when every parameter is defaulted."""
+        start = parser.pos
         values: dict[str, Any] = {}
-        if parser.parse_optional_punctuation("<") is None:
-            return [DictionaryAttr({})]
-        positional = [p for p in cls.PARAMS if p.positional]
-        first = True
-        while first or parser.parse_optional_punctuation(",") is not None:
-            start = parser.pos
-            key = _parse_optional_key(parser)
-            if key is None:
-                if not positional:
-                    parser.raise_error(f"expected a parameter name of @{cls.DSL_NAME}")
-                param = positional.pop(0)
-            else:
-                if key not in schema:
-                    parser.raise_error(f"@{cls.DSL_NAME} has no parameter '{key}'", start, parser.pos)
-                param = schema[key]
-                positional = [p for p in positional if p.name != key]
-            values[param.name] = parse_value(parser, param)
-            first = False
-        parser.parse_punctuation(">")
+        if parser.parse_optional_punctuation("<") is not None:
+            values = _parse_arguments(cls, parser)
+            parser.parse_punctuation(">")
         try:
             return [DictionaryAttr(_canonical_args(cls, values))]
         except AnnotationError as err:
-            parser.raise_error(err.message)
+            parser.raise_error(err.message, start, parser.pos)
 
     def print_parameters(self, printer: Printer) -> None:
+        """Positional parameters bare while none before them is left out, the rest as ``key = value``."""
         if not self.args.data:
             return
         pieces = []
-        bare = True  # positional parameters print bare until one is left out
+        bare = True
         for p in self.PARAMS:
             if p.name not in self.args.data:
                 bare = bare and not p.positional
@@ -288,13 +346,45 @@ class AnnotationAttr(ParametrizedAttribute):
         printer.print_string("<" + ", ".join(pieces) + ">")
 
 
+def _as_verify_error(check: Any, *args: Any) -> Any:
+    """Run a check that raises AnnotationError, as a VerifyException."""
+    try:
+        return check(*args)
+    except AnnotationError as err:
+        raise VerifyException(err.message) from None
+
+
+def _parse_arguments(cls: type[AnnotationAttr], parser: AttrParser) -> dict[str, Any]:
+    """The comma-separated arguments between the angle brackets, by parameter name."""
+    schema = cls.schema()
+    positional = [p for p in cls.PARAMS if p.positional]
+    values: dict[str, Any] = {}
+    while True:
+        start = parser.pos
+        key = _parse_optional_key(parser)
+        if key is None:
+            if not positional:
+                parser.raise_error(f"expected a parameter name of @{cls.dsl_name}")
+            param = positional.pop(0)
+        elif key not in schema:
+            parser.raise_error(f"@{cls.dsl_name} has no parameter '{key}'", start, parser.pos)
+        else:
+            param = schema[key]
+            positional = [p for p in positional if p.name != key]
+        if param.name in values:
+            parser.raise_error(f"@{cls.dsl_name}: '{param.name}' is given twice", start, parser.pos)
+        values[param.name] = parse_value(parser, param)
+        if parser.parse_optional_punctuation(",") is None:
+            return values
+
+
 def _parse_optional_key(parser: AttrParser) -> str | None:
     """A ``name =`` prefix, if the next tokens are one (keyword arguments)."""
-    token = parser._current_token  # noqa: SLF001 - two-token lookahead the parser API lacks
+    token = parser._current_token  # two-token lookahead, which the parser API lacks
     if token.kind.name != "BARE_IDENT":
         return None
     rest = token.span.input.content[token.span.end :].lstrip()
-    if not rest.startswith("="):
+    if not rest.startswith("=") or rest.startswith("=="):
         return None
     name = parser.parse_identifier()
     parser.parse_punctuation("=")
@@ -302,83 +392,155 @@ def _parse_optional_key(parser: AttrParser) -> str | None:
 
 
 def _canonical_args(cls: type[AnnotationAttr], values: Mapping[str, Any]) -> dict[str, Attribute]:
+    """Check values against the schema and the cross rules; keep the non-default ones."""
     schema = cls.schema()
-    stored: dict[str, Attribute] = {}
+    checked: dict[str, Any] = {}
     for key, value in values.items():
         if key not in schema:
             known = ", ".join(schema) or "none"
-            raise AnnotationError(f"@{cls.DSL_NAME} has no parameter '{key}'", f"its parameters are: {known}")
-        param = schema[key]
-        value = param.check(cls.DSL_NAME, value)
-        if param.required or value != param.default:
-            stored[key] = to_attr(param, value)
+            raise AnnotationError(f"@{cls.dsl_name} has no parameter '{key}'", f"its parameters are: {known}")
+        checked[key] = schema[key].check(cls.dsl_name, value)
     for p in cls.PARAMS:
-        if p.required and p.name not in stored:
-            raise AnnotationError(f"@{cls.DSL_NAME} needs '{p.name}'", _usage(cls))
-    full = {p.name: p.default for p in cls.PARAMS} | {k: schema[k].check(cls.DSL_NAME, v) for k, v in values.items()}
-    cls.check_values(full)
-    return stored
+        if p.required and p.name not in checked:
+            raise AnnotationError(f"@{cls.dsl_name} needs '{p.name}'", _usage(cls))
+    try:
+        cls.check_values({p.name: p.default for p in cls.PARAMS} | checked)
+    except AnnotationError as err:
+        raise AnnotationError(err.message, err.hint or _usage(cls)) from None
+    return {
+        key: to_attr(schema[key], value)
+        for key, value in checked.items()
+        if schema[key].required or value != schema[key].default
+    }
 
 
 def _usage(cls: type[AnnotationAttr]) -> str:
+    """A usage line for hints: ``usage: @memory(mode, priority=0, ...)``."""
     parts = []
     for p in cls.PARAMS:
         if p.required:
             parts.append(p.name if p.positional else f"{p.name}=...")
         else:
             parts.append(f"{p.name}={value_text(p, p.default) if p.default is not None else '...'}")
-    return f"usage: @{cls.DSL_NAME}({', '.join(parts)})"
+    return f"usage: @{cls.dsl_name}({', '.join(parts)})"
+
+
+def _changed(cls: type[AnnotationAttr], values: Mapping[str, Any], among: Sequence[str]) -> list[str]:
+    """Those of ``among`` whose value differs from its default."""
+    schema = cls.schema()
+    return [name for name in among if values[name] != schema[name].default]
+
+
+def _only_for(cls: type[AnnotationAttr], values: Mapping[str, Any], selector: str,
+              options: Mapping[str, Sequence[str]]) -> None:
+    """Options that belong to other values of ``selector`` (an adapter type, a scaling strategy) are errors."""
+    chosen = values[selector]
+    allowed = set(options.get(chosen, ()))
+    every = sorted({name for names in options.values() for name in names})
+    stray = [name for name in _changed(cls, values, every) if name not in allowed]
+    if stray:
+        takes = ", ".join(sorted(allowed)) or "none of them"
+        raise AnnotationError(f"@{cls.dsl_name}({chosen}) does not take {', '.join(stray)}", f"{chosen} takes {takes}")
 
 
 # ----------------------------------------------------------------------------
-# The annotations of section 7
+# Constants of the spec
 # ----------------------------------------------------------------------------
 
 MEMORY_MODES = ("save", "recompute", "temporary", "pin", "offload", "stream")
+OFFLOAD_MODES = ("offload", "stream")
+PARAMETER_MEMORY_MODES = ("save", "pin", "offload", "stream")
+CHECKPOINT_GRANULARITIES = ("full", "selective", "none")
+LIFETIME_SCOPES = ("operation", "sublayer", "block", "layer", "global")
 HOOK_POINTS = (
     "AfterEmbedding", "AfterQKVProjection", "AfterQKNorm", "BeforeAttention", "AfterAttention",
     "AfterAttnOutProjection", "BeforeResidualAdd", "AfterResidualAdd", "AfterMLPUpProjection",
     "AfterMLPActivation", "AfterMLPDownProjection", "AfterRouterProjection", "BeforeExpertCompute",
     "AfterExpertCompute", "BeforeLMHead", "AfterLMHead",
 )
-PRECISION_POLICIES = ("fp32", "bf16", "fp16", "fp8_hybrid", "fp8_pure", "fp4")
+HOOK_MODES = ("observe", "modify", "replace")
+ADAPTER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "lora": ("rank", "alpha", "dropout", "targets"),
+    "ia3": ("targets",),
+    "prefix": ("length", "hidden_dim"),
+    "prompt": ("length",),
+    "adapter": ("bottleneck_dim", "activation"),
+}
+PROBE_CAPTURES = ("stats", "histogram", "sample", "full", "grad_stats", "grad_full")
+PRECISION_POLICIES: dict[str, tuple[str, str, str]] = {  # compute, accumulate, output
+    "fp32": ("fp32", "fp32", "fp32"),
+    "bf16": ("bf16", "fp32", "bf16"),
+    "fp16": ("fp16", "fp32", "fp16"),
+    "fp8_hybrid": ("fp8_e4m3", "fp32", "bf16"),
+    "fp8_pure": ("fp8_e4m3", "fp32", "fp8_e4m3"),
+    "fp4": ("fp4_e2m1", "fp32", "bf16"),
+}
+SCALING_STRATEGIES = ("per_tensor", "per_channel", "per_token", "per_block", "delayed", "dynamic")
+SCALING_OPTIONS: dict[str, tuple[str, ...]] = {
+    "delayed": ("history_len", "update_interval", "margin"),
+    "per_block": ("block_size",),
+    "dynamic": ("margin",),
+}
+FUSION_PATTERNS = ("residual_norm", "norm_linear", "gated_mlp", "attention_softmax", "bias_activation", "linear_bias_act")
+SHARD_STRATEGIES = ("column", "row", "replicated", "expert", "sequence", "batch", "head")
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
+TRACE_LEVELS = ("ops", "tensors", "values")
+GRADIENT_MODES = ("compute", "skip", "accumulate", "checkpoint")
+
+
+# ----------------------------------------------------------------------------
+# 7.2 Memory
+# ----------------------------------------------------------------------------
 
 
 @irdl_attr_definition
 class MemoryAttr(AnnotationAttr):
-    """``@memory(mode, priority, prefetch, async)``: 7.2.1."""
+    """``@memory(mode, priority=0, prefetch=true, async=true)``: spec 7.2.1."""
 
     name = "mdsl.graph.memory"
     DSL_NAME = "memory"
     PARAMS = (
         enum("mode", MEMORY_MODES, positional=True),
-        optional("priority", "int", 0),
+        optional("priority", "int", 0, minimum=0),
         optional("prefetch", "bool", True),
         optional("async", "bool", True),
     )
 
+    @classmethod
+    def check_values(cls, values: dict[str, Any]) -> None:
+        stray = _changed(cls, values, ("priority", "prefetch"))
+        if stray and values["mode"] not in OFFLOAD_MODES:
+            raise AnnotationError(
+                f"@memory({values['mode']}) does not take {', '.join(stray)}",
+                "priority and prefetch apply to offload and stream",
+            )
+
 
 @irdl_attr_definition
 class CheckpointAttr(AnnotationAttr):
-    """``@checkpoint(granularity, preserve)``: 7.2.2."""
+    """``@checkpoint(granularity=full, preserve=[])``: spec 7.2.2."""
 
     name = "mdsl.graph.checkpoint"
     DSL_NAME = "checkpoint"
     PARAMS = (
-        Param("granularity", "enum", "full", choices=("full", "selective", "none"), positional=True),
+        Param("granularity", "enum", "full", choices=CHECKPOINT_GRANULARITIES, positional=True),
         optional("preserve", "strs", []),
     )
+
+    @classmethod
+    def check_values(cls, values: dict[str, Any]) -> None:
+        if values["granularity"] == "none" and values["preserve"]:
+            raise AnnotationError("@checkpoint(granularity=none) disables checkpointing and takes no 'preserve' list")
 
 
 @irdl_attr_definition
 class LifetimeAttr(AnnotationAttr):
-    """``@lifetime(scope, start, end)``: 7.2.3."""
+    """``@lifetime(scope=operation)`` or ``@lifetime(start=op, end=op)``: spec 7.2.3."""
 
     name = "mdsl.graph.lifetime"
     DSL_NAME = "lifetime"
     PARAMS = (
-        Param("scope", "enum", "operation", choices=("operation", "sublayer", "block", "layer", "global"), positional=True),
+        Param("scope", "enum", "operation", choices=LIFETIME_SCOPES, positional=True),
         optional("start", "str"),
         optional("end", "str"),
     )
@@ -387,31 +549,40 @@ class LifetimeAttr(AnnotationAttr):
     def check_values(cls, values: dict[str, Any]) -> None:
         if (values["start"] is None) != (values["end"] is None):
             raise AnnotationError("@lifetime needs both 'start' and 'end', or neither")
+        if values["start"] is not None and values["scope"] != "operation":
+            raise AnnotationError("@lifetime takes a 'scope' or 'start' and 'end', not both")
+
+
+# ----------------------------------------------------------------------------
+# 7.3 Hooks
+# ----------------------------------------------------------------------------
 
 
 @irdl_attr_definition
 class HookAttr(AnnotationAttr):
-    """``@hook(point, mode, priority)``: 7.3.1 (any hook point name; the standard ones are ``HOOK_POINTS``)."""
+    """``@hook(point, mode=observe, priority=0)``: spec 7.3.1 (any hook point name; the standard ones are ``HOOK_POINTS``)."""
 
     name = "mdsl.graph.hook"
     DSL_NAME = "hook"
+    REPEATABLE = True
     PARAMS = (
         required("point", "name"),
-        enum("mode", ("observe", "modify", "replace"), "observe"),
-        optional("priority", "int", 0),
+        enum("mode", HOOK_MODES, "observe"),
+        optional("priority", "int", 0, minimum=0),
     )
 
 
 @irdl_attr_definition
 class AdapterAttr(AnnotationAttr):
-    """``@adapter(type, ...)``: 7.3.2 (LoRA, IA3, prefix, prompt, bottleneck)."""
+    """``@adapter(type, ...)`` with the options of its type (LoRA, IA3, prefix, prompt, bottleneck): spec 7.3.2."""
 
     name = "mdsl.graph.adapter"
     DSL_NAME = "adapter"
+    REPEATABLE = True
     PARAMS = (
-        enum("type", ("lora", "ia3", "prefix", "prompt", "adapter"), positional=True),
+        enum("type", tuple(ADAPTER_OPTIONS), positional=True),
         optional("rank", "int", 16, minimum=1),
-        optional("alpha", "float", 32.0),
+        optional("alpha", "float", 32.0, minimum=0.0, strict=True),
         optional("dropout", "float", 0.0, minimum=0.0),
         optional("targets", "strs", []),
         optional("length", "int", 10, minimum=1),
@@ -424,34 +595,44 @@ class AdapterAttr(AnnotationAttr):
     def check_values(cls, values: dict[str, Any]) -> None:
         if not 0.0 <= values["dropout"] < 1.0:
             raise AnnotationError(f"@adapter dropout must be in [0, 1), got {values['dropout']}")
+        if len(set(values["targets"])) != len(values["targets"]):
+            raise AnnotationError(f"@adapter targets repeat a name: {values['targets']}")
+        _only_for(cls, values, "type", ADAPTER_OPTIONS)
 
 
 @irdl_attr_definition
 class ProbeAttr(AnnotationAttr):
-    """``@probe(name, capture, condition, frequency)``: 7.3.3."""
+    """``@probe(name, capture=stats, condition, frequency=1)``: spec 7.3.3."""
 
     name = "mdsl.graph.probe"
     DSL_NAME = "probe"
+    REPEATABLE = True
     PARAMS = (
         required("name", "str"),
-        enum("capture", ("stats", "histogram", "sample", "full", "grad_stats", "grad_full"), "stats"),
+        enum("capture", PROBE_CAPTURES, "stats"),
         optional("condition", "str"),
         optional("frequency", "int", 1, minimum=1),
     )
 
 
+# ----------------------------------------------------------------------------
+# 7.4 Precision
+# ----------------------------------------------------------------------------
+
+
 @irdl_attr_definition
 class DtypeAttr(AnnotationAttr):
-    """``@dtype(type)``: 7.4.1."""
+    """``@dtype(type)``: spec 7.4.1, binding."""
 
     name = "mdsl.graph.dtype"
     DSL_NAME = "dtype"
+    BINDING = True
     PARAMS = (required("type", "dtype"),)
 
 
 @irdl_attr_definition
 class PrecisionAttr(AnnotationAttr):
-    """``@precision(compute, accumulate, output, policy)``: 7.4.2."""
+    """``@precision(compute, accumulate=fp32, output)`` or ``@precision(policy=name)``: spec 7.4.2."""
 
     name = "mdsl.graph.precision"
     DSL_NAME = "precision"
@@ -459,23 +640,36 @@ class PrecisionAttr(AnnotationAttr):
         optional("compute", "dtype"),
         optional("accumulate", "dtype", "fp32"),
         optional("output", "dtype"),
-        Param("policy", "enum", None, choices=PRECISION_POLICIES),
+        Param("policy", "enum", None, choices=tuple(PRECISION_POLICIES)),
     )
 
     @classmethod
     def check_values(cls, values: dict[str, Any]) -> None:
-        if values["policy"] is not None and (values["compute"] or values["output"]):
-            raise AnnotationError("@precision takes a 'policy' or explicit dtypes, not both")
+        explicit = _changed(cls, values, ("compute", "accumulate", "output"))
+        if values["policy"] is not None and explicit:
+            raise AnnotationError(
+                f"@precision takes a 'policy' or explicit dtypes, not both (got policy and {', '.join(explicit)})"
+            )
+        accumulate = DType(values["accumulate"])
+        if not accumulate.is_float or accumulate.bits < 16:
+            raise AnnotationError(f"@precision accumulate must be a 16- or 32-bit float type, got {accumulate.value}")
+
+    def resolved(self) -> tuple[str | None, str, str | None]:
+        """(compute, accumulate, output): from the policy's row of the 7.4.2 table, or as given."""
+        values = self.values
+        if values["policy"] is not None:
+            return PRECISION_POLICIES[values["policy"]]
+        return values["compute"], values["accumulate"], values["output"]
 
 
 @irdl_attr_definition
 class ScalingAttr(AnnotationAttr):
-    """``@scaling(strategy, history_len, update_interval, block_size, margin)``: 7.4.3."""
+    """``@scaling(strategy, history_len=16, update_interval=1, block_size=[32, 32], margin=0.0)``: spec 7.4.3."""
 
     name = "mdsl.graph.scaling"
     DSL_NAME = "scaling"
     PARAMS = (
-        enum("strategy", ("per_tensor", "per_channel", "per_token", "per_block", "delayed", "dynamic"), positional=True),
+        enum("strategy", SCALING_STRATEGIES, positional=True),
         optional("history_len", "int", 16, minimum=1),
         optional("update_interval", "int", 1, minimum=1),
         optional("block_size", "ints", [32, 32]),
@@ -487,38 +681,80 @@ class ScalingAttr(AnnotationAttr):
         block = values["block_size"]
         if len(block) != 2 or any(b <= 0 for b in block):
             raise AnnotationError(f"@scaling block_size must be two positive integers, got {block}")
+        _only_for(cls, values, "strategy", SCALING_OPTIONS)
+
+
+@irdl_attr_definition
+class RecipeAttr(AnnotationAttr):
+    """``@recipe(Name)``: the precision recipe of a whole model, spec 7.4.4."""
+
+    name = "mdsl.graph.recipe"
+    DSL_NAME = "recipe"
+    PARAMS = (required("name", "name"),)
+
+
+# ----------------------------------------------------------------------------
+# 7.5 Fusion
+# ----------------------------------------------------------------------------
+
+_FUSE_PARAMS = (
+    Param("pattern", "name", None, positional=True),
+    optional("ops", "strs"),
+    enum("scope", ("local", "global"), "local"),
+)
+
+
+def _check_fusion(cls: type[AnnotationAttr], values: Mapping[str, Any], needs_target: bool) -> None:
+    """A pattern or an ops list, not both (neither: the compiler looks for fusions itself)."""
+    if values["pattern"] is not None and values["ops"] is not None:
+        raise AnnotationError(f"@{cls.dsl_name} takes a pattern name or an 'ops' list, not both")
+    if values["ops"] is not None and len(values["ops"]) < 2:
+        raise AnnotationError(f"@{cls.dsl_name} ops must name at least two operations, got {values['ops']}")
+    if needs_target and values["pattern"] is None and values["ops"] is None:
+        raise AnnotationError(f"@{cls.dsl_name} needs a pattern name or an 'ops' list",
+                              f"common patterns: {', '.join(FUSION_PATTERNS)}")
 
 
 @irdl_attr_definition
 class FuseAttr(AnnotationAttr):
-    """``@fuse(pattern, ops, scope)``: 7.5.1."""
+    """``@fuse(pattern)``, ``@fuse(ops=[...])`` or ``@fuse(scope=global)``: spec 7.5.1, advisory."""
 
     name = "mdsl.graph.fuse"
     DSL_NAME = "fuse"
-    PARAMS = (
-        Param("pattern", "name", None, positional=True),
-        optional("ops", "strs"),
-        enum("scope", ("local", "global"), "local"),
-    )
+    PARAMS = _FUSE_PARAMS
 
     @classmethod
     def check_values(cls, values: dict[str, Any]) -> None:
-        if values["pattern"] is None and not values["ops"]:
-            raise AnnotationError("@fuse needs a pattern name or an 'ops' list")
+        _check_fusion(cls, values, needs_target=False)
+
+
+@irdl_attr_definition
+class FuseRequiredAttr(AnnotationAttr):
+    """``@fuse_required(pattern)`` or ``@fuse_required(ops=[...])``: the mandatory @fuse of spec 7.5.1, binding."""
+
+    name = "mdsl.graph.fuse_required"
+    DSL_NAME = "fuse_required"
+    BINDING = True
+    PARAMS = _FUSE_PARAMS
+
+    @classmethod
+    def check_values(cls, values: dict[str, Any]) -> None:
+        _check_fusion(cls, values, needs_target=True)
 
 
 @irdl_attr_definition
 class NofuseAttr(AnnotationAttr):
-    """``@nofuse(reason)``: 7.5.2."""
+    """``@nofuse(reason)``: spec 7.5.2, binding."""
 
     name = "mdsl.graph.nofuse"
     DSL_NAME = "nofuse"
+    BINDING = True
     PARAMS = (Param("reason", "str", None, positional=True),)
 
 
 @irdl_attr_definition
 class KernelAttr(AnnotationAttr):
-    """``@kernel(name, autotune, workspace, fallback)``: 7.5.3."""
+    """``@kernel(name, autotune=true, workspace, fallback=true)``: spec 7.5.3."""
 
     name = "mdsl.graph.kernel"
     DSL_NAME = "kernel"
@@ -530,14 +766,19 @@ class KernelAttr(AnnotationAttr):
     )
 
 
+# ----------------------------------------------------------------------------
+# 7.6 Sharding
+# ----------------------------------------------------------------------------
+
+
 @irdl_attr_definition
 class ShardAttr(AnnotationAttr):
-    """``@shard(strategy, tp_size, ep_size, pp_size, async_comm, reduce_scatter)``: 7.6.1."""
+    """``@shard(strategy, tp_size, ep_size, pp_size, async_comm=true, reduce_scatter=true)``: spec 7.6.1."""
 
     name = "mdsl.graph.shard"
     DSL_NAME = "shard"
     PARAMS = (
-        enum("strategy", ("column", "row", "replicated", "expert", "sequence", "batch", "head"), positional=True),
+        enum("strategy", SHARD_STRATEGIES, positional=True),
         optional("tp_size", "int", minimum=1),
         optional("ep_size", "int", minimum=1),
         optional("pp_size", "int", minimum=1),
@@ -545,15 +786,21 @@ class ShardAttr(AnnotationAttr):
         optional("reduce_scatter", "bool", True),
     )
 
+    @classmethod
+    def check_values(cls, values: dict[str, Any]) -> None:
+        sizes = _changed(cls, values, ("tp_size", "ep_size", "pp_size"))
+        if values["strategy"] == "replicated" and sizes:
+            raise AnnotationError(f"@shard(replicated) keeps a full copy and takes no {', '.join(sizes)}")
+
 
 @irdl_attr_definition
 class PartitionAttr(AnnotationAttr):
-    """``@partition(stage, micro_batch, recompute)``: 7.6.2."""
+    """``@partition(stage, micro_batch=true, recompute=false)``: spec 7.6.2."""
 
     name = "mdsl.graph.partition"
     DSL_NAME = "partition"
     PARAMS = (
-        Param("stage", "int", None, required=True, positional=True, minimum=0),
+        required("stage", "int", minimum=0),
         optional("micro_batch", "bool", True),
         optional("recompute", "bool", False),
     )
@@ -561,7 +808,7 @@ class PartitionAttr(AnnotationAttr):
 
 @irdl_attr_definition
 class CommAttr(AnnotationAttr):
-    """``@comm(op, group, async, bucket_size)``: 7.6.3."""
+    """``@comm(op, group="default", async=true, bucket_size)``: spec 7.6.3."""
 
     name = "mdsl.graph.comm"
     DSL_NAME = "comm"
@@ -572,19 +819,30 @@ class CommAttr(AnnotationAttr):
         optional("bucket_size", "int", minimum=1),
     )
 
+    @classmethod
+    def check_values(cls, values: dict[str, Any]) -> None:
+        if not values["group"]:
+            raise AnnotationError("@comm group must not be empty")
+
+
+# ----------------------------------------------------------------------------
+# 7.7 Debugging and profiling
+# ----------------------------------------------------------------------------
+
 
 @irdl_attr_definition
 class AssertAttr(AnnotationAttr):
-    """``@assert(condition, message, enabled)``: 7.7.1."""
+    """``@assert(condition, message, enabled=true)``: spec 7.7.1."""
 
     name = "mdsl.graph.assert"
     DSL_NAME = "assert"
+    REPEATABLE = True
     PARAMS = (required("condition", "str"), optional("message", "str"), optional("enabled", "bool", True))
 
 
 @irdl_attr_definition
 class ProfileAttr(AnnotationAttr):
-    """``@profile(name, memory, cuda_events, nvtx)``: 7.7.2."""
+    """``@profile(name, memory=false, cuda_events=true, nvtx=true)``: spec 7.7.2."""
 
     name = "mdsl.graph.profile"
     DSL_NAME = "profile"
@@ -598,16 +856,21 @@ class ProfileAttr(AnnotationAttr):
 
 @irdl_attr_definition
 class TraceAttr(AnnotationAttr):
-    """``@trace(level)``: 7.7.3."""
+    """``@trace(level=ops)``: spec 7.7.3."""
 
     name = "mdsl.graph.trace"
     DSL_NAME = "trace"
-    PARAMS = (Param("level", "enum", "ops", choices=("ops", "tensors", "values"), positional=True),)
+    PARAMS = (Param("level", "enum", "ops", choices=TRACE_LEVELS, positional=True),)
+
+
+# ----------------------------------------------------------------------------
+# 7.8 Training
+# ----------------------------------------------------------------------------
 
 
 @irdl_attr_definition
 class FrozenAttr(AnnotationAttr):
-    """``@frozen``: 7.8.1, the parameter receives no gradient."""
+    """``@frozen``: spec 7.8.1, the parameter receives no gradient and no optimizer state."""
 
     name = "mdsl.graph.frozen"
     DSL_NAME = "frozen"
@@ -615,79 +878,155 @@ class FrozenAttr(AnnotationAttr):
 
 @irdl_attr_definition
 class TrainableAttr(AnnotationAttr):
-    """``@trainable(lr_scale, wd_scale, grad_clip)``: 7.8.2."""
+    """``@trainable(lr_scale=1.0, wd_scale=1.0, grad_clip)``: spec 7.8.2."""
 
     name = "mdsl.graph.trainable"
     DSL_NAME = "trainable"
     PARAMS = (
         optional("lr_scale", "float", 1.0, minimum=0.0),
         optional("wd_scale", "float", 1.0, minimum=0.0),
-        optional("grad_clip", "float", minimum=0.0),
+        optional("grad_clip", "float", minimum=0.0, strict=True),
     )
 
 
 @irdl_attr_definition
 class GradientAttr(AnnotationAttr):
-    """``@gradient(mode, scale, clip)``: 7.8.3."""
+    """``@gradient(mode=compute, scale=1.0, clip)``: spec 7.8.3 (the mode defaults to compute, as in ``@gradient(scale=0.1)``)."""
 
     name = "mdsl.graph.gradient"
     DSL_NAME = "gradient"
     PARAMS = (
-        enum("mode", ("compute", "skip", "accumulate", "checkpoint"), "compute", positional=True),
+        Param("mode", "enum", "compute", choices=GRADIENT_MODES, positional=True),
         optional("scale", "float", 1.0),
-        optional("clip", "float", minimum=0.0),
+        optional("clip", "float", minimum=0.0, strict=True),
     )
+
+    @classmethod
+    def check_values(cls, values: dict[str, Any]) -> None:
+        stray = _changed(cls, values, ("scale", "clip"))
+        if values["mode"] == "skip" and stray:
+            raise AnnotationError(f"@gradient(skip) computes no gradient and takes no {', '.join(stray)}")
+
+
+# ----------------------------------------------------------------------------
+# 5.11 Aliasing and ordering
+# ----------------------------------------------------------------------------
 
 
 @irdl_attr_definition
-class RecipeAttr(AnnotationAttr):
-    """``@recipe(Name)``: 7.4.4, a precision recipe for the whole model."""
+class AliasAttr(AnnotationAttr):
+    """``@alias``: the result shares its input's buffer, spec 5.11.2."""
 
-    name = "mdsl.graph.recipe"
-    DSL_NAME = "recipe"
-    PARAMS = (required("name", "name"),)
+    name = "mdsl.graph.alias"
+    DSL_NAME = "alias"
 
+
+@irdl_attr_definition
+class NoaliasAttr(AnnotationAttr):
+    """``@noalias``: the result is an independent buffer, spec 5.11.2."""
+
+    name = "mdsl.graph.noalias"
+    DSL_NAME = "noalias"
+
+
+@irdl_attr_definition
+class BarrierAttr(AnnotationAttr):
+    """``@barrier``: later statements execute after this one, spec 5.11.5."""
+
+    name = "mdsl.graph.barrier"
+    DSL_NAME = "barrier"
+
+
+# ----------------------------------------------------------------------------
+# The registry and the frontend constructor
+# ----------------------------------------------------------------------------
 
 ANNOTATIONS: tuple[type[AnnotationAttr], ...] = (
     MemoryAttr, CheckpointAttr, LifetimeAttr, HookAttr, AdapterAttr, ProbeAttr, DtypeAttr,
     PrecisionAttr, ScalingAttr, FuseAttr, NofuseAttr, KernelAttr, ShardAttr, PartitionAttr,
     CommAttr, AssertAttr, ProfileAttr, TraceAttr, FrozenAttr, TrainableAttr, GradientAttr, RecipeAttr,
+    FuseRequiredAttr, AliasAttr, NoaliasAttr, BarrierAttr,
 )
-ANNOTATION_BY_NAME: dict[str, type[AnnotationAttr]] = {a.DSL_NAME: a for a in ANNOTATIONS}
+ANNOTATION_BY_NAME: dict[str, type[AnnotationAttr]] = {a.dsl_name: a for a in ANNOTATIONS}
 
 
 def make_annotation(name: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> AnnotationAttr:
-    """The annotation ``@name(*args, **kwargs)`` of the DSL, validated against its schema."""
+    """The annotation ``@name(*args, **kwargs)`` of the DSL, validated against its schema.
+
+    Positional arguments fill the positional parameters not given by keyword,
+    in order. Raises :class:`AnnotationError` for an unknown annotation and
+    for bad, missing or extra arguments.
+    """
     cls = ANNOTATION_BY_NAME.get(name)
     if cls is None:
         raise AnnotationError(f"unknown annotation @{name}", f"known annotations: {', '.join(sorted(ANNOTATION_BY_NAME))}")
     values: dict[str, Any] = dict(kwargs or {})
     positional = [p for p in cls.PARAMS if p.positional and p.name not in values]
     if len(args) > len(positional):
-        raise AnnotationError(f"@{name} takes at most {len(positional)} positional argument(s), got {len(args)}", _usage(cls))
+        taken = f"at most {len(positional)} positional argument(s)" if positional else "no positional arguments"
+        raise AnnotationError(f"@{name} takes {taken}, got {len(args)}", _usage(cls))
     for param, value in zip(positional, args):
         values[param.name] = value
     return cls.of(**values)
 
 
+# ----------------------------------------------------------------------------
+# Annotations on ops
+# ----------------------------------------------------------------------------
+
+# Pairs that contradict each other on one target.
+CONFLICTS: tuple[tuple[type[AnnotationAttr], type[AnnotationAttr]], ...] = (
+    (FrozenAttr, TrainableAttr),
+    (AliasAttr, NoaliasAttr),
+    (FuseAttr, NofuseAttr),
+    (FuseRequiredAttr, NofuseAttr),
+)
+
+
 def annotations_of(op: Operation) -> list[AnnotationAttr]:
+    """The annotations an op (or a parameter declaration) carries, in order."""
     attr = op.attributes.get(ANNOTATIONS_ATTR_NAME)
     if not isinstance(attr, ArrayAttr):
         return []
     return [a for a in attr.data if isinstance(a, AnnotationAttr)]
 
 
+def find_annotation(op: Operation, cls: type[AnnotationAttr]) -> AnnotationAttr | None:
+    """The first annotation of the given class on an op, or None."""
+    return next((a for a in annotations_of(op) if isinstance(a, cls)), None)
+
+
+def check_annotation_set(annotations: Sequence[AnnotationAttr]) -> None:
+    """Annotations on one target must not repeat (unless repeatable) or contradict; raises AnnotationError."""
+    seen: set[type[AnnotationAttr]] = set()
+    for annotation in annotations:
+        kind = type(annotation)
+        if kind in seen and not kind.REPEATABLE:
+            raise AnnotationError(f"@{kind.dsl_name} is given twice on one target", "keep one of them")
+        seen.add(kind)
+    for first, second in CONFLICTS:
+        if first in seen and second in seen:
+            raise AnnotationError(f"@{first.dsl_name} and @{second.dsl_name} contradict each other", "keep one of them")
+    _check_output_dtype(annotations)
+
+
+def _check_output_dtype(annotations: Sequence[AnnotationAttr]) -> None:
+    """@dtype and the output dtype of @precision must agree."""
+    dtype = next((a["type"] for a in annotations if isinstance(a, DtypeAttr)), None)
+    precision = next((a for a in annotations if isinstance(a, PrecisionAttr)), None)
+    output = precision.resolved()[2] if precision is not None else None
+    if dtype is not None and output is not None and dtype != output:
+        raise AnnotationError(f"@dtype({dtype}) contradicts the @precision output dtype {output}")
+
+
 def check_annotations(op: Operation) -> None:
-    """The ``annotations`` attribute, when present, is an array of annotations."""
+    """The ``annotations`` attribute, when present, is a consistent array of annotations (for op verifiers)."""
     attr = op.attributes.get(ANNOTATIONS_ATTR_NAME)
     if attr is None:
         return
     if not isinstance(attr, ArrayAttr) or not all(isinstance(a, AnnotationAttr) for a in attr.data):
         raise VerifyException(f"'{ANNOTATIONS_ATTR_NAME}' must be an array of #mdsl.graph annotations")
-
-
-def find_annotation(op: Operation, cls: type[AnnotationAttr]) -> AnnotationAttr | None:
-    return next((a for a in annotations_of(op) if isinstance(a, cls)), None)
+    _as_verify_error(check_annotation_set, attr.data)
 
 
 # ----------------------------------------------------------------------------
@@ -697,10 +1036,14 @@ def find_annotation(op: Operation, cls: type[AnnotationAttr]) -> AnnotationAttr 
 
 @dataclass(frozen=True)
 class MemoryPolicy:
-    """The memory mode of a tensor and the rung of the ladder that decided it."""
+    """The memory mode of a tensor and the rung of the ladder that decided it.
+
+    ``source`` is one of ``annotation``, ``checkpoint_preserve``,
+    ``checkpoint``, ``save_list``, ``recompute_list`` and ``default``.
+    """
 
     mode: str
-    source: str  # "annotation" | "checkpoint_preserve" | "checkpoint" | "save_list" | "recompute_list" | "default"
+    source: str
 
 
 def effective_memory_policy(
@@ -714,28 +1057,64 @@ def effective_memory_policy(
     needed_by_backward: bool = False,
     is_parameter: bool = False,
 ) -> MemoryPolicy:
-    """Resolve a tensor's memory mode by the precedence ladder of spec 7.2.0.
+    """Resolve a tensor's memory mode by the precedence ladder of spec 7.2.0, highest first.
 
-    1. its own ``@memory`` annotation;
-    2. an instance-level ``@checkpoint(preserve=[...])`` naming it: save;
-    3. a ``@checkpoint`` on the instance or the block: ``full`` recomputes,
-       ``selective`` and ``none`` decide nothing;
+    1. the tensor's own ``@memory`` annotation (in ``annotations``);
+    2. the instance-level ``@checkpoint`` of the region holding the tensor,
+       when its ``preserve`` list names it: save;
+    3. the checkpoint of the region (the instance-level one, else the
+       block-level one: the innermost decides): a tensor its ``preserve``
+       names is saved; ``full`` recomputes every other tensor; ``selective``
+       recomputes only tensors marked elsewhere, so it decides nothing more;
+       ``none`` disables checkpointing for the region, an enclosing block's
+       checkpoint included;
     4. the module's ``save:`` list; 5. its ``recompute:`` list;
-    6. the default: parameters pin, tensors the backward needs are saved,
-       everything else is temporary.
+    6. the default: tensors the backward needs are saved, the others are
+       temporary.
+
+    Parameters are not activations: checkpoints and the save:/recompute:
+    lists do not apply to them, they are pinned unless ``@memory`` says
+    otherwise, and they cannot be recomputed or temporary (AnnotationError).
+    Names in ``save``, ``recompute`` and ``preserve`` may be wildcard
+    patterns (``ln*_out``) as in the spec's tensor lists.
     """
-    for annotation in annotations:
-        if isinstance(annotation, MemoryAttr):
-            return MemoryPolicy(annotation["mode"], "annotation")
-    if instance_checkpoint is not None and tensor in instance_checkpoint["preserve"]:
-        return MemoryPolicy("save", "checkpoint_preserve")
-    for checkpoint in (instance_checkpoint, block_checkpoint):
-        if checkpoint is not None and checkpoint["granularity"] == "full" and not is_parameter:
-            return MemoryPolicy("recompute", "checkpoint")
-    if tensor in save:
-        return MemoryPolicy("save", "save_list")
-    if tensor in recompute:
-        return MemoryPolicy("recompute", "recompute_list")
+    memory = next((a for a in annotations if isinstance(a, MemoryAttr)), None)
+    if memory is not None:
+        return _annotated_policy(tensor, memory["mode"], is_parameter)
     if is_parameter:
         return MemoryPolicy("pin", "default")
+    if instance_checkpoint is not None and _named(tensor, instance_checkpoint["preserve"]):
+        return MemoryPolicy("save", "checkpoint_preserve")
+    region = instance_checkpoint if instance_checkpoint is not None else block_checkpoint
+    decided = _checkpoint_mode(tensor, region)
+    if decided is not None:
+        return MemoryPolicy(decided, "checkpoint")
+    if _named(tensor, save):
+        return MemoryPolicy("save", "save_list")
+    if _named(tensor, recompute):
+        return MemoryPolicy("recompute", "recompute_list")
     return MemoryPolicy("save" if needed_by_backward else "temporary", "default")
+
+
+def _annotated_policy(tensor: str, mode: str, is_parameter: bool) -> MemoryPolicy:
+    """Rung 1: the @memory annotation, which a parameter may use only to save, pin, offload or stream."""
+    if is_parameter and mode not in PARAMETER_MEMORY_MODES:
+        raise AnnotationError(
+            f"parameter '{tensor}' cannot be @memory({mode})",
+            f"a parameter is {', '.join(PARAMETER_MEMORY_MODES)}",
+        )
+    return MemoryPolicy(mode, "annotation")
+
+
+def _checkpoint_mode(tensor: str, checkpoint: CheckpointAttr | None) -> str | None:
+    """Rung 3: what the region's checkpoint decides for a tensor, or None."""
+    if checkpoint is None or checkpoint["granularity"] == "none":
+        return None
+    if _named(tensor, checkpoint["preserve"]):
+        return "save"
+    return "recompute" if checkpoint["granularity"] == "full" else None
+
+
+def _named(tensor: str, patterns: Sequence[str]) -> bool:
+    """Whether a tensor list (names or wildcard patterns) names the tensor."""
+    return any(fnmatch.fnmatchcase(tensor, pattern) for pattern in patterns)

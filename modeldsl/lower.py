@@ -26,7 +26,13 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.diagnostics import DiagnosticError, DiagnosticSink, Span
-from modeldsl.dialects.annotations import AnnotationAttr, AnnotationError, effective_memory_policy, make_annotation
+from modeldsl.dialects.annotations import (
+    AnnotationAttr,
+    AnnotationError,
+    check_annotation_set,
+    effective_memory_policy,
+    make_annotation,
+)
 from modeldsl.dialects.dtypes import DTYPE_SPELLINGS
 from modeldsl.dialects.graph import ExprAttr, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.dtypes import DType
@@ -424,6 +430,14 @@ class Lowering:
                 result.append(make_annotation(node.name, args, kwargs))
             except AnnotationError as err:
                 self.sink.error("E008", err.message, node.span, err.hint)
+        if result:
+            try:
+                check_annotation_set(result)
+            except AnnotationError as err:
+                span = Span(nodes[0].span.source, nodes[0].span.line, nodes[0].span.column,
+                            nodes[-1].span.end_line, nodes[-1].span.end_column)
+                self.sink.error("E008", err.message, span, err.hint)
+                return []
         return result
 
     # ------------------------------------------------------------------ forward

@@ -179,3 +179,11 @@ def test_a_weight_mapped_twice_is_e010():
     text = module("      x -> out\n") + '  hf_mapping:\n    w: "a.weight"\n    w: "b.weight"\n'
     (err,) = errors(text)
     assert err[:2] == ("E010", 11) and "'w' is mapped twice" in err[3]
+
+
+def test_contradictory_annotations_are_e008_at_the_source():
+    params = "    w: [d, d] @frozen @trainable(lr_scale=0.5)\n"
+    (err,) = errors(module("      x -> matmul(w, transpose=NT) -> out\n", params=params))
+    assert err[:3] == ("E008", 3, 15) and "contradict" in err[3]
+    (err,) = errors(module("      x -> relu() -> out @memory(save) @memory(recompute)\n"))
+    assert err[:2] == ("E008", 8) and "given twice" in err[3]
