@@ -188,12 +188,6 @@ def _shape(t: TensorType) -> str:
     return "[" + ", ".join(str(d) for d in t.shape) + "]"
 
 
-def get_float(op: Operation, name: str) -> float:
-    attr = op.attributes[name]
-    assert isinstance(attr, FloatAttr)
-    return attr.value.data
-
-
 def get_int(op: Operation, name: str) -> int:
     attr = op.attributes[name]
     assert isinstance(attr, IntegerAttr)

@@ -16,6 +16,7 @@ from typing import Any
 from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.dialects.dtypes import DType
+from modeldsl.dialects.graph_primitives import broadcast_shape, matmul_dims, normalize_axis, reduced_shape
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.symbolic import STAR, Dim, Expr, SymbolicError
 
@@ -39,15 +40,10 @@ def _same(*indices: int) -> Rule:
     return lambda ts, p: [ts[i] for i in indices]
 
 
-def _matmul_result(a: TensorType, b: TensorType, transpose: str) -> TensorType:
-    ta, tb = transpose[0] == "T", transpose[1] == "T"
-    m = a.shape[-1] if ta else a.shape[-2]
-    n = b.shape[-2] if tb else b.shape[-1]
-    return TensorType([*a.shape[:-2], m, n] if len(a.shape) >= 2 else [n], a.dtype)
-
-
 def _matmul(ts, p):
-    return [_matmul_result(ts[0], ts[1], p.get("transpose", "NN"))]
+    a, b = ts[0], ts[1]
+    m, _, _, n = matmul_dims(p.get("transpose", "NN"), a, b)
+    return [TensorType([*a.shape[:-2], m, n], a.dtype)]
 
 
 def _grouped_gemm(ts, p):
@@ -91,7 +87,7 @@ def _qk_norm(ts, p):
 def _axis(t: TensorType, dim: int) -> int:
     if t.is_variadic and dim >= 0:
         raise InferenceError("cannot address a dimension by position in a shape with leading '*'")
-    return dim % len(t.shape)
+    return normalize_axis("dim", dim, len(t.shape))
 
 
 def _split(ts, p):
@@ -148,22 +144,18 @@ def _permute(ts, p):
 
 def _broadcast(ts, p):
     a, b = ts[0], ts[1]
-    if a.is_variadic or b.is_variadic:
+    shape = broadcast_shape("operands", a, b)
+    if shape is None:  # a variadic '*' hides the rank: the longer shape stands for the result
         return [a if len(a.shape) >= len(b.shape) else b]
-    sa, sb = list(a.shape), list(b.shape)
-    out: list[Dim] = []
-    for i in range(1, max(len(sa), len(sb)) + 1):
-        da = sa[-i] if i <= len(sa) else Expr.const(1)
-        db = sb[-i] if i <= len(sb) else Expr.const(1)
-        out.append(db if da == 1 else da)
-    return [a.with_shape(out[::-1])]
+    return [a.with_shape(shape)]
 
 
 def _reduce(ts, p):
     x = ts[0]
-    axes = {_axis(x, d) for d in p["dims"]}
-    keep = p.get("keepdim", False)
-    return [x.with_shape([Expr.const(1) if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes])]
+    shape = reduced_shape(x, list(p["dims"]), p.get("keepdim", False))
+    if shape is None:
+        raise InferenceError("cannot address a dimension by position in a shape with leading '*'")
+    return [x.with_shape(shape)]
 
 
 def _reduce_max(ts, p):

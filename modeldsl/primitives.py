@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, IntegerType, StringAttr, i64
-from xdsl.ir import Attribute, Operation
+from xdsl.ir import Attribute
 from xdsl.irdl import OptOperandDef, OptResultDef, VarOperandDef, VarResultDef
 
 from modeldsl.dialects.graph_primitives import PRIMITIVE_OPS, PrimitiveOp, bool_attr, float_attr, int_attr
@@ -180,7 +180,3 @@ def primitives() -> dict[str, PrimitiveSignature]:
 
 def lookup_primitive(name: str) -> PrimitiveSignature | None:
     return primitives().get(name)
-
-
-def is_primitive_op(op: Operation) -> bool:
-    return isinstance(op, PrimitiveOp)

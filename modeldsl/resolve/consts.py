@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -285,7 +285,3 @@ def guard_value(condition: ast.Expr, env: ConstEnv, sink: DiagnosticSink) -> boo
                    condition.span, "guard on a boolean parameter or a comparison with known values")
         return None
     return bool(value)
-
-
-def env_from_params(values: Mapping[str, Value], tensors: set[str] | None = None) -> ConstEnv:
-    return ConstEnv(dict(values), set(tensors or ()))
