@@ -153,15 +153,27 @@ def check_same_shape(what: str, a: TensorType, b: TensorType) -> None:
             raise VerifyException(f"{what}: shapes {_shape(a)} and {_shape(b)} differ")
 
 
+class DTypeMismatch(VerifyException):
+    """Operands that must share an element type do not (the frontend's E003)."""
+
+    code = "E003"
+
+
+class InvalidDType(VerifyException):
+    """An element type the operation does not take (the frontend's E015)."""
+
+    code = "E015"
+
+
 def check_same_dtype(what: str, *types: TensorType) -> None:
     dtypes = {t.dtype for t in types}
     if len(dtypes) > 1:
-        raise VerifyException(f"{what}: element types differ ({', '.join(sorted(d.value for d in dtypes))})")
+        raise DTypeMismatch(f"{what}: element types differ ({', '.join(sorted(d.value for d in dtypes))})")
 
 
 def check_dtype_in(what: str, t: TensorType, allowed: Sequence[DType]) -> None:
     if t.dtype not in allowed:
-        raise VerifyException(
+        raise InvalidDType(
             f"{what} must have element type {' or '.join(d.value for d in allowed)}, got {t.dtype.value}"
         )
 
@@ -260,10 +272,29 @@ def matmul_dims(transpose: str, a: TensorType, b: TensorType) -> tuple[Dim, Dim,
     return m, ka, kb, n
 
 
+def is_weight_gradient_form(transpose: str, a: TensorType, b: TensorType) -> bool:
+    """``TN`` with A and B of the same rank above 2: ``A^T @ B`` contracts every
+    leading dimension with the rows, as ``dW = dY^T X`` over all tokens."""
+    return transpose == "TN" and (a.is_variadic or a.rank > 2) and (b.is_variadic or b.rank > 2)
+
+
+def check_weight_gradient_matmul(a: TensorType, b: TensorType, c: TensorType) -> None:
+    if a.is_variadic != b.is_variadic or (not a.is_variadic and a.rank != b.rank):
+        raise VerifyException(f"TN over leading dimensions needs A and B of the same leading dims, got {a} and {b}")
+    for i in range(-2, -min(len(a.shape), len(b.shape)) - 1, -1):
+        check_dim(f"contracted dimension {i}", a.shape[i], b.shape[i])
+    check_rank("result", c, 2)
+    check_dim("result rows", c.shape[0], dim_at(a, -1))
+    check_dim("result columns", c.shape[1], dim_at(b, -1))
+
+
 def check_matmul(transpose: str, a: TensorType, b: TensorType, c: TensorType, batched: bool) -> None:
     check_min_rank("A", a, 2)
     check_min_rank("B", b, 2)
     check_min_rank("result", c, 2)
+    if not batched and is_weight_gradient_form(transpose, a, b):
+        check_weight_gradient_matmul(a, b, c)
+        return
     m, ka, kb, n = matmul_dims(transpose, a, b)
     check_dim(f"inner dimensions ({transpose})", ka, kb)
     check_dim("result rows", dim_at(c, -2), m)
@@ -288,8 +319,11 @@ class MatmulOp(PrimitiveOp):
     """``C = alpha * op(A) @ op(B)``: ``NN`` A@B, ``NT`` A@B^T, ``TN`` A^T@B, ``TT`` A^T@B^T.
 
     A may carry leading dimensions (``[*, K]`` activations against a
-    ``[N, K]`` weight); B is a matrix. ``accumulate`` (and ``beta``) ask the
-    schedule to add into the existing gradient buffer.
+    ``[N, K]`` weight); B is a matrix. In ``TN`` mode A and B may instead share
+    their leading dimensions, which are contracted with the rows (the weight
+    gradient ``dW = dY^T X`` over all tokens, a ``[K_A, N]`` result).
+    ``accumulate`` (and ``beta``) ask the schedule to add into the existing
+    gradient buffer.
     """
 
     name = "mdsl.graph.matmul"
@@ -1154,15 +1188,16 @@ class Add3Op(PrimitiveOp):
             check_same_shape(what, a, tensor(t))
 
 
-def reduced_shape(x: TensorType, axes: Sequence[int], keepdim: bool) -> list[Dim] | None:
-    if x.is_variadic and any(a >= 0 for a in axes):
-        return None
+def reduced_shape(x: TensorType, axes: Sequence[int], keepdim: bool) -> list[Dim]:
+    """The shape after reducing ``axes``, which index the written shape: on
+    ``[*, N]`` dim 0 is the whole ``*`` group (``d_bias`` of a linear layer
+    sums ``[*, N]`` over dim 0), which ``keepdim`` cannot keep."""
     rank = len(x.shape)
     norm = {normalize_axis("reduction dim", a, rank) for a in axes}
     if len(norm) != len(axes):
         raise VerifyException(f"reduction dims {list(axes)} repeat a dimension")
-    if x.is_variadic and 0 in norm:
-        raise VerifyException("cannot reduce over the variadic '*' dimensions by position")
+    if x.is_variadic and keepdim and 0 in norm:
+        raise VerifyException("keepdim cannot keep the variadic '*' dimensions")
     return [Expr.const(1) if i in norm else d for i, d in enumerate(x.shape) if keepdim or i not in norm]
 
 
@@ -1178,8 +1213,7 @@ class ReductionOp(PrimitiveOp):
         if not axes:
             raise VerifyException("needs at least one reduction dim")
         shape = reduced_shape(x, axes, bool(get_int(self, "keepdim")))
-        if shape is not None:
-            check_same_shape("result", x.with_shape(shape), tensor(self.out))
+        check_same_shape("result", x.with_shape(shape), tensor(self.out))
 
 
 @irdl_op_definition

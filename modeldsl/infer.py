@@ -16,7 +16,7 @@ from typing import Any
 from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.dialects.dtypes import DType
-from modeldsl.dialects.graph_primitives import broadcast_shape, matmul_dims, normalize_axis, reduced_shape
+from modeldsl.dialects.graph_primitives import broadcast_shape, is_weight_gradient_form, matmul_dims, normalize_axis, reduced_shape
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.symbolic import STAR, Dim, Expr, SymbolicError
 
@@ -42,6 +42,8 @@ def _same(*indices: int) -> Rule:
 
 def _matmul(ts, p):
     a, b = ts[0], ts[1]
+    if is_weight_gradient_form(p.get("transpose", "NN"), a, b):
+        return [TensorType([a.shape[-1], b.shape[-1]], a.dtype)]
     m, _, _, n = matmul_dims(p.get("transpose", "NN"), a, b)
     return [TensorType([*a.shape[:-2], m, n], a.dtype)]
 
@@ -152,10 +154,7 @@ def _broadcast(ts, p):
 
 def _reduce(ts, p):
     x = ts[0]
-    shape = reduced_shape(x, list(p["dims"]), p.get("keepdim", False))
-    if shape is None:
-        raise InferenceError("cannot address a dimension by position in a shape with leading '*'")
-    return [x.with_shape(shape)]
+    return [x.with_shape(reduced_shape(x, list(p["dims"]), p.get("keepdim", False)))]
 
 
 def _reduce_max(ts, p):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from xdsl.dialects.builtin import ArrayAttr, BoolAttr, DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
@@ -39,11 +38,14 @@ from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph_primitives import CastOp, check_same_shape
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
+from modeldsl.instances import Instance, LoweringFailed, ParamSlot, StackedInstance, param_slots, source_text, typed_entries
 from modeldsl.infer import InferenceError, infer_result_types
+from modeldsl.lower_backward import BackwardLowering, ForwardInput, ForwardResult, flow_accumulates
 from modeldsl.primitives import PrimitiveSignature, lookup_primitive
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate, evaluate_let, guard_value
 from modeldsl.resolve.imports import ResolvedProgram, resolve_program
 from modeldsl.resolve.inherit import merged
+from modeldsl.resolve.order import defined_names, topological_order
 from modeldsl.resolve.scope import Scope
 from modeldsl.symbolic import STAR, Expr, SymbolicError
 
@@ -58,40 +60,7 @@ INFERENCE_PARAMS = {
 }
 
 
-class LoweringFailed(Exception):
-    """Raised to abandon one statement after its diagnostic was reported."""
-
-
-@dataclass
-class ParamSlot:
-    """A tensor parameter of an instance: where it is declared, and how it is read."""
-
-    path: str
-    type: TensorType
-    value: SSAValue | None = None  # a block argument, or a bound caller tensor
-
-
-@dataclass
-class Instance:
-    """A module, block or model with its arguments, as seen while lowering."""
-
-    decl: ast.Decl
-    env: ConstEnv
-    prefix: str
-    namespace: dict[str, ast.Decl] = field(default_factory=dict)  # declarations visible inside it
-    params: dict[str, ParamSlot | "Instance" | "StackedInstance"] = field(default_factory=dict)
-
-
-@dataclass
-class StackedInstance:
-    """``[n] x Block(...)``: one body, parameters stacked along a leading ``count`` dim."""
-
-    body: Instance
-    count: Expr
-    span: Span
-
-
-class Lowering:
+class Lowering(BackwardLowering):
     def __init__(self, program: ast.Program, sink: DiagnosticSink, resolved: ResolvedProgram | None = None):
         self.program = program
         self.sink = sink
@@ -116,9 +85,10 @@ class Lowering:
         self.declare_params(instance, stack=None)
         self.lower_hf_sections(top)
         try:
-            self.lower_forward(instance)
+            forward = self.lower_forward(instance)
         except LoweringFailed:
-            pass
+            return ModuleOp([self.model])
+        self.lower_backward(instance, forward)
         return ModuleOp([self.model])
 
     # ------------------------------------------------------------------ HuggingFace sections
@@ -144,11 +114,11 @@ class Lowering:
     def hf_entry(self, stmt: ast.Stmt) -> tuple[str, Attribute]:
         if isinstance(stmt, ast.Section) and stmt.body and stmt.value is None:
             nested = dict(self.hf_entry(inner) for inner in stmt.body)
-            return _source_text(stmt.key), DictionaryAttr(nested)
+            return source_text(stmt.key), DictionaryAttr(nested)
         if isinstance(stmt, ast.Section) and stmt.value is not None:
-            return _source_text(stmt.key), self.hf_value(stmt.value.expr)
+            return source_text(stmt.key), self.hf_value(stmt.value.expr)
         if isinstance(stmt, ast.Flow) and len(stmt.chain) == 2:
-            return _source_text(stmt.chain[0]), self.hf_value(stmt.chain[1])
+            return source_text(stmt.chain[0]), self.hf_value(stmt.chain[1])
         self.sink.error("E010", "a weight mapping is `name: \"hf.tensor.name\"`, `name: fuse(...)`, "
                         "`name: transform(...)`, `name: tied_to(...)` or `name -> split(...)`", stmt.span)
         raise LoweringFailed()
@@ -174,7 +144,7 @@ class Lowering:
             if parts:
                 entries["parts"] = DictionaryAttr(parts)
             return DictionaryAttr(entries)
-        return StringAttr(_source_text(node))
+        return StringAttr(source_text(node))
 
     def config_env(self, decl: ast.Decl, overrides: dict[str, Any]) -> tuple[ConstEnv, dict[str, Attribute]]:
         """Signature parameters: integers stay symbols in shapes; others take their values."""
@@ -296,7 +266,8 @@ class Lowering:
                 return
             annotations = self.annotations(value.annotations)
             self.emit_param(path, ptype, stack, annotations)
-            instance.params[entry.name] = ParamSlot(path, ptype)
+            frozen = any(getattr(a, "DSL_NAME", None) == "frozen" for a in annotations)
+            instance.params[entry.name] = ParamSlot(path, ptype, frozen=frozen)
             return
         if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "tied_to":
             target = expr.args[0].value if expr.args else None
@@ -450,7 +421,7 @@ class Lowering:
             raise LoweringFailed()
         return sections[0]
 
-    def lower_forward(self, instance: Instance) -> None:
+    def lower_forward(self, instance: Instance) -> ForwardResult:
         forward = self.forward_of(instance.decl)
         inputs, outputs = self.signature(forward, instance.env)
         func = FuncOp("forward", [t for _, t, _ in inputs], [], kind="forward")
@@ -465,6 +436,12 @@ class Lowering:
         func.function_type = type(func.function_type).from_lists(
             [t for _, t, _ in inputs], [r.type for r in results]
         )
+        skipped = _gradient_skipped(forward)
+        return ForwardResult(
+            [ForwardInput(n, t, s, n in skipped) for n, t, s in inputs],
+            [(n, r.type, s) for (n, _, s), r in zip(outputs, results)],
+            scope,
+        )
 
     def signature(self, forward: ast.Section, env: ConstEnv) -> tuple[list, list]:
         """(name, type, span) of the inputs and of the outputs."""
@@ -473,12 +450,12 @@ class Lowering:
         for entry in forward.body:
             if not isinstance(entry, ast.Section) or entry.name not in ("in", "inputs", "out", "outputs"):
                 continue
-            pairs = _typed_entries(entry)
+            pairs = typed_entries(entry)
             try:
                 if entry.name in ("in", "inputs"):
-                    inputs += [(n, self.tensor_type(t, env), s) for n, t, s in pairs]
+                    inputs += [(p.name, self.tensor_type(p.type, env), p.span) for p in pairs]
                 else:
-                    outputs += [(n, self.tensor_type(t, env), s) for n, t, s in pairs]
+                    outputs += [(p.name, self.tensor_type(p.type, env), p.span) for p in pairs]
             except LoweringFailed:
                 continue
         return inputs, outputs or [("out", None, forward.span)]
@@ -527,6 +504,13 @@ class Lowering:
         return value
 
     def run_statements(self, instance: Instance, statements: Sequence[ast.Stmt], scope: Scope) -> None:
+        """Run a graph body in dependency order (spec 5.11.5); the names of
+        statements on a cycle are poisoned so that their uses stay quiet."""
+        statements, cyclic = topological_order(statements, self.sink, self.cycle_code)
+        for stmt in cyclic:
+            for name in sorted(defined_names(stmt)):
+                if scope.find(name) is None:
+                    scope.define(name, None, stmt.span, "poisoned")
         for stmt in statements:
             try:
                 if isinstance(stmt, ast.Flow):
@@ -550,6 +534,8 @@ class Lowering:
                     with scope.branches(0 if taken else 1) as (then, orelse):
                         self.run_statements(instance, stmt.then if taken else (stmt.orelse or []),
                                             then if taken else orelse)
+                elif isinstance(stmt, ast.Section) and stmt.name == "recompute" and stmt.value is None:
+                    self.run_recompute(instance, stmt, scope)
                 elif isinstance(stmt, ast.ExprStmt) and isinstance(stmt.expr, (ast.Str, ast.EllipsisLit)):
                     if isinstance(stmt.expr, ast.EllipsisLit):
                         self.sink.error("E001", "this graph is left incomplete ('...')", stmt.span,
@@ -560,6 +546,8 @@ class Lowering:
                 continue
 
     def run_flow(self, instance: Instance, flow: ast.Flow, scope: Scope) -> None:
+        if not self.check_recompute_inputs(flow, scope):
+            raise LoweringFailed()
         values = self.source(instance, flow.chain[0], scope)
         last_ops: list[Operation] = []
         for stage in flow.chain[1:-1]:
@@ -568,7 +556,7 @@ class Lowering:
         annotations = self.annotations(flow.annotations)
         if annotations and last_ops:
             last_ops[-1].attributes["annotations"] = ArrayAttr(annotations)
-        if last_ops:
+        if last_ops and self.backward is None:
             self.record_memory_policy(instance, flow.chain[-1], last_ops[-1], annotations)
 
     def record_memory_policy(self, instance: Instance, destination: ast.Expr, op: Operation,
@@ -610,8 +598,14 @@ class Lowering:
             param = instance.params.get(node.id)
             if isinstance(param, ParamSlot):
                 return self.read_param(param)
-            scope.lookup(node.id, node.span)
+            if not self.forward_tensor_misused(node.id, node.span):
+                scope.lookup(node.id, node.span)
             raise LoweringFailed()
+        if isinstance(node, ast.Attribute) and _is_saved(node):
+            value = self.saved_tensor(node)
+            if value is None:
+                raise LoweringFailed()
+            return value
         if isinstance(node, ast.Attribute) and isinstance(node.base, ast.Name):
             child = instance.params.get(node.base.id)
             if isinstance(child, Instance) and isinstance(child.params.get(node.attr), ParamSlot):
@@ -634,12 +628,19 @@ class Lowering:
         if len(names) != len(values):
             self.sink.error("E003", f"the flow produces {len(values)} value(s) but names {len(names)}", node.span)
             raise LoweringFailed()
+        accumulating = self.backward is not None and flow_accumulates(flow)
+        if accumulating and ops:
+            ops[-1].attributes["accumulate"] = BoolAttr.from_bool(False)  # the graph adds explicitly
         for target, value in zip(names, values):
             if isinstance(target, ast.Annotated):
                 target = target.value
             if not isinstance(target, ast.Name):
                 self.sink.error("E001", "a flow ends in a name or a tuple of names", target.span)
                 raise LoweringFailed()
+            previous = scope.find(target.id) if accumulating else None
+            if previous is not None and previous.kind != "poisoned":
+                scope.rebind(target.id, self.accumulate_into(target.id, previous.value, value, target.span))
+                continue
             if target.id != "_" and (value.owner in ops or value.name_hint is None):
                 value.name_hint = target.id
             scope.define(target.id, value, target.span)
@@ -703,7 +704,7 @@ class Lowering:
         inputs are the same for every layer (shared)."""
         body = stacked.body
         name = body.prefix.rstrip(".").replace(".", "_")
-        slots = _param_slots(body)
+        slots = param_slots(body)
         forward = self.forward_of(body.decl)
         inner_inputs, outputs = self.signature(forward, body.env)
         types = [t for _, t, _ in inner_inputs] + [s.type for s in slots]
@@ -740,8 +741,8 @@ class Lowering:
     def is_tensor(self, node: ast.Expr, instance: Instance, scope: Scope) -> bool:
         if isinstance(node, ast.Name):
             return scope.find(node.id) is not None or isinstance(instance.params.get(node.id), ParamSlot)
-        return isinstance(node, ast.Attribute) and isinstance(node.base, ast.Name) and isinstance(
-            instance.params.get(node.base.id), Instance
+        return isinstance(node, ast.Attribute) and isinstance(node.base, ast.Name) and (
+            _is_saved(node) or isinstance(instance.params.get(node.base.id), Instance)
         )
 
     def call_primitive(self, sig: PrimitiveSignature, inputs: list[SSAValue], args: list[ast.Arg],
@@ -774,6 +775,7 @@ class Lowering:
             spec = sig.param(name)
             if spec is None:
                 continue
+            params[name] = value = spec.python_value(value)
             try:
                 attrs[name] = spec.to_attribute(value)
             except ValueError as err:
@@ -789,7 +791,7 @@ class Lowering:
         try:
             op.verify_()
         except VerifyException as err:
-            self.sink.error("E004", f"{sig.name}: {err}", span, _shapes_hint(sig.name, operands))
+            self.sink.error(getattr(err, "code", "E004"), f"{sig.name}: {err}", span, _shapes_hint(sig.name, operands))
             raise LoweringFailed() from None
         self.block.add_op(op)
         return list(op.results), [op]
@@ -835,15 +837,21 @@ def _concretize(value: Expr, concrete: dict[str, int]) -> Any:
     return known if known is not None else result
 
 
-def _source_text(node: ast.Node) -> str:
-    """The exact source text of a node (weight-mapping keys such as ``blocks[{i}].w?``)."""
-    span = node.span
-    lines = span.source.text.splitlines()[span.line - 1 : span.end_line]
-    if not lines:
-        return ""
-    if len(lines) == 1:
-        return lines[0][span.column - 1 : span.end_column - 1]
-    return "\n".join([lines[0][span.column - 1 :], *lines[1:-1], lines[-1][: span.end_column - 1]])
+def _is_saved(node: ast.Attribute) -> bool:
+    return isinstance(node.base, ast.Name) and node.base.id == "saved"
+
+
+def _gradient_skipped(forward: ast.Section) -> set[str]:
+    """Inputs annotated ``@gradient(skip)``."""
+    return {
+        entry.name
+        for section in forward.body
+        if isinstance(section, ast.Section) and section.name in ("in", "inputs")
+        for entry in typed_entries(section)
+        if any(a.name == "gradient" and any(arg.name in (None, "mode") and isinstance(arg.value, ast.Name)
+                                            and arg.value.id == "skip" for arg in a.args)
+               for a in entry.annotations)
+    }
 
 
 def _shapes_hint(primitive: str, operands: Sequence[SSAValue]) -> str:
@@ -872,19 +880,6 @@ def _free_names(node: ast.Expr) -> list[str]:
     return []
 
 
-def _typed_entries(entry: ast.Section) -> list[tuple[str, ast.Expr, Span]]:
-    """``in: [..]``, ``in: x: [..]`` or an indented list of ``name: [..]``."""
-    default = "in" if entry.name in ("in", "inputs") else "out"
-    if entry.value is not None:
-        expr = entry.value.expr
-        if isinstance(expr, ast.NamedField):
-            return [(expr.name, expr.value, expr.span)]
-        if isinstance(expr, ast.NamedTuple):
-            return [(f.name, f.value, f.span) for f in expr.fields]
-        return [(default, expr, entry.span)]
-    return [(e.name, e.value.expr, e.span) for e in entry.body if isinstance(e, ast.Section) and e.value]
-
-
 def _tensor_list(decl: ast.Decl, name: str) -> list[str]:
     """The names (or wildcard patterns such as ``ln*_out``) of a forward ``save:`` or ``recompute:`` list."""
     patterns: list[str] = []
@@ -892,7 +887,7 @@ def _tensor_list(decl: ast.Decl, name: str) -> list[str]:
         for entry in forward.body:
             if isinstance(entry, ast.Section) and entry.name == name and entry.value is not None:
                 items = entry.value.expr.items if isinstance(entry.value.expr, ast.ListExpr) else []
-                patterns += [_source_text(item).replace(" ", "") for item in items]
+                patterns += [source_text(item).replace(" ", "") for item in items]
     return patterns
 
 
@@ -905,16 +900,6 @@ def _poison(node: ast.Expr, scope: Scope) -> None:
     for target in node.items if isinstance(node, ast.TupleExpr) else [node]:
         if isinstance(target, ast.Name) and scope.find(target.id) is None:
             scope.define(target.id, None, target.span, "poisoned")
-
-
-def _param_slots(instance: Instance) -> list[ParamSlot]:
-    slots: list[ParamSlot] = []
-    for value in instance.params.values():
-        if isinstance(value, ParamSlot) and value not in slots:
-            slots.append(value)
-        elif isinstance(value, Instance):
-            slots += [s for s in _param_slots(value) if s not in slots]
-    return slots
 
 
 def _annotation_value(node: ast.Expr) -> Any:

@@ -43,6 +43,12 @@ class ParamSpec:
     required: bool = False
     choices: tuple[str, ...] = ()
 
+    def python_value(self, value: Any) -> Any:
+        """A list of integers written as sizes (``dims=[0, 1]``) becomes plain ints."""
+        if self.kind == "ints" and isinstance(value, (list, tuple)):
+            return [v.const_value() if isinstance(v, Expr) and v.is_const() else v for v in value]
+        return value
+
     def to_attribute(self, value: Any) -> Attribute:
         """The op attribute for a DSL value; ValueError with a message when it does not fit."""
         if self.kind == "enum":
@@ -63,6 +69,7 @@ class ParamSpec:
                 raise ValueError(f"expects an integer, got {value!r}")
             return int_attr(value)
         if self.kind == "ints":
+            value = self.python_value(value)
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
                 raise ValueError(f"expects a list of integers, got {value!r}")
             return DenseArrayBase.from_list(i64, list(value))

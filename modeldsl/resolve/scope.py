@@ -58,6 +58,14 @@ class Scope:
             return
         self.names[name] = Binding(value, span, kind)
 
+    def rebind(self, name: str, value: Any) -> None:
+        """Give a defined name a new value (a gradient accumulated into, spec 5.12.3)."""
+        scope: Scope | None = self
+        while scope is not None and name not in scope.names:
+            scope = scope.parent
+        if scope is not None:
+            scope.names[name].value = value
+
     def lookup(self, name: str, span: Span | None) -> Binding | None:
         """The binding of a name, or an E002 diagnostic with a did-you-mean hint."""
         found = self.find(name)

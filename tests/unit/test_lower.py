@@ -187,3 +187,14 @@ def test_contradictory_annotations_are_e008_at_the_source():
     assert err[:3] == ("E008", 3, 15) and "contradict" in err[3]
     (err,) = errors(module("      x -> relu() -> out @memory(save) @memory(recompute)\n"))
     assert err[:2] == ("E008", 8) and "given twice" in err[3]
+
+
+def test_an_element_type_the_primitive_does_not_take_is_e015():
+    (err,) = errors(module("      x -> embedding(w) -> out\n"))
+    assert err[:3] == ("E015", 8, 12) and "int32 or int64" in err[3]
+
+
+def test_operands_of_different_element_types_are_e003():
+    text = module("      (x, y) -> concat(dim=0) -> out\n", io="    in: (x: [B, d], y: [B, d, fp32])\n    out: [B, d]\n")
+    (err,) = errors(text)
+    assert err[0] == "E003" and "element types differ" in err[3]
