@@ -1132,6 +1132,7 @@ class BinaryElementwiseOp(PrimitiveOp):
 
     def verify_shapes(self) -> None:
         a, b, out = tensor(self.a), tensor(self.b), tensor(self.out)
+        check_same_dtype("operands and result", a, b, out)
         shape = broadcast_shape("operands", a, b)
         if shape is not None:
             check_same_shape("result of broadcasting", a.with_shape(shape), out)
@@ -1184,6 +1185,7 @@ class Add3Op(PrimitiveOp):
 
     def verify_shapes(self) -> None:
         a = tensor(self.a)
+        check_same_dtype("operands and result", a, tensor(self.b), tensor(self.c), tensor(self.out))
         for what, t in (("b", self.b), ("c", self.c), ("result", self.out)):
             check_same_shape(what, a, tensor(t))
 

@@ -35,7 +35,7 @@ from modeldsl.dialects.annotations import (
 from modeldsl.dialects.dtypes import DTYPE_SPELLINGS
 from modeldsl.dialects.graph import ExprAttr, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.dtypes import DType
-from modeldsl.dialects.graph_primitives import CastOp, check_same_shape
+from modeldsl.dialects.graph_primitives import CastOp, DTypeMismatch, check_same_shape
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
 from modeldsl.instances import Instance, LoweringFailed, ParamSlot, StackedInstance, param_slots, source_text, typed_entries
@@ -781,6 +781,14 @@ class Lowering(BackwardLowering):
             except ValueError as err:
                 self.sink.error("E003", f"{sig.name}({name}=...): {err}", span)
                 raise LoweringFailed() from None
+        op = self.build_primitive(sig, operands, params, attrs, span)
+        self.block.add_op(op)
+        return list(op.results), [op]
+
+    def build_primitive(self, sig: PrimitiveSignature, operands: list[SSAValue], params: dict[str, Any],
+                        attrs: dict[str, Attribute], span: Span, promoted: bool = False) -> Operation:
+        """The op with inferred result types, verified. Float operands of different
+        dtypes are promoted to the widest one (spec 7.4.4) when the op needs one dtype."""
         try:
             results = infer_result_types(sig.name, [v.type for v in operands], params)
             grouped = sig.group_operands(operands)
@@ -790,11 +798,35 @@ class Lowering(BackwardLowering):
         op = sig.op.make(grouped, sig.group_results(results), attrs)
         try:
             op.verify_()
+        except DTypeMismatch as err:
+            widened = None if promoted else self.promote_floats(operands)
+            if widened is not None:
+                return self.build_primitive(sig, widened, params, attrs, span, promoted=True)
+            self.sink.error(err.code, f"{sig.name}: {err}", span,
+                            "bf16, fp16, fp32 and fp8 operands are promoted to the widest; other mixes need a cast")
+            raise LoweringFailed() from None
         except VerifyException as err:
             self.sink.error(getattr(err, "code", "E004"), f"{sig.name}: {err}", span, _shapes_hint(sig.name, operands))
             raise LoweringFailed() from None
-        self.block.add_op(op)
-        return list(op.results), [op]
+        return op
+
+    def promote_floats(self, operands: list[SSAValue]) -> list[SSAValue] | None:
+        """Float operands cast to the widest of their dtypes (two 16-bit kinds meet
+        at fp32); None when there is nothing to promote."""
+        dtypes = {v.type.dtype for v in operands if v.type.dtype.is_float}
+        if len(dtypes) < 2 or any(d.bits > 32 for d in dtypes):
+            return None
+        widest = max(dtypes, key=lambda d: d.bits)
+        if sum(d.bits == widest.bits for d in dtypes) > 1:
+            widest = DType.FP32
+        promoted = []
+        for value in operands:
+            if value.type.dtype.is_float and value.type.dtype != widest:
+                cast = CastOp.make([value], [value.type.with_dtype(widest)])
+                self.block.add_op(cast)
+                value = cast.results[0]
+            promoted.append(value)
+        return promoted
 
     def param_value(self, node: ast.Expr, env: ConstEnv) -> Any:
         """A primitive's parameter: an enum word, a list of sizes, or a ConstExpr."""

@@ -194,7 +194,16 @@ def test_an_element_type_the_primitive_does_not_take_is_e015():
     assert err[:3] == ("E015", 8, 12) and "int32 or int64" in err[3]
 
 
-def test_operands_of_different_element_types_are_e003():
-    text = module("      (x, y) -> concat(dim=0) -> out\n", io="    in: (x: [B, d], y: [B, d, fp32])\n    out: [B, d]\n")
-    (err,) = errors(text)
-    assert err[0] == "E003" and "element types differ" in err[3]
+@pytest.mark.parametrize("other, promoted", [("fp32", "fp32"), ("fp16", "fp32"), ("fp8_e4m3", "bf16")])
+def test_float_operands_of_different_dtypes_are_promoted_to_the_widest(other, promoted):
+    io = f"    in: (x: [B, d], y: [B, d, {other}])\n    out: [B, d, {promoted}]\n"
+    ir = lower(module("      (x, y) -> add() -> out\n", io=io))
+    text = print_ir(ir)
+    assert "mdsl.graph.cast" in text and f"-> !mdsl.graph.tensor<[B, d], {promoted}>" in text
+    assert verify_module(ir) == []
+
+
+def test_float_and_integer_operands_are_e003():
+    io = "    in: (x: [B, d], y: [B, d, int32])\n    out: [B, d]\n"
+    (err,) = errors(module("      (x, y) -> add() -> out\n", io=io))
+    assert err[:2] == ("E003", 8) and "element types differ" in err[3]
