@@ -82,7 +82,9 @@ class ModelOp(IRDLOperation):
 
     ``config`` maps config names (``d_model``, ``n_layers``, ...) to their
     default values; ``hf_config``, ``hf_mapping`` and ``hf_export`` carry the
-    HuggingFace sections of the DSL model.
+    HuggingFace sections of the DSL model. ``baked`` lists the integer config
+    values that lowering fixed into attributes or ``if`` choices (they stay
+    symbols in shapes, but only lowering again can change them).
     """
 
     name = "mdsl.graph.model"

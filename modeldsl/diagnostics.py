@@ -49,11 +49,18 @@ CODES: dict[str, str] = {
     "E026": "Invalid constraint expression",
     "E027": "Constraint violation",
     "E028": "File not found or unreadable",
+    "E029": "Invalid option, flag or binding",
+    "E030": "Checkpoint config missing or invalid",
+    "E031": "Checkpoint tensor missing",
+    "E032": "Checkpoint tensor shape mismatch",
+    "E033": "Checkpoint tensor dtype mismatch",
+    "E034": "Checkpoint file truncated or corrupt",
     "W001": "User definition shadows primitive",
     "W002": "Local definition shadows import",
     "W003": "Suboptimal auto-derived backward",
     "W004": "Unused saved tensor",
     "W005": "Implicit dtype narrowing",
+    "W006": "Unexpected checkpoint tensor",
 }
 
 

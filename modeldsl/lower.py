@@ -45,7 +45,7 @@ from modeldsl.primitives import PrimitiveSignature, lookup_primitive
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate, evaluate_let, guard_value
 from modeldsl.resolve.imports import ResolvedProgram, resolve_program
 from modeldsl.resolve.inherit import merged
-from modeldsl.resolve.order import defined_names, topological_order
+from modeldsl.resolve.order import defined_names, expression_names, topological_order
 from modeldsl.resolve.scope import Scope
 from modeldsl.symbolic import STAR, Expr, SymbolicError
 
@@ -71,6 +71,7 @@ class Lowering(BackwardLowering):
         self.param_refs: dict[str, SSAValue] = {}
         self.active: list[str] = []  # declarations being instantiated, outermost first
         self.concrete: dict[str, int] = {}  # configured values of the top's integer parameters
+        self.baked: set[str] = set()  # integer config values fixed into attributes or guards
 
     # ------------------------------------------------------------------ entry
     def lower(self, top: ast.Decl, config: dict[str, Any] | None = None) -> ModuleOp:
@@ -89,6 +90,8 @@ class Lowering(BackwardLowering):
         except LoweringFailed:
             return ModuleOp([self.model])
         self.lower_backward(instance, forward)
+        if self.baked:
+            self.model.attributes["baked"] = ArrayAttr([StringAttr(n) for n in sorted(self.baked)])
         return ModuleOp([self.model])
 
     # ------------------------------------------------------------------ HuggingFace sections
@@ -221,6 +224,8 @@ class Lowering(BackwardLowering):
             for name, value in scope.values.items():
                 if name not in concrete.values and isinstance(value, Expr):
                     concrete.values[name] = _concretize(value, self.concrete)
+                    if name in expression_names(condition):
+                        self.baked |= value.symbols() & self.concrete.keys()
             scope = scope.parent
         return guard_value(condition, concrete, self.sink)
 
@@ -836,6 +841,7 @@ class Lowering(BackwardLowering):
             return [self.dim(item, env) if not isinstance(item, ast.Star) else STAR for item in node.items]
         value = self.const(node, env)
         if isinstance(value, Expr):
+            self.baked |= value.symbols() & self.concrete.keys()
             value = _concretize(value, self.concrete)  # attributes take the configured value
         return value
 

@@ -38,7 +38,15 @@ GENERAL_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "dce": _dce,
 }
 
+def _specialize() -> type[ModulePass]:
+    from modeldsl.passes.specialize import SpecializePass
+
+    return SpecializePass
+
+
 # Project passes, added by the issues that build them: name -> factory.
-PROJECT_PASSES: dict[str, Callable[[], type[ModulePass]]] = {}
+PROJECT_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
+    "mdsl-specialize": _specialize,
+}
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {**GENERAL_PASSES, **PROJECT_PASSES}

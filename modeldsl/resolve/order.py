@@ -30,10 +30,10 @@ def defined_names(stmt: ast.Stmt) -> set[str]:
 def used_names(stmt: ast.Stmt) -> set[str]:
     """Every plain name a statement reads (tensors, parameters and constants alike)."""
     if isinstance(stmt, ast.Flow):
-        return set().union(*(_names_in(node) for node in stmt.chain[:-1]))
+        return set().union(*(expression_names(node) for node in stmt.chain[:-1]))
     if isinstance(stmt, ast.If):
         inner = [*stmt.then, *(stmt.orelse or [])]
-        return _names_in(stmt.condition).union(*(used_names(s) for s in inner))
+        return expression_names(stmt.condition).union(*(used_names(s) for s in inner))
     if isinstance(stmt, ast.Section):
         return set().union(*(used_names(s) for s in stmt.body))
     return set()
@@ -99,19 +99,19 @@ def _targets(node: ast.Expr) -> Iterable[ast.Name]:
             yield target
 
 
-def _names_in(node: ast.Node | None) -> set[str]:
+def expression_names(node: ast.Node | None) -> set[str]:
     """Plain names in an expression; a called function's name and ``saved.x`` fields are not names."""
     if node is None:
         return set()
     if isinstance(node, ast.Name):
         return {node.id}
     if isinstance(node, ast.Call):
-        return set().union(*(_names_in(a.value) for a in node.args))
+        return set().union(*(expression_names(a.value) for a in node.args))
     if isinstance(node, ast.Attribute):
-        return _names_in(node.base) - {"saved"}
+        return expression_names(node.base) - {"saved"}
     names: set[str] = set()
     for value in vars(node).values():
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, ast.Node):
-                names |= _names_in(item)
+                names |= expression_names(item)
     return names

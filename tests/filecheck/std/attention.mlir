@@ -2,7 +2,7 @@
 // RUN: mdsl-opt %S/../../../modeldsl/std/modules/attention.module --top CausalSelfAttention | filecheck %s --check-prefix=ATTN
 // RUN: mdsl-opt %S/../../../modeldsl/std/blocks/dense.module --top DenseTransformerBlock | filecheck %s --check-prefix=BLOCK
 
-// ATTN: mdsl.graph.model @CausalSelfAttention config {use_qkv_bias = false, use_qk_norm = false, sliding_window = 0 : i64, eps = 1.000000e-06 : f64} {
+// ATTN: mdsl.graph.model @CausalSelfAttention config {use_qkv_bias = false, use_qk_norm = false, sliding_window = 0 : i64, eps = 1.000000e-06 : f64} attributes {baked = ["sliding_window"]} {
 // ATTN-NEXT: mdsl.graph.param @qkv_weight : !mdsl.graph.tensor<[head_dim*num_heads + 2*head_dim*num_kv_heads, d_model], bf16>
 // ATTN-NEXT: mdsl.graph.param @out_weight : !mdsl.graph.tensor<[d_model, head_dim*num_heads], bf16>
 // ATTN: mdsl.graph.func @forward(%x: !mdsl.graph.tensor<[B, T, d_model], bf16>, %freqs: !mdsl.graph.tensor<[T, head_dim floordiv 2, 2], fp32>)

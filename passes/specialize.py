@@ -1,0 +1,157 @@
+"""``mdsl-specialize``: bind symbolic dimensions and config values to integers.
+
+``mdsl-specialize{B=2 T=64}`` binds the batch and sequence symbols;
+``mdsl-specialize{d_model=64 n_layers=2}`` overrides integer config values
+that only shapes use (the model's ``config`` is updated); values that
+lowering fixed into attributes or ``if`` choices (the model's ``baked``
+list), and float or boolean ones, can only change by lowering again. Every config integer of the model is bound
+too, so afterwards shapes are concrete wherever all their symbols are known
+and the verifiers check them exactly. Symbols left unbound stay symbolic.
+
+Shapes in types, ``#mdsl.graph.dims`` and ``#mdsl.graph.expr`` attributes
+(split sizes, view shapes, stack counts) are all rewritten by one type
+conversion pattern.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, i64
+from xdsl.ir import Attribute
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import PatternRewriteWalker, TypeConversionPattern
+from xdsl.utils.arg_spec import ArgSpec
+
+from modeldsl.diagnostics import Diagnostic, DiagnosticError
+from modeldsl.dialects.graph import ModelOp
+from modeldsl.dialects.graph_types import DimsAttr, ExprAttr, TensorType
+from modeldsl.symbolic import STAR, Expr
+
+
+class BindSymbols(TypeConversionPattern):
+    """Substitute bound symbols in tensor types, dims and expr attributes."""
+
+    def __init__(self, bindings: Mapping[str, int]):
+        super().__init__(recursive=True)
+        self.bindings = dict(bindings)
+
+    def dim(self, dim):
+        return dim if dim is STAR else dim.subs(self.bindings)
+
+    def convert_type(self, typ: Attribute, /) -> Attribute | None:
+        if isinstance(typ, TensorType):
+            return TensorType([self.dim(d) for d in typ.shape], typ.dtype)
+        if isinstance(typ, DimsAttr):
+            return DimsAttr(tuple(self.dim(d) for d in typ.data))
+        if isinstance(typ, ExprAttr):
+            return ExprAttr(typ.data.subs(self.bindings))
+        return None
+
+
+@dataclass(frozen=True)
+class SpecializePass(ModulePass):
+    """Options are ``name=value`` pairs: symbols (``B``, ``T``) or config names."""
+
+    name = "mdsl-specialize"
+
+    bindings: tuple[tuple[str, Any], ...] = field(default=())
+
+    @classmethod
+    def from_spec(cls, spec: ArgSpec) -> "SpecializePass":
+        pairs = []
+        for key, values in spec.normalize_parameter_names().parameters.items():
+            if len(values) != 1 or isinstance(values[0], str):
+                raise ValueError(f"mdsl-specialize option {key} takes one number or boolean, got {values}")
+            pairs.append((key, values[0]))
+        return cls(tuple(pairs))
+
+    @classmethod
+    def of(cls, **bindings: Any) -> "SpecializePass":
+        return cls(tuple(bindings.items()))
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for model in [m for m in op.walk() if isinstance(m, ModelOp)]:
+            specialize_model(model, dict(self.bindings))
+
+
+def specialize_model(model: ModelOp, bindings: dict[str, Any]) -> None:
+    config = model.config_values
+    baked = {a.data for a in model.attributes["baked"].data} if "baked" in model.attributes else set()
+    overrides = {k: v for k, v in bindings.items() if k in config and _value_of(config[k]) != v}
+    fixed = sorted(k for k in overrides if k in baked or not _is_int(config[k]))
+    if fixed:
+        raise DiagnosticError([Diagnostic(
+            "E029", f"mdsl-specialize: {', '.join(fixed)} was fixed when @{model.sym_name.data} was lowered",
+            None, "lower the model with this configuration instead (modeldsl.load reads it from the HF config)")])
+    for name, value in overrides.items():
+        config[name] = _config_attribute(name, value, config[name])
+    if overrides:
+        model.config = DictionaryAttr(config)
+    integers = {k: v.value.data for k, v in config.items() if _is_int(v)}
+    symbols = {k: v for k, v in bindings.items() if k not in config}
+    for name, value in symbols.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise DiagnosticError([Diagnostic("E029", f"mdsl-specialize: {name}={value!r} is not a positive integer",
+                                              None, "dimension symbols bind to positive integers: B=2 T=64")])
+    unknown = sorted(set(symbols) - _symbols_of(model))
+    if unknown:
+        raise DiagnosticError([Diagnostic(
+            "E029", f"mdsl-specialize: {', '.join(unknown)} is neither a config value nor a symbol of @{model.sym_name.data}",
+            None, "config: " + (", ".join(config) or "none") + "; symbols: " + (", ".join(sorted(_symbols_of(model))) or "none"),
+        )])
+    PatternRewriteWalker(BindSymbols({**integers, **symbols}), apply_recursively=False).rewrite_module(model)
+
+
+def _is_bool(attr: IntegerAttr) -> bool:
+    return attr.type.width.data == 1
+
+
+def _is_int(attr: Attribute) -> bool:
+    return isinstance(attr, IntegerAttr) and not _is_bool(attr)
+
+
+def _value_of(attr: Attribute) -> Any:
+    if isinstance(attr, IntegerAttr):
+        return bool(attr.value.data) if _is_bool(attr) else attr.value.data
+    return attr.data if isinstance(attr, FloatAttr) else None
+
+
+def _config_attribute(name: str, value: Any, previous: Attribute) -> Attribute:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DiagnosticError([Diagnostic("E029", f"mdsl-specialize: {name} is an integer, got {value!r}", None)])
+    return IntegerAttr(value, i64)
+
+
+def _symbols_of(model: ModelOp) -> set[str]:
+    """Every symbol in the model's tensor types and shape attributes."""
+    found: set[str] = set()
+
+    def visit(attr: Attribute) -> None:
+        if isinstance(attr, TensorType):
+            for d in attr.shape:
+                if d is not STAR:
+                    found.update(d.symbols())
+        elif isinstance(attr, DimsAttr):
+            for d in attr.data:
+                if isinstance(d, Expr):
+                    found.update(d.symbols())
+        elif isinstance(attr, ExprAttr):
+            found.update(attr.data.symbols())
+        for child in getattr(attr, "parameters", ()) or ():
+            if isinstance(child, Attribute):
+                visit(child)
+        if hasattr(attr, "data") and isinstance(attr.data, (tuple, list)):
+            for child in attr.data:
+                if isinstance(child, Attribute):
+                    visit(child)
+
+    for op in model.walk():
+        for value in [*op.results, *(a for r in op.regions for b in r.blocks for a in b.args)]:
+            visit(value.type)
+        for attr in [*op.attributes.values(), *op.properties.values()]:
+            visit(attr)
+    return found
