@@ -1,0 +1,133 @@
+"""Reading and writing ``.safetensors`` files as memory-mapped numpy arrays.
+
+The ``safetensors`` package's numpy backend cannot represent bfloat16, the
+usual dtype of checkpoints, so tensors are read here straight from the
+documented format (an 8-byte little-endian header length, a JSON header of
+``name -> {dtype, shape, data_offsets}``, then the raw data) with
+``numpy.memmap`` and ``ml_dtypes.bfloat16``: no copy until a tensor is used,
+and nothing is ever unpickled. Every inconsistency (short file, bad header,
+offsets outside the data) is a :class:`CheckpointError` naming file and tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+NAMES = {v: k for k, v in DTYPES.items()}
+MAX_HEADER = 100 * 1024 * 1024
+
+
+class CheckpointError(Exception):
+    """A problem with checkpoint files or their contents, with its diagnostic code."""
+
+    def __init__(self, code: str, message: str, hint: str = "", tensor: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.hint, self.tensor = code, message, hint, tensor
+
+
+class SafetensorsFile:
+    """One ``.safetensors`` file: its tensor names, shapes, dtypes and lazy arrays."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        size = self.path.stat().st_size
+        with open(self.path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise self.corrupt("the file is shorter than its 8-byte header length")
+            (length,) = struct.unpack("<Q", head)
+            if length > min(size - 8, MAX_HEADER):
+                raise self.corrupt(f"the header claims {length} bytes but the file has {size - 8}")
+            try:
+                header = json.loads(f.read(length))
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise self.corrupt(f"the header is not valid JSON ({err})") from None
+        if not isinstance(header, dict):
+            raise self.corrupt("the header is not a JSON object")
+        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        self.data_start = 8 + length
+        self.data_size = size - self.data_start
+        self.entries: dict[str, tuple[np.dtype, tuple[int, ...], int, int]] = {}
+        for name, entry in header.items():
+            self.entries[name] = self.check_entry(name, entry)
+        self._map: np.memmap | None = None
+
+    def corrupt(self, problem: str, tensor: str | None = None) -> CheckpointError:
+        return CheckpointError("E034", f"{self.path.name}: {problem}", "the file is truncated or corrupt; "
+                               "download or save the checkpoint again", tensor)
+
+    def check_entry(self, name: str, entry: object) -> tuple[np.dtype, tuple[int, ...], int, int]:
+        try:
+            dtype = DTYPES[entry["dtype"]]
+            shape = tuple(int(d) for d in entry["shape"])
+            start, end = (int(o) for o in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise self.corrupt(f"tensor '{name}' has a malformed header entry {entry!r}", name) from None
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if end - start != expected or start < 0:
+            raise self.corrupt(f"tensor '{name}' spans {end - start} bytes, its shape needs {expected}", name)
+        if end > self.data_size:
+            raise self.corrupt(f"tensor '{name}' ends at byte {end} but the data has {self.data_size}", name)
+        return dtype, shape, start, end
+
+    def keys(self) -> list[str]:
+        return list(self.entries)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.entries[name][1]
+
+    def dtype(self, name: str) -> np.dtype:
+        return self.entries[name][0]
+
+    def array(self, name: str) -> np.ndarray:
+        """The tensor as a read-only view into the memory-mapped file."""
+        dtype, shape, start, end = self.entries[name]
+        if end == start:
+            return np.zeros(shape, dtype)
+        if self._map is None:
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.data_start)
+        return self._map[start:end].view(dtype).reshape(shape)
+
+
+def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
+                      metadata: dict[str, str] | None = None) -> None:
+    """Write tensors in the safetensors layout (sorted by name, data 8-byte aligned)."""
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    offset = 0
+    ordered = sorted(tensors)
+    for name in ordered:
+        array = np.ascontiguousarray(tensors[name])
+        if array.dtype not in NAMES:
+            raise ValueError(f"tensor '{name}' has dtype {array.dtype}, which safetensors cannot store")
+        header[name] = {"dtype": NAMES[array.dtype], "shape": list(array.shape),
+                        "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)))
+        f.write(encoded)
+        for name in ordered:
+            f.write(np.ascontiguousarray(tensors[name]).tobytes())
