@@ -1,0 +1,157 @@
+"""HF checkpoint import through hf_mapping, export through the import record, and bad checkpoints."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from xdsl.context import Context
+
+from modeldsl.dialects.graph import ModelOp
+from modeldsl.frontend.text.parser import parse_source
+from modeldsl.hf.checkpoint import load_checkpoint, save_checkpoint
+from modeldsl.hf.config import dsl_config, read_config
+from modeldsl.hf.safetensors_io import CheckpointError, SafetensorsFile, write_safetensors
+from modeldsl.lower import lower_program
+from modeldsl.passes.specialize import SpecializePass
+from modeldsl.resolve.imports import STD_ROOT
+
+
+def llama_model(directory):
+    path = STD_ROOT / "models" / "llama.module"
+    program = parse_source(path.read_text(), str(path))
+    decl = next(d for d in program.declarations if d.name == "Llama")
+    default = next(op for op in lower_program(program, "Llama").walk() if isinstance(op, ModelOp))
+    module = lower_program(program, "Llama", dsl_config(decl, default, read_config(directory)))
+    SpecializePass().apply(Context(), module)
+    return next(op for op in module.walk() if isinstance(op, ModelOp))
+
+
+def load(directory, warnings=None):
+    return load_checkpoint(llama_model(directory), directory, np.dtype(np.float32),
+                           warn=(warnings.append if warnings is not None else None))
+
+
+def copy(src, tmp_path):
+    dst = tmp_path / "ckpt"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def rewrite(directory, change):
+    """Rewrite model.safetensors with change(dict of arrays)."""
+    f = SafetensorsFile(directory / "model.safetensors")
+    tensors = {k: np.array(f.array(k)) for k in f.keys()}
+    change(tensors)
+    write_safetensors(directory / "model.safetensors", tensors)
+
+
+def failure(directory) -> CheckpointError:
+    with pytest.raises(CheckpointError) as info:
+        load(directory)
+    return info.value
+
+
+def test_config_maps_through_hf_config(tiny_llama):
+    model = llama_model(tiny_llama)
+    config = {k: v.value.data for k, v in model.config_values.items() if hasattr(v, "value")}
+    assert config["d_model"] == 32 and config["num_kv_heads"] == 2 and config["head_dim"] == 8
+
+
+def test_import_fuses_and_stacks_and_export_is_bitwise_identical(tiny_llama, tmp_path):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    weights, record = load(tiny_llama)
+    hf = LlamaForCausalLM.from_pretrained(tiny_llama).state_dict()
+    q, k, v = (hf[f"model.layers.1.self_attn.{n}_proj.weight"].numpy() for n in "qkv")
+    np.testing.assert_array_equal(weights["blocks.attention.qkv_weight"][1], np.concatenate([q, k, v]))
+    model = llama_model(tiny_llama)
+    save_checkpoint(model, weights, record, tmp_path / "out")
+    before, after = SafetensorsFile(tiny_llama / "model.safetensors"), SafetensorsFile(tmp_path / "out" / "model.safetensors")
+    assert sorted(before.keys()) == sorted(after.keys())
+    for name in before.keys():
+        assert before.dtype(name) == after.dtype(name)
+        assert before.array(name).tobytes() == after.array(name).tobytes(), name
+    reloaded = LlamaForCausalLM.from_pretrained(tmp_path / "out")
+    ids = torch.tensor([[1, 5, 9, 3]])
+    with torch.no_grad():
+        expected = LlamaForCausalLM.from_pretrained(tiny_llama)(ids).logits
+        assert torch.equal(reloaded(ids).logits, expected)
+
+
+def test_missing_tensor_is_e031_naming_tensor_and_rule(tiny_llama, tmp_path):
+    ckpt = copy(tiny_llama, tmp_path)
+    rewrite(ckpt, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+    err = failure(ckpt)
+    assert err.code == "E031" and "model.layers.1.mlp.up_proj.weight" in err.message
+    assert "blocks[{layer}].mlp.up_weight" in err.message
+
+
+def test_unexpected_tensor_is_w006(tiny_llama, tmp_path):
+    ckpt = copy(tiny_llama, tmp_path)
+    rewrite(ckpt, lambda t: t.update({"model.extra.weight": np.zeros(3, np.float32)}))
+    warnings = []
+    load(ckpt, warnings)
+    (warning,) = warnings
+    assert warning.code == "W006" and warning.tensor == "model.extra.weight"
+
+
+def test_wrong_shape_is_e032(tiny_llama, tmp_path):
+    ckpt = copy(tiny_llama, tmp_path)
+    rewrite(ckpt, lambda t: t.update({"model.norm.weight": np.zeros(31, np.float32)}))
+    err = failure(ckpt)
+    assert err.code == "E032" and "model.norm.weight" in err.message and "final_norm.weight" in err.message
+
+
+def test_wrong_dtype_is_e033(tiny_llama, tmp_path):
+    ckpt = copy(tiny_llama, tmp_path)
+    rewrite(ckpt, lambda t: t.update({"model.norm.weight": np.zeros(32, np.int32)}))
+    err = failure(ckpt)
+    assert err.code == "E033" and err.tensor == "model.norm.weight"
+
+
+def test_truncated_file_is_e034(tiny_llama, tmp_path):
+    ckpt = copy(tiny_llama, tmp_path)
+    data = (ckpt / "model.safetensors").read_bytes()
+    (ckpt / "model.safetensors").write_bytes(data[: len(data) - 100])
+    err = failure(ckpt)
+    assert err.code == "E034" and err.tensor is not None
+
+
+def test_directory_without_config_is_e030(tiny_llama, tmp_path):
+    ckpt = copy(tiny_llama, tmp_path)
+    (ckpt / "config.json").unlink()
+    with pytest.raises(CheckpointError) as info:
+        read_config(ckpt)
+    assert info.value.code == "E030" and "no config.json" in info.value.message
+
+
+def test_config_field_of_the_wrong_type_is_e030(tiny_llama, tmp_path):
+    ckpt = copy(tiny_llama, tmp_path)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["hidden_size"] = "wide"
+    (ckpt / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as info:
+        llama_model(ckpt)
+    assert info.value.code == "E030" and "hidden_size" in info.value.message
+
+
+def test_no_pickles_are_loaded(tiny_llama, tmp_path):
+    ckpt = copy(tiny_llama, tmp_path)
+    (ckpt / "model.safetensors").rename(ckpt / "pytorch_model.bin")
+    err = failure(ckpt)
+    assert err.code == "E031" and "pickled" in err.hint
+
+
+def test_config_contradicting_a_constraint_is_e027(tiny_llama, tmp_path):
+    from modeldsl.diagnostics import DiagnosticError
+
+    ckpt = copy(tiny_llama, tmp_path)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["num_key_value_heads"] = 3
+    (ckpt / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DiagnosticError) as info:
+        llama_model(ckpt)
+    assert "E027" in [d.code for d in info.value.diagnostics]
+    assert any("multiple of num_key_value_heads" in d.message for d in info.value.diagnostics)
