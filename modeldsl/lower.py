@@ -153,12 +153,18 @@ class Lowering(BackwardLowering):
         """Signature parameters: integers stay symbols in shapes; others take their values."""
         env = ConstEnv()
         attrs: dict[str, Attribute] = {}
+        known: dict[str, Any] = {}  # configured values, for defaults such as d_model // num_heads
         for param in decl.params or []:
             if param.rest or param.name is None:
                 continue
             value = overrides.get(param.name)
             if value is None and param.default is not None:
-                value = self.const(param.default, env)
+                try:
+                    value = evaluate(param.default, ConstEnv(dict(known)))
+                except (ConstError, NotConstant):
+                    value = self.const(param.default, env)
+            if value is not None and not isinstance(value, Expr):
+                known[param.name] = value
             if isinstance(value, bool):
                 env.values[param.name] = value
                 attrs[param.name] = BoolAttr.from_bool(value)
