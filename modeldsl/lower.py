@@ -958,11 +958,8 @@ def _annotation_value(node: ast.Expr) -> Any:
     raise AnnotationError("annotation arguments are names, numbers, strings, booleans or lists")
 
 
-def lower_program(program: ast.Program, top: str | None = None, config: dict[str, Any] | None = None,
-                  sink: DiagnosticSink | None = None) -> ModuleOp:
-    """Lower the model (or the named declaration) of a program; DiagnosticError on any
-    error. Warnings are left in ``sink`` when one is given."""
-    sink = sink if sink is not None else DiagnosticSink()
+def choose_top(program: ast.Program, top: str | None = None, sink: DiagnosticSink | None = None) -> ast.Decl:
+    """The named declaration, else the program's one model (else its last declaration)."""
     decls = program.declarations
     if top is not None:
         chosen = next((d for d in decls if d.name == top), None)
@@ -970,10 +967,20 @@ def lower_program(program: ast.Program, top: str | None = None, config: dict[str
         models = [d for d in decls if d.kind == "model"]
         chosen = models[0] if len(models) == 1 else (decls[-1] if not models and decls else None)
     if chosen is None:
+        sink = sink if sink is not None else DiagnosticSink()
         start = Span(program.source, 1, 1, 1, 2)
         sink.error("E002", f"no declaration named '{top}'" if top else "no model to lower", start,
                    "name the declaration to lower" if decls else "declare a model, module or block")
         raise DiagnosticError(sink.diagnostics)
+    return chosen
+
+
+def lower_program(program: ast.Program, top: str | None = None, config: dict[str, Any] | None = None,
+                  sink: DiagnosticSink | None = None) -> ModuleOp:
+    """Lower the model (or the named declaration) of a program; DiagnosticError on any
+    error. Warnings are left in ``sink`` when one is given."""
+    sink = sink if sink is not None else DiagnosticSink()
+    chosen = choose_top(program, top, sink)
     resolved = resolve_program(program, sink)
     try:
         module = Lowering(program, sink, resolved).lower(chosen, config)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, StringAttr
 from xdsl.ir import Attribute
 
@@ -132,14 +133,16 @@ class Checkpoint:
 
 
 def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
-                    warn: Callable[[CheckpointError], None] | None = None) -> tuple[dict[str, np.ndarray], ImportRecord]:
-    """Every parameter of a (specialized) model filled from the checkpoint."""
+                    warn: Callable[[CheckpointError], None] | None = None,
+                    progress: bool = False) -> tuple[dict[str, np.ndarray], ImportRecord]:
+    """Every parameter of a (specialized) model filled from the checkpoint
+    (with a tqdm bar over the rules when ``progress``)."""
     directory = Path(directory)
     checkpoint = Checkpoint(directory)
     params = {p.sym_name.data: p for p in model.walk() if isinstance(p, ParamOp)}
     record = ImportRecord(directory)
     weights: dict[str, np.ndarray] = {}
-    for rule in parse_rules(model):
+    for rule in tqdm(parse_rules(model), desc="loading weights", unit="rule", disable=not progress):
         param = params.get(rule.target)
         if param is None or rule.op == "tied_to":
             continue

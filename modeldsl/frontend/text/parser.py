@@ -204,3 +204,17 @@ def parse_source(text: str, name: str = "<input>"):
     from modeldsl.frontend.text.ast import build
 
     return build(parse_tree(text, name), Source(name, text))
+
+
+def parse_file(path) -> "object":
+    """Parse a ``.module`` file; E028 when it cannot be read."""
+    from modeldsl.diagnostics import Diagnostic, DiagnosticError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise DiagnosticError([Diagnostic("E028", f"cannot read '{path}': {reason}", None,
+                                          "check the path of the .module file")]) from None
+    return parse_source(text, str(path))

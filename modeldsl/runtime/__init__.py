@@ -1,0 +1,1 @@
+"""Running models: the numpy reference executor, RoPE tables, the Model API."""

@@ -1,0 +1,209 @@
+"""The numpy reference executor of ``mdsl.graph`` functions.
+
+It interprets a model's functions op by op with the reference kernels of
+:mod:`modeldsl.kernels.reference` (fp32 accumulation; fp64 when fed fp64),
+storing every value in the dtype its type declares — or, with
+``float_dtype``, every bf16/fp16 value in that dtype instead (fp32 runs of a
+bf16 model). Symbolic dimensions (``B``, ``T``) are bound from the shapes of
+the arguments at each call, so one lowered model serves prompts of any
+length; a specialized model simply has nothing left to bind.
+
+``mdsl.graph.stack`` runs its block body once per layer with that layer's
+slice of the stacked parameters. A :class:`KVCache` turns every attention
+op into incremental decoding: its keys and values are appended to the
+cache of that op and layer, and the queries attend to everything cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, ModuleOp, StringAttr
+from xdsl.ir import Attribute, Operation, SSAValue
+
+from modeldsl.dialects.dtypes import DType
+from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamRefOp, ReturnOp, StackOp
+from modeldsl.dialects.graph_types import DimsAttr, TensorType
+from modeldsl.kernels.reference import reference
+from modeldsl.primitives import PrimitiveSignature, primitives
+from modeldsl.symbolic import STAR, Expr
+
+NUMPY_DTYPES: dict[DType, np.dtype] = {
+    DType.BF16: np.dtype(ml_dtypes.bfloat16),
+    DType.FP16: np.dtype(np.float16),
+    DType.FP32: np.dtype(np.float32),
+    DType.FP8_E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
+    DType.FP8_E5M2: np.dtype(ml_dtypes.float8_e5m2),
+    DType.FP4_E2M1: np.dtype(ml_dtypes.float4_e2m1fn),
+    DType.INT8: np.dtype(np.int8),
+    DType.INT32: np.dtype(np.int32),
+    DType.INT64: np.dtype(np.int64),
+    DType.BOOL: np.dtype(np.bool_),
+}
+SHAPE_KEYWORDS = {"view", "zeros", "ones", "fill"}
+DTYPE_KEYWORDS = {"zeros", "ones", "fill", "cast"}
+
+
+class ExecutionError(Exception):
+    """An argument or an op the executor cannot run (with the op's name)."""
+
+
+@dataclass
+class KVCache:
+    """Keys and values of every attention op and layer seen so far."""
+
+    entries: dict[tuple[int, int | None], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        """Positions cached (the same for every attention op)."""
+        return next((k.shape[-2] for k, _ in self.entries.values()), 0)
+
+    def extend(self, key: tuple[int, int | None], k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if key in self.entries:
+            old_k, old_v = self.entries[key]
+            k, v = np.concatenate([old_k, k], axis=-2), np.concatenate([old_v, v], axis=-2)
+        self.entries[key] = (k, v)
+        return k, v
+
+
+@lru_cache(maxsize=1)
+def _signatures_by_op() -> dict[str, PrimitiveSignature]:
+    return {sig.op.name: sig for sig in primitives().values()}
+
+
+@dataclass
+class Frame:
+    values: dict[SSAValue, np.ndarray]
+    layer: int | None = None
+
+
+class GraphExecutor:
+    """Runs the functions of one model on numpy arrays."""
+
+    def __init__(self, module: ModuleOp | ModelOp, weights: dict[str, np.ndarray],
+                 float_dtype: np.dtype | None = None):
+        self.model = module if isinstance(module, ModelOp) else next(
+            op for op in module.walk() if isinstance(op, ModelOp))
+        self.funcs = {op.sym_name.data: op for op in self.model.body.block.ops if isinstance(op, FuncOp)}
+        self.weights = weights
+        self.float_dtype = None if float_dtype is None else np.dtype(float_dtype)
+        self.symbols: dict[str, int] = {}
+        self.cache: KVCache | None = None
+        self.observers: list[Callable[[Operation, list[np.ndarray]], None]] = []
+
+    # ------------------------------------------------------------------ entry
+    def run(self, name: str, *args: np.ndarray, cache: KVCache | None = None) -> list[np.ndarray]:
+        func = self.funcs.get(name)
+        if func is None:
+            raise ExecutionError(f"the model has no function @{name}")
+        self.symbols = {}
+        self.cache = cache
+        for arg, value in zip(func.body.block.args, args, strict=True):
+            self.bind(arg.type, value, arg.name_hint or "argument")
+        return self.call(func, list(args), None)
+
+    def bind(self, ttype: TensorType, value: np.ndarray, what: str) -> None:
+        """Bind the symbols of ``ttype`` from the shape of ``value`` (and check the rest)."""
+        shape = [d for d in ttype.shape if d is not STAR]
+        if ttype.is_variadic or len(shape) != value.ndim:
+            if not ttype.is_variadic:
+                raise ExecutionError(f"{what}: expected rank {len(shape)} ({ttype}), got shape {value.shape}")
+            return
+        for dim, size in zip(shape, value.shape):
+            free = dim.symbols() - self.symbols.keys()
+            if len(free) == 1 and dim == Expr.sym(next(iter(free))):
+                self.symbols[next(iter(free))] = int(size)
+            elif not free and dim.evaluate(self.symbols) != size:
+                raise ExecutionError(f"{what}: expected shape {ttype}, got {value.shape} "
+                                     f"(with {self.symbols})")
+
+    def call(self, func: FuncOp, args: Sequence[np.ndarray], layer: int | None) -> list[np.ndarray]:
+        frame = Frame(dict(zip(func.body.block.args, args)), layer)
+        for op in func.body.block.ops:
+            if isinstance(op, ReturnOp):
+                return [frame.values[v] for v in op.values]
+            results = self.execute(op, frame)
+            for result, value in zip(op.results, results, strict=True):
+                frame.values[result] = value
+            for observe in self.observers:
+                observe(op, results)
+        raise ExecutionError(f"@{func.sym_name.data} has no return")
+
+    # ------------------------------------------------------------------ ops
+    def execute(self, op: Operation, frame: Frame) -> list[np.ndarray]:
+        if isinstance(op, ParamRefOp):
+            return [self.weights[op.param.root_reference.data]]
+        if isinstance(op, StackOp):
+            return self.run_stack(op, frame)
+        if isinstance(op, CallOp):
+            return self.call(self.funcs[op.callee.root_reference.data], [frame.values[v] for v in op.arguments],
+                             frame.layer)
+        sig = _signatures_by_op().get(op.name)
+        if sig is None:
+            raise ExecutionError(f"the reference executor cannot run {op.name}")
+        inputs = self.operands(op, sig, frame)
+        params = self.parameters(op, sig)
+        if sig.name == "flash_attention" and self.cache is not None:
+            k, v = self.cache.extend((id(op), frame.layer), inputs[1], inputs[2])
+            inputs = [inputs[0], k, v, *inputs[3:]]
+        out = reference(sig.name)(*inputs, **params)
+        outs = list(out) if isinstance(out, tuple) else [out]
+        return [self.store(value, result.type) for value, result in zip(outs, op.results, strict=True)]
+
+    def run_stack(self, op: StackOp, frame: Frame) -> list[np.ndarray]:
+        body = self.funcs[op.body.root_reference.data]
+        carried = [frame.values[v] for v in op.carried]
+        shared = [frame.values[v] for v in op.shared]
+        stacked = [frame.values[v] for v in op.per_layer]
+        for layer in range(op.count.data.evaluate(self.symbols)):
+            carried = self.call(body, [*carried, *shared, *(w[layer] for w in stacked)], layer)
+        return carried
+
+    def operands(self, op: Operation, sig: PrimitiveSignature, frame: Frame) -> list[np.ndarray | None]:
+        inputs: list[np.ndarray | None] = []
+        for slot in sig.inputs:
+            value = getattr(op, slot.name)
+            if slot.variadic:
+                inputs.extend(frame.values[v] for v in value)
+            else:
+                inputs.append(None if value is None else frame.values[value])
+        return inputs
+
+    def parameters(self, op: Operation, sig: PrimitiveSignature) -> dict[str, Any]:
+        params = {p.name: self.python(op.attributes[p.name], p.kind) for p in sig.params if p.name in op.attributes}
+        result = op.results[0].type
+        if sig.name in SHAPE_KEYWORDS:
+            params["shape"] = tuple(d.evaluate(self.symbols) for d in result.shape)
+        if sig.name in DTYPE_KEYWORDS:
+            params["dtype"] = self.numpy_dtype(result.dtype)
+        return params
+
+    def python(self, attr: Attribute, kind: str) -> Any:
+        if isinstance(attr, StringAttr):
+            return attr.data
+        if isinstance(attr, IntegerAttr):
+            return bool(attr.value.data) if kind == "bool" else attr.value.data
+        if isinstance(attr, FloatAttr):
+            return attr.value.data
+        if isinstance(attr, DenseArrayBase):
+            return list(attr.get_values())
+        if isinstance(attr, DimsAttr):
+            return [d.evaluate(self.symbols) for d in attr.data]
+        raise ExecutionError(f"cannot read the attribute {attr}")
+
+    # ------------------------------------------------------------------ storage
+    def numpy_dtype(self, dtype: DType) -> np.dtype:
+        if self.float_dtype is not None and dtype in (DType.BF16, DType.FP16):
+            return self.float_dtype
+        return NUMPY_DTYPES[dtype]
+
+    def store(self, value: np.ndarray, ttype: Attribute) -> np.ndarray:
+        if not isinstance(ttype, TensorType):
+            return value
+        return np.asarray(value).astype(self.numpy_dtype(ttype.dtype), copy=False)
