@@ -12,6 +12,7 @@ of the positions (from ``rope_theta``, ``head_dim`` and the checkpoint's
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,13 +93,17 @@ class Model:
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
                  top_k: int | None = None, seed: int | None = None, use_cache: bool = True,
-                 on_token: Callable[[int], None] | None = None) -> list[int]:
+                 on_token: Callable[[int], None] | None = None,
+                 timings: dict[str, float] | None = None) -> list[int]:
         """Greedy (temperature 0) or sampled continuation of ``prompt``; with the KV
-        cache, one prefill then one-token steps; without it, full recomputation."""
+        cache, one prefill then one-token steps; without it, full recomputation.
+        ``timings`` receives ``prefill`` and ``decode`` seconds."""
         rng = np.random.default_rng(seed)
         tokens = list(prompt)
         cache = KVCache() if use_cache else None
+        start = time.perf_counter()
         logits = self.forward(tokens, cache)[-1]
+        prefilled = time.perf_counter()
         generated: list[int] = []
         for step in range(max_new_tokens):
             token = choose_token(logits, temperature, top_k, rng)
@@ -108,6 +113,8 @@ class Model:
                 on_token(token)
             if step + 1 < max_new_tokens:
                 logits = self.forward([token], cache)[-1] if cache is not None else self.forward(tokens)[-1]
+        if timings is not None:
+            timings.update(prefill=prefilled - start, decode=time.perf_counter() - prefilled)
         return generated
 
     def save_hf(self, directory: str | Path) -> None:

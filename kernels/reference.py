@@ -1,0 +1,925 @@
+"""Numpy reference implementations of every ``mdsl.graph`` primitive.
+
+These are the ground truth for the semantics of each primitive (spec 000
+section 6 and the op verifiers of ``dialects/graph_primitives.py``): the CPU
+executor runs them and the CUDA kernels are tested against them. They favour
+clarity over speed.
+
+Calling convention: ``REFERENCES[name](*inputs, **params)``. ``inputs`` are
+numpy arrays in operand order (an absent optional operand is ``None``; the
+arrays of a variadic operand group are separate positional arguments);
+``params`` are plain Python values keyed by parameter name, each defaulting to
+its spec default. The shape-only primitives take ``shape`` (zeros, ones, fill,
+view) and ``dtype`` (zeros, ones, fill, cast). One output is returned as an
+array, several as a tuple in output order.
+
+Numerics: float inputs (fp8, fp16, bf16, fp32) are computed in float32, or in
+float64 when any float input is float64, and float results come back in that
+compute dtype (the caller casts to the declared result dtype); statistics
+(rstd, mean, lse) likewise. Integer inputs stay integers; index outputs are
+int32. Every ``*_backward`` is the exact gradient of its forward, given the
+statistics the forward saved.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import ml_dtypes
+import numpy as np
+
+# ----------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------
+
+
+def _is_float(a: np.ndarray | None) -> bool:
+    return a is not None and np.asarray(a).dtype.kind not in "biu"
+
+
+def _compute_dtype(*arrays: np.ndarray | None) -> type:
+    """float64 when any float input is float64, else float32."""
+    return np.float64 if any(_is_float(a) and np.asarray(a).dtype == np.float64 for a in arrays) else np.float32
+
+
+def _prep(*arrays: np.ndarray | None) -> tuple:
+    """Float arrays in the compute dtype; integer arrays and None unchanged."""
+    dtype = _compute_dtype(*arrays)
+    return tuple(np.asarray(a, dtype=dtype) if _is_float(a) else a for a in arrays)
+
+
+def _scalar(value, dtype) -> np.ndarray:
+    return np.asarray(value, dtype=dtype)
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """``[*, C]`` as ``[rows, C]``."""
+    return a.reshape(-1, a.shape[-1])
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype)
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.logaddexp(0.0, x)
+
+
+_erf_scalar = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    return _erf_scalar(x).astype(x.dtype)
+
+
+def _logsumexp(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    return (np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m).squeeze(axis)
+
+
+def _softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _op(x: np.ndarray, mode: str) -> np.ndarray:
+    """``x`` or its transpose over the last two dims (``mode`` is ``N`` or ``T``)."""
+    return np.swapaxes(x, -1, -2) if mode == "T" else x
+
+
+def _groups(offsets: np.ndarray) -> list[tuple[int, int]]:
+    off = [int(o) for o in np.asarray(offsets).reshape(-1)]
+    return list(zip(off[:-1], off[1:]))
+
+
+# ----------------------------------------------------------------------------
+# 6.1 Linear algebra
+# ----------------------------------------------------------------------------
+
+
+def matmul(a, b, *, transpose="NN", accumulate=False, alpha=1.0, beta=0.0):
+    """C = alpha * op(A) @ op(B) (NN A@B, NT A@B^T, TN A^T@B, TT A^T@B^T).
+
+    A may carry leading dims against a matrix B. ``TN`` with A and B sharing
+    leading dims contracts them with the rows (``dW = dY^T X`` over all tokens).
+    ``accumulate``/``beta`` are not applied here: adding ``beta * C_old`` into
+    the existing buffer is the executor's job; this returns the product only.
+    """
+    a, b = _prep(a, b)
+    if transpose == "TN" and a.ndim > 2 and b.ndim > 2:
+        return alpha * (_rows(a).T @ _rows(b))
+    return alpha * (_op(a, transpose[0]) @ _op(b, transpose[1]))
+
+
+def batched_matmul(a, b, *, transpose="NN", accumulate=False):
+    """C[b] = op(A[b]) @ op(B[b]) over leading dims; a matrix B broadcasts (no accumulation here)."""
+    a, b = _prep(a, b)
+    return _op(a, transpose[0]) @ _op(b, transpose[1])
+
+
+def grouped_gemm(input, weights, offsets, *, transpose="NT"):
+    """out[o_g:o_g+1] = input[o_g:o_g+1] @ W_g^T (NT, W [G, N, K]) or @ W_g (NN, W [G, K, N]); other rows 0."""
+    x, w = _prep(input, weights)
+    n = w.shape[1] if transpose == "NT" else w.shape[2]
+    out = np.zeros((x.shape[0], n), dtype=x.dtype)
+    for g, (lo, hi) in enumerate(_groups(offsets)):
+        out[lo:hi] = x[lo:hi] @ _op(w[g], "T" if transpose == "NT" else "N")
+    return out
+
+
+def grouped_gemm_weight_grad(input, d_output, offsets):
+    """d_weights[g] = d_output_g^T @ input_g ([G, N, K], the weight gradient of NT grouped_gemm)."""
+    x, dy = _prep(input, d_output)
+    groups = _groups(offsets)
+    dw = np.zeros((len(groups), dy.shape[1], x.shape[1]), dtype=x.dtype)
+    for g, (lo, hi) in enumerate(groups):
+        dw[g] = dy[lo:hi].T @ x[lo:hi]
+    return dw
+
+
+# ----------------------------------------------------------------------------
+# 6.2 Normalization
+# ----------------------------------------------------------------------------
+
+
+def _rms_rstd(x: np.ndarray, eps: float) -> np.ndarray:
+    return 1.0 / np.sqrt(np.mean(x * x, axis=-1) + eps)
+
+
+def _rmsnorm_dx(d_y, x, weight, rstd):
+    """d_x of y = x * rstd * w: rstd * g - x * rstd^3 * mean(g * x), g = d_y * w."""
+    g = d_y * weight
+    r = rstd[..., None]
+    return r * g - x * r**3 * np.mean(g * x, axis=-1, keepdims=True)
+
+
+def _rmsnorm_dw(d_y, x, rstd):
+    return np.sum(_rows(d_y * x * rstd[..., None]), axis=0)
+
+
+def rmsnorm(x, weight, *, eps=1e-6):
+    """y = x / sqrt(mean(x^2) + eps) * weight; rstd = 1 / sqrt(mean(x^2) + eps)."""
+    x, weight = _prep(x, weight)
+    rstd = _rms_rstd(x, eps)
+    return x * rstd[..., None] * weight, rstd
+
+
+def rmsnorm_backward(d_y, x, weight, rstd):
+    """(d_x, d_weight) of rmsnorm, from the saved rstd."""
+    d_y, x, weight, rstd = _prep(d_y, x, weight, rstd)
+    return _rmsnorm_dx(d_y, x, weight, rstd), _rmsnorm_dw(d_y, x, rstd)
+
+
+def fused_residual_rmsnorm(residual, input, weight, *, eps=1e-6):
+    """residual_out = residual + input; (y, rstd) = rmsnorm(residual_out, weight)."""
+    residual, input, weight = _prep(residual, input, weight)
+    residual_out = residual + input
+    y, rstd = rmsnorm(residual_out, weight, eps=eps)
+    return residual_out, y, rstd
+
+
+def fused_residual_rmsnorm_backward(d_y, d_residual_next, residual_out, weight, rstd):
+    """d_residual = d_input = d_residual_next + d_x of rmsnorm; d_weight of rmsnorm."""
+    d_y, d_next, r, weight, rstd = _prep(d_y, d_residual_next, residual_out, weight, rstd)
+    d = d_next + _rmsnorm_dx(d_y, r, weight, rstd)
+    return d, d.copy(), _rmsnorm_dw(d_y, r, rstd)
+
+
+def layernorm(x, weight, bias=None, *, eps=1e-5):
+    """y = (x - mean) * rstd * weight (+ bias), rstd = 1 / sqrt(biased var + eps)."""
+    x, weight, bias = _prep(x, weight, bias)
+    mean = np.mean(x, axis=-1)
+    xc = x - mean[..., None]
+    rstd = 1.0 / np.sqrt(np.mean(xc * xc, axis=-1) + eps)
+    y = xc * rstd[..., None] * weight
+    return (y if bias is None else y + bias), mean, rstd
+
+
+def layernorm_backward(d_y, x, weight, mean, rstd):
+    """d_x = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = d_y * w; d_weight; d_bias = sum(d_y)."""
+    d_y, x, weight, mean, rstd = _prep(d_y, x, weight, mean, rstd)
+    xhat = (x - mean[..., None]) * rstd[..., None]
+    g = d_y * weight
+    d_x = rstd[..., None] * (g - np.mean(g, -1, keepdims=True) - xhat * np.mean(g * xhat, -1, keepdims=True))
+    return d_x, np.sum(_rows(d_y * xhat), axis=0), np.sum(_rows(d_y), axis=0)
+
+
+# ----------------------------------------------------------------------------
+# 6.3 Activations
+# ----------------------------------------------------------------------------
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def _silu(x):
+    return x * _sigmoid(x)
+
+
+def _silu_grad(x):
+    s = _sigmoid(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
+def _gelu(x, approximate):
+    if approximate:
+        return 0.5 * x * (1.0 + np.tanh(_GELU_C * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def _gelu_grad(x, approximate):
+    if approximate:
+        t = np.tanh(_GELU_C * (x + 0.044715 * x**3))
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * x * x)
+    cdf = 0.5 * (1.0 + _erf(x / math.sqrt(2.0)))
+    return cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def swiglu(gate, up):
+    """silu(gate) * up."""
+    gate, up = _prep(gate, up)
+    return _silu(gate) * up
+
+
+def swiglu_backward(d_out, gate, up):
+    """d_gate = d_out * up * silu'(gate); d_up = d_out * silu(gate)."""
+    d_out, gate, up = _prep(d_out, gate, up)
+    return d_out * up * _silu_grad(gate), d_out * _silu(gate)
+
+
+def geglu(gate, up, *, approximate=True):
+    """gelu(gate) * up (tanh approximation unless approximate=False, then erf)."""
+    gate, up = _prep(gate, up)
+    return _gelu(gate, approximate) * up
+
+
+def geglu_backward(d_out, gate, up, *, approximate=True):
+    """d_gate = d_out * up * gelu'(gate); d_up = d_out * gelu(gate)."""
+    d_out, gate, up = _prep(d_out, gate, up)
+    return d_out * up * _gelu_grad(gate, approximate), d_out * _gelu(gate, approximate)
+
+
+def silu(x):
+    """x * sigmoid(x)."""
+    (x,) = _prep(x)
+    return _silu(x)
+
+
+def silu_backward(d_out, x):
+    """d_out * sigmoid(x) * (1 + x * (1 - sigmoid(x)))."""
+    d_out, x = _prep(d_out, x)
+    return d_out * _silu_grad(x)
+
+
+def relu(x):
+    """max(x, 0)."""
+    (x,) = _prep(x)
+    return np.maximum(x, 0)
+
+
+def relu_backward(d_out, x):
+    """d_out * (x > 0) (zero gradient at x = 0, as PyTorch)."""
+    d_out, x = _prep(d_out, x)
+    return np.where(x > 0, d_out, 0).astype(d_out.dtype)
+
+
+def relu2(x):
+    """max(x, 0)^2."""
+    (x,) = _prep(x)
+    return np.maximum(x, 0) ** 2
+
+
+def relu2_backward(d_out, x):
+    """d_out * 2 * max(x, 0)."""
+    d_out, x = _prep(d_out, x)
+    return d_out * 2 * np.maximum(x, 0)
+
+
+def gelu(x, *, approximate=True):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), or x * Phi(x) (erf) when not approximate."""
+    (x,) = _prep(x)
+    return _gelu(x, approximate)
+
+
+def gelu_backward(d_out, x, *, approximate=True):
+    """d_out * gelu'(x) of the same variant."""
+    d_out, x = _prep(d_out, x)
+    return d_out * _gelu_grad(x, approximate)
+
+
+def softmax(x, *, dim=-1):
+    """exp(x - max) / sum(exp(x - max)) along dim."""
+    (x,) = _prep(x)
+    return _softmax(x, dim)
+
+
+def softmax_backward(d_out, out, *, dim=-1):
+    """out * (d_out - sum(d_out * out, dim))."""
+    d_out, out = _prep(d_out, out)
+    return out * (d_out - np.sum(d_out * out, axis=dim, keepdims=True))
+
+
+# ----------------------------------------------------------------------------
+# 6.4 Attention
+# ----------------------------------------------------------------------------
+
+
+def _attention_allowed(tq: int, tk: int, causal: bool, window_size: int | None) -> np.ndarray:
+    """[Tq, Tk] mask of the keys each query sees; queries are the last Tq positions."""
+    i = np.arange(tq)[:, None] + (tk - tq)
+    j = np.arange(tk)[None, :]
+    allowed = (j <= i) if causal else np.ones((tq, tk), dtype=bool)
+    if window_size is not None:
+        allowed &= (i - j < window_size) if causal else (np.abs(i - j) < window_size)
+    return allowed
+
+
+def _expand_kv(t: np.ndarray, hq: int) -> np.ndarray:
+    """[B, Hkv, T, D] -> [B, Hq, T, D]: query head h reads kv head h // (Hq // Hkv) (HF repeat_kv)."""
+    return np.repeat(t, hq // t.shape[1], axis=1)
+
+
+def _reduce_kv(t: np.ndarray, hkv: int) -> np.ndarray:
+    """[B, Hq, T, D] -> [B, Hkv, T, D], summing the query heads of each group."""
+    b, hq = t.shape[:2]
+    return t.reshape(b, hkv, hq // hkv, *t.shape[2:]).sum(axis=2)
+
+
+def _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size):
+    """scale * q k^T (+ ALiBi), masked keys at -inf: [B, Hq, Tq, Tk]."""
+    tq, tk, d = q.shape[2], k.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    s = scale * (q @ np.swapaxes(_expand_kv(k, q.shape[1]), -1, -2))
+    if alibi_slopes is not None:
+        dist = np.abs(np.arange(tq)[:, None] + (tk - tq) - np.arange(tk)[None, :])
+        s = s - alibi_slopes.reshape(1, -1, 1, 1) * dist
+    return np.where(_attention_allowed(tq, tk, causal, window_size), s, -np.inf), scale
+
+
+def flash_attention(q, k, v, alibi_slopes=None, *, causal=True, softmax_scale=None, window_size=None):
+    """out = softmax(scale q k^T + mask) v, lse = logsumexp of the masked scores (GQA by head groups).
+
+    q [B, Hq, Tq, D], k/v [B, Hkv, Tk, D]; query i sits at position i + Tk - Tq.
+    causal: key j <= i. window_size w: causal keys with i - w < j (HF Mistral);
+    non-causal keys with |i - j| < w (flash-attn's symmetric window).
+    ALiBi adds -slope_h * |i - j| (flash-attn). softmax_scale defaults to 1/sqrt(D).
+    """
+    q, k, v, alibi_slopes = _prep(q, k, v, alibi_slopes)
+    s, _ = _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size)
+    lse = _logsumexp(s, axis=-1)
+    p = np.exp(s - lse[..., None])
+    return p @ _expand_kv(v, q.shape[1]), lse
+
+
+def flash_attention_backward(d_out, q, k, v, out, lse, *, causal=True, softmax_scale=None, window_size=None):
+    """(d_q, d_k, d_v) of flash_attention without ALiBi, from the saved out and lse.
+
+    P = exp(S - lse); dV = P^T dO; dS = P * (dO V^T - rowsum(dO * O)); dQ = scale dS K; dK = scale dS^T Q;
+    d_k and d_v sum the query heads of each kv group.
+    """
+    d_out, q, k, v, out, lse = _prep(d_out, q, k, v, out, lse)
+    hkv = k.shape[1]
+    s, scale = _attention_scores(q, k, None, causal, softmax_scale, window_size)
+    p = np.exp(s - lse[..., None])
+    d_v = np.swapaxes(p, -1, -2) @ d_out
+    d_p = d_out @ np.swapaxes(_expand_kv(v, q.shape[1]), -1, -2)
+    d_s = p * (d_p - np.sum(d_out * out, axis=-1, keepdims=True))
+    d_q = scale * (d_s @ _expand_kv(k, q.shape[1]))
+    d_k = scale * (np.swapaxes(d_s, -1, -2) @ q)
+    return d_q, _reduce_kv(d_k, hkv), _reduce_kv(d_v, hkv)
+
+
+def _rotate(x, cos, sin, interleaved):
+    """Rotate pairs of the last dim by the angles whose cos/sin are [T, D/2]."""
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2] = x1 * cos - x2 * sin
+        out[..., 1::2] = x2 * cos + x1 * sin
+        return out
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def rope(q, k, freqs, *, interleaved=False):
+    """Rotate q and k ([B, H, T, D]) by freqs [T, D/2, 2] = (cos, sin) per position and pair.
+
+    Pairs are (x[i], x[i + D/2]) (HF rotate_half) or, interleaved, (x[2i], x[2i+1]) (GPT-J):
+    (a, b) -> (a cos - b sin, b cos + a sin).
+    """
+    q, k, freqs = _prep(q, k, freqs)
+    cos, sin = freqs[..., 0], freqs[..., 1]
+    return _rotate(q, cos, sin, interleaved), _rotate(k, cos, sin, interleaved)
+
+
+def rope_backward(d_q_rot, d_k_rot, freqs, *, interleaved=False):
+    """The inverse rotation (sin negated) of the incoming gradients."""
+    d_q, d_k, freqs = _prep(d_q_rot, d_k_rot, freqs)
+    cos, sin = freqs[..., 0], -freqs[..., 1]
+    return _rotate(d_q, cos, sin, interleaved), _rotate(d_k, cos, sin, interleaved)
+
+
+def qk_norm(q, k, q_weight, k_weight, *, eps=1e-6):
+    """RMSNorm of every q and k head vector over D: (q_norm, k_norm, q_rstd, k_rstd)."""
+    q, k, q_weight, k_weight = _prep(q, k, q_weight, k_weight)
+    q_norm, q_rstd = rmsnorm(q, q_weight, eps=eps)
+    k_norm, k_rstd = rmsnorm(k, k_weight, eps=eps)
+    return q_norm, k_norm, q_rstd, k_rstd
+
+
+def qk_norm_backward(d_q_norm, d_k_norm, q, k, q_weight, k_weight, q_rstd, k_rstd):
+    """rmsnorm_backward of q and of k: (d_q, d_k, d_q_weight, d_k_weight)."""
+    d_q_norm, d_k_norm, q, k, q_weight, k_weight, q_rstd, k_rstd = _prep(
+        d_q_norm, d_k_norm, q, k, q_weight, k_weight, q_rstd, k_rstd)
+    d_q, d_qw = rmsnorm_backward(d_q_norm, q, q_weight, q_rstd)
+    d_k, d_kw = rmsnorm_backward(d_k_norm, k, k_weight, k_rstd)
+    return d_q, d_k, d_qw, d_kw
+
+
+# ----------------------------------------------------------------------------
+# 6.5 Tensor manipulation
+# ----------------------------------------------------------------------------
+
+
+def split(x, *, sizes, dim=-1):
+    """Consecutive chunks of x along dim with the given sizes (a tuple, one array per size)."""
+    (x,) = _prep(x)
+    cuts = np.cumsum([int(s) for s in sizes])[:-1]
+    return tuple(part.copy() for part in np.split(x, cuts, axis=dim))
+
+
+def concat(*inputs, dim=-1):
+    """The inputs concatenated along dim."""
+    return np.concatenate(_prep(*inputs), axis=dim)
+
+
+def view(x, *, shape):
+    """x reshaped to shape (one -1 allowed)."""
+    (x,) = _prep(x)
+    return x.reshape(tuple(shape)).copy()
+
+
+def transpose(x, *, dim0, dim1):
+    """x with dims dim0 and dim1 swapped."""
+    (x,) = _prep(x)
+    return np.ascontiguousarray(np.swapaxes(x, dim0, dim1))
+
+
+def permute(x, *, dims):
+    """Result dim i is input dim dims[i]."""
+    (x,) = _prep(x)
+    return np.ascontiguousarray(np.transpose(x, tuple(dims)))
+
+
+def contiguous(x):
+    """A contiguous copy of x."""
+    (x,) = _prep(x)
+    return np.array(x, copy=True, order="C")
+
+
+# ----------------------------------------------------------------------------
+# 6.6 Elementwise, 6.7 reductions
+# ----------------------------------------------------------------------------
+
+
+def add(a, b):
+    """a + b with NumPy broadcasting."""
+    a, b = _prep(a, b)
+    return a + b
+
+
+def mul(a, b):
+    """a * b with NumPy broadcasting."""
+    a, b = _prep(a, b)
+    return a * b
+
+
+def bias_add(x, bias):
+    """x + bias, bias [N] along the last dim of x [*, N]."""
+    x, bias = _prep(x, bias)
+    return x + bias
+
+
+def scale(x, *, factor):
+    """x * factor."""
+    (x,) = _prep(x)
+    return x * factor
+
+
+def add3(a, b, c):
+    """a + b + c."""
+    a, b, c = _prep(a, b, c)
+    return a + b + c
+
+
+def reduce_sum(x, *, dims, keepdim=False):
+    """Sum over dims (NumPy axes of the concrete array)."""
+    (x,) = _prep(x)
+    return np.asarray(np.sum(x, axis=tuple(dims), keepdims=keepdim))
+
+
+def reduce_mean(x, *, dims, keepdim=False):
+    """Mean over dims (NumPy axes of the concrete array)."""
+    (x,) = _prep(x)
+    return np.asarray(np.mean(x, axis=tuple(dims), keepdims=keepdim))
+
+
+def reduce_max(x, *, dim, keepdim=False):
+    """(max over dim, int32 index of the first maximum)."""
+    (x,) = _prep(x)
+    values = np.max(x, axis=dim, keepdims=keepdim)
+    indices = np.argmax(x, axis=dim, keepdims=keepdim).astype(np.int32)
+    return np.asarray(values), np.asarray(indices)
+
+
+# ----------------------------------------------------------------------------
+# 6.8 Embedding
+# ----------------------------------------------------------------------------
+
+
+def embedding(indices, weight):
+    """weight[indices]: ([*], [V, D]) -> [*, D]."""
+    (weight,) = _prep(weight)
+    return weight[np.asarray(indices)]
+
+
+def embedding_backward(d_out, indices, *, shape=None):
+    """d_weight[v] = sum of d_out rows whose index is v.
+
+    ``shape`` is the ``[V, D]`` shape of d_weight (the operands do not carry
+    V); without it V is ``max(indices) + 1``.
+    """
+    (d_out,) = _prep(d_out)
+    idx = np.asarray(indices).reshape(-1)
+    rows = tuple(shape) if shape is not None else (int(idx.max()) + 1 if idx.size else 0, d_out.shape[-1])
+    d_weight = np.zeros(rows, dtype=d_out.dtype)
+    np.add.at(d_weight, idx, _rows(d_out))
+    return d_weight
+
+
+# ----------------------------------------------------------------------------
+# 6.9 MoE
+# ----------------------------------------------------------------------------
+
+
+def _router_scores(x, gate, use_sigmoid):
+    logits = x @ gate.T
+    return _sigmoid(logits) if use_sigmoid else _softmax(logits)
+
+
+def _router_probs(scores, use_sigmoid):
+    """Scores as a distribution over experts (sigmoid scores renormalized, DeepSeek)."""
+    return scores / np.sum(scores, axis=-1, keepdims=True) if use_sigmoid else scores
+
+
+def _expert_fractions(indices, num_experts):
+    """f_e = (top-k assignments to expert e) / tokens (HF load_balancing_loss_func)."""
+    counts = np.bincount(np.asarray(indices).reshape(-1), minlength=num_experts)
+    return counts / np.asarray(indices).shape[0]
+
+
+def moe_router(x, gate, *, top_k, normalize=True, aux_loss_coef=0.01, use_sigmoid=False):
+    """scores = softmax (or sigmoid) of x gate^T; top_k experts by score; weights = their scores
+    (renormalized to sum 1 if normalize); aux_loss = coef * E * sum_e f_e * P_e.
+
+    f_e counts top-k assignments per token (HF Mixtral/Qwen-MoE ``load_balancing_loss_func``,
+    not divided by top_k); P_e is the mean routing probability (sigmoid scores renormalized
+    over experts). Indices are in descending score order (torch.topk), int32.
+    """
+    x, gate = _prep(x, gate)
+    scores = _router_scores(x, gate, use_sigmoid)
+    indices = np.argsort(-scores, axis=-1, kind="stable")[:, :top_k]
+    weights = np.take_along_axis(scores, indices, axis=-1)
+    if normalize:
+        weights = weights / np.sum(weights, axis=-1, keepdims=True)
+    probs = _router_probs(scores, use_sigmoid)
+    aux = aux_loss_coef * gate.shape[0] * np.sum(_expert_fractions(indices, gate.shape[0]) * probs.mean(axis=0))
+    return weights, indices.astype(np.int32), _scalar(aux, x.dtype)
+
+
+def _router_d_scores_from_weights(d_weights, scores, indices, normalize):
+    sel = np.take_along_axis(scores, indices, axis=-1)
+    d_sel = d_weights
+    if normalize:
+        total = np.sum(sel, axis=-1, keepdims=True)
+        d_sel = (d_weights - np.sum(d_weights * sel / total, axis=-1, keepdims=True)) / total
+    d_scores = np.zeros_like(scores)
+    np.put_along_axis(d_scores, indices, d_sel, axis=-1)
+    return d_scores
+
+
+def _router_d_scores_from_aux(scores, indices, aux_loss_coef, use_sigmoid):
+    n, e = scores.shape
+    d_probs = np.broadcast_to(aux_loss_coef * e * _expert_fractions(indices, e) / n, scores.shape)
+    if not use_sigmoid:
+        return d_probs
+    total = np.sum(scores, axis=-1, keepdims=True)
+    return (d_probs - np.sum(d_probs * scores / total, axis=-1, keepdims=True)) / total
+
+
+def moe_router_backward(d_weights, x, gate, indices, *, normalize=True, aux_loss_coef=0.01, use_sigmoid=False):
+    """(d_x, d_gate) of sum(d_weights * weights) + aux_loss (aux_loss enters the loss with
+    gradient 1; set aux_loss_coef=0 for the weights alone); indices are constants."""
+    d_weights, x, gate = _prep(d_weights, x, gate)
+    idx = np.asarray(indices).astype(np.int64)
+    scores = _router_scores(x, gate, use_sigmoid)
+    d_scores = _router_d_scores_from_weights(d_weights, scores, idx, normalize)
+    d_scores = d_scores + _router_d_scores_from_aux(scores, idx, aux_loss_coef, use_sigmoid)
+    if use_sigmoid:
+        d_logits = d_scores * scores * (1.0 - scores)
+    else:
+        d_logits = scores * (d_scores - np.sum(d_scores * scores, axis=-1, keepdims=True))
+    return d_logits @ gate, d_logits.T @ x
+
+
+def moe_permute(x, indices, expert_offsets):
+    """Token copies grouped by expert: the assignment a = n*top_k + k of token n to expert
+    e = indices[n, k] goes to row offsets[e] + (its rank among e's assignments, in a order).
+
+    Returns (permuted [N*top_k, C], scatter_indices [N*top_k] int32) with
+    scatter_indices[a] = the permuted row of assignment a (Surogate's convention).
+    """
+    (x,) = _prep(x)
+    n, top_k = np.asarray(indices).shape
+    flat = np.asarray(indices).reshape(-1).astype(np.int64)
+    order = np.argsort(flat, kind="stable")
+    first = np.searchsorted(flat[order], flat[order], side="left")
+    rank = np.arange(flat.size) - first
+    scatter = np.empty(flat.size, dtype=np.int64)
+    scatter[order] = np.asarray(expert_offsets).astype(np.int64)[flat[order]] + rank
+    permuted = np.zeros((flat.size, x.shape[1]), dtype=x.dtype)
+    permuted[scatter] = x[np.arange(flat.size) // top_k]
+    return permuted, scatter.astype(np.int32)
+
+
+def _gather_expert_rows(expert_outputs, scatter_indices, n, top_k):
+    return expert_outputs[np.asarray(scatter_indices).reshape(n, top_k)]
+
+
+def moe_unpermute(expert_outputs, weights, scatter_indices):
+    """combined[n] = sum_k weights[n, k] * expert_outputs[scatter_indices[n*top_k + k]]."""
+    eo, w = _prep(expert_outputs, weights)
+    rows = _gather_expert_rows(eo, scatter_indices, *w.shape)
+    return np.einsum("nk,nkc->nc", w, rows)
+
+
+def moe_unpermute_backward(d_combined, expert_outputs, weights, scatter_indices):
+    """d_expert_outputs[s(n,k)] = weights[n,k] d_combined[n]; d_weights[n,k] = <d_combined[n], eo[s(n,k)]>."""
+    dc, eo, w = _prep(d_combined, expert_outputs, weights)
+    n, top_k = w.shape
+    rows = _gather_expert_rows(eo, scatter_indices, n, top_k)
+    d_eo = np.zeros_like(eo)
+    np.add.at(d_eo, np.asarray(scatter_indices).reshape(-1), (w[..., None] * dc[:, None, :]).reshape(n * top_k, -1))
+    return d_eo, np.einsum("nc,nkc->nk", dc, rows)
+
+
+# ----------------------------------------------------------------------------
+# 6.10 Mamba
+# ----------------------------------------------------------------------------
+
+
+def _conv_padded(x, conv_state, kernel_size):
+    """[state or zeros (K-1 steps), x] along time: [B, D, T + K - 1]."""
+    b, d, _ = x.shape
+    prefix = conv_state if conv_state is not None else np.zeros((b, d, kernel_size - 1), dtype=x.dtype)
+    return np.concatenate([prefix.astype(x.dtype), x], axis=-1)
+
+
+def _conv_pre(xp, weight, bias, steps, kernel_size):
+    """pre[b, d, t] = bias[d] + sum_k weight[d, 0, k] * xp[b, d, t + k]."""
+    pre = sum(weight[None, :, 0, k, None] * xp[..., k : k + steps] for k in range(kernel_size))
+    return pre if bias is None else pre + bias[None, :, None]
+
+
+def mamba_conv1d(x, weight, bias=None, conv_state=None, *, kernel_size=4, activation="silu"):
+    """Causal depthwise conv over time, y[t] = act(bias + sum_k w[k] x[t - K + 1 + k]) (x [B, D, T]).
+
+    Steps before t = 0 come from conv_state (zeros without one), as causal-conv1d.
+    Returns (y, conv_state_out): the last K-1 input steps, also when no state was given.
+    """
+    x, weight, bias, conv_state = _prep(x, weight, bias, conv_state)
+    xp = _conv_padded(x, conv_state, kernel_size)
+    pre = _conv_pre(xp, weight, bias, x.shape[-1], kernel_size)
+    y = _silu(pre) if activation == "silu" else pre
+    return y, xp[..., x.shape[-1] :].copy()
+
+
+def mamba_conv1d_backward(d_y, x, weight, bias=None, *, kernel_size=4, activation="silu"):
+    """(d_x, d_weight, d_bias) of mamba_conv1d with a zero initial state (d_bias also without bias)."""
+    d_y, x, weight, bias = _prep(d_y, x, weight, bias)
+    steps = x.shape[-1]
+    xp = _conv_padded(x, None, kernel_size)
+    pre = _conv_pre(xp, weight, bias, steps, kernel_size)
+    d_pre = d_y * _silu_grad(pre) if activation == "silu" else d_y
+    d_xp = np.zeros_like(xp)
+    d_w = np.zeros_like(weight)
+    for k in range(kernel_size):
+        d_xp[..., k : k + steps] += weight[None, :, 0, k, None] * d_pre
+        d_w[:, 0, k] = np.sum(d_pre * xp[..., k : k + steps], axis=(0, 2))
+    return d_xp[..., kernel_size - 1 :], d_w, np.sum(d_pre, axis=(0, 2))
+
+
+def _expand_groups(t, channels):
+    """[B, G, N, T] -> [B, D, N, T]: channel d reads group d // (D // G) (mamba_ssm)."""
+    return np.repeat(t, channels // t.shape[1], axis=1)
+
+
+def _reduce_groups(t, groups):
+    b, d = t.shape[:2]
+    return t.reshape(b, groups, d // groups, *t.shape[2:]).sum(axis=2)
+
+
+def _scan_setup(u, delta, a_log, b_proj, c_proj, dt_bias):
+    dt = _softplus(delta + dt_bias[None, :, None])
+    a = -np.exp(a_log)
+    return dt, a, _expand_groups(b_proj, u.shape[1]), _expand_groups(c_proj, u.shape[1])
+
+
+def _scan_states(u, dt, a, bd, h0):
+    """h[t] = exp(dt[t] A) h[t-1] + dt[t] B[t] u[t], all steps: [B, D, T, N]."""
+    states = np.empty((*u.shape, a.shape[1]), dtype=u.dtype)
+    h = h0
+    for t in range(u.shape[-1]):
+        h = np.exp(dt[..., t, None] * a) * h + (dt[..., t] * u[..., t])[..., None] * bd[..., t]
+        states[:, :, t] = h
+    return states
+
+
+def _initial_state(u, n, ssm_state):
+    return np.zeros((*u.shape[:2], n), dtype=u.dtype) if ssm_state is None else ssm_state
+
+
+def mamba_selective_scan(u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_state=None, *, chunk_size=256):
+    """Selective scan (mamba_ssm, delta_softplus=True): dt = softplus(delta + dt_bias), A = -exp(a_log),
+    h[t] = exp(dt[t] A) h[t-1] + dt[t] B[t] u[t], y[t] = C[t] . h[t] + D u[t].
+
+    u, delta [B, D, T]; a_log [D, N]; b_proj, c_proj [B, G, N, T] (channel d uses group
+    d // (D/G)); h[-1] = ssm_state or 0. Returns (y, ssm_state_out = h[T-1]).
+    chunk_size only tiles the kernel; the result does not depend on it.
+    """
+    u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_state = _prep(
+        u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_state)
+    dt, a, bd, cd = _scan_setup(u, delta, a_log, b_proj, c_proj, dt_bias)
+    states = _scan_states(u, dt, a, bd, _initial_state(u, a.shape[1], ssm_state))
+    y = np.einsum("bdtn,bdnt->bdt", states, cd) + d_skip[None, :, None] * u
+    return y, states[:, :, -1].copy()
+
+
+def mamba_selective_scan_backward(d_y, u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, y, ssm_state=None, *,
+                                  chunk_size=256):
+    """Gradients of sum(d_y * y) of mamba_selective_scan w.r.t. (u, delta, a_log, b_proj, c_proj, d_skip,
+    dt_bias), by reverse recurrence over the recomputed states (y itself is not needed)."""
+    d_y, u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_state = _prep(
+        d_y, u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_state)
+    dt, a, bd, cd = _scan_setup(u, delta, a_log, b_proj, c_proj, dt_bias)
+    h0 = _initial_state(u, a.shape[1], ssm_state)
+    states = _scan_states(u, dt, a, bd, h0)
+    d_u = d_y * d_skip[None, :, None]
+    d_dt, d_a = np.zeros_like(dt), np.zeros_like(a)
+    d_bd, d_cd = np.zeros_like(bd), np.zeros_like(cd)
+    dh = np.zeros_like(h0)
+    for t in reversed(range(u.shape[-1])):
+        h_prev = states[:, :, t - 1] if t > 0 else h0
+        d_cd[..., t] = d_y[..., t, None] * states[:, :, t]
+        dh = dh + d_y[..., t, None] * cd[..., t]
+        decay = np.exp(dt[..., t, None] * a)
+        d_exponent = dh * h_prev * decay
+        dh_b = np.sum(dh * bd[..., t], axis=-1)
+        d_dt[..., t] = np.sum(d_exponent * a, axis=-1) + dh_b * u[..., t]
+        d_a += np.sum(d_exponent * dt[..., t, None], axis=0)
+        d_bd[..., t] = dh * (dt[..., t] * u[..., t])[..., None]
+        d_u[..., t] += dh_b * dt[..., t]
+        dh = dh * decay
+    d_delta = d_dt * _sigmoid(delta + dt_bias[None, :, None])
+    groups = b_proj.shape[1]
+    return (d_u, d_delta, d_a * a, _reduce_groups(d_bd, groups), _reduce_groups(d_cd, groups),
+            np.sum(d_y * u, axis=(0, 2)), np.sum(d_delta, axis=(0, 2)))
+
+
+# ----------------------------------------------------------------------------
+# 6.11 Utility
+# ----------------------------------------------------------------------------
+
+
+def zeros(*, shape, dtype=ml_dtypes.bfloat16):
+    """A tensor of zeros."""
+    return np.zeros(tuple(shape), dtype=dtype)
+
+
+def ones(*, shape, dtype=ml_dtypes.bfloat16):
+    """A tensor of ones."""
+    return np.ones(tuple(shape), dtype=dtype)
+
+
+def fill(*, shape, value, dtype=ml_dtypes.bfloat16):
+    """A tensor filled with value."""
+    return np.full(tuple(shape), value, dtype=dtype)
+
+
+def copy(x):
+    """A copy of x."""
+    (x,) = _prep(x)
+    return np.array(x, copy=True)
+
+
+def cast(x, *, dtype):
+    """x converted to dtype (round to nearest even, as ml_dtypes and PyTorch)."""
+    return np.asarray(x).astype(dtype)
+
+
+# ----------------------------------------------------------------------------
+# Losses
+# ----------------------------------------------------------------------------
+
+
+def _reduce_loss(per_row, valid, reduction):
+    if reduction == "none":
+        return per_row
+    total = np.sum(per_row)
+    if reduction == "sum":
+        return _scalar(total, per_row.dtype)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return _scalar(total / np.sum(valid), per_row.dtype)
+
+
+def _row_grad_scale(d_loss, valid, reduction):
+    """d loss / d per_row_loss, zero on ignored rows ([N])."""
+    scale = np.broadcast_to(d_loss, valid.shape) * valid
+    if reduction == "mean":
+        with np.errstate(invalid="ignore", divide="ignore"):
+            scale = scale / np.sum(valid)
+    return scale
+
+
+def cross_entropy(logits, labels, *, ignore_index=-100, reduction="mean"):
+    """per-row loss = lse(logits) - logits[label] (0 where label == ignore_index), reduced by
+    mean over counted rows (NaN when none, as PyTorch), sum or none; lse per row."""
+    (logits,) = _prep(logits)
+    labels = np.asarray(labels)
+    lse = _logsumexp(logits, axis=-1)
+    valid = labels != ignore_index
+    picked = np.take_along_axis(logits, np.where(valid, labels, 0)[:, None].astype(np.int64), axis=-1)[:, 0]
+    per_row = np.where(valid, lse - picked, 0).astype(logits.dtype)
+    return _reduce_loss(per_row, valid, reduction), lse
+
+
+def cross_entropy_backward(d_loss, logits, labels, lse, *, ignore_index=-100, reduction="mean"):
+    """d_logits = (exp(logits - lse) - onehot(label)) * d(loss)/d(row loss); 0 on ignored rows."""
+    d_loss, logits, lse = _prep(d_loss, logits, lse)
+    labels = np.asarray(labels)
+    valid = labels != ignore_index
+    grad = np.exp(logits - lse[:, None])
+    rows = np.nonzero(valid)[0]
+    grad[rows, labels[rows]] -= 1.0
+    return grad * _row_grad_scale(d_loss, valid, reduction)[:, None]
+
+
+def fused_lm_head_loss(x, weight, labels, *, ignore_index=-100, reduction="mean", compute_accuracy=False):
+    """cross_entropy(x @ weight^T, labels); compute_accuracy has no result here and is ignored."""
+    x, weight = _prep(x, weight)
+    return cross_entropy(x @ weight.T, labels, ignore_index=ignore_index, reduction=reduction)
+
+
+def fused_lm_head_loss_backward(d_loss, x, weight, labels, lse, *, ignore_index=-100, reduction="mean"):
+    """d_logits of cross_entropy at x @ weight^T; d_x = d_logits @ weight, d_weight = d_logits^T @ x."""
+    d_loss, x, weight, lse = _prep(d_loss, x, weight, lse)
+    d_logits = cross_entropy_backward(d_loss, x @ weight.T, labels, lse, ignore_index=ignore_index,
+                                      reduction=reduction)
+    return d_logits @ weight, d_logits.T @ x
+
+
+# ----------------------------------------------------------------------------
+# The registry
+# ----------------------------------------------------------------------------
+
+REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
+    fn.__name__: fn
+    for fn in (
+        matmul, batched_matmul, grouped_gemm, grouped_gemm_weight_grad,
+        rmsnorm, rmsnorm_backward, fused_residual_rmsnorm, fused_residual_rmsnorm_backward,
+        layernorm, layernorm_backward,
+        swiglu, swiglu_backward, geglu, geglu_backward, silu, silu_backward,
+        relu, relu_backward, relu2, relu2_backward, gelu, gelu_backward,
+        softmax, softmax_backward,
+        flash_attention, flash_attention_backward, rope, rope_backward, qk_norm, qk_norm_backward,
+        split, concat, view, transpose, permute, contiguous,
+        add, mul, bias_add, scale, add3,
+        reduce_sum, reduce_mean, reduce_max,
+        embedding, embedding_backward,
+        moe_router, moe_router_backward, moe_permute, moe_unpermute, moe_unpermute_backward,
+        mamba_conv1d, mamba_conv1d_backward, mamba_selective_scan, mamba_selective_scan_backward,
+        zeros, ones, fill, copy, cast,
+        cross_entropy, cross_entropy_backward, fused_lm_head_loss, fused_lm_head_loss_backward,
+    )
+}
+
+
+def reference(name: str) -> Callable[..., np.ndarray | tuple[np.ndarray, ...]]:
+    """The numpy reference of primitive ``name``; KeyError for an unknown name."""
+    try:
+        return REFERENCES[name]
+    except KeyError:
+        raise KeyError(f"no numpy reference for primitive '{name}' (known: {', '.join(sorted(REFERENCES))})") from None

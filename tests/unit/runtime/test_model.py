@@ -1,0 +1,82 @@
+"""The std DSL models on tiny random transformers checkpoints: logits, generation, bf16."""
+
+import numpy as np
+import pytest
+
+import modeldsl
+from hf_checkpoints import make_checkpoint, transformers_model
+from modeldsl.resolve.imports import STD_ROOT
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+MODELS = STD_ROOT / "models"
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 16}
+CASES = {
+    "llama-gqa": ("llama", "llama.module", {}),
+    "llama-tied": ("llama", "llama.module", {"tie_word_embeddings": True}),
+    "llama3-rope-scaling": ("llama", "llama.module", {"rope_parameters": {"rope_theta": 500000.0, **LLAMA3_SCALING}}),
+    "qwen3-qk-norm": ("qwen3", "qwen.module", {"head_dim": 16}),
+    "mistral-sliding-window": ("mistral", "mistral.module", {"sliding_window": 5}),
+}
+TOKENS = [3, 17, 42, 5, 9, 33, 2, 61, 7, 12, 40, 8]  # T = 12 >= twice the window
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request, tmp_path_factory):
+    arch, module, config = CASES[request.param]
+    path = make_checkpoint(tmp_path_factory.mktemp(request.param), arch, **config)
+    return request.param, path, modeldsl.load(MODELS / module, hf=path)
+
+
+def reference_logits(path, tokens):
+    with torch.no_grad():
+        return transformers_model(path)(torch.tensor([tokens])).logits[0].numpy()
+
+
+def test_logits_match_transformers_in_fp32(case):
+    name, path, model = case
+    logits = model.forward(TOKENS)
+    expected = reference_logits(path, TOKENS)
+    assert np.abs(logits - expected).max() <= 1e-4, name
+
+
+def test_batched_forward_equals_rows(case):
+    _, _, model = case
+    batch = np.array([TOKENS, TOKENS[::-1]])
+    logits = model.forward(batch)
+    np.testing.assert_allclose(logits[1], model.forward(TOKENS[::-1]), atol=1e-5)
+
+
+def test_greedy_generation_with_the_kv_cache_equals_recomputation_and_transformers(case):
+    name, path, model = case
+    prompt = TOKENS[:6]
+    cached = model.generate(prompt, 8)
+    assert cached == model.generate(prompt, 8, use_cache=False), name
+    with torch.no_grad():
+        expected = transformers_model(path).generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                                                     pad_token_id=0)
+    assert cached == expected[0, len(prompt):].tolist(), name
+
+
+def test_sampling_is_reproducible_with_a_seed(case):
+    _, _, model = case
+    first = model.generate(TOKENS[:4], 6, temperature=0.8, top_k=10, seed=3)
+    assert first == model.generate(TOKENS[:4], 6, temperature=0.8, top_k=10, seed=3)
+
+
+def test_bf16_storage_stays_close_to_fp32(tmp_path):
+    path = make_checkpoint(tmp_path / "ckpt")
+    fp32 = modeldsl.load(MODELS / "llama.module", hf=path).forward(TOKENS)
+    bf16 = modeldsl.load(MODELS / "llama.module", hf=path, dtype="bf16")
+    assert next(iter(bf16.weights.values())).dtype.name == "bfloat16"
+    assert np.abs(bf16.forward(TOKENS) - fp32).max() < 0.05 * np.abs(fp32).max()
+
+
+def test_save_hf_round_trips_through_the_model(tmp_path):
+    path = make_checkpoint(tmp_path / "ckpt")
+    model = modeldsl.load(MODELS / "llama.module", hf=path)
+    model.save_hf(tmp_path / "out")
+    again = modeldsl.load(MODELS / "llama.module", hf=tmp_path / "out")
+    np.testing.assert_array_equal(again.forward(TOKENS), model.forward(TOKENS))

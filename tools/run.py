@@ -1,0 +1,146 @@
+"""``mdsl-run MODEL.module --hf DIR``: load a DSL model with a HuggingFace checkpoint and run it.
+
+``--prompt TEXT`` (tokenized with the checkpoint's ``tokenizer.json`` when it
+has one, else as UTF-8 bytes) or ``--tokens 1,2,3``; ``--max-new-tokens N``
+generates greedily or, with ``--temperature``/``--top-k``/``--seed``, by
+sampling, using the KV cache (``--no-cache``: full recomputation per token);
+``--logits FILE.npy`` writes the prompt's logits. Prefill and decode speeds
+are printed in tokens/s. Every problem is a coded diagnostic, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from modeldsl.diagnostics import Diagnostic, DiagnosticError, DiagnosticSink, render_all
+
+
+class FlagError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's exit becomes a coded diagnostic
+        raise DiagnosticError([Diagnostic("E029", f"mdsl-run: {message}", None, "see mdsl-run --help")])
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="mdsl-run", description="Run a Module DSL model on a HuggingFace checkpoint.")
+    p.add_argument("model", help="the .module file (e.g. modeldsl/std/models/llama.module)")
+    p.add_argument("--hf", required=True, metavar="DIR", help="checkpoint folder: config.json + *.safetensors")
+    p.add_argument("--top", help="the declaration to run (default: the file's model)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--prompt", help="text to tokenize")
+    source.add_argument("--tokens", help="comma-separated token ids, e.g. 1,2,3")
+    p.add_argument("--max-new-tokens", type=int, default=0, metavar="N")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence for each token")
+    p.add_argument("--logits", metavar="FILE.npy", help="write the prompt's logits [T, vocab] (fp32)")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--diagnostics-format", choices=("text", "json"), default="text")
+    return p
+
+
+class Tokenizer:
+    """The checkpoint's ``tokenizer.json`` (offline), or UTF-8 bytes."""
+
+    def __init__(self, directory: Path):
+        path = directory / "tokenizer.json"
+        self.inner = None
+        if path.is_file():
+            from tokenizers import Tokenizer as HFTokenizer
+
+            self.inner = HFTokenizer.from_file(str(path))
+
+    def encode(self, text: str) -> list[int]:
+        return self.inner.encode(text).ids if self.inner is not None else list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        if self.inner is not None:
+            return self.inner.decode(ids)
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+def prompt_ids(args, tokenizer: Tokenizer, vocab: int) -> list[int]:
+    if args.tokens is not None:
+        try:
+            ids = [int(t) for t in args.tokens.split(",") if t.strip()]
+        except ValueError:
+            raise FlagError(f"--tokens takes comma-separated integers, got '{args.tokens}'") from None
+    else:
+        ids = tokenizer.encode(args.prompt if args.prompt is not None else "")
+    if not ids:
+        raise FlagError("the prompt is empty: give --prompt TEXT or --tokens 1,2,3")
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise FlagError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    return ids
+
+
+def run(args) -> None:
+    import modeldsl
+
+    for name, value in (("--max-new-tokens", args.max_new_tokens), ("--top-k", args.top_k or 0)):
+        if value < 0:
+            raise FlagError(f"{name} must not be negative")
+    if args.temperature < 0:
+        raise FlagError("--temperature must not be negative")
+    if not Path(args.model).is_file():
+        raise DiagnosticError([Diagnostic("E028", f"no such model file '{args.model}'", None,
+                                          "give the path of a .module file")])
+    sink = DiagnosticSink()
+    model = modeldsl.load(args.model, hf=args.hf, dtype=args.dtype, top=args.top, progress=True, sink=sink)
+    if sink.diagnostics:
+        sys.stderr.write(render_all(sink.diagnostics, args.diagnostics_format) + "\n")
+    tokenizer = Tokenizer(Path(args.hf))
+    vocab = model.config("vocab_size", 1 << 31)
+    ids = prompt_ids(args, tokenizer, vocab)
+    if args.logits:
+        logits = model.forward(ids)
+        np.save(args.logits, logits)
+        print(f"wrote the prompt's logits {logits.shape} to {args.logits}")
+    timings: dict[str, float] = {}
+    generated = model.generate(ids, args.max_new_tokens, args.temperature, args.top_k, args.seed,
+                               use_cache=not args.no_cache, timings=timings)
+    prefill, decode = timings["prefill"], timings["decode"]
+    print(f"prefill: {len(ids)} tokens in {prefill * 1000:.1f} ms ({len(ids) / prefill:.1f} tokens/s)")
+    steps = max(len(generated) - 1, 0)  # the first new token comes from the prefill's logits
+    if steps:
+        mode = "KV cache" if not args.no_cache else "full recomputation"
+        print(f"decode: {steps} steps in {decode * 1000:.1f} ms ({steps / decode:.1f} tokens/s, {mode})")
+    print("tokens:", ",".join(map(str, generated)))
+    print("text:", repr(tokenizer.decode(ids + generated)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    fmt = "text"
+    try:
+        args = build_parser().parse_args(argv)
+        fmt = args.diagnostics_format
+        run(args)
+        return 0
+    except DiagnosticError as err:
+        sys.stderr.write(render_all(err.diagnostics, fmt) + "\n")
+        return 1
+    except FlagError as err:
+        sys.stderr.write(render_all([Diagnostic("E029", f"mdsl-run: {err}", None, "see mdsl-run --help")], fmt) + "\n")
+        return 1
+    except Exception as err:  # noqa: BLE001 - a bug, but still no traceback for users
+        if os.environ.get("MDSL_DEBUG"):
+            raise
+        print(f"mdsl-run: internal error: {type(err).__name__}: {err}\n"
+              "hint: this is a bug in modeldsl; rerun with MDSL_DEBUG=1 for a traceback and report it", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
