@@ -23,6 +23,7 @@ tensor and the rule.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections.abc import Callable, Iterator
@@ -37,7 +38,9 @@ from xdsl.ir import Attribute
 
 from modeldsl.dialects.graph import ModelOp, ParamOp
 from modeldsl.dialects.graph_types import TensorType
+from modeldsl.hf.config import export_config
 from modeldsl.hf.safetensors_io import CheckpointError, SafetensorsFile, write_safetensors
+from modeldsl.symbolic import Expr, SymbolicError
 
 KEY = re.compile(r"^(?P<stack>[A-Za-z_]\w*)\[\{(?P<var>\w+)\}\]\.(?P<rest>.+)$")
 COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -132,6 +135,12 @@ class Checkpoint:
         return [n for n in self.where if n not in self.used]
 
 
+def config_integers(model: ModelOp) -> dict[str, int]:
+    """The model's integer config values, for sizes written as expressions (``n``, ranges)."""
+    return {k: v.value.data for k, v in model.config_values.items()
+            if isinstance(v, IntegerAttr) and v.type.width.data != 1}
+
+
 def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
                     warn: Callable[[CheckpointError], None] | None = None,
                     progress: bool = False) -> tuple[dict[str, np.ndarray], ImportRecord]:
@@ -141,6 +150,7 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
     checkpoint = Checkpoint(directory)
     params = {p.sym_name.data: p for p in model.walk() if isinstance(p, ParamOp)}
     record = ImportRecord(directory)
+    config = config_integers(model)
     weights: dict[str, np.ndarray] = {}
     for rule in tqdm(parse_rules(model), desc="loading weights", unit="rule", disable=not progress):
         param = params.get(rule.target)
@@ -148,13 +158,13 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
             continue
         shape = _concrete_shape(param.param_type, rule)
         if rule.var is None:
-            value = _read(rule, None, checkpoint, record, shape, dtype)
+            value = _read(rule, None, checkpoint, record, shape, dtype, config)
             if value is not None:
                 weights[rule.target] = value
             continue
         stacked = np.empty(shape, dtype)
         for layer in range(shape[0]):
-            value = _read(rule, layer, checkpoint, record, shape[1:], dtype)
+            value = _read(rule, layer, checkpoint, record, shape[1:], dtype, config)
             if value is None:
                 break
             stacked[layer] = value
@@ -172,8 +182,11 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
 
 
 def _read(rule: Rule, layer: int | None, checkpoint: Checkpoint, record: ImportRecord,
-          shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+          shape: tuple[int, ...], dtype: np.dtype, config: dict[str, int]) -> np.ndarray | None:
     names = [_fill(n, rule.var, layer) for n in rule.names()]
+    if rule.op == "stack_experts":
+        count = _size(rule.arg("n", rule.arg("num_experts")), config, rule)
+        names = [n.replace("{expert}", str(e)) for n in names for e in range(count)]
     if rule.optional and not all(n in checkpoint for n in names):
         return None
     parts = [checkpoint.get(n, rule) for n in names]
@@ -211,6 +224,17 @@ def _combine(rule: Rule, parts: list[np.ndarray], names: list[str]) -> np.ndarra
                           "rules are a tensor name, fuse, transform, stack_experts or tied_to")
 
 
+def _size(value: Any, config: dict[str, int], rule: Rule) -> int:
+    """An int, or an expression of config values such as ``num_heads * head_dim``."""
+    if isinstance(value, int):
+        return value
+    try:
+        return Expr.parse(str(value)).evaluate(config)
+    except (SymbolicError, ValueError) as err:
+        raise CheckpointError("E010", f"hf rule {rule.key}: cannot evaluate '{value}': {err}",
+                              "sizes are integers or expressions of the model's integer config values") from None
+
+
 def _transform_name(rule: Rule) -> str:
     fn = rule.arg("fn") or next((a for a in rule.arg("args", []) if a in TRANSFORMS), None)
     if fn not in TRANSFORMS:
@@ -243,6 +267,8 @@ def save_checkpoint(model: ModelOp, weights: dict[str, np.ndarray], record: Impo
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, np.ndarray] = {}
+    exports = _export_rules(model)
+    config = config_integers(model)
     for rule in parse_rules(model):
         if rule.target not in weights or rule.op == "tied_to":
             continue
@@ -250,18 +276,51 @@ def save_checkpoint(model: ModelOp, weights: dict[str, np.ndarray], record: Impo
         layers = range(value.shape[0]) if rule.var is not None else [None]
         for layer in layers:
             reads = record.reads.get((rule.target, layer))
-            if reads is None:
-                continue  # an optional tensor the checkpoint did not have
             part = value[layer] if layer is not None else value
+            if reads is None and record.source is not None:
+                continue  # an optional tensor the checkpoint did not have
+            if reads is None:
+                reads = _planned_reads(rule, exports.get(rule.key), layer, part, config)
             for read, piece in zip(reads, _uncombine(rule, part, reads)):
                 tensors[read.name] = piece.astype(dtype or read.dtype)
     tmp = out / "model.safetensors.tmp"
     write_safetensors(tmp, tensors, {"format": "pt"})
     tmp.replace(out / "model.safetensors")
-    if record.source is not None:
+    if record.source is None:
+        (out / "config.json").write_text(json.dumps(export_config(model), indent=2) + "\n")
+    else:
         for name in COPIED_FILES:
             if (record.source / name).is_file() and record.source.resolve() != out.resolve():
                 shutil.copyfile(record.source / name, out / name)
+
+
+def _export_rules(model: ModelOp) -> dict[str, dict[str, Any]]:
+    """``hf_export`` entries by the key of the rule they invert."""
+    if model.hf_export is None:
+        return {}
+    return {key.rstrip("?"): _python(value) for key, value in model.hf_export.data.items()}
+
+
+def _planned_reads(rule: Rule, export: dict[str, Any] | None, layer: int | None, value: np.ndarray,
+                   config: dict[str, int]) -> list[TensorRecord]:
+    """The checkpoint tensors of a parameter that was not imported: its names, and for
+    a fused one the part sizes that ``hf_export``'s split ranges give."""
+    names = [_fill(n, rule.var, layer) for n in rule.names()]
+    if rule.op == "stack_experts":
+        return [TensorRecord(names[0].replace("{expert}", str(e)), value.dtype, value.shape[1:])
+                for e in range(value.shape[0])]
+    if rule.op != "fuse":
+        return [TensorRecord(names[0], value.dtype, value.shape)]
+    if export is None or export.get("op") != "split":
+        raise CheckpointError("E010", f"hf_export has no split for the fused {rule.key}",
+                              "add `" + rule.key + " -> split(\"name\": [start, end], ..., dim=0)` to hf_export")
+    dim = export.get("dim", 0)
+    records = []
+    for template, (start, end) in export["parts"].items():
+        shape = list(value.shape)
+        shape[dim] = _size(end, config, rule) - _size(start, config, rule)
+        records.append(TensorRecord(_fill(template, rule.var, layer), value.dtype, tuple(shape)))
+    return records
 
 
 def _uncombine(rule: Rule, value: np.ndarray, reads: list[TensorRecord]) -> Iterator[np.ndarray]:

@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from xdsl.dialects.builtin import IntegerType
+
 from modeldsl.dialects.graph import ModelOp
 from modeldsl.frontend.text import ast
 from modeldsl.hf.safetensors_io import CheckpointError
@@ -91,3 +93,21 @@ def _typed(param: ast.Param, field: str, value: Any) -> Any:
     if not ok:
         raise CheckpointError("E030", f"config.json field '{field}' is {value!r}, but '{param.name}' is {kind}")
     return float(value) if kind == "float" else value
+
+
+def export_config(model: ModelOp) -> dict[str, Any]:
+    """A ``config.json`` for a model that was not imported: its config values under
+    their HF field names, with the architecture and model type of ``hf_config``."""
+    config: dict[str, Any] = {}
+    values = model.config_values
+    for name, hf_field in param_mapping(model).items():
+        attr = values.get(name)
+        if attr is not None and hasattr(attr, "value"):
+            value = attr.value.data
+            config[hf_field] = bool(value) if attr.type == IntegerType(1) else value
+    section = model.hf_config.data if model.hf_config is not None else {}
+    if "architecture" in section:
+        config["architectures"] = [section["architecture"].data]
+    if "config_class" in section:
+        config["model_type"] = section["config_class"].data.removesuffix("Config").lower()
+    return config

@@ -155,3 +155,19 @@ def test_config_contradicting_a_constraint_is_e027(tiny_llama, tmp_path):
         llama_model(ckpt)
     assert "E027" in [d.code for d in info.value.diagnostics]
     assert any("multiple of num_key_value_heads" in d.message for d in info.value.diagnostics)
+
+
+def test_loading_holds_about_one_copy_of_the_weights(tmp_path):
+    import tracemalloc
+
+    from hf_checkpoints import make_checkpoint
+
+    path = make_checkpoint(tmp_path / "wide", hidden_size=256, intermediate_size=512, vocab_size=1024,
+                           num_hidden_layers=4)
+    model = llama_model(path)
+    tracemalloc.start()
+    weights, _ = load_checkpoint(model, path, np.dtype(np.float32))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    total = sum(w.nbytes for w in weights.values())
+    assert total > 8_000_000 and peak < 1.25 * total, (peak, total)

@@ -80,3 +80,11 @@ def test_save_hf_round_trips_through_the_model(tmp_path):
     model.save_hf(tmp_path / "out")
     again = modeldsl.load(MODELS / "llama.module", hf=tmp_path / "out")
     np.testing.assert_array_equal(again.forward(TOKENS), model.forward(TOKENS))
+
+
+@pytest.mark.parametrize("module", ["llama.module", "qwen.module", "mistral.module"])
+def test_a_random_model_exports_a_checkpoint_transformers_loads(module, tmp_path):
+    config = dict(vocab_size=64, d_model=32, n_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, d_ff=48, eps=1e-6)
+    model = modeldsl.load(MODELS / module, config=config)
+    model.save_hf(tmp_path)
+    np.testing.assert_allclose(model.forward(TOKENS), reference_logits(tmp_path, TOKENS), atol=1e-5)
