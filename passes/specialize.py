@@ -1,6 +1,8 @@
 """``mdsl-specialize``: bind symbolic dimensions and config values to integers.
 
 ``mdsl-specialize{B=2 T=64}`` binds the batch and sequence symbols;
+``mdsl-specialize{hf="DIR"}`` takes them from a checkpoint's config.json
+(through the model's ``hf_config``).
 ``mdsl-specialize{d_model=64 n_layers=2}`` overrides integer config values
 that only shapes use (the model's ``config`` is updated); values that
 lowering fixed into attributes or ``if`` choices (the model's ``baked``
@@ -59,15 +61,19 @@ class SpecializePass(ModulePass):
     name = "mdsl-specialize"
 
     bindings: tuple[tuple[str, Any], ...] = field(default=())
+    hf: str | None = None
 
     @classmethod
     def from_spec(cls, spec: ArgSpec) -> "SpecializePass":
-        pairs = []
+        pairs, hf = [], None
         for key, values in spec.normalize_parameter_names().parameters.items():
-            if len(values) != 1 or isinstance(values[0], str):
+            if key == "hf" and len(values) == 1 and isinstance(values[0], str):
+                hf = values[0]
+            elif len(values) != 1 or isinstance(values[0], str):
                 raise ValueError(f"mdsl-specialize option {key} takes one number or boolean, got {values}")
-            pairs.append((key, values[0]))
-        return cls(tuple(pairs))
+            else:
+                pairs.append((key, values[0]))
+        return cls(tuple(pairs), hf)
 
     @classmethod
     def of(cls, **bindings: Any) -> "SpecializePass":
@@ -75,7 +81,23 @@ class SpecializePass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for model in [m for m in op.walk() if isinstance(m, ModelOp)]:
-            specialize_model(model, dict(self.bindings))
+            bindings = dict(self.bindings)
+            if self.hf is not None:
+                bindings = {**hf_bindings(model, self.hf), **bindings}
+            specialize_model(model, bindings)
+
+
+def hf_bindings(model: ModelOp, directory: str) -> dict[str, Any]:
+    """The model's config values as a checkpoint's config.json gives them (through hf_config)."""
+    from modeldsl.hf.config import param_mapping, read_config
+    from modeldsl.hf.safetensors_io import CheckpointError
+
+    try:
+        hf = read_config(directory)
+    except CheckpointError as err:
+        raise DiagnosticError([Diagnostic(err.code, err.message, None, err.hint)]) from None
+    return {name: hf[hf_field] for name, hf_field in param_mapping(model).items()
+            if hf.get(hf_field) is not None and name in model.config_values}
 
 
 def specialize_model(model: ModelOp, bindings: dict[str, Any]) -> None:
@@ -86,7 +108,8 @@ def specialize_model(model: ModelOp, bindings: dict[str, Any]) -> None:
     if fixed:
         raise DiagnosticError([Diagnostic(
             "E029", f"mdsl-specialize: {', '.join(fixed)} was fixed when @{model.sym_name.data} was lowered",
-            None, "lower the model with this configuration instead (modeldsl.load reads it from the HF config)")])
+            None, "lower the model with this configuration instead: mdsl-opt --hf DIR (or modeldsl.load) "
+                  "lowers it with the checkpoint's config")])
     for name, value in overrides.items():
         config[name] = _config_attribute(name, value, config[name])
     if overrides:
@@ -117,7 +140,7 @@ def _is_int(attr: Attribute) -> bool:
 def _value_of(attr: Attribute) -> Any:
     if isinstance(attr, IntegerAttr):
         return bool(attr.value.data) if _is_bool(attr) else attr.value.data
-    return attr.data if isinstance(attr, FloatAttr) else None
+    return attr.value.data if isinstance(attr, FloatAttr) else None
 
 
 def _config_attribute(name: str, value: Any, previous: Attribute) -> Attribute:

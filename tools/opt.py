@@ -71,6 +71,12 @@ class MdslOptMain(xDSLOptMain):
             help="for Module DSL input: the declaration to lower (default: the model, else the last declaration)",
         )
         arg_parser.add_argument(
+            "--hf",
+            default=None,
+            metavar="DIR",
+            help="for Module DSL input: lower with the configuration of this HuggingFace checkpoint's config.json",
+        )
+        arg_parser.add_argument(
             "--diagnostics-format",
             choices=("text", "json"),
             default="text",
@@ -142,11 +148,27 @@ class MdslOptMain(xDSLOptMain):
         from modeldsl.lower import lower_program
 
         sink = DiagnosticSink()
-        module = lower_program(program, self.args.top, sink=sink)
+        config = self.checkpoint_config(program) if self.args.hf else None
+        module = lower_program(program, self.args.top, config, sink=sink)
         if sink.diagnostics:
             sys.stderr.write(render_all(sink.diagnostics, self.args.diagnostics_format))
         self.apply_passes(module)
         sys.stdout.write(self.output_resulting_program(module))
+
+    def checkpoint_config(self, program) -> dict:
+        """The model's parameters from ``--hf DIR``'s config.json, through its hf_config."""
+        from modeldsl.diagnostics import Diagnostic
+        from modeldsl.dialects.graph import ModelOp
+        from modeldsl.hf.config import dsl_config, read_config
+        from modeldsl.hf.safetensors_io import CheckpointError
+        from modeldsl.lower import choose_top, lower_program
+
+        decl = choose_top(program, self.args.top)
+        default = next(op for op in lower_program(program, decl.name).walk() if isinstance(op, ModelOp))
+        try:
+            return dsl_config(decl, default, read_config(self.args.hf))
+        except CheckpointError as err:
+            raise DiagnosticError([Diagnostic(err.code, err.message, None, err.hint)]) from None
 
     def write_lock(self, program, path: str) -> None:
         """Write ``module.lock`` (spec 4.7.1) beside the input: every resolved import."""
