@@ -101,6 +101,13 @@ class PrimitiveSignature:
         return distribute(self.name, self.outputs, types, "result")
 
     @property
+    def reference(self):
+        """The numpy reference kernel (:mod:`modeldsl.kernels.reference`)."""
+        from modeldsl.kernels.reference import reference
+
+        return reference(self.name)
+
+    @property
     def is_backward(self) -> bool:
         return self.name.endswith("_backward") or self.name.endswith("_weight_grad")
 

@@ -29,7 +29,6 @@ from xdsl.ir import Attribute, Operation, SSAValue
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import DimsAttr, TensorType
-from modeldsl.kernels.reference import reference
 from modeldsl.primitives import PrimitiveSignature, primitives
 from modeldsl.symbolic import STAR, Expr
 
@@ -152,7 +151,7 @@ class GraphExecutor:
         if sig.name == "flash_attention" and self.cache is not None:
             k, v = self.cache.extend((id(op), frame.layer), inputs[1], inputs[2])
             inputs = [inputs[0], k, v, *inputs[3:]]
-        out = reference(sig.name)(*inputs, **params)
+        out = sig.reference(*inputs, **params)
         outs = list(out) if isinstance(out, tuple) else [out]
         return [self.store(value, result.type) for value, result in zip(outs, op.results, strict=True)]
 
