@@ -80,6 +80,7 @@ class Lowering(BackwardLowering):
         env, config_attrs = self.config_env(top, config or {})
         self.model = ModelOp(top.name, config_attrs)
         self.active.append(top.name)
+        report_placeholders(top, self.sink)
         self.check_constraints_on_defaults(top, config or {})
         instance = Instance(top, env, "", namespace)
         self.evaluate_let(instance)
@@ -561,7 +562,9 @@ class Lowering(BackwardLowering):
             raise LoweringFailed()
         values = self.source(instance, flow.chain[0], scope)
         last_ops: list[Operation] = []
-        for stage in flow.chain[1:-1]:
+        for index, stage in enumerate(flow.chain[1:-1]):
+            if index:
+                values = values[:_primary_outputs(last_ops, values)]
             values, last_ops = self.apply(instance, stage, values, scope)
         self.bind(flow.chain[-1], values, scope, last_ops, flow)
         annotations = self.annotations(flow.annotations)
@@ -636,8 +639,9 @@ class Lowering(BackwardLowering):
 
     def bind(self, node: ast.Expr, values: list[SSAValue], scope: Scope, ops: list[Operation], flow: ast.Flow) -> None:
         names = node.items if isinstance(node, ast.TupleExpr) else [node]
-        if len(names) != len(values):
-            self.sink.error("E003", f"the flow produces {len(values)} value(s) but names {len(names)}", node.span)
+        if not _primary_outputs(ops, values) <= len(names) <= len(values):
+            self.sink.error("E003", f"the flow produces {len(values)} value(s) but names {len(names)}", node.span,
+                            _naming_hint(ops, values))
             raise LoweringFailed()
         accumulating = self.backward is not None and flow_accumulates(flow)
         if accumulating and ops:
@@ -704,10 +708,16 @@ class Lowering(BackwardLowering):
             self.sink.error("E007", f"{target.decl.name} calls itself", span, "a module cannot run inside itself")
             raise LoweringFailed()
         self.active.append(target.decl.name)
+        # the call's inputs were checked where it stands; the module's own graph reads its inputs
+        recomputing = self.backward is not None and self.backward.in_recompute
+        if recomputing:
+            self.backward.in_recompute = False
         try:
             results = self.run_graph(target, forward, inner, outputs)
         finally:
             self.active.pop()
+            if recomputing:
+                self.backward.in_recompute = True
         return results, [r.owner for r in results if isinstance(r.owner, Operation)]
 
     def call_stack(self, stacked: StackedInstance, inputs: list[SSAValue], span: Span) -> list[SSAValue]:
@@ -922,6 +932,45 @@ def _free_names(node: ast.Expr) -> list[str]:
     if isinstance(node, ast.Unary):
         return _free_names(node.operand)
     return []
+
+
+def report_placeholders(decl: ast.Decl, sink: DiagnosticSink) -> None:
+    """E001 for each place the source leaves out (``...`` as a section body, ``name...``
+    in a ``save:`` list); the ``...`` of a graph is reported when the graph runs."""
+    def visit(section: ast.Section) -> None:
+        if section.name == "graph":
+            return
+        for stmt in section.body:
+            if ast.is_placeholder(stmt):
+                sink.error("E001", f"this {section.name or 'section'}: section is left incomplete ('...')", stmt.span,
+                           "write it out; '...' is a placeholder for code that is left out")
+            elif isinstance(stmt, ast.Section):
+                visit(stmt)
+        if section.name in ("save", "recompute") and section.value is not None:
+            items = section.value.expr.items if isinstance(section.value.expr, ast.ListExpr) else []
+            for item in items:
+                if isinstance(item, ast.Splat):
+                    sink.error("E001", f"this {section.name}: list is left incomplete ('{source_text(item)}')",
+                               item.span, "name each tensor, or use a wildcard pattern such as ln*_out")
+
+    for stmt in decl.body:
+        if isinstance(stmt, ast.Section):
+            visit(stmt)
+
+
+def _primary_outputs(ops: list[Operation], values: list[SSAValue]) -> int:
+    """How many of a stage's values a flow must name: a primitive's statistics
+    outputs (rstd, lse, ...) may stay unnamed; everything else must be named."""
+    sig = lookup_primitive(ops[-1].name.removeprefix("mdsl.graph.")) if ops else None
+    return sig.primary_outputs if sig is not None and len(values) == len(sig.outputs) else len(values)
+
+
+def _naming_hint(ops: list[Operation], values: list[SSAValue]) -> str | None:
+    sig = lookup_primitive(ops[-1].name.removeprefix("mdsl.graph.")) if ops else None
+    if sig is None:
+        return None
+    names = ", ".join(slot.name for slot in sig.outputs)
+    return f"{sig.name} produces ({names}); name them in order, or use _ to discard one"
 
 
 def _tensor_list(decl: ast.Decl, name: str) -> list[str]:

@@ -81,6 +81,11 @@ class ParamSpec:
             raise ValueError(str(err)) from None
 
 
+# Outputs that hold statistics a forward saves for its backward (spec 6.2, 6.4):
+# a flow may leave them unnamed, and a chained stage passes on only the others.
+STATISTICS = frozenset({"rstd", "mean", "lse", "q_rstd", "k_rstd"})
+
+
 @dataclass(frozen=True)
 class PrimitiveSignature:
     name: str
@@ -106,6 +111,11 @@ class PrimitiveSignature:
         from modeldsl.kernels.reference import reference
 
         return reference(self.name)
+
+    @property
+    def primary_outputs(self) -> int:
+        """How many leading outputs are not statistics (``rmsnorm -> y`` leaves ``rstd`` unnamed)."""
+        return sum(1 for slot in self.outputs if slot.name not in STATISTICS)
 
     @property
     def is_backward(self) -> bool:

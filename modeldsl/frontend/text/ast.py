@@ -256,6 +256,11 @@ class ExprStmt(Node):
     expr: Expr
 
 
+def is_placeholder(stmt: "Stmt") -> bool:
+    """The ``...`` statement, which stands for code the source leaves out."""
+    return isinstance(stmt, ExprStmt) and isinstance(stmt.expr, EllipsisLit)
+
+
 @dataclass
 class AnnotationStmt(Node):
     annotations: list[Annotation]

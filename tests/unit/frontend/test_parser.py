@@ -8,7 +8,14 @@ import pytest
 from modeldsl.diagnostics import DiagnosticError
 from modeldsl.frontend.text import ast
 from modeldsl.frontend.text.parser import parse_source
-from spec_blocks import spec_code_blocks
+from spec_blocks import SHARED_SPEC, SPEC, spec_code_blocks
+
+
+def test_the_vendored_spec_is_the_shared_one():
+    if not SHARED_SPEC.exists():
+        pytest.skip("the shared seeds are not beside the repository")
+    assert SPEC.read_text() == SHARED_SPEC.read_text()
+
 
 def test_every_program_of_spec_sections_10_and_11_parses():
     blocks = spec_code_blocks(first_line=5875)
