@@ -90,6 +90,16 @@ class Span:
     def location(self) -> str:
         return f"{self.source.name}:{self.line}:{self.column}"
 
+    @property
+    def text(self) -> str:
+        """The exact source text the span covers."""
+        lines = self.source.text.splitlines()[self.line - 1 : self.end_line]
+        if not lines:
+            return ""
+        if len(lines) == 1:
+            return lines[0][self.column - 1 : self.end_column - 1]
+        return "\n".join([lines[0][self.column - 1 :], *lines[1:-1], lines[-1][: self.end_column - 1]])
+
     def to_json(self) -> dict:
         return {
             "file": self.source.name,

@@ -297,6 +297,6 @@ def infer_result_types(primitive: str, operands: Sequence[TensorType], params: d
     try:
         return rule(list(operands), params)
     except (IndexError, KeyError) as err:
-        raise InferenceError(f"{primitive}: missing operand or parameter ({err})") from None
+        raise InferenceError(f"missing operand or parameter ({err})") from None
     except (TypeError, ValueError, ZeroDivisionError, SymbolicError, VerifyException) as err:
-        raise InferenceError(f"{primitive}: cannot infer the result type ({err})") from None
+        raise InferenceError(f"cannot infer the result type ({err})") from None

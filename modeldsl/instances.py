@@ -41,6 +41,7 @@ class Instance:
     prefix: str
     namespace: dict[str, ast.Decl] = field(default_factory=dict)  # declarations visible inside it
     params: dict[str, ParamSlot | "Instance" | "StackedInstance"] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)  # parameters whose declaration was refused (reported)
 
 
 @dataclass
@@ -87,10 +88,4 @@ def typed_entries(entry: ast.Section) -> list[TypedEntry]:
 
 def source_text(node: ast.Node) -> str:
     """The exact source text of a node (weight-mapping keys such as ``blocks[{i}].w?``)."""
-    span = node.span
-    lines = span.source.text.splitlines()[span.line - 1 : span.end_line]
-    if not lines:
-        return ""
-    if len(lines) == 1:
-        return lines[0][span.column - 1 : span.end_column - 1]
-    return "\n".join([lines[0][span.column - 1 :], *lines[1:-1], lines[-1][: span.end_column - 1]])
+    return node.span.text

@@ -225,7 +225,7 @@ class Lowering(BackwardLowering):
         """An ``if`` guard. Integer config values are symbols in shapes, but a guard
         needs their configured value: ``if sliding_window > 0`` picks a branch
         for this configuration (lowering again with another config may pick the other)."""
-        concrete = ConstEnv(parent=env, tensors=set(env.tensors))
+        concrete = ConstEnv(parent=env, tensors=set(env.tensors), sizes=set(env.sizes))
         scope: ConstEnv | None = env
         while scope is not None:
             for name, value in scope.values.items():
@@ -262,7 +262,7 @@ class Lowering(BackwardLowering):
                 try:
                     self.declare_param(instance, entry, stack, bound)
                 except LoweringFailed:
-                    continue
+                    instance.failed.add(entry.name)
 
     def declare_param(self, instance: Instance, entry: ast.Section, stack: StackedInstance | None,
                       bound: list[SSAValue]) -> None:
@@ -536,6 +536,7 @@ class Lowering(BackwardLowering):
                     guard_env.tensors = set(scope.visible_names()) | {
                         n for n, p in instance.params.items() if isinstance(p, ParamSlot)
                     }
+                    guard_env.sizes = _shape_symbols(scope)
                     taken = self.guard(stmt.condition, guard_env)
                     if taken is None:
                         for branch in (stmt.then, stmt.orelse or []):
@@ -603,6 +604,8 @@ class Lowering(BackwardLowering):
 
     def tensor(self, instance: Instance, node: ast.Expr, scope: Scope) -> SSAValue:
         """A tensor named in a graph: a graph value or a (nested) parameter."""
+        if _names_failed_param(node, instance, scope):
+            raise LoweringFailed()  # its declaration was refused and reported
         if isinstance(node, ast.Name):
             found = scope.find(node.id)
             if found is not None and found.kind == "poisoned":
@@ -665,6 +668,8 @@ class Lowering(BackwardLowering):
               scope: Scope) -> tuple[list[SSAValue], list[Operation]]:
         """One stage of a flow: a module instance, a module call or a primitive."""
         func, args = (stage.func, stage.args) if isinstance(stage, ast.Call) else (stage, [])
+        if _names_failed_param(func, instance, scope):
+            raise LoweringFailed()  # its declaration was refused and reported
         if isinstance(func, ast.Name):
             primitive = lookup_primitive(func.id)
             param = instance.params.get(func.id)
@@ -760,6 +765,8 @@ class Lowering(BackwardLowering):
         return list(stack.res)
 
     def is_tensor(self, node: ast.Expr, instance: Instance, scope: Scope) -> bool:
+        if _names_failed_param(node, instance, scope):
+            return True  # reading it fails quietly
         if isinstance(node, ast.Name):
             return scope.find(node.id) is not None or isinstance(instance.params.get(node.id), ParamSlot)
         return isinstance(node, ast.Attribute) and isinstance(node.base, ast.Name) and (
@@ -771,6 +778,7 @@ class Lowering(BackwardLowering):
         """One primitive op: tensor arguments are operands, the others its parameters."""
         operands = list(inputs)
         params: dict[str, Any] = {}
+        spans: dict[str, Span] = {}
         positional_params = [*INFERENCE_PARAMS.get(sig.name, ()), *(p.name for p in sig.params)]
         for arg in args:
             if arg.name is None and self.is_tensor(arg.value, instance, scope):
@@ -784,6 +792,7 @@ class Lowering(BackwardLowering):
                     self.sink.error("E012", f"too many arguments to {sig.name}", arg.span)
                     raise LoweringFailed()
                 params[remaining[0]] = self.param_value(arg.value, instance.env)
+                spans[remaining[0]] = arg.span
             else:
                 if arg.name not in positional_params:
                     known = ", ".join(positional_params) or "none"
@@ -791,6 +800,7 @@ class Lowering(BackwardLowering):
                                     f"its parameters are: {known}")
                     raise LoweringFailed()
                 params[arg.name] = self.param_value(arg.value, instance.env)
+                spans[arg.name] = arg.span
         attrs = {}
         for name, value in params.items():
             spec = sig.param(name)
@@ -800,7 +810,7 @@ class Lowering(BackwardLowering):
             try:
                 attrs[name] = spec.to_attribute(value)
             except ValueError as err:
-                self.sink.error("E003", f"{sig.name}({name}=...): {err}", span)
+                self.sink.error("E003", f"{sig.name}({name}=...): {err}", spans.get(name, span))
                 raise LoweringFailed() from None
         op = self.build_primitive(sig, operands, params, attrs, span)
         self.block.add_op(op)
@@ -956,6 +966,24 @@ def report_placeholders(decl: ast.Decl, sink: DiagnosticSink) -> None:
     for stmt in decl.body:
         if isinstance(stmt, ast.Section):
             visit(stmt)
+
+
+def _shape_symbols(scope: Scope) -> set[str]:
+    """The dimension symbols in the types of the tensors a scope sees."""
+    symbols: set[str] = set()
+    for name in scope.visible_names():
+        found = scope.find(name)
+        if found is not None and found.kind != "poisoned" and isinstance(found.value.type, TensorType):
+            for dim in found.value.type.shape:
+                if isinstance(dim, Expr):
+                    symbols |= dim.symbols()
+    return symbols
+
+
+def _names_failed_param(node: ast.Expr, instance: Instance, scope: Scope) -> bool:
+    """``p`` or ``p.weight`` where parameter ``p`` was refused (and no graph value is named ``p``)."""
+    base = node.base if isinstance(node, ast.Attribute) else node
+    return isinstance(base, ast.Name) and base.id in instance.failed and scope.find(base.id) is None
 
 
 def _primary_outputs(ops: list[Operation], values: list[SSAValue]) -> int:

@@ -328,13 +328,14 @@ class BackwardLowering:
         results = []
         missing = []
         for gradient in required:
-            values = []
+            values, defined_at = [], None
             for name in (gradient.name, *gradient.aliases):
                 binding = scope.find(name)
                 if binding is not None and binding.kind == "poisoned":
                     values.append(None)
                 elif binding is not None:
                     values.append(binding.value)
+                    defined_at = defined_at or binding.span
             if not values:
                 missing.append(gradient)
                 continue
@@ -343,7 +344,7 @@ class BackwardLowering:
             value = values[0]
             for extra in values[1:]:
                 value = self.accumulate_into(gradient.name, value, extra, span)
-            declared, where = gradient.declared or (gradient.type, span)
+            declared, where = gradient.declared or (gradient.type, defined_at or span)
             if self.gradient_type_fits(gradient.name, gradient.type, value.type, where):
                 results.append(self.check_declared(gradient.name, declared, value, where))
         for gradient in missing:

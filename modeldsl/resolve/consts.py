@@ -45,6 +45,7 @@ class ConstEnv:
 
     values: dict[str, Value] = field(default_factory=dict)
     tensors: set[str] = field(default_factory=set)
+    sizes: set[str] = field(default_factory=set)  # dimension symbols of tensor shapes (B, T)
     parent: "ConstEnv | None" = None
 
     def lookup(self, name: str) -> tuple[bool, Value]:
@@ -166,6 +167,10 @@ def _lookup(node: ast.Name, env: ConstEnv, context: str) -> Value:
         code = "E016" if context == "if" else "E026"
         raise ConstError(code, f"{_describe(context)} uses the tensor '{node.id}', which is only known at run time",
                          node.span, "guards and constraints may use parameters and let-bound names only")
+    if node.id in env.sizes:
+        raise ConstError("E016" if context == "if" else "E026",
+                         f"{_describe(context)} uses the size '{node.id}' of a tensor, which is only known at run time",
+                         node.span, "guards and constraints may use parameters and let-bound names only")
     raise ConstError("E002", f"undefined identifier '{node.id}'", node.span,
                      "define it as a parameter of the module or in its let: section")
 
@@ -203,7 +208,7 @@ def _binary(node: ast.Binary, env: ConstEnv, context: str) -> Value:
             return _symbolic(node, lhs, rhs)
         return _ARITH[node.op](lhs, rhs)
     except ZeroDivisionError:
-        raise ConstError("E026", f"division by zero in '{node.op}'", node.span) from None
+        raise ConstError("E026", f"division by zero in '{node.span.text}'", node.span) from None
     except TypeError:
         raise ConstError("E026", f"'{node.op}' cannot combine {type(lhs).__name__} and {type(rhs).__name__}",
                          node.span) from None
@@ -219,7 +224,8 @@ def _symbolic(node: ast.Binary, lhs: Value, rhs: Value) -> Value:
     try:
         return _ARITH[node.op](Expr.of(lhs), Expr.of(rhs))
     except SymbolicError as err:
-        raise ConstError("E026", str(err), node.span) from None
+        message = f"division by zero in '{node.span.text}'" if "zero" in str(err) else str(err)
+        raise ConstError("E026", message, node.span) from None
 
 
 # ----------------------------------------------------------------------------
@@ -262,7 +268,7 @@ def check_constraints(section: ast.Section, env: ConstEnv, sink: DiagnosticSink)
             sink.error(code, err.message, err.span, err.hint)
             continue
         if not isinstance(value, bool):
-            sink.error("E026", f"a constraint must be a comparison or boolean, got {value!r}", stmt.condition.span,
+            sink.error("E026", f"a constraint must be a comparison or boolean, not '{stmt.condition.span.text}'", stmt.condition.span,
                        "write a condition such as `d_model % num_heads == 0`")
         elif not value:
             sink.error("E027", f"constraint violated: {stmt.message}", stmt.condition.span,
