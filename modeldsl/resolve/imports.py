@@ -5,13 +5,16 @@ are searched in the order of spec 4.7.1: the bundled standard library
 (``modeldsl/std``), then relative to the importing file, then relative to the
 working directory. A path names a file (``std.modules.linear`` is
 ``std/modules/linear.module``, all of its declarations are imported), or a
-declaration in a file (``std.modules.linear.Linear``); a last component ``vN``
-asks for exactly that version (``matmul.v1`` is ``matmul.v1.module``), no
-version takes the newest.
+declaration in a file (``std.modules.linear.Linear``), or a folder of files
+(``import std.primitives`` imports the declarations of each of its files, the
+newest version of each); a last component ``vN`` asks for exactly that version
+(``matmul.v1`` is ``matmul.v1.module``), no version takes the newest.
 
 Two imports of one name are E023, an alias that shadows a name already
 imported is E024, a local declaration that shadows an import is W002 and one
-that shadows a primitive is W001.
+that shadows a primitive is W001. Every ``primitive`` declaration of a
+resolved file is checked against the op registry
+(:mod:`modeldsl.resolve.primitive_decls`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from modeldsl.diagnostics import DiagnosticError, DiagnosticSink, Span
 from modeldsl.frontend.text import ast
 from modeldsl.frontend.text.parser import parse_source
 from modeldsl.primitives import lookup_primitive
+from modeldsl.resolve.primitive_decls import check_primitive_decls
 
 STD_ROOT = Path(__file__).resolve().parents[1] / "std"
 VERSION = re.compile(r"^v(\d+)$")
@@ -110,6 +114,7 @@ class Resolver:
                 self.sink.warning("W001", f"{decl.kind} {decl.name} shadows the primitive {decl.name}", decl.span,
                                   "rename it unless you mean to replace the primitive")
             decls[decl.name] = decl
+        check_primitive_decls(program.declarations, self.sink)
         for decl in program.declarations:
             self.namespaces[id(decl)] = decls
         self.resolving.discard(key)
@@ -133,14 +138,14 @@ class Resolver:
     # ------------------------------------------------------------------ finding modules
     def import_names(self, item: ast.Node, base: Path) -> list[tuple[str, Imported]]:
         if isinstance(item, ast.FromImport):
-            program, dotted = self.load(item.path, base, item.span)
+            program, dotted = self.load_file_or_package(item.path, base, item.span)
             if program is None:
                 return []
             found = [(alias or name, self.find_decl(program, dotted, name, item.span)) for name, alias in item.items]
             return [(n, d) for n, d in found if d is not None]
         assert isinstance(item, ast.Import)
         if item.names is not None:
-            program, dotted = self.load(item.path, base, item.span)
+            program, dotted = self.load_file_or_package(item.path, base, item.span)
             if program is None:
                 return []
             found = [(n, self.find_decl(program, dotted, n, item.span)) for n in item.names]
@@ -149,6 +154,15 @@ class Resolver:
         program, dotted = self.load(item.path, base, item.span, quiet=not versioned)
         if program is None and versioned:
             return []
+        if program is None:
+            package = self.load_package(item.path, base)
+            if package is not None:
+                if item.alias is not None:
+                    self.sink.error("E002", f"'import {'.'.join(item.path)} as {item.alias}' names a folder of "
+                                    "modules, which cannot take an alias", item.span,
+                                    "import a file or a declaration by name: import a.b.Name as Alias")
+                    return []
+                return [(d.name, Imported(d, origin, item.span)) for origin, d in package]
         if program is not None:
             decls = program.declarations
             if item.alias is not None:
@@ -165,12 +179,48 @@ class Resolver:
         imported = self.find_decl(program, dotted, item.path[-1], item.span)
         return [(item.alias or item.path[-1], imported)] if imported is not None else []
 
-    def find_decl(self, program: ast.Program, dotted: str, name: str, span: Span) -> Imported | None:
-        for decl in program.declarations:
+    def find_decl(self, program: ast.Program | list[tuple[str, ast.Decl]], dotted: str, name: str,
+                  span: Span) -> Imported | None:
+        """The declaration ``name`` of a file, or of a package's files (given as (origin, decl) pairs)."""
+        pairs = program if isinstance(program, list) else [(dotted, d) for d in program.declarations]
+        for origin, decl in pairs:
             if decl.name == name:
-                return Imported(decl, dotted, span)
+                return Imported(decl, origin, span)
         self.sink.error("E002", f"{dotted} has no declaration '{name}'", span,
-                        f"it declares: {', '.join(d.name for d in program.declarations) or 'nothing'}")
+                        f"it declares: {', '.join(d.name for _, d in pairs) or 'nothing'}")
+        return None
+
+    def load_file_or_package(self, path: list[str], base: Path,
+                             span: Span) -> tuple[ast.Program | list[tuple[str, ast.Decl]] | None, str]:
+        """A file, else a folder of files (for ``import a.b.{X, Y}`` and ``from a.b import X``)."""
+        dotted = ".".join(path)
+        if self.find_file(path, base) is None and not VERSION.match(path[-1]):
+            package = self.load_package(path, base)
+            if package is not None:
+                return package, dotted
+        return self.load(path, base, span)
+
+    def load_package(self, path: list[str], base: Path) -> list[tuple[str, ast.Decl]] | None:
+        """The declarations of every file of a folder (the newest version of each), with the
+        dotted path of the file they come from; None when no folder holds modules."""
+        folder = self.find_package(path, base)
+        if folder is None:
+            return None
+        stems = sorted({_stem(p) for p in folder.glob("*.module")})
+        found: list[tuple[str, ast.Decl]] = []
+        for stem in stems:
+            program, dotted = self.load_file(_newest(folder, stem), ".".join([*path, stem]))
+            if program is not None:
+                found.extend((dotted, decl) for decl in program.declarations)
+        return found
+
+    def find_package(self, path: list[str], base: Path) -> Path | None:
+        if not path:
+            return None
+        for root, parts in self.search or _roots(path, base):
+            folder = root.joinpath(*parts)
+            if folder.is_dir() and any(folder.glob("*.module")):
+                return folder
         return None
 
     def load(self, path: list[str], base: Path, span: Span, quiet: bool = False) -> tuple[ast.Program | None, str]:
@@ -181,6 +231,9 @@ class Resolver:
                 self.sink.error("E002", f"cannot find module '{dotted}'", span,
                                 "searched the standard library, the importing file's folder and the working folder")
             return None, dotted
+        return self.load_file(file, dotted)
+
+    def load_file(self, file: Path, dotted: str) -> tuple[ast.Program | None, str]:
         self.loaded[dotted] = file
         if file not in self.cache:
             try:
@@ -232,6 +285,12 @@ def _roots(stem: list[str], base: Path) -> list[tuple[Path, list[str]]]:
     roots.append((base, stem))
     roots.append((Path.cwd(), stem))
     return roots
+
+
+def _stem(path: Path) -> str:
+    """``matmul`` of ``matmul.module`` and of ``matmul.v1.module``."""
+    parts = path.name.split(".")
+    return ".".join(parts[:-2]) if len(parts) >= 3 and VERSION.match(parts[-2]) else ".".join(parts[:-1])
 
 
 def _newest(folder: Path, name: str) -> Path | None:

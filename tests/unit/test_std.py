@@ -4,10 +4,12 @@ from pathlib import Path
 
 import pytest
 
+from modeldsl.diagnostics import DiagnosticSink
 from modeldsl.frontend.text.parser import parse_source
 from modeldsl.ir import verify_module
 from modeldsl.lower import lower_program
 from modeldsl.resolve.imports import STD_ROOT
+from modeldsl.resolve.primitive_decls import check_primitive_decl
 
 STD_FILES = sorted(STD_ROOT.rglob("*.module"))
 
@@ -19,14 +21,20 @@ def load(path: Path):
 def test_the_std_tree_has_the_spec_layout():
     names = {p.relative_to(STD_ROOT).as_posix() for p in STD_FILES}
     assert {"modules/linear.module", "modules/mlp.module", "modules/attention.module", "modules/norm.module",
-            "blocks/dense.module", "models/llama.module", "models/qwen.module", "models/mistral.module"} <= names
+            "blocks/dense.module", "models/llama.module", "models/qwen.module", "models/mistral.module",
+            "primitives/matmul.module", "primitives/rmsnorm.module", "primitives/attention.module"} <= names
 
 
 @pytest.mark.parametrize("path", STD_FILES, ids=lambda p: p.relative_to(STD_ROOT).as_posix())
-def test_every_declaration_lowers_and_verifies(path):
+def test_every_declaration_lowers_and_verifies_or_agrees_with_its_primitive_op(path):
+    """Modules, blocks and models lower and verify; primitive declarations are
+    checked against the op registry (they document ops, and do not lower)."""
     program = load(path)
     for decl in program.declarations:
         if decl.kind == "primitive":
+            sink = DiagnosticSink()
+            check_primitive_decl(decl, sink)
+            assert sink.diagnostics == [], "\n".join(d.render() for d in sink.diagnostics)
             continue
         module = lower_program(program, decl.name)
         assert verify_module(module) == [], decl.name

@@ -1,0 +1,326 @@
+"""``primitive`` declarations against the op registry: the std declarations, user
+declarations that disagree (E003, E004, E009, E014), and ``import std.primitives``."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from modeldsl.diagnostics import DiagnosticError, DiagnosticSink
+from modeldsl.frontend.text.parser import parse_source
+from modeldsl.lower import lower_program
+from modeldsl.primitives import lookup_primitive, primitives
+from modeldsl.resolve.imports import STD_ROOT, resolve_program
+from modeldsl.resolve.primitive_decls import check_primitive_decls, declared_params, positional_params
+from spec_blocks import SPEC, spec_code_blocks
+
+PRIMITIVES_DIR = STD_ROOT / "primitives"
+PRIMITIVE_FILES = sorted(PRIMITIVES_DIR.glob("*.module"))
+
+
+def check(text: str, name: str = "user.module"):
+    """(code, line, column, message) of every diagnostic of the declarations of ``text``."""
+    sink = DiagnosticSink()
+    check_primitive_decls(parse_source(text, name).declarations, sink)
+    return [(d.code, d.span.line, d.span.column, d.message) for d in sink.diagnostics]
+
+
+def std_declarations():
+    """Every declaration of the std primitives (the newest file of each name) by name."""
+    decls = {}
+    for path in PRIMITIVE_FILES:
+        if re.search(r"\.v\d+\.module$", path.name):
+            continue
+        for decl in parse_source(path.read_text(), str(path)).declarations:
+            assert decl.name not in decls, f"{decl.name} is declared twice in std/primitives"
+            decls[decl.name] = decl
+    return decls
+
+
+def backward_kernels(decl) -> list[str]:
+    """``NAME_backward`` when the declaration's backward: section describes that kernel (in:/out:)."""
+    sections = [s for b in decl.sections("backward") for s in b.body if getattr(s, "name", None) in ("in", "out")]
+    return [f"{decl.name}_backward"] if sections and sections[-1].value.default is None else []
+
+
+def section_6_primitives() -> list[str]:
+    lines = SPEC.read_text().split("\n")
+    start = next(i for i, line in enumerate(lines, 1) if line.startswith("## 6. "))
+    end = next(i for i, line in enumerate(lines, 1) if line.startswith("## 7. "))
+    return [m.group(1) for line, text in spec_code_blocks()
+            if start < line < end and (m := re.match(r"primitive (\w+):", text))]
+
+
+# ----------------------------------------------------------------------------- std
+
+
+@pytest.mark.parametrize("path", PRIMITIVE_FILES, ids=lambda p: p.name)
+def test_every_std_primitives_file_parses_resolves_and_agrees_with_the_registry(path):
+    program = parse_source(path.read_text(), str(path))
+    assert program.declarations and all(d.kind == "primitive" for d in program.declarations)
+    sink = DiagnosticSink()
+    resolve_program(program, sink)
+    assert sink.diagnostics == [], "\n".join(d.render() for d in sink.diagnostics)
+
+
+def test_every_section_6_primitive_is_a_registry_op_declared_in_std():
+    names = section_6_primitives()
+    assert len(names) == 39 and len(set(names)) == 39
+    assert [n for n in names if lookup_primitive(n) is None] == []
+    assert sorted(set(names) - set(std_declarations())) == []
+
+
+def test_every_registry_op_is_declared_in_std_as_a_primitive_or_its_forwards_backward_kernel():
+    decls = std_declarations()
+    declared = set(decls) | {k for d in decls.values() for k in backward_kernels(d)}
+    assert sorted(set(primitives()) - declared) == []
+    assert sorted(declared - set(primitives())) == []
+    # an op named X_backward is declared in X's backward: section, never on its own
+    assert [n for n in decls if n.endswith("_backward")] == []
+
+
+def test_std_declarations_list_the_ops_parameters_in_positional_order():
+    for name, decl in std_declarations().items():
+        written = [p.name for p in declared_params(decl)[0]]
+        assert written == [p.name for p in positional_params(lookup_primitive(name))], name
+
+
+def test_the_std_files_follow_the_spec_10_1_layout():
+    names = {p.name for p in PRIMITIVE_FILES}
+    assert {"matmul.module", "matmul.v1.module", "rmsnorm.module", "attention.module"} <= names
+
+
+# Where the spec's own section-6 blocks disagree with the registry, or are not DSL:
+# primitive -> [(code, spec line, column)]. The std declarations follow the registry.
+SPEC_DISAGREEMENTS = {
+    "grouped_gemm": [("E003", 1193, 16)],  # transpose: enum(NN, NT, TN, TT) = TN; the op: enum(NN, NT) = NT
+    "geglu": [("E003", 1610, 11)],  # the op has approximate: bool = true
+    "flash_attention": [("E003", 1972, 5), ("E004", 1975, 9)],  # alibi_slopes is a tensor input of the op
+    "split": [("E001", 2246, 33)],  # out: tuple(... for i in range(...)) is no DSL
+    "view": [("E001", 2374, 9)],  # constraints: - x must be contiguous
+    "contiguous": [("E001", 2543, 44)],  # impl: kernels.copy if not contiguous, else no-op
+    "add": [("E014", 2580, 3)],  # no add_backward kernel
+    "mul": [("E014", 2633, 3)],  # no mul_backward kernel
+    "reduce_sum": [("E014", 2796, 16)],  # broadcast(...) is no primitive
+    "reduce_mean": [("E014", 2851, 16)],
+    "reduce_max": [("E014", 2896, 3)],  # no reduce_max_backward kernel
+    "moe_unpermute": [("E004", 3140, 9)],  # the backward kernel takes expert_outputs too
+    "mamba_conv1d": [("E004", 3217, 9)],  # the backward's bias is optional
+    "mamba_selective_scan": [("E004", 3284, 9)],  # the backward takes y, then the optional ssm_state
+}
+
+
+def test_the_spec_section_6_blocks_disagree_with_the_registry_exactly_where_known():
+    found = {}
+    lines = SPEC.read_text().split("\n")
+    start = next(i for i, line in enumerate(lines, 1) if line.startswith("## 6. "))
+    end = next(i for i, line in enumerate(lines, 1) if line.startswith("## 7. "))
+    for line, text in spec_code_blocks():
+        match = re.match(r"primitive (\w+):", text)
+        if not (start < line < end and match):
+            continue
+        try:
+            diagnostics = [(c, line + at, col) for c, at, col, _ in check(text, f"spec{line}.module")]
+        except DiagnosticError as err:
+            diagnostics = [(d.code, line + d.span.line, d.span.column) for d in err.diagnostics]
+        if diagnostics:
+            found[match.group(1)] = diagnostics
+    assert found == SPEC_DISAGREEMENTS
+
+
+# ------------------------------------------------------------------------- users
+
+
+SOFTMAX = """primitive softmax:
+  params:
+    dim: int = -1
+  forward:
+    in: x: [*]
+    out: [*]
+  backward:
+    in: (d_out, out)
+    out: d_x
+"""
+
+
+def test_a_declaration_that_agrees_has_no_diagnostics():
+    assert check(SOFTMAX) == []
+
+
+@pytest.mark.parametrize(
+    "old, new, code, line, column, words",
+    [
+        ("dim: int = -1", "dim: float = -1", "E003", 3, 10, "is float here but int in the op"),
+        ("dim: int = -1", "dim: int = 0", "E003", 3, 16, "defaults to 0 here but to -1 in the op"),
+        ("dim: int = -1", "dim: int", "E003", 3, 5, "has no default here but the op's default is -1"),
+        ("dim: int = -1", "dim: int? = None", "E003", 3, 10, "is optional here but not optional in the op"),
+        ("dim: int = -1", "dim: int = -1\n    axis: int = 0", "E003", 4, 5, "has no parameter 'axis'"),
+        ("dim: int = -1", "dim: int = -1\n    dim: int = -1", "E009", 4, 5, "declares the parameter 'dim' twice"),
+        ("in: x: [*]", "in: (x: [*], y: [*])", "E004", 5, 9, "declares 2 tensor input(s) (x, y) but the op softmax has 1"),
+        ("out: [*]", "out: (y: [*], stats: [*])", "E004", 6, 10, "declares 2 output(s)"),
+        ("in: x: [*]", "in: x: [*]?", "E004", 5, 9, "optional or variadic in other places"),
+        ("in: (d_out, out)", "in: (d_out, x, out)", "E004", 8, 9, "softmax_backward declares 3 tensor input(s)"),
+        ("primitive softmax:", "primitive softmaxx:", "E014", 1, 11, "no kernel registered for primitive softmaxx"),
+    ],
+)
+def test_a_declaration_that_disagrees_is_located_and_coded(old, new, code, line, column, words):
+    assert old in SOFTMAX
+    found = check(SOFTMAX.replace(old, new))
+    assert len(found) == 1, found
+    assert found[0][:3] == (code, line, column) and words in found[0][3], found
+
+
+def test_missing_parameters_are_named_with_the_declaration_they_need():
+    text = SOFTMAX.replace("  params:\n    dim: int = -1\n", "")
+    sink = DiagnosticSink()
+    check_primitive_decls(parse_source(text).declarations, sink)
+    (diag,) = sink.diagnostics
+    assert (diag.code, diag.span.line, diag.span.column) == ("E003", 1, 11)
+    assert "does not declare the parameter(s) dim" in diag.message and diag.hint == "declare dim: int = -1"
+    assert "^^^^^^^" in diag.render()
+
+
+@pytest.mark.parametrize(
+    "params, code, line, column, words",
+    [
+        # enum choices, order, required and optional parameters of the op
+        ("    transpose: enum(NN, NT) = NN\n    accumulate: bool = false\n    alpha: float = 1.0\n    beta: float = 0.0\n",
+         "E003", 3, 16, "allows NN, NT here but the op allows NN, NT, TN, TT"),
+        ("    transpose: enum(NN, NT, TN, TT) = XY\n    accumulate: bool = false\n    alpha: float = 1.0\n"
+         "    beta: float = 0.0\n", "E003", 3, 39, "defaults to XY here but to NN"),
+        ("    accumulate: bool = false\n    transpose: enum(NN, NT, TN, TT) = NN\n    alpha: float = 1.0\n"
+         "    beta: float = 0.0\n", "E003", 3, 5, "calls pass them positionally as transpose, accumulate"),
+        ("    transpose: enum(NN, NT, TN, TT) = NN\n    accumulate: bool = 0\n    alpha: float = 1.0\n"
+         "    beta: float = 0.0\n", "E003", 4, 24, "defaults to 0 here but to false"),
+        ("    transpose: enum(NN, NT, TN, TT) = NN\n    accumulate: bool = false\n    alpha: float = 1.0\n"
+         "    beta: float = 0.0\n    gamma: float = 0.0\n", "E003", 7, 5, "has no parameter 'gamma'"),
+    ],
+)
+def test_matmul_parameters_that_disagree(params, code, line, column, words):
+    text = f"primitive matmul:\n  params:\n{params}  forward:\n    in: (A: [M, K], B: [K, N])\n    out: C: [M, N]\n"
+    found = check(text)
+    assert len(found) == 1, found
+    assert found[0][:3] == (code, line, column) and words in found[0][3], found
+
+
+def test_required_optional_and_tensor_parameters():
+    router = ("primitive moe_router:\n  params:\n    top_k: int = 2\n    normalize: bool = true\n"
+              "    aux_loss_coef: float = 0.01\n    use_sigmoid: bool = false\n"
+              "  forward:\n    in: (x, gate)\n    out: (weights, indices, aux_loss)\n")
+    (found,) = check(router)
+    assert found[:3] == ("E003", 3, 18) and "has a default here but the op requires it" in found[3]
+    attention = ("primitive flash_attention:\n  params:\n    causal: bool = true\n    softmax_scale: float = 1.0\n"
+                 "    window_size: int? = None\n    alibi_slopes: [H]? = None\n"
+                 "  forward:\n    in: (q, k, v, alibi_slopes?)\n    out: (out, lse)\n")
+    found = check(attention)
+    assert [f[:3] for f in found] == [("E003", 4, 20), ("E003", 6, 5)], found
+    assert "is not optional here but optional in the op" in found[0][3]
+    assert "it takes alibi_slopes as a tensor input" in found[1][3]
+
+
+def test_backward_kernels_and_formulas_are_checked():
+    text = ("primitive add:\n  forward:\n    in: (a, b)\n    out: c\n  backward:\n    in: d_out\n    out: (d_a, d_b)\n"
+            "primitive scale:\n  params:\n    factor: float\n  forward:\n    in: x\n    out: y\n  backward:\n"
+            "    d_x = broadcast(d_out, factor)\n"
+            "primitive transpose:\n  params:\n    dim0: int\n    dim1: int\n  forward:\n    in: x\n    out: y\n"
+            "  backward:\n    d_x = transpose(d_out, dim0, dim1, dims=[0])\n"
+            "primitive batched_matmul:\n  params:\n    transpose: enum(NN, NT, TN, TT) = NN\n"
+            "    accumulate: bool = false\n  forward:\n    in: (A, B)\n    out: C\n  backward:\n"
+            "    d_A = batched_matmul(d_C, B, transpose=XT)\n    d_B = batched_matmul(A, d_C, transpose=TN)\n")
+    found = check(text)
+    assert [f[:3] for f in found] == [("E014", 5, 3), ("E014", 15, 11), ("E003", 24, 40), ("E003", 33, 44)], found
+    assert "no kernel registered for primitive add_backward" in found[0][3]
+    assert "no kernel registered for primitive broadcast" in found[1][3]
+    assert "transpose has no parameter 'dims'" in found[2][3]
+    assert "'XT' is not one of NN, NT, TN, TT" in found[3][3]
+
+
+def test_an_elided_declaration_is_checked_for_what_it_writes():
+    # spec 9.8.3 writes softmax with '...'
+    assert check("primitive softmax:\n  ...\n  backward:\n    in: (d_out, out)\n    ...\n") == []
+    (found,) = check("primitive softmax:\n  ...\n  backward:\n    in: (d_out, x, out)\n    ...\n")
+    assert found[:3] == ("E004", 4, 9)
+
+
+def test_the_check_runs_when_a_program_is_lowered():
+    text = ("primitive relu:\n  params:\n    slope: float = 0.0\n  forward:\n    in: x: [*]\n    out: [*]\n"
+            "primitive rmsnrom:\n  forward:\n    in: x: [*]\n    out: [*]\n"
+            "module M(d: int = 4):\n  forward:\n    in: [d]\n    out: [d]\n    graph:\n      in -> relu() -> out\n")
+    with pytest.raises(DiagnosticError) as err:
+        lower_program(parse_source(text, "user.module"), "M")
+    diagnostics = [(d.code, d.span.line, d.span.column) for d in err.value.diagnostics]
+    assert diagnostics == [("E003", 3, 5), ("E014", 7, 11)]
+    rendered = err.value.diagnostics[1].render()
+    assert "user.module:7:11: error[E014]: no kernel registered for primitive rmsnrom" in rendered
+    assert "    7 | primitive rmsnrom:\n      |           ^^^^^^^\n" in rendered
+    assert "hint: did you mean 'rmsnorm'?" in rendered
+
+
+def test_every_parameter_of_a_std_declaration_is_checked():
+    """Change each default of each std declaration: the check notices every change."""
+    for path in PRIMITIVE_FILES:
+        text = path.read_text()
+        program = parse_source(text, str(path))
+        for decl in program.declarations:
+            for param in declared_params(decl)[0]:
+                if param.default_span is None:
+                    continue
+                lines = text.split("\n")
+                row = lines[param.default_span.line - 1]
+                start, stop = param.default_span.column - 1, param.default_span.end_column - 1
+                lines[param.default_span.line - 1] = row[:start] + "7" + row[stop:]
+                found = check("\n".join(lines), str(path))
+                assert [(f[0], f[1]) for f in found] == [("E003", param.default_span.line)], (decl.name, param.name, found)
+
+
+# ------------------------------------------------------------------------ imports
+
+
+def resolve(text: str, where: Path):
+    sink = DiagnosticSink()
+    resolved = resolve_program(parse_source(text, str(where / "main.module")), sink)
+    return resolved, [(d.code, d.message) for d in sink.diagnostics]
+
+
+def test_import_std_primitives_imports_every_primitive_declaration(tmp_path):
+    resolved, diags = resolve("import std.primitives\n", tmp_path)
+    assert diags == []
+    declared = {n for n, d in resolved.decls.items() if d.kind == "primitive"}
+    assert set(section_6_primitives()) <= declared
+    # the newest file of each name: matmul.module, not matmul.v1.module
+    assert resolved.loaded["std.primitives.matmul"] == PRIMITIVES_DIR / "matmul.module"
+    assert "std.primitives.matmul.v1" not in resolved.loaded
+    assert "batched_matmul" in resolved.decls
+
+
+def test_versioned_brace_and_from_imports_of_std_primitives(tmp_path):
+    resolved, diags = resolve("import std.primitives.matmul.v1\n", tmp_path)
+    assert diags == [] and resolved.loaded["std.primitives.matmul.v1"] == PRIMITIVES_DIR / "matmul.v1.module"
+    assert "batched_matmul" not in resolved.decls
+    resolved, diags = resolve("import std.primitives.{rmsnorm, swiglu}\nfrom std.primitives import matmul as mm\n",
+                              tmp_path)
+    assert diags == [] and {"rmsnorm", "swiglu", "mm"} <= set(resolved.decls)
+    _, diags = resolve("from std.primitives import no_such_op\n", tmp_path)
+    assert diags[0][0] == "E002" and "std.primitives has no declaration 'no_such_op'" in diags[0][1]
+    _, diags = resolve("import std.primitives as P\n", tmp_path)
+    assert diags[0][0] == "E002" and "names a folder of modules" in diags[0][1]
+
+
+def test_a_program_importing_std_primitives_lowers(tmp_path):
+    text = ("import std.primitives\n\nmodule M(d: int = 8):\n  params:\n    w: [d, d]\n  forward:\n    in: [B, d]\n"
+            "    out: [B, d]\n    graph:\n      (in, w) -> matmul(transpose=NT) -> h\n      h -> relu() -> out\n")
+    module = lower_program(parse_source(text, str(tmp_path / "main.module")), "M")
+    assert [op.name for op in module.walk() if op.name in ("mdsl.graph.matmul", "mdsl.graph.relu")] == [
+        "mdsl.graph.matmul", "mdsl.graph.relu"]
+
+
+def test_an_imported_folder_with_a_bad_declaration_reports_it_in_its_file(tmp_path):
+    (tmp_path / "prims").mkdir()
+    (tmp_path / "prims" / "ok.module").write_text(SOFTMAX)
+    (tmp_path / "prims" / "bad.module").write_text(SOFTMAX.replace("softmax", "softmaxx", 1))
+    _, diags = resolve("import prims\n", tmp_path)
+    assert [c for c, _ in diags] == ["E014"] and "softmaxx" in diags[0][1]
+    sink = DiagnosticSink()
+    resolve_program(parse_source("import prims.{softmax}\n", str(tmp_path / "main.module")), sink)
+    (diag,) = sink.diagnostics
+    assert diag.span.source.name == str(tmp_path / "prims" / "bad.module") and diag.span.line == 1
