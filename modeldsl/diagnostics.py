@@ -17,6 +17,8 @@ in a :class:`DiagnosticSink` and raised together as a
 
 from __future__ import annotations
 
+import re
+
 import json
 from dataclasses import dataclass, field
 
@@ -89,6 +91,20 @@ class Span:
     @property
     def location(self) -> str:
         return f"{self.source.name}:{self.line}:{self.column}"
+
+    def word(self, word: str, last: bool = False) -> "Span":
+        """The span of the first (or last) whole-word ``word`` inside this span; itself if absent."""
+        matches = []
+        for number in range(self.line, self.end_line + 1):
+            line = self.source.line(number)
+            start = self.column - 1 if number == self.line else 0
+            end = self.end_column - 1 if number == self.end_line else len(line)
+            matches += [(number, m.start()) for m in re.finditer(rf"(?<!\w){re.escape(word)}(?!\w)", line[:end])
+                        if m.start() >= start]
+        if not matches:
+            return self
+        number, index = matches[-1] if last else matches[0]
+        return Span(self.source, number, index + 1, number, index + 1 + len(word))
 
     @property
     def text(self) -> str:

@@ -109,9 +109,9 @@ class Resolver:
         for decl in program.declarations:
             if decl.name in visible:
                 self.sink.warning("W002", f"{decl.kind} {decl.name} shadows the imported {decl.name} "
-                                  f"from {visible[decl.name].origin}", decl.span, "rename one of them")
+                                  f"from {visible[decl.name].origin}", decl.span.word(decl.name), "rename one of them")
             if lookup_primitive(decl.name) is not None and decl.kind != "primitive":
-                self.sink.warning("W001", f"{decl.kind} {decl.name} shadows the primitive {decl.name}", decl.span,
+                self.sink.warning("W001", f"{decl.kind} {decl.name} shadows the primitive {decl.name}", decl.span.word(decl.name),
                                   "rename it unless you mean to replace the primitive")
             decls[decl.name] = decl
         check_primitive_decls(program.declarations, self.sink)
@@ -130,10 +130,10 @@ class Resolver:
         )
         if aliased:
             self.sink.error("E024", f"the alias '{name}' shadows '{name}' imported from {previous.origin}",
-                            item.span, "choose another alias")
+                            item.span.word(name, last=True), "choose another alias")
         else:
             self.sink.error("E023", f"'{name}' is imported from both {previous.origin} and {imported.origin}",
-                            item.span, f"import one of them with an alias: import ... as Other{name}")
+                            item.span.word(name, last=True), f"import one of them with an alias: import ... as Other{name}")
 
     # ------------------------------------------------------------------ finding modules
     def import_names(self, item: ast.Node, base: Path) -> list[tuple[str, Imported]]:
@@ -186,7 +186,7 @@ class Resolver:
         for origin, decl in pairs:
             if decl.name == name:
                 return Imported(decl, origin, span)
-        self.sink.error("E002", f"{dotted} has no declaration '{name}'", span,
+        self.sink.error("E002", f"{dotted} has no declaration '{name}'", span.word(name, last=True),
                         f"it declares: {', '.join(d.name for _, d in pairs) or 'nothing'}")
         return None
 

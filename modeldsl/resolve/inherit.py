@@ -25,16 +25,16 @@ def merged(decl: ast.Decl, namespace: dict[str, ast.Decl], sink: DiagnosticSink,
         return decl
     base = namespace.get(decl.extends)
     if decl.kind not in INHERITABLE:
-        sink.error("E011", f"a {decl.kind} cannot extend another declaration", decl.span,
+        sink.error("E011", f"a {decl.kind} cannot extend another declaration", decl.span.word("extends"),
                    "only modules and blocks use 'extends'")
         return None
     if base is None or base.kind not in INHERITABLE:
         what = "an undefined name" if base is None else f"a {base.kind}"
-        sink.error("E011", f"{decl.name} extends {decl.extends}, which is {what}", decl.span,
+        sink.error("E011", f"{decl.name} extends {decl.extends}, which is {what}", decl.span.word(decl.extends, last=True),
                    "a module or block can extend a module or block")
         return None
     if decl.extends in seen or decl.extends == decl.name:
-        sink.error("E011", f"{decl.name} inherits from itself", decl.span)
+        sink.error("E011", f"{decl.name} inherits from itself", decl.span.word(decl.extends, last=True))
         return None
     base = merged(base, namespace, sink, (*seen, decl.name))
     if base is None:
