@@ -70,7 +70,10 @@ class SpecializePass(ModulePass):
             if key == "hf" and len(values) == 1 and isinstance(values[0], str):
                 hf = values[0]
             elif len(values) != 1 or isinstance(values[0], str):
-                raise ValueError(f"mdsl-specialize option {key} takes one number or boolean, got {values}")
+                given = " ".join(map(str, values))
+                raise DiagnosticError([Diagnostic(
+                    "E029", f"mdsl-specialize: {key}={given} is not an integer or a boolean", None,
+                    "bind integers (B=2 T=64 d_model=64); float config values change by lowering again")])
             else:
                 pairs.append((key, values[0]))
         return cls(tuple(pairs), hf)
@@ -111,15 +114,13 @@ def specialize_model(model: ModelOp, bindings: dict[str, Any]) -> None:
             None, "lower the model with this configuration instead: mdsl-opt --hf DIR (or modeldsl.load) "
                   "lowers it with the checkpoint's config")])
     for name, value in overrides.items():
-        config[name] = _config_attribute(name, value, config[name])
+        config[name] = _config_attribute(name, value)
     if overrides:
         model.config = DictionaryAttr(config)
     integers = {k: v.value.data for k, v in config.items() if _is_int(v)}
     symbols = {k: v for k, v in bindings.items() if k not in config}
     for name, value in symbols.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise DiagnosticError([Diagnostic("E029", f"mdsl-specialize: {name}={value!r} is not a positive integer",
-                                              None, "dimension symbols bind to positive integers: B=2 T=64")])
+        _check_size(name, value)
     unknown = sorted(set(symbols) - _symbols_of(model))
     if unknown:
         raise DiagnosticError([Diagnostic(
@@ -143,9 +144,18 @@ def _value_of(attr: Attribute) -> Any:
     return attr.value.data if isinstance(attr, FloatAttr) else None
 
 
-def _config_attribute(name: str, value: Any, previous: Attribute) -> Attribute:
+def _check_size(name: str, value: Any) -> None:
+    """Symbols and the config integers shapes use bind to positive integers that fit in i64."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise DiagnosticError([Diagnostic("E029", f"mdsl-specialize: {name} is an integer, got {value!r}", None)])
+        raise DiagnosticError([Diagnostic("E029", f"mdsl-specialize: {name} is an integer, got {value!r}", None,
+                                          "bind integers: B=2 T=64 d_model=64")])
+    if not 0 < value < 2**63:
+        raise DiagnosticError([Diagnostic("E029", f"mdsl-specialize: {name}={value} is not a positive integer "
+                                          "that fits in 64 bits", None, "sizes are positive: B=2 T=64")])
+
+
+def _config_attribute(name: str, value: Any) -> Attribute:
+    _check_size(name, value)
     return IntegerAttr(value, i64)
 
 

@@ -19,10 +19,10 @@ from typing import IO
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
-from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError
+from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError, VerifyException
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from modeldsl.diagnostics import DiagnosticError, render_all
+from modeldsl.diagnostics import Diagnostic, DiagnosticError, render_all
 from modeldsl.ir import LocatedParseError, LocatingParser, load_dialects, verify_module
 from modeldsl.passes.registry import PASSES
 
@@ -189,7 +189,17 @@ class MdslOptMain(xDSLOptMain):
             diagnostics = verify_module(prog, self._op_spans)
             if diagnostics:
                 raise InputDiagnostics("".join(d.render() for d in diagnostics))
-        super().apply_passes(prog)
+        try:
+            super().apply_passes(prog)
+        except (VerifyException, DiagnosticException):
+            diagnostics = verify_module(prog)
+            if not diagnostics:
+                raise
+            raise DiagnosticError([
+                Diagnostic("E004", f"after {self.args.passes}: '{d.op_name}' op {d.message}", None,
+                           "the bound values make shapes disagree; check them against the model's constraints")
+                for d in diagnostics
+            ]) from None
 
 
 class InputDiagnostics(DiagnosticException):

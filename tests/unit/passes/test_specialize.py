@@ -52,9 +52,30 @@ def test_binding_two_dims_that_must_agree_to_different_values_fails_verification
     ({"Q": 2}, "neither a config value nor a symbol"),
     ({"B": 0}, "not a positive integer"),
     ({"d_model": "x"}, "is an integer"),
+    ({"d_model": -4}, "d_model=-4 is not a positive integer"),
+    ({"T": 2**64}, "fits in 64 bits"),
 ])
 def test_bad_bindings_are_e029(bindings, message):
     with pytest.raises(DiagnosticError) as info:
         SpecializePass.of(**bindings).apply(Context(), lowered_llama(TINY))
     (diag,) = info.value.diagnostics
     assert diag.code == "E029" and message in diag.message
+
+
+def run_opt(*args: str, capsys) -> tuple[int, str]:
+    from modeldsl.tools.opt import main
+
+    code = main([str(STD_ROOT / "models" / "llama.module"), *args])
+    return code, capsys.readouterr().err
+
+
+def test_a_float_option_is_e029(capsys):
+    code, err = run_opt("-p", "mdsl-specialize{eps=1e-6}", capsys=capsys)
+    assert code == 1 and "error[E029]: mdsl-specialize: eps=1e-6 is not an integer or a boolean" in err
+
+
+def test_bindings_that_break_the_shapes_are_e004_naming_the_ops(capsys):
+    code, err = run_opt("-p", "mdsl-specialize{num_kv_heads=3}", capsys=capsys)
+    assert code == 1 and "Traceback" not in err
+    assert "error[E004]: after mdsl-specialize{num_kv_heads=3}: 'mdsl.graph.flash_attention' op query heads (32) " \
+           "must be a multiple of kv heads (3)" in err
