@@ -107,10 +107,10 @@ class PrimitiveSignature:
 
     @property
     def reference(self):
-        """The numpy reference kernel (:mod:`modeldsl.kernels.reference`)."""
-        from modeldsl.kernels.reference import reference
+        """The numpy reference kernel, from the primitive's entry in :mod:`modeldsl.kernels.registry`."""
+        from modeldsl.kernels.registry import entry
 
-        return reference(self.name)
+        return entry(self.name).reference
 
     @property
     def primary_outputs(self) -> int:

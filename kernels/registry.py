@@ -1,0 +1,78 @@
+"""The kernel registry: one entry per primitive, keyed by its name.
+
+An entry holds what the schedule layer needs to know about a primitive
+beyond its graph op (:mod:`modeldsl.primitives` reads that off the op): the
+numpy reference kernel the CPU executor runs, the scratch memory a kernel
+asks the planner for, and which outputs may take over the buffer of an input
+that dies at that launch (in-place reuse). ``mdsl.sched.launch`` names its
+kernel by the primitive's name, so ``entry(launch.kernel.data)`` finds it.
+
+Later issues add each entry's CUDA kernel and launch configuration here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from modeldsl.kernels.reference import REFERENCES
+
+Shape = tuple[int, ...]
+# (input shapes, output shapes) -> bytes of scratch for one launch
+ScratchRule = Callable[[Sequence[Shape], Sequence[Shape]], int]
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    """What the planner and the executors know about one primitive."""
+
+    name: str
+    reference: Callable
+    scratch: ScratchRule | None = None
+    # output index -> input index whose buffer the output may reuse when that input
+    # is last read by this launch (elementwise kernels read each element before writing it)
+    reuse: dict[int, int] = field(default_factory=dict)
+
+    def scratch_bytes(self, inputs: Sequence[Shape], outputs: Sequence[Shape]) -> int:
+        return 0 if self.scratch is None else int(self.scratch(inputs, outputs))
+
+
+def _attention_scores(inputs: Sequence[Shape], outputs: Sequence[Shape]) -> int:
+    """fp32 scores of every (batch, head) row block: the S x S matrix of a non-flash kernel."""
+    q, k = inputs[0], inputs[1]
+    return 4 * math.prod(q[:-1]) * k[-2]
+
+
+def _per_row_stats(inputs: Sequence[Shape], outputs: Sequence[Shape]) -> int:
+    """Two fp32 values (running max and sum) per row of the logits."""
+    return 8 * math.prod(inputs[0][:-1])
+
+
+SCRATCH: dict[str, ScratchRule] = {
+    "flash_attention": _attention_scores,
+    "cross_entropy": _per_row_stats,
+}
+REUSE: dict[str, dict[int, int]] = {
+    **{name: {0: 0} for name in ("silu", "relu", "relu2", "gelu", "scale", "softmax", "add", "mul",
+                                 "add3", "bias_add", "swiglu", "geglu")},
+    "rope": {0: 0, 1: 1},
+}
+
+
+@lru_cache(maxsize=1)
+def registry() -> dict[str, KernelEntry]:
+    """Every primitive with a reference kernel."""
+    return {
+        name: KernelEntry(name, reference, SCRATCH.get(name), REUSE.get(name, {}))
+        for name, reference in REFERENCES.items()
+    }
+
+
+def entry(name: str) -> KernelEntry:
+    """The entry of kernel ``name``; KeyError naming the known kernels for an unknown one."""
+    try:
+        return registry()[name]
+    except KeyError:
+        raise KeyError(f"no kernel '{name}' in the registry (known: {', '.join(sorted(registry()))})") from None
