@@ -44,9 +44,16 @@ def _specialize() -> type[ModulePass]:
     return SpecializePass
 
 
+def _lower_to_sched() -> type[ModulePass]:
+    from modeldsl.passes.lower_to_sched import LowerToSchedPass
+
+    return LowerToSchedPass
+
+
 # Project passes, added by the issues that build them: name -> factory.
 PROJECT_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "mdsl-specialize": _specialize,
+    "mdsl-lower-to-sched": _lower_to_sched,
 }
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {**GENERAL_PASSES, **PROJECT_PASSES}

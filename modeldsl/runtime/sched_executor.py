@@ -1,0 +1,231 @@
+"""The CPU executor of a planned ``mdsl.sched`` program.
+
+Each arena is allocated once, as one numpy byte array of its planned size;
+every buffer is a numpy view at its planned offset (an alias views its root
+at its byte offset, a ``layer_view`` a slice of a stacked buffer). The
+constructor turns the program into a flat list of steps, layer loops
+unrolled, with every view made in advance, so :meth:`ScheduleExecutor.execute`
+allocates nothing that outlives a kernel call: kernels are the numpy
+references of the kernel registry, and their results are copied into the
+planned output views.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, StringAttr
+from xdsl.ir import Attribute, Operation, SSAValue
+
+from modeldsl.dialects.dtypes import DType
+from modeldsl.dialects.graph_types import DimsAttr
+from modeldsl.dialects.sched import (
+    AttentionOp,
+    BufferOp,
+    BufferType,
+    CopyOp,
+    GemmOp,
+    LaunchOp,
+    LayerLoopOp,
+    LayerViewOp,
+    MemsetOp,
+    ProgramOp,
+    RecomputeSegmentOp,
+    StreamOp,
+    SyncOp,
+)
+from modeldsl.kernels.reference import flash_attention, matmul
+from modeldsl.kernels.registry import entry
+from modeldsl.primitives import lookup_primitive
+from modeldsl.runtime.executor import DTYPE_KEYWORDS, NUMPY_DTYPES, SHAPE_KEYWORDS, ExecutionError
+
+Step = Callable[[], None]
+ARENA_ALIGNMENT = 256
+
+
+class ScheduleExecutor:
+    """Runs one planned program; ``execute`` binds the inputs and returns views of the outputs."""
+
+    def __init__(self, program: ProgramOp, params: dict[str, np.ndarray] | None = None):
+        self.program = program
+        self.arenas = {name: np.zeros(size, dtype=np.uint8) for name, size in program.arenas.items()}
+        self.views: dict[SSAValue, np.ndarray] = {}
+        self.inputs: list[np.ndarray] = []
+        self.outputs: list[np.ndarray] = []
+        self.params: dict[str, np.ndarray] = {}
+        self.steps: list[Step] = []
+        for op in program.body.block.ops:
+            if isinstance(op, BufferOp):
+                self.place(op)
+            else:
+                self.steps += self.compile(op, self.views)
+        if params is not None:
+            self.bind_params(params)
+
+    # ------------------------------------------------------------------ memory
+    def place(self, op: BufferOp) -> None:
+        btype: BufferType = op.result.type
+        root, start = root_offset(op)
+        if root.offset is None:
+            raise ExecutionError(f"buffer %{root.result.name_hint or '?'} has no offset: run mdsl-plan-memory first")
+        arena = self.arenas[root.arena.data]
+        view = arena[start:start + btype.nbytes].view(numpy_dtype(btype.dtype)).reshape(btype.shape)
+        self.views[op.result] = view
+        for role, where in (("input", self.inputs), ("output", self.outputs)):
+            index = op.attributes.get(role)
+            if isinstance(index, IntegerAttr):
+                where.extend([None] * (index.value.data + 1 - len(where)))
+                where[index.value.data] = view
+        name = op.attributes.get("param")
+        if isinstance(name, StringAttr):
+            self.params[name.data] = view
+
+    def bind_params(self, weights: dict[str, np.ndarray]) -> None:
+        """Copy each parameter into its place in the params arena."""
+        missing = sorted(set(self.params) - set(weights))
+        if missing:
+            raise ExecutionError(f"no weights for the parameters {', '.join(missing)}")
+        for name, view in self.params.items():
+            np.copyto(view, np.asarray(weights[name]).reshape(view.shape), casting="unsafe")
+
+    # ------------------------------------------------------------------ running
+    def execute(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """Copy the inputs in, run every step; the outputs are views into the arenas."""
+        if len(inputs) != len(self.inputs):
+            raise ExecutionError(f"the program takes {len(self.inputs)} inputs, got {len(inputs)}")
+        for index, (view, value) in enumerate(zip(self.inputs, inputs)):
+            if np.shape(value) != view.shape:
+                raise ExecutionError(f"input {index}: expected shape {view.shape}, got {np.shape(value)}")
+            np.copyto(view, value, casting="unsafe")
+        for step in self.steps:
+            step()
+        return list(self.outputs)
+
+    # ------------------------------------------------------------------ compiling steps
+    def compile(self, op: Operation, views: dict[SSAValue, np.ndarray]) -> list[Step]:
+        if isinstance(op, (StreamOp, SyncOp)):
+            return []
+        if isinstance(op, LayerLoopOp):
+            return self.compile_loop(op, views)
+        if isinstance(op, RecomputeSegmentOp):
+            return [step for inner in op.body.block.ops for step in self.compile(inner, views)]
+        if isinstance(op, LaunchOp):
+            return [self.launch(op, views)]
+        if isinstance(op, GemmOp):
+            return [self.gemm(op, views)]
+        if isinstance(op, AttentionOp):
+            return [self.attention(op, views)]
+        if isinstance(op, CopyOp):
+            return [copy_step(views[op.operands[0]], views[op.operands[1]], op.attributes.get("bytes"))]
+        if isinstance(op, MemsetOp):
+            value = op.attributes.get("value")
+            target, fill = views[op.operands[0]], value.value.data if value is not None else 0.0
+            return [lambda: target.fill(fill)]
+        raise ExecutionError(f"the CPU executor cannot run {op.name}")
+
+    def compile_loop(self, loop: LayerLoopOp, views: dict[SSAValue, np.ndarray]) -> list[Step]:
+        layers = range(loop.lower.value.data, loop.upper.value.data)
+        steps: list[Step] = []
+        for layer in reversed(layers) if loop.reverse is not None else layers:
+            local = dict(views)
+            for op in loop.body.block.ops:
+                if isinstance(op, LayerViewOp):
+                    local[op.result] = local[op.stacked][layer]
+                else:
+                    steps += self.compile(op, local)
+        return steps
+
+    def launch(self, op: LaunchOp, views: dict[SSAValue, np.ndarray]) -> Step:
+        sig = lookup_primitive(op.kernel.data)
+        if sig is None:
+            raise ExecutionError(f"no primitive '{op.kernel.data}' for the launch")
+        kernel = entry(sig.name).reference
+        outputs = [views[v] for v in op.outputs]
+        if "scratch" in op.attributes:
+            outputs = outputs[:-1]  # the reference kernels need no scratch
+        arguments: list[np.ndarray | None] = []
+        for group in sig.group_operands([views[v] for v in op.inputs]):
+            arguments.extend(group if isinstance(group, list) else [group])
+        params = {p.name: python_value(op.attributes[p.name], p.kind) for p in sig.params if p.name in op.attributes}
+        if sig.name in SHAPE_KEYWORDS:
+            params["shape"] = outputs[0].shape
+        if sig.name in DTYPE_KEYWORDS:
+            params["dtype"] = outputs[0].dtype
+
+        def step() -> None:
+            result = kernel(*arguments, **params)
+            for view, value in zip(outputs, result if isinstance(result, tuple) else (result,), strict=True):
+                np.copyto(view, value, casting="unsafe")
+
+        return step
+
+    def gemm(self, op: GemmOp, views: dict[SSAValue, np.ndarray]) -> Step:
+        if op.epilogue.data != "none":
+            raise ExecutionError(f"the CPU executor runs no GEMM epilogue ('{op.epilogue.data}')")
+        a, b, c = views[op.a], views[op.b], views[op.c]
+        mode = ("T" if op.transa.value.data else "N") + ("T" if op.transb.value.data else "N")
+        alpha, beta = op.alpha.value.data, op.beta.value.data
+
+        def step() -> None:
+            product = matmul(a, b, transpose=mode, alpha=alpha)
+            np.copyto(c, product + beta * c.astype(product.dtype) if beta else product, casting="unsafe")
+
+        return step
+
+    def attention(self, op: AttentionOp, views: dict[SSAValue, np.ndarray]) -> Step:
+        q, k, v, out, lse = (views[x] for x in (op.q, op.k, op.v, op.out, op.lse))
+        if op.layout.data == "bthd":
+            q, k, v, out = (x.swapaxes(1, 2) for x in (q, k, v, out))
+        window = op.window.value.data or None
+        scale = op.scale.value.data if op.scale is not None else None
+        causal = bool(op.causal.value.data)
+
+        def step() -> None:
+            o, l = flash_attention(q, k, v, causal=causal, softmax_scale=scale, window_size=window)
+            np.copyto(out, o, casting="unsafe")
+            np.copyto(lse, l, casting="unsafe")
+
+        return step
+
+
+def root_offset(op: BufferOp) -> tuple[BufferOp, int]:
+    """The buffer that owns the memory of ``op`` and the byte offset of ``op`` in its arena."""
+    start = 0
+    while op.alias_of is not None:
+        start += op.offset.value.data
+        op = op.alias_of.owner
+    return op, start + (op.offset.value.data if op.offset is not None else 0)
+
+
+def copy_step(source: np.ndarray, target: np.ndarray, nbytes: Attribute | None) -> Step:
+    if isinstance(nbytes, IntegerAttr):
+        count = nbytes.value.data
+        src, dst = source.reshape(-1).view(np.uint8)[:count], target.reshape(-1).view(np.uint8)[:count]
+        return lambda: np.copyto(dst, src)
+    return lambda: np.copyto(target, source, casting="unsafe")
+
+
+def numpy_dtype(dtype: DType) -> np.dtype:
+    return NUMPY_DTYPES[dtype]
+
+
+def python_value(attr: Attribute, kind: str) -> Any:
+    """A launch attribute as the reference kernel's keyword value."""
+    if isinstance(attr, StringAttr):
+        return attr.data
+    if isinstance(attr, IntegerAttr):
+        return bool(attr.value.data) if kind == "bool" else attr.value.data
+    if isinstance(attr, FloatAttr):
+        return attr.value.data
+    if isinstance(attr, DenseArrayBase):
+        return list(attr.get_values())
+    if isinstance(attr, DimsAttr):
+        return [d.evaluate({}) for d in attr.data]
+    raise ExecutionError(f"cannot read the attribute {attr}")
+
+
+def run_program(program: ProgramOp, params: dict[str, np.ndarray], inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """One-shot helper: build an executor, run it once, return copies of the outputs."""
+    return [np.array(out) for out in ScheduleExecutor(program, params).execute(*inputs)]

@@ -1,0 +1,360 @@
+"""``mdsl-lower-to-sched``: a specialized ``mdsl.graph`` function becomes an ``mdsl.sched`` program.
+
+Every tensor becomes a buffer: parameters in the ``params`` arena (tagged
+``param = "name"``), the function's arguments and results in ``external``
+(``input = i`` / ``output = i``), everything else in ``activations``, and
+the scratch a kernel asks for through the kernel registry in ``workspace``
+(a trailing output of its launch, marked ``scratch``). Buffers get no offsets
+here; ``mdsl-plan-memory`` places them.
+
+Each primitive becomes a launch of its registry kernel, except:
+* ``matmul`` and ``batched_matmul`` become ``gemm``; a ``transpose`` of the
+  last two dims that only feeds GEMMs is absorbed into their flags, and a
+  weight-gradient matmul (``TN`` over leading dims) reads 2-d views;
+* ``flash_attention`` (without ALiBi) becomes ``attention``;
+* ``view``, ``contiguous`` and splits along the outermost non-unit dim become
+  aliases of their input at a byte offset: no copy.
+A ``stack`` becomes a ``layer_loop``: the body reads layer ``l`` of each
+stacked parameter through ``layer_view`` and carries its state in buffers
+that the loop updates. Ops run in the graph's (topological) order.
+
+Options: ``func`` (default ``forward``), ``storage=fp32`` to hold 16-bit
+floats as fp32 (an fp32 run of a bf16 model, as the graph interpreter's
+``float_dtype``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, StringAttr, UnitAttr, i64
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.passes import ModulePass
+
+from modeldsl.diagnostics import Diagnostic, DiagnosticError
+from modeldsl.dialects.dtypes import DType
+from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamRefOp, ReturnOp, StackOp
+from modeldsl.dialects.graph_types import TensorType
+from modeldsl.dialects.sched import (
+    AttentionOp,
+    BufferOp,
+    BufferType,
+    CopyOp,
+    GemmOp,
+    LaunchOp,
+    LayerLoopOp,
+    LayerViewOp,
+    ProgramOp,
+)
+from modeldsl.kernels.registry import entry
+from modeldsl.primitives import PrimitiveSignature, primitives
+
+# attributes of graph ops that are not kernel parameters
+NOT_PARAMS = {"annotations", "memory", "recompute", "operandSegmentSizes", "resultSegmentSizes"}
+
+
+@dataclass(frozen=True)
+class LowerToSchedPass(ModulePass):
+    name = "mdsl-lower-to-sched"
+
+    func: str = "forward"
+    storage: str = ""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for model in [m for m in op.body.block.ops if isinstance(m, ModelOp)]:
+            program = lower_function(model, self.func, self.storage or None)
+            op.body.block.insert_op_after(program, model)
+
+
+def lower_function(model: ModelOp, func_name: str = "forward", storage: str | None = None) -> ProgramOp:
+    """The schedule of ``@func_name`` of a specialized model."""
+    funcs = {f.sym_name.data: f for f in model.body.block.ops if isinstance(f, FuncOp)}
+    if func_name not in funcs:
+        raise _error(f"@{model.sym_name.data} has no function @{func_name}", f"functions: {', '.join(funcs)}")
+    if storage not in (None, "fp32"):
+        raise _error(f"mdsl-lower-to-sched: storage={storage} is not fp32", "storage=fp32 or leave it out")
+    return ScheduleBuilder(model, funcs, storage == "fp32").lower(funcs[func_name])
+
+
+def _error(message: str, hint: str | None = None) -> DiagnosticError:
+    return DiagnosticError([Diagnostic("E029", message, None, hint)])
+
+
+class ScheduleBuilder:
+    """Walks graph functions in order, creating buffers and work ops."""
+
+    def __init__(self, model: ModelOp, funcs: dict[str, FuncOp], fp32_storage: bool):
+        self.model, self.funcs, self.fp32_storage = model, funcs, fp32_storage
+        self.buffers: list[BufferOp] = []
+        self.block = Block()
+        self.values: dict[SSAValue, SSAValue] = {}
+        self.params: dict[str, SSAValue] = {}
+        self.deferred: dict[SSAValue, Operation] = {}  # transposes not (yet) materialized
+        self.outputs: dict[SSAValue, int] = {}
+        self.signatures = {sig.op.name: sig for sig in primitives().values()}
+
+    # ------------------------------------------------------------------ program
+    def lower(self, func: FuncOp) -> ProgramOp:
+        for index, arg in enumerate(func.body.block.args):
+            self.values[arg] = self.new_buffer(arg, "external", {"input": IntegerAttr(index, i64)})
+        ret = func.body.block.last_op
+        assert isinstance(ret, ReturnOp)
+        for index, value in enumerate(ret.values):
+            if value not in self.outputs and isinstance(value.owner, Operation) and value not in func.body.block.args:
+                self.outputs[value] = index
+        self.run_body(func.body.block, self.values)
+        for index, value in enumerate(ret.values):
+            source = self.buffer(value)
+            if not _is_output(source, index):  # an argument, a view, loop state or a repeated value
+                out = self.new_buffer(value, "external", {"output": IntegerAttr(index, i64)}, btype=source.type)
+                self.block.add_op(CopyOp(source, out))
+        program = ProgramOp(func.sym_name.data, {})
+        program.attributes["model"] = StringAttr(self.model.sym_name.data)
+        body = program.body.block
+        body.add_ops(self.buffers)
+        for op in list(self.block.ops):
+            op.detach()
+            body.add_op(op)
+        return program
+
+    def run_body(self, block: Block, values: dict[SSAValue, SSAValue]) -> list[SSAValue]:
+        """Lower a function body; the values it returns."""
+        for op in block.ops:
+            if isinstance(op, ReturnOp):
+                return list(op.values)
+            self.lower_op(op)
+        raise AssertionError("a function without return")
+
+    # ------------------------------------------------------------------ buffers
+    def buffer_type(self, t: TensorType) -> BufferType:
+        shape = [d.evaluate({}) for d in t.shape]
+        dtype = t.dtype
+        if self.fp32_storage and dtype in (DType.BF16, DType.FP16):
+            dtype = DType.FP32
+        return BufferType(shape, dtype)
+
+    def new_buffer(self, value: SSAValue, arena: str, attrs: dict[str, Attribute] | None = None,
+                   alias_of: SSAValue | None = None, offset: int | None = None,
+                   btype: BufferType | None = None) -> SSAValue:
+        btype = btype or self.buffer_type(value.type)
+        if alias_of is None and arena == "activations" and value in self.outputs:
+            arena, attrs = "external", {"output": IntegerAttr(self.outputs[value], i64)}
+        op = BufferOp(arena, btype, offset, None if alias_of is None else btype.nbytes, alias_of)
+        op.attributes |= attrs or {}
+        op.result.name_hint = value.name_hint
+        self.buffers.append(op)
+        return op.result
+
+    def result_buffer(self, value: SSAValue) -> SSAValue:
+        buf = self.new_buffer(value, "activations")
+        self.values[value] = buf
+        return buf
+
+    def buffer(self, value: SSAValue) -> SSAValue:
+        """The buffer of a graph value, materializing a deferred transpose."""
+        if value in self.deferred:
+            op = self.deferred.pop(value)
+            self.launch(self.signatures[op.name], op)
+        return self.values[value]
+
+    def alias(self, value: SSAValue, base: SSAValue, offset: int = 0, btype: BufferType | None = None) -> SSAValue | None:
+        """A view of ``base`` (a buffer op's result) at a byte offset; None where ``base`` is a layer view."""
+        if not isinstance(base.owner, BufferOp):
+            return None
+        buf = self.new_buffer(value, base.owner.arena.data, alias_of=base, offset=offset, btype=btype)
+        self.values[value] = buf
+        return buf
+
+    def param(self, op: ParamRefOp) -> SSAValue:
+        name = op.param.root_reference.data
+        if name not in self.params:
+            self.params[name] = self.new_buffer(op.result, "params", {"param": StringAttr(name)})
+        return self.params[name]
+
+    # ------------------------------------------------------------------ ops
+    def lower_op(self, op: Operation) -> None:
+        if isinstance(op, ParamRefOp):
+            self.values[op.result] = self.param(op)
+        elif isinstance(op, StackOp):
+            self.layer_loop(op)
+        elif isinstance(op, CallOp):
+            callee = self.funcs[op.callee.root_reference.data]
+            for arg, value in zip(callee.body.block.args, op.arguments):
+                self.values[arg] = self.buffer(value)
+            for result, value in zip(op.res, self.run_body(callee.body.block, self.values)):
+                self.values[result] = self.buffer(value)
+        else:
+            sig = self.signatures.get(op.name)
+            if sig is None:
+                raise _error(f"mdsl-lower-to-sched cannot lower {op.name}")
+            lower = getattr(self, f"lower_{sig.name}", None)
+            if lower is None or not lower(op):
+                self.launch(sig, op)
+
+    def launch(self, sig: PrimitiveSignature, op: Operation) -> None:
+        inputs = [self.buffer(v) for v in op.operands]
+        outputs = [self.result_buffer(r) for r in op.results]
+        attrs = {k: v for k, v in op.attributes.items() if k not in NOT_PARAMS}
+        kernel = entry(sig.name)
+        scratch = kernel.scratch_bytes([self.shape(v) for v in inputs], [self.shape(v) for v in outputs])
+        if scratch:
+            btype = BufferType([scratch], DType.INT8)
+            space = BufferOp("workspace", btype)
+            space.result.name_hint = f"{op.results[0].name_hint or sig.name}_scratch"
+            self.buffers.append(space)
+            outputs.append(space.result)
+            attrs["scratch"] = UnitAttr()
+        self.block.add_op(LaunchOp(sig.name, inputs, outputs, attrs))
+
+    @staticmethod
+    def shape(value: SSAValue) -> tuple[int, ...]:
+        return tuple(value.type.shape)
+
+    # views ---------------------------------------------------------------
+    def lower_view(self, op: Operation) -> bool:
+        return self.alias(op.results[0], self.buffer(op.operands[0])) is not None
+
+    lower_contiguous = lower_view
+
+    def lower_split(self, op: Operation) -> bool:
+        source = op.operands[0].type
+        shape = [d.evaluate({}) for d in source.shape]
+        dim = op.attributes["dim"].value.data % len(shape) if "dim" in op.attributes else len(shape) - 1
+        if math.prod(shape[:dim]) != 1:
+            return False  # the pieces interleave in memory: a split kernel copies them
+        base = self.buffer(op.operands[0])
+        if not isinstance(base.owner, BufferOp):
+            return False
+        offset = 0
+        for result in op.results:
+            btype = self.buffer_type(result.type)
+            self.alias(result, base, offset, btype)
+            offset += btype.nbytes
+        return True
+
+    def lower_transpose(self, op: Operation) -> bool:
+        self.deferred[op.results[0]] = op  # a GEMM may take it as a flag
+        return True
+
+    # GEMMs ---------------------------------------------------------------
+    def gemm_operand(self, value: SSAValue, transposed: bool) -> tuple[SSAValue, bool]:
+        """(buffer, transposed) with a last-two-dims transpose folded into the flag."""
+        producer = self.deferred.get(value)
+        if producer is not None and _swaps_last_two(producer):
+            return self.buffer(producer.operands[0]), not transposed
+        return self.buffer(value), transposed
+
+    def lower_matmul(self, op: Operation) -> bool:
+        if _bool(op, "accumulate") or _float(op, "beta", 0.0) != 0.0:
+            return False
+        mode = _string(op, "transpose", "NN")
+        a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
+        b, transb = self.gemm_operand(op.operands[1], mode[1] == "T")
+        if transa and len(self.shape(a)) > 2:  # a weight gradient: contract over every leading dim
+            a, b = self.flat(a), self.flat(b)
+            if a is None or b is None:
+                return False
+        elif len(self.shape(b)) > 2:
+            return False
+        c = self.result_buffer(op.results[0])
+        self.block.add_op(GemmOp(a, b, c, transa=transa, transb=transb, alpha=_float(op, "alpha", 1.0)))
+        return True
+
+    def lower_batched_matmul(self, op: Operation) -> bool:
+        if _bool(op, "accumulate"):
+            return False
+        mode = _string(op, "transpose", "NN")
+        a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
+        b, transb = self.gemm_operand(op.operands[1], mode[1] == "T")
+        if self.shape(a)[:-2] != self.shape(b)[:-2]:
+            return False
+        c = self.result_buffer(op.results[0])
+        self.block.add_op(GemmOp(a, b, c, transa=transa, transb=transb))
+        return True
+
+    def flat(self, buf: SSAValue) -> SSAValue | None:
+        """A 2-d view ``[rows, cols]`` of a buffer (None for a layer view)."""
+        shape = self.shape(buf)
+        if not isinstance(buf.owner, BufferOp):
+            return None
+        btype = BufferType([math.prod(shape[:-1]), shape[-1]], buf.type.dtype)
+        op = BufferOp(buf.owner.arena.data, btype, 0, btype.nbytes, buf)
+        op.result.name_hint = f"{buf.name_hint}_2d" if buf.name_hint else None
+        self.buffers.append(op)
+        return op.result
+
+    # attention -----------------------------------------------------------
+    def lower_flash_attention(self, op: Operation) -> bool:
+        if len(op.operands) != 3:
+            return False  # ALiBi slopes: the reference kernel
+        q, k, v = (self.buffer(x) for x in op.operands)
+        out, lse = (self.result_buffer(r) for r in op.results)
+        window = op.attributes.get("window_size")
+        scale = op.attributes.get("softmax_scale")
+        self.block.add_op(AttentionOp(q, k, v, out, lse, causal=_bool(op, "causal", True),
+                                      window=window.value.data if window is not None else 0,
+                                      scale=scale.value.data if scale is not None else None))
+        return True
+
+    # stacks --------------------------------------------------------------
+    def layer_loop(self, op: StackOp) -> None:
+        body = self.funcs[op.body.root_reference.data]
+        count = op.count.data.evaluate({})
+        state = [self.state_buffer(v, op) for v in op.carried]
+        shared = [self.buffer(v) for v in op.shared]
+        stacked = [self.buffer(v) for v in op.per_layer]
+        loop = LayerLoopOp(0, count)
+        outer, self.block = self.block, loop.body.block
+        views = [LayerViewOp(s, loop.index) for s in stacked]
+        self.block.add_ops(views)
+        for arg, buf in zip(body.body.block.args, [*state, *shared, *(v.result for v in views)]):
+            self.values[arg] = buf
+        for value, target in zip(self.run_body(body.body.block, self.values), state):
+            source = self.buffer(value)
+            if source is not target:
+                self.block.add_op(CopyOp(source, target))
+        self.block = outer
+        self.block.add_op(loop)
+        for result, buf in zip(op.res, state):
+            self.values[result] = buf
+
+    def state_buffer(self, value: SSAValue, stack: StackOp) -> SSAValue:
+        """The buffer a loop carries a value in: the value's own when the stack is its last use."""
+        source = self.buffer(value)
+        owner = source.owner
+        last_use = all(use.operation is stack or use.operation.is_before_in_block(stack) for use in value.uses)
+        if (last_use and list(stack.carried).count(value) == 1 and isinstance(owner, BufferOp)
+                and owner.alias_of is None and owner.arena.data == "activations"):
+            return source
+        state = self.new_buffer(value, "activations")
+        self.block.add_op(CopyOp(source, state))
+        return state
+
+
+def _is_output(buf: SSAValue, index: int) -> bool:
+    attr = buf.owner.attributes.get("output") if isinstance(buf.owner, BufferOp) else None
+    return isinstance(attr, IntegerAttr) and attr.value.data == index
+
+
+def _swaps_last_two(op: Operation) -> bool:
+    rank = len(op.operands[0].type.shape)
+    dims = {op.attributes["dim0"].value.data % rank, op.attributes["dim1"].value.data % rank}
+    return dims == {rank - 2, rank - 1}
+
+
+def _bool(op: Operation, name: str, default: bool = False) -> bool:
+    attr = op.attributes.get(name)
+    return bool(attr.value.data) if isinstance(attr, IntegerAttr) else default
+
+
+def _float(op: Operation, name: str, default: float) -> float:
+    attr = op.attributes.get(name)
+    return attr.value.data if attr is not None else default
+
+
+def _string(op: Operation, name: str, default: str) -> str:
+    attr = op.attributes.get(name)
+    return attr.data if isinstance(attr, StringAttr) else default
