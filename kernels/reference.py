@@ -698,17 +698,18 @@ def mamba_conv1d(x, weight, bias=None, conv_state=None, *, kernel_size=4, activa
     """Causal depthwise conv over time, y[t] = act(bias + sum_k w[k] x[t - K + 1 + k]) (x [B, D, T]).
 
     Steps before t = 0 come from conv_state (zeros without one), as causal-conv1d.
-    Returns (y, conv_state_out): the last K-1 input steps, also when no state was given.
+    Returns y, or (y, conv_state_out = the last K-1 steps of [state, x]) when a conv_state is given
+    (the op has the conv_state_out result exactly then).
     """
     x, weight, bias, conv_state = _prep(x, weight, bias, conv_state)
     xp = _conv_padded(x, conv_state, kernel_size)
     pre = _conv_pre(xp, weight, bias, x.shape[-1], kernel_size)
     y = _silu(pre) if activation == "silu" else pre
-    return y, xp[..., x.shape[-1] :].copy()
+    return y if conv_state is None else (y, xp[..., x.shape[-1] :].copy())
 
 
 def mamba_conv1d_backward(d_y, x, weight, bias=None, *, kernel_size=4, activation="silu"):
-    """(d_x, d_weight, d_bias) of mamba_conv1d with a zero initial state (d_bias also without bias)."""
+    """(d_x, d_weight, d_bias) of mamba_conv1d with a zero initial state; (d_x, d_weight) without a bias."""
     d_y, x, weight, bias = _prep(d_y, x, weight, bias)
     steps = x.shape[-1]
     xp = _conv_padded(x, None, kernel_size)
@@ -719,7 +720,8 @@ def mamba_conv1d_backward(d_y, x, weight, bias=None, *, kernel_size=4, activatio
     for k in range(kernel_size):
         d_xp[..., k : k + steps] += weight[None, :, 0, k, None] * d_pre
         d_w[:, 0, k] = np.sum(d_pre * xp[..., k : k + steps], axis=(0, 2))
-    return d_xp[..., kernel_size - 1 :], d_w, np.sum(d_pre, axis=(0, 2))
+    d_x = d_xp[..., kernel_size - 1 :]
+    return (d_x, d_w) if bias is None else (d_x, d_w, np.sum(d_pre, axis=(0, 2)))
 
 
 def _expand_groups(t, channels):
