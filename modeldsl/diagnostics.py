@@ -1,8 +1,8 @@
 """Coded diagnostics for bad input of any kind: DSL source, checkpoints, configs, flags.
 
 A :class:`Diagnostic` has a code (E001-E027 and W001-W005 of spec 000
-Appendix C/D, plus project codes), a message, a hint and a location. It
-renders the way compilers print errors::
+Appendix C/D, plus project codes E028-E034 and W006-W008), a message, a
+hint and a location. It renders the way compilers print errors::
 
     model.module:12:5: error[E002]: undefined identifier 'wieght'
        12 |     in -> matmul(wieght) -> out
@@ -63,6 +63,8 @@ CODES: dict[str, str] = {
     "W004": "Unused saved tensor",
     "W005": "Implicit dtype narrowing",
     "W006": "Unexpected checkpoint tensor",
+    "W007": "Option has no effect",
+    "W008": "Generation stopped at the context limit",
 }
 
 

@@ -5,8 +5,10 @@ has one, else as UTF-8 bytes) or ``--tokens 1,2,3``; ``--max-new-tokens N``
 generates greedily or, with ``--temperature``/``--top-k``/``--seed``, by
 sampling, using the KV cache (``--no-cache``: full recomputation per token);
 ``--logits FILE.npy`` writes the prompt's logits. Prefill and decode speeds
-are printed in tokens/s. Every problem is a coded diagnostic, never a
-traceback.
+are printed in tokens/s. The prompt and the new tokens together may hold at
+most ``max_position_embeddings`` tokens: a longer prompt is E029, and
+generation stops at the limit with a W008 warning. Every problem is a coded
+diagnostic, never a traceback.
 """
 
 from __future__ import annotations
@@ -59,7 +61,12 @@ class Tokenizer:
         if path.is_file():
             from tokenizers import Tokenizer as HFTokenizer
 
-            self.inner = HFTokenizer.from_file(str(path))
+            try:
+                self.inner = HFTokenizer.from_file(str(path))
+            except Exception as err:  # noqa: BLE001 - tokenizers raises plain Exception for bad files
+                raise DiagnosticError([Diagnostic("E030", f"cannot read the tokenizer {path}: {err}", None,
+                                                  "replace tokenizer.json with the checkpoint's original one, or "
+                                                  "remove it to tokenize as UTF-8 bytes (or pass --tokens)")]) from None
 
     def encode(self, text: str) -> list[int]:
         return self.inner.encode(text).ids if self.inner is not None else list(text.encode("utf-8"))
@@ -70,7 +77,8 @@ class Tokenizer:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
-def prompt_ids(args, tokenizer: Tokenizer, vocab: int) -> list[int]:
+def prompt_ids(args, tokenizer: Tokenizer) -> list[int]:
+    """The prompt's token ids; the model checks them against its vocabulary and positions."""
     if args.tokens is not None:
         try:
             ids = [int(t) for t in args.tokens.split(",") if t.strip()]
@@ -80,36 +88,77 @@ def prompt_ids(args, tokenizer: Tokenizer, vocab: int) -> list[int]:
         ids = tokenizer.encode(args.prompt if args.prompt is not None else "")
     if not ids:
         raise FlagError("the prompt is empty: give --prompt TEXT or --tokens 1,2,3")
-    bad = [i for i in ids if not 0 <= i < vocab]
-    if bad:
-        raise FlagError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
     return ids
+
+
+def logits_path(flag: str) -> Path:
+    """Where ``--logits`` writes: numpy's ``np.save`` adds ``.npy`` to a name without it."""
+    return Path(flag if flag.endswith(".npy") else flag + ".npy")
+
+
+def check_flags(args) -> list[Diagnostic]:
+    """Every flag check, before anything loads: errors raise, warnings are returned."""
+    from modeldsl.runtime.model import sampling_problems
+
+    problems = sampling_problems(args.max_new_tokens, args.temperature, args.top_k, args.seed)
+    if problems:
+        raise DiagnosticError([Diagnostic("E029", f"mdsl-run: --{name.replace('_', '-')} {problem}", None,
+                                          "see mdsl-run --help") for name, problem in problems])
+    if not Path(args.model).is_file():
+        raise DiagnosticError([Diagnostic("E028", f"no such model file '{args.model}'", None,
+                                          "give the path of a .module file")])
+    if args.logits:
+        target = logits_path(args.logits)
+        if not target.parent.is_dir():
+            raise DiagnosticError([Diagnostic("E028", f"--logits: the folder '{target.parent}' of '{target}' does "
+                                              "not exist", None, "create the folder first, or give another path")])
+        if target.is_dir():
+            raise DiagnosticError([Diagnostic("E029", f"mdsl-run: --logits '{target}' is a folder", None,
+                                              "give a file name such as logits.npy")])
+    warnings = []
+    if args.temperature == 0 and (args.seed is not None or args.top_k is not None):
+        given = " and ".join(f for f, v in (("--top-k", args.top_k), ("--seed", args.seed)) if v is not None)
+        warnings.append(Diagnostic("W007", f"{given} {'has' if ' and ' not in given else 'have'} no effect with "
+                                   "greedy decoding (--temperature 0, the default)", None,
+                                   "give --temperature T > 0 to sample, or leave the flag out"))
+    return warnings
 
 
 def run(args) -> None:
     import modeldsl
 
-    for name, value in (("--max-new-tokens", args.max_new_tokens), ("--top-k", args.top_k or 0)):
-        if value < 0:
-            raise FlagError(f"{name} must not be negative")
-    if args.temperature < 0:
-        raise FlagError("--temperature must not be negative")
-    if not Path(args.model).is_file():
-        raise DiagnosticError([Diagnostic("E028", f"no such model file '{args.model}'", None,
-                                          "give the path of a .module file")])
+    warnings = check_flags(args)
+    if warnings:
+        sys.stderr.write(render_all(warnings, args.diagnostics_format) + "\n")
+    tokenizer = Tokenizer(Path(args.hf))
     sink = DiagnosticSink()
     model = modeldsl.load(args.model, hf=args.hf, dtype=args.dtype, top=args.top, progress=True, sink=sink)
     if sink.diagnostics:
         sys.stderr.write(render_all(sink.diagnostics, args.diagnostics_format) + "\n")
-    tokenizer = Tokenizer(Path(args.hf))
-    vocab = model.config("vocab_size", 1 << 31)
-    ids = prompt_ids(args, tokenizer, vocab)
+    ids = prompt_ids(args, tokenizer)
+    limit = model.max_positions
+    if limit is not None and len(ids) > limit:
+        raise DiagnosticError([Diagnostic("E029", f"mdsl-run: the prompt has {len(ids)} tokens, more than the "
+                                          f"model's {limit} positions (max_position_embeddings)", None,
+                                          f"shorten the prompt to at most {limit} tokens")])
+    new_tokens = args.max_new_tokens
+    if limit is not None and len(ids) + new_tokens > limit:
+        new_tokens = limit - len(ids)
+        sys.stderr.write(render_all([Diagnostic(
+            "W008", f"the prompt ({len(ids)} tokens) and --max-new-tokens {args.max_new_tokens} exceed the model's "
+            f"{limit} positions (max_position_embeddings); generating {new_tokens} tokens", None,
+            f"give --max-new-tokens {new_tokens} or less, or a shorter prompt")], args.diagnostics_format) + "\n")
     if args.logits:
         logits = model.forward(ids)
-        np.save(args.logits, logits)
-        print(f"wrote the prompt's logits {logits.shape} to {args.logits}")
+        target = logits_path(args.logits)
+        try:
+            np.save(target, logits)
+        except OSError as err:
+            raise DiagnosticError([Diagnostic("E028", f"cannot write --logits '{target}': {err.strerror or err}",
+                                              None, "give a path in a folder you can write")]) from None
+        print(f"wrote the prompt's logits {logits.shape} to {target}")
     timings: dict[str, float] = {}
-    generated = model.generate(ids, args.max_new_tokens, args.temperature, args.top_k, args.seed,
+    generated = model.generate(ids, new_tokens, args.temperature, args.top_k, args.seed,
                                use_cache=not args.no_cache, timings=timings)
     prefill, decode = timings["prefill"], timings["decode"]
     print(f"prefill: {len(ids)} tokens in {prefill * 1000:.1f} ms ({len(ids) / prefill:.1f} tokens/s)")

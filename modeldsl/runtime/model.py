@@ -8,10 +8,18 @@ into the IR (``mdsl-specialize``), and fills the parameters through
 integer input is the token ids, an input named ``freqs`` is the RoPE table
 of the positions (from ``rope_theta``, ``head_dim`` and the checkpoint's
 ``rope_scaling``), computed here.
+
+Bad arguments are coded diagnostics (:class:`DiagnosticError`), never raw
+Python errors: token ids that are not integers of the vocabulary, an empty
+sequence, a sequence longer than the model's positions
+(``max_position_embeddings``), invalid sampling arguments (E029); a
+checkpoint file that cannot be read or a checkpoint folder that cannot be
+written (E028); a malformed or unsupported ``rope_scaling`` (E030).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +40,7 @@ from modeldsl.hf.safetensors_io import CheckpointError
 from modeldsl.lower import choose_top, lower_program
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.executor import NUMPY_DTYPES, GraphExecutor, KVCache
-from modeldsl.runtime.rope import rope_table
+from modeldsl.runtime.rope import SUPPORTED, RopeFrequencies, RopeScalingError, rope_frequencies
 
 STORAGE = {"fp32": np.dtype(np.float32), "bf16": NUMPY_DTYPES[DType.BF16]}
 
@@ -52,6 +60,7 @@ class Model:
         float_dtype = np.float32 if self.dtype == "fp32" else None
         self.executor = GraphExecutor(self.model, self.weights, float_dtype)
         self.forward_func = self.executor.funcs["forward"]
+        self.rope = self._rope()
 
     # ------------------------------------------------------------------ config
     def config(self, name: str, default: Any = None) -> Any:
@@ -62,11 +71,27 @@ class Model:
             return attr.value.data
         return default
 
-    def rope_freqs(self, positions: Sequence[int]) -> np.ndarray:
-        arg = next(a for a in self.forward_func.body.block.args if a.name_hint == "freqs")
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence (prompt and generated tokens) the model runs: ``max_seq``
+        (``max_position_embeddings``), or None for a model without one."""
+        return self.config("max_seq")
+
+    def _rope(self) -> RopeFrequencies | None:
+        """The RoPE frequencies of the ``freqs`` input (RopeScalingError for a bad ``rope_scaling``)."""
+        arg = next((a for a in self.forward_func.body.block.args if a.name_hint == "freqs"), None)
+        if arg is None:
+            return None
         half = arg.type.shape[1].evaluate({})
         theta = self.config("rope_theta", self.hf_config.get("rope_theta", 10000.0))
-        return rope_table(np.asarray(positions), 2 * half, theta, self.hf_config.get("rope_scaling"))
+        max_positions = self.max_positions
+        if max_positions is None and isinstance(self.hf_config.get("max_position_embeddings"), int):
+            max_positions = self.hf_config["max_position_embeddings"]
+        return rope_frequencies(2 * half, theta, self.hf_config.get("rope_scaling"), max_positions)
+
+    def rope_freqs(self, positions: Sequence[int]) -> np.ndarray:
+        assert self.rope is not None
+        return self.rope.table(np.asarray(positions))
 
     def inputs(self, tokens: np.ndarray, start: int) -> list[np.ndarray]:
         values = []
@@ -81,12 +106,47 @@ class Model:
         return values
 
     # ------------------------------------------------------------------ running
+    def token_array(self, token_ids: Sequence[int] | np.ndarray, start: int = 0, batch: bool = True) -> np.ndarray:
+        """``token_ids`` as an integer array ``[T]`` (or ``[B, T]`` where ``batch``), checked:
+        not empty, integers inside the vocabulary, positions ``start..start+T`` inside
+        ``max_positions``; E029 naming the bad token id otherwise."""
+        shapes = "a list of token ids or a [B, T] array of them" if batch else "a list of token ids"
+        hint = "e.g. [1, 2, 3]" + (", or [[1, 2], [3, 4]] for a batch of rows of one length" if batch else "")
+        try:
+            tokens = np.asarray(token_ids)
+        except (ValueError, TypeError):
+            raise _argument_error(f"token ids must be {shapes}; these do not form one (rows of different "
+                                  "lengths?)", hint) from None
+        if tokens.ndim not in ((1, 2) if batch else (1,)):
+            raise _argument_error(f"token ids must be {shapes}, got an array of shape {tokens.shape}", hint)
+        if tokens.size == 0:
+            raise _argument_error("the token ids are empty: give at least one token id",
+                                  "pass a non-empty sequence, e.g. [1, 2, 3]")
+        if tokens.dtype.kind not in "iu":
+            bad = next((t for t in tokens.ravel().tolist()
+                        if isinstance(t, bool) or not isinstance(t, (int, np.integer))), tokens.ravel()[0])
+            raise _argument_error(f"token id {bad!r} is not an integer (the ids have dtype {tokens.dtype})",
+                                  "token ids are integers in [0, vocab_size)")
+        vocab = self.config("vocab_size")
+        outside = (tokens < 0) | (tokens >= vocab) if vocab is not None else tokens < 0
+        if outside.any():
+            where = tuple(int(i) for i in np.argwhere(outside)[0])
+            position = where[0] if len(where) == 1 else list(where)
+            raise _argument_error(f"token id {int(tokens[where])} at position {position} is outside the "
+                                  f"vocabulary [0, {vocab})", "token ids are integers in [0, vocab_size)")
+        end = start + tokens.shape[-1]
+        if self.max_positions is not None and end > self.max_positions:
+            raise _argument_error(f"the sequence would reach {end} positions, more than the model's "
+                                  f"{self.max_positions} (max_position_embeddings)",
+                                  f"run at most {self.max_positions} tokens in all")
+        return tokens.astype(np.int64)
+
     def forward(self, token_ids: Sequence[int] | np.ndarray, cache: KVCache | None = None) -> np.ndarray:
         """Logits ``[B, T, vocab]`` (``[T, vocab]`` for a 1-D input) in fp32."""
-        tokens = np.asarray(token_ids)
+        start = cache.length if cache is not None else 0
+        tokens = self.token_array(token_ids, start)
         batched = tokens.ndim == 2
         tokens = tokens if batched else tokens[None, :]
-        start = cache.length if cache is not None else 0
         (logits,) = self.executor.run("forward", *self.inputs(tokens, start), cache=cache)
         logits = np.asarray(logits, dtype=np.float32)
         return logits if batched else logits[0]
@@ -97,9 +157,19 @@ class Model:
                  timings: dict[str, float] | None = None) -> list[int]:
         """Greedy (temperature 0) or sampled continuation of ``prompt``; with the KV
         cache, one prefill then one-token steps; without it, full recomputation.
-        ``timings`` receives ``prefill`` and ``decode`` seconds."""
+        ``timings`` receives ``prefill`` and ``decode`` seconds. The prompt and the new
+        tokens together may hold at most ``max_positions`` tokens (E029 otherwise)."""
+        problems = sampling_problems(max_new_tokens, temperature, top_k, seed)
+        if problems:
+            raise DiagnosticError([Diagnostic("E029", f"{name} {problem}", None, "see Model.generate")
+                                   for name, problem in problems])
+        tokens = self.token_array(prompt, batch=False).tolist()
+        limit = self.max_positions
+        if limit is not None and len(tokens) + max_new_tokens > limit:
+            raise _argument_error(f"the prompt ({len(tokens)} tokens) and max_new_tokens={max_new_tokens} "
+                                  f"exceed the model's {limit} positions (max_position_embeddings)",
+                                  f"pass max_new_tokens <= {max(limit - len(tokens), 0)}")
         rng = np.random.default_rng(seed)
-        tokens = list(prompt)
         cache = KVCache() if use_cache else None
         start = time.perf_counter()
         logits = self.forward(tokens, cache)[-1]
@@ -118,8 +188,34 @@ class Model:
         return generated
 
     def save_hf(self, directory: str | Path) -> None:
-        """Write the weights as a HuggingFace checkpoint through the import record."""
-        save_checkpoint(self.model, self.weights, self.record, directory)
+        """Write the weights as a HuggingFace checkpoint through the import record
+        (E028 when the folder cannot be created or written)."""
+        try:
+            save_checkpoint(self.model, self.weights, self.record, directory)
+        except OSError as err:
+            raise DiagnosticError([Diagnostic("E028", f"cannot write the checkpoint to '{directory}': "
+                                              f"{_reason(err)}", None,
+                                              "give a folder path whose parents are folders you can write")]) from None
+
+
+def sampling_problems(max_new_tokens: Any, temperature: Any, top_k: Any, seed: Any) -> list[tuple[str, str]]:
+    """``(argument, problem)`` for each invalid argument of :meth:`Model.generate`
+    (mdsl-run checks its flags with this too)."""
+    def integer(value: Any) -> bool:
+        return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+    problems = []
+    for name, value in (("max_new_tokens", max_new_tokens), ("top_k", top_k), ("seed", seed)):
+        if value is None and name != "max_new_tokens":
+            continue
+        if not integer(value):
+            problems.append((name, f"must be a non-negative integer, got {value!r}"))
+        elif value < 0:
+            problems.append((name, f"must not be negative, got {value}"))
+    if not (integer(temperature) or isinstance(temperature, (float, np.floating))) \
+            or not math.isfinite(temperature) or temperature < 0:
+        problems.append(("temperature", f"must be a finite number >= 0 (0 is greedy), got {temperature!r}"))
+    return problems
 
 
 def choose_token(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator) -> int:
@@ -162,7 +258,14 @@ def load(model_file: str | Path, hf: str | Path | None = None, dtype: str = "fp3
             weights, record = random_weights(model, storage), ImportRecord()
     except CheckpointError as err:
         raise DiagnosticError([_diagnostic(err, hf)]) from None
-    return Model(module, model, weights, dtype, hf_config, record)
+    except OSError as err:  # e.g. a folder named model.safetensors, an unreadable file
+        raise DiagnosticError([Diagnostic("E028", f"cannot read '{err.filename or hf}': {_reason(err)}", None,
+                                          "the checkpoint folder must hold readable config.json and "
+                                          "*.safetensors files")]) from None
+    try:
+        return Model(module, model, weights, dtype, hf_config, record)
+    except RopeScalingError as err:
+        raise DiagnosticError([_rope_diagnostic(err, hf_config, hf)]) from None
 
 
 def random_weights(model: ModelOp, dtype: np.dtype, seed: int = 0) -> dict[str, np.ndarray]:
@@ -172,6 +275,23 @@ def random_weights(model: ModelOp, dtype: np.dtype, seed: int = 0) -> dict[str, 
         shape = tuple(d.evaluate({}) for d in param.param_type.shape)
         weights[param.sym_name.data] = (rng.standard_normal(shape) * 0.02).astype(dtype)
     return weights
+
+
+def _rope_diagnostic(err: RopeScalingError, hf_config: dict[str, Any], directory: str | Path | None) -> Diagnostic:
+    scaling = hf_config.get("rope_scaling")
+    field = "rope_parameters" if scaling is not None and scaling is hf_config.get("rope_parameters") else "rope_scaling"
+    where = str(Path(directory) / "config.json") if directory is not None else "config.json"
+    return Diagnostic("E030", f"{where}: '{field}' {err}", None,
+                      f"fix '{field}' in config.json; the rope types this runtime implements are "
+                      f"{', '.join(SUPPORTED)}")
+
+
+def _argument_error(message: str, hint: str = "") -> DiagnosticError:
+    return DiagnosticError([Diagnostic("E029", message, None, hint)])
+
+
+def _reason(err: OSError) -> str:
+    return err.strerror or str(err)
 
 
 def _diagnostic(err: CheckpointError, directory: str | Path | None) -> Diagnostic:

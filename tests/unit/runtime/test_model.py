@@ -1,16 +1,20 @@
 """The std DSL models on tiny random transformers checkpoints: logits, generation, bf16."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import modeldsl
 from hf_checkpoints import make_checkpoint, transformers_model
+from modeldsl.diagnostics import DiagnosticError
 from modeldsl.resolve.imports import STD_ROOT
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 MODELS = STD_ROOT / "models"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny_llama"  # vocab 384, 256 positions
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 16}
 CASES = {
@@ -19,6 +23,8 @@ CASES = {
     "llama3-rope-scaling": ("llama", "llama.module", {"rope_parameters": {"rope_theta": 500000.0, **LLAMA3_SCALING}}),
     "qwen3-qk-norm": ("qwen3", "qwen.module", {"head_dim": 16}),
     "mistral-sliding-window": ("mistral", "mistral.module", {"sliding_window": 5}),
+    "llama-yarn": ("llama", "llama.module", {"rope_parameters": {
+        "rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}),
 }
 TOKENS = [3, 17, 42, 5, 9, 33, 2, 61, 7, 12, 40, 8]  # T = 12 >= twice the window
 
@@ -88,3 +94,73 @@ def test_a_random_model_exports_a_checkpoint_transformers_loads(module, tmp_path
     model = modeldsl.load(MODELS / module, config=config)
     model.save_hf(tmp_path)
     np.testing.assert_allclose(model.forward(TOKENS), reference_logits(tmp_path, TOKENS), atol=1e-5)
+
+
+# ------------------------------------------------------------------ bad API arguments are coded diagnostics
+@pytest.fixture(scope="module")
+def tiny():
+    return modeldsl.load(MODELS / "llama.module", hf=EXAMPLE)
+
+
+def coded(call, code="E029"):
+    with pytest.raises(DiagnosticError) as info:
+        call()
+    (diagnostic,) = info.value.diagnostics
+    assert diagnostic.code == code and diagnostic.hint
+    return diagnostic.message
+
+
+@pytest.mark.parametrize("tokens, words", [
+    ([-1], "token id -1 at position 0 is outside the vocabulary [0, 384)"),
+    ([5, 384], "token id 384 at position 1 is outside the vocabulary [0, 384)"),
+    ([[1, 2], [3, 400]], "token id 400 at position [1, 1] is outside"),
+    ([1.7], "token id 1.7 is not an integer"),
+    ([3, 2.0], "token id 3.0 is not an integer"),
+    ([True], "token id True is not an integer"),
+    (["a"], "token id 'a' is not an integer"),
+    ([], "the token ids are empty"),
+    ([[]], "the token ids are empty"),
+    ([[1, 2], [3]], "do not form one"),
+    (7, "got an array of shape ()"),
+    ([1] * 257, "the sequence would reach 257 positions, more than the model's 256"),
+])
+def test_forward_refuses_bad_token_ids(tiny, tokens, words):
+    assert words in coded(lambda: tiny.forward(tokens))
+
+
+def test_forward_checks_the_positions_of_a_cached_sequence(tiny):
+    from modeldsl.runtime.executor import KVCache
+
+    cache = KVCache()
+    tiny.forward([1] * 255, cache)
+    tiny.forward([2], cache)
+    assert "would reach 257 positions" in coded(lambda: tiny.forward([3], cache))
+
+
+@pytest.mark.parametrize("args, words", [
+    (([], 2), "the token ids are empty"),
+    (([[1, 2]], 2), "must be a list of token ids"),
+    (([1, -3], 2), "token id -3 at position 1"),
+    (([1], -1), "max_new_tokens must not be negative"),
+    (([1], 2.5), "max_new_tokens must be a non-negative integer"),
+    (([1], 2, float("nan")), "temperature must be a finite number >= 0"),
+    (([1], 2, float("inf")), "temperature must be a finite number >= 0"),
+    (([1], 2, -0.5), "temperature must be a finite number >= 0"),
+    (([1], 2, 1.0, -1), "top_k must not be negative"),
+    (([1], 2, 1.0, None, -5), "seed must not be negative, got -5"),
+    (([1], 2, 1.0, None, 1.5), "seed must be a non-negative integer"),
+    (([1] * 250, 7), "the prompt (250 tokens) and max_new_tokens=7 exceed the model's 256 positions"),
+])
+def test_generate_refuses_bad_arguments(tiny, args, words):
+    assert words in coded(lambda: tiny.generate(*args))
+
+
+def test_generate_runs_up_to_the_last_position(tiny):
+    assert len(tiny.generate([1] * 250, 6)) == 6
+
+
+def test_save_hf_under_a_regular_file_is_e028(tiny, tmp_path):
+    (tmp_path / "file").write_text("x")
+    target = tmp_path / "file" / "out"
+    message = coded(lambda: tiny.save_hf(target), "E028")
+    assert str(target) in message and "Not a directory" in message
