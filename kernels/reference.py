@@ -23,6 +23,7 @@ statistics the forward saved.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -447,7 +448,7 @@ def qk_norm_backward(d_q_norm, d_k_norm, q, k, q_weight, k_weight, q_rstd, k_rst
 def split(x, *, sizes, dim=-1):
     """Consecutive chunks of x along dim with the given sizes (a tuple, one array per size)."""
     (x,) = _prep(x)
-    cuts = np.cumsum([int(s) for s in sizes])[:-1]
+    cuts = list(itertools.accumulate(int(s) for s in sizes))[:-1]
     return tuple(part.copy() for part in np.split(x, cuts, axis=dim))
 
 

@@ -48,9 +48,18 @@ ARENA_ALIGNMENT = 256
 class ScheduleExecutor:
     """Runs one planned program; ``execute`` binds the inputs and returns views of the outputs."""
 
-    def __init__(self, program: ProgramOp, params: dict[str, np.ndarray] | None = None):
+    def __init__(self, program: ProgramOp, params: dict[str, np.ndarray] | None = None,
+                 arenas: dict[str, np.ndarray] | None = None):
+        """``arenas`` may give arenas shared with other programs (the params of every
+        profile of a model); the others are allocated here, once."""
         self.program = program
-        self.arenas = {name: np.zeros(size, dtype=np.uint8) for name, size in program.arenas.items()}
+        self.arenas = {name: np.zeros(size, dtype=np.uint8) for name, size in program.arenas.items()
+                       if name not in (arenas or {})}
+        for name, arena in (arenas or {}).items():
+            if arena.nbytes < program.arenas[name]:
+                raise ExecutionError(f"the shared {name} arena has {arena.nbytes} bytes, the program needs "
+                                     f"{program.arenas[name]}")
+            self.arenas[name] = arena
         self.views: dict[SSAValue, np.ndarray] = {}
         self.inputs: list[np.ndarray] = []
         self.outputs: list[np.ndarray] = []
