@@ -50,9 +50,16 @@ def _lower_to_sched() -> type[ModulePass]:
     return LowerToSchedPass
 
 
+def _plan_memory() -> type[ModulePass]:
+    from modeldsl.passes.plan_memory import PlanMemoryPass
+
+    return PlanMemoryPass
+
+
 # Project passes, added by the issues that build them: name -> factory.
 PROJECT_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "mdsl-specialize": _specialize,
+    "mdsl-plan-memory": _plan_memory,
     "mdsl-lower-to-sched": _lower_to_sched,
 }
 

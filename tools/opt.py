@@ -5,7 +5,9 @@ eagerly, takes its passes from :mod:`modeldsl.passes.registry`, accepts
 ``-p`` and ``--pass-pipeline`` (same syntax; an MLIR-style
 ``builtin.module(...)`` wrapper is accepted too) and reports bad input as
 ``file:line:col: error: ...`` with the source line and a caret, never a
-Python traceback.
+Python traceback. After the pipeline, ``--emit=memory-report`` prints the
+memory plan of each ``mdsl.sched.program`` instead of the IR and
+``--emit=memory-plot FILE.png`` draws it (:mod:`modeldsl.memory_report`).
 """
 
 from __future__ import annotations
@@ -40,10 +42,39 @@ def normalize_pipeline(spec: str) -> str:
     return spec
 
 
+def split_plot_file(args: Sequence[str]) -> list[str]:
+    """``--emit=memory-plot FILE.png`` (or ``--emit memory-plot FILE.png``,
+    ``--emit=memory-plot=FILE.png``) as ``--emit=memory-plot --plot-file FILE.png``."""
+    out: list[str] = []
+    k = 0
+    while k < len(args):
+        arg = args[k]
+        if arg == "--emit" and k + 1 < len(args) and args[k + 1].startswith("memory-plot"):
+            arg, k = f"--emit={args[k + 1]}", k + 1
+        if arg.startswith("--emit=memory-plot"):
+            rest = arg[len("--emit=memory-plot"):]
+            out.append("--emit=memory-plot")
+            if rest.startswith("="):
+                out += ["--plot-file", rest[1:]]
+            elif rest:
+                out.append(arg)  # something else: let argparse report it
+            elif (k + 1 < len(args) and not args[k + 1].startswith("-")
+                  and not args[k + 1].endswith((".mlir", ".module"))):
+                out += ["--plot-file", args[k + 1]]
+                k += 1
+        else:
+            out.append(arg)
+        k += 1
+    return out
+
+
 class MdslOptMain(xDSLOptMain):
     def __init__(self, args: Sequence[str] | None = None):
         self._op_spans = {}
+        args = split_plot_file(sys.argv[1:] if args is None else args)
         super().__init__(description="modeldsl IR optimizer driver", args=args)
+        if self.args.emit == "memory-plot" and not self.args.plot_file:
+            raise UserError("--emit=memory-plot needs the PNG file to write: --emit=memory-plot FILE.png")
 
     def register_all_dialects(self) -> None:
         load_dialects(self.ctx)
@@ -56,9 +87,17 @@ class MdslOptMain(xDSLOptMain):
         super().register_all_arguments(arg_parser)
         arg_parser.add_argument(
             "--emit",
-            choices=("ir", "ast"),
+            choices=("ir", "ast", "memory-report", "memory-plot"),
             default="ir",
-            help="for Module DSL input (.module): 'ast' prints the parsed AST",
+            help="for Module DSL input (.module): 'ast' prints the parsed AST; after the pipeline, "
+            "'memory-report' prints each program's arena sizes, peak and largest buffers, and "
+            "'memory-plot FILE.png' draws its buffers over the schedule steps (planned programs only)",
+        )
+        arg_parser.add_argument(
+            "--plot-file",
+            default=None,
+            metavar="FILE.png",
+            help="where --emit=memory-plot writes its PNG (also given as --emit=memory-plot FILE.png)",
         )
         arg_parser.add_argument(
             "--lock",
@@ -183,6 +222,22 @@ class MdslOptMain(xDSLOptMain):
         lock = Path(path).with_name("module.lock")
         lock.write_text(resolved.lock_manifest())
         print(f"mdsl-opt: wrote {lock}", file=sys.stderr)
+
+    def output_resulting_program(self, prog: ModuleOp) -> str:
+        """The IR, or with ``--emit=memory-report`` the memory report, or with
+        ``--emit=memory-plot`` nothing (the plot goes to its file)."""
+        if self.args.emit not in ("memory-report", "memory-plot"):
+            return super().output_resulting_program(prog)
+        from modeldsl.memory_report import NotPlanned, memory_report, plot_memory
+
+        try:
+            if self.args.emit == "memory-report":
+                return memory_report(prog)
+            plot_memory(prog, self.args.plot_file)
+        except NotPlanned as err:
+            raise UserError(str(err)) from None
+        print(f"mdsl-opt: wrote {self.args.plot_file}", file=sys.stderr)
+        return ""
 
     def apply_passes(self, prog: ModuleOp) -> None:
         if not self.args.disable_verify:
