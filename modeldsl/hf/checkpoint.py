@@ -7,18 +7,31 @@ parameter's row ``layer``) and possibly optional (``lm_head?``). Its value is
 
 - ``"hf.name.{layer}"``: one tensor;
 - ``fuse("a", "b", ..., dim=0)``: tensors concatenated along ``dim``;
+- ``split("hf.name": [start, end], ..., dim=0)``: the slice ``[start, end)``
+  along ``dim`` of a checkpoint tensor (several parts are concatenated in
+  order), so that one fused checkpoint tensor (Phi-3's ``qkv_proj``) fills
+  several DSL parameters, one rule each; ``start``/``end`` are integers or
+  expressions of the model's integer config values. This is the inverse of
+  ``hf_export``'s ``split``, whose ranges index the DSL parameter instead;
 - ``transform(fn, "name")`` / ``transform("name", fn=...)``: one tensor through
-  ``transpose``, ``negate_exp`` (``-exp(x)``) or ``permute_qkv`` (undo HF's
-  rotary permutation of interleaved q/k rows);
-- ``stack_experts("...{expert}...", n=...)``: one tensor per expert, stacked;
+  ``transpose``, ``negate_exp`` (``-exp(x)``) or ``permute_qkv`` (undo the
+  permutation of q/k rows that HF's ``convert_llama_weights_to_hf`` applies,
+  from Meta's interleaved RoPE layout to the half-split one, for a model whose
+  ``rope`` is ``interleaved``; ``head_dim=`` is an integer or a config
+  expression);
+- ``stack_experts("...{expert}...", n=...)``: one tensor per expert, stacked
+  (``{layer}`` may appear too);
 - ``tied_to(other)``: nothing to load (the parameter is shared).
 
 Arrays are filled from memory-mapped files, one stacked buffer per parameter,
 so peak memory stays near one copy of the weights. What was read (names,
-dtypes, part sizes) is kept in an :class:`ImportRecord`, from which
-:func:`save_checkpoint` writes the same tensors back (bitwise, in their
-original dtypes). Every problem is a :class:`CheckpointError` naming the
-tensor and the rule.
+dtypes, part sizes, and the memory-mapped tensors themselves, which cost no
+memory) is kept in an :class:`ImportRecord`, from which
+:func:`save_checkpoint` writes the same tensors back. A parameter that still
+equals what was loaded is written as the original bytes, so an import and an
+export are bitwise identical even through a lossy transform (``negate_exp``)
+or a narrower load dtype; a changed one goes through the inverse of its rule.
+Every problem is a :class:`CheckpointError` naming the tensor and the rule.
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +58,7 @@ from modeldsl.symbolic import Expr, SymbolicError
 KEY = re.compile(r"^(?P<stack>[A-Za-z_]\w*)\[\{(?P<var>\w+)\}\]\.(?P<rest>.+)$")
 COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt")
+RULES = "rules are a tensor name, fuse, split, transform, stack_experts or tied_to"
 
 
 @dataclass
@@ -63,6 +77,11 @@ class Rule:
             return "direct"
         return self.source.data["op"].data if isinstance(self.source, DictionaryAttr) else "?"
 
+    @property
+    def written(self) -> str:
+        """The key as written in hf_mapping (with its ``?``)."""
+        return self.key + ("?" if self.optional else "")
+
     def arg(self, name: str, default: Any = None) -> Any:
         value = self.source.data.get(name) if isinstance(self.source, DictionaryAttr) else None
         return _python(value) if value is not None else default
@@ -71,6 +90,8 @@ class Rule:
         """The checkpoint name templates the rule reads."""
         if self.op == "direct":
             return [self.source.data]
+        if self.op == "split":
+            return list(self.arg("parts", {}))
         return [a for a in self.arg("args", []) if isinstance(a, str) and a not in TRANSFORMS]
 
 
@@ -83,10 +104,14 @@ class TensorRecord:
 
 @dataclass
 class ImportRecord:
-    """What a load read, so that a save writes the checkpoint back unchanged."""
+    """What a load read, so that a save writes the checkpoint back unchanged: per
+    (parameter, layer), the tensors read and (``arrays``) the memory-mapped
+    tensors themselves, to write their original bytes while the parameter is
+    unchanged."""
 
     source: Path | None = None
     reads: dict[tuple[str, int | None], list[TensorRecord]] = field(default_factory=dict)
+    arrays: dict[tuple[str, int | None], list[np.ndarray]] = field(default_factory=dict)
 
 
 def parse_rules(model: ModelOp) -> list[Rule]:
@@ -118,6 +143,12 @@ class Checkpoint:
         self.where: dict[str, SafetensorsFile] = {}
         for f in self.files:
             for name in f.keys():
+                if name in self.where:
+                    raise CheckpointError("E034", f"checkpoint tensor '{name}' is in two files: "
+                                          f"{self.where[name].path.name} and {f.path.name}",
+                                          "a checkpoint holds each tensor once; remove the stale or duplicated "
+                                          "shard (model.safetensors.index.json says which file is meant)",
+                                          tensor=name)
                 self.where[name] = f
         self.used: set[str] = set()
 
@@ -126,7 +157,7 @@ class Checkpoint:
 
     def get(self, name: str, rule: Rule) -> np.ndarray:
         if name not in self.where:
-            raise CheckpointError("E031", f"checkpoint tensor '{name}' is missing (hf_mapping: {rule.key})",
+            raise CheckpointError("E031", f"checkpoint tensor '{name}' is missing (hf_mapping: {rule.written})",
                                   _close(name, list(self.where)), tensor=name)
         self.used.add(name)
         return self.where[name].array(name)
@@ -152,25 +183,33 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
     record = ImportRecord(directory)
     config = config_integers(model)
     weights: dict[str, np.ndarray] = {}
+    skipped: dict[str, tuple[Rule, str]] = {}  # parameter -> its optional rule and the first absent tensor
     for rule in tqdm(parse_rules(model), desc="loading weights", unit="rule", disable=not progress):
         param = params.get(rule.target)
         if param is None or rule.op == "tied_to":
             continue
         shape = _concrete_shape(param.param_type, rule)
+        layers: list[int | None] = [None] if rule.var is None else list(range(shape[0]))
+        if rule.optional:
+            absent = next((n for layer in layers for n in _names(rule, layer, config) if n not in checkpoint), None)
+            if absent is not None:
+                skipped[rule.target] = (rule, absent)
+                continue
         if rule.var is None:
-            value = _read(rule, None, checkpoint, record, shape, dtype, config)
-            if value is not None:
-                weights[rule.target] = value
+            weights[rule.target] = _read(rule, None, checkpoint, record, shape, dtype, config)
             continue
         stacked = np.empty(shape, dtype)
-        for layer in range(shape[0]):
-            value = _read(rule, layer, checkpoint, record, shape[1:], dtype, config)
-            if value is None:
-                break
-            stacked[layer] = value
-        else:
-            weights[rule.target] = stacked
+        for layer in layers:
+            stacked[layer] = _read(rule, layer, checkpoint, record, shape[1:], dtype, config)
+        weights[rule.target] = stacked
     missing = [p for p in params if p not in weights]
+    if missing and missing[0] in skipped:
+        rule, absent = skipped[missing[0]]
+        raise CheckpointError("E031", f"checkpoint tensor '{absent}' is missing (hf_mapping: {rule.written}, an "
+                              f"optional entry), but the model needs the parameter '{missing[0]}'",
+                              "an optional entry may be absent only where the model, as configured, has no such "
+                              "parameter; add the tensor, or fix config.json (an LM head tied to the embedding "
+                              "needs tie_word_embeddings: true)", tensor=absent)
     if missing:
         raise CheckpointError("E031", f"no hf_mapping rule loads the parameter '{missing[0]}'",
                               "add a rule for it to hf_mapping", tensor=missing[0])
@@ -181,47 +220,101 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
     return weights, record
 
 
-def _read(rule: Rule, layer: int | None, checkpoint: Checkpoint, record: ImportRecord,
-          shape: tuple[int, ...], dtype: np.dtype, config: dict[str, int]) -> np.ndarray | None:
+def _names(rule: Rule, layer: int | None, config: dict[str, int]) -> list[str]:
+    """The checkpoint tensors one layer of a rule reads."""
     names = [_fill(n, rule.var, layer) for n in rule.names()]
     if rule.op == "stack_experts":
         count = _size(rule.arg("n", rule.arg("num_experts")), config, rule)
         names = [n.replace("{expert}", str(e)) for n in names for e in range(count)]
-    if rule.optional and not all(n in checkpoint for n in names):
-        return None
+    return names
+
+
+def _read(rule: Rule, layer: int | None, checkpoint: Checkpoint, record: ImportRecord,
+          shape: tuple[int, ...], dtype: np.dtype, config: dict[str, int]) -> np.ndarray:
+    names = _names(rule, layer, config)
     parts = [checkpoint.get(n, rule) for n in names]
     for name, part in zip(names, parts):
         if not _is_float(part.dtype):
-            raise CheckpointError("E033", f"checkpoint tensor '{name}' is {part.dtype}, but {rule.key} is a float "
+            raise CheckpointError("E033", f"checkpoint tensor '{name}' is {part.dtype}, but {rule.written} is a float "
                                   "parameter", tensor=name)
     record.reads[(rule.target, layer)] = [TensorRecord(n, p.dtype, tuple(p.shape)) for n, p in zip(names, parts)]
-    value = _combine(rule, parts, names)
+    record.arrays[(rule.target, layer)] = parts
+    value = _combine(rule, parts, names, config)
     if tuple(value.shape) != shape:
         what = names[0] if len(names) == 1 else " + ".join(names)
-        raise CheckpointError("E032", f"checkpoint tensor '{what}' has shape {tuple(value.shape)} but "
-                              f"{rule.key} needs {shape}", "the config.json and the weights disagree, or the "
-                              "mapping's fuse/transform is wrong", tensor=names[0])
+        raise CheckpointError("E032", f"checkpoint tensor '{what}' gives shape {tuple(value.shape)} but "
+                              f"{rule.written} needs {shape}", "the config.json and the weights disagree, or the "
+                              "mapping's fuse/split/transform is wrong", tensor=names[0])
     return value.astype(dtype, copy=False)
 
 
-def _combine(rule: Rule, parts: list[np.ndarray], names: list[str]) -> np.ndarray:
+def _combine(rule: Rule, parts: list[np.ndarray], names: list[str], config: dict[str, int]) -> np.ndarray:
     if rule.op == "direct":
         return parts[0]
     if rule.op == "fuse":
-        dim = rule.arg("dim", 0)
+        dim = _axis(rule, parts[0].ndim, config)
         try:
             return np.concatenate(parts, axis=dim)
         except ValueError:
             shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in zip(names, parts))
-            raise CheckpointError("E032", f"fuse(dim={dim}) of {rule.key}: shapes do not fit: {shapes}",
+            raise CheckpointError("E032", f"fuse(dim={dim}) of {rule.written}: shapes do not fit: {shapes}",
+                                  tensor=names[0]) from None
+    if rule.op == "split":
+        pieces = []
+        for name, part, (start, end) in zip(names, parts, _split_ranges(rule, config)):
+            axis = _axis(rule, part.ndim, config)
+            if not 0 <= start < end <= part.shape[axis]:
+                raise CheckpointError("E032", f"split range [{start}, {end}) of {rule.written} is outside checkpoint "
+                                      f"tensor '{name}' {tuple(part.shape)} along dim {axis}",
+                                      "the config.json and the weights disagree, or the ranges are wrong",
+                                      tensor=name)
+            pieces.append(_take(part, start, end, axis))
+        if len(pieces) == 1:
+            return pieces[0]
+        try:
+            return np.concatenate(pieces, axis=_axis(rule, parts[0].ndim, config))
+        except ValueError:
+            shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in zip(names, pieces))
+            raise CheckpointError("E032", f"split of {rule.written}: the slices do not fit together: {shapes}",
                                   tensor=names[0]) from None
     if rule.op == "transform":
-        fn = _transform_name(rule)
-        return TRANSFORMS[fn][0](parts[0], rule)
+        return TRANSFORMS[_transform_name(rule)].load(parts[0], rule, config)
     if rule.op == "stack_experts":
-        return np.stack(parts)
-    raise CheckpointError("E010", f"hf_mapping {rule.key}: unknown rule '{rule.op}'",
-                          "rules are a tensor name, fuse, transform, stack_experts or tied_to")
+        try:
+            return np.stack(parts)
+        except ValueError:
+            shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in zip(names, parts))
+            raise CheckpointError("E032", f"stack_experts of {rule.written}: the experts differ in shape: {shapes}",
+                                  tensor=names[0]) from None
+    raise CheckpointError("E010", f"hf_mapping {rule.written}: unknown rule '{rule.op}'", RULES)
+
+
+def _split_ranges(rule: Rule, config: dict[str, int]) -> list[tuple[int, int]]:
+    ranges = []
+    for name, bounds in rule.arg("parts", {}).items():
+        if not (isinstance(bounds, list) and len(bounds) == 2):
+            raise CheckpointError("E010", f"hf_mapping {rule.written}: split part '{name}' needs [start, end], "
+                                  f"not {bounds!r}", "write split(\"name\": [start, end], ..., dim=0)")
+        ranges.append((_size(bounds[0], config, rule), _size(bounds[1], config, rule)))
+    if not ranges:
+        raise CheckpointError("E010", f"hf_mapping {rule.written}: split names no tensor",
+                              "write split(\"name\": [start, end], ..., dim=0)")
+    return ranges
+
+
+def _axis(rule: Rule, ndim: int, config: dict[str, int] | None = None) -> int:
+    """``dim=`` of a rule (``-1`` reaches here as text) as an axis of an ``ndim``-d tensor."""
+    dim = _size(rule.arg("dim", 0), config or {}, rule)
+    if not -ndim <= dim < ndim:
+        raise CheckpointError("E010", f"hf_mapping {rule.written}: dim={dim!r} is not a dimension of a "
+                              f"{ndim}-d tensor")
+    return dim % ndim
+
+
+def _take(x: np.ndarray, start: int, end: int, axis: int) -> np.ndarray:
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(start, end)
+    return x[tuple(index)]
 
 
 def _size(value: Any, config: dict[str, int], rule: Rule) -> int:
@@ -230,43 +323,59 @@ def _size(value: Any, config: dict[str, int], rule: Rule) -> int:
         return value
     try:
         return Expr.parse(str(value)).evaluate(config)
-    except (SymbolicError, ValueError) as err:
-        raise CheckpointError("E010", f"hf rule {rule.key}: cannot evaluate '{value}': {err}",
+    except (SymbolicError, ValueError, ZeroDivisionError) as err:
+        raise CheckpointError("E010", f"hf rule {rule.written}: cannot evaluate '{value}': {err}",
                               "sizes are integers or expressions of the model's integer config values") from None
 
 
 def _transform_name(rule: Rule) -> str:
     fn = rule.arg("fn") or next((a for a in rule.arg("args", []) if a in TRANSFORMS), None)
     if fn not in TRANSFORMS:
-        raise CheckpointError("E010", f"hf_mapping {rule.key}: unknown transform '{fn}'",
+        raise CheckpointError("E010", f"hf_mapping {rule.written}: unknown transform '{fn}'",
                               f"transforms: {', '.join(TRANSFORMS)}")
     return fn
 
 
-def _permute_qkv(x: np.ndarray, rule: Rule, inverse: bool = False) -> np.ndarray:
-    """HF stores q/k rows of each head as [first halves; second halves]; Meta interleaves them."""
-    head_dim = rule.arg("head_dim")
-    if not isinstance(head_dim, int):
-        raise CheckpointError("E010", f"hf_mapping {rule.key}: permute_qkv needs head_dim=<int>")
-    heads = x.shape[0] // head_dim
-    if inverse:
-        return x.reshape(heads, 2, head_dim // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
-    return x.reshape(heads, head_dim // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+def _permute_qkv(x: np.ndarray, rule: Rule, config: dict[str, int], to_hf: bool = False) -> np.ndarray:
+    """HF's conversion stores the rows of each q/k head as [even rows; odd rows] (for
+    rotate_half RoPE); Meta's interleaved layout pairs neighbouring rows. Loading
+    undoes HF's permutation, saving applies it again."""
+    if rule.arg("head_dim") is None:
+        raise CheckpointError("E010", f"hf_mapping {rule.written}: permute_qkv needs head_dim=",
+                              "write transform(\"name\", fn: permute_qkv, head_dim=head_dim)")
+    head_dim = _size(rule.arg("head_dim"), config, rule)
+    if head_dim < 2 or head_dim % 2 or x.ndim == 0 or x.shape[0] % head_dim:
+        raise CheckpointError("E032", f"hf_mapping {rule.written}: permute_qkv with head_dim={head_dim} needs an "
+                              f"even head_dim that divides the rows of {tuple(x.shape)}")
+    heads, rest = x.shape[0] // head_dim, x.shape[1:]
+    if to_hf:
+        return x.reshape(heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(x.shape)
+    return x.reshape(heads, 2, head_dim // 2, *rest).swapaxes(1, 2).reshape(x.shape)
 
 
-TRANSFORMS: dict[str, tuple[Callable, Callable]] = {
-    "transpose": (lambda x, r: x.T, lambda x, r: x.T),
-    "negate_exp": (lambda x, r: -np.exp(x.astype(np.float32)), lambda x, r: np.log(-x.astype(np.float32))),
-    "permute_qkv": (_permute_qkv, lambda x, r: _permute_qkv(x, r, inverse=True)),
+@dataclass(frozen=True)
+class Transform:
+    load: Callable[[np.ndarray, Rule, dict[str, int]], np.ndarray]
+    save: Callable[[np.ndarray, Rule, dict[str, int]], np.ndarray]
+    exact: bool  # moves elements only: save(load(x)) is x bit for bit
+
+
+TRANSFORMS: dict[str, Transform] = {
+    "transpose": Transform(lambda x, r, c: x.T, lambda x, r, c: x.T, True),
+    "negate_exp": Transform(lambda x, r, c: -np.exp(x.astype(np.float32)),
+                            lambda x, r, c: np.log(-x.astype(np.float32)), False),
+    "permute_qkv": Transform(_permute_qkv, lambda x, r, c: _permute_qkv(x, r, c, to_hf=True), True),
 }
 
 
 def save_checkpoint(model: ModelOp, weights: dict[str, np.ndarray], record: ImportRecord,
                     directory: str | Path, dtype: np.dtype | None = None) -> None:
-    """Write the parameters as HF tensors (original names, dtypes and part sizes)."""
+    """Write the parameters as HF tensors (original names, dtypes and part sizes; the
+    original bytes of every tensor whose parameters still hold what was loaded)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, np.ndarray] = {}
+    assemblies: dict[str, _Assembly] = {}
     exports = _export_rules(model)
     config = config_integers(model)
     for rule in parse_rules(model):
@@ -276,13 +385,23 @@ def save_checkpoint(model: ModelOp, weights: dict[str, np.ndarray], record: Impo
         layers = range(value.shape[0]) if rule.var is not None else [None]
         for layer in layers:
             reads = record.reads.get((rule.target, layer))
+            arrays = record.arrays.get((rule.target, layer))
             part = value[layer] if layer is not None else value
             if reads is None and record.source is not None:
                 continue  # an optional tensor the checkpoint did not have
+            if rule.op == "split":
+                _export_split(rule, layer, part, reads, arrays, assemblies, config)
+                continue
             if reads is None:
                 reads = _planned_reads(rule, exports.get(rule.key), layer, part, config)
-            for read, piece in zip(reads, _uncombine(rule, part, reads)):
-                tensors[read.name] = piece.astype(dtype or read.dtype)
+            if arrays is not None and _unchanged(rule, part, arrays, reads, config):
+                pieces = arrays
+            else:
+                pieces = _uncombine(rule, part, reads, config)
+            for read, piece in zip(reads, pieces):
+                tensors[read.name] = piece.astype(dtype or read.dtype, copy=False)
+    for name, assembly in assemblies.items():
+        tensors[name] = assembly.build(name).astype(dtype or assembly.dtype, copy=False)
     tmp = out / "model.safetensors.tmp"
     write_safetensors(tmp, tensors, {"format": "pt"})
     tmp.replace(out / "model.safetensors")
@@ -292,6 +411,84 @@ def save_checkpoint(model: ModelOp, weights: dict[str, np.ndarray], record: Impo
         for name in COPIED_FILES:
             if (record.source / name).is_file() and record.source.resolve() != out.resolve():
                 shutil.copyfile(record.source / name, out / name)
+
+
+def _unchanged(rule: Rule, value: np.ndarray, arrays: list[np.ndarray], reads: list[TensorRecord],
+               config: dict[str, int]) -> bool:
+    """Whether a parameter still holds exactly what was loaded from ``arrays``. Where the
+    rule only moves elements in the parameter's own dtype, its inverse gives the original
+    bytes anyway and nothing is compared."""
+    exact = rule.op != "transform" or TRANSFORMS[_transform_name(rule)].exact
+    if exact and all(a.dtype == value.dtype for a in arrays):
+        return False
+    loaded = _combine(rule, arrays, [r.name for r in reads], config).astype(value.dtype, copy=False)
+    return _same_bits(loaded, value)
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    bits = np.dtype(f"u{a.dtype.itemsize}") if a.dtype.itemsize in (1, 2, 4, 8) else None
+    if bits is None:
+        return np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+    return bool(np.array_equal(np.ascontiguousarray(a).view(bits), np.ascontiguousarray(b).view(bits)))
+
+
+@dataclass
+class _Assembly:
+    """A checkpoint tensor that ``split`` rules load slices of, put back together."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...] | None = None  # None: not imported, from the slices' extent
+    source: np.ndarray | None = None
+    pieces: list[tuple[int, int, int, np.ndarray]] = field(default_factory=list)  # axis, start, end, values
+    changed: bool = False
+
+    def build(self, name: str) -> np.ndarray:
+        if self.source is not None and not self.changed:
+            return self.source
+        shape = self.shape
+        if shape is None:
+            axis, _, _, piece = self.pieces[0]
+            shape = list(piece.shape)
+            shape[axis] = max(end for a, _, end, _ in self.pieces if a == axis)
+            shape = tuple(shape)
+        out = np.array(self.source) if self.source is not None else np.empty(shape, self.dtype)
+        covered = None if self.source is not None else np.zeros(shape, bool)
+        for axis, start, end, piece in self.pieces:
+            index = [slice(None)] * len(shape)
+            index[axis] = slice(start, end)
+            out[tuple(index)] = piece
+            if covered is not None:
+                covered[tuple(index)] = True
+        if covered is not None and not covered.all():
+            raise CheckpointError("E010", f"no hf_mapping split covers all of '{name}' {shape}",
+                                  "the model was not imported, so the parts no parameter holds are unknown; map "
+                                  "every slice of the tensor", tensor=name)
+        return out
+
+
+def _export_split(rule: Rule, layer: int | None, value: np.ndarray, reads: list[TensorRecord] | None,
+                  arrays: list[np.ndarray] | None, assemblies: dict[str, _Assembly],
+                  config: dict[str, int]) -> None:
+    """Put a parameter loaded by ``split`` back into the checkpoint tensors it slices."""
+    names = _names(rule, layer, config)
+    axis = _axis(rule, value.ndim, config)
+    offset = 0
+    for index, (name, (start, end)) in enumerate(zip(names, _split_ranges(rule, config))):
+        piece = _take(value, offset, offset + end - start, axis)
+        offset += end - start
+        read = reads[index] if reads is not None else None
+        source = arrays[index] if arrays is not None else None
+        assembly = assemblies.setdefault(name, _Assembly(read.dtype if read is not None else value.dtype,
+                                                         read.shape if read is not None else None, source))
+        if source is not None and _same_bits(_take(source, start, end, axis).astype(value.dtype, copy=False), piece):
+            continue  # the original bytes stay
+        assembly.changed = True
+        assembly.pieces.append((axis, start, end, piece.astype(assembly.dtype, copy=False)))
+    if offset != value.shape[axis]:
+        raise CheckpointError("E032", f"split of {rule.written}: the ranges give {offset} along dim {axis}, "
+                              f"the parameter has {value.shape[axis]}", tensor=names[0])
 
 
 def _export_rules(model: ModelOp) -> dict[str, dict[str, Any]]:
@@ -305,16 +502,15 @@ def _planned_reads(rule: Rule, export: dict[str, Any] | None, layer: int | None,
                    config: dict[str, int]) -> list[TensorRecord]:
     """The checkpoint tensors of a parameter that was not imported: its names, and for
     a fused one the part sizes that ``hf_export``'s split ranges give."""
-    names = [_fill(n, rule.var, layer) for n in rule.names()]
+    names = _names(rule, layer, config)
     if rule.op == "stack_experts":
-        return [TensorRecord(names[0].replace("{expert}", str(e)), value.dtype, value.shape[1:])
-                for e in range(value.shape[0])]
+        return [TensorRecord(name, value.dtype, value.shape[1:]) for name in names]
     if rule.op != "fuse":
         return [TensorRecord(names[0], value.dtype, value.shape)]
     if export is None or export.get("op") != "split":
-        raise CheckpointError("E010", f"hf_export has no split for the fused {rule.key}",
+        raise CheckpointError("E010", f"hf_export has no split for the fused {rule.written}",
                               "add `" + rule.key + " -> split(\"name\": [start, end], ..., dim=0)` to hf_export")
-    dim = export.get("dim", 0)
+    dim = _size(export.get("dim", 0), config, rule)
     records = []
     for template, (start, end) in export["parts"].items():
         shape = list(value.shape)
@@ -323,17 +519,18 @@ def _planned_reads(rule: Rule, export: dict[str, Any] | None, layer: int | None,
     return records
 
 
-def _uncombine(rule: Rule, value: np.ndarray, reads: list[TensorRecord]) -> Iterator[np.ndarray]:
-    if rule.op in ("direct",):
-        yield value
-    elif rule.op == "fuse":
-        dim = rule.arg("dim", 0)
+def _uncombine(rule: Rule, value: np.ndarray, reads: list[TensorRecord], config: dict[str, int]) -> list[np.ndarray]:
+    if rule.op == "direct":
+        return [value]
+    if rule.op == "fuse":
+        dim = _axis(rule, value.ndim, config)
         bounds = np.cumsum([r.shape[dim] for r in reads])[:-1]
-        yield from np.split(value, bounds, axis=dim)
-    elif rule.op == "transform":
-        yield TRANSFORMS[_transform_name(rule)][1](value, rule)
-    elif rule.op == "stack_experts":
-        yield from value
+        return np.split(value, bounds, axis=dim)
+    if rule.op == "transform":
+        return [TRANSFORMS[_transform_name(rule)].save(value, rule, config)]
+    if rule.op == "stack_experts":
+        return list(value)
+    raise CheckpointError("E010", f"hf_mapping {rule.written}: unknown rule '{rule.op}'", RULES)
 
 
 def _is_float(dtype: np.dtype) -> bool:

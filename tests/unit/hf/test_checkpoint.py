@@ -171,3 +171,44 @@ def test_loading_holds_about_one_copy_of_the_weights(tmp_path):
     tracemalloc.stop()
     total = sum(w.nbytes for w in weights.values())
     assert total > 8_000_000 and peak < 1.25 * total, (peak, total)
+
+
+def test_a_missing_optional_lm_head_names_the_tensor_and_the_rule(tiny_llama, tmp_path):
+    ckpt = copy(tiny_llama, tmp_path)
+    rewrite(ckpt, lambda t: t.pop("lm_head.weight"))
+    err = failure(ckpt)
+    assert err.code == "E031" and err.tensor == "lm_head.weight"
+    assert "'lm_head.weight'" in err.message and "lm_head?" in err.message and "'lm_head'" in err.message
+    assert "tie_word_embeddings" in err.hint
+
+
+def test_a_tensor_in_two_shards_is_e034_naming_both_files(tiny_llama, tmp_path):
+    ckpt = copy(tiny_llama, tmp_path)
+    write_safetensors(ckpt / "model-00002-of-00002.safetensors", {"model.norm.weight": np.ones(32, np.float32)})
+    err = failure(ckpt)
+    assert err.code == "E034" and err.tensor == "model.norm.weight"
+    assert "model.safetensors" in err.message and "model-00002-of-00002.safetensors" in err.message
+
+
+def _header(text: bytes) -> bytes:
+    import struct
+
+    return struct.pack("<Q", len(text)) + text
+
+
+CORRUPT_HEADERS = {
+    "not JSON": _header(b'{"model.norm.weight": {"dtype": "F32", ') + bytes(128),
+    "not an object": _header(b"[1, 2, 3]") + bytes(128),
+    "bad entry": _header(b'{"model.norm.weight": {"dtype": "Q7", "shape": [32], "data_offsets": [0, 128]}}')
+    + bytes(128),
+    "length past the end": (10**6).to_bytes(8, "little") + b"{}",
+    "shorter than 8 bytes": b"\x01\x02",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORRUPT_HEADERS))
+def test_a_corrupt_header_is_e034_naming_the_file(name, tiny_llama, tmp_path):
+    ckpt = copy(tiny_llama, tmp_path)
+    (ckpt / "model-00002-of-00002.safetensors").write_bytes(CORRUPT_HEADERS[name])
+    err = failure(ckpt)
+    assert err.code == "E034" and err.message.startswith("model-00002-of-00002.safetensors: ")

@@ -60,11 +60,49 @@ def test_expert_stacks_transforms_and_fuse_load_and_save_back(tmp_path):
     save_checkpoint(model(), weights, record, tmp_path / "out")
     out = SafetensorsFile(tmp_path / "out" / "model.safetensors")
     assert sorted(out.keys()) == sorted(tensors)
-    for name, value in tensors.items():
-        if name == "A_log":  # log(-(-exp(x))) is x up to rounding
-            np.testing.assert_allclose(out.array(name), value, rtol=1e-6)
-        else:
-            assert out.array(name).tobytes() == value.tobytes(), name
+    for name, value in tensors.items():  # A_log too: the original bytes, not log(-(-exp(x)))
+        assert out.dtype(name) == value.dtype, name
+        np.testing.assert_array_equal(raw(out.array(name)), raw(value), err_msg=name)
+
+
+def raw(array):
+    """The bytes of an array, to compare bit for bit (NaN payloads and -0.0 included)."""
+    return np.frombuffer(np.ascontiguousarray(array).tobytes(), np.uint8)
+
+
+def test_negate_exp_is_not_its_own_inverse_in_floating_point():
+    """Why the export keeps the loaded bytes: log(-(-exp(x))) differs from x in most fp32 values."""
+    x = np.random.default_rng(0).standard_normal(10_000).astype(np.float32)
+    again = np.log(-(-np.exp(x)))
+    assert (again != x).mean() > 0.3
+
+
+def test_a_changed_transformed_parameter_exports_through_the_inverse(tmp_path):
+    tensors = checkpoint(tmp_path / "in")
+    weights, record = load_checkpoint(model(), tmp_path / "in", np.dtype(np.float32))
+    weights["a_log"] = weights["a_log"] * 2  # A = 2 * -exp(A_log): A_log + log(2)
+    weights["w_t"] = weights["w_t"] + 1
+    save_checkpoint(model(), weights, record, tmp_path / "out")
+    out = SafetensorsFile(tmp_path / "out" / "model.safetensors")
+    np.testing.assert_allclose(out.array("A_log"), tensors["A_log"] + np.log(2), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(out.array("wt"), (weights["w_t"]).T)
+    np.testing.assert_array_equal(raw(out.array("part.a")), raw(tensors["part.a"]))
+
+
+def test_a_narrower_load_dtype_still_exports_the_original_bytes(tmp_path):
+    """Loaded as bf16, saved unchanged: the fp32 checkpoint comes back bit for bit;
+    a changed parameter is written from its bf16 values."""
+    import ml_dtypes
+
+    tensors = checkpoint(tmp_path / "in")
+    weights, record = load_checkpoint(model(), tmp_path / "in", np.dtype(ml_dtypes.bfloat16))
+    weights["fused"] = weights["fused"] * 2
+    save_checkpoint(model(), weights, record, tmp_path / "out")
+    out = SafetensorsFile(tmp_path / "out" / "model.safetensors")
+    for name in ("mlp.experts.2.w", "A_log", "wt"):
+        np.testing.assert_array_equal(raw(out.array(name)), raw(tensors[name]), err_msg=name)
+    assert out.dtype("part.b") == np.float32
+    np.testing.assert_array_equal(out.array("part.b"), weights["fused"][4:].astype(np.float32))
 
 
 def test_a_model_that_was_not_imported_exports_through_hf_export(tmp_path):
@@ -85,3 +123,128 @@ def test_a_missing_expert_names_the_tensor(tmp_path):
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(model(), tmp_path / "in", np.dtype(np.float32))
     assert info.value.code == "E031" and info.value.tensor == "mlp.experts.1.w"
+
+
+SLICED = """block SlicedBlock(d: int, n_experts: int):
+  params:
+    q: [d, d]
+    kv: [2 * d, d]
+    experts: [n_experts, d, 2 * d]
+  forward:
+    in: [B, d]
+    out: [B, d]
+    graph:
+      in -> matmul(q, transpose=NT) -> out
+
+model Sliced(d: int = 4, n_layers: int = 2, n_experts: int = 3):
+  params:
+    blocks: [n_layers] x SlicedBlock(d, n_experts)
+    head: [d, d]
+    tail: [d + 2, d]
+  forward:
+    in: x: [B, d]
+    out: [B, d]
+    graph:
+      x -> blocks -> h
+      h -> matmul(head, transpose=NT) -> out
+  hf_mapping:
+    blocks[{layer}].q: split("layers.{layer}.qkv": [0, d], dim=0)
+    blocks[{layer}].kv: split("layers.{layer}.qkv": [d, 3 * d], dim=0)
+    blocks[{layer}].experts: stack_experts("layers.{layer}.experts.{expert}.w", n=n_experts)
+    head: split("wide": [d // 2, d // 2 + d], dim=-1)
+    tail: split("a": [0, 2], "b": [1, d + 1], dim=0)
+"""
+
+
+def sliced() -> ModelOp:
+    module = lower_program(parse_source(SLICED, "sliced.module"))
+    SpecializePass().apply(Context(), module)
+    return next(op for op in module.walk() if isinstance(op, ModelOp))
+
+
+def sliced_checkpoint(path, **changes):
+    rng = np.random.default_rng(2)
+    tensors = {f"layers.{layer}.qkv": rng.standard_normal((12, 4)).astype(np.float32) for layer in range(2)}
+    tensors |= {f"layers.{layer}.experts.{e}.w": rng.standard_normal((4, 8)).astype(np.float32)
+                for layer in range(2) for e in range(3)}
+    tensors |= {"wide": rng.standard_normal((4, 8)).astype(np.float32),
+                "a": rng.standard_normal((3, 4)).astype(np.float32),
+                "b": rng.standard_normal((6, 4)).astype(np.float32)}
+    tensors.update(changes)
+    path.mkdir(exist_ok=True)
+    write_safetensors(path / "model.safetensors", tensors)
+    return tensors
+
+
+def test_split_loads_slices_of_one_tensor_into_several_parameters(tmp_path):
+    tensors = sliced_checkpoint(tmp_path / "in")
+    warnings = []
+    weights, _ = load_checkpoint(sliced(), tmp_path / "in", np.dtype(np.float32), warn=warnings.append)
+    assert warnings == []
+    for layer in range(2):
+        np.testing.assert_array_equal(weights["blocks.q"][layer], tensors[f"layers.{layer}.qkv"][:4])
+        np.testing.assert_array_equal(weights["blocks.kv"][layer], tensors[f"layers.{layer}.qkv"][4:])
+    np.testing.assert_array_equal(weights["head"], tensors["wide"][:, 2:6])
+    np.testing.assert_array_equal(weights["tail"], np.concatenate([tensors["a"][:2], tensors["b"][1:5]]))
+
+
+def test_layer_and_expert_placeholders_in_one_rule(tmp_path):
+    tensors = sliced_checkpoint(tmp_path / "in")
+    weights, _ = load_checkpoint(sliced(), tmp_path / "in", np.dtype(np.float32))
+    assert weights["blocks.experts"].shape == (2, 3, 4, 8)
+    for layer in range(2):
+        for e in range(3):
+            np.testing.assert_array_equal(weights["blocks.experts"][layer, e], tensors[f"layers.{layer}.experts.{e}.w"])
+    tensors.pop("layers.1.experts.2.w")
+    write_safetensors(tmp_path / "in" / "model.safetensors", tensors)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(sliced(), tmp_path / "in", np.dtype(np.float32))
+    assert info.value.code == "E031" and info.value.tensor == "layers.1.experts.2.w"
+    assert "blocks[{layer}].experts" in info.value.message
+
+
+def test_split_and_expert_rules_save_back_bitwise(tmp_path):
+    tensors = sliced_checkpoint(tmp_path / "in")
+    weights, record = load_checkpoint(sliced(), tmp_path / "in", np.dtype(np.float32))
+    save_checkpoint(sliced(), weights, record, tmp_path / "out")
+    out = SafetensorsFile(tmp_path / "out" / "model.safetensors")
+    assert sorted(out.keys()) == sorted(tensors)
+    for name, value in tensors.items():  # "wide" too, whose columns outside the slice no parameter holds
+        np.testing.assert_array_equal(raw(out.array(name)), raw(value), err_msg=name)
+
+
+def test_a_changed_split_parameter_is_written_into_its_slice(tmp_path):
+    tensors = sliced_checkpoint(tmp_path / "in")
+    weights, record = load_checkpoint(sliced(), tmp_path / "in", np.dtype(np.float32))
+    weights["head"] = np.full((4, 4), 7, np.float32)
+    weights["blocks.kv"] = weights["blocks.kv"] + 1
+    save_checkpoint(sliced(), weights, record, tmp_path / "out")
+    out = SafetensorsFile(tmp_path / "out" / "model.safetensors")
+    expected = tensors["wide"].copy()
+    expected[:, 2:6] = 7
+    np.testing.assert_array_equal(out.array("wide"), expected)
+    np.testing.assert_array_equal(out.array("layers.1.qkv"), np.concatenate([tensors["layers.1.qkv"][:4],
+                                                                             tensors["layers.1.qkv"][4:] + 1]))
+
+
+def test_split_parameters_of_a_model_that_was_not_imported(tmp_path):
+    rng = np.random.default_rng(3)
+    shapes = {"blocks.q": (2, 4, 4), "blocks.kv": (2, 8, 4), "blocks.experts": (2, 3, 4, 8)}
+    weights = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    save_checkpoint(sliced(), weights, ImportRecord(), tmp_path / "out")
+    out = SafetensorsFile(tmp_path / "out" / "model.safetensors")
+    np.testing.assert_array_equal(out.array("layers.1.qkv"), np.concatenate([weights["blocks.q"][1],
+                                                                             weights["blocks.kv"][1]]))
+    assert out.shape("layers.0.experts.2.w") == (4, 8)
+    # head holds columns 2..6 of "wide": without the checkpoint, columns 0 and 1 are unknown
+    with pytest.raises(CheckpointError) as info:
+        save_checkpoint(sliced(), {**weights, "head": np.zeros((4, 4), np.float32)}, ImportRecord(), tmp_path / "x")
+    assert info.value.code == "E010" and info.value.tensor == "wide"
+
+
+def test_a_split_range_outside_the_tensor_is_e032(tmp_path):
+    sliced_checkpoint(tmp_path / "in", **{"layers.1.qkv": np.zeros((10, 4), np.float32)})
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(sliced(), tmp_path / "in", np.dtype(np.float32))
+    assert info.value.code == "E032" and info.value.tensor == "layers.1.qkv"
+    assert "[4, 12)" in info.value.message and "blocks[{layer}].kv" in info.value.message
