@@ -99,8 +99,14 @@ def hf_bindings(model: ModelOp, directory: str) -> dict[str, Any]:
         hf = read_config(directory)
     except CheckpointError as err:
         raise DiagnosticError([Diagnostic(err.code, err.message, None, err.hint)]) from None
-    return {name: hf[hf_field] for name, hf_field in param_mapping(model).items()
-            if hf.get(hf_field) is not None and name in model.config_values}
+    mapping = {name: field for name, field in param_mapping(model).items() if name in model.config_values}
+    nulls = sorted(field for field in mapping.values() if field in hf and hf[field] is None)
+    if nulls:
+        raise DiagnosticError([Diagnostic(
+            "E030", f"mdsl-specialize{{hf}}: config.json sets {', '.join(nulls)} to null", None,
+            "what null means is a rule of the model's hf_config; lower the model with the checkpoint instead: "
+            "mdsl-opt MODEL.module --hf DIR (or modeldsl.load)")])
+    return {name: hf[field] for name, field in mapping.items() if field in hf}
 
 
 def specialize_model(model: ModelOp, bindings: dict[str, Any]) -> None:

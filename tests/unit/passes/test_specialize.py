@@ -79,3 +79,15 @@ def test_bindings_that_break_the_shapes_are_e004_naming_the_ops(capsys):
     assert code == 1 and "Traceback" not in err
     assert "error[E004]: after mdsl-specialize{num_kv_heads=3}: 'mdsl.graph.flash_attention' op query heads (32) " \
            "must be a multiple of kv heads (3)" in err
+
+
+def test_a_null_config_field_through_hf_is_e030(tmp_path, capsys):
+    import json
+    import shutil
+
+    shutil.copytree(STD_ROOT.parents[1] / "examples" / "tiny_llama", tmp_path / "ck")
+    config = json.loads((tmp_path / "ck" / "config.json").read_text())
+    config["num_key_value_heads"] = None
+    (tmp_path / "ck" / "config.json").write_text(json.dumps(config))
+    code, err = run_opt("-p", f"mdsl-specialize{{hf=\"{tmp_path / 'ck'}\"}}", capsys=capsys)
+    assert code == 1 and "error[E030]: mdsl-specialize{hf}: config.json sets num_key_value_heads to null" in err
