@@ -47,23 +47,30 @@ def test_the_schedule_gives_bitwise_the_graph_interpreters_logits(loaded):
 
 
 def test_execute_allocates_nothing_after_warm_up(loaded):
-    """Traced memory (what execute keeps, not the kernels' temporaries) does not grow over 5 steps."""
+    """Traced memory (what execute keeps, not the kernels' temporaries) does not grow over 5 steps.
+    Other threads of the test process (tqdm's monitor) may allocate meanwhile, so a round that
+    grew is measured again: a leak grows in every round."""
     executor = schedule(loaded, TOKENS)
     inputs = loaded.inputs(TOKENS, 0)
     traced = np.zeros(2, dtype=np.int64)  # written in place: reading the counter keeps no new object
+    growth = np.zeros(3, dtype=np.int64)
     tracemalloc.start()
     try:
         for _ in range(5):  # warm-up, traced: the interpreter's free lists and numpy's caches fill here
             executor.execute(*inputs)
-        gc.collect()
-        traced[0] = tracemalloc.get_traced_memory()[0]
-        for _ in range(5):
-            executor.execute(*inputs)
-        gc.collect()
-        traced[1] = tracemalloc.get_traced_memory()[0]
+        for round in range(3):
+            gc.collect()
+            traced[0] = tracemalloc.get_traced_memory()[0]
+            for _ in range(5):
+                executor.execute(*inputs)
+            gc.collect()
+            traced[1] = tracemalloc.get_traced_memory()[0]
+            growth[round] = traced[1] - traced[0]
+            if growth[round] <= 0:
+                break
     finally:
         tracemalloc.stop()
-    assert traced[1] <= traced[0], f"execute kept {traced[1] - traced[0]} bytes over 5 steps"
+    assert growth.min() <= 0, f"execute kept {growth.tolist()} bytes in rounds of 5 steps"
 
 
 def test_a_profile_is_planned_once_per_bucket_and_padding_keeps_the_logits(loaded):
