@@ -40,6 +40,7 @@ from modeldsl.hf.safetensors_io import CheckpointError
 from modeldsl.lower import choose_top, lower_program
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.executor import NUMPY_DTYPES, GraphExecutor, KVCache
+from modeldsl.runtime.profiles import ProfiledForward
 from modeldsl.runtime.rope import SUPPORTED, RopeFrequencies, RopeScalingError, rope_frequencies
 
 STORAGE = {"fp32": np.dtype(np.float32), "bf16": NUMPY_DTYPES[DType.BF16]}
@@ -61,6 +62,8 @@ class Model:
         self.executor = GraphExecutor(self.model, self.weights, float_dtype)
         self.forward_func = self.executor.funcs["forward"]
         self.rope = self._rope()
+        self.schedule = ProfiledForward(self.model, self.weights, storage="fp32" if self.dtype == "fp32" else None,
+                                        max_tokens=self.max_positions)
 
     # ------------------------------------------------------------------ config
     def config(self, name: str, default: Any = None) -> Any:
@@ -141,13 +144,23 @@ class Model:
                                   f"run at most {self.max_positions} tokens in all")
         return tokens.astype(np.int64)
 
-    def forward(self, token_ids: Sequence[int] | np.ndarray, cache: KVCache | None = None) -> np.ndarray:
-        """Logits ``[B, T, vocab]`` (``[T, vocab]`` for a 1-D input) in fp32."""
+    def forward(self, token_ids: Sequence[int] | np.ndarray, cache: KVCache | None = None,
+                engine: str = "schedule") -> np.ndarray:
+        """Logits ``[B, T, vocab]`` (``[T, vocab]`` for a 1-D input) in fp32.
+
+        ``engine="schedule"`` runs the planned schedule of the smallest profile that
+        fits; ``"graph"`` the graph interpreter (the oracle), which also serves
+        decoding with a KV ``cache``."""
+        if engine not in ("schedule", "graph"):
+            raise _argument_error(f"engine '{engine}' is not 'schedule' or 'graph'")
         start = cache.length if cache is not None else 0
         tokens = self.token_array(token_ids, start)
         batched = tokens.ndim == 2
         tokens = tokens if batched else tokens[None, :]
-        (logits,) = self.executor.run("forward", *self.inputs(tokens, start), cache=cache)
+        if cache is None and engine == "schedule":
+            logits = self.schedule.run(tokens, lambda padded: self.inputs(padded, 0))
+        else:
+            (logits,) = self.executor.run("forward", *self.inputs(tokens, start), cache=cache)
         logits = np.asarray(logits, dtype=np.float32)
         return logits if batched else logits[0]
 

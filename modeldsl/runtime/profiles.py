@@ -68,9 +68,18 @@ class ProfiledForward:
             program = compile_profile(self.model, *key, self.storage)
             shared = {"params": self.params} if self.params is not None else None
             executor = ScheduleExecutor(program, None if shared else self.weights, shared)
+            if self.params is None:
+                self.adopt_weights(executor)
             self.params = executor.arenas["params"]
             self.profiles[key] = executor
         return self.profiles[key]
+
+    def adopt_weights(self, executor: ScheduleExecutor) -> None:
+        """The weights become views of the params arena (same values and dtype), so they are held once."""
+        for name, view in executor.params.items():
+            weight = self.weights.get(name)
+            if weight is not None and weight.dtype == view.dtype and weight.shape == view.shape:
+                self.weights[name] = view
 
     def run(self, tokens: np.ndarray, make_inputs: Callable[[np.ndarray], list[np.ndarray]]) -> np.ndarray:
         """Logits ``[B, T, vocab]`` for token ids ``[B, T]``; ``make_inputs`` builds the

@@ -41,7 +41,7 @@ def schedule(model, tokens, storage="fp32"):
 
 
 def test_the_schedule_gives_bitwise_the_graph_interpreters_logits(loaded):
-    expected = loaded.forward(TOKENS)
+    expected = loaded.forward(TOKENS, engine="graph")
     (logits,) = schedule(loaded, TOKENS).execute(*loaded.inputs(TOKENS, 0))
     np.testing.assert_array_equal(logits, expected)
 
@@ -76,9 +76,9 @@ def test_execute_allocates_nothing_after_warm_up(loaded):
 def test_a_profile_is_planned_once_per_bucket_and_padding_keeps_the_logits(loaded):
     profiled = ProfiledForward(loaded.model, loaded.weights, buckets=(8, 16), storage="fp32")
     short, longer = TOKENS[:, :5], TOKENS[:, :11]
-    np.testing.assert_allclose(profiled.run(short, lambda t: loaded.inputs(t, 0)), loaded.forward(short),
+    np.testing.assert_allclose(profiled.run(short, lambda t: loaded.inputs(t, 0)), loaded.forward(short, engine="graph"),
                                rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(profiled.run(longer, lambda t: loaded.inputs(t, 0)), loaded.forward(longer),
+    np.testing.assert_allclose(profiled.run(longer, lambda t: loaded.inputs(t, 0)), loaded.forward(longer, engine="graph"),
                                rtol=1e-5, atol=1e-5)
     first = dict(profiled.profiles)
     profiled.run(TOKENS[:, :7], lambda t: loaded.inputs(t, 0))
