@@ -374,6 +374,24 @@ def flash_attention(q, k, v, alibi_slopes=None, *, causal=True, softmax_scale=No
     return p @ _expand_kv(v, q.shape[1]), lse
 
 
+def kv_cache_attention(q, k, v, k_cache, v_cache, position, *, causal=True, softmax_scale=None, window_size=None):
+    """Attention of the queries at positions p .. p+T-1 (p = ``position[0]``) over a KV cache.
+
+    Writes k and v ([B, Hkv, T, D]) into the caches ([B, Hkv, capacity, D]) at p .. p+T-1,
+    then returns ``flash_attention(q, cache[:p+T])`` as (out, lse) and the two caches,
+    updated in place (a schedule-level kernel: decoding without growing arrays).
+    """
+    start = int(np.asarray(position).reshape(-1)[0])
+    end = start + k.shape[-2]
+    if end > k_cache.shape[-2]:
+        raise ValueError(f"positions {start}..{end - 1} exceed the cache capacity {k_cache.shape[-2]}")
+    k_cache[..., start:end, :] = k
+    v_cache[..., start:end, :] = v
+    out, lse = flash_attention(q, k_cache[..., :end, :], v_cache[..., :end, :], causal=causal,
+                               softmax_scale=softmax_scale, window_size=window_size)
+    return out, lse, k_cache, v_cache
+
+
 def flash_attention_backward(d_out, q, k, v, out, lse, *, causal=True, softmax_scale=None, window_size=None):
     """(d_q, d_k, d_v) of flash_attention without ALiBi, from the saved out and lse.
 
@@ -907,7 +925,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         swiglu, swiglu_backward, geglu, geglu_backward, silu, silu_backward,
         relu, relu_backward, relu2, relu2_backward, gelu, gelu_backward,
         softmax, softmax_backward,
-        flash_attention, flash_attention_backward, rope, rope_backward, qk_norm, qk_norm_backward,
+        flash_attention, flash_attention_backward, kv_cache_attention, rope, rope_backward, qk_norm, qk_norm_backward,
         split, concat, view, transpose, permute, contiguous,
         add, mul, bias_add, scale, add3,
         reduce_sum, reduce_mean, reduce_max,

@@ -20,7 +20,11 @@ that the loop updates. Ops run in the graph's (topological) order.
 
 Options: ``func`` (default ``forward``), ``storage=fp32`` to hold 16-bit
 floats as fp32 (an fp32 run of a bf16 model, as the graph interpreter's
-``float_dtype``).
+``float_dtype``), ``kv_cache=C`` for decoding: every attention becomes a
+``kv_cache_attention`` launch that writes the new keys and values into a
+cache of capacity ``C`` (state buffers in ``external``, tagged ``state``,
+stacked per layer inside loops) at the runtime ``position`` (one more
+external input) and attends over the cache up to them.
 """
 
 from __future__ import annotations
@@ -62,21 +66,26 @@ class LowerToSchedPass(ModulePass):
 
     func: str = "forward"
     storage: str = ""
+    kv_cache: int = 0
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for model in [m for m in op.body.block.ops if isinstance(m, ModelOp)]:
-            program = lower_function(model, self.func, self.storage or None)
+            program = lower_function(model, self.func, self.storage or None, self.kv_cache)
             op.body.block.insert_op_after(program, model)
 
 
-def lower_function(model: ModelOp, func_name: str = "forward", storage: str | None = None) -> ProgramOp:
-    """The schedule of ``@func_name`` of a specialized model."""
+def lower_function(model: ModelOp, func_name: str = "forward", storage: str | None = None,
+                   kv_cache: int = 0) -> ProgramOp:
+    """The schedule of ``@func_name`` of a specialized model (decoding with a KV cache of
+    ``kv_cache`` positions when it is positive)."""
     funcs = {f.sym_name.data: f for f in model.body.block.ops if isinstance(f, FuncOp)}
     if func_name not in funcs:
         raise _error(f"@{model.sym_name.data} has no function @{func_name}", f"functions: {', '.join(funcs)}")
     if storage not in (None, "fp32"):
         raise _error(f"mdsl-lower-to-sched: storage={storage} is not fp32", "storage=fp32 or leave it out")
-    return ScheduleBuilder(model, funcs, storage == "fp32").lower(funcs[func_name])
+    if isinstance(kv_cache, bool) or not isinstance(kv_cache, int) or kv_cache < 0:
+        raise _error(f"mdsl-lower-to-sched: kv_cache={kv_cache} is not a number of positions", "kv_cache=256")
+    return ScheduleBuilder(model, funcs, storage == "fp32", kv_cache).lower(funcs[func_name])
 
 
 def _error(message: str, hint: str | None = None) -> DiagnosticError:
@@ -86,8 +95,11 @@ def _error(message: str, hint: str | None = None) -> DiagnosticError:
 class ScheduleBuilder:
     """Walks graph functions in order, creating buffers and work ops."""
 
-    def __init__(self, model: ModelOp, funcs: dict[str, FuncOp], fp32_storage: bool):
-        self.model, self.funcs, self.fp32_storage = model, funcs, fp32_storage
+    def __init__(self, model: ModelOp, funcs: dict[str, FuncOp], fp32_storage: bool, kv_cache: int = 0):
+        self.model, self.funcs, self.fp32_storage, self.kv_cache = model, funcs, fp32_storage, kv_cache
+        self.loops: list[tuple[LayerLoopOp, int]] = []
+        self.position: SSAValue | None = None
+        self.caches = 0
         self.buffers: list[BufferOp] = []
         self.block = Block()
         self.values: dict[SSAValue, SSAValue] = {}
@@ -100,6 +112,10 @@ class ScheduleBuilder:
     def lower(self, func: FuncOp) -> ProgramOp:
         for index, arg in enumerate(func.body.block.args):
             self.values[arg] = self.new_buffer(arg, "external", {"input": IntegerAttr(index, i64)})
+        if self.kv_cache:
+            index = IntegerAttr(len(func.body.block.args), i64)
+            self.position = self.new_buffer(None, "external", {"input": index}, btype=BufferType([1], DType.INT32))
+            self.position.name_hint = "position"
         ret = func.body.block.last_op
         assert isinstance(ret, ReturnOp)
         for index, value in enumerate(ret.values):
@@ -140,11 +156,11 @@ class ScheduleBuilder:
                    alias_of: SSAValue | None = None, offset: int | None = None,
                    btype: BufferType | None = None) -> SSAValue:
         btype = btype or self.buffer_type(value.type)
-        if alias_of is None and arena == "activations" and value in self.outputs:
+        if alias_of is None and arena == "activations" and value is not None and value in self.outputs:
             arena, attrs = "external", {"output": IntegerAttr(self.outputs[value], i64)}
         op = BufferOp(arena, btype, offset, None if alias_of is None else btype.nbytes, alias_of)
         op.attributes |= attrs or {}
-        op.result.name_hint = value.name_hint
+        op.result.name_hint = value.name_hint if value is not None else None
         self.buffers.append(op)
         return op.result
 
@@ -294,10 +310,36 @@ class ScheduleBuilder:
         out, lse = (self.result_buffer(r) for r in op.results)
         window = op.attributes.get("window_size")
         scale = op.attributes.get("softmax_scale")
+        if self.kv_cache:
+            caches = [self.cache_buffer(k, name) for name in ("k", "v")]
+            attrs = {name: op.attributes[name] for name in ("causal", "softmax_scale", "window_size")
+                     if name in op.attributes}
+            self.block.add_op(LaunchOp("kv_cache_attention", [q, k, v, *caches, self.position],
+                                       [out, lse, *caches], attrs, inplace=True))
+            return True
         self.block.add_op(AttentionOp(q, k, v, out, lse, causal=_bool(op, "causal", True),
                                       window=window.value.data if window is not None else 0,
                                       scale=scale.value.data if scale is not None else None))
         return True
+
+    def cache_buffer(self, like: SSAValue, role: str) -> SSAValue:
+        """The cache of ``like``'s keys or values: ``[B, Hkv, capacity, D]``, stacked per layer in a loop."""
+        b, h, _, d = self.shape(like)
+        shape = [b, h, self.kv_cache, d]
+        if len(self.loops) > 1:
+            raise _error("mdsl-lower-to-sched: a KV cache inside nested layer loops is not supported")
+        if self.loops:
+            shape.insert(0, self.loops[-1][1])
+        op = BufferOp("external", BufferType(shape, like.type.dtype))
+        op.attributes["state"] = StringAttr(f"kv{self.caches // 2}.{role}")
+        op.result.name_hint = f"{role}_cache"
+        self.caches += 1
+        self.buffers.append(op)
+        if not self.loops:
+            return op.result
+        view = LayerViewOp(op.result, self.loops[-1][0].index)
+        self.block.add_op(view)
+        return view.result
 
     # stacks --------------------------------------------------------------
     def layer_loop(self, op: StackOp) -> None:
@@ -308,6 +350,7 @@ class ScheduleBuilder:
         stacked = [self.buffer(v) for v in op.per_layer]
         loop = LayerLoopOp(0, count)
         outer, self.block = self.block, loop.body.block
+        self.loops.append((loop, count))
         views = [LayerViewOp(s, loop.index) for s in stacked]
         self.block.add_ops(views)
         for arg, buf in zip(body.body.block.args, [*state, *shared, *(v.result for v in views)]):
@@ -316,6 +359,7 @@ class ScheduleBuilder:
             source = self.buffer(value)
             if source is not target:
                 self.block.add_op(CopyOp(source, target))
+        self.loops.pop()
         self.block = outer
         self.block.add_op(loop)
         for result, buf in zip(op.res, state):

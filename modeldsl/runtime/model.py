@@ -167,11 +167,14 @@ class Model:
     def generate(self, prompt: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
                  top_k: int | None = None, seed: int | None = None, use_cache: bool = True,
                  on_token: Callable[[int], None] | None = None,
-                 timings: dict[str, float] | None = None) -> list[int]:
+                 timings: dict[str, float] | None = None, engine: str = "schedule") -> list[int]:
         """Greedy (temperature 0) or sampled continuation of ``prompt``; with the KV
         cache, one prefill then one-token steps; without it, full recomputation.
         ``timings`` receives ``prefill`` and ``decode`` seconds. The prompt and the new
-        tokens together may hold at most ``max_positions`` tokens (E029 otherwise)."""
+        tokens together may hold at most ``max_positions`` tokens (E029 otherwise).
+        ``engine="graph"`` decodes with the graph interpreter (the oracle)."""
+        if engine not in ("schedule", "graph"):
+            raise _argument_error(f"engine '{engine}' is not 'schedule' or 'graph'")
         problems = sampling_problems(max_new_tokens, temperature, top_k, seed)
         if problems:
             raise DiagnosticError([Diagnostic("E029", f"{name} {problem}", None, "see Model.generate")
@@ -183,9 +186,9 @@ class Model:
                                   f"exceed the model's {limit} positions (max_position_embeddings)",
                                   f"pass max_new_tokens <= {max(limit - len(tokens), 0)}")
         rng = np.random.default_rng(seed)
-        cache = KVCache() if use_cache else None
+        step_logits = self.decoder(len(tokens) + max_new_tokens, use_cache, engine)
         start = time.perf_counter()
-        logits = self.forward(tokens, cache)[-1]
+        logits = step_logits(tokens, 0)
         prefilled = time.perf_counter()
         generated: list[int] = []
         for step in range(max_new_tokens):
@@ -195,10 +198,27 @@ class Model:
             if on_token is not None:
                 on_token(token)
             if step + 1 < max_new_tokens:
-                logits = self.forward([token], cache)[-1] if cache is not None else self.forward(tokens)[-1]
+                logits = step_logits(tokens, len(tokens) - 1)
         if timings is not None:
             timings.update(prefill=prefilled - start, decode=time.perf_counter() - prefilled)
         return generated
+
+    def decoder(self, total: int, use_cache: bool, engine: str) -> Callable[[list[int], int], np.ndarray]:
+        """``step(tokens, start)``: the last position's logits after feeding ``tokens[start:]``
+        (all of them without a cache: full recomputation)."""
+        if not use_cache:
+            return lambda tokens, start: self.forward(tokens, engine=engine)[-1]
+        if engine == "graph":
+            cache = KVCache()
+            return lambda tokens, start: self.forward(tokens[start:], cache, engine="graph")[-1]
+        capacity = self.schedule.bucket(total)
+
+        def step(tokens: list[int], start: int) -> np.ndarray:
+            new = self.token_array(tokens[start:], start)[None, :]
+            logits = self.schedule.run(new, lambda padded: self.inputs(padded, start), start, capacity)
+            return logits[0, -1]
+
+        return step
 
     def save_hf(self, directory: str | Path) -> None:
         """Write the weights as a HuggingFace checkpoint through the import record

@@ -8,6 +8,12 @@ end (causal attention keeps the padding from reaching the real positions) and
 returns the rows of the real positions. Each bucket is compiled on its first
 use and never again; every profile shares one ``params`` arena, so the
 weights are held once.
+
+Decoding runs profiles compiled with a KV cache of a bucketed capacity
+(``mdsl-lower-to-sched{kv_cache=C}``): the prompt's profile writes the cache
+from position 0, each later one-token step from its position; the profiles
+of one batch size and capacity share the cache arrays. Padding written past
+the real tokens is overwritten before any query can see it.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.executor import ExecutionError
 from modeldsl.runtime.sched_executor import ScheduleExecutor
 
-DEFAULT_BUCKETS = (16, 64, 256, 1024, 4096)
+DEFAULT_BUCKETS = (1, 16, 64, 256, 1024, 4096)
 
 
 def plan(program: ProgramOp) -> ProgramOp:
@@ -37,12 +43,13 @@ def plan(program: ProgramOp) -> ProgramOp:
     return program
 
 
-def compile_profile(model: ModelOp, batch: int, tokens: int, storage: str | None) -> ProgramOp:
-    """The planned forward schedule of ``model`` for ``[batch, tokens]`` inputs."""
+def compile_profile(model: ModelOp, batch: int, tokens: int, storage: str | None, kv_cache: int = 0) -> ProgramOp:
+    """The planned forward schedule of ``model`` for ``[batch, tokens]`` inputs (with a KV
+    cache of ``kv_cache`` positions when it is positive)."""
     module = ModuleOp([model.clone()])
     SpecializePass.of(B=batch, T=tokens).apply(Context(), module)
     specialized = next(op for op in module.body.block.ops if isinstance(op, ModelOp))
-    return plan(lower_function(specialized, "forward", storage))
+    return plan(lower_function(specialized, "forward", storage, kv_cache))
 
 
 class ProfiledForward:
@@ -53,8 +60,9 @@ class ProfiledForward:
         limit = max_tokens or max(buckets)
         self.buckets = sorted({b for b in buckets if b <= limit} | {limit})
         self.model, self.weights, self.storage = model, weights, storage
-        self.profiles: dict[tuple[int, int], ScheduleExecutor] = {}
+        self.profiles: dict[tuple[int, int, int], ScheduleExecutor] = {}
         self.params: np.ndarray | None = None
+        self.caches: dict[tuple[int, int], dict[str, np.ndarray]] = {}
 
     def bucket(self, tokens: int) -> int:
         for size in self.buckets:
@@ -62,15 +70,18 @@ class ProfiledForward:
                 return size
         raise ExecutionError(f"{tokens} tokens exceed the largest profile ({self.buckets[-1]})")
 
-    def profile(self, batch: int, tokens: int) -> ScheduleExecutor:
-        key = (batch, self.bucket(tokens))
+    def profile(self, batch: int, tokens: int, capacity: int = 0) -> ScheduleExecutor:
+        key = (batch, self.bucket(tokens), capacity)
         if key not in self.profiles:
-            program = compile_profile(self.model, *key, self.storage)
+            program = compile_profile(self.model, batch, key[1], self.storage, capacity)
             shared = {"params": self.params} if self.params is not None else None
-            executor = ScheduleExecutor(program, None if shared else self.weights, shared)
+            executor = ScheduleExecutor(program, None if shared else self.weights, shared,
+                                        self.caches.get((batch, capacity)))
             if self.params is None:
                 self.adopt_weights(executor)
             self.params = executor.arenas["params"]
+            if capacity:
+                self.caches[(batch, capacity)] = executor.state
             self.profiles[key] = executor
         return self.profiles[key]
 
@@ -81,12 +92,20 @@ class ProfiledForward:
             if weight is not None and weight.dtype == view.dtype and weight.shape == view.shape:
                 self.weights[name] = view
 
-    def run(self, tokens: np.ndarray, make_inputs: Callable[[np.ndarray], list[np.ndarray]]) -> np.ndarray:
+    def run(self, tokens: np.ndarray, make_inputs: Callable[[np.ndarray], list[np.ndarray]],
+            position: int | None = None, capacity: int = 0) -> np.ndarray:
         """Logits ``[B, T, vocab]`` for token ids ``[B, T]``; ``make_inputs`` builds the
-        forward's inputs (token ids, RoPE table) for the padded ids."""
+        forward's inputs (token ids, RoPE table of the positions) for the padded ids.
+        With a ``capacity``, the tokens sit at ``position`` .. in the KV cache."""
         batch, length = tokens.shape
-        executor = self.profile(batch, length)
+        executor = self.profile(batch, length, capacity)
         padded = np.zeros((batch, self.bucket(length)), dtype=tokens.dtype)
         padded[:, :length] = tokens
-        (logits,) = executor.execute(*make_inputs(padded))
+        inputs = make_inputs(padded)
+        if capacity:
+            if position + padded.shape[1] > capacity:
+                raise ExecutionError(f"positions {position}..{position + padded.shape[1] - 1} exceed the cache "
+                                     f"capacity {capacity}")
+            inputs.append(np.array([position], dtype=np.int32))
+        (logits,) = executor.execute(*inputs)
         return np.array(logits[:, :length], dtype=np.float32)

@@ -42,16 +42,18 @@ from modeldsl.primitives import lookup_primitive
 from modeldsl.runtime.executor import DTYPE_KEYWORDS, NUMPY_DTYPES, SHAPE_KEYWORDS, ExecutionError
 
 Step = Callable[[], None]
-ARENA_ALIGNMENT = 256
+# launch attributes that are not kernel parameters
+LAUNCH_ATTRIBUTES = {"grid", "block", "inplace", "stream", "scratch"}
 
 
 class ScheduleExecutor:
     """Runs one planned program; ``execute`` binds the inputs and returns views of the outputs."""
 
     def __init__(self, program: ProgramOp, params: dict[str, np.ndarray] | None = None,
-                 arenas: dict[str, np.ndarray] | None = None):
+                 arenas: dict[str, np.ndarray] | None = None, state: dict[str, np.ndarray] | None = None):
         """``arenas`` may give arenas shared with other programs (the params of every
-        profile of a model); the others are allocated here, once."""
+        profile of a model); the others are allocated here, once. ``state`` gives arrays
+        for state buffers (``state = "name"``: KV caches) that outlive one program."""
         self.program = program
         self.arenas = {name: np.zeros(size, dtype=np.uint8) for name, size in program.arenas.items()
                        if name not in (arenas or {})}
@@ -64,6 +66,7 @@ class ScheduleExecutor:
         self.inputs: list[np.ndarray] = []
         self.outputs: list[np.ndarray] = []
         self.params: dict[str, np.ndarray] = {}
+        self.state: dict[str, np.ndarray] = dict(state or {})
         self.steps: list[Step] = []
         for op in program.body.block.ops:
             if isinstance(op, BufferOp):
@@ -81,6 +84,13 @@ class ScheduleExecutor:
             raise ExecutionError(f"buffer %{root.result.name_hint or '?'} has no offset: run mdsl-plan-memory first")
         arena = self.arenas[root.arena.data]
         view = arena[start:start + btype.nbytes].view(numpy_dtype(btype.dtype)).reshape(btype.shape)
+        state = op.attributes.get("state")
+        if isinstance(state, StringAttr):
+            given = self.state.setdefault(state.data, view)
+            if given.shape != view.shape or given.dtype != view.dtype:
+                raise ExecutionError(f"state '{state.data}' is {given.shape} {given.dtype}, the program needs "
+                                     f"{view.shape} {view.dtype}")
+            view = given
         self.views[op.result] = view
         for role, where in (("input", self.inputs), ("output", self.outputs)):
             index = op.attributes.get(role)
@@ -147,26 +157,33 @@ class ScheduleExecutor:
         return steps
 
     def launch(self, op: LaunchOp, views: dict[SSAValue, np.ndarray]) -> Step:
-        sig = lookup_primitive(op.kernel.data)
-        if sig is None:
-            raise ExecutionError(f"no primitive '{op.kernel.data}' for the launch")
-        kernel = entry(sig.name).reference
+        try:
+            kernel = entry(op.kernel.data).reference
+        except KeyError as err:
+            raise ExecutionError(str(err)) from None
         outputs = [views[v] for v in op.outputs]
         if "scratch" in op.attributes:
             outputs = outputs[:-1]  # the reference kernels need no scratch
-        arguments: list[np.ndarray | None] = []
-        for group in sig.group_operands([views[v] for v in op.inputs]):
-            arguments.extend(group if isinstance(group, list) else [group])
-        params = {p.name: python_value(op.attributes[p.name], p.kind) for p in sig.params if p.name in op.attributes}
-        if sig.name in SHAPE_KEYWORDS:
-            params["shape"] = outputs[0].shape
-        if sig.name in DTYPE_KEYWORDS:
-            params["dtype"] = outputs[0].dtype
+        sig = lookup_primitive(op.kernel.data)
+        if sig is None:  # a schedule-level kernel: operands and attributes as they stand
+            arguments = [views[v] for v in op.inputs]
+            params = {k: python_value(v, "") for k, v in op.attributes.items() if k not in LAUNCH_ATTRIBUTES}
+        else:
+            arguments = []
+            for group in sig.group_operands([views[v] for v in op.inputs]):
+                arguments.extend(group if isinstance(group, list) else [group])
+            params = {p.name: python_value(op.attributes[p.name], p.kind) for p in sig.params
+                      if p.name in op.attributes}
+            if sig.name in SHAPE_KEYWORDS:
+                params["shape"] = outputs[0].shape
+            if sig.name in DTYPE_KEYWORDS:
+                params["dtype"] = outputs[0].dtype
 
         def step() -> None:
             result = kernel(*arguments, **params)
             for view, value in zip(outputs, result if isinstance(result, tuple) else (result,), strict=True):
-                np.copyto(view, value, casting="unsafe")
+                if value is not view:  # a kernel that updated its output in place returns it
+                    np.copyto(view, value, casting="unsafe")
 
         return step
 
@@ -225,7 +242,8 @@ def python_value(attr: Attribute, kind: str) -> Any:
     if isinstance(attr, StringAttr):
         return attr.data
     if isinstance(attr, IntegerAttr):
-        return bool(attr.value.data) if kind == "bool" else attr.value.data
+        is_bool = kind == "bool" or getattr(attr.type, "width", None) is not None and attr.type.width.data == 1
+        return bool(attr.value.data) if is_bool else attr.value.data
     if isinstance(attr, FloatAttr):
         return attr.value.data
     if isinstance(attr, DenseArrayBase):

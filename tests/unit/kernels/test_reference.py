@@ -388,6 +388,26 @@ def test_flash_attention_alibi(case):
     check_all(ref("flash_attention", q, k, v, slopes, **params), torch_attention(tt(q), tt(k), tt(v), tt(slopes), **params))
 
 
+@covers("kv_cache_attention")
+@pytest.mark.parametrize("case", ["causal-gqa", "sliding-window", "scale"])
+def test_kv_cache_attention_feeds_a_cache_step_by_step(case):
+    """A prompt then one-token steps through a cache of spare capacity: each step's out and lse are
+    torch attention of its queries over every key so far, and the cache holds the keys and values."""
+    b, hq, hkv, t, _, d, params = ATTENTION_CASES[case]
+    q, k, v, _ = attention_inputs(33, b, hq, hkv, t, t, d)
+    k_cache, v_cache = np.zeros((b, hkv, t + 3, d)), np.zeros((b, hkv, t + 3, d))
+    for start, end in [(0, t - 2), (t - 2, t - 1), (t - 1, t)]:
+        piece = (slice(None), slice(None), slice(start, end))
+        out, lse, kc, vc = ref("kv_cache_attention", q[piece], k[piece], v[piece], k_cache, v_cache,
+                               np.array([start], dtype=np.int32), **params)
+        assert kc is k_cache and vc is v_cache
+        check_all((out, lse), torch_attention(tt(q[piece]), tt(k[:, :, :end]), tt(v[:, :, :end]), **params))
+    check(k_cache[:, :, :t], tt(k))
+    check(v_cache[:, :, :t], tt(v))
+    with pytest.raises(ValueError, match="capacity"):
+        ref("kv_cache_attention", q, k, v, k_cache, v_cache, np.array([4], dtype=np.int32), **params)
+
+
 @pytest.mark.parametrize("case", sorted(ATTENTION_CASES) + sorted(ALIBI_CASES))
 def test_flash_attention_out_matches_sdpa(case):
     """A second, independent check of out: torch's scaled_dot_product_attention with the same mask."""

@@ -82,6 +82,24 @@ def test_a_profile_is_planned_once_per_bucket_and_padding_keeps_the_logits(loade
                                rtol=1e-5, atol=1e-5)
     first = dict(profiled.profiles)
     profiled.run(TOKENS[:, :7], lambda t: loaded.inputs(t, 0))
-    assert sorted(profiled.profiles) == [(1, 8), (1, 16)] and profiled.profiles[(1, 8)] is first[(1, 8)]
+    assert sorted(profiled.profiles) == [(1, 8, 0), (1, 16, 0)] and profiled.profiles[(1, 8, 0)] is first[(1, 8, 0)]
     params = {id(executor.arenas["params"]) for executor in profiled.profiles.values()}
     assert len(params) == 1  # the weights are held once
+
+
+def test_decoding_through_the_kv_cache_schedule_gives_the_graph_interpreters_logits(loaded):
+    """A prompt profile then one-token profiles sharing one cache: each step's logits equal the
+    interpreter's KV-cache decoding, and the tokens equal full recomputation."""
+    from modeldsl.runtime.executor import KVCache
+
+    prompt, steps = [3, 17, 42, 5, 9, 33, 2], [61, 7, 12, 40, 8]
+    cache = KVCache()
+    decode = loaded.decoder(len(prompt) + len(steps), use_cache=True, engine="schedule")
+    tokens = list(prompt)
+    np.testing.assert_allclose(decode(tokens, 0), loaded.forward(prompt, cache, engine="graph")[-1], rtol=1e-5, atol=1e-5)
+    for token in steps:
+        tokens.append(token)
+        expected = loaded.forward([token], cache, engine="graph")[-1]
+        np.testing.assert_allclose(decode(tokens, len(tokens) - 1), expected, rtol=1e-5, atol=1e-5)
+    capacities = {key[2] for key in loaded.schedule.profiles}
+    assert capacities - {0} == {16}  # one cache capacity, planned once
