@@ -48,6 +48,8 @@ def build_parser() -> Parser:
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence for each token")
     p.add_argument("--logits", metavar="FILE.npy", help="write the prompt's logits [T, vocab] (fp32)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--engine", choices=("schedule", "graph"), default="schedule",
+                   help="the planned mdsl.sched schedule (default) or the graph interpreter (the oracle)")
     p.add_argument("--diagnostics-format", choices=("text", "json"), default="text")
     return p
 
@@ -149,7 +151,7 @@ def run(args) -> None:
             f"{limit} positions (max_position_embeddings); generating {new_tokens} tokens", None,
             f"give --max-new-tokens {new_tokens} or less, or a shorter prompt")], args.diagnostics_format) + "\n")
     if args.logits:
-        logits = model.forward(ids)
+        logits = model.forward(ids, engine=args.engine)
         target = logits_path(args.logits)
         try:
             np.save(target, logits)
@@ -159,7 +161,7 @@ def run(args) -> None:
         print(f"wrote the prompt's logits {logits.shape} to {target}")
     timings: dict[str, float] = {}
     generated = model.generate(ids, new_tokens, args.temperature, args.top_k, args.seed,
-                               use_cache=not args.no_cache, timings=timings)
+                               use_cache=not args.no_cache, timings=timings, engine=args.engine)
     prefill, decode = timings["prefill"], timings["decode"]
     print(f"prefill: {len(ids)} tokens in {prefill * 1000:.1f} ms ({len(ids) / prefill:.1f} tokens/s)")
     steps = max(len(generated) - 1, 0)  # the first new token comes from the prefill's logits

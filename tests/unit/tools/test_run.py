@@ -32,11 +32,13 @@ def test_writes_the_prompt_logits(tmp_path, capsys):
     np.testing.assert_array_equal(np.load(target), expected)
 
 
-def test_greedy_tokens_equal_with_and_without_the_cache(capsys):
+def test_greedy_tokens_equal_with_and_without_the_cache_and_with_either_engine(capsys):
     args = [str(LLAMA), "--hf", str(EXAMPLE), "--tokens", "5,6,7", "--max-new-tokens", "6"]
     main(args)
     cached = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tokens:")]
     main(args + ["--no-cache"])
+    assert cached == [line for line in capsys.readouterr().out.splitlines() if line.startswith("tokens:")]
+    main(args + ["--engine", "graph"])
     assert cached == [line for line in capsys.readouterr().out.splitlines() if line.startswith("tokens:")]
 
 
