@@ -858,26 +858,45 @@ class LayerLoopOp(SchedOp):
 
 @irdl_op_definition
 class LayerViewOp(IRDLOperation):
-    """The slice of layer ``%l`` of a stacked buffer (leading dim = layers)."""
+    """The slice of layer ``%l`` of a stacked buffer (leading dim = layers); with
+    ``rows = array<i64: start, count>`` only those rows of the layer's slice:
+
+    ``%w = mdsl.sched.layer_view %stacked[%l] {rows = array<i64: 0, 48>} : !mdsl.sched.buffer<[2, 96, 32], bf16> -> !mdsl.sched.buffer<[48, 32], bf16>``
+    """
 
     name = "mdsl.sched.layer_view"
 
     stacked = operand_def(BufferType)
     layer = operand_def(IndexType)
     result = result_def(BufferType)
+    rows = opt_attr_def(DenseArrayBase)
 
     assembly_format = "$stacked `[` $layer `]` attr-dict `:` type($stacked) `->` type($result)"
 
-    def __init__(self, stacked: SSAValue, layer: SSAValue):
+    def __init__(self, stacked: SSAValue, layer: SSAValue, rows: tuple[int, int] | None = None):
         t = buffer_type(stacked)
-        super().__init__(operands=[stacked, layer], result_types=[BufferType(t.shape[1:], t.dtype)])
+        shape = t.shape[1:] if rows is None else (rows[1], *t.shape[2:])
+        attrs = {} if rows is None else {"rows": DenseArrayBase.from_list(i64, list(rows))}
+        super().__init__(operands=[stacked, layer], result_types=[BufferType(shape, t.dtype)], attributes=attrs)
+
+    @property
+    def row_range(self) -> tuple[int, int] | None:
+        """(start, count) of the rows this view takes of the layer's slice; None for all of them."""
+        return None if self.rows is None else tuple(self.rows.get_values())
 
     def verify_(self) -> None:
         stacked, result = buffer_type(self.stacked), buffer_type(self.result)
-        if not stacked.shape or stacked.shape[1:] != result.shape or stacked.dtype != result.dtype:
+        expected = stacked.shape[1:]
+        if self.rows is not None:
+            rows = list(self.rows.get_values())
+            if len(stacked.shape) < 2 or len(rows) != 2 or rows[0] < 0 or rows[1] <= 0 or sum(rows) > stacked.shape[1]:
+                raise VerifyException(f"rows {rows} must be (start, count) within the {list(stacked.shape[1:2])} "
+                                      "rows of a layer")
+            expected = (rows[1], *stacked.shape[2:])
+        if not stacked.shape or expected != result.shape or stacked.dtype != result.dtype:
             raise VerifyException(
                 f"a layer view of {list(stacked.shape)} {stacked.dtype.value} is "
-                f"{list(stacked.shape[1:])} {stacked.dtype.value}, got {list(result.shape)} {result.dtype.value}"
+                f"{list(expected)} {stacked.dtype.value}, got {list(result.shape)} {result.dtype.value}"
             )
 
 

@@ -10,7 +10,12 @@ here; ``mdsl-plan-memory`` places them.
 Each primitive becomes a launch of its registry kernel, except:
 * ``matmul`` and ``batched_matmul`` become ``gemm``; a ``transpose`` of the
   last two dims that only feeds GEMMs is absorbed into their flags, and a
-  weight-gradient matmul (``TN`` over leading dims) reads 2-d views;
+  weight-gradient matmul (``TN`` over leading dims) reads 2-d views; a
+  projection ``x @ W^T`` whose only use is a split of its last dim (fused
+  QKV, gate/up) becomes one GEMM per piece on row slices of ``W``, so the
+  fused result is never held (``split_gemms=false`` keeps one GEMM and the
+  split: the graph interpreter's exact arithmetic, where BLAS rounds a
+  narrower GEMM differently in the last bit);
 * ``flash_attention`` (without ALiBi) becomes ``attention``;
 * ``view``, ``contiguous`` and splits along the outermost non-unit dim become
   aliases of their input at a byte offset: no copy.
@@ -67,15 +72,16 @@ class LowerToSchedPass(ModulePass):
     func: str = "forward"
     storage: str = ""
     kv_cache: int = 0
+    split_gemms: bool = True
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for model in [m for m in op.body.block.ops if isinstance(m, ModelOp)]:
-            program = lower_function(model, self.func, self.storage or None, self.kv_cache)
+            program = lower_function(model, self.func, self.storage or None, self.kv_cache, self.split_gemms)
             op.body.block.insert_op_after(program, model)
 
 
 def lower_function(model: ModelOp, func_name: str = "forward", storage: str | None = None,
-                   kv_cache: int = 0) -> ProgramOp:
+                   kv_cache: int = 0, split_gemms: bool = True) -> ProgramOp:
     """The schedule of ``@func_name`` of a specialized model (decoding with a KV cache of
     ``kv_cache`` positions when it is positive)."""
     funcs = {f.sym_name.data: f for f in model.body.block.ops if isinstance(f, FuncOp)}
@@ -85,7 +91,7 @@ def lower_function(model: ModelOp, func_name: str = "forward", storage: str | No
         raise _error(f"mdsl-lower-to-sched: storage={storage} is not fp32", "storage=fp32 or leave it out")
     if isinstance(kv_cache, bool) or not isinstance(kv_cache, int) or kv_cache < 0:
         raise _error(f"mdsl-lower-to-sched: kv_cache={kv_cache} is not a number of positions", "kv_cache=256")
-    return ScheduleBuilder(model, funcs, storage == "fp32", kv_cache).lower(funcs[func_name])
+    return ScheduleBuilder(model, funcs, storage == "fp32", kv_cache, split_gemms).lower(funcs[func_name])
 
 
 def _error(message: str, hint: str | None = None) -> DiagnosticError:
@@ -95,8 +101,10 @@ def _error(message: str, hint: str | None = None) -> DiagnosticError:
 class ScheduleBuilder:
     """Walks graph functions in order, creating buffers and work ops."""
 
-    def __init__(self, model: ModelOp, funcs: dict[str, FuncOp], fp32_storage: bool, kv_cache: int = 0):
+    def __init__(self, model: ModelOp, funcs: dict[str, FuncOp], fp32_storage: bool, kv_cache: int = 0,
+                 split_gemms: bool = True):
         self.model, self.funcs, self.fp32_storage, self.kv_cache = model, funcs, fp32_storage, kv_cache
+        self.split_projections = split_gemms
         self.loops: list[tuple[LayerLoopOp, int]] = []
         self.position: SSAValue | None = None
         self.caches = 0
@@ -105,6 +113,7 @@ class ScheduleBuilder:
         self.values: dict[SSAValue, SSAValue] = {}
         self.params: dict[str, SSAValue] = {}
         self.deferred: dict[SSAValue, Operation] = {}  # transposes not (yet) materialized
+        self.split_gemms: dict[Operation, tuple[SSAValue, SSAValue, float]] = {}  # split -> (x, W, alpha)
         self.outputs: dict[SSAValue, int] = {}
         self.signatures = {sig.op.name: sig for sig in primitives().values()}
 
@@ -236,6 +245,15 @@ class ScheduleBuilder:
     lower_contiguous = lower_view
 
     def lower_split(self, op: Operation) -> bool:
+        if op in self.split_gemms:
+            x, weight, alpha = self.split_gemms.pop(op)
+            row = 0
+            for result in op.results:
+                rows = result.type.shape[-1].evaluate({})
+                piece = self.weight_rows(weight, row, rows)
+                self.block.add_op(GemmOp(x, piece, self.result_buffer(result), transb=True, alpha=alpha))
+                row += rows
+            return True
         source = op.operands[0].type
         shape = [d.evaluate({}) for d in source.shape]
         dim = op.attributes["dim"].value.data % len(shape) if "dim" in op.attributes else len(shape) - 1
@@ -269,6 +287,10 @@ class ScheduleBuilder:
         mode = _string(op, "transpose", "NN")
         a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
         b, transb = self.gemm_operand(op.operands[1], mode[1] == "T")
+        split = _only_user_splits_last_dim(op.results[0]) if self.split_projections else None
+        if split is not None and transb and not transa and len(self.shape(b)) == 2:
+            self.split_gemms[split] = (a, b, _float(op, "alpha", 1.0))
+            return True
         if transa and len(self.shape(a)) > 2:  # a weight gradient: contract over every leading dim
             a, b = self.flat(a), self.flat(b)
             if a is None or b is None:
@@ -290,6 +312,21 @@ class ScheduleBuilder:
         c = self.result_buffer(op.results[0])
         self.block.add_op(GemmOp(a, b, c, transa=transa, transb=transb))
         return True
+
+    def weight_rows(self, weight: SSAValue, start: int, count: int) -> SSAValue:
+        """Rows ``start .. start+count`` of a 2-d weight: an alias, or a row range of a layer view."""
+        shape = self.shape(weight)
+        btype = BufferType([count, *shape[1:]], weight.type.dtype)
+        if isinstance(weight.owner, LayerViewOp) and weight.owner.rows is None:
+            view = LayerViewOp(weight.owner.stacked, weight.owner.layer, (start, count))
+            view.result.name_hint = f"{weight.name_hint}_rows{start}" if weight.name_hint else None
+            self.block.add_op(view)
+            return view.result
+        offset = start * btype.nbytes // count
+        op = BufferOp(weight.owner.arena.data, btype, offset, btype.nbytes, weight)
+        op.result.name_hint = f"{weight.name_hint}_rows{start}" if weight.name_hint else None
+        self.buffers.append(op)
+        return op.result
 
     def flat(self, buf: SSAValue) -> SSAValue | None:
         """A 2-d view ``[rows, cols]`` of a buffer (None for a layer view)."""
@@ -376,6 +413,17 @@ class ScheduleBuilder:
         state = self.new_buffer(value, "activations")
         self.block.add_op(CopyOp(source, state))
         return state
+
+
+def _only_user_splits_last_dim(value: SSAValue) -> Operation | None:
+    """The split that is ``value``'s only use, when it splits the last dim."""
+    uses = list(value.uses)
+    if len(uses) != 1 or uses[0].operation.name != "mdsl.graph.split":
+        return None
+    split = uses[0].operation
+    rank = len(value.type.shape)
+    dim = split.attributes["dim"].value.data if "dim" in split.attributes else -1
+    return split if dim % rank == rank - 1 else None
 
 
 def _is_output(buf: SSAValue, index: int) -> bool:

@@ -43,13 +43,14 @@ def plan(program: ProgramOp) -> ProgramOp:
     return program
 
 
-def compile_profile(model: ModelOp, batch: int, tokens: int, storage: str | None, kv_cache: int = 0) -> ProgramOp:
+def compile_profile(model: ModelOp, batch: int, tokens: int, storage: str | None, kv_cache: int = 0,
+                    split_gemms: bool = True) -> ProgramOp:
     """The planned forward schedule of ``model`` for ``[batch, tokens]`` inputs (with a KV
-    cache of ``kv_cache`` positions when it is positive)."""
+    cache of ``kv_cache`` positions when it is positive; see ``mdsl-lower-to-sched``)."""
     module = ModuleOp([model.clone()])
     SpecializePass.of(B=batch, T=tokens).apply(Context(), module)
     specialized = next(op for op in module.body.block.ops if isinstance(op, ModelOp))
-    return plan(lower_function(specialized, "forward", storage, kv_cache))
+    return plan(lower_function(specialized, "forward", storage, kv_cache, split_gemms))
 
 
 class ProfiledForward:

@@ -151,7 +151,9 @@ class ScheduleExecutor:
             local = dict(views)
             for op in loop.body.block.ops:
                 if isinstance(op, LayerViewOp):
-                    local[op.result] = local[op.stacked][layer]
+                    rows = op.row_range
+                    local[op.result] = local[op.stacked][layer] if rows is None else \
+                        local[op.stacked][layer][rows[0]:rows[0] + rows[1]]
                 else:
                     steps += self.compile(op, local)
         return steps

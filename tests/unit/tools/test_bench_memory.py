@@ -40,7 +40,7 @@ def test_per_layer_buffers_count_once_per_layer(spec, schedule):
     copies = {i.name: i.copies for i in schedule.intermediates}
     layers = spec.dsl["n_layers"]
     assert copies["x0"] == 1  # the residual stream is carried across layers: one buffer
-    assert copies["gate_up"] == copies["ln1_out"] == layers
+    assert copies["gate"] == copies["ln1_out"] == layers
     assert copies["q_rot"] == layers  # an in-place alias only after planning: its own buffer before
     assert copies["xF"] == 1  # after the loop
     assert "logits" not in copies and "tokens" not in copies  # the output and an input (external)
@@ -65,4 +65,4 @@ def test_the_table_prints_every_ratio(spec, schedule, torch_peak):
     table = format_table([result], TOKENS)
     assert "tiny_llama" in table and f"T={TOKENS}" in table
     assert f"{result.vs_intermediates:.3f}" in table and f"{result.vs_torch:.3f}" in table
-    assert "gate_up" in format_breakdown(result)
+    assert "%gate " in format_breakdown(result)
