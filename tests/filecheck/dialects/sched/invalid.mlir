@@ -130,6 +130,26 @@ mdsl.sched.program @p arenas(params = 4096, activations = 0, workspace = 0, grad
 
 // -----
 
+mdsl.sched.program @p arenas(params = 4096, activations = 0, workspace = 0, grads = 0, external = 0) {
+  %s = mdsl.sched.buffer params offset 0 bytes 1536 : !mdsl.sched.buffer<[3, 8, 32], bf16>
+  mdsl.sched.layer_loop %l = 0 to 3 {
+    %w = mdsl.sched.layer_view %s[%l] {rows = array<i64: 6, 4>} : !mdsl.sched.buffer<[3, 8, 32], bf16> -> !mdsl.sched.buffer<[4, 32], bf16>
+  }
+}
+// CHECK: error: 'mdsl.sched.layer_view' op rows [6, 4] must be (start, count) within the [8] rows of a layer
+
+// -----
+
+mdsl.sched.program @p arenas(params = 4096, activations = 0, workspace = 0, grads = 0, external = 0) {
+  %s = mdsl.sched.buffer params offset 0 bytes 1536 : !mdsl.sched.buffer<[3, 8, 32], bf16>
+  mdsl.sched.layer_loop %l = 0 to 3 {
+    %w = mdsl.sched.layer_view %s[%l] {rows = array<i64: 2, 4>} : !mdsl.sched.buffer<[3, 8, 32], bf16> -> !mdsl.sched.buffer<[8, 32], bf16>
+  }
+}
+// CHECK: error: 'mdsl.sched.layer_view' op a layer view of [3, 8, 32] bf16 is [4, 32] bf16, got [8, 32] bf16
+
+// -----
+
 mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, external = 0) {
   %a = mdsl.sched.buffer activations offset 0 bytes 512 : !mdsl.sched.buffer<[256], bf16>
   %b = mdsl.sched.buffer activations offset 512 bytes 256 : !mdsl.sched.buffer<[128], bf16>

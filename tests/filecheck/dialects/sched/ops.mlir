@@ -89,6 +89,8 @@ mdsl.sched.program @train arenas(params = 65536, activations = 65536, workspace 
   mdsl.sched.layer_loop %l = 0 to 3 {
     // CHECK-NEXT: %wl = mdsl.sched.layer_view %sw[%l] : !mdsl.sched.buffer<[3, 128, 64], bf16> -> !mdsl.sched.buffer<[128, 64], bf16>
     %wl = mdsl.sched.layer_view %sw[%l] : !sw -> !w
+    // CHECK-NEXT: %rows = mdsl.sched.layer_view %sw[%l] {rows = array<i64: 32, 64>} : !mdsl.sched.buffer<[3, 128, 64], bf16> -> !mdsl.sched.buffer<[64, 64], bf16>
+    %rows = mdsl.sched.layer_view %sw[%l] {rows = array<i64: 32, 64>} : !sw -> !mdsl.sched.buffer<[64, 64], bf16>
     // CHECK-NEXT: mdsl.sched.gemm %n, %wl -> %y {transb = true}
     mdsl.sched.gemm %n, %wl -> %y {transb = true} : !x, !w -> !y
   }
