@@ -11,6 +11,20 @@ ARCHITECTURES = {
 }
 
 
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 16}
+# The std models on tiny checkpoints of every family and feature: name -> (arch, module file, config)
+CASES = {
+    "llama-gqa": ("llama", "llama.module", {}),
+    "llama-tied": ("llama", "llama.module", {"tie_word_embeddings": True}),
+    "llama3-rope-scaling": ("llama", "llama.module", {"rope_parameters": {"rope_theta": 500000.0, **LLAMA3_SCALING}}),
+    "qwen3-qk-norm": ("qwen3", "qwen.module", {"head_dim": 16}),
+    "mistral-sliding-window": ("mistral", "mistral.module", {"sliding_window": 5}),
+    "llama-yarn": ("llama", "llama.module", {"rope_parameters": {
+        "rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}),
+}
+
+
 def make_checkpoint(path: Path, arch: str = "llama", seed: int = 0, **config) -> Path:
     import torch
     import transformers

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import modeldsl
-from hf_checkpoints import make_checkpoint, transformers_model
+from hf_checkpoints import CASES, make_checkpoint, transformers_model
 from modeldsl.diagnostics import DiagnosticError
 from modeldsl.resolve.imports import STD_ROOT
 
@@ -15,17 +15,6 @@ pytest.importorskip("transformers")
 
 MODELS = STD_ROOT / "models"
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny_llama"  # vocab 384, 256 positions
-LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                  "original_max_position_embeddings": 16}
-CASES = {
-    "llama-gqa": ("llama", "llama.module", {}),
-    "llama-tied": ("llama", "llama.module", {"tie_word_embeddings": True}),
-    "llama3-rope-scaling": ("llama", "llama.module", {"rope_parameters": {"rope_theta": 500000.0, **LLAMA3_SCALING}}),
-    "qwen3-qk-norm": ("qwen3", "qwen.module", {"head_dim": 16}),
-    "mistral-sliding-window": ("mistral", "mistral.module", {"sliding_window": 5}),
-    "llama-yarn": ("llama", "llama.module", {"rope_parameters": {
-        "rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}),
-}
 TOKENS = [3, 17, 42, 5, 9, 33, 2, 61, 7, 12, 40, 8]  # T = 12 >= twice the window
 
 

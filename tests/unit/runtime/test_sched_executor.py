@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import modeldsl
-from hf_checkpoints import make_checkpoint
+from hf_checkpoints import CASES, make_checkpoint
 from modeldsl.runtime.profiles import ProfiledForward, compile_profile
 from modeldsl.runtime.sched_executor import ScheduleExecutor
 from modeldsl.resolve.imports import STD_ROOT
@@ -16,15 +16,6 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 MODELS = STD_ROOT / "models"
-LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                  "original_max_position_embeddings": 16}
-CASES = {
-    "llama-gqa": ("llama", "llama.module", {}),
-    "llama-tied": ("llama", "llama.module", {"tie_word_embeddings": True}),
-    "llama3-rope-scaling": ("llama", "llama.module", {"rope_parameters": {"rope_theta": 500000.0, **LLAMA3_SCALING}}),
-    "qwen3-qk-norm": ("qwen3", "qwen.module", {"head_dim": 16}),
-    "mistral-sliding-window": ("mistral", "mistral.module", {"sliding_window": 5}),
-}
 TOKENS = np.array([[3, 17, 42, 5, 9, 33, 2, 61, 7, 12, 40, 8]])
 
 
