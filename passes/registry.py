@@ -56,11 +56,18 @@ def _plan_memory() -> type[ModulePass]:
     return PlanMemoryPass
 
 
+def _autodiff() -> type[ModulePass]:
+    from modeldsl.passes.autodiff import AutodiffPass
+
+    return AutodiffPass
+
+
 # Project passes, added by the issues that build them: name -> factory.
 PROJECT_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "mdsl-specialize": _specialize,
     "mdsl-plan-memory": _plan_memory,
     "mdsl-lower-to-sched": _lower_to_sched,
+    "mdsl-autodiff": _autodiff,
 }
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {**GENERAL_PASSES, **PROJECT_PASSES}

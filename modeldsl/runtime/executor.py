@@ -44,7 +44,7 @@ NUMPY_DTYPES: dict[DType, np.dtype] = {
     DType.INT64: np.dtype(np.int64),
     DType.BOOL: np.dtype(np.bool_),
 }
-SHAPE_KEYWORDS = {"view", "zeros", "ones", "fill"}
+SHAPE_KEYWORDS = {"view", "zeros", "ones", "fill", "embedding_backward"}
 DTYPE_KEYWORDS = {"zeros", "ones", "fill", "cast"}
 
 
@@ -198,7 +198,10 @@ class GraphExecutor:
 
     # ------------------------------------------------------------------ storage
     def numpy_dtype(self, dtype: DType) -> np.dtype:
-        if self.float_dtype is not None and dtype in (DType.BF16, DType.FP16):
+        """The storage of a dtype: ``float_dtype`` replaces 16-bit floats (fp32 runs of a bf16
+        model), and every float when it is float64 (the finite-difference oracle)."""
+        if self.float_dtype is not None and dtype.is_float and (
+                dtype in (DType.BF16, DType.FP16) or self.float_dtype == np.float64):
             return self.float_dtype
         return NUMPY_DTYPES[dtype]
 

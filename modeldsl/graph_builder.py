@@ -1,0 +1,54 @@
+"""Building ``mdsl.graph`` primitive ops from Python: operands in, typed results out.
+
+Passes that create graph ops (autodiff's VJP rules, later fusion) call
+``GraphBuilder.op("rmsnorm_backward", d_y, x, w, rstd)``: the result types
+come from the primitive's shape rule (:mod:`modeldsl.infer`), parameters are
+plain Python values converted to the op's attributes, and the op is verified
+before it is inserted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xdsl.ir import Block, Operation, SSAValue
+
+from modeldsl.infer import infer_result_types
+from modeldsl.primitives import lookup_primitive
+
+
+class GraphBuildError(Exception):
+    """A primitive that does not exist, or operands and parameters it does not take."""
+
+
+class GraphBuilder:
+    """Appends primitive ops to a block (before ``before`` when given)."""
+
+    def __init__(self, block: Block, before: Operation | None = None):
+        self.block, self.before = block, before
+
+    def op(self, name: str, *operands: SSAValue | None, result_types: list | None = None,
+           **params: Any) -> list[SSAValue]:
+        """The results of primitive ``name`` on ``operands`` (None for an absent optional one);
+        ``result_types`` where the shape rule cannot tell them (``embedding_backward``)."""
+        sig = lookup_primitive(name)
+        if sig is None:
+            raise GraphBuildError(f"no primitive '{name}'")
+        present = [v for v in operands if v is not None]
+        try:
+            types = result_types or infer_result_types(name, [v.type for v in present], params)
+            attrs = {k: sig.param(k).to_attribute(sig.param(k).python_value(v))
+                     for k, v in params.items() if v is not None and sig.param(k) is not None}
+            op = sig.op.make(sig.group_operands(present), sig.group_results(types), attrs)
+            op.verify_()
+        except Exception as err:  # noqa: BLE001 - a rule that builds a wrong op is a bug; say which
+            raise GraphBuildError(f"{name}: {err}") from err
+        if self.before is not None:
+            self.block.insert_op_before(op, self.before)
+        else:
+            self.block.add_op(op)
+        return list(op.results)
+
+    def one(self, name: str, *operands: SSAValue | None, **params: Any) -> SSAValue:
+        """The single (first) result of a primitive."""
+        return self.op(name, *operands, **params)[0]

@@ -1,0 +1,304 @@
+"""VJP rules: the gradient of each primitive, written as ``mdsl.graph`` ops.
+
+A rule takes a :class:`GraphBuilder`, the forward op and the gradient of each
+of its results (None where no gradient flows, e.g. to ``rstd``) and returns
+the gradient of each operand (None for operands that get none: token ids,
+labels, RoPE tables are not differentiated). Rules reuse the primitives'
+explicit ``*_backward`` ops where the spec has one (spec section 6), so the
+kernels that run a derived backward are those a written backward calls.
+The kernel registry hangs each rule on its primitive's entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr, StringAttr
+from xdsl.ir import Operation, SSAValue
+
+from modeldsl.dialects.graph_types import DimsAttr, TensorType
+from modeldsl.graph_builder import GraphBuilder
+from modeldsl.symbolic import STAR
+
+Grad = SSAValue | None
+VJPRule = Callable[[GraphBuilder, Operation, list[Grad]], list[Grad]]
+RULES: dict[str, VJPRule] = {}
+
+
+def rule(*names: str):
+    def register(fn: VJPRule) -> VJPRule:
+        for name in names:
+            RULES[name] = fn
+        return fn
+
+    return register
+
+
+# ----------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------
+
+
+def attr(op: Operation, name: str, default=None):
+    """A forward op's attribute as a Python value."""
+    value = op.attributes.get(name)
+    if value is None:
+        return default
+    if isinstance(value, StringAttr):
+        return value.data
+    if isinstance(value, FloatAttr):
+        return value.value.data
+    if isinstance(value, IntegerAttr):
+        return bool(value.value.data) if value.type.width.data == 1 else value.value.data
+    if isinstance(value, DimsAttr):
+        return list(value.data)
+    return list(value.get_values())
+
+
+def zeros_like(b: GraphBuilder, value: SSAValue) -> SSAValue:
+    t: TensorType = value.type
+    return b.one("zeros", shape=list(t.shape), dtype=t.dtype)
+
+
+def or_zeros(b: GraphBuilder, grad: Grad, like: SSAValue) -> SSAValue:
+    return grad if grad is not None else zeros_like(b, like)
+
+
+def unbroadcast(b: GraphBuilder, grad: SSAValue, like: SSAValue) -> SSAValue:
+    """Sum ``grad`` over the dims a broadcast added or stretched, back to ``like``'s shape."""
+    shape, target = list(grad.type.shape), list(like.type.shape)
+    if shape == target:
+        return grad
+    lead = len(shape) - len(target)
+    dims = list(range(lead)) + [lead + i for i, d in enumerate(target) if d == 1 and shape[lead + i] != 1]
+    summed = b.one("reduce_sum", grad, dims=dims, keepdim=False) if dims else grad
+    if list(summed.type.shape) != target:
+        summed = b.one("view", summed, shape=target)
+    return summed
+
+
+def forward_params(op: Operation, *names: str) -> dict:
+    return {n: attr(op, n) for n in names if n in op.attributes}
+
+
+# ----------------------------------------------------------------------------
+# linear algebra
+# ----------------------------------------------------------------------------
+
+
+@rule("matmul", "batched_matmul")
+def _matmul(b: GraphBuilder, op: Operation, grads: list[Grad]) -> list[Grad]:
+    (g,) = grads
+    if attr(op, "accumulate", False) or attr(op, "beta", 0.0):
+        raise NotImplementedError("the gradient of an accumulating matmul (accumulate=true or beta != 0)")
+    a, w = op.operands
+    name = op.name.removeprefix("mdsl.graph.")
+    alpha = attr(op, "alpha", 1.0)
+    extra = {"alpha": alpha} if name == "matmul" and alpha != 1.0 else {}
+    mode = attr(op, "transpose", "NN")
+    # (operands, mode) of d_A and d_B for each forward mode: C = op(A) @ op(B)
+    plans = {
+        "NN": ((g, w, "NT"), (a, g, "TN")),
+        "NT": ((g, w, "NN"), (g, a, "TN")),
+        "TN": ((w, g, "NT"), (a, g, "NN")),
+        "TT": ((w, g, "TT"), (g, a, "TT")),
+    }
+    (x1, y1, m1), (x2, y2, m2) = plans[mode]
+    d_a = b.one(name, x1, y1, transpose=m1, **extra)
+    d_b = b.one(name, x2, y2, transpose=m2, **extra)
+    return [d_a, d_b]
+
+
+# ----------------------------------------------------------------------------
+# normalization, activations, attention
+# ----------------------------------------------------------------------------
+
+
+@rule("rmsnorm")
+def _rmsnorm(b, op, grads):
+    x, w = op.operands
+    d_x, d_w = b.op("rmsnorm_backward", grads[0], x, w, op.results[1])
+    return [d_x, d_w]
+
+
+@rule("fused_residual_rmsnorm")
+def _fused_residual_rmsnorm(b, op, grads):
+    residual_out, y, rstd = op.results
+    w = op.operands[2]
+    d_res, d_in, d_w = b.op("fused_residual_rmsnorm_backward", or_zeros(b, grads[1], y),
+                            or_zeros(b, grads[0], residual_out), residual_out, w, rstd)
+    return [d_res, d_in, d_w]
+
+
+@rule("layernorm")
+def _layernorm(b, op, grads):
+    x, w = op.operands[0], op.operands[1]
+    d_x, d_w, d_b = b.op("layernorm_backward", grads[0], x, w, op.results[1], op.results[2])
+    return [d_x, d_w] + ([d_b] if len(op.operands) == 3 else [])
+
+
+@rule("silu", "relu", "relu2", "gelu")
+def _activation(b, op, grads):
+    name = op.name.removeprefix("mdsl.graph.")
+    return [b.one(f"{name}_backward", grads[0], op.operands[0], **forward_params(op, "approximate"))]
+
+
+@rule("swiglu", "geglu")
+def _gated(b, op, grads):
+    name = op.name.removeprefix("mdsl.graph.")
+    return b.op(f"{name}_backward", grads[0], *op.operands, **forward_params(op, "approximate"))
+
+
+@rule("softmax")
+def _softmax(b, op, grads):
+    return [b.one("softmax_backward", grads[0], op.results[0], **forward_params(op, "dim"))]
+
+
+@rule("flash_attention")
+def _flash_attention(b, op, grads):
+    if len(op.operands) > 3:
+        raise NotImplementedError("the gradient of attention with ALiBi slopes")
+    q, k, v = op.operands
+    params = forward_params(op, "causal", "softmax_scale", "window_size")
+    return b.op("flash_attention_backward", grads[0], q, k, v, op.results[0], op.results[1], **params)
+
+
+@rule("rope")
+def _rope(b, op, grads):
+    q_rot, k_rot = op.results
+    d_q, d_k = b.op("rope_backward", or_zeros(b, grads[0], q_rot), or_zeros(b, grads[1], k_rot), op.operands[2],
+                    **forward_params(op, "interleaved"))
+    return [d_q, d_k, None]
+
+
+@rule("qk_norm")
+def _qk_norm(b, op, grads):
+    q_norm, k_norm, q_rstd, k_rstd = op.results
+    return b.op("qk_norm_backward", or_zeros(b, grads[0], q_norm), or_zeros(b, grads[1], k_norm),
+                *op.operands, q_rstd, k_rstd)
+
+
+# ----------------------------------------------------------------------------
+# tensor manipulation
+# ----------------------------------------------------------------------------
+
+
+@rule("split")
+def _split(b, op, grads):
+    parts = [or_zeros(b, g, r) for g, r in zip(grads, op.results)]
+    return [b.one("concat", *parts, **forward_params(op, "dim"))]
+
+
+@rule("concat")
+def _concat(b, op, grads):
+    dim = attr(op, "dim", -1)
+    sizes = [v.type.shape[dim] for v in op.operands]
+    return list(b.op("split", grads[0], sizes=sizes, dim=dim))
+
+
+@rule("view")
+def _view(b, op, grads):
+    x = op.operands[0]
+    if any(d is STAR for d in x.type.shape):
+        raise NotImplementedError("the gradient of a view of a tensor with variadic dims")
+    return [b.one("view", grads[0], shape=list(x.type.shape))]
+
+
+@rule("transpose")
+def _transpose(b, op, grads):
+    return [b.one("transpose", grads[0], dim0=attr(op, "dim0"), dim1=attr(op, "dim1"))]
+
+
+@rule("permute")
+def _permute(b, op, grads):
+    dims = attr(op, "dims")
+    rank = len(dims)
+    inverse = [0] * rank
+    for position, dim in enumerate(dims):
+        inverse[dim % rank] = position
+    return [b.one("permute", grads[0], dims=inverse)]
+
+
+@rule("contiguous", "copy")
+def _identity(b, op, grads):
+    return [grads[0]]
+
+
+@rule("cast")
+def _cast(b, op, grads):
+    x = op.operands[0]
+    return [b.one("cast", grads[0], dtype=x.type.dtype)] if x.type.dtype != grads[0].type.dtype else [grads[0]]
+
+
+# ----------------------------------------------------------------------------
+# elementwise
+# ----------------------------------------------------------------------------
+
+
+@rule("add")
+def _add(b, op, grads):
+    return [unbroadcast(b, grads[0], x) for x in op.operands]
+
+
+@rule("add3")
+def _add3(b, op, grads):
+    return [grads[0]] * 3
+
+
+@rule("mul")
+def _mul(b, op, grads):
+    x, y = op.operands
+    return [unbroadcast(b, b.one("mul", grads[0], y), x), unbroadcast(b, b.one("mul", grads[0], x), y)]
+
+
+@rule("scale")
+def _scale(b, op, grads):
+    return [b.one("scale", grads[0], factor=attr(op, "factor"))]
+
+
+@rule("bias_add")
+def _bias_add(b, op, grads):
+    x, bias = op.operands
+    return [grads[0], unbroadcast(b, grads[0], bias)]
+
+
+# ----------------------------------------------------------------------------
+# reductions, embedding, losses
+# ----------------------------------------------------------------------------
+
+
+@rule("reduce_sum", "reduce_mean")
+def _reduce(b, op, grads):
+    x = op.operands[0]
+    shape = list(x.type.shape)
+    dims = sorted(d % len(shape) for d in attr(op, "dims"))
+    kept = [1 if i in dims else d for i, d in enumerate(shape)]
+    g = grads[0] if list(grads[0].type.shape) == kept else b.one("view", grads[0], shape=kept)
+    if op.name.endswith("reduce_mean"):
+        count = 1
+        for d in dims:
+            count = count * shape[d]
+        g = b.one("scale", g, factor=1.0 / count.evaluate({}) if hasattr(count, "evaluate") else 1.0 / count)
+    return [b.one("mul", b.one("ones", shape=shape, dtype=x.type.dtype), g)]
+
+
+@rule("embedding")
+def _embedding(b, op, grads):
+    indices, weight = op.operands
+    d_w = b.one("embedding_backward", grads[0], indices, result_types=[weight.type])
+    return [None, d_w]
+
+
+@rule("cross_entropy")
+def _cross_entropy(b, op, grads):
+    logits, labels = op.operands
+    params = forward_params(op, "ignore_index", "reduction")
+    return [b.one("cross_entropy_backward", grads[0], logits, labels, op.results[1], **params), None]
+
+
+@rule("fused_lm_head_loss")
+def _fused_lm_head_loss(b, op, grads):
+    x, weight, labels = op.operands
+    params = forward_params(op, "ignore_index", "reduction")
+    d_x, d_w = b.op("fused_lm_head_loss_backward", grads[0], x, weight, labels, op.results[1], **params)
+    return [d_x, d_w, None]

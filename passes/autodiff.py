@@ -1,0 +1,216 @@
+"""``mdsl-autodiff``: derive a model function's gradient from the VJP rules.
+
+``mdsl-autodiff{func=forward}`` adds ``@forward_grad(inputs..., d_outputs...)
+-> (outputs..., d_params..., d_inputs...)`` (the inputs a gradient reaches: not token
+ids, not a RoPE table) to a specialized model: the
+forward ops, then their gradients in reverse order, built by each
+primitive's VJP rule (:mod:`modeldsl.vjp`). Gradients of a value used more
+than once are added; ``@frozen`` parameters get none, nor do integer tensors
+(token ids, labels). The function records the parameters its gradients
+belong to (``grads``) and the forward values the backward ops read
+(``saved``: what a training schedule must keep, or recompute).
+
+This first version unrolls ``stack`` calls layer by layer (the per-layer
+slices of stacked parameters become split + view, whose VJPs concatenate the
+per-layer gradients back), so the function grows with depth; a stacked
+backward loop comes with the training schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
+from xdsl.ir import Block, Operation, SSAValue
+from xdsl.passes import ModulePass
+
+from modeldsl.diagnostics import Diagnostic, DiagnosticError
+from modeldsl.dialects.annotations import annotations_of
+from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
+from modeldsl.dialects.graph_types import TensorType
+from modeldsl.graph_builder import GraphBuilder, GraphBuildError
+from modeldsl.vjp import RULES
+
+
+class AutodiffError(Exception):
+    """A function autodiff cannot differentiate (with the op that stops it)."""
+
+
+@dataclass(frozen=True)
+class AutodiffPass(ModulePass):
+    name = "mdsl-autodiff"
+
+    func: str = "forward"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        for model in [m for m in op.walk() if isinstance(m, ModelOp)]:
+            try:
+                gradient_function(model, self.func)
+            except AutodiffError as err:
+                raise DiagnosticError([Diagnostic("E014", f"mdsl-autodiff: {err}", None,
+                                                  "write a backward: section for this module")]) from None
+
+
+def gradient_function(model: ModelOp, func_name: str = "forward") -> FuncOp:
+    """Build ``@<func_name>_grad`` in ``model`` and return it."""
+    funcs = {f.sym_name.data: f for f in model.body.block.ops if isinstance(f, FuncOp)}
+    if func_name not in funcs:
+        raise AutodiffError(f"@{model.sym_name.data} has no function @{func_name}")
+    return GradientBuilder(model, funcs).build(funcs[func_name])
+
+
+def is_float(value: SSAValue) -> bool:
+    return isinstance(value.type, TensorType) and value.type.dtype.is_float
+
+
+class GradientBuilder:
+    def __init__(self, model: ModelOp, funcs: dict[str, FuncOp]):
+        self.model, self.funcs = model, funcs
+        self.forward_ops: list[Operation] = []
+        self.grads: dict[SSAValue, SSAValue] = {}
+
+    # ------------------------------------------------------------------ forward
+    def build(self, func: FuncOp) -> FuncOp:
+        inputs = list(func.function_type.inputs.data)
+        outputs = list(func.function_type.outputs.data)
+        seeds = [t for t in outputs if isinstance(t, TensorType) and t.dtype.is_float]
+        grad_func = FuncOp(f"{func.sym_name.data}_grad", [*inputs, *seeds], [], kind="helper")
+        self.block = grad_func.body.block
+        self.builder = GraphBuilder(self.block)
+        args = list(self.block.args)
+        for arg, old in zip(args, func.body.block.args):
+            arg.name_hint = old.name_hint
+        results = self.inline(func.body.block, dict(zip(func.body.block.args, args)))
+        seed_args = iter(args[len(inputs):])
+        for value in results:
+            if is_float(value):
+                seed = next(seed_args)
+                seed.name_hint = f"d_{value.name_hint}" if value.name_hint else None
+                self.accumulate(value, seed)
+        backward_start = len(self.block.ops)
+        self.backward()
+        params = self.parameter_gradients()
+        differentiated = [a for a in args[:len(inputs)] if is_float(a) and a in self.grads]
+        returned = [*results, *(g for _, g in params), *(self.grads[a] for a in differentiated)]
+        self.block.add_op(ReturnOp(*returned))
+        grad_func.function_type = type(grad_func.function_type).from_lists(
+            [a.type for a in args], [v.type for v in returned])
+        grad_func.attributes["grads"] = ArrayAttr([StringAttr(name) for name, _ in params])
+        grad_func.attributes["input_grads"] = ArrayAttr([StringAttr(a.name_hint or "?") for a in differentiated])
+        grad_func.attributes["saved"] = ArrayAttr([StringAttr(n) for n in self.saved(backward_start)])
+        self.model.body.block.add_op(grad_func)
+        return grad_func
+
+    def inline(self, block: Block, values: dict[SSAValue, SSAValue]) -> list[SSAValue]:
+        """Clone a function body's ops (stacks unrolled); the values it returns."""
+        for op in block.ops:
+            if isinstance(op, ReturnOp):
+                return [values[v] for v in op.values]
+            if isinstance(op, StackOp):
+                for result, value in zip(op.res, self.unroll(op, values)):
+                    values[result] = value
+            elif isinstance(op, CallOp):
+                callee = self.funcs[op.callee.root_reference.data]
+                inner = dict(zip(callee.body.block.args, (values[v] for v in op.arguments)))
+                for result, value in zip(op.res, self.inline(callee.body.block, inner)):
+                    values[result] = value
+            else:
+                clone = op.clone(value_mapper=dict(values))
+                self.block.add_op(clone)
+                self.forward_ops.append(clone)
+                for old, new in zip(op.results, clone.results):
+                    new.name_hint = old.name_hint
+                    values[old] = new
+        raise AutodiffError("a function without return")
+
+    def unroll(self, op: StackOp, values: dict[SSAValue, SSAValue]) -> list[SSAValue]:
+        body = self.funcs[op.body.root_reference.data]
+        count = op.count.data
+        if not count.is_const():
+            raise AutodiffError(f"the layer count {count} of @{op.body.root_reference.data} is not known: "
+                                "run mdsl-specialize first")
+        layers = count.const_value()
+        slices = [self.layer_slices(values[v], layers) for v in op.per_layer]
+        carried = [values[v] for v in op.carried]
+        shared = [values[v] for v in op.shared]
+        for layer in range(layers):
+            inner = dict(zip(body.body.block.args, [*carried, *shared, *(s[layer] for s in slices)]))
+            carried = self.inline(body.body.block, inner)
+        return carried
+
+    def layer_slices(self, stacked: SSAValue, layers: int) -> list[SSAValue]:
+        """``stacked[l]`` for each layer: one split along the layer dim, then a view per layer."""
+        start = len(self.block.ops)
+        parts = self.builder.op("split", stacked, sizes=[1] * layers, dim=0)
+        shape = list(stacked.type.shape[1:])
+        views = [self.builder.one("view", part, shape=shape) for part in parts]
+        self.forward_ops.extend(list(self.block.ops)[start:])
+        return views
+
+    # ------------------------------------------------------------------ backward
+    def accumulate(self, value: SSAValue, grad: SSAValue) -> None:
+        previous = self.grads.get(value)
+        self.grads[value] = grad if previous is None else self.builder.one("add", previous, grad)
+
+    def backward(self) -> None:
+        frozen = self.frozen_params()
+        for op in reversed(self.forward_ops):
+            if isinstance(op, ParamRefOp):
+                continue  # its gradient is the parameter's (parameter_gradients)
+            result_grads = [self.grads.get(r) for r in op.results]
+            if all(g is None for g in result_grads):
+                continue
+            name = op.name.removeprefix("mdsl.graph.")
+            rule = RULES.get(name)
+            if rule is None:
+                raise AutodiffError(f"no VJP rule for {name}")
+            try:
+                operand_grads = rule(self.builder, op, result_grads)
+            except (GraphBuildError, NotImplementedError) as err:
+                raise AutodiffError(f"the gradient of {name}: {err}") from None
+            for operand, grad in zip(op.operands, operand_grads, strict=True):
+                if grad is None or not is_float(operand):
+                    continue
+                owner = operand.owner
+                if isinstance(owner, ParamRefOp) and owner.param.root_reference.data in frozen:
+                    continue
+                self.accumulate(operand, grad)
+
+    def frozen_params(self) -> set[str]:
+        return {p.sym_name.data for p in self.model.body.block.ops if isinstance(p, ParamOp)
+                and any(getattr(a, "DSL_NAME", None) == "frozen" for a in annotations_of(p))}
+
+    def parameter_gradients(self) -> list[tuple[str, SSAValue]]:
+        """(parameter, gradient) in declaration order, for every parameter the function reads."""
+        refs: dict[str, list[SSAValue]] = {}
+        for op in self.block.ops:
+            if isinstance(op, ParamRefOp):
+                refs.setdefault(op.param.root_reference.data, []).append(op.result)
+        frozen = self.frozen_params()
+        found = []
+        for param in (p for p in self.model.body.block.ops if isinstance(p, ParamOp)):
+            name = param.sym_name.data
+            if name not in refs or name in frozen:
+                continue
+            grads = [self.grads[r] for r in refs[name] if r in self.grads]
+            total = grads[0] if grads else self.zeros(refs[name][0])
+            for extra in grads[1:]:
+                total = self.builder.one("add", total, extra)
+            found.append((name, total))
+        return found
+
+    def zeros(self, like: SSAValue) -> SSAValue:
+        return self.builder.one("zeros", shape=list(like.type.shape), dtype=like.type.dtype)
+
+    def saved(self, backward_start: int) -> list[str]:
+        """Names of the forward values (and inputs) the backward ops read."""
+        forward = set(self.block.args) | {r for op in self.forward_ops for r in op.results}
+        names: list[str] = []
+        for op in list(self.block.ops)[backward_start:]:
+            for operand in op.operands:
+                if operand in forward and not isinstance(operand.owner, ParamRefOp):
+                    name = operand.name_hint or f"v{len(names)}"
+                    if name not in names:
+                        names.append(name)
+        return names
