@@ -916,6 +916,34 @@ def fused_lm_head_loss_backward(d_loss, x, weight, labels, lse, *, ignore_index=
 # The registry
 # ----------------------------------------------------------------------------
 
+# ----------------------------------------------------------------------------
+# Optimizer (schedule-level kernels: they update their state in place)
+# ----------------------------------------------------------------------------
+
+
+def adamw(param, grad, exp_avg, exp_avg_sq, *, lr, step, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
+    """One AdamW step (decoupled weight decay, bias correction), in the order of
+    torch.optim.AdamW's single-tensor update; updates param, exp_avg and exp_avg_sq
+    in place and returns them."""
+    dtype = exp_avg.dtype.type
+    g = np.asarray(grad, dtype=exp_avg.dtype)
+    param *= param.dtype.type(1 - lr * weight_decay)
+    exp_avg += (g - exp_avg) * dtype(1 - beta1)
+    exp_avg_sq *= dtype(beta2)
+    exp_avg_sq += dtype(1 - beta2) * g * g
+    step_size = lr / (1 - beta1 ** step)
+    denom = np.sqrt(exp_avg_sq) / dtype(math.sqrt(1 - beta2 ** step)) + dtype(eps)
+    param -= (exp_avg / denom * dtype(step_size)).astype(param.dtype)
+    return param, exp_avg, exp_avg_sq
+
+
+def global_norm(*grads):
+    """The L2 norm of all the gradients together (fp32 accumulation; float64 when fed float64)."""
+    grads = _prep(*grads)
+    total = sum(np.sum(np.square(g)) for g in grads)
+    return np.sqrt(np.asarray(total, dtype=grads[0].dtype))
+
+
 REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
     fn.__name__: fn
     for fn in (
@@ -932,7 +960,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         embedding, embedding_backward,
         moe_router, moe_router_backward, moe_permute, moe_unpermute, moe_unpermute_backward,
         mamba_conv1d, mamba_conv1d_backward, mamba_selective_scan, mamba_selective_scan_backward,
-        zeros, ones, fill, copy, cast,
+        zeros, ones, fill, copy, cast, adamw, global_norm,
         cross_entropy, cross_entropy_backward, fused_lm_head_loss, fused_lm_head_loss_backward,
     )
 }

@@ -976,6 +976,36 @@ def test_bf16_inputs_compute_in_fp32(name):
 # ----------------------------------------------------------------------------
 
 
+@covers("adamw")
+@pytest.mark.parametrize("weight_decay, betas", [(0.1, (0.9, 0.95)), (0.0, (0.8, 0.999))])
+def test_adamw_follows_torch_adamw_for_20_steps(weight_decay, betas):
+    """fp32 state, as torch keeps it; the update order differs (torch lerps), so ulps, not bits."""
+    rng = np.random.default_rng(40)
+    start = rng.standard_normal((7, 33)).astype(np.float32)
+    theirs = torch.nn.Parameter(torch.tensor(start.copy()))
+    optimizer = torch.optim.AdamW([theirs], lr=3e-3, betas=betas, eps=1e-8, weight_decay=weight_decay,
+                                  foreach=False)
+    param, exp_avg, exp_avg_sq = start.copy(), np.zeros_like(start), np.zeros_like(start)
+    for step in range(1, 21):
+        grad = rng.standard_normal(start.shape).astype(np.float32)
+        theirs.grad = torch.tensor(grad)
+        optimizer.step()
+        out = ref("adamw", param, grad, exp_avg, exp_avg_sq, lr=3e-3, step=step, beta1=betas[0], beta2=betas[1],
+                  eps=1e-8, weight_decay=weight_decay)
+        assert out[0] is param and out[1] is exp_avg and out[2] is exp_avg_sq  # updated in place
+    np.testing.assert_allclose(param, theirs.detach().numpy(), rtol=1e-6, atol=1e-6)
+    state = optimizer.state[theirs]
+    np.testing.assert_allclose(exp_avg, state["exp_avg"].numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(exp_avg_sq, state["exp_avg_sq"].numpy(), rtol=1e-6, atol=1e-7)
+
+
+@covers("global_norm")
+def test_global_norm_is_torchs_total_norm():
+    grads = randn(41, (3, 4), (5,), (2, 2, 2))
+    expected = torch.linalg.vector_norm(torch.cat([tt(g).reshape(-1) for g in grads]))
+    check(ref("global_norm", *grads), expected)
+
+
 def test_every_reference_is_covered():
     """A new reference kernel needs a test here (and a test of a removed one must go)."""
     assert COVERED == set(REFERENCES), (sorted(set(REFERENCES) - COVERED), sorted(COVERED - set(REFERENCES)))
