@@ -48,6 +48,13 @@ def _matmul(ts, p):
     return [TensorType([*a.shape[:-2], m, n], a.dtype)]
 
 
+def _batched_matmul(ts, p):
+    """op(A[b]) @ op(B[b]) per batch: TN keeps the batch dims (no weight-gradient form)."""
+    a, b = ts[0], ts[1]
+    m, _, _, n = matmul_dims(p.get("transpose", "NN"), a, b)
+    return [TensorType([*a.shape[:-2], m, n], a.dtype)]
+
+
 def _grouped_gemm(ts, p):
     x, w = ts[0], ts[1]
     n = w.shape[1] if p.get("transpose", "NT") == "NT" else w.shape[2]
@@ -223,7 +230,7 @@ def _cast(ts, p):
 
 RULES: dict[str, Rule] = {
     "matmul": _matmul,
-    "batched_matmul": _matmul,
+    "batched_matmul": _batched_matmul,
     "grouped_gemm": _grouped_gemm,
     "grouped_gemm_weight_grad": _grouped_gemm_weight_grad,
     "rmsnorm": _norm,

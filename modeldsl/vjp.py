@@ -3,7 +3,8 @@
 A rule takes a :class:`GraphBuilder`, the forward op and the gradient of each
 of its results (None where no gradient flows, e.g. to ``rstd``) and returns
 the gradient of each operand (None for operands that get none: token ids,
-labels, RoPE tables are not differentiated). Rules reuse the primitives'
+labels, RoPE tables are not differentiated). A gradient that reaches a
+statistic result (``rstd``, ``mean``, ``lse``) is refused, not dropped. Rules reuse the primitives'
 explicit ``*_backward`` ops where the spec has one (spec section 6), so the
 kernels that run a derived backward are those a written backward calls.
 The kernel registry hangs each rule on its primitive's entry.
@@ -11,6 +12,7 @@ The kernel registry hangs each rule on its primitive's entry.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from xdsl.dialects.builtin import FloatAttr, IntegerAttr, StringAttr
@@ -18,6 +20,7 @@ from xdsl.ir import Operation, SSAValue
 
 from modeldsl.dialects.graph_types import DimsAttr, TensorType
 from modeldsl.graph_builder import GraphBuilder
+from modeldsl.primitives import STATISTICS, lookup_primitive
 from modeldsl.symbolic import STAR
 
 Grad = SSAValue | None
@@ -27,11 +30,27 @@ RULES: dict[str, VJPRule] = {}
 
 def rule(*names: str):
     def register(fn: VJPRule) -> VJPRule:
+        @functools.wraps(fn)
+        def checked(b: GraphBuilder, op: Operation, grads: list[Grad]) -> list[Grad]:
+            refuse_statistics_gradients(op, grads)
+            return fn(b, op, grads)
+
         for name in names:
-            RULES[name] = fn
+            RULES[name] = checked
         return fn
 
     return register
+
+
+def refuse_statistics_gradients(op: Operation, grads: list[Grad]) -> None:
+    """The rules differentiate an op's primary results only: a gradient reaching a statistic
+    (``rstd``, ``mean``, ``lse``: a function that returns it, or uses it) is refused, not dropped."""
+    sig = lookup_primitive(op.name.removeprefix("mdsl.graph."))
+    if sig is None or len(sig.outputs) != len(grads):
+        return
+    for slot, grad in zip(sig.outputs, grads):
+        if grad is not None and slot.name in STATISTICS:
+            raise NotImplementedError(f"the gradient of its statistic result '{slot.name}'")
 
 
 # ----------------------------------------------------------------------------
@@ -104,8 +123,28 @@ def _matmul(b: GraphBuilder, op: Operation, grads: list[Grad]) -> list[Grad]:
         "TT": ((w, g, "TT"), (g, a, "TT")),
     }
     (x1, y1, m1), (x2, y2, m2) = plans[mode]
+    if name == "batched_matmul" and w.type.rank == 2 and a.type.rank > 2:
+        return _batched_matmul_matrix_b(b, a, g, w, mode, (x2, y2, m2))
     d_a = b.one(name, x1, y1, transpose=m1, **extra)
     d_b = b.one(name, x2, y2, transpose=m2, **extra)
+    return [d_a, d_b]
+
+
+def _batched_matmul_matrix_b(b: GraphBuilder, a: SSAValue, g: SSAValue, w: SSAValue, mode: str,
+                             plan_b: tuple) -> list[Grad]:
+    """batched_matmul with a matrix B broadcast over A's batch dims: a matrix cannot be the first
+    operand of a batched product (d_A of TN/TT is the transpose of G op(B)), and d_B sums the
+    per-batch products over the batch dims."""
+    if a.type.is_variadic:
+        raise NotImplementedError("the gradient of a batched_matmul of a variadic A and a matrix B")
+    if mode[0] == "N":  # d_A = G op(B)^T
+        d_a = b.one("batched_matmul", g, w, transpose="NT" if mode == "NN" else "NN")
+    else:  # TN: d_A = B G^T = (G B^T)^T; TT: d_A = B^T G^T = (G B)^T
+        d_a = b.one("transpose", b.one("batched_matmul", g, w, transpose="NT" if mode == "TN" else "NN"),
+                    dim0=-2, dim1=-1)
+    x2, y2, m2 = plan_b
+    d_b = b.one("reduce_sum", b.one("batched_matmul", x2, y2, transpose=m2),
+                dims=list(range(a.type.rank - 2)), keepdim=False)
     return [d_a, d_b]
 
 
@@ -277,8 +316,12 @@ def _reduce(b, op, grads):
     if op.name.endswith("reduce_mean"):
         count = 1
         for d in dims:
-            count = count * shape[d]
-        g = b.one("scale", g, factor=1.0 / count.evaluate({}) if hasattr(count, "evaluate") else 1.0 / count)
+            size = None if shape[d] is STAR else shape[d].const_value()
+            if size is None:
+                raise NotImplementedError(f"the gradient of a mean over the symbolic dimension {shape[d]} "
+                                          "(the scale factor must be a number): run mdsl-specialize first")
+            count *= size
+        g = b.one("scale", g, factor=1.0 / count)
     return [b.one("mul", b.one("ones", shape=shape, dtype=x.type.dtype), g)]
 
 
