@@ -14,3 +14,15 @@ def load(model_file, hf=None, dtype="fp32", **options):
     from modeldsl.runtime.model import load as _load
 
     return _load(model_file, hf=hf, dtype=dtype, **options)
+
+
+def __getattr__(name):
+    """``modeldsl.verify_backward(model, weights, inputs, ...)``: the finite-difference oracle of
+    a model's derived gradient (:func:`modeldsl.verify_backward.verify_backward`). The attribute
+    is the submodule ``modeldsl.verify_backward``, which is callable, so it stays callable once
+    anything imports the submodule."""
+    if name == "verify_backward":
+        import importlib
+
+        return importlib.import_module("modeldsl.verify_backward")
+    raise AttributeError(f"module 'modeldsl' has no attribute '{name}'")

@@ -98,7 +98,8 @@ class GradientBuilder:
             [a.type for a in args], [v.type for v in returned])
         grad_func.attributes["grads"] = ArrayAttr([StringAttr(name) for name, _ in params])
         grad_func.attributes["input_grads"] = ArrayAttr([StringAttr(a.name_hint or "?") for a in differentiated])
-        grad_func.attributes["saved"] = ArrayAttr([StringAttr(n) for n in self.saved(backward_start)])
+        saved = self.saved(backward_start, args[:len(inputs)])
+        grad_func.attributes["saved"] = ArrayAttr([StringAttr(n) for n in saved])
         self.model.body.block.add_op(grad_func)
         return grad_func
 
@@ -203,11 +204,14 @@ class GradientBuilder:
     def zeros(self, like: SSAValue) -> SSAValue:
         return self.builder.one("zeros", shape=list(like.type.shape), dtype=like.type.dtype)
 
-    def saved(self, backward_start: int) -> list[str]:
-        """Names of the forward values (and inputs) the backward ops read."""
-        forward = set(self.block.args) | {r for op in self.forward_ops for r in op.results}
+    def saved(self, backward_start: int, inputs: list[SSAValue]) -> list[str]:
+        """Names of the forward values (and inputs) the backward ops read (not the output
+        gradients, nor the outputs the function only returns)."""
+        forward = set(inputs) | {r for op in self.forward_ops for r in op.results}
         names: list[str] = []
         for op in list(self.block.ops)[backward_start:]:
+            if isinstance(op, ReturnOp):
+                continue
             for operand in op.operands:
                 if operand in forward and not isinstance(operand.owner, ParamRefOp):
                     name = operand.name_hint or f"v{len(names)}"

@@ -374,6 +374,27 @@ def save_checkpoint(model: ModelOp, weights: dict[str, np.ndarray], record: Impo
     original bytes of every tensor whose parameters still hold what was loaded)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
+    tensors = hf_tensors(model, weights, record, dtype)
+    tmp = out / "model.safetensors.tmp"
+    write_safetensors(tmp, tensors, {"format": "pt"})
+    tmp.replace(out / "model.safetensors")
+    if record.source is None:
+        (out / "config.json").write_text(json.dumps(export_config(model), indent=2) + "\n")
+    else:
+        for name in COPIED_FILES:
+            if (record.source / name).is_file() and record.source.resolve() != out.resolve():
+                shutil.copyfile(record.source / name, out / name)
+
+
+def hf_tensors(model: ModelOp, weights: dict[str, np.ndarray], record: ImportRecord,
+               dtype: np.dtype | None = None) -> dict[str, np.ndarray]:
+    """The parameters as HF-named tensors, through the inverse of each ``hf_mapping`` rule
+    (fused tensors split, stacked layers unstacked, a ``tied_to`` parameter written once
+    under the name it is loaded from), in ``dtype`` or each tensor's checkpoint dtype.
+    Where ``record`` holds the memory-mapped tensors a load read, a parameter that still
+    equals them gives their original bytes. Mapping per-parameter gradients (the
+    ``grads`` of ``mdsl-autodiff``) through it with a record without ``arrays`` gives the
+    gradients of the checkpoint's tensors."""
     tensors: dict[str, np.ndarray] = {}
     assemblies: dict[str, _Assembly] = {}
     exports = _export_rules(model)
@@ -402,15 +423,7 @@ def save_checkpoint(model: ModelOp, weights: dict[str, np.ndarray], record: Impo
                 tensors[read.name] = piece.astype(dtype or read.dtype, copy=False)
     for name, assembly in assemblies.items():
         tensors[name] = assembly.build(name).astype(dtype or assembly.dtype, copy=False)
-    tmp = out / "model.safetensors.tmp"
-    write_safetensors(tmp, tensors, {"format": "pt"})
-    tmp.replace(out / "model.safetensors")
-    if record.source is None:
-        (out / "config.json").write_text(json.dumps(export_config(model), indent=2) + "\n")
-    else:
-        for name in COPIED_FILES:
-            if (record.source / name).is_file() and record.source.resolve() != out.resolve():
-                shutil.copyfile(record.source / name, out / name)
+    return tensors
 
 
 def _unchanged(rule: Rule, value: np.ndarray, arrays: list[np.ndarray], reads: list[TensorRecord],

@@ -1,0 +1,176 @@
+"""``mdsl-opt --verify-backward``: the derived gradient against float64 finite differences (spec 9.8.1)."""
+
+import re
+
+import numpy as np
+import pytest
+
+import modeldsl
+from modeldsl import vjp
+from modeldsl.resolve.imports import STD_ROOT
+from modeldsl.tools.opt import main
+
+TINY_LLAMA = "vocab_size=64,d_model=32,n_layers=2,num_heads=4,num_kv_heads=2,d_ff=48"
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def table(out: str) -> dict[str, float]:
+    """tensor name -> relative error, from the printed table."""
+    rows = {}
+    for line in out.splitlines():
+        match = re.match(r"^(\S.*?)\s+(-?\d\.\d+e[+-]\d+)\s+(-?\d\.\d+e[+-]\d+)\s+(\d\.\d+e[+-]\d+)( +FAIL)?$", line)
+        if match:
+            rows[match[1]] = float(match[4])
+    return rows
+
+
+@pytest.mark.parametrize("file, top, shapes, tensors", [
+    ("modules/linear.module", "Linear", "in_dim=4,out_dim=3", {"weight", "input in"}),
+    ("modules/mlp.module", "SwiGLU_MLP", "d_model=8,d_ff=12", {"up_weight", "down_weight", "input in"}),
+])
+def test_a_std_module_passes(capsys, file, top, shapes, tensors):
+    code, out, err = run(capsys, str(STD_ROOT / file), "--top", top, "--verify-backward", "--verify-shapes", shapes)
+    assert code == 0, err
+    sizes = shapes.replace(",", ", ")
+    assert out.startswith(f"verify-backward @{top} (B=2, T=8, {sizes}; float64, epsilon 1e-06, seed 0)")
+    assert out.splitlines()[1].split() == ["tensor", "derived", "numerical", "rel.", "error"]
+    rows = table(out)
+    assert set(rows) == tensors and max(rows.values()) < 1e-6
+    assert "within the tolerance 0.001" in out and "FAIL" not in out
+
+
+def test_the_llama_model_with_tiny_sizes_passes(capsys):
+    """Model parameters named in --verify-shapes are lowering values (the 7B defaults would not fit)."""
+    code, out, err = run(capsys, str(STD_ROOT / "models" / "llama.module"), "--verify-backward",
+                         "--verify-shapes", f"B=1,T=6,{TINY_LLAMA}")
+    assert code == 0, err
+    assert out.startswith("verify-backward @Llama (B=1, T=6, vocab_size=64, d_model=32, n_layers=2,")
+    rows = table(out)
+    assert set(rows) == {"embedding", "blocks.ln1.weight", "blocks.attention.qkv_weight", "blocks.attention.out_weight",
+                         "blocks.ln2.weight", "blocks.mlp.up_weight", "blocks.mlp.down_weight", "final_norm.weight",
+                         "lm_head"}
+    assert max(rows.values()) < 1e-6
+
+
+@pytest.mark.parametrize("case", ["qwen3-qk-norm", "mistral-sliding-window", "llama-tied"])
+def test_a_checkpoint_config_gives_the_sizes(capsys, tmp_path, case):
+    from hf_checkpoints import CASES, make_checkpoint
+
+    arch, module, config = CASES[case]
+    path = make_checkpoint(tmp_path / case, arch, **config)
+    code, out, err = run(capsys, str(STD_ROOT / "models" / module), "--hf", str(path), "--verify-backward",
+                         "--verify-shapes", "T=12")
+    assert code == 0, err
+    rows = table(out)
+    assert max(rows.values()) < 1e-5
+    assert ("blocks.attention.q_norm" in rows) == (case == "qwen3-qk-norm")
+    assert ("lm_head" in rows) == (case != "llama-tied")
+
+
+def test_a_broken_rule_fails_with_exit_code_1(capsys, monkeypatch):
+    """A VJP rule that doubles its gradient (swiglu's d_gate) is caught: the tensors whose gradient
+    passes through it are marked FAIL."""
+    right = vjp.RULES["swiglu"]
+
+    def doubled(b, op, grads):
+        d_gate, d_up = right(b, op, grads)
+        return [b.one("scale", d_gate, factor=2.0), d_up]
+
+    monkeypatch.setitem(vjp.RULES, "swiglu", doubled)
+    code, out, err = run(capsys, str(STD_ROOT / "modules" / "mlp.module"), "--top", "SwiGLU_MLP",
+                         "--verify-backward", "--verify-shapes", "d_model=8,d_ff=12")
+    assert code == 1
+    rows = table(out)
+    assert rows["down_weight"] < 1e-6  # its gradient does not pass through swiglu
+    assert rows["up_weight"] > 1e-3 and rows["input in"] > 1e-3
+    fails = [line.split()[0] for line in out.splitlines() if line.endswith("FAIL")]
+    assert fails == ["up_weight", "input"]
+    assert "above the tolerance 0.001" in out
+
+
+def test_the_tolerance_decides_the_exit_code(capsys):
+    args = [str(STD_ROOT / "modules" / "linear.module"), "--top", "Linear", "--verify-backward",
+            "--verify-shapes", "in_dim=4,out_dim=3", "--verify-epsilon", "1e-3"]
+    code, out, _ = run(capsys, *args)
+    assert code == 0 and "within the tolerance 0.001" in out
+    code, out, _ = run(capsys, *args, "--verify-tolerance", "1e-30")
+    assert code == 1 and "FAIL" in out and "above the tolerance 1e-30" in out
+
+
+def test_ir_input_is_checked_too(capsys, tmp_path):
+    source = tmp_path / "m.mlir"
+    source.write_text("""
+!x = !mdsl.graph.tensor<[B, d], fp32>
+!w = !mdsl.graph.tensor<[d, d], fp32>
+mdsl.graph.model @M config {d = 3 : i64} {
+  mdsl.graph.param @w : !w
+  mdsl.graph.func @forward(%x: !x) -> !x attributes {kind = "forward"} {
+    %w = mdsl.graph.param_ref @w : !w
+    %h = mdsl.graph.matmul %x, %w {transpose = "NT"} : (!x, !w) -> !x
+    %y = mdsl.graph.gelu %h : (!x) -> !x
+    mdsl.graph.return %y : !x
+  }
+}
+""")
+    code, out, err = run(capsys, str(source), "--verify-backward", "--verify-shapes", "B=5,d=6")
+    assert code == 0, err
+    assert out.startswith("verify-backward @M (B=5, T=8, d=6;")
+    assert set(table(out)) == {"w", "input x"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--verify-shapes", "B=x"], "--verify-shapes: B=x is not an integer"),
+    (["--verify-shapes", "B"], "--verify-shapes: 'B' is not NAME=SIZE"),
+    (["--verify-shapes", "T=0"], "--verify-shapes: T=0 is not a positive size"),
+    (["--verify-shapes", "tie_embeddings=1"], "tie_embeddings is a bool parameter of Llama, not a size"),
+    (["--verify-shapes", "nope=3"], "nope is neither a symbol nor a config value of @Llama"),
+    (["--verify-tolerance", "abc"], "--verify-tolerance 'abc' is not a number"),
+    (["--verify-tolerance", "-1"], "--verify-tolerance must be a finite number above 0"),
+    (["--verify-epsilon", "0"], "--verify-epsilon must be a finite number above 0"),
+    (["--verify-epsilon", "inf"], "--verify-epsilon must be a finite number above 0"),
+    (["--emit=ast"], "--verify-backward prints the gradient check, not --emit=ast"),
+    ([], "@Llama has 6,"),  # the default 7B sizes: too large for the check
+])
+def test_bad_flags_are_e029_without_a_traceback(capsys, args, message):
+    code, out, err = run(capsys, str(STD_ROOT / "models" / "llama.module"), "--verify-backward", *args)
+    assert code == 1
+    assert err.startswith("error[E029]: ") and message in err, err
+    assert "Traceback" not in err and "hint:" in err
+
+
+def test_verify_options_need_verify_backward(capsys):
+    code, _, err = run(capsys, str(STD_ROOT / "models" / "llama.module"), "--verify-shapes", "B=2")
+    assert code == 1 and "error[E029]: --verify-shapes is an option of --verify-backward" in err
+
+
+def test_unbound_sizes_are_named(capsys):
+    code, _, err = run(capsys, str(STD_ROOT / "modules" / "linear.module"), "--top", "Linear", "--verify-backward")
+    assert code == 1
+    assert "error[E029]: --verify-backward: the shapes of @Linear still hold in_dim, out_dim" in err
+    assert "--verify-shapes B=2,T=8,in_dim=4,out_dim=4" in err
+
+
+def test_verify_backward_is_callable_from_the_package():
+    from modeldsl.verify_backward import GradientCheck, random_inputs, random_weights  # the submodule stays callable
+
+    model = modeldsl.load(STD_ROOT / "models" / "llama.module",
+                          config={k: int(v) for k, v in (item.split("=") for item in TINY_LLAMA.split(","))})
+    checks = modeldsl.verify_backward(model.model, random_weights(model.model),
+                                      random_inputs(model.model, sizes={"B": 1, "T": 4}))
+    assert all(isinstance(c, GradientCheck) for c in checks)
+    assert max(c.relative_error for c in checks) < 1e-6
+    assert modeldsl.verify_backward.report(checks, 1e-3)[1]
+    assert np.isfinite([c.derived for c in checks]).all()
+
+
+def test_a_nan_error_fails_wherever_it_is_in_the_table():
+    from modeldsl.verify_backward import GradientCheck, report
+
+    checks = [GradientCheck("a", 1.0, 1.0), GradientCheck("b", float("nan"), 1.0), GradientCheck("c", 2.0, 2.0)]
+    text, ok = report(checks, 1e-3)
+    assert not ok and "max relative error nan (above" in text and text.count("FAIL") == 1
