@@ -288,7 +288,7 @@ class ScheduleBuilder:
         a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
         b, transb = self.gemm_operand(op.operands[1], mode[1] == "T")
         split = _only_user_splits_last_dim(op.results[0]) if self.split_projections else None
-        if split is not None and transb and not transa and len(self.shape(b)) == 2:
+        if split is not None and split is op.next_op and transb and not transa and len(self.shape(b)) == 2:
             self.split_gemms[split] = (a, b, _float(op, "alpha", 1.0))
             return True
         if transa and len(self.shape(a)) > 2:  # a weight gradient: contract over every leading dim
@@ -416,7 +416,9 @@ class ScheduleBuilder:
 
 
 def _only_user_splits_last_dim(value: SSAValue) -> Operation | None:
-    """The split that is ``value``'s only use, when it splits the last dim."""
+    """The split that is ``value``'s only use, when it splits the last dim. (The GEMMs run where the
+    split stands, so the caller also asks that it follows the matmul: nothing may write the
+    matmul's inputs in between.)"""
     uses = list(value.uses)
     if len(uses) != 1 or uses[0].operation.name != "mdsl.graph.split":
         return None
