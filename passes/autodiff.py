@@ -48,8 +48,9 @@ class AutodiffPass(ModulePass):
             try:
                 gradient_function(model, self.func)
             except AutodiffError as err:
-                raise DiagnosticError([Diagnostic("E014", f"mdsl-autodiff: {err}", None,
-                                                  "write a backward: section for this module")]) from None
+                hint = "run mdsl-specialize first" if "mdsl-specialize" in str(err) else \
+                    "write a backward: section for the module that uses it"
+                raise DiagnosticError([Diagnostic("E014", f"mdsl-autodiff: {err}", None, hint)]) from None
 
 
 def gradient_function(model: ModelOp, func_name: str = "forward") -> FuncOp:
@@ -129,8 +130,8 @@ class GradientBuilder:
         body = self.funcs[op.body.root_reference.data]
         count = op.count.data
         if not count.is_const():
-            raise AutodiffError(f"the layer count {count} of @{op.body.root_reference.data} is not known: "
-                                "run mdsl-specialize first")
+            raise AutodiffError(f"the layer count {count} of @{op.body.root_reference.data} is not known "
+                                "(mdsl-specialize binds it)")
         layers = count.const_value()
         slices = [self.layer_slices(values[v], layers) for v in op.per_layer]
         carried = [values[v] for v in op.carried]

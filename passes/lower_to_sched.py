@@ -60,6 +60,7 @@ from modeldsl.dialects.sched import (
 )
 from modeldsl.kernels.registry import entry
 from modeldsl.primitives import PrimitiveSignature, primitives
+from modeldsl.symbolic import SymbolicError
 
 # attributes of graph ops that are not kernel parameters
 NOT_PARAMS = {"annotations", "memory", "recompute", "operandSegmentSizes", "resultSegmentSizes"}
@@ -155,7 +156,11 @@ class ScheduleBuilder:
 
     # ------------------------------------------------------------------ buffers
     def buffer_type(self, t: TensorType) -> BufferType:
-        shape = [d.evaluate({}) for d in t.shape]
+        try:
+            shape = [d.evaluate({}) for d in t.shape]
+        except (SymbolicError, AttributeError):
+            raise _error(f"mdsl-lower-to-sched needs concrete shapes, got {t}",
+                         "bind the sizes first: mdsl-specialize{B=1 T=64}") from None
         dtype = t.dtype
         if self.fp32_storage and dtype in (DType.BF16, DType.FP16):
             dtype = DType.FP32

@@ -104,3 +104,16 @@ def test_the_written_backward_of_a_std_module_equals_the_derived_one(file, top, 
     assert set(by_written) == set(by_derived)
     for name, value in by_written.items():
         np.testing.assert_allclose(value, by_derived[name], rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+def test_unspecialized_models_are_refused_with_a_hint(capsys):
+    from modeldsl.tools.opt import main
+
+    path = str(STD_ROOT / "models" / "llama.module")
+    assert main([path, "-p", "mdsl-autodiff"]) == 1
+    err = capsys.readouterr().err
+    assert "error[E014]: mdsl-autodiff: the layer count n_layers of @blocks is not known" in err
+    assert "hint: run mdsl-specialize first" in err
+    assert main([path, "-p", "mdsl-lower-to-sched"]) == 1
+    err = capsys.readouterr().err
+    assert "error[E029]: mdsl-lower-to-sched needs concrete shapes" in err and "mdsl-specialize{B=1 T=64}" in err
