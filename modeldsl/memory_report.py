@@ -163,8 +163,8 @@ def plot_memory(module: Operation, path: str) -> None:
     the whole program; unused buffers are left out."""
     try:
         import matplotlib
-    except ImportError:  # pragma: no cover - matplotlib is a dependency of the test and plot extras
-        raise NotPlanned("--emit=memory-plot needs matplotlib: pip install 'modeldsl[plot]'") from None
+    except ImportError:  # pragma: no cover - matplotlib is a dependency
+        raise NotPlanned("--emit=memory-plot needs matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
