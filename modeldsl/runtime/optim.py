@@ -13,6 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from modeldsl.dialects.annotations import TrainableAttr, annotations_of
+from modeldsl.dialects.graph import ModelOp, ParamOp
+
 
 @dataclass(frozen=True)
 class AdamWConfig:
@@ -42,3 +45,14 @@ class AdamWConfig:
         if self.clip_norm <= 0:
             return 1.0
         return min(1.0, self.clip_norm / (norm + 1e-6))
+
+
+def parameter_scales(model: ModelOp) -> dict[str, tuple[float, float]]:
+    """``(lr_scale, wd_scale)`` of each parameter declared ``@trainable(...)`` (spec 7.8.2)."""
+    scales = {}
+    for param in (op for op in model.body.block.ops if isinstance(op, ParamOp)):
+        for annotation in annotations_of(param):
+            if isinstance(annotation, TrainableAttr):
+                values = annotation.values
+                scales[param.sym_name.data] = (float(values["lr_scale"]), float(values["wd_scale"]))
+    return scales

@@ -32,3 +32,21 @@ def test_clipping_scales_like_torch_clip_grad_norm():
     factor = AdamWConfig(clip_norm=1.0).clip_factor(norm)
     np.testing.assert_allclose(grads[0].numpy() * factor, param.grad.numpy(), rtol=1e-12)
     assert AdamWConfig(clip_norm=100.0).clip_factor(norm) == 1.0 and AdamWConfig().clip_factor(norm) == 1.0
+
+
+def test_trainable_annotations_give_per_parameter_scales(tmp_path):
+    import modeldsl
+    from modeldsl.runtime.optim import parameter_scales
+
+    (tmp_path / "m.module").write_text("""model M(d: int = 4):
+  params:
+    w: [d, d] @trainable(lr_scale=0.5, wd_scale=0.0)
+    v: [d, d]
+  forward:
+    in: x: [2, d, fp32]
+    out: [2, d]
+    graph:
+      x -> matmul(w, transpose=NT) -> h
+      h -> matmul(v, transpose=NT) -> out
+""")
+    assert parameter_scales(modeldsl.load(tmp_path / "m.module").model) == {"w": (0.5, 0.0)}
