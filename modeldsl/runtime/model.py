@@ -220,11 +220,15 @@ class Model:
 
         return step
 
-    def save_hf(self, directory: str | Path) -> None:
-        """Write the weights as a HuggingFace checkpoint through the import record
+    def save_hf(self, directory: str | Path, dtype: str | None = None) -> None:
+        """Write the weights as a HuggingFace checkpoint through the import record, each
+        tensor in its checkpoint dtype or, given ``dtype`` ("fp32", "bf16"), in that one
         (E028 when the folder cannot be created or written)."""
+        if dtype is not None and dtype not in STORAGE:
+            raise _argument_error(f"dtype '{dtype}' is not fp32 or bf16")
         try:
-            save_checkpoint(self.model, self.weights, self.record, directory)
+            save_checkpoint(self.model, self.weights, self.record, directory,
+                            STORAGE[dtype] if dtype is not None else None)
         except OSError as err:
             raise DiagnosticError([Diagnostic("E028", f"cannot write the checkpoint to '{directory}': "
                                               f"{_reason(err)}", None,

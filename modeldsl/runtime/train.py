@@ -8,11 +8,22 @@ planned once. A :class:`Trainer` step runs that schedule for each
 micro-batch (gradients averaged over them), clips by the global norm and
 updates every parameter with the registry's ``adamw`` kernel, on views of
 the params arena and one fp32 moment pair per parameter.
+
+:func:`save_training_state` writes what a step depends on besides the
+weights (the moments, the step, the :class:`AdamWConfig` and any extra
+arrays and JSON metadata of the caller: data position, random state) to one
+``.npz`` file without pickles; :func:`load_training_state` reads it back and
+:meth:`Trainer.restore` continues from it bit for bit.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import math
+import zipfile
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from xdsl.context import Context
@@ -32,6 +43,9 @@ from modeldsl.runtime.profiles import plan
 from modeldsl.runtime.sched_executor import ScheduleExecutor
 
 IGNORE_INDEX = -100
+STATE_FORMAT = "modeldsl-training-state"
+STATE_VERSION = 1
+MOMENTS = ("exp_avg.", "exp_avg_sq.")  # array name prefixes of the first and second moments
 
 
 def add_loss_function(model: ModelOp) -> FuncOp:
@@ -124,3 +138,91 @@ class Trainer:
             adamw(param, grad * np.float32(factor), m, v, lr=lr, step=self.step, beta1=self.config.beta1,
                   beta2=self.config.beta2, eps=self.config.eps, weight_decay=self.config.weight_decay)
         return float(np.mean(losses))
+
+    # ------------------------------------------------------------------ state
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """The optimizer moments by name, ``exp_avg.PARAM`` and ``exp_avg_sq.PARAM`` (fp32)."""
+        arrays = {}
+        for name, (m, v) in self.moments.items():
+            arrays[MOMENTS[0] + name] = m
+            arrays[MOMENTS[1] + name] = v
+        return arrays
+
+    def restore(self, step: int, arrays: dict[str, np.ndarray]) -> None:
+        """Continue from :meth:`state_arrays` taken after ``step`` steps (ValueError when the
+        moments do not fit the model's parameters)."""
+        moments: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for key, value in arrays.items():
+            if not key.startswith(MOMENTS[0]):
+                continue
+            name = key[len(MOMENTS[0]):]
+            second = arrays.get(MOMENTS[1] + name)
+            weight = self.model.weights.get(name)
+            if second is None:
+                raise ValueError(f"the moments of '{name}' have no {MOMENTS[1]}{name}")
+            if weight is None:
+                raise ValueError(f"the moments name '{name}', which is no parameter of the model")
+            if value.shape != weight.shape or second.shape != weight.shape:
+                raise ValueError(f"the moments of '{name}' have shape {value.shape}, the parameter {weight.shape}")
+            moments[name] = (np.array(value, dtype=np.float32), np.array(second, dtype=np.float32))
+        self.moments = moments
+        self.step = int(step)
+
+
+@dataclass
+class TrainingState:
+    """What :func:`load_training_state` read."""
+
+    config: AdamWConfig
+    step: int
+    moments: dict[str, np.ndarray]
+    meta: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+
+
+def save_training_state(path: str | Path, trainer: Trainer, meta: dict[str, Any] | None = None,
+                        arrays: dict[str, np.ndarray] | None = None) -> None:
+    """Write the trainer's step, AdamWConfig and moments, with the caller's JSON ``meta`` and
+    numeric ``arrays``, as an ``.npz`` file (no pickles: the metadata is one JSON string)."""
+    header = {"format": STATE_FORMAT, "version": STATE_VERSION, "step": trainer.step,
+              "config": asdict(trainer.config), "meta": meta or {}}
+    content = {"state": np.array(json.dumps(header, sort_keys=True))}
+    for name, value in (arrays or {}).items():
+        if name == "state" or name.startswith(MOMENTS):
+            raise ValueError(f"'{name}' is a reserved training state name")
+        content[name] = np.asarray(value)
+    content.update(trainer.state_arrays())
+    with open(path, "wb") as f:
+        np.savez(f, **content)
+
+
+def load_training_state(path: str | Path) -> TrainingState:
+    """Read :func:`save_training_state`'s file (``allow_pickle=False``); ValueError naming what is
+    wrong with a file that is not one, OSError when it cannot be read."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            content = {name: data[name] for name in data.files}
+    except (ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:  # not a zip, truncated, pickled
+        raise ValueError(f"not a readable .npz file ({err})") from None
+    if "state" not in content:
+        raise ValueError("it has no 'state' entry")
+    try:
+        header = json.loads(str(content.pop("state")))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"its 'state' entry is not JSON ({err})") from None
+    if not isinstance(header, dict) or header.get("format") != STATE_FORMAT:
+        raise ValueError(f"it is not a {STATE_FORMAT} file")
+    if header.get("version") != STATE_VERSION:
+        raise ValueError(f"it has version {header.get('version')!r}; this modeldsl reads version {STATE_VERSION}")
+    known = {f.name for f in fields(AdamWConfig)}
+    config = header.get("config")
+    if not isinstance(config, dict) or set(config) != known:
+        raise ValueError(f"its AdamW settings {config!r} are not {sorted(known)}")
+    if any(not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) for v in config.values()):
+        raise ValueError(f"its AdamW settings {config!r} are not all finite numbers")
+    step = header.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"its step {step!r} is not a non-negative integer")
+    moments = {k: v for k, v in content.items() if k.startswith(MOMENTS)}
+    arrays = {k: v for k, v in content.items() if not k.startswith(MOMENTS)}
+    return TrainingState(AdamWConfig(**config), step, moments, header.get("meta") or {}, arrays)
