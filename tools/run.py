@@ -7,7 +7,9 @@ sampling, using the KV cache (``--no-cache``: full recomputation per token);
 ``--logits FILE.npy`` writes the prompt's logits. Prefill and decode speeds
 are printed in tokens/s. The prompt and the new tokens together may hold at
 most ``max_position_embeddings`` tokens: a longer prompt is E029, and
-generation stops at the limit with a W008 warning. Every problem is a coded
+generation stops at the limit with a W008 warning. ``--train DATA`` trains the
+model instead (:mod:`modeldsl.tools.train`: ``--steps``, ``--batch``, ``--seq``,
+``--lr``, ``--save OUT``, ``--resume OUT``, ...). Every problem is a coded
 diagnostic, never a traceback.
 """
 
@@ -22,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, DiagnosticSink, render_all
+from modeldsl.tools import train as training
 
 
 class FlagError(Exception):
@@ -36,7 +39,8 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> Parser:
     p = Parser(prog="mdsl-run", description="Run a Module DSL model on a HuggingFace checkpoint.")
     p.add_argument("model", help="the .module file (e.g. modeldsl/std/models/llama.module)")
-    p.add_argument("--hf", required=True, metavar="DIR", help="checkpoint folder: config.json + *.safetensors")
+    p.add_argument("--hf", metavar="DIR", help="checkpoint folder: config.json + *.safetensors (required, "
+                   "except with --train ... --resume OUT)")
     p.add_argument("--top", help="the declaration to run (default: the file's model)")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", help="text to tokenize")
@@ -51,6 +55,7 @@ def build_parser() -> Parser:
     p.add_argument("--engine", choices=("schedule", "graph"), default="schedule",
                    help="the planned mdsl.sched schedule (default) or the graph interpreter (the oracle)")
     p.add_argument("--diagnostics-format", choices=("text", "json"), default="text")
+    training.add_arguments(p)
     return p
 
 
@@ -102,6 +107,7 @@ def check_flags(args) -> list[Diagnostic]:
     """Every flag check, before anything loads: errors raise, warnings are returned."""
     from modeldsl.runtime.model import sampling_problems
 
+    training.check_train_flags(args)
     problems = sampling_problems(args.max_new_tokens, args.temperature, args.top_k, args.seed)
     if problems:
         raise DiagnosticError([Diagnostic("E029", f"mdsl-run: --{name.replace('_', '-')} {problem}", None,
@@ -118,7 +124,7 @@ def check_flags(args) -> list[Diagnostic]:
             raise DiagnosticError([Diagnostic("E029", f"mdsl-run: --logits '{target}' is a folder", None,
                                               "give a file name such as logits.npy")])
     warnings = []
-    if args.temperature == 0 and (args.seed is not None or args.top_k is not None):
+    if args.train is None and args.temperature == 0 and (args.seed is not None or args.top_k is not None):
         given = " and ".join(f for f, v in (("--top-k", args.top_k), ("--seed", args.seed)) if v is not None)
         warnings.append(Diagnostic("W007", f"{given} {'has' if ' and ' not in given else 'have'} no effect with "
                                    "greedy decoding (--temperature 0, the default)", None,
@@ -126,12 +132,14 @@ def check_flags(args) -> list[Diagnostic]:
     return warnings
 
 
-def run(args) -> None:
+def run(args) -> int:
     import modeldsl
 
     warnings = check_flags(args)
     if warnings:
         sys.stderr.write(render_all(warnings, args.diagnostics_format) + "\n")
+    if args.train is not None:
+        return training.run_training(args)
     tokenizer = Tokenizer(Path(args.hf))
     sink = DiagnosticSink()
     model = modeldsl.load(args.model, hf=args.hf, dtype=args.dtype, top=args.top, progress=True, sink=sink)
@@ -170,6 +178,7 @@ def run(args) -> None:
         print(f"decode: {steps} steps in {decode * 1000:.1f} ms ({steps / decode:.1f} tokens/s, {mode})")
     print("tokens:", ",".join(map(str, generated)))
     print("text:", repr(tokenizer.decode(ids + generated)))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -177,8 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         fmt = args.diagnostics_format
-        run(args)
-        return 0
+        return run(args)
     except DiagnosticError as err:
         sys.stderr.write(render_all(err.diagnostics, fmt) + "\n")
         return 1

@@ -1,0 +1,424 @@
+"""``mdsl-run MODEL.module --hf DIR --train DATA ...``: train a model on the CPU schedule executor.
+
+``DATA`` (a text file or a ``.jsonl`` file with a ``"text"`` field per line)
+is tokenized with the checkpoint's tokenizer (else as UTF-8 bytes) and packed
+in order into sequences of ``--seq`` + 1 tokens (:mod:`modeldsl.runtime.data`);
+each of ``--steps`` optimizer steps runs ``--grad-accum`` micro-batches of
+``--batch`` sequences through :class:`modeldsl.runtime.train.Trainer`
+(AdamW, linear warmup then cosine decay over ``--steps``, clipping at
+``--clip``). A tqdm bar shows the loss and tokens/s, every step prints a line
+``step N loss L lr R tokens/s S epoch E`` (``L`` in full precision: Python's
+``repr`` of the float), and the loss curve is drawn into a PNG at the end.
+
+``--save OUT`` writes the trained weights as a HuggingFace checkpoint (fp32)
+and ``OUT/training_state.npz`` (optimizer moments, step, data position,
+random state, AdamW settings and the losses so far; no pickles), replacing
+OUT atomically (:mod:`modeldsl.runtime.atomic`). ``--resume OUT`` continues
+such a run bit for bit: weights, tokenizer and state come from OUT, the
+settings too (flags given again must agree with them). ``--stop-after K``
+stops (and saves) after step K of ``--steps``, as Ctrl-C does after the step
+it interrupts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+import numpy as np
+
+from modeldsl.diagnostics import Diagnostic, DiagnosticError, render_all
+
+STATE_FILE = "training_state.npz"
+PLOT_FILE = "loss.png"
+
+# the run's settings: flag -> attribute (a resumed run takes those left out from its state)
+SETTINGS = {
+    "--steps": "steps", "--batch": "batch", "--seq": "seq", "--grad-accum": "grad_accum", "--lr": "lr",
+    "--warmup": "warmup", "--weight-decay": "weight_decay", "--clip": "clip", "--min-lr-ratio": "min_lr_ratio",
+    "--seed": "seed",
+}
+DEFAULTS = {"grad_accum": 1, "warmup": 0, "weight_decay": 0.01, "clip": 1.0, "min_lr_ratio": 0.0, "seed": 0}
+TRAIN_ONLY = ("steps", "batch", "seq", "lr", "grad_accum", "warmup", "weight_decay", "clip", "min_lr_ratio",
+              "save", "resume", "stop_after", "loss_plot")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("training (--train DATA)")
+    g.add_argument("--train", metavar="DATA", help="train on a text file or a .jsonl file with a \"text\" field "
+                   "per line")
+    g.add_argument("--steps", type=int, metavar="N", help="optimizer steps of the run (the cosine schedule's length)")
+    g.add_argument("--batch", type=int, metavar="B", help="sequences per micro-batch")
+    g.add_argument("--seq", type=int, metavar="T", help="tokens per sequence (at most max_position_embeddings)")
+    g.add_argument("--lr", type=float, metavar="LR", help="peak learning rate")
+    g.add_argument("--grad-accum", type=int, metavar="K", help="micro-batches per optimizer step (default 1)")
+    g.add_argument("--warmup", type=int, metavar="W", help="linear warmup steps (default 0)")
+    g.add_argument("--weight-decay", type=float, metavar="WD", help="AdamW weight decay (default 0.01)")
+    g.add_argument("--clip", type=float, metavar="C", help="clip the global gradient norm at C (default 1.0; "
+                   "0: no clipping)")
+    g.add_argument("--min-lr-ratio", type=float, metavar="R", help="the cosine decays to R * LR (default 0)")
+    g.add_argument("--save", metavar="OUT", help="write the trained checkpoint and training state to the folder "
+                   "OUT (replaced atomically)")
+    g.add_argument("--resume", metavar="OUT", help="continue the run saved in OUT (its weights, tokenizer, "
+                   "optimizer state and settings; --hf may be left out)")
+    g.add_argument("--stop-after", type=int, metavar="K", help="stop after step K of --steps (and save)")
+    g.add_argument("--loss-plot", metavar="FILE.png", help="where to draw the loss curve (default OUT/loss.png "
+                   "with --save, else ./loss.png)")
+
+
+def _flag_error(message: str, hint: str = "see mdsl-run --help") -> DiagnosticError:
+    return DiagnosticError([Diagnostic("E029", f"mdsl-run: {message}", None, hint)])
+
+
+def _file_error(message: str, hint: str) -> DiagnosticError:
+    return DiagnosticError([Diagnostic("E028", message, None, hint)])
+
+
+def _state_error(path: Path, reason: str) -> DiagnosticError:
+    return DiagnosticError([Diagnostic("E034", f"the training state '{path}' is unreadable: {reason}", None,
+                                       "resume from a folder written by mdsl-run --train ... --save OUT")])
+
+
+def _given(args, name: str) -> bool:
+    return getattr(args, name, None) is not None
+
+
+def check_train_flags(args) -> None:
+    """Every training flag check that needs no model; sets ``args.resumed`` (the state, or None)
+    and fills the settings left out (from the resumed state or the defaults)."""
+    args.resumed = None
+    if args.train is None:
+        given = [f"--{n.replace('_', '-')}" for n in TRAIN_ONLY if _given(args, n)]
+        if given:
+            raise _flag_error(f"{', '.join(given)} {'is a training flag' if len(given) == 1 else 'are training flags'}"
+                              " and needs --train DATA", "give --train DATA to train, or leave the flag out")
+        if args.hf is None:
+            raise _flag_error("the following arguments are required: --hf")
+        return
+    conflicts = [flag for flag, given in (
+        ("--prompt", args.prompt is not None), ("--tokens", args.tokens is not None),
+        ("--max-new-tokens", args.max_new_tokens != 0), ("--temperature", args.temperature != 0),
+        ("--top-k", args.top_k is not None), ("--no-cache", args.no_cache), ("--logits", args.logits is not None),
+        ("--engine graph", args.engine != "schedule"), ("--dtype bf16", args.dtype != "fp32")) if given]
+    if conflicts:
+        raise _flag_error(f"{', '.join(conflicts)} {'does' if len(conflicts) == 1 else 'do'} not apply to --train "
+                          "(training runs the fp32 schedule)", "leave out the generation flags when training")
+    if args.hf is None and args.resume is None:
+        raise _flag_error("--train needs --hf DIR (the checkpoint to train) or --resume OUT")
+    _check_values(args)
+    data = Path(args.train)
+    if not data.exists():
+        raise _file_error(f"no such training data file '{data}'", "give a text file or a .jsonl file with a "
+                          "\"text\" field per line")
+    if data.is_dir():
+        raise _file_error(f"the training data '{data}' is a folder, not a file", "give a text file or a .jsonl file")
+    if args.resume is not None:
+        _check_resume(args)
+    else:
+        missing = [flag for flag in ("--steps", "--batch", "--seq", "--lr") if not _given(args, SETTINGS[flag])]
+        if missing:
+            raise _flag_error(f"--train needs {', '.join(missing)}", "e.g. --steps 100 --batch 4 --seq 128 --lr 3e-4")
+        for name, value in DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+    if args.stop_after is not None and not args.stop_after <= args.steps:
+        raise _flag_error(f"--stop-after {args.stop_after} is past --steps {args.steps}",
+                          f"give --stop-after {args.steps} or less")
+    if args.save is not None:
+        out = Path(args.save)
+        if out.exists() and not out.is_dir():
+            raise _file_error(f"--save '{out}' is a file, not a folder", "give a folder path for the checkpoint")
+        ancestor = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+        if not ancestor.is_dir():
+            raise _file_error(f"--save '{out}': '{ancestor}' is a file, not a folder", "give a folder path")
+    if args.loss_plot is not None:
+        target = Path(args.loss_plot)
+        if not target.parent.is_dir():
+            raise _file_error(f"--loss-plot: the folder '{target.parent}' of '{target}' does not exist",
+                              "create the folder first, or give another path")
+        if target.is_dir():
+            raise _flag_error(f"--loss-plot '{target}' is a folder", "give a file name such as loss.png")
+
+
+def _check_values(args) -> None:
+    problems = []
+
+    def integer(name: str, low: int) -> None:
+        value = getattr(args, name)
+        if value is not None and value < low:
+            flag = "--" + name.replace("_", "-")
+            problems.append(f"{flag} must be {'at least 1' if low == 1 else 'non-negative'}, got {value}")
+
+    def number(name: str, positive: bool = False, high: float | None = None) -> None:
+        value = getattr(args, name)
+        if value is None:
+            return
+        flag = "--" + name.replace("_", "-")
+        bad = not math.isfinite(value) or value < 0 or (positive and value == 0) or (high is not None and value > high)
+        if bad:
+            want = "a finite number > 0" if positive else (f"a number in [0, {high:g}]" if high is not None
+                                                           else "a finite number >= 0")
+            problems.append(f"{flag} must be {want}, got {value}")
+
+    for name in ("steps", "batch", "seq", "grad_accum", "stop_after"):
+        integer(name, 1)
+    for name in ("warmup", "seed"):
+        integer(name, 0)
+    number("lr", positive=True)
+    number("weight_decay")
+    number("clip")
+    number("min_lr_ratio", high=1.0)
+    if problems:
+        raise DiagnosticError([Diagnostic("E029", f"mdsl-run: {p}", None, "see mdsl-run --help") for p in problems])
+
+
+def _check_resume(args) -> None:
+    from modeldsl.runtime.train import load_training_state
+
+    folder = Path(args.resume)
+    path = folder / STATE_FILE
+    if not folder.is_dir():
+        raise _file_error(f"--resume: no such folder '{folder}'", "give the folder a run wrote with --save OUT")
+    if not path.is_file():
+        raise _file_error(f"--resume: '{folder}' has no {STATE_FILE}",
+                          "give the folder a run wrote with --save OUT (a plain checkpoint goes to --hf)")
+    try:
+        state = load_training_state(path)
+    except ValueError as err:
+        raise _state_error(path, str(err)) from None
+    except OSError as err:
+        raise _file_error(f"cannot read '{path}': {err.strerror or err}", "check the file's permissions") from None
+    run = state.meta.get("run")
+    if not isinstance(run, dict) or any(k not in run for k in ("steps", "batch", "seq", "grad_accum", "seed")):
+        raise _state_error(path, "it holds no run settings (steps, batch, seq, grad_accum, seed)")
+    saved = {"steps": run["steps"], "batch": run["batch"], "seq": run["seq"], "grad_accum": run["grad_accum"],
+             "seed": run["seed"], "lr": state.config.lr, "warmup": state.config.warmup_steps,
+             "weight_decay": state.config.weight_decay, "clip": state.config.clip_norm,
+             "min_lr_ratio": state.config.min_lr_ratio}
+    for flag, name in SETTINGS.items():
+        value = getattr(args, name)
+        if value is None:
+            setattr(args, name, saved[name])
+        elif value != saved[name]:
+            raise _flag_error(f"{flag} {value} differs from the resumed run's {saved[name]}",
+                              f"leave {flag} out when resuming (the state holds it), or start a new run from the "
+                              f"saved weights with --hf {folder}")
+    if state.step >= args.steps:
+        raise _flag_error(f"the run in '{folder}' has finished: it is at step {state.step} of --steps {args.steps}",
+                          f"start a new run from its weights with --hf {folder}")
+    if args.stop_after is not None and args.stop_after <= state.step:
+        raise _flag_error(f"--stop-after {args.stop_after}: the resumed run is already at step {state.step}",
+                          f"give --stop-after between {state.step + 1} and {args.steps}")
+    args.resumed = state
+
+
+# ---------------------------------------------------------------------------- the run
+class _Interrupt:
+    """The first Ctrl-C stops training after the current step (which then saves); a second one
+    interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous = None
+
+    def __enter__(self) -> "_Interrupt":
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+def _eos_id(folder: Path, tokenizer) -> int | None:
+    """The EOS token id of the checkpoint's tokenizer: config.json or generation_config.json's
+    ``eos_token_id`` (the first of a list), else tokenizer_config.json's ``eos_token``."""
+    if tokenizer.inner is None:
+        return None
+    for name in ("config.json", "generation_config.json"):
+        try:
+            value = json.loads((folder / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, list) and value:
+            value = value[0]
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    try:
+        token = json.loads((folder / "tokenizer_config.json").read_text()).get("eos_token")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(token, dict):
+        token = token.get("content")
+    return tokenizer.inner.token_to_id(token) if isinstance(token, str) else None
+
+
+def _warn(args, diagnostics: list[Diagnostic]) -> None:
+    if diagnostics:
+        sys.stderr.write(render_all(diagnostics, args.diagnostics_format) + "\n")
+
+
+def plot_losses(losses: list[float], path: Path, title: str) -> bool:
+    """Draw the loss per step into a PNG; False where matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    steps = np.arange(1, len(losses) + 1)
+    ax.plot(steps, losses, marker="o" if len(losses) <= 50 else None, markersize=3, linewidth=1.2)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss (mean cross-entropy)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)
+    return True
+
+
+def run_training(args) -> int:
+    import modeldsl
+    from modeldsl.diagnostics import DiagnosticSink
+    from modeldsl.runtime.data import PackedBatches, check_vocabulary, fingerprint, read_documents, token_stream
+    from modeldsl.runtime.optim import AdamWConfig
+    from modeldsl.runtime.train import Trainer
+    from modeldsl.tools.run import Tokenizer
+    from tqdm import tqdm
+
+    state = args.resumed
+    source = Path(args.resume if state is not None else args.hf)
+    documents = read_documents(args.train)  # before the model loads: data problems are found at once
+    tokenizer = Tokenizer(source)
+    sink = DiagnosticSink()
+    model = modeldsl.load(args.model, hf=source, dtype="fp32", top=args.top, progress=True, sink=sink)
+    _warn(args, sink.diagnostics)
+    limit = model.max_positions
+    if limit is not None and args.seq > limit:
+        raise _flag_error(f"--seq {args.seq} is more than the model's {limit} positions (max_position_embeddings)",
+                          f"give --seq {limit} or less")
+    how = "with tokenizer.json" if tokenizer.inner is not None else "as UTF-8 bytes: the checkpoint has no tokenizer.json"
+    tokens = token_stream(documents, tokenizer.encode, _eos_id(source, tokenizer), f"the training data '{args.train}'")
+    check_vocabulary(tokens, model.config("vocab_size"), f"the training data '{args.train}'", how)
+
+    digest = fingerprint(tokens)
+    rng = np.random.default_rng(args.seed)  # training draws nothing yet; saved and restored for what will
+    losses: list[float] = []
+    if state is not None:
+        config = state.config
+        data_state = state.meta.get("data", {})
+        position, epoch = int(data_state.get("position", 0)), int(data_state.get("epoch", 0))
+        if data_state.get("sha256") != digest:
+            _warn(args, [Diagnostic(
+                "W009", f"the training data '{args.train}' ({len(tokens)} tokens) is not what the run in "
+                f"'{args.resume}' was reading ({data_state.get('tokens')} tokens from '{data_state.get('file')}'); "
+                f"reading it from token {position % len(tokens)}", None,
+                "give the same --train DATA to continue the run exactly")])
+        batches = PackedBatches(tokens, args.seq, position, epoch)
+        losses = [float(x) for x in state.arrays.get("losses", np.zeros(0))]
+        try:
+            rng.bit_generator.state = state.meta["rng"]
+        except (KeyError, TypeError, ValueError):
+            raise _state_error(source / STATE_FILE, "its random state is not numpy's PCG64 state") from None
+    else:
+        config = AdamWConfig(lr=args.lr, weight_decay=args.weight_decay, warmup_steps=args.warmup,
+                             total_steps=args.steps, min_lr_ratio=args.min_lr_ratio, clip_norm=args.clip)
+        batches = PackedBatches(tokens, args.seq)
+    trainer = Trainer(model, config)
+    if state is not None:
+        try:
+            trainer.restore(state.step, state.moments)
+        except ValueError as err:
+            raise _state_error(source / STATE_FILE, f"{err} (saved from another model?)") from None
+        if len(losses) != state.step:
+            raise _state_error(source / STATE_FILE, f"it holds {len(losses)} losses for {state.step} steps")
+
+    first = trainer.step
+    last = args.stop_after if args.stop_after is not None else args.steps
+    per_step = args.batch * args.grad_accum * args.seq
+    print(f"training on {len(tokens)} tokens of '{args.train}' ({len(documents)} document"
+          f"{'s' if len(documents) != 1 else ''}, {how.split(':')[0]}): steps {first + 1}..{last} of {args.steps}, "
+          f"{args.grad_accum} x {args.batch} sequences of {args.seq} tokens per step")
+    started = time.perf_counter()
+    interrupted = False
+    with _Interrupt() as interrupt, tqdm(total=args.steps, initial=first, unit="step", desc="training",
+                                         dynamic_ncols=True, file=sys.stderr) as bar:
+        while trainer.step < last:
+            micro = batches.micro_batches(args.batch, args.grad_accum)
+            lr = config.lr_at(trainer.step)
+            tick = time.perf_counter()
+            loss = trainer.train_step(micro)
+            seconds = time.perf_counter() - tick
+            losses.append(loss)
+            rate = per_step / seconds if seconds > 0 else float("inf")
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{rate:.0f}", epoch=batches.epoch)
+            bar.update(1)
+            tqdm.write(f"step {trainer.step} loss {loss!r} lr {lr:.6g} tokens/s {rate:.1f} epoch {batches.epoch}",
+                       file=sys.stdout)
+            if interrupt.requested and trainer.step < last:
+                interrupted = True
+                break
+    elapsed = time.perf_counter() - started
+    done = trainer.step - first
+    if done:
+        print(f"trained {done} step{'s' if done != 1 else ''} in {elapsed:.2f} s ({done * per_step} tokens, "
+              f"{done * per_step / elapsed:.1f} tokens/s); at step {trainer.step} of {args.steps}, epoch "
+              f"{batches.epoch}, token {batches.position} of {len(tokens)}")
+    if interrupted:
+        print(f"interrupted: stopped after step {trainer.step}")
+
+    out = Path(args.save) if args.save is not None else None
+    plot = Path(args.loss_plot) if args.loss_plot is not None else (out / PLOT_FILE if out else Path(PLOT_FILE))
+    title = f"{Path(args.model).stem} on {Path(args.train).name}: {args.grad_accum}x{args.batch}x{args.seq} " \
+            f"tokens/step, lr {config.lr:g}"
+    drawn = None  # not drawn yet
+    if out is not None:
+        from modeldsl.hf.checkpoint import save_checkpoint
+        from modeldsl.runtime.atomic import replacing_folder
+        from modeldsl.runtime.train import save_training_state
+
+        meta = {"run": {"steps": args.steps, "batch": args.batch, "seq": args.seq, "grad_accum": args.grad_accum,
+                        "seed": args.seed, "model": str(args.model)},
+                "data": {"file": str(args.train), "tokens": int(len(tokens)), "sha256": digest, **batches.state()},
+                "rng": rng.bit_generator.state}
+        try:
+            with replacing_folder(out) as folder:
+                save_checkpoint(model.model, model.weights, model.record, folder, np.dtype(np.float32))
+                save_training_state(folder / STATE_FILE, trainer, meta, {"losses": np.asarray(losses, np.float64)})
+                if plot == out / PLOT_FILE:  # the curve belongs to the checkpoint: swapped in with it
+                    drawn = plot_losses(losses, folder / PLOT_FILE, title)
+        except OSError as err:
+            raise _file_error(f"cannot write the checkpoint to '{out}': {err.strerror or err}",
+                              "free disk space or give a folder you can write; "
+                              + ("the previous checkpoint there is unchanged" if out.exists() else
+                                 "nothing was written")) from None
+        print(f"saved the checkpoint and training state (step {trainer.step}) to {out}")
+    if drawn is None:
+        try:
+            drawn = plot_losses(losses, plot, title)
+        except OSError as err:
+            raise _file_error(f"cannot write the loss curve '{plot}': {err.strerror or err}",
+                              "give --loss-plot a path in a folder you can write") from None
+    if drawn:
+        print(f"wrote the loss curve to {plot}")
+    else:
+        _warn(args, [Diagnostic("W007", "no loss curve: drawing it needs matplotlib", None,
+                                "pip install 'modeldsl[plot]'")])
+    return 130 if interrupted else 0
