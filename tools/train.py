@@ -269,29 +269,37 @@ def _warn(args, diagnostics: list[Diagnostic]) -> None:
         sys.stderr.write(render_all(diagnostics, args.diagnostics_format) + "\n")
 
 
-def plot_losses(losses: list[float], path: Path, title: str) -> bool:
-    """Draw the loss per step into a PNG; False where matplotlib is missing."""
+def plot_losses(losses: list[float], path: Path, title: str) -> str | None:
+    """Draw the loss per step into a PNG: None, or why no curve was drawn (matplotlib missing or
+    failing; a plot is never worth the run). OSError when the file cannot be written."""
     try:
         import matplotlib
     except ImportError:
-        return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    steps = np.arange(1, len(losses) + 1)
-    ax.plot(steps, losses, marker="o" if len(losses) <= 50 else None, markersize=3, linewidth=1.2)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("training loss (mean cross-entropy)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    fig.tight_layout()
+        return "drawing it needs matplotlib (pip install matplotlib)"
     try:
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    except Exception as err:  # noqa: BLE001 - a broken matplotlib installation
+        return f"matplotlib failed: {type(err).__name__}: {err}"
+    try:
+        steps = np.arange(1, len(losses) + 1)
+        ax.plot(steps, losses, marker="o" if len(losses) <= 50 else None, markersize=3, linewidth=1.2)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("training loss (mean cross-entropy)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        fig.tight_layout()
         fig.savefig(path, format="png")
+    except OSError:
+        raise
+    except Exception as err:  # noqa: BLE001
+        return f"matplotlib failed: {type(err).__name__}: {err}"
     finally:
         plt.close(fig)
-    return True
+    return None
 
 
 def run_training(args) -> int:
@@ -388,7 +396,7 @@ def run_training(args) -> int:
     plot = Path(args.loss_plot) if args.loss_plot is not None else (out / PLOT_FILE if out else Path(PLOT_FILE))
     title = f"{Path(args.model).stem} on {Path(args.train).name}: {args.grad_accum}x{args.batch}x{args.seq} " \
             f"tokens/step, lr {config.lr:g}"
-    drawn = None  # not drawn yet
+    problem: str | None = ""  # "": not drawn yet; None: drawn; else why not
     if out is not None:
         from modeldsl.hf.checkpoint import save_checkpoint
         from modeldsl.runtime.atomic import replacing_folder
@@ -403,22 +411,22 @@ def run_training(args) -> int:
                 save_checkpoint(model.model, model.weights, model.record, folder, np.dtype(np.float32))
                 save_training_state(folder / STATE_FILE, trainer, meta, {"losses": np.asarray(losses, np.float64)})
                 if plot == out / PLOT_FILE:  # the curve belongs to the checkpoint: swapped in with it
-                    drawn = plot_losses(losses, folder / PLOT_FILE, title)
+                    problem = plot_losses(losses, folder / PLOT_FILE, title)
         except OSError as err:
             raise _file_error(f"cannot write the checkpoint to '{out}': {err.strerror or err}",
                               "free disk space or give a folder you can write; "
                               + ("the previous checkpoint there is unchanged" if out.exists() else
                                  "nothing was written")) from None
         print(f"saved the checkpoint and training state (step {trainer.step}) to {out}")
-    if drawn is None:
+    if problem == "":
         try:
-            drawn = plot_losses(losses, plot, title)
+            problem = plot_losses(losses, plot, title)
         except OSError as err:
             raise _file_error(f"cannot write the loss curve '{plot}': {err.strerror or err}",
                               "give --loss-plot a path in a folder you can write") from None
-    if drawn:
+    if problem is None:
         print(f"wrote the loss curve to {plot}")
     else:
-        _warn(args, [Diagnostic("W007", "no loss curve: drawing it needs matplotlib", None,
-                                "pip install 'modeldsl[plot]'")])
+        _warn(args, [Diagnostic("W007", f"no loss curve: {problem}", None,
+                                "the training itself is unaffected; plot the 'step N loss L' lines yourself")])
     return 130 if interrupted else 0

@@ -100,6 +100,20 @@ def test_a_checkpoint_without_a_tokenizer_trains_on_utf8_bytes(tmp_path, capsys)
     assert len(losses_of(out)) == 1
 
 
+def test_a_failing_plot_warns_and_still_saves(tmp_path, monkeypatch, capsys):
+    import matplotlib.pyplot as plt
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no backend")
+
+    monkeypatch.setattr(plt, "subplots", broken)
+    out = tmp_path / "out"
+    assert main([*RUN, "--steps", "1", "--save", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "warning[W007]" in captured.err and "no loss curve: matplotlib failed: RuntimeError" in captured.err
+    assert (out / "training_state.npz").is_file() and not (out / "loss.png").exists()
+
+
 # ------------------------------------------------------------------ (2) resumption
 def test_stopping_and_resuming_gives_the_losses_of_an_uninterrupted_run_bit_for_bit(straight, tmp_path, capsys):
     expected, final = straight
