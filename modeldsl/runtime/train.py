@@ -38,7 +38,7 @@ from modeldsl.kernels.reference import adamw, global_norm
 from modeldsl.passes.autodiff import gradient_function
 from modeldsl.passes.lower_to_sched import lower_function
 from modeldsl.passes.specialize import SpecializePass
-from modeldsl.runtime.optim import AdamWConfig
+from modeldsl.runtime.optim import AdamWConfig, parameter_scales
 from modeldsl.runtime.profiles import plan
 from modeldsl.runtime.sched_executor import ScheduleExecutor
 
@@ -98,6 +98,7 @@ class Trainer:
         self.programs: dict[tuple[int, int], tuple[ScheduleExecutor, list[str]]] = {}
         self.params: dict[str, np.ndarray] | None = None
         self.moments: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.scales = parameter_scales(self.model.model)  # @trainable(lr_scale, wd_scale)
 
     def executor(self, batch: int, tokens: int) -> tuple[ScheduleExecutor, list[str]]:
         key = (batch, tokens)
@@ -135,8 +136,9 @@ class Trainer:
         for name, grad in total.items():
             param = views[name]
             m, v = self.moments.setdefault(name, (np.zeros(param.shape, np.float32), np.zeros(param.shape, np.float32)))
-            adamw(param, grad * np.float32(factor), m, v, lr=lr, step=self.step, beta1=self.config.beta1,
-                  beta2=self.config.beta2, eps=self.config.eps, weight_decay=self.config.weight_decay)
+            lr_scale, wd_scale = self.scales.get(name, (1.0, 1.0))
+            adamw(param, grad * np.float32(factor), m, v, lr=lr * lr_scale, step=self.step, beta1=self.config.beta1,
+                  beta2=self.config.beta2, eps=self.config.eps, weight_decay=self.config.weight_decay * wd_scale)
         return float(np.mean(losses))
 
     # ------------------------------------------------------------------ state

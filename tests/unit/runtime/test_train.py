@@ -50,3 +50,25 @@ def test_training_losses_equal_a_torch_adamw_loop(tmp_path, arch, module, accumu
         optimizer.step()
         schedule.step()
         assert ours == pytest.approx(np.mean(losses), rel=1e-4), step
+
+
+def test_trainable_scales_the_learning_rate_and_weight_decay_of_a_parameter(tmp_path):
+    """@trainable(lr_scale=0) freezes a parameter's update; the other one moves."""
+    (tmp_path / "m.module").write_text("""model M(vocab: int = 16, d: int = 8):
+  params:
+    embedding: [vocab, d] @trainable(lr_scale=0.0, wd_scale=0.0)
+    head: [vocab, d]
+  forward:
+    in: tokens: [B, T, int32]
+    out: [B, T, vocab]
+    graph:
+      (tokens, embedding) -> embedding() -> x
+      x -> matmul(head, transpose=NT) -> out
+""")
+    model = modeldsl.load(tmp_path / "m.module")
+    before = {k: np.array(v) for k, v in model.weights.items()}
+    trainer = Trainer(model, AdamWConfig(lr=1e-2, weight_decay=0.1))
+    tokens = np.random.default_rng(0).integers(0, 16, (2, 6))
+    trainer.train_step([(tokens, shifted_labels(tokens))])
+    np.testing.assert_array_equal(model.weights["embedding"], before["embedding"])
+    assert np.abs(model.weights["head"] - before["head"]).max() > 1e-4
