@@ -35,12 +35,11 @@ external input) and attends over the cache up to them.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, StringAttr, UnitAttr, i64
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, UnitAttr, i64
+from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError

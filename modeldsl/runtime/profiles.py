@@ -75,16 +75,21 @@ class ProfiledForward:
         key = (batch, self.bucket(tokens), capacity)
         if key not in self.profiles:
             program = compile_profile(self.model, batch, key[1], self.storage, capacity)
-            shared = {"params": self.params} if self.params is not None else None
-            executor = ScheduleExecutor(program, None if shared else self.weights, shared,
-                                        self.caches.get((batch, capacity)))
-            if self.params is None:
-                self.adopt_weights(executor)
-            self.params = executor.arenas["params"]
+            executor = self.executor(program, self.caches.get((batch, capacity)))
             if capacity:
                 self.caches[(batch, capacity)] = executor.state
             self.profiles[key] = executor
         return self.profiles[key]
+
+    def executor(self, program: ProgramOp, state: dict[str, np.ndarray] | None = None) -> ScheduleExecutor:
+        """An executor of one of the model's programs, on the shared params arena: the first
+        one copies the weights in, and the weights become views of it."""
+        shared = {"params": self.params} if self.params is not None else None
+        executor = ScheduleExecutor(program, None if shared else self.weights, shared, state)
+        if self.params is None:
+            self.adopt_weights(executor)
+            self.params = executor.arenas["params"]
+        return executor
 
     def adopt_weights(self, executor: ScheduleExecutor) -> None:
         """The weights become views of the params arena (same values and dtype), so they are held once."""

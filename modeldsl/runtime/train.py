@@ -104,12 +104,7 @@ class Trainer:
         key = (batch, tokens)
         if key not in self.programs:
             program, grads = compile_training_step(self.model.model, batch, tokens)
-            shared = {"params": self.model.schedule.params} if self.model.schedule.params is not None else None
-            executor = ScheduleExecutor(program, None if shared else self.model.weights, shared)
-            if self.model.schedule.params is None:
-                self.model.schedule.adopt_weights(executor)
-                self.model.schedule.params = executor.arenas["params"]
-            self.programs[key] = (executor, grads)
+            self.programs[key] = (self.model.schedule.executor(program), grads)
         return self.programs[key]
 
     def loss_and_grads(self, tokens: np.ndarray, labels: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:

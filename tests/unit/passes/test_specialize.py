@@ -1,6 +1,5 @@
 """mdsl-specialize on lowered std models: concrete shapes that verify exactly."""
 
-from pathlib import Path
 
 import pytest
 from xdsl.context import Context
