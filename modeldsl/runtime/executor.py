@@ -175,26 +175,14 @@ class GraphExecutor:
         return inputs
 
     def parameters(self, op: Operation, sig: PrimitiveSignature) -> dict[str, Any]:
-        params = {p.name: self.python(op.attributes[p.name], p.kind) for p in sig.params if p.name in op.attributes}
+        params = {p.name: attribute_value(op.attributes[p.name], p.kind, self.symbols) for p in sig.params
+                  if p.name in op.attributes}
         result = op.results[0].type
         if sig.name in SHAPE_KEYWORDS:
             params["shape"] = tuple(d.evaluate(self.symbols) for d in result.shape)
         if sig.name in DTYPE_KEYWORDS:
             params["dtype"] = self.numpy_dtype(result.dtype)
         return params
-
-    def python(self, attr: Attribute, kind: str) -> Any:
-        if isinstance(attr, StringAttr):
-            return attr.data
-        if isinstance(attr, IntegerAttr):
-            return bool(attr.value.data) if kind == "bool" else attr.value.data
-        if isinstance(attr, FloatAttr):
-            return attr.value.data
-        if isinstance(attr, DenseArrayBase):
-            return list(attr.get_values())
-        if isinstance(attr, DimsAttr):
-            return [d.evaluate(self.symbols) for d in attr.data]
-        raise ExecutionError(f"cannot read the attribute {attr}")
 
     # ------------------------------------------------------------------ storage
     def numpy_dtype(self, dtype: DType) -> np.dtype:
@@ -209,3 +197,20 @@ class GraphExecutor:
         if not isinstance(ttype, TensorType):
             return value
         return np.asarray(value).astype(self.numpy_dtype(ttype.dtype), copy=False)
+
+
+def attribute_value(attr: Attribute, kind: str = "", symbols: dict[str, int] | None = None) -> Any:
+    """An op attribute as a reference kernel's keyword value: an integer of kind ``bool`` (or of
+    width 1) is a bool, sizes are evaluated with ``symbols``."""
+    if isinstance(attr, StringAttr):
+        return attr.data
+    if isinstance(attr, IntegerAttr):
+        is_bool = kind == "bool" or getattr(attr.type, "width", None) is not None and attr.type.width.data == 1
+        return bool(attr.value.data) if is_bool else attr.value.data
+    if isinstance(attr, FloatAttr):
+        return attr.value.data
+    if isinstance(attr, DenseArrayBase):
+        return list(attr.get_values())
+    if isinstance(attr, DimsAttr):
+        return [d.evaluate(symbols or {}) for d in attr.data]
+    raise ExecutionError(f"cannot read the attribute {attr}")

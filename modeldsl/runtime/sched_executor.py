@@ -13,14 +13,12 @@ planned output views.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
-from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, StringAttr
+from xdsl.dialects.builtin import IntegerAttr, StringAttr
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from modeldsl.dialects.dtypes import DType
-from modeldsl.dialects.graph_types import DimsAttr
 from modeldsl.dialects.sched import (
     AttentionOp,
     BufferOp,
@@ -39,7 +37,7 @@ from modeldsl.dialects.sched import (
 from modeldsl.kernels.reference import flash_attention, matmul
 from modeldsl.kernels.registry import entry
 from modeldsl.primitives import lookup_primitive
-from modeldsl.runtime.executor import DTYPE_KEYWORDS, NUMPY_DTYPES, SHAPE_KEYWORDS, ExecutionError
+from modeldsl.runtime.executor import DTYPE_KEYWORDS, NUMPY_DTYPES, SHAPE_KEYWORDS, ExecutionError, attribute_value
 
 Step = Callable[[], None]
 # launch attributes that are not kernel parameters
@@ -169,12 +167,12 @@ class ScheduleExecutor:
         sig = lookup_primitive(op.kernel.data)
         if sig is None:  # a schedule-level kernel: operands and attributes as they stand
             arguments = [views[v] for v in op.inputs]
-            params = {k: python_value(v, "") for k, v in op.attributes.items() if k not in LAUNCH_ATTRIBUTES}
+            params = {k: attribute_value(v, "") for k, v in op.attributes.items() if k not in LAUNCH_ATTRIBUTES}
         else:
             arguments = []
             for group in sig.group_operands([views[v] for v in op.inputs]):
                 arguments.extend(group if isinstance(group, list) else [group])
-            params = {p.name: python_value(op.attributes[p.name], p.kind) for p in sig.params
+            params = {p.name: attribute_value(op.attributes[p.name], p.kind) for p in sig.params
                       if p.name in op.attributes}
             if sig.name in SHAPE_KEYWORDS:
                 params["shape"] = outputs[0].shape
@@ -237,22 +235,6 @@ def copy_step(source: np.ndarray, target: np.ndarray, nbytes: Attribute | None) 
 
 def numpy_dtype(dtype: DType) -> np.dtype:
     return NUMPY_DTYPES[dtype]
-
-
-def python_value(attr: Attribute, kind: str) -> Any:
-    """A launch attribute as the reference kernel's keyword value."""
-    if isinstance(attr, StringAttr):
-        return attr.data
-    if isinstance(attr, IntegerAttr):
-        is_bool = kind == "bool" or getattr(attr.type, "width", None) is not None and attr.type.width.data == 1
-        return bool(attr.value.data) if is_bool else attr.value.data
-    if isinstance(attr, FloatAttr):
-        return attr.value.data
-    if isinstance(attr, DenseArrayBase):
-        return list(attr.get_values())
-    if isinstance(attr, DimsAttr):
-        return [d.evaluate({}) for d in attr.data]
-    raise ExecutionError(f"cannot read the attribute {attr}")
 
 
 def run_program(program: ProgramOp, params: dict[str, np.ndarray], inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
