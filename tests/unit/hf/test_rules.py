@@ -38,6 +38,13 @@ def model() -> ModelOp:
     return next(op for op in module.walk() if isinstance(op, ModelOp))
 
 
+def write_checkpoint(path, tensors):
+    """``tensors`` as the folder's model.safetensors; returns them."""
+    path.mkdir(exist_ok=True)
+    write_safetensors(path / "model.safetensors", tensors)
+    return tensors
+
+
 def checkpoint(path, **changes):
     rng = np.random.default_rng(0)
     tensors = {f"mlp.experts.{e}.w": rng.standard_normal((4, 8)).astype(np.float32) for e in range(3)}
@@ -45,10 +52,7 @@ def checkpoint(path, **changes):
                 "wt": rng.standard_normal((8, 4)).astype(np.float32),
                 "part.a": rng.standard_normal((4, 4)).astype(np.float32),
                 "part.b": rng.standard_normal((8, 4)).astype(np.float32)}
-    tensors.update(changes)
-    path.mkdir(exist_ok=True)
-    write_safetensors(path / "model.safetensors", tensors)
-    return tensors
+    return write_checkpoint(path, tensors | changes)
 
 
 def test_expert_stacks_transforms_and_fuse_load_and_save_back(tmp_path):
@@ -170,10 +174,7 @@ def sliced_checkpoint(path, **changes):
     tensors |= {"wide": rng.standard_normal((4, 8)).astype(np.float32),
                 "a": rng.standard_normal((3, 4)).astype(np.float32),
                 "b": rng.standard_normal((6, 4)).astype(np.float32)}
-    tensors.update(changes)
-    path.mkdir(exist_ok=True)
-    write_safetensors(path / "model.safetensors", tensors)
-    return tensors
+    return write_checkpoint(path, tensors | changes)
 
 
 def test_split_loads_slices_of_one_tensor_into_several_parameters(tmp_path):
