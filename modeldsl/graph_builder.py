@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr, StringAttr
 from xdsl.ir import Block, Operation, SSAValue
 
+from modeldsl.dialects.graph_types import DimsAttr
 from modeldsl.infer import infer_result_types
 from modeldsl.primitives import lookup_primitive
 
@@ -52,3 +54,19 @@ class GraphBuilder:
     def one(self, name: str, *operands: SSAValue | None, **params: Any) -> SSAValue:
         """The single (first) result of a primitive."""
         return self.op(name, *operands, **params)[0]
+
+
+def op_attr(op: Operation, name: str, default: Any = None) -> Any:
+    """A graph op's attribute as a Python value (sizes stay symbolic ``Expr``); ``default`` when absent."""
+    value = op.attributes.get(name)
+    if value is None:
+        return default
+    if isinstance(value, StringAttr):
+        return value.data
+    if isinstance(value, FloatAttr):
+        return value.value.data
+    if isinstance(value, IntegerAttr):
+        return bool(value.value.data) if value.type.width.data == 1 else value.value.data
+    if isinstance(value, DimsAttr):
+        return list(value.data)
+    return list(value.get_values())

@@ -15,11 +15,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr, StringAttr
 from xdsl.ir import Operation, SSAValue
 
-from modeldsl.dialects.graph_types import DimsAttr, TensorType
-from modeldsl.graph_builder import GraphBuilder
+from modeldsl.dialects.graph_types import TensorType
+from modeldsl.graph_builder import GraphBuilder, op_attr
 from modeldsl.primitives import STATISTICS, lookup_primitive
 from modeldsl.symbolic import STAR
 
@@ -58,22 +57,6 @@ def refuse_statistics_gradients(op: Operation, grads: list[Grad]) -> None:
 # ----------------------------------------------------------------------------
 
 
-def attr(op: Operation, name: str, default=None):
-    """A forward op's attribute as a Python value."""
-    value = op.attributes.get(name)
-    if value is None:
-        return default
-    if isinstance(value, StringAttr):
-        return value.data
-    if isinstance(value, FloatAttr):
-        return value.value.data
-    if isinstance(value, IntegerAttr):
-        return bool(value.value.data) if value.type.width.data == 1 else value.value.data
-    if isinstance(value, DimsAttr):
-        return list(value.data)
-    return list(value.get_values())
-
-
 def zeros_like(b: GraphBuilder, value: SSAValue) -> SSAValue:
     t: TensorType = value.type
     return b.one("zeros", shape=list(t.shape), dtype=t.dtype)
@@ -97,7 +80,7 @@ def unbroadcast(b: GraphBuilder, grad: SSAValue, like: SSAValue) -> SSAValue:
 
 
 def forward_params(op: Operation, *names: str) -> dict:
-    return {n: attr(op, n) for n in names if n in op.attributes}
+    return {n: op_attr(op, n) for n in names if n in op.attributes}
 
 
 # ----------------------------------------------------------------------------
@@ -108,13 +91,13 @@ def forward_params(op: Operation, *names: str) -> dict:
 @rule("matmul", "batched_matmul")
 def _matmul(b: GraphBuilder, op: Operation, grads: list[Grad]) -> list[Grad]:
     (g,) = grads
-    if attr(op, "accumulate", False) or attr(op, "beta", 0.0):
+    if op_attr(op, "accumulate", False) or op_attr(op, "beta", 0.0):
         raise NotImplementedError("the gradient of an accumulating matmul (accumulate=true or beta != 0)")
     a, w = op.operands
     name = op.name.removeprefix("mdsl.graph.")
-    alpha = attr(op, "alpha", 1.0)
+    alpha = op_attr(op, "alpha", 1.0)
     extra = {"alpha": alpha} if name == "matmul" and alpha != 1.0 else {}
-    mode = attr(op, "transpose", "NN")
+    mode = op_attr(op, "transpose", "NN")
     # (operands, mode) of d_A and d_B for each forward mode: C = op(A) @ op(B)
     plans = {
         "NN": ((g, w, "NT"), (a, g, "TN")),
@@ -230,7 +213,7 @@ def _split(b, op, grads):
 
 @rule("concat")
 def _concat(b, op, grads):
-    dim = attr(op, "dim", -1)
+    dim = op_attr(op, "dim", -1)
     sizes = [v.type.shape[dim] for v in op.operands]
     return list(b.op("split", grads[0], sizes=sizes, dim=dim))
 
@@ -245,12 +228,12 @@ def _view(b, op, grads):
 
 @rule("transpose")
 def _transpose(b, op, grads):
-    return [b.one("transpose", grads[0], dim0=attr(op, "dim0"), dim1=attr(op, "dim1"))]
+    return [b.one("transpose", grads[0], dim0=op_attr(op, "dim0"), dim1=op_attr(op, "dim1"))]
 
 
 @rule("permute")
 def _permute(b, op, grads):
-    dims = attr(op, "dims")
+    dims = op_attr(op, "dims")
     rank = len(dims)
     inverse = [0] * rank
     for position, dim in enumerate(dims):
@@ -292,7 +275,7 @@ def _mul(b, op, grads):
 
 @rule("scale")
 def _scale(b, op, grads):
-    return [b.one("scale", grads[0], factor=attr(op, "factor"))]
+    return [b.one("scale", grads[0], factor=op_attr(op, "factor"))]
 
 
 @rule("bias_add")
@@ -310,7 +293,7 @@ def _bias_add(b, op, grads):
 def _reduce(b, op, grads):
     x = op.operands[0]
     shape = list(x.type.shape)
-    dims = sorted(d % len(shape) for d in attr(op, "dims"))
+    dims = sorted(d % len(shape) for d in op_attr(op, "dims"))
     kept = [1 if i in dims else d for i, d in enumerate(shape)]
     g = grads[0] if list(grads[0].type.shape) == kept else b.one("view", grads[0], shape=kept)
     if op.name.endswith("reduce_mean"):

@@ -57,6 +57,7 @@ from modeldsl.dialects.sched import (
     LayerViewOp,
     ProgramOp,
 )
+from modeldsl.graph_builder import op_attr
 from modeldsl.kernels.registry import entry
 from modeldsl.primitives import PrimitiveSignature, primitives
 from modeldsl.symbolic import SymbolicError
@@ -286,14 +287,14 @@ class ScheduleBuilder:
         return self.buffer(value), transposed
 
     def lower_matmul(self, op: Operation) -> bool:
-        if _bool(op, "accumulate") or _float(op, "beta", 0.0) != 0.0:
+        if op_attr(op, "accumulate", False) or op_attr(op, "beta", 0.0) != 0.0:
             return False
-        mode = _string(op, "transpose", "NN")
+        mode = op_attr(op, "transpose", "NN")
         a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
         b, transb = self.gemm_operand(op.operands[1], mode[1] == "T")
         split = _only_user_splits_last_dim(op.results[0]) if self.split_projections else None
         if split is not None and split is op.next_op and transb and not transa and len(self.shape(b)) == 2:
-            self.split_gemms[split] = (a, b, _float(op, "alpha", 1.0))
+            self.split_gemms[split] = (a, b, op_attr(op, "alpha", 1.0))
             return True
         if transa and len(self.shape(a)) > 2:  # a weight gradient: contract over every leading dim
             a, b = self.flat(a), self.flat(b)
@@ -302,13 +303,13 @@ class ScheduleBuilder:
         elif len(self.shape(b)) > 2:
             return False
         c = self.result_buffer(op.results[0])
-        self.block.add_op(GemmOp(a, b, c, transa=transa, transb=transb, alpha=_float(op, "alpha", 1.0)))
+        self.block.add_op(GemmOp(a, b, c, transa=transa, transb=transb, alpha=op_attr(op, "alpha", 1.0)))
         return True
 
     def lower_batched_matmul(self, op: Operation) -> bool:
-        if _bool(op, "accumulate"):
+        if op_attr(op, "accumulate", False):
             return False
-        mode = _string(op, "transpose", "NN")
+        mode = op_attr(op, "transpose", "NN")
         a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
         b, transb = self.gemm_operand(op.operands[1], mode[1] == "T")
         if self.shape(a)[:-2] != self.shape(b)[:-2]:
@@ -358,7 +359,7 @@ class ScheduleBuilder:
             self.block.add_op(LaunchOp("kv_cache_attention", [q, k, v, *caches, self.position],
                                        [out, lse, *caches], attrs, inplace=True))
             return True
-        self.block.add_op(AttentionOp(q, k, v, out, lse, causal=_bool(op, "causal", True),
+        self.block.add_op(AttentionOp(q, k, v, out, lse, causal=op_attr(op, "causal", True),
                                       window=window.value.data if window is not None else 0,
                                       scale=scale.value.data if scale is not None else None))
         return True
@@ -441,18 +442,3 @@ def _swaps_last_two(op: Operation) -> bool:
     rank = len(op.operands[0].type.shape)
     dims = {op.attributes["dim0"].value.data % rank, op.attributes["dim1"].value.data % rank}
     return dims == {rank - 2, rank - 1}
-
-
-def _bool(op: Operation, name: str, default: bool = False) -> bool:
-    attr = op.attributes.get(name)
-    return bool(attr.value.data) if isinstance(attr, IntegerAttr) else default
-
-
-def _float(op: Operation, name: str, default: float) -> float:
-    attr = op.attributes.get(name)
-    return attr.value.data if attr is not None else default
-
-
-def _string(op: Operation, name: str, default: str) -> str:
-    attr = op.attributes.get(name)
-    return attr.data if isinstance(attr, StringAttr) else default
