@@ -921,12 +921,20 @@ def fused_lm_head_loss_backward(d_loss, x, weight, labels, lse, *, ignore_index=
 # ----------------------------------------------------------------------------
 
 
-def adamw(param, grad, exp_avg, exp_avg_sq, *, lr, step, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
+def adamw(param, grad, exp_avg, exp_avg_sq, lr, step, grad_scale=None, *, beta1=0.9, beta2=0.999, eps=1e-8,
+          weight_decay=0.01, lr_scale=1.0):
     """One AdamW step (decoupled weight decay, bias correction), in the order of
     torch.optim.AdamW's single-tensor update; updates param, exp_avg and exp_avg_sq
-    in place and returns them."""
+    in place and returns them. ``lr`` (the step's scheduled rate, scaled here by the
+    parameter's ``lr_scale``), ``step`` (1-based, for the bias correction) and the
+    optional ``grad_scale`` (the clipping factor the gradient is multiplied by) are
+    scalars or one-element arrays, as the schedule passes runtime values."""
     dtype = exp_avg.dtype.type
+    lr = float(np.asarray(lr).reshape(-1)[0]) * lr_scale
+    step = float(np.asarray(step).reshape(-1)[0])
     g = np.asarray(grad, dtype=exp_avg.dtype)
+    if grad_scale is not None:
+        g = g * dtype(np.asarray(grad_scale).reshape(-1)[0])
     param *= param.dtype.type(1 - lr * weight_decay)
     exp_avg += (g - exp_avg) * dtype(1 - beta1)
     exp_avg_sq *= dtype(beta2)
@@ -942,6 +950,13 @@ def global_norm(*grads):
     grads = _prep(*grads)
     total = sum(np.sum(np.square(g)) for g in grads)
     return np.sqrt(np.asarray(total, dtype=grads[0].dtype))
+
+
+def clip_factor(norm, *, max_norm):
+    """What gradients with global norm ``norm`` are multiplied by so their norm is at most
+    ``max_norm`` (torch.nn.utils.clip_grad_norm_'s rule: ``min(1, max_norm / (norm + 1e-6))``)."""
+    norm = np.asarray(norm)
+    return np.minimum(np.asarray(1.0, norm.dtype), np.asarray(max_norm, norm.dtype) / (norm + norm.dtype.type(1e-6)))
 
 
 REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
@@ -960,7 +975,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         embedding, embedding_backward,
         moe_router, moe_router_backward, moe_permute, moe_unpermute, moe_unpermute_backward,
         mamba_conv1d, mamba_conv1d_backward, mamba_selective_scan, mamba_selective_scan_backward,
-        zeros, ones, fill, copy, cast, adamw, global_norm,
+        zeros, ones, fill, copy, cast, adamw, global_norm, clip_factor,
         cross_entropy, cross_entropy_backward, fused_lm_head_loss, fused_lm_head_loss_backward,
     )
 }

@@ -132,7 +132,7 @@ class Trainer:
             param = views[name]
             m, v = self.moments.setdefault(name, (np.zeros(param.shape, np.float32), np.zeros(param.shape, np.float32)))
             lr_scale, wd_scale = self.scales.get(name, (1.0, 1.0))
-            adamw(param, grad * np.float32(factor), m, v, lr=lr * lr_scale, step=self.step, beta1=self.config.beta1,
+            adamw(param, grad * np.float32(factor), m, v, lr * lr_scale, self.step, beta1=self.config.beta1,
                   beta2=self.config.beta2, eps=self.config.eps, weight_decay=self.config.weight_decay * wd_scale)
         return float(np.mean(losses))
 

@@ -990,8 +990,8 @@ def test_adamw_follows_torch_adamw_for_20_steps(weight_decay, betas):
         grad = rng.standard_normal(start.shape).astype(np.float32)
         theirs.grad = torch.tensor(grad)
         optimizer.step()
-        out = ref("adamw", param, grad, exp_avg, exp_avg_sq, lr=3e-3, step=step, beta1=betas[0], beta2=betas[1],
-                  eps=1e-8, weight_decay=weight_decay)
+        out = ref("adamw", param, grad, exp_avg, exp_avg_sq, np.float32(3e-3), np.array([step]), beta1=betas[0],
+                  beta2=betas[1], eps=1e-8, weight_decay=weight_decay)
         assert out[0] is param and out[1] is exp_avg and out[2] is exp_avg_sq  # updated in place
     np.testing.assert_allclose(param, theirs.detach().numpy(), rtol=1e-6, atol=1e-6)
     state = optimizer.state[theirs]
@@ -1004,6 +1004,31 @@ def test_global_norm_is_torchs_total_norm():
     grads = randn(41, (3, 4), (5,), (2, 2, 2))
     expected = torch.linalg.vector_norm(torch.cat([tt(g).reshape(-1) for g in grads]))
     check(ref("global_norm", *grads), expected)
+
+
+@covers("adamw")
+def test_adamw_scales_the_learning_rate_and_the_gradient():
+    """lr_scale multiplies the runtime rate; grad_scale (the clipping factor) the gradient."""
+    rng = np.random.default_rng(41)
+    start, grad = rng.standard_normal((2, 5, 3)).astype(np.float32)
+    plain = [start.copy(), np.zeros_like(start), np.zeros_like(start)]
+    ref("adamw", plain[0], grad * np.float32(0.5), plain[1], plain[2], 2e-3, 1, weight_decay=0.05)
+    scaled = [start.copy(), np.zeros_like(start), np.zeros_like(start)]
+    ref("adamw", scaled[0], grad, scaled[1], scaled[2], np.array([4e-3], np.float32), np.array([1]),
+        np.array([0.5], np.float32), weight_decay=0.05, lr_scale=0.5)
+    for a, b in zip(plain, scaled):
+        np.testing.assert_array_equal(a, b)
+
+
+@covers("clip_factor")
+@pytest.mark.parametrize("norm", [0.25, 3.0])
+def test_clip_factor_is_torchs_clip_coefficient(norm):
+    parameter = torch.nn.Parameter(torch.zeros(4))
+    parameter.grad = torch.ones(4) * np.float32(norm / 2)  # global norm: norm
+    torch.nn.utils.clip_grad_norm_([parameter], 1.0)
+    factor = ref("clip_factor", np.float32(norm), max_norm=1.0)
+    np.testing.assert_allclose(np.ones(4, np.float32) * np.float32(norm / 2) * factor, parameter.grad.numpy(),
+                               rtol=1e-7)
 
 
 def test_every_reference_is_covered():
