@@ -1,7 +1,11 @@
 """The ``mdsl.sched`` dialect: the imperative schedule a backend executes.
 
-A ``program`` owns one arena per memory class (params, activations,
-workspace, grads, external) with its size in bytes. Buffers are typed views
+A ``program`` owns one arena per memory class with its size in bytes:
+``params`` (the weights), ``activations``, ``workspace`` (kernel scratch),
+``grads`` (one gradient per trainable parameter, accumulated over
+micro-batches until the optimizer step reads and zeroes it), ``optimizer``
+(the optimizer's state: AdamW moments) and ``external`` (inputs, outputs and
+state buffers such as KV caches). Buffers are typed views
 (``!mdsl.sched.buffer<[2, 64], bf16>``) placed at an offset in an arena, or
 aliases of another buffer at a byte offset. The body is an ordered list of
 launches of registry kernels, GEMMs, attention calls, memsets and copies,
@@ -70,7 +74,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.dialects.dtypes import DType, parse_dtype_spelling, verify_dtype_spelling
 
-ARENAS: tuple[str, ...] = ("params", "activations", "workspace", "grads", "external")
+ARENAS: tuple[str, ...] = ("params", "activations", "workspace", "grads", "optimizer", "external")
 ATTENTION_LAYOUTS: tuple[str, ...] = ("bhtd", "bthd")
 COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 REDUCE_OPS: tuple[str, ...] = ("sum", "max", "min", "avg")
@@ -218,7 +222,7 @@ def _parse_body(parser: Parser) -> Region:
 class ProgramOp(IRDLOperation):
     """A schedule with one arena per memory class:
 
-    ``mdsl.sched.program @train arenas(params = 1024, activations = 4096, workspace = 0, grads = 1024, external = 256) { ... }``
+    ``mdsl.sched.program @train arenas(params = 1024, activations = 4096, workspace = 0, grads = 1024, optimizer = 2048, external = 256) { ... }``
     """
 
     name = "mdsl.sched.program"

@@ -27,6 +27,7 @@ ARENA_COLORS = {
     "activations": "Blues",
     "workspace": "Oranges",
     "grads": "Greens",
+    "optimizer": "Reds",
     "external": "Greys",
 }
 
@@ -119,7 +120,7 @@ def format_report(memory: ProgramMemory, top: int = 10) -> str:
     lines += [f"  {arena:<12} {memory.arenas[arena]:>12}" for arena in ARENAS]
     at = "" if memory.peak_step is None else f" (step {memory.peak_step})"
     lines.append(
-        f"peak: {memory.peak_arena_bytes} bytes of arenas (activations + workspace + grads), "
+        f"peak: {memory.peak_arena_bytes} bytes of arenas ({' + '.join(REUSED_ARENAS)}), "
         f"{memory.peak_live_bytes} bytes live at once{at}"
     )
     largest = sorted(memory.buffers, key=lambda p: (-p.nbytes, p.arena, p.offset, p.name))[:top]

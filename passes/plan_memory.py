@@ -32,9 +32,13 @@ always gets the same offsets):
    "lifetime fix for rejected aliases": a use always extends the group that
    actually owns the memory). In the IR the output becomes ``alias_of`` the
    memory root at offset 0 and the launch is marked ``inplace``.
-4. **Offsets.** ``params`` and ``external`` buffers are never reused: they are
-   laid out one after another in declaration order. ``activations``,
-   ``workspace`` and ``grads`` are planned by linear scan over the memory
+4. **Offsets.** ``params``, ``grads``, ``optimizer`` and ``external`` buffers
+   are never reused (they outlive one run of the program: weights, gradients
+   accumulated over micro-batches, optimizer state, inputs and outputs): they
+   are laid out one after another in declaration order, so two programs that
+   declare the same buffers first (every program of a model declares all its
+   parameters, and a training step all its gradients, in the model's order)
+   can share those arenas. ``activations`` and ``workspace`` are planned by linear scan over the memory
    roots' intervals sorted by (start, end, declaration order): expired
    blocks are freed, and each buffer goes into the first free gap that holds
    it (``strategy=best-fit``: the smallest such gap), else on top of the live
@@ -47,7 +51,7 @@ always gets the same offsets):
 **What is replanned.** Every buffer that is not an alias gets a new offset,
 whatever offset it had; aliases keep their offset into the buffer they alias
 (in-place outputs of an earlier run are aliases by then, so a second run
-keeps them). The program's five arena sizes are rewritten.
+keeps them). The program's arena sizes are rewritten.
 
 The planner's core is a pure function over a small model (:class:`Program`
 of :class:`Buf`, :class:`Step`, :class:`Access` and :class:`Loop`, buffers
@@ -90,8 +94,8 @@ from modeldsl.dialects.sched import (
     SyncOp,
 )
 
-FIXED_ARENAS: tuple[str, ...] = ("params", "external")
-REUSED_ARENAS: tuple[str, ...] = ("activations", "workspace", "grads")
+FIXED_ARENAS: tuple[str, ...] = ("params", "grads", "optimizer", "external")
+REUSED_ARENAS: tuple[str, ...] = ("activations", "workspace")
 STRATEGIES: tuple[str, ...] = ("first-fit", "best-fit")
 
 Interval = tuple[int, int]

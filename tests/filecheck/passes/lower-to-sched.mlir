@@ -31,7 +31,7 @@ mdsl.graph.model @m config {} {
   }
 }
 
-// CHECK:      mdsl.sched.program @forward arenas(params = 0, activations = 0, workspace = 0, grads = 0, external = 0) attributes {model = "m"} {
+// CHECK:      mdsl.sched.program @forward arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) attributes {model = "m"} {
 // CHECK-NEXT:   %x = mdsl.sched.buffer external bytes 128 {input = 0 : i64} : !mdsl.sched.buffer<[2, 4, 8], bf16>
 // CHECK-NEXT:   %w = mdsl.sched.buffer params bytes 128 {param = "w"} : !mdsl.sched.buffer<[8, 8], bf16>
 // CHECK-NEXT:   %sw = mdsl.sched.buffer params bytes 384 {param = "blocks.w"} : !mdsl.sched.buffer<[3, 8, 8], bf16>

@@ -10,7 +10,7 @@
 // silu -> relu -> gelu -> scale: %b, %c and %d all live in %a (not %c in %b):
 // the chain is one buffer whose interval covers every link. %x is external,
 // so %a cannot take it over.
-// CHECK-LABEL: mdsl.sched.program @chain arenas(params = 0, activations = 1024, workspace = 0, grads = 0, external = 2048) {
+// CHECK-LABEL: mdsl.sched.program @chain arenas(params = 0, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 2048) {
 // CHECK-NEXT:    %x = mdsl.sched.buffer external offset 0 bytes 1024
 // CHECK-NEXT:    %y = mdsl.sched.buffer external offset 1024 bytes 1024
 // CHECK-NEXT:    %a = mdsl.sched.buffer activations offset 0 bytes 1024 :
@@ -21,11 +21,11 @@
 // CHECK-NEXT:    mdsl.sched.launch "relu"(%a) -> (%b) {inplace} :
 // CHECK-NEXT:    mdsl.sched.launch "gelu"(%b) -> (%c) {inplace} :
 // CHECK-NEXT:    mdsl.sched.launch "scale"(%c) -> (%d) {factor = 2.000000e+00 : f64, inplace} :
-// OFF-LABEL: mdsl.sched.program @chain arenas(params = 0, activations = 2048, workspace = 0, grads = 0, external = 2048) {
+// OFF-LABEL: mdsl.sched.program @chain arenas(params = 0, activations = 2048, workspace = 0, grads = 0, optimizer = 0, external = 2048) {
 // OFF-NOT:   alias_of
 // OFF-NOT:   inplace
 // OFF:       mdsl.sched.copy %d -> %y
-mdsl.sched.program @chain arenas(params = 0, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @chain arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %x = mdsl.sched.buffer external bytes 1024 : !t
   %y = mdsl.sched.buffer external bytes 1024 : !t
   %a = mdsl.sched.buffer activations bytes 1024 : !t
@@ -51,7 +51,7 @@ mdsl.sched.program @chain arenas(params = 0, activations = 0, workspace = 0, gra
 // output used before the launch (%f, memset first), an output that is an
 // alias (%o). Intervals: %a+%s [0, 3], %b [1, 2], %h [3, 8], %e [4, 6],
 // %f [5, 7], %big [7, 9].
-// CHECK-LABEL: mdsl.sched.program @refused arenas(params = 1024, activations = 4608, workspace = 0, grads = 0, external = 2048) {
+// CHECK-LABEL: mdsl.sched.program @refused arenas(params = 1024, activations = 4608, workspace = 0, grads = 0, optimizer = 0, external = 2048) {
 // CHECK-NEXT:    %x = mdsl.sched.buffer external offset 0 bytes 1024
 // CHECK-NEXT:    %y = mdsl.sched.buffer external offset 1024 bytes 1024
 // CHECK-NEXT:    %w = mdsl.sched.buffer params offset 0 bytes 1024
@@ -71,7 +71,7 @@ mdsl.sched.program @chain arenas(params = 0, activations = 0, workspace = 0, gra
 // CHECK-NEXT:    mdsl.sched.memset %f
 // CHECK-NEXT:    mdsl.sched.launch "relu"(%e) -> (%f) :
 // CHECK-NEXT:    mdsl.sched.launch "relu"(%f) -> (%o) :
-mdsl.sched.program @refused arenas(params = 0, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @refused arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %x = mdsl.sched.buffer external bytes 1024 : !t
   %y = mdsl.sched.buffer external bytes 1024 : !t
   %w = mdsl.sched.buffer params bytes 1024 : !t
@@ -105,7 +105,7 @@ mdsl.sched.program @refused arenas(params = 0, activations = 0, workspace = 0, g
 // alias that covers its whole root at offset 0 (%v) is accepted, and the
 // output aliases the root %a itself. An output declared before the input's
 // root (%early) moves after it.
-// CHECK-LABEL: mdsl.sched.program @through_aliases arenas(params = 0, activations = 4096, workspace = 0, grads = 0, external = 3072) {
+// CHECK-LABEL: mdsl.sched.program @through_aliases arenas(params = 0, activations = 4096, workspace = 0, grads = 0, optimizer = 0, external = 3072) {
 // CHECK-NEXT:    %x = mdsl.sched.buffer external offset 0 bytes 2048
 // CHECK-NEXT:    %y = mdsl.sched.buffer external offset 2048 bytes 1024
 // CHECK-NEXT:    %a = mdsl.sched.buffer activations offset 0 bytes 2048 :
@@ -119,7 +119,7 @@ mdsl.sched.program @refused arenas(params = 0, activations = 0, workspace = 0, g
 // CHECK-NEXT:    mdsl.sched.launch "relu"(%lo) -> (%b) :
 // CHECK-NEXT:    mdsl.sched.launch "relu"(%hi) -> (%c) :
 // CHECK-NEXT:    mdsl.sched.launch "relu"(%v) -> (%early) {inplace} :
-mdsl.sched.program @through_aliases arenas(params = 0, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @through_aliases arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %x = mdsl.sched.buffer external bytes 2048 : !t2
   %y = mdsl.sched.buffer external bytes 1024 : !t
   %early = mdsl.sched.buffer activations bytes 2048 : !m
@@ -155,7 +155,7 @@ mdsl.sched.program @through_aliases arenas(params = 0, activations = 0, workspac
 // CHECK-NEXT:    %k2 = mdsl.sched.buffer activations offset 256 bytes 256 :
 // CHECK:         mdsl.sched.launch "rope"(%q, %q, %f) -> (%q2, %k2) {inplace} :
 builtin.module {
-mdsl.sched.program @rope arenas(params = 0, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @rope arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %f = mdsl.sched.buffer external bytes 128 : !f
   %o = mdsl.sched.buffer external bytes 384 : !mdsl.sched.buffer<[96], fp32>
   %q = mdsl.sched.buffer activations bytes 256 : !q
@@ -167,7 +167,7 @@ mdsl.sched.program @rope arenas(params = 0, activations = 0, workspace = 0, grad
   mdsl.sched.launch "rope"(%q, %k, %f) -> (%qr, %kr) : (!q, !k, !f) -> (!q, !k)
   mdsl.sched.launch "concat"(%qr, %kr) -> (%o) : (!q, !k) -> (!mdsl.sched.buffer<[96], fp32>)
 }
-mdsl.sched.program @rope_twice arenas(params = 0, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @rope_twice arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %f = mdsl.sched.buffer external bytes 128 : !f
   %o = mdsl.sched.buffer external bytes 512 : !mdsl.sched.buffer<[128], fp32>
   %q = mdsl.sched.buffer activations bytes 256 : !q

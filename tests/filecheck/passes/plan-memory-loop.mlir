@@ -11,7 +11,7 @@
 // Steps: 0 copy, 1-5 the body, 6-7 after. %h [0, 6] (carried), %t1 [1, 2],
 // %t2 [2, 3], %t3 [3, 5], %saved [1, 6] (written through layer_view, read
 // after the loop), %after [6, 7]: %t3 and %after reuse %t1's place.
-// CHECK-LABEL: mdsl.sched.program @layers arenas(params = 3072, activations = 6144, workspace = 0, grads = 0, external = 2048) {
+// CHECK-LABEL: mdsl.sched.program @layers arenas(params = 3072, activations = 6144, workspace = 0, grads = 0, optimizer = 0, external = 2048) {
 // CHECK-NEXT:    %x = mdsl.sched.buffer external offset 0 bytes 1024
 // CHECK-NEXT:    %y = mdsl.sched.buffer external offset 1024 bytes 1024
 // CHECK-NEXT:    %w = mdsl.sched.buffer params offset 0 bytes 3072
@@ -21,7 +21,7 @@
 // CHECK-NEXT:    %t3 = mdsl.sched.buffer activations offset 1024 bytes 1024
 // CHECK-NEXT:    %saved = mdsl.sched.buffer activations offset 2048 bytes 3072
 // CHECK-NEXT:    %after = mdsl.sched.buffer activations offset 1024 bytes 1024
-mdsl.sched.program @layers arenas(params = 0, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @layers arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %x = mdsl.sched.buffer external bytes 1024 : !t
   %y = mdsl.sched.buffer external bytes 1024 : !t
   %w = mdsl.sched.buffer params bytes 3072 : !st
@@ -53,7 +53,7 @@ mdsl.sched.program @layers arenas(params = 0, activations = 0, workspace = 0, gr
 // not write over it even at its last use in the body; %t1 dies within the
 // iteration, so silu writes %t2 over it, and %t1's memory lives [1, 3]. %c is
 // first written in the body (inside a recompute segment): per-layer, [3, 4].
-// CHECK-LABEL: mdsl.sched.program @inplace_in_loop arenas(params = 0, activations = 3072, workspace = 0, grads = 0, external = 2048) {
+// CHECK-LABEL: mdsl.sched.program @inplace_in_loop arenas(params = 0, activations = 3072, workspace = 0, grads = 0, optimizer = 0, external = 2048) {
 // CHECK-NEXT:    %x = mdsl.sched.buffer external offset 0 bytes 1024
 // CHECK-NEXT:    %y = mdsl.sched.buffer external offset 1024 bytes 1024
 // CHECK-NEXT:    %h = mdsl.sched.buffer activations offset 0 bytes 1024 :
@@ -62,7 +62,7 @@ mdsl.sched.program @layers arenas(params = 0, activations = 0, workspace = 0, gr
 // CHECK-NEXT:    %c = mdsl.sched.buffer activations offset 2048 bytes 1024 :
 // CHECK:         mdsl.sched.launch "scale"(%h) -> (%t1) {factor = 5.000000e-01 : f64} :
 // CHECK-NEXT:    mdsl.sched.launch "silu"(%t1) -> (%t2) {inplace} :
-mdsl.sched.program @inplace_in_loop arenas(params = 0, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @inplace_in_loop arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %x = mdsl.sched.buffer external bytes 1024 : !t
   %y = mdsl.sched.buffer external bytes 1024 : !t
   %h = mdsl.sched.buffer activations bytes 1024 : !t
@@ -90,12 +90,12 @@ mdsl.sched.program @inplace_in_loop arenas(params = 0, activations = 0, workspac
 // all of it, so %p is live across the whole loop ([1, 6]) and cannot take the
 // place of %u ([1, 2]); %q is written whole (through two halves) before it is
 // read, so it is per-layer ([4, 6]) and does take %u's place.
-// CHECK-LABEL: mdsl.sched.program @partial_writes arenas(params = 0, activations = 4096, workspace = 0, grads = 0, external = 2048) {
+// CHECK-LABEL: mdsl.sched.program @partial_writes arenas(params = 0, activations = 4096, workspace = 0, grads = 0, optimizer = 0, external = 2048) {
 // CHECK:         %p = mdsl.sched.buffer activations offset 2048 bytes 2048
 // CHECK:         %q = mdsl.sched.buffer activations offset 0 bytes 2048
 // CHECK:         %u = mdsl.sched.buffer activations offset 0 bytes 2048
 // CHECK:         %r = mdsl.sched.buffer activations offset 0 bytes 1024
-mdsl.sched.program @partial_writes arenas(params = 0, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @partial_writes arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %x = mdsl.sched.buffer external bytes 1024 : !t
   %y = mdsl.sched.buffer external bytes 1024 : !t
   %p = mdsl.sched.buffer activations bytes 2048 : !t2

@@ -15,8 +15,9 @@
 // CHECK-NEXT:   activations          6144
 // CHECK-NEXT:   workspace             100
 // CHECK-NEXT:   grads                   0
+// CHECK-NEXT:   optimizer               0
 // CHECK-NEXT:   external             2048
-// CHECK-NEXT: peak: 6244 bytes of arenas (activations + workspace + grads), 6244 bytes live at once (step 2)
+// CHECK-NEXT: peak: 6244 bytes of arenas (activations + workspace), 6244 bytes live at once (step 2)
 // CHECK-NEXT: largest buffers (10 of 12):
 // CHECK-NEXT:   buffer arena               bytes       offset  steps
 // CHECK-NEXT:   %saved activations          3072         2048  [1, 6]
@@ -32,7 +33,7 @@
 // CHECK-EMPTY:
 // UNPLANNED: mdsl-opt: error: buffer %x of @layers has no offset: run mdsl-plan-memory first (-p mdsl-plan-memory)
 // NOFILE: mdsl-opt: error: --emit=memory-plot needs the PNG file to write: --emit=memory-plot FILE.png
-mdsl.sched.program @layers arenas(params = 0, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @layers arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %x = mdsl.sched.buffer external bytes 1024 : !t
   %y = mdsl.sched.buffer external bytes 1024 : !t
   %w = mdsl.sched.buffer params bytes 3072 : !st

@@ -13,14 +13,14 @@
 // %g1 [0, 2] at 0, %a [0, 5] at 2048, %g2 [1, 2] at 3072, %b [1, 5] at 4096.
 // At step 3 the free gaps are [0, 2048) and [3072, 4096): %n goes to the first
 // with first-fit, to the smaller with best-fit.
-// CHECK-LABEL: mdsl.sched.program @fit arenas(params = 0, activations = 5120, workspace = 0, grads = 0, external = 1024) {
+// CHECK-LABEL: mdsl.sched.program @fit arenas(params = 0, activations = 5120, workspace = 0, grads = 0, optimizer = 0, external = 1024) {
 // CHECK:         %g1 = mdsl.sched.buffer activations offset 0 bytes 2048
 // CHECK-NEXT:    %a = mdsl.sched.buffer activations offset 2048 bytes 1024
 // CHECK-NEXT:    %g2 = mdsl.sched.buffer activations offset 3072 bytes 1024
 // CHECK-NEXT:    %b = mdsl.sched.buffer activations offset 4096 bytes 1024
 // FIRST-NEXT:    %n = mdsl.sched.buffer activations offset 0 bytes 1024
 // BEST-NEXT:     %n = mdsl.sched.buffer activations offset 3072 bytes 1024
-mdsl.sched.program @fit arenas(params = 0, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @fit arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %x = mdsl.sched.buffer external bytes 1024 : !t
   %g1 = mdsl.sched.buffer activations bytes 2048 : !t2
   %a = mdsl.sched.buffer activations bytes 1024 : !t
@@ -47,7 +47,7 @@ mdsl.sched.program @fit arenas(params = 0, activations = 0, workspace = 0, grads
 // live [1, 4]) share offset 0; %s2 (step 2) and %s3 (step 3) go above %ws and
 // share 1024. The scratch output takes no part in in-place reuse (softmax and
 // relu write their result over %a, never the scratch over anything).
-// CHECK-LABEL: mdsl.sched.program @scratch arenas(params = 0, activations = 1024, workspace = 4024, grads = 0, external = 2048) {
+// CHECK-LABEL: mdsl.sched.program @scratch arenas(params = 0, activations = 1024, workspace = 4024, grads = 0, optimizer = 0, external = 2048) {
 // CHECK-NEXT:    %x = mdsl.sched.buffer external offset 0 bytes 1024
 // CHECK-NEXT:    %y = mdsl.sched.buffer external offset 1024 bytes 1024
 // CHECK-NEXT:    %a = mdsl.sched.buffer activations offset 0 bytes 1024 :
@@ -61,7 +61,7 @@ mdsl.sched.program @fit arenas(params = 0, activations = 0, workspace = 0, grads
 // CHECK-NEXT:    mdsl.sched.memset %ws
 // CHECK-NEXT:    mdsl.sched.launch "softmax"(%a) -> (%b, %s2) {dim = -1 : i64, scratch, inplace} :
 // CHECK-NEXT:    mdsl.sched.launch "relu"(%b, %ws) -> (%r, %s3) {scratch, inplace} :
-mdsl.sched.program @scratch arenas(params = 0, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @scratch arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %x = mdsl.sched.buffer external bytes 1024 : !t
   %y = mdsl.sched.buffer external bytes 1024 : !t
   %a = mdsl.sched.buffer activations bytes 1024 : !t

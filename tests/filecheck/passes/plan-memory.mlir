@@ -11,7 +11,7 @@
 
 // Steps: %a [0, 1], %b [1, 2], %c [2, 3], %d [3, 4]: %c takes %a's place once
 // %a is dead, %d takes %b's. Buffers that are never used go to offset 0.
-// CHECK-LABEL: mdsl.sched.program @reuse arenas(params = 1280, activations = 2048, workspace = 0, grads = 0, external = 2048) {
+// CHECK-LABEL: mdsl.sched.program @reuse arenas(params = 1280, activations = 2048, workspace = 0, grads = 0, optimizer = 0, external = 2048) {
 // CHECK-NEXT:    %x = mdsl.sched.buffer external offset 0 bytes 1024
 // CHECK-NEXT:    %w = mdsl.sched.buffer params offset 0 bytes 100
 // CHECK-NEXT:    %w2 = mdsl.sched.buffer params offset 256 bytes 1024
@@ -22,9 +22,9 @@
 // CHECK-NEXT:    %d = mdsl.sched.buffer activations offset 1024 bytes 1024
 // CHECK-NEXT:    %dead = mdsl.sched.buffer activations offset 0 bytes 512
 // CHECK-NOT:     inplace
-// ALIGN64-LABEL: mdsl.sched.program @reuse arenas(params = 1152, activations = 2048, workspace = 0, grads = 0, external = 2048) {
+// ALIGN64-LABEL: mdsl.sched.program @reuse arenas(params = 1152, activations = 2048, workspace = 0, grads = 0, optimizer = 0, external = 2048) {
 // ALIGN64:       %w2 = mdsl.sched.buffer params offset 128 bytes 1024
-mdsl.sched.program @reuse arenas(params = 20000, activations = 8192, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @reuse arenas(params = 20000, activations = 8192, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %x = mdsl.sched.buffer external bytes 1024 : !t
   %w = mdsl.sched.buffer params bytes 100 : !s
   %w2 = mdsl.sched.buffer params offset 9999 bytes 1024 : !t
@@ -50,7 +50,7 @@ mdsl.sched.program @reuse arenas(params = 20000, activations = 8192, workspace =
 // An alias has no space of its own; its uses keep its root live: %a lives
 // [0, 4] through %hi2 (an alias of an alias), so %c (step 3) cannot take
 // %a's place; %d (step 5) can. Alias offsets are kept.
-// CHECK-LABEL: mdsl.sched.program @aliases arenas(params = 0, activations = 4096, workspace = 0, grads = 0, external = 2048) {
+// CHECK-LABEL: mdsl.sched.program @aliases arenas(params = 0, activations = 4096, workspace = 0, grads = 0, optimizer = 0, external = 2048) {
 // CHECK-NEXT:    %x = mdsl.sched.buffer external offset 0 bytes 1024
 // CHECK-NEXT:    %a = mdsl.sched.buffer activations offset 0 bytes 2048
 // CHECK-NEXT:    %lo = mdsl.sched.buffer activations offset 0 bytes 1024 alias_of %a
@@ -60,7 +60,7 @@ mdsl.sched.program @reuse arenas(params = 20000, activations = 8192, workspace =
 // CHECK-NEXT:    %c = mdsl.sched.buffer activations offset 3072 bytes 1024
 // CHECK-NEXT:    %d = mdsl.sched.buffer activations offset 0 bytes 2048
 // CHECK-NEXT:    %y = mdsl.sched.buffer external offset 1024 bytes 1024
-mdsl.sched.program @aliases arenas(params = 0, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @aliases arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %x = mdsl.sched.buffer external bytes 1024 : !t
   %a = mdsl.sched.buffer activations bytes 2048 : !t2
   %lo = mdsl.sched.buffer activations offset 0 bytes 1024 alias_of %a : !t from !t2
@@ -83,17 +83,17 @@ mdsl.sched.program @aliases arenas(params = 0, activations = 0, workspace = 0, g
 
 !t = !mdsl.sched.buffer<[256], fp32>
 
-// Grads are planned like activations, in their own arena: %g1 [0, 2] and %g2
-// [2, 3] meet at the all_reduce, so they stay apart; %g3 [3, 4] (declared
-// between work ops) reuses %g1.
-// CHECK-LABEL: mdsl.sched.program @grads arenas(params = 1024, activations = 1024, workspace = 0, grads = 2048, external = 1024) {
+// Grads, like params, outlive a run (they accumulate over micro-batches until
+// the optimizer step): laid out in declaration order, never reused, so %g3
+// does not take the place of %g1, although %g1 is dead by then.
+// CHECK-LABEL: mdsl.sched.program @grads arenas(params = 1024, activations = 1024, workspace = 0, grads = 3072, optimizer = 0, external = 1024) {
 // CHECK-NEXT:    %x = mdsl.sched.buffer external offset 0 bytes 1024
 // CHECK-NEXT:    %w = mdsl.sched.buffer params offset 0 bytes 1024
 // CHECK-NEXT:    %a = mdsl.sched.buffer activations offset 0 bytes 1024
 // CHECK-NEXT:    %g1 = mdsl.sched.buffer grads offset 0 bytes 1024
 // CHECK-NEXT:    %g2 = mdsl.sched.buffer grads offset 1024 bytes 1024
-// CHECK:         %g3 = mdsl.sched.buffer grads offset 0 bytes 1024
-mdsl.sched.program @grads arenas(params = 0, activations = 0, workspace = 0, grads = 0, external = 0) {
+// CHECK:         %g3 = mdsl.sched.buffer grads offset 2048 bytes 1024
+mdsl.sched.program @grads arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %x = mdsl.sched.buffer external bytes 1024 : !t
   %w = mdsl.sched.buffer params bytes 1024 : !t
   %a = mdsl.sched.buffer activations bytes 1024 : !t

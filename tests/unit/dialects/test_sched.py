@@ -68,7 +68,8 @@ def build_program() -> tuple[ModuleOp, ProgramOp]:
 def test_builders_make_verifying_ir_that_round_trips():
     module, program = build_program()
     assert verify_module(module) == []
-    assert program.arenas == {"params": 65536, "activations": 4096, "workspace": 0, "grads": 0, "external": 2048}
+    assert program.arenas == {"params": 65536, "activations": 4096, "workspace": 0, "grads": 0, "optimizer": 0,
+                              "external": 2048}
     text = print_ir(module)
     assert re.search(r"mdsl.sched.layer_loop %\d+ = 0 to 4 {", text)
     assert "alias_of %" in text
@@ -76,7 +77,7 @@ def test_builders_make_verifying_ir_that_round_trips():
 
 
 def test_arena_names():
-    assert ARENAS == ("params", "activations", "workspace", "grads", "external")
+    assert ARENAS == ("params", "activations", "workspace", "grads", "optimizer", "external")
 
 
 def test_gemm_checks_shapes_per_transpose():
@@ -97,7 +98,7 @@ def test_launch_rejects_in_place_without_flag():
 
 def test_program_checks_arena_bounds():
     module, program = build_program()
-    program.arena_sizes = program.arena_sizes.from_list(program.arena_sizes.elt_type, [1024, 4096, 0, 0, 2048])
+    program.arena_sizes = program.arena_sizes.from_list(program.arena_sizes.elt_type, [1024, 4096, 0, 0, 0, 2048])
     messages = [d.message for d in verify_module(module)]
     assert any("overflows arena params (1024 bytes)" in m for m in messages)
 

@@ -1,21 +1,21 @@
 // Verifier rules of mdsl.sched: each chunk breaks one rule.
 // RUN: mdsl-opt %s --split-input-file --verify-diagnostics --parsing-diagnostics | filecheck %s
 
-mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 512 bytes 1024 : !mdsl.sched.buffer<[512], bf16>
 }
 // CHECK: invalid.mlir:4:1: error: 'mdsl.sched.program' op buffer at offset 512 with 1024 bytes overflows arena activations (1024 bytes)
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 100 : !mdsl.sched.buffer<[64], fp32>
 }
 // CHECK: error: 'mdsl.sched.buffer' op 100 bytes cannot hold [64] x fp32 (256 bytes)
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 512 : !mdsl.sched.buffer<[256], bf16>
   %v = mdsl.sched.buffer activations offset 384 bytes 256 alias_of %b : !mdsl.sched.buffer<[128], bf16> from !mdsl.sched.buffer<[256], bf16>
 }
@@ -23,7 +23,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grad
 
 // -----
 
-mdsl.sched.program @p arenas(params = 1024, activations = 1024, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 1024, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 512 : !mdsl.sched.buffer<[256], bf16>
   %v = mdsl.sched.buffer params offset 0 bytes 512 alias_of %b : !mdsl.sched.buffer<[256], bf16>
 }
@@ -31,7 +31,7 @@ mdsl.sched.program @p arenas(params = 1024, activations = 1024, workspace = 0, g
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 512 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.launch "scale"(%b) -> (%b) : (!mdsl.sched.buffer<[256], bf16>) -> (!mdsl.sched.buffer<[256], bf16>)
 }
@@ -42,7 +42,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grad
 !a = !mdsl.sched.buffer<[4, 8], fp32>
 !b = !mdsl.sched.buffer<[16, 3], fp32>
 !c = !mdsl.sched.buffer<[4, 3], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %a = mdsl.sched.buffer activations offset 0 bytes 128 : !a
   %b = mdsl.sched.buffer activations offset 128 bytes 192 : !b
   %c = mdsl.sched.buffer activations offset 320 bytes 48 : !c
@@ -55,7 +55,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grad
 !a = !mdsl.sched.buffer<[4, 8], fp32>
 !b = !mdsl.sched.buffer<[8, 3], fp32>
 !c = !mdsl.sched.buffer<[4, 3], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %a = mdsl.sched.buffer activations offset 0 bytes 128 : !a
   %b = mdsl.sched.buffer activations offset 128 bytes 96 : !b
   %c = mdsl.sched.buffer activations offset 256 bytes 48 : !c
@@ -68,7 +68,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grad
 !q = !mdsl.sched.buffer<[1, 6, 8, 16], bf16>
 !kv = !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
 !l = !mdsl.sched.buffer<[1, 6, 8], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 8192, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 8192, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %q = mdsl.sched.buffer activations offset 0 bytes 1536 : !q
   %k = mdsl.sched.buffer activations offset 1536 bytes 1024 : !kv
   %v = mdsl.sched.buffer activations offset 2560 bytes 1024 : !kv
@@ -80,7 +80,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 8192, workspace = 0, grad
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 512 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.collective "all_reduce" %b -> %b group "dp" : !mdsl.sched.buffer<[256], bf16> -> !mdsl.sched.buffer<[256], bf16>
 }
@@ -88,7 +88,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grad
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 512 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.collective "send" %b -> %b group "pp" : !mdsl.sched.buffer<[256], bf16> -> !mdsl.sched.buffer<[256], bf16>
 }
@@ -96,7 +96,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grad
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 512 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.collective "gather_all" %b -> %b group "pp" : !mdsl.sched.buffer<[256], bf16> -> !mdsl.sched.buffer<[256], bf16>
 }
@@ -104,7 +104,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grad
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   mdsl.sched.stream @compute priority 0
   mdsl.sched.sync @compute waits @comm
 }
@@ -112,7 +112,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grad
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 512 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.memset %b {stream = @side} : !mdsl.sched.buffer<[256], bf16>
 }
@@ -120,7 +120,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grad
 
 // -----
 
-mdsl.sched.program @p arenas(params = 4096, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 4096, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %s = mdsl.sched.buffer params offset 0 bytes 1536 : !mdsl.sched.buffer<[3, 256], bf16>
   mdsl.sched.layer_loop %l = 0 to 3 {
     %w = mdsl.sched.layer_view %s[%l] : !mdsl.sched.buffer<[3, 256], bf16> -> !mdsl.sched.buffer<[3], bf16>
@@ -130,7 +130,7 @@ mdsl.sched.program @p arenas(params = 4096, activations = 0, workspace = 0, grad
 
 // -----
 
-mdsl.sched.program @p arenas(params = 4096, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 4096, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %s = mdsl.sched.buffer params offset 0 bytes 1536 : !mdsl.sched.buffer<[3, 8, 32], bf16>
   mdsl.sched.layer_loop %l = 0 to 3 {
     %w = mdsl.sched.layer_view %s[%l] {rows = array<i64: 6, 4>} : !mdsl.sched.buffer<[3, 8, 32], bf16> -> !mdsl.sched.buffer<[4, 32], bf16>
@@ -140,7 +140,7 @@ mdsl.sched.program @p arenas(params = 4096, activations = 0, workspace = 0, grad
 
 // -----
 
-mdsl.sched.program @p arenas(params = 4096, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 4096, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %s = mdsl.sched.buffer params offset 0 bytes 1536 : !mdsl.sched.buffer<[3, 8, 32], bf16>
   mdsl.sched.layer_loop %l = 0 to 3 {
     %w = mdsl.sched.layer_view %s[%l] {rows = array<i64: 2, 4>} : !mdsl.sched.buffer<[3, 8, 32], bf16> -> !mdsl.sched.buffer<[8, 32], bf16>
@@ -150,7 +150,7 @@ mdsl.sched.program @p arenas(params = 4096, activations = 0, workspace = 0, grad
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %a = mdsl.sched.buffer activations offset 0 bytes 512 : !mdsl.sched.buffer<[256], bf16>
   %b = mdsl.sched.buffer activations offset 512 bytes 256 : !mdsl.sched.buffer<[128], bf16>
   mdsl.sched.copy %a -> %b : !mdsl.sched.buffer<[256], bf16> -> !mdsl.sched.buffer<[128], bf16>
@@ -159,20 +159,20 @@ mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grad
 
 // -----
 
-mdsl.sched.program @p arenas(params = -1, activations = 0, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = -1, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
 }
 // CHECK: error: 'mdsl.sched.program' op arena params has negative size -1
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset -256 bytes 512 : !mdsl.sched.buffer<[256], bf16>
 }
 // CHECK: error: 'mdsl.sched.buffer' op offset must be non-negative, got -256
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   %v = mdsl.sched.buffer activations bytes 512 alias_of %b : !mdsl.sched.buffer<[256], bf16>
 }
@@ -185,7 +185,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.launch "reduce"(%b) -> () : (!mdsl.sched.buffer<[256], bf16>) -> ()
 }
@@ -193,7 +193,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   %c = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.launch ""(%b) -> (%c) : (!mdsl.sched.buffer<[256], bf16>) -> (!mdsl.sched.buffer<[256], bf16>)
@@ -202,7 +202,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   %c = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.launch "k"(%b) -> (%c) {grid = array<i64: 1, 0>} : (!mdsl.sched.buffer<[256], bf16>) -> (!mdsl.sched.buffer<[256], bf16>)
@@ -214,7 +214,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !a = !mdsl.sched.buffer<[4, 8], fp32>
 !b = !mdsl.sched.buffer<[8, 3], fp32>
 !c = !mdsl.sched.buffer<[4, 3], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %a = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[4, 8], fp32>
   %b = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[8, 3], fp32>
   %c = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[4, 3], fp32>
@@ -227,7 +227,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !a = !mdsl.sched.buffer<[4, 8], fp32>
 !b = !mdsl.sched.buffer<[8, 3], fp32>
 !c = !mdsl.sched.buffer<[4, 3], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %a = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[4, 8], fp32>
   %b = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[8, 3], fp32>
   %c = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[4, 3], fp32>
@@ -241,7 +241,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !a = !mdsl.sched.buffer<[4, 8], fp32>
 !b = !mdsl.sched.buffer<[8, 3], fp32>
 !c = !mdsl.sched.buffer<[4, 3], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %a = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[4, 8], fp32>
   %b = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[8, 3], fp32>
   %c = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[4, 3], fp32>
@@ -255,7 +255,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !a = !mdsl.sched.buffer<[4, 8], fp32>
 !b = !mdsl.sched.buffer<[8, 3], fp32>
 !c = !mdsl.sched.buffer<[4, 3], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %a = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[2, 4, 8], fp32>
   %b = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[8, 3], fp32>
   %c = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[3, 4, 3], fp32>
@@ -268,7 +268,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !a = !mdsl.sched.buffer<[4, 8], fp32>
 !b = !mdsl.sched.buffer<[8, 3], fp32>
 !c = !mdsl.sched.buffer<[4, 3], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %a = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[4, 8], fp32>
   %b = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[8, 3], fp32>
   %c = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[4, 3], fp32>
@@ -281,7 +281,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !a = !mdsl.sched.buffer<[4, 8], fp32>
 !b = !mdsl.sched.buffer<[8, 3], fp32>
 !c = !mdsl.sched.buffer<[4, 3], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %a = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[4, 8], fp32>
   %b = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[8, 3], fp32>
   %c = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[4, 3], fp32>
@@ -295,7 +295,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !a = !mdsl.sched.buffer<[4, 8], fp32>
 !b = !mdsl.sched.buffer<[8, 3], fp32>
 !c = !mdsl.sched.buffer<[4, 3], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %a = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[4, 8], fp32>
   %b = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[8, 3], fp32>
   %c = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[4, 3], fp32>
@@ -309,7 +309,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !a = !mdsl.sched.buffer<[4, 8], fp32>
 !b = !mdsl.sched.buffer<[8, 3], fp32>
 !c = !mdsl.sched.buffer<[4, 3], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %a = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[4, 8], fp32>
   %b = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[8, 3], fp32>
   %c = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[4, 3], fp32>
@@ -323,7 +323,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !a = !mdsl.sched.buffer<[4, 8], fp32>
 !b = !mdsl.sched.buffer<[8, 3], fp32>
 !c = !mdsl.sched.buffer<[4, 3], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %a = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[4, 8], fp32>
   %b = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[8, 3], fp32>
   %c = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[4, 3], fp32>
@@ -336,7 +336,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !a = !mdsl.sched.buffer<[4, 8], fp32>
 !b = !mdsl.sched.buffer<[8, 3], fp32>
 !c = !mdsl.sched.buffer<[4, 3], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %a = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[4, 8], fp32>
   %b = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[8, 3], fp32>
   %c = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[4, 3], fp32>
@@ -349,7 +349,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !q = !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
 !kv = !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
 !l = !mdsl.sched.buffer<[1, 4, 8], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %q = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
   %k = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
   %v = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
@@ -365,7 +365,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !q = !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
 !kv = !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
 !l = !mdsl.sched.buffer<[1, 4, 8], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %q = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
   %k = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
   %v = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
@@ -382,7 +382,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !q = !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
 !kv = !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
 !l = !mdsl.sched.buffer<[1, 4, 8], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %q = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
   %k = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
   %v = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
@@ -399,7 +399,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !q = !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
 !kv = !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
 !l = !mdsl.sched.buffer<[1, 4, 8], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %q = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
   %k = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
   %v = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
@@ -415,7 +415,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !q = !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
 !kv = !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
 !l = !mdsl.sched.buffer<[1, 4, 8], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %q = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
   %k = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
   %v = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
@@ -430,7 +430,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !q = !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
 !kv = !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
 !l = !mdsl.sched.buffer<[1, 4, 8], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %q = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
   %k = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
   %v = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
@@ -445,7 +445,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !q = !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
 !kv = !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
 !l = !mdsl.sched.buffer<[1, 4, 8], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %q = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
   %k = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
   %v = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
@@ -460,7 +460,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !q = !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
 !kv = !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
 !l = !mdsl.sched.buffer<[1, 4, 8], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %q = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
   %k = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
   %v = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
@@ -475,7 +475,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !q = !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
 !kv = !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
 !l = !mdsl.sched.buffer<[1, 4, 8], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %q = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
   %k = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
   %v = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
@@ -491,7 +491,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 !q = !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
 !kv = !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
 !l = !mdsl.sched.buffer<[1, 4, 8], fp32>
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %q = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[1, 4, 8, 16], bf16>
   %k = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
   %v = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[1, 2, 8, 16], bf16>
@@ -503,7 +503,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   %c = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.copy %b -> %c {bytes = 1024 : i64} : !mdsl.sched.buffer<[256], bf16> -> !mdsl.sched.buffer<[256], bf16>
@@ -512,7 +512,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.copy %b -> %b : !mdsl.sched.buffer<[256], bf16> -> !mdsl.sched.buffer<[256], bf16>
 }
@@ -520,7 +520,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   mdsl.sched.layer_loop %l = 4 to 2 {
   }
 }
@@ -528,7 +528,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   mdsl.sched.recompute_segment "" {
   }
 }
@@ -536,7 +536,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   %c = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.collective "all_gather" %b -> %c group "dp" {op = "sum"} : !mdsl.sched.buffer<[256], bf16> -> !mdsl.sched.buffer<[256], bf16>
@@ -545,7 +545,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   %c = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.collective "all_reduce" %b -> %c group "dp" {op = "prod"} : !mdsl.sched.buffer<[256], bf16> -> !mdsl.sched.buffer<[256], bf16>
@@ -554,7 +554,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   %c = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.collective "broadcast" %b -> %c group "dp" : !mdsl.sched.buffer<[256], bf16> -> !mdsl.sched.buffer<[256], bf16>
@@ -563,7 +563,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   %c = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.collective "all_reduce" %b -> %c group "dp" {op = "sum", root = 0 : i64} : !mdsl.sched.buffer<[256], bf16> -> !mdsl.sched.buffer<[256], bf16>
@@ -572,7 +572,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   %c = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.collective "recv" %b -> %c group "dp" {peer = -1 : i64} : !mdsl.sched.buffer<[256], bf16> -> !mdsl.sched.buffer<[256], bf16>
@@ -581,7 +581,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   %c = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.collective "all_reduce" %b -> %c group "" {op = "sum"} : !mdsl.sched.buffer<[256], bf16> -> !mdsl.sched.buffer<[256], bf16>
@@ -590,7 +590,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   %s = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[128], bf16>
   %t = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[96], bf16>
@@ -600,7 +600,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   %s = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[128], bf16>
   %t = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[96], bf16>
@@ -610,7 +610,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   %s = mdsl.sched.buffer activations offset 8192 bytes 8192 : !mdsl.sched.buffer<[128], bf16>
   %t = mdsl.sched.buffer activations offset 16384 bytes 8192 : !mdsl.sched.buffer<[96], bf16>
@@ -620,7 +620,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer activations offset 0 bytes 8192 : !mdsl.sched.buffer<[256], bf16>
   mdsl.sched.memset %b {stream = "comm"} : !mdsl.sched.buffer<[256], bf16>
 }
@@ -628,7 +628,7 @@ mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, gra
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 65536, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   mdsl.sched.stream @comm priority 0
   mdsl.sched.sync @comm waits @comm
 }
@@ -641,7 +641,7 @@ mdsl.sched.stream @comm priority 0
 
 // -----
 
-mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, external = 0) {
+mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %b = mdsl.sched.buffer scratch offset 0 bytes 512 : !mdsl.sched.buffer<[256], bf16>
 }
-// CHECK: invalid.mlir:{{[0-9]+}}:26: error: expected an arena (params, activations, workspace, grads, external)
+// CHECK: invalid.mlir:{{[0-9]+}}:26: error: expected an arena (params, activations, workspace, grads, optimizer, external)

@@ -13,8 +13,8 @@
 !lse = !mdsl.sched.buffer<[2, 4, 16], fp32>
 !sw = !mdsl.sched.buffer<[3, 128, 64], bf16>
 
-// CHECK: mdsl.sched.program @train arenas(params = 65536, activations = 65536, workspace = 1024, grads = 65536, external = 4096) {
-mdsl.sched.program @train arenas(params = 65536, activations = 65536, workspace = 1024, grads = 65536, external = 4096) {
+// CHECK: mdsl.sched.program @train arenas(params = 65536, activations = 65536, workspace = 1024, grads = 65536, optimizer = 0, external = 4096) {
+mdsl.sched.program @train arenas(params = 65536, activations = 65536, workspace = 1024, grads = 65536, optimizer = 0, external = 4096) {
   // CHECK-NEXT: mdsl.sched.stream @compute priority 0
   mdsl.sched.stream @compute priority 0
   // CHECK-NEXT: mdsl.sched.stream @comm priority -1
