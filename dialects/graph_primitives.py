@@ -1249,6 +1249,31 @@ class ReduceMaxOp(PrimitiveOp):
             check_same_shape("indices", x.with_shape(shape), tensor(self.indices))
 
 
+@irdl_op_definition
+class ReduceMaxBackwardOp(PrimitiveOp):
+    """``d_x``: ``d_values`` at the ``indices`` of the maxima along ``dim``, 0 elsewhere.
+
+    The operands do not carry the size of ``dim``: the result type gives the
+    shape of ``d_x`` (as ``embedding_backward``'s gives ``V``).
+    """
+
+    name = "mdsl.graph.reduce_max_backward"
+
+    d_values = operand_def(TensorType)
+    indices = operand_def(TensorType)
+    d_x = result_def(TensorType)
+    dim = attr_def(IntegerAttr)
+    keepdim = bool_param(False)
+
+    def verify_shapes(self) -> None:
+        dv, idx, dx = tensor(self.d_values), tensor(self.indices), tensor(self.d_x)
+        check_dtype_in("indices", idx, INDEX_DTYPES)
+        check_same_dtype("d_values and d_x", dv, dx)
+        check_same_shape("indices", dv, idx)
+        shape = reduced_shape(dx, [self.dim.value.data], bool(get_int(self, "keepdim")))
+        check_same_shape("d_values", dx.with_shape(shape), dv)
+
+
 # ----------------------------------------------------------------------------
 # 6.8 Embedding
 # ----------------------------------------------------------------------------
@@ -1786,7 +1811,7 @@ PRIMITIVE_OPS: tuple[type[Operation], ...] = (
     FlashAttentionOp, FlashAttentionBackwardOp, RopeOp, RopeBackwardOp, QkNormOp, QkNormBackwardOp,
     SplitOp, ConcatOp, ViewOp, TransposeOp, PermuteOp, ContiguousOp,
     AddOp, MulOp, BiasAddOp, ScaleOp, Add3Op,
-    ReduceSumOp, ReduceMeanOp, ReduceMaxOp,
+    ReduceSumOp, ReduceMeanOp, ReduceMaxOp, ReduceMaxBackwardOp,
     EmbeddingOp, EmbeddingBackwardOp,
     MoeRouterOp, MoeRouterBackwardOp, MoePermuteOp, MoeUnpermuteOp, MoeUnpermuteBackwardOp,
     MambaConv1dOp, MambaConv1dBackwardOp, MambaSelectiveScanOp, MambaSelectiveScanBackwardOp,

@@ -554,6 +554,21 @@ def reduce_max(x, *, dim, keepdim=False):
     return np.asarray(values), np.asarray(indices)
 
 
+def reduce_max_backward(d_values, indices, *, dim, keepdim=False, shape):
+    """d_x: d_values at the indices reduce_max returned along dim, 0 elsewhere.
+
+    ``shape`` is the shape of x (the operands do not carry the size of dim).
+    """
+    (d_values,) = _prep(d_values)
+    axis = dim % len(shape)
+    idx = np.asarray(indices).astype(np.intp)
+    if not keepdim:
+        d_values, idx = np.expand_dims(d_values, axis), np.expand_dims(idx, axis)
+    d_x = np.zeros(tuple(shape), dtype=d_values.dtype)
+    np.put_along_axis(d_x, idx, d_values, axis=axis)
+    return d_x
+
+
 # ----------------------------------------------------------------------------
 # 6.8 Embedding
 # ----------------------------------------------------------------------------
@@ -971,7 +986,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         flash_attention, flash_attention_backward, kv_cache_attention, rope, rope_backward, qk_norm, qk_norm_backward,
         split, concat, view, transpose, permute, contiguous,
         add, mul, bias_add, scale, add3,
-        reduce_sum, reduce_mean, reduce_max,
+        reduce_sum, reduce_mean, reduce_max, reduce_max_backward,
         embedding, embedding_backward,
         moe_router, moe_router_backward, moe_permute, moe_unpermute, moe_unpermute_backward,
         mamba_conv1d, mamba_conv1d_backward, mamba_selective_scan, mamba_selective_scan_backward,

@@ -169,6 +169,10 @@ def _reduce_max(ts, p):
     return [values, values.with_dtype(INT32)]
 
 
+def _reduce_max_backward(ts, p):
+    raise InferenceError("reduce_max_backward needs the shape of x; give the result type explicitly")
+
+
 def _embedding(ts, p):
     indices, weight = ts
     return [TensorType([*indices.shape, weight.shape[1]], weight.dtype)]
@@ -273,6 +277,7 @@ RULES: dict[str, Rule] = {
     "reduce_sum": _reduce,
     "reduce_mean": _reduce,
     "reduce_max": _reduce_max,
+    "reduce_max_backward": _reduce_max_backward,
     "embedding": _embedding,
     "embedding_backward": _embedding_backward,
     "moe_router": _moe_router,

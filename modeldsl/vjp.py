@@ -308,6 +308,14 @@ def _reduce(b, op, grads):
     return [b.one("mul", b.one("ones", shape=shape, dtype=x.type.dtype), g)]
 
 
+@rule("reduce_max")
+def _reduce_max(b, op, grads):
+    """The indices are integers: no gradient reaches them (autodiff never seeds one)."""
+    x, indices = op.operands[0], op.results[1]
+    params = forward_params(op, "dim", "keepdim")
+    return [b.one("reduce_max_backward", grads[0], indices, result_types=[x.type], **params)]
+
+
 @rule("embedding")
 def _embedding(b, op, grads):
     indices, weight = op.operands

@@ -44,7 +44,7 @@ NUMPY_DTYPES: dict[DType, np.dtype] = {
     DType.INT64: np.dtype(np.int64),
     DType.BOOL: np.dtype(np.bool_),
 }
-SHAPE_KEYWORDS = {"view", "zeros", "ones", "fill", "embedding_backward"}
+SHAPE_KEYWORDS = {"view", "zeros", "ones", "fill", "embedding_backward", "reduce_max_backward"}
 DTYPE_KEYWORDS = {"zeros", "ones", "fill", "cast"}
 
 

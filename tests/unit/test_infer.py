@@ -89,7 +89,7 @@ CASES = {
 
 def test_every_primitive_has_a_rule_and_a_case():
     assert set(RULES) == set(primitives())
-    assert set(CASES) | {"embedding_backward"} == set(primitives())
+    assert set(CASES) | {"embedding_backward", "reduce_max_backward"} == set(primitives())
 
 
 def build_and_verify(name, operand_types, params):
@@ -142,6 +142,7 @@ def test_inferred_shapes(name, operands, params, expected):
         ("zeros", [], {}, "a constant needs its shape"),
         ("split", [X], {}, "split needs its sizes"),
         ("cast", [X], {}, "cast needs the target dtype"),
+        ("reduce_max_backward", [ROWS, T("B, T", "int32")], {"dim": -1}, "needs the shape of x"),
         ("matmul", [X], {}, "missing operand"),
         ("no_such", [X], {}, "no shape rule"),
         ("transpose", [T("*, 64")], {"dim0": 0, "dim1": 1}, "leading '*'"),

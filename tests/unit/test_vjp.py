@@ -326,6 +326,15 @@ for name in ("reduce_sum", "reduce_mean"):
                 f"({t(2, 3, 4)}) -> {t(*out)}"),
              {"x": (2, 3, 4)}, [("y", out)])
 
+# reduce_max: distinct values (a random permutation) so each maximum is unique
+for dim, keepdim, out in [(-1, False, (2, 3)), (-1, True, (2, 3, 1)), (1, False, (2, 4)), (0, True, (1, 3, 4))]:
+    keep = ", keepdim = true" if keepdim else ""
+    case(f"reduce_max-dim{dim}-keepdim-{str(keepdim).lower()}",
+         op(f"%v, %i = mdsl.graph.reduce_max %x {{dim = {dim} : i64{keep}}} : ({t(2, 3, 4)}) "
+            f"-> ({t(*out)}, {t(*out, dtype='int32')})"),
+         {"x": (2, 3, 4)}, [("v", out)],
+         init={"x": np.random.default_rng(1).permutation(24).reshape(2, 3, 4) / 4.0})
+
 case("embedding",
      op(f"%e = mdsl.graph.embedding %ids, %table : ({t(2, 3, dtype='int32')}, {t(5, 4)}) -> {t(2, 3, 4)}"),
      {"ids": ((2, 3), "int", 0, 5)}, [("e", (2, 3, 4))], params={"table": (5, 4)},
@@ -436,6 +445,27 @@ def test_a_wrong_rule_is_caught():
     finally:
         vjp.RULES["scale"] = saved
     assert not ok
+
+
+@pytest.mark.parametrize("c", [c for c in CASES if c.id.startswith("reduce_max")], ids=lambda c: c.id)
+def test_the_reduce_max_gradient_runs_on_the_schedule_executor(c: Case):
+    """mdsl-lower-to-sched of the gradient launches reduce_max_backward; its results are the interpreter's."""
+    from modeldsl.dialects.sched import LaunchOp
+    from modeldsl.passes.lower_to_sched import lower_function
+    from modeldsl.runtime.executor import GraphExecutor
+    from modeldsl.runtime.profiles import plan
+    from modeldsl.runtime.sched_executor import run_program
+
+    model = c.model()
+    grad = gradient_function(model)
+    (x,), seed_type = c.data()[1], grad.function_type.inputs.data[1]
+    seed = np.random.default_rng(1).standard_normal([d.const_value() for d in seed_type.shape])
+    inputs = [x.astype(np.float32), seed.astype(np.float32)]
+    expected = GraphExecutor(model, {}).run("forward_grad", *inputs)
+    program = plan(lower_function(model, "forward_grad", None))
+    assert "reduce_max_backward" in {op.kernel.data for op in program.walk() if isinstance(op, LaunchOp)}
+    for got, want in zip(run_program(program, {}, inputs), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 SYMBOLIC_MEAN = """mdsl.graph.model @m config {{}} {{

@@ -600,6 +600,20 @@ def test_reduce_max(shape, dim, keepdim):
     check(indices, torch.argmax(tt(x), dim=dim, keepdim=keepdim))
 
 
+@covers("reduce_max_backward")
+@pytest.mark.parametrize("shape, dim", [((7, 33), 0), ((7, 33), -1), ((2, 3, 5), 1), ((2, 3, 5), -3)])
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("ties", [False, True])
+def test_reduce_max_backward(shape, dim, keepdim, ties):
+    """torch.max(x, dim)'s gradient goes to the index it returned (the first maximum on ties)."""
+    (x,) = randn(66, shape)
+    x = np.round(x) if ties else x
+    _, indices = ref("reduce_max", x, dim=dim, keepdim=keepdim)
+    (d_values,) = randn(67, indices.shape)
+    (expected,) = vjp(lambda x_: torch.max(x_, dim=dim, keepdim=keepdim).values, [x], [d_values])
+    check(ref("reduce_max_backward", d_values, indices, dim=dim, keepdim=keepdim, shape=shape), expected)
+
+
 # ----------------------------------------------------------------------------
 # 6.8 Embedding
 # ----------------------------------------------------------------------------

@@ -103,7 +103,6 @@ SPEC_DISAGREEMENTS = {
     "mul": [("E014", 2633, 3)],  # no mul_backward kernel
     "reduce_sum": [("E014", 2796, 16)],  # broadcast(...) is no primitive
     "reduce_mean": [("E014", 2851, 16)],
-    "reduce_max": [("E014", 2896, 3)],  # no reduce_max_backward kernel
     "moe_unpermute": [("E004", 3140, 9)],  # the backward kernel takes expert_outputs too
     "mamba_conv1d": [("E004", 3217, 9)],  # the backward's bias is optional
     "mamba_selective_scan": [("E004", 3284, 9)],  # the backward takes y, then the optional ssm_state

@@ -237,3 +237,80 @@ mdsl.graph.model @m {
   }
 }
 // CHECK: error: 'mdsl.graph.transpose' op result: shapes [B, 64, 32] and [B, 64, 64] differ
+
+// -----
+
+!v = !mdsl.graph.tensor<[B, 4], bf16>
+!i = !mdsl.graph.tensor<[B, 4], int32>
+!x = !mdsl.graph.tensor<[B, 8, C], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%v: !v, %i: !i) -> !x {
+    %dx = mdsl.graph.reduce_max_backward %v, %i {dim = -1 : i64} : (!v, !i) -> !x
+    mdsl.graph.return %dx : !x
+  }
+}
+// CHECK: error: 'mdsl.graph.reduce_max_backward' op d_values: shapes [B, 8] and [B, 4] differ
+
+// -----
+
+!v = !mdsl.graph.tensor<[B, T], bf16>
+!x = !mdsl.graph.tensor<[B, T, C], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%v: !v, %i: !v) -> !x {
+    %dx = mdsl.graph.reduce_max_backward %v, %i {dim = -1 : i64} : (!v, !v) -> !x
+    mdsl.graph.return %dx : !x
+  }
+}
+// CHECK: error: 'mdsl.graph.reduce_max_backward' op indices must have element type int32 or int64, got bf16
+
+// -----
+
+!v = !mdsl.graph.tensor<[B, 8], bf16>
+!i = !mdsl.graph.tensor<[B, 4], int32>
+!x = !mdsl.graph.tensor<[B, 8, C], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%v: !v, %i: !i) -> !x {
+    %dx = mdsl.graph.reduce_max_backward %v, %i {dim = -1 : i64} : (!v, !i) -> !x
+    mdsl.graph.return %dx : !x
+  }
+}
+// CHECK: error: 'mdsl.graph.reduce_max_backward' op indices: shapes [B, 8] and [B, 4] differ
+
+// -----
+
+!v = !mdsl.graph.tensor<[B, T], bf16>
+!i = !mdsl.graph.tensor<[B, T], int32>
+!x = !mdsl.graph.tensor<[B, T, C], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%v: !v, %i: !i) -> !x {
+    %dx = mdsl.graph.reduce_max_backward %v, %i {dim = -1 : i64, keepdim = true} : (!v, !i) -> !x
+    mdsl.graph.return %dx : !x
+  }
+}
+// CHECK: error: 'mdsl.graph.reduce_max_backward' op d_values: shapes [B, T, 1] and [B, T] differ in rank
+
+// -----
+
+!v = !mdsl.graph.tensor<[B, T], fp32>
+!i = !mdsl.graph.tensor<[B, T], int32>
+!x = !mdsl.graph.tensor<[B, T, C], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%v: !v, %i: !i) -> !x {
+    %dx = mdsl.graph.reduce_max_backward %v, %i {dim = -1 : i64} : (!v, !i) -> !x
+    mdsl.graph.return %dx : !x
+  }
+}
+// CHECK: error: 'mdsl.graph.reduce_max_backward' op d_values and d_x: element types differ (bf16, fp32)
+
+// -----
+
+!v = !mdsl.graph.tensor<[B, T], bf16>
+!i = !mdsl.graph.tensor<[B, T], int32>
+!x = !mdsl.graph.tensor<[B, T, C], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%v: !v, %i: !i) -> !x {
+    %dx = mdsl.graph.reduce_max_backward %v, %i {dim = 3 : i64} : (!v, !i) -> !x
+    mdsl.graph.return %dx : !x
+  }
+}
+// CHECK: error: 'mdsl.graph.reduce_max_backward' op reduction dim 3 is out of range for rank 3

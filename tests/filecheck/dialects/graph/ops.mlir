@@ -169,6 +169,11 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %rm = mdsl.graph.reduce_mean %x {dims = array<i64: -1>, keepdim = true} : (!x) -> !mdsl.graph.tensor<[B, T, 1], bf16>
     // CHECK: mdsl.graph.reduce_max %x {dim = -1 : i64} :
     %mx, %mi = mdsl.graph.reduce_max %x {dim = -1 : i64} : (!x) -> (!mdsl.graph.tensor<[B, T], bf16>, !ids)
+    // CHECK: mdsl.graph.reduce_max_backward %mx, %mi {dim = -1 : i64} : (!mdsl.graph.tensor<[B, T], bf16>, !mdsl.graph.tensor<[B, T], int32>) -> !mdsl.graph.tensor<[B, T, C], bf16>
+    %dmx = mdsl.graph.reduce_max_backward %mx, %mi {dim = -1 : i64} : (!mdsl.graph.tensor<[B, T], bf16>, !ids) -> !x
+    // CHECK: mdsl.graph.reduce_max_backward %kx, %ki {dim = 1 : i64, keepdim = true} : (!mdsl.graph.tensor<[B, 1, C], bf16>, !mdsl.graph.tensor<[B, 1, C], int64>) -> !mdsl.graph.tensor<[B, T, C], bf16>
+    %kx, %ki = mdsl.graph.reduce_max %x {dim = 1 : i64, keepdim = true} : (!x) -> (!mdsl.graph.tensor<[B, 1, C], bf16>, !mdsl.graph.tensor<[B, 1, C], int64>)
+    %dkx = mdsl.graph.reduce_max_backward %kx, %ki {dim = 1 : i64, keepdim = true} : (!mdsl.graph.tensor<[B, 1, C], bf16>, !mdsl.graph.tensor<[B, 1, C], int64>) -> !x
 
     // 6.8 embedding
     // CHECK: mdsl.graph.embedding %ids, %e : (!mdsl.graph.tensor<[B, T], int32>, !mdsl.graph.tensor<[V, C], bf16>) -> !mdsl.graph.tensor<[B, T, C], bf16>
