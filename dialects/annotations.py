@@ -996,6 +996,11 @@ def find_annotation(op: Operation, cls: type[AnnotationAttr]) -> AnnotationAttr 
     return next((a for a in annotations_of(op) if isinstance(a, cls)), None)
 
 
+def is_frozen(param: Operation) -> bool:
+    """Whether a parameter declaration is ``@frozen`` (no gradient, no optimizer state)."""
+    return find_annotation(param, FrozenAttr) is not None
+
+
 def check_annotation_set(annotations: Sequence[AnnotationAttr]) -> None:
     """Annotations on one target must not repeat (unless repeatable) or contradict; raises AnnotationError."""
     seen: set[type[AnnotationAttr]] = set()

@@ -5,7 +5,22 @@ Every tensor becomes a buffer: parameters in the ``params`` arena (tagged
 (``input = i`` / ``output = i``), everything else in ``activations``, and
 the scratch a kernel asks for through the kernel registry in ``workspace``
 (a trailing output of its launch, marked ``scratch``). Buffers get no offsets
-here; ``mdsl-plan-memory`` places them.
+here; ``mdsl-plan-memory`` places them. Every program declares all the
+model's parameters first, in the model's order (used or not), so all
+programs of a model lay out the ``params`` arena alike and can share it.
+
+With ``grads_arena=true``, a gradient function (``mdsl-autodiff``'s, whose
+``grads`` attribute names the parameters of its gradient results) adds its
+parameter gradients into the ``grads`` arena instead of returning them: one
+fp32 buffer per trainable (not ``@frozen``) parameter, declared after the
+parameters in the model's order (tagged ``grad = "name"``), so a training
+step accumulates over micro-batches and an optimizer program
+(``mdsl-optimizer-step``) reads them. A gradient computed by a GEMM that
+nothing else reads becomes that GEMM with ``beta = 1`` on the gradient
+buffer (or on its layer's slice of it, through the concat and views that
+join the layers of a stacked parameter); any other one is added by an
+in-place ``add`` launch. The remaining results (the loss, input gradients)
+are the program's outputs, numbered in order.
 
 Each primitive becomes a launch of its registry kernel, except:
 * ``matmul`` and ``batched_matmul`` become ``gemm``; a ``transpose`` of the
@@ -38,13 +53,14 @@ import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, UnitAttr, i64
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp, StringAttr, UnitAttr, f64, i64
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError
 from modeldsl.dialects.dtypes import DType
-from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamRefOp, ReturnOp, StackOp
+from modeldsl.dialects.annotations import is_frozen
+from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.dialects.sched import (
     AttentionOp,
@@ -74,17 +90,20 @@ class LowerToSchedPass(ModulePass):
     storage: str = ""
     kv_cache: int = 0
     split_gemms: bool = True
+    grads_arena: bool = False
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for model in [m for m in op.body.block.ops if isinstance(m, ModelOp)]:
-            program = lower_function(model, self.func, self.storage or None, self.kv_cache, self.split_gemms)
+            program = lower_function(model, self.func, self.storage or None, self.kv_cache, self.split_gemms,
+                                     self.grads_arena)
             op.body.block.insert_op_after(program, model)
 
 
 def lower_function(model: ModelOp, func_name: str = "forward", storage: str | None = None,
-                   kv_cache: int = 0, split_gemms: bool = True) -> ProgramOp:
+                   kv_cache: int = 0, split_gemms: bool = True, grads_arena: bool = False) -> ProgramOp:
     """The schedule of ``@func_name`` of a specialized model (decoding with a KV cache of
-    ``kv_cache`` positions when it is positive)."""
+    ``kv_cache`` positions when it is positive; parameter gradients added into the ``grads``
+    arena with ``grads_arena``)."""
     funcs = {f.sym_name.data: f for f in model.body.block.ops if isinstance(f, FuncOp)}
     if func_name not in funcs:
         raise _error(f"@{model.sym_name.data} has no function @{func_name}", f"functions: {', '.join(funcs)}")
@@ -92,7 +111,47 @@ def lower_function(model: ModelOp, func_name: str = "forward", storage: str | No
         raise _error(f"mdsl-lower-to-sched: storage={storage} is not fp32", "storage=fp32 or leave it out")
     if isinstance(kv_cache, bool) or not isinstance(kv_cache, int) or kv_cache < 0:
         raise _error(f"mdsl-lower-to-sched: kv_cache={kv_cache} is not a number of positions", "kv_cache=256")
-    return ScheduleBuilder(model, funcs, storage == "fp32", kv_cache, split_gemms).lower(funcs[func_name])
+    func = funcs[func_name]
+    if grads_arena and "grads" not in func.attributes:
+        raise _error(f"mdsl-lower-to-sched: grads_arena=true, but @{func_name} is no gradient function",
+                     "derive one first: mdsl-autodiff, then func=forward_grad")
+    return ScheduleBuilder(model, funcs, storage == "fp32", kv_cache, split_gemms).lower(func, grads_arena)
+
+
+def parameter_buffers(model: ModelOp, fp32_storage: bool) -> list[BufferOp]:
+    """One ``params`` buffer per parameter of a specialized model, in the model's order."""
+    buffers = []
+    for param in (p for p in model.body.block.ops if isinstance(p, ParamOp)):
+        op = BufferOp("params", concrete_buffer_type(param.param_type, fp32_storage))
+        op.attributes["param"] = StringAttr(param.sym_name.data)
+        op.result.name_hint = param.sym_name.data
+        buffers.append(op)
+    return buffers
+
+
+def gradient_buffers(model: ModelOp, fp32_storage: bool) -> list[BufferOp]:
+    """One fp32 ``grads`` buffer per trainable (not ``@frozen``) parameter, in the model's order."""
+    buffers = []
+    for param in (p for p in model.body.block.ops if isinstance(p, ParamOp) and not is_frozen(p)):
+        shape = concrete_buffer_type(param.param_type, fp32_storage).shape
+        op = BufferOp("grads", BufferType(shape, DType.FP32))
+        op.attributes["grad"] = StringAttr(param.sym_name.data)
+        op.result.name_hint = f"d_{param.sym_name.data}"
+        buffers.append(op)
+    return buffers
+
+
+def concrete_buffer_type(t: TensorType, fp32_storage: bool) -> BufferType:
+    """The buffer type of a tensor type with concrete dims (16-bit floats as fp32 with ``fp32_storage``)."""
+    try:
+        shape = [d.evaluate({}) for d in t.shape]
+    except (SymbolicError, AttributeError):
+        raise _error(f"mdsl-lower-to-sched needs concrete shapes, got {t}",
+                     "bind the sizes first: mdsl-specialize{B=1 T=64}") from None
+    dtype = t.dtype
+    if fp32_storage and dtype in (DType.BF16, DType.FP16):
+        dtype = DType.FP32
+    return BufferType(shape, dtype)
 
 
 def _error(message: str, hint: str | None = None) -> DiagnosticError:
@@ -119,20 +178,27 @@ class ScheduleBuilder:
         self.signatures = {sig.op.name: sig for sig in primitives().values()}
 
     # ------------------------------------------------------------------ program
-    def lower(self, func: FuncOp) -> ProgramOp:
+    def lower(self, func: FuncOp, grads_arena: bool = False) -> ProgramOp:
+        for op in parameter_buffers(self.model, self.fp32_storage):
+            self.buffers.append(op)
+            self.params[op.attributes["param"].data] = op.result
+        ret = func.body.block.last_op
+        assert isinstance(ret, ReturnOp)
+        accumulated = self.gradient_results(func, ret) if grads_arena else {}
         for index, arg in enumerate(func.body.block.args):
             self.values[arg] = self.new_buffer(arg, "external", {"input": IntegerAttr(index, i64)})
         if self.kv_cache:
             index = IntegerAttr(len(func.body.block.args), i64)
             self.position = self.new_buffer(None, "external", {"input": index}, btype=BufferType([1], DType.INT32))
             self.position.name_hint = "position"
-        ret = func.body.block.last_op
-        assert isinstance(ret, ReturnOp)
-        for index, value in enumerate(ret.values):
+        returned = [(i, v) for i, v in enumerate(ret.values) if i not in accumulated]
+        for index, (_, value) in enumerate(returned):
             if value not in self.outputs and isinstance(value.owner, Operation) and value not in func.body.block.args:
                 self.outputs[value] = index
         self.run_body(func.body.block, self.values)
-        for index, value in enumerate(ret.values):
+        for position, target in accumulated.items():
+            self.accumulate(ret.values[position], target)
+        for index, (_, value) in enumerate(returned):
             source = self.buffer(value)
             if not _is_output(source, index):  # an argument, a view, loop state or a repeated value
                 out = self.new_buffer(value, "external", {"output": IntegerAttr(index, i64)}, btype=source.type)
@@ -146,6 +212,87 @@ class ScheduleBuilder:
             body.add_op(op)
         return program
 
+    # ------------------------------------------------------------------ gradients
+    def gradient_results(self, func: FuncOp, ret: ReturnOp) -> dict[int, SSAValue]:
+        """Return position -> ``grads`` buffer of each parameter gradient of a gradient function
+        (all trainable parameters' buffers are declared, in the model's order)."""
+        targets = {}
+        for op in gradient_buffers(self.model, self.fp32_storage):
+            self.buffers.append(op)
+            targets[op.attributes["grad"].data] = op.result
+        names = [a.data for a in func.attributes["grads"].data]
+        first = len(ret.values) - len(names) - len(func.attributes["input_grads"].data)
+        found = {}
+        for position, name in enumerate(names, first):
+            if name not in targets:
+                raise _error(f"mdsl-lower-to-sched: @{func.sym_name.data} returns the gradient of '{name}', "
+                             "which is no trainable parameter of the model")
+            found[position] = targets[name]
+        return found
+
+    def accumulate(self, value: SSAValue, target: SSAValue) -> None:
+        """Add a gradient into its ``grads`` buffer (or a slice of it): fold it into the GEMM or
+        the per-layer pieces that compute it when nothing else reads them, else launch an add."""
+        source = self.buffer(value)
+        producer = value.owner
+        if len(value.uses) == 1 and isinstance(producer, Operation):
+            if producer.name == "mdsl.graph.concat" and _is_outermost(producer) and \
+                    self.drop_concat(source):
+                self.discard(source.owner)
+                offset = 0
+                for piece in producer.operands:
+                    btype = self.buffer_type(piece.type)
+                    self.accumulate(piece, self.slice_of(target, offset, btype))
+                    offset += btype.nbytes
+                return
+            if producer.name == "mdsl.graph.view" and isinstance(source.owner, BufferOp) and \
+                    source.owner.alias_of is not None and source.owner.offset.value.data == 0 and not source.uses:
+                self.discard(source.owner)
+                piece = producer.operands[0]
+                self.accumulate(piece, self.slice_of(target, 0, self.buffer_type(piece.type)))
+                return
+            gemm = self.writer(source, GemmOp)
+            if gemm is not None and gemm.beta.value.data == 0.0 and source.type == target.type:
+                gemm.operands[-1] = target
+                gemm.beta = FloatAttr(1.0, f64)
+                self.discard(source.owner)
+                return
+        self.block.add_op(LaunchOp("add", [target, source], [target], inplace=True))
+
+    def slice_of(self, target: SSAValue, offset: int, btype: BufferType) -> SSAValue:
+        """A view of ``btype`` at byte ``offset`` of a ``grads`` buffer."""
+        if offset == 0 and target.type == btype:
+            return target
+        op = BufferOp("grads", btype, offset, btype.nbytes, target)
+        op.result.name_hint = target.name_hint
+        self.buffers.append(op)
+        return op.result
+
+    def writer(self, buf: SSAValue, kind: type) -> Operation | None:
+        """The one op of ``kind`` (top level) that writes ``buf``, when it is a root buffer no other op touches."""
+        if not isinstance(buf.owner, BufferOp) or buf.owner.alias_of is not None or buf.owner.arena.data != "activations":
+            return None
+        users = [op for op in self.block.ops if buf in op.operands]
+        if len(users) != 1 or not isinstance(users[0], kind):
+            return None
+        op = users[0]
+        written = [op.operands[-1]] if isinstance(op, GemmOp) else list(op.outputs)
+        return op if written == [buf] else None
+
+    def drop_concat(self, buf: SSAValue) -> bool:
+        """Drop the concat launch that alone writes ``buf`` (its pieces go to slices of a gradient buffer)."""
+        op = self.writer(buf, LaunchOp)
+        if op is None or op.kernel.data != "concat":
+            return False
+        op.detach()
+        op.erase()
+        return True
+
+    def discard(self, buffer: BufferOp) -> None:
+        """Forget a buffer op that nothing uses any more."""
+        self.buffers.remove(buffer)
+        buffer.erase()
+
     def run_body(self, block: Block, values: dict[SSAValue, SSAValue]) -> list[SSAValue]:
         """Lower a function body; the values it returns."""
         for op in block.ops:
@@ -156,15 +303,7 @@ class ScheduleBuilder:
 
     # ------------------------------------------------------------------ buffers
     def buffer_type(self, t: TensorType) -> BufferType:
-        try:
-            shape = [d.evaluate({}) for d in t.shape]
-        except (SymbolicError, AttributeError):
-            raise _error(f"mdsl-lower-to-sched needs concrete shapes, got {t}",
-                         "bind the sizes first: mdsl-specialize{B=1 T=64}") from None
-        dtype = t.dtype
-        if self.fp32_storage and dtype in (DType.BF16, DType.FP16):
-            dtype = DType.FP32
-        return BufferType(shape, dtype)
+        return concrete_buffer_type(t, self.fp32_storage)
 
     def new_buffer(self, value: SSAValue, arena: str, attrs: dict[str, Attribute] | None = None,
                    alias_of: SSAValue | None = None, offset: int | None = None,
@@ -199,10 +338,7 @@ class ScheduleBuilder:
         return buf
 
     def param(self, op: ParamRefOp) -> SSAValue:
-        name = op.param.root_reference.data
-        if name not in self.params:
-            self.params[name] = self.new_buffer(op.result, "params", {"param": StringAttr(name)})
-        return self.params[name]
+        return self.params[op.param.root_reference.data]
 
     # ------------------------------------------------------------------ ops
     def lower_op(self, op: Operation) -> None:
@@ -431,6 +567,11 @@ def _only_user_splits_last_dim(value: SSAValue) -> Operation | None:
     rank = len(value.type.shape)
     dim = split.attributes["dim"].value.data if "dim" in split.attributes else -1
     return split if dim % rank == rank - 1 else None
+
+
+def _is_outermost(concat: Operation) -> bool:
+    """Whether a concat joins its pieces along dim 0 (one after another in memory)."""
+    return op_attr(concat, "dim", -1) % len(concat.results[0].type.shape) == 0
 
 
 def _is_output(buf: SSAValue, index: int) -> bool:

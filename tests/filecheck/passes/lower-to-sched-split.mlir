@@ -35,10 +35,10 @@ mdsl.graph.model @m config {} {
 // CHECK:      mdsl.sched.gemm %x, %w_rows0 -> %q {transb = true}
 // CHECK-NEXT: mdsl.sched.gemm %x, %w_rows6 -> %k {transb = true}
 // CHECK:      mdsl.sched.layer_loop
-// CHECK-NEXT:   %[[LW:.*]] = mdsl.sched.layer_view %sw[%[[L:.*]]] : !mdsl.sched.buffer<[2, 12, 8], fp32> -> !mdsl.sched.buffer<[12, 8], fp32>
-// CHECK-NEXT:   %[[G:.*]] = mdsl.sched.layer_view %sw[%[[L]]] {rows = array<i64: 0, 6>} : !mdsl.sched.buffer<[2, 12, 8], fp32> -> !mdsl.sched.buffer<[6, 8], fp32>
+// CHECK-NEXT:   %[[LW:.*]] = mdsl.sched.layer_view %blocks.w[%[[L:.*]]] : !mdsl.sched.buffer<[2, 12, 8], fp32> -> !mdsl.sched.buffer<[12, 8], fp32>
+// CHECK-NEXT:   %[[G:.*]] = mdsl.sched.layer_view %blocks.w[%[[L]]] {rows = array<i64: 0, 6>} : !mdsl.sched.buffer<[2, 12, 8], fp32> -> !mdsl.sched.buffer<[6, 8], fp32>
 // CHECK-NEXT:   mdsl.sched.gemm %{{.*}}, %[[G]] -> %g {transb = true}
-// CHECK-NEXT:   %[[U:.*]] = mdsl.sched.layer_view %sw[%[[L]]] {rows = array<i64: 6, 6>}
+// CHECK-NEXT:   %[[U:.*]] = mdsl.sched.layer_view %blocks.w[%[[L]]] {rows = array<i64: 6, 6>}
 // CHECK-NEXT:   mdsl.sched.gemm %{{.*}}, %[[U]] -> %u {transb = true}
 // CHECK-NEXT:   mdsl.sched.launch "swiglu"(%g, %u) -> (%y)
 // A split whose input is not a projection stays a split kernel:

@@ -32,9 +32,10 @@ mdsl.graph.model @m config {} {
 }
 
 // CHECK:      mdsl.sched.program @forward arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) attributes {model = "m"} {
-// CHECK-NEXT:   %x = mdsl.sched.buffer external bytes 128 {input = 0 : i64} : !mdsl.sched.buffer<[2, 4, 8], bf16>
+// Every parameter first, in the model's order (so all programs of a model share one params layout):
 // CHECK-NEXT:   %w = mdsl.sched.buffer params bytes 128 {param = "w"} : !mdsl.sched.buffer<[8, 8], bf16>
-// CHECK-NEXT:   %sw = mdsl.sched.buffer params bytes 384 {param = "blocks.w"} : !mdsl.sched.buffer<[3, 8, 8], bf16>
+// CHECK-NEXT:   %blocks.w = mdsl.sched.buffer params bytes 384 {param = "blocks.w"} : !mdsl.sched.buffer<[3, 8, 8], bf16>
+// CHECK-NEXT:   %x = mdsl.sched.buffer external bytes 128 {input = 0 : i64} : !mdsl.sched.buffer<[2, 4, 8], bf16>
 // CHECK-NEXT:   %a = mdsl.sched.buffer activations bytes 128 : !mdsl.sched.buffer<[2, 4, 8], bf16>
 // CHECK-NEXT:   %flat = mdsl.sched.buffer activations offset 0 bytes 128 alias_of %a : !mdsl.sched.buffer<[8, 8], bf16> from !mdsl.sched.buffer<[2, 4, 8], bf16>
 // CHECK-NEXT:   %top = mdsl.sched.buffer activations offset 0 bytes 48 alias_of %flat : !mdsl.sched.buffer<[3, 8], bf16> from !mdsl.sched.buffer<[8, 8], bf16>
@@ -54,7 +55,7 @@ mdsl.graph.model @m config {} {
 // CHECK-NEXT:   mdsl.sched.launch "add"(%l, %r) -> (%lr)
 // The stack carries its state in %a, the only use of the stack's input:
 // CHECK-NEXT:   mdsl.sched.layer_loop %{{.*}} = 0 to 3 {
-// CHECK-NEXT:     %[[LW:.*]] = mdsl.sched.layer_view %sw[%{{.*}}] : !mdsl.sched.buffer<[3, 8, 8], bf16> -> !mdsl.sched.buffer<[8, 8], bf16>
+// CHECK-NEXT:     %[[LW:.*]] = mdsl.sched.layer_view %blocks.w[%{{.*}}] : !mdsl.sched.buffer<[3, 8, 8], bf16> -> !mdsl.sched.buffer<[8, 8], bf16>
 // CHECK-NEXT:     mdsl.sched.gemm %a, %[[LW]] -> %y {transb = true}
 // CHECK-NEXT:     mdsl.sched.launch "silu"(%y) -> (%z)
 // CHECK-NEXT:     mdsl.sched.copy %z -> %a
