@@ -9,9 +9,11 @@ Python traceback. After the pipeline, ``--emit=memory-report`` prints the
 memory plan of each ``mdsl.sched.program`` instead of the IR and
 ``--emit=memory-plot FILE.png`` draws it (:mod:`modeldsl.memory_report`).
 
-``--verify-backward`` checks the model's derived gradient (``mdsl-autodiff``)
-against finite differences in float64 (spec 9.8.1,
-:mod:`modeldsl.verify_backward`): the model is specialized with small sizes
+``--verify-backward`` checks the model's backward against finite differences
+in float64 (spec 9.8.1, :mod:`modeldsl.verify_backward`): its written backward
+(``@backward``, from a ``backward:`` section) where it has one, else its
+derived gradient (``mdsl-autodiff``; ``--verify-derived`` forces this one);
+the report's header says which. The model is specialized with small sizes
 (``--verify-shapes B=2,T=8``; a Module DSL parameter named there is a
 lowering value instead, so ``d_model=32,n_layers=2`` makes a model tiny),
 given random weights and inputs (seed 0), and each parameter's and float
@@ -141,9 +143,16 @@ class MdslOptMain(xDSLOptMain):
         arg_parser.add_argument(
             "--verify-backward",
             action="store_true",
-            help="check the model's derived gradient against float64 finite differences (random weights and "
-            "inputs, seed 0) and print each tensor's relative error instead of the IR; exit 1 when one is above "
-            "the tolerance",
+            help="check the model's backward against float64 finite differences (random weights and inputs, "
+            "seed 0) and print each tensor's relative error instead of the IR; exit 1 when one is above the "
+            "tolerance. The backward checked is the written one (a backward: section, @backward) where the "
+            "model has one, else the gradient mdsl-autodiff derives",
+        )
+        arg_parser.add_argument(
+            "--verify-derived",
+            action="store_true",
+            help="for --verify-backward: check the derived gradient (mdsl-autodiff) even where the model has a "
+            "written backward",
         )
         arg_parser.add_argument(
             "--verify-shapes",
@@ -307,25 +316,40 @@ class MdslOptMain(xDSLOptMain):
         from modeldsl.dialects.graph import ModelOp
         from modeldsl.passes.autodiff import AutodiffError
         from modeldsl.runtime.executor import ExecutionError
-        from modeldsl.verify_backward import random_inputs, random_weights, report, verify_backward
+        from modeldsl.verify_backward import (
+            BackwardCheckError,
+            checked_backward,
+            random_inputs,
+            random_weights,
+            report,
+            verify_backward,
+        )
 
+        which = "derived" if self.verify.derived else "auto"
         out = []
         for model in [m for m in prog.walk() if isinstance(m, ModelOp)]:
             sizes = {**VERIFY_SHAPES, **self.verify.sizes}
             self.check_size(model, sizes)
             try:
+                kind = checked_backward(model, which=which)
                 inputs = random_inputs(model, sizes=sizes, rope=self.rope_of(model))
-                checks = verify_backward(model, random_weights(model), inputs, epsilon=self.verify.epsilon)
+                checks = verify_backward(model, random_weights(model), inputs, epsilon=self.verify.epsilon,
+                                         which=which)
+            except BackwardCheckError as err:
+                raise DiagnosticError([Diagnostic(err.code, f"--verify-backward: {err.message}", None,
+                                                  err.hint)]) from None
             except AutodiffError as err:
-                raise DiagnosticError([Diagnostic("E014", f"--verify-backward: {err}", None,
-                                                  "write a backward: section for this module")]) from None
+                hint = ("drop --verify-derived to check the module's written backward" if self.verify.derived
+                        and checked_backward(model) == "written" else "write a backward: section for this module")
+                raise DiagnosticError([Diagnostic("E014", f"--verify-backward: {err}", None, hint)]) from None
             except ExecutionError as err:
                 raise DiagnosticError([Diagnostic("E014", f"--verify-backward: {err}", None,
                                                   "the check runs the model with the numpy reference kernels")]) \
                     from None
             shapes = ", ".join(f"{k}={v}" for k, v in sizes.items())
+            what = "the written backward @backward" if kind == "written" else "the derived gradient (mdsl-autodiff)"
             out.append(f"verify-backward @{model.sym_name.data} ({shapes}; float64, epsilon "
-                       f"{self.verify.epsilon:g}, seed 0)\n")
+                       f"{self.verify.epsilon:g}, seed 0): {what}\n")
             text, ok = report(checks, self.verify.tolerance)
             out.append(text)
             self.verify_failed |= not ok
@@ -428,12 +452,14 @@ class MdslOptMain(xDSLOptMain):
 
 @dataclasses.dataclass
 class VerifyOptions:
-    """``--verify-backward``'s options: the sizes given (over B=2, T=8), the tolerance and the step;
+    """``--verify-backward``'s options: the sizes given (over B=2, T=8), the tolerance, the step and
+    whether the derived gradient is checked even where a written backward is (``--verify-derived``);
     ``bindings`` the sizes left to bind after lowering (None: all of them)."""
 
     sizes: dict[str, int]
     tolerance: float
     epsilon: float
+    derived: bool = False
     bindings: dict[str, int] | None = None
 
     def text(self) -> str:
@@ -451,7 +477,8 @@ def flag_error(message: str, hint: str = "") -> DiagnosticError:
 def verify_options(args: argparse.Namespace) -> VerifyOptions | None:
     """The checked ``--verify-*`` flags (E029 for a bad value or one without --verify-backward)."""
     given = [f for f, v in (("--verify-shapes", args.verify_shapes), ("--verify-tolerance", args.verify_tolerance),
-                            ("--verify-epsilon", args.verify_epsilon)) if v is not None]
+                            ("--verify-epsilon", args.verify_epsilon),
+                            ("--verify-derived", args.verify_derived or None)) if v is not None]
     if not args.verify_backward:
         if given:
             raise flag_error(f"{given[0]} is an option of --verify-backward", "add --verify-backward")
@@ -461,7 +488,7 @@ def verify_options(args: argparse.Namespace) -> VerifyOptions | None:
                          "drop one of --verify-backward and --emit")
     return VerifyOptions(parse_sizes(args.verify_shapes or ""),
                          positive_float("--verify-tolerance", args.verify_tolerance, 1e-3),
-                         positive_float("--verify-epsilon", args.verify_epsilon, 1e-6))
+                         positive_float("--verify-epsilon", args.verify_epsilon, 1e-6), args.verify_derived)
 
 
 def parse_sizes(text: str) -> dict[str, int]:

@@ -1,4 +1,5 @@
-"""``mdsl-opt --verify-backward``: the derived gradient against float64 finite differences (spec 9.8.1)."""
+"""``mdsl-opt --verify-backward``: the written backward, or the derived gradient, against float64
+finite differences (spec 9.8.1)."""
 
 import re
 
@@ -29,16 +30,21 @@ def table(out: str) -> dict[str, float]:
     return rows
 
 
+@pytest.mark.parametrize("derived", [False, True])
 @pytest.mark.parametrize("file, top, shapes, tensors", [
     ("modules/linear.module", "Linear", "in_dim=4,out_dim=3", {"weight", "input in"}),
     ("modules/mlp.module", "SwiGLU_MLP", "d_model=8,d_ff=12", {"up_weight", "down_weight", "input in"}),
 ])
-def test_a_std_module_passes(capsys, file, top, shapes, tensors):
-    code, out, err = run(capsys, str(STD_ROOT / file), "--top", top, "--verify-backward", "--verify-shapes", shapes)
+def test_a_std_module_passes(capsys, file, top, shapes, tensors, derived):
+    """Their written backward: sections by default, the derived gradient with --verify-derived."""
+    code, out, err = run(capsys, str(STD_ROOT / file), "--top", top, "--verify-backward", "--verify-shapes", shapes,
+                         *(["--verify-derived"] if derived else []))
     assert code == 0, err
     sizes = shapes.replace(",", ", ")
-    assert out.startswith(f"verify-backward @{top} (B=2, T=8, {sizes}; float64, epsilon 1e-06, seed 0)")
-    assert out.splitlines()[1].split() == ["tensor", "derived", "numerical", "rel.", "error"]
+    what = "the derived gradient (mdsl-autodiff)" if derived else "the written backward @backward"
+    assert out.startswith(f"verify-backward @{top} (B=2, T=8, {sizes}; float64, epsilon 1e-06, seed 0): {what}\n")
+    column = "derived" if derived else "written"
+    assert out.splitlines()[1].split() == ["tensor", column, "numerical", "rel.", "error"]
     rows = table(out)
     assert set(rows) == tensors and max(rows.values()) < 1e-6
     assert "within the tolerance 0.001" in out and "FAIL" not in out
@@ -74,7 +80,8 @@ def test_a_checkpoint_config_gives_the_sizes(capsys, tmp_path, case):
 
 def test_a_broken_rule_fails_with_exit_code_1(capsys, monkeypatch):
     """A VJP rule that doubles its gradient (swiglu's d_gate) is caught: the tensors whose gradient
-    passes through it are marked FAIL."""
+    passes through it are marked FAIL (in the derived gradient: the module's written backward does
+    not use the rule)."""
     right = vjp.RULES["swiglu"]
 
     def doubled(b, op, grads):
@@ -82,8 +89,11 @@ def test_a_broken_rule_fails_with_exit_code_1(capsys, monkeypatch):
         return [b.one("scale", d_gate, factor=2.0), d_up]
 
     monkeypatch.setitem(vjp.RULES, "swiglu", doubled)
-    code, out, err = run(capsys, str(STD_ROOT / "modules" / "mlp.module"), "--top", "SwiGLU_MLP",
-                         "--verify-backward", "--verify-shapes", "d_model=8,d_ff=12")
+    args = [str(STD_ROOT / "modules" / "mlp.module"), "--top", "SwiGLU_MLP", "--verify-backward",
+            "--verify-shapes", "d_model=8,d_ff=12"]
+    code, out, err = run(capsys, *args)
+    assert code == 0 and "the written backward @backward" in out, err
+    code, out, err = run(capsys, *args, "--verify-derived")
     assert code == 1
     rows = table(out)
     assert rows["down_weight"] < 1e-6  # its gradient does not pass through swiglu
@@ -123,6 +133,107 @@ mdsl.graph.model @M config {d = 3 : i64} {
     assert set(table(out)) == {"w", "input x"}
 
 
+WRITTEN = """module TwoLayer(d: int = 6):
+  params:
+    w: [d, d]
+  forward:
+    in: x: [B, d, fp32]
+    out: [B, d, fp32]
+    graph:
+      x -> matmul(w, transpose=NT) -> h
+      h -> silu() -> a
+      a -> matmul(w, transpose=NT) -> out
+    save: [x, h]
+  backward:
+    d_out: [B, d, fp32]
+    graph:
+      recompute:
+        saved.h -> silu() -> a
+      (d_out, w) -> matmul(transpose=NN) -> d_a
+      (d_out, a) -> matmul(transpose=TN, accumulate=true) -> d_w
+      (d_a, saved.h) -> silu_backward() -> d_h
+      (d_h, w) -> matmul(transpose=NN) -> d_x
+      (d_h, saved.x) -> matmul(transpose=TN, accumulate=true) -> d_w
+"""
+
+
+def test_a_written_backward_passes(capsys, tmp_path):
+    (tmp_path / "m.module").write_text(WRITTEN)
+    code, out, err = run(capsys, str(tmp_path / "m.module"), "--verify-backward", "--verify-shapes", "B=3,d=5")
+    assert code == 0, err
+    assert out.startswith("verify-backward @TwoLayer (B=3, T=8, d=5; float64, epsilon 1e-06, seed 0): "
+                          "the written backward @backward\n")
+    rows = table(out)
+    assert set(rows) == {"w", "input x"} and max(rows.values()) < 1e-6
+    assert "within the tolerance 0.001" in out and "FAIL" not in out
+
+
+def test_a_wrong_written_backward_fails_with_exit_code_1(capsys, tmp_path):
+    """d_x through a transposed weight: its row FAILs, the exit code is 1; the derived gradient
+    of the same forward (--verify-derived) passes."""
+    (tmp_path / "m.module").write_text(WRITTEN.replace("(d_h, w) -> matmul(transpose=NN) -> d_x",
+                                                       "(d_h, w) -> matmul(transpose=NT) -> d_x"))
+    code, out, err = run(capsys, str(tmp_path / "m.module"), "--verify-backward")
+    assert code == 1, err
+    assert "the written backward @backward" in out.splitlines()[0]
+    rows = table(out)
+    assert rows["input x"] > 1e-3 and rows["w"] < 1e-6
+    assert [line.split()[0] for line in out.splitlines() if line.endswith("FAIL")] == ["input"]
+    assert "above the tolerance 0.001" in out
+    code, out, err = run(capsys, str(tmp_path / "m.module"), "--verify-backward", "--verify-derived")
+    assert code == 0, err
+    assert "the derived gradient (mdsl-autodiff)" in out.splitlines()[0] and "FAIL" not in out
+
+
+WRITTEN_IR = """
+!x = !mdsl.graph.tensor<[*, d], fp32>
+!w = !mdsl.graph.tensor<[d, d], fp32>
+!b = !mdsl.graph.tensor<[d], fp32>
+mdsl.graph.model @M config {d = 3 : i64} {
+  mdsl.graph.param @w : !w
+  mdsl.graph.param @b : !b
+  mdsl.graph.func @forward(%x: !x) -> !x attributes {kind = "forward"} {
+    %w = mdsl.graph.param_ref @w : !w
+    %b = mdsl.graph.param_ref @b : !b
+    %h = mdsl.graph.matmul %x, %w {transpose = "NT"} : (!x, !w) -> !x
+    %y = mdsl.graph.bias_add %h, %b : (!x, !b) -> !x
+    mdsl.graph.return %y : !x
+  }
+  mdsl.graph.func @backward(%d_y: !x, %saved_x: !x) -> (!x, !w, !b) attributes {kind = "backward", SAVED, GRADS} {
+    %w = mdsl.graph.param_ref @w : !w
+    %d_x = mdsl.graph.matmul %d_y, %w : (!x, !w) -> !x
+    %d_w = mdsl.graph.matmul %d_y, %saved_x {transpose = "TN"} : (!x, !x) -> !w
+    %d_b = mdsl.graph.reduce_sum %d_y {dims = array<i64: 0>} : (!x) -> !b
+    mdsl.graph.return %d_x, %d_w, %d_b : !x, !w, !b
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("x, saved, grads, code, message", [
+    ("[B, d]", 'saved = ["x"]', 'grads = ["d_x", "d_w", "d_b"]', 0, ""),
+    ("[*, d]", 'saved = ["x"]', 'grads = ["d_x", "d_w", "d_b"]', "E018",
+     "the written gradient of b has shape (5, 3), the tensor (3,)"),
+    ("[B, d]", 'saved = ["h2"]', 'grads = ["d_x", "d_w", "d_b"]', "E006",
+     "@backward of @M reads saved.h2, but no input or value of @forward is named 'h2'"),
+    ("[B, d]", 'saved = ["x"]', 'grads = ["d_x", "d_v", "d_b"]', "E005",
+     "@backward of @M returns 'd_v', the gradient of no float input of @forward nor parameter"),
+])
+def test_a_written_backward_in_ir_and_what_cannot_be_checked(capsys, tmp_path, x, saved, grads, code, message):
+    """A hand-written @backward in IR is checked too; one the check cannot run is a coded error
+    (a gradient of the wrong shape: reduce_sum(dims=[0]) over [*, d], which is [B, T, d], leaves [T, d])."""
+    source = tmp_path / "m.mlir"
+    source.write_text(WRITTEN_IR.replace("[*, d]", x).replace("SAVED", saved).replace("GRADS", grads))
+    exit_code, out, err = run(capsys, str(source), "--verify-backward", "--verify-shapes", "B=2,T=5")
+    if not code:
+        assert exit_code == 0, err
+        assert "the written backward @backward" in out and set(table(out)) == {"w", "b", "input x"}
+        return
+    assert exit_code == 1 and out == ""
+    assert err.startswith(f"error[{code}]: --verify-backward: {message}"), err
+    assert "Traceback" not in err and "hint:" in err
+
+
 @pytest.mark.parametrize("args, message", [
     (["--verify-shapes", "B=x"], "--verify-shapes: B=x is not an integer"),
     (["--verify-shapes", "B"], "--verify-shapes: 'B' is not NAME=SIZE"),
@@ -146,6 +257,15 @@ def test_bad_flags_are_e029_without_a_traceback(capsys, args, message):
 def test_verify_options_need_verify_backward(capsys):
     code, _, err = run(capsys, str(STD_ROOT / "models" / "llama.module"), "--verify-shapes", "B=2")
     assert code == 1 and "error[E029]: --verify-shapes is an option of --verify-backward" in err
+    code, _, err = run(capsys, str(STD_ROOT / "models" / "llama.module"), "--verify-derived")
+    assert code == 1 and "error[E029]: --verify-derived is an option of --verify-backward" in err
+
+
+def test_the_help_documents_verify_derived(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--verify-derived" in out and "written backward" in out
 
 
 def test_unbound_sizes_are_named(capsys):
