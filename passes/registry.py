@@ -62,12 +62,19 @@ def _autodiff() -> type[ModulePass]:
     return AutodiffPass
 
 
+def _optimizer_step() -> type[ModulePass]:
+    from modeldsl.passes.optimizer_step import OptimizerStepPass
+
+    return OptimizerStepPass
+
+
 # Project passes, added by the issues that build them: name -> factory.
 PROJECT_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "mdsl-specialize": _specialize,
     "mdsl-plan-memory": _plan_memory,
     "mdsl-lower-to-sched": _lower_to_sched,
     "mdsl-autodiff": _autodiff,
+    "mdsl-optimizer-step": _optimizer_step,
 }
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {**GENERAL_PASSES, **PROJECT_PASSES}

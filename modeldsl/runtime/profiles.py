@@ -30,7 +30,7 @@ from modeldsl.passes.lower_to_sched import lower_function
 from modeldsl.passes.registry import PASSES
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.executor import ExecutionError
-from modeldsl.runtime.sched_executor import ScheduleExecutor
+from modeldsl.runtime.sched_executor import ScheduleExecutor, tagged_layout
 
 DEFAULT_BUCKETS = (1, 16, 64, 256, 1024, 4096)
 
@@ -63,6 +63,7 @@ class ProfiledForward:
         self.model, self.weights, self.storage = model, weights, storage
         self.profiles: dict[tuple[int, int, int], ScheduleExecutor] = {}
         self.params: np.ndarray | None = None
+        self.param_layout: dict | None = None
         self.caches: dict[tuple[int, int], dict[str, np.ndarray]] = {}
 
     def bucket(self, tokens: int) -> int:
@@ -81,11 +82,19 @@ class ProfiledForward:
             self.profiles[key] = executor
         return self.profiles[key]
 
-    def executor(self, program: ProgramOp, state: dict[str, np.ndarray] | None = None) -> ScheduleExecutor:
-        """An executor of one of the model's programs, on the shared params arena: the first
-        one copies the weights in, and the weights become views of it."""
-        shared = {"params": self.params} if self.params is not None else None
-        executor = ScheduleExecutor(program, None if shared else self.weights, shared, state)
+    def executor(self, program: ProgramOp, state: dict[str, np.ndarray] | None = None,
+                 arenas: dict[str, np.ndarray] | None = None) -> ScheduleExecutor:
+        """An executor of one of the model's programs (with any other ``arenas`` it shares) on the
+        shared params arena: the first one copies the weights in, and the weights become views of
+        it. ExecutionError when the program lays out the parameters differently."""
+        layout = tagged_layout(program, "param")
+        if self.param_layout is None:
+            self.param_layout = layout
+        elif layout != self.param_layout:
+            raise ExecutionError(f"@{program.sym_name.data} lays out the parameters unlike the model's other "
+                                 "programs (a different storage dtype?)")
+        shared = {**(arenas or {}), **({"params": self.params} if self.params is not None else {})}
+        executor = ScheduleExecutor(program, None if self.params is not None else self.weights, shared, state)
         if self.params is None:
             self.adopt_weights(executor)
             self.params = executor.arenas["params"]

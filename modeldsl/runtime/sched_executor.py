@@ -63,7 +63,9 @@ class ScheduleExecutor:
         self.views: dict[SSAValue, np.ndarray] = {}
         self.inputs: list[np.ndarray] = []
         self.outputs: list[np.ndarray] = []
-        self.params: dict[str, np.ndarray] = {}
+        self.params: dict[str, np.ndarray] = {}  # tagged param = "name"
+        self.grads: dict[str, np.ndarray] = {}  # tagged grad = "name"
+        self.moments: dict[str, np.ndarray] = {}  # tagged moment = "exp_avg.name"
         self.state: dict[str, np.ndarray] = dict(state or {})
         self.steps: list[Step] = []
         for op in program.body.block.ops:
@@ -95,9 +97,10 @@ class ScheduleExecutor:
             if isinstance(index, IntegerAttr):
                 where.extend([None] * (index.value.data + 1 - len(where)))
                 where[index.value.data] = view
-        name = op.attributes.get("param")
-        if isinstance(name, StringAttr):
-            self.params[name.data] = view
+        for tag, views in (("param", self.params), ("grad", self.grads), ("moment", self.moments)):
+            name = op.attributes.get(tag)
+            if isinstance(name, StringAttr):
+                views[name.data] = view
 
     def bind_params(self, weights: dict[str, np.ndarray]) -> None:
         """Copy each parameter into its place in the params arena."""
@@ -223,6 +226,19 @@ def root_offset(op: BufferOp) -> tuple[BufferOp, int]:
         start += op.offset.value.data
         op = op.alias_of.owner
     return op, start + (op.offset.value.data if op.offset is not None else 0)
+
+
+def tagged_layout(program: ProgramOp, tag: str) -> dict[str, tuple[int, tuple[int, ...], str]]:
+    """Where each buffer tagged ``tag = "name"`` (``param``, ``grad``, ``moment``) of a planned
+    program lies: name -> (byte offset in its arena, shape, dtype). Programs that share an
+    arena must agree on it."""
+    layout = {}
+    for op in program.body.block.ops:
+        name = op.attributes.get(tag) if isinstance(op, BufferOp) else None
+        if isinstance(name, StringAttr):
+            btype: BufferType = op.result.type
+            layout[name.data] = (root_offset(op)[1], btype.shape, btype.dtype.value)
+    return layout
 
 
 def copy_step(source: np.ndarray, target: np.ndarray, nbytes: Attribute | None) -> Step:

@@ -1,13 +1,19 @@
-"""Training a loaded model on the CPU schedule executor (first part of the training issue).
+"""Training a loaded model on the CPU schedule executor.
 
 ``add_loss_function`` gives a causal language model ``@train_loss(inputs...,
 labels) -> loss``: its forward, then the mean cross-entropy of the logits
 over the labels that are not ``-100``. ``mdsl-autodiff`` derives
-``@train_loss_grad``; each batch shape is lowered to ``mdsl.sched`` and
-planned once. A :class:`Trainer` step runs that schedule for each
-micro-batch (gradients averaged over them), clips by the global norm and
-updates every parameter with the registry's ``adamw`` kernel, on views of
-the params arena and one fp32 moment pair per parameter.
+``@train_loss_grad``; each micro-batch shape is lowered to ``mdsl.sched``
+with ``grads_arena=true`` (the parameter gradients are added into the
+``grads`` arena) and planned once. ``mdsl-optimizer-step`` gives the update
+program: global norm, clipping factor, one in-place ``adamw`` launch per
+trainable parameter over the ``params``, ``grads`` and ``optimizer`` (the
+moments) arenas, and zeroed gradients. A :class:`Trainer` step runs the
+training program once per micro-batch (the loss gradient seeded with ``1/K``
+for ``K`` micro-batches, so the accumulated gradient is their mean), then
+the optimizer program with the step's learning rate (warmup + cosine, on the
+host) and step number. All programs share the model's params arena and one
+grads arena; the moments live in the optimizer program's arena.
 
 :func:`save_training_state` writes what a step depends on besides the
 weights (the moments, the step, the :class:`AdamWConfig` and any extra
@@ -34,13 +40,14 @@ from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ReturnOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.dialects.sched import ProgramOp
 from modeldsl.graph_builder import GraphBuilder
-from modeldsl.kernels.reference import adamw, global_norm
 from modeldsl.passes.autodiff import gradient_function
 from modeldsl.passes.lower_to_sched import lower_function
+from modeldsl.passes.optimizer_step import optimizer_program
 from modeldsl.passes.specialize import SpecializePass
-from modeldsl.runtime.optim import AdamWConfig, parameter_scales
+from modeldsl.runtime.executor import ExecutionError
+from modeldsl.runtime.optim import AdamWConfig
 from modeldsl.runtime.profiles import plan
-from modeldsl.runtime.sched_executor import ScheduleExecutor
+from modeldsl.runtime.sched_executor import ScheduleExecutor, tagged_layout
 
 IGNORE_INDEX = -100
 STATE_FORMAT = "modeldsl-training-state"
@@ -73,17 +80,26 @@ def add_loss_function(model: ModelOp) -> FuncOp:
     return func
 
 
-def compile_training_step(model: ModelOp, batch: int, tokens: int,
-                          storage: str | None = "fp32") -> tuple[ProgramOp, list[str]]:
-    """The planned schedule of ``@train_loss_grad`` for ``[batch, tokens]`` micro-batches, and the
-    parameter of each gradient it outputs (after the loss), in order."""
+def specialized(model: ModelOp, batch: int, tokens: int) -> ModelOp:
+    """A copy of ``model`` with ``B`` and ``T`` bound."""
     module = ModuleOp([model.clone()])
     SpecializePass.of(B=batch, T=tokens).apply(Context(), module)
-    specialized = next(op for op in module.body.block.ops if isinstance(op, ModelOp))
-    add_loss_function(specialized)
-    grad = gradient_function(specialized, "train_loss")
-    names = [a.data for a in grad.attributes["grads"].data]
-    return plan(lower_function(specialized, "train_loss_grad", storage)), names
+    return next(op for op in module.body.block.ops if isinstance(op, ModelOp))
+
+
+def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str | None = "fp32") -> ProgramOp:
+    """The planned schedule of ``@train_loss_grad`` for ``[batch, tokens]`` micro-batches: inputs
+    (forward inputs..., labels, d_loss), output the loss; parameter gradients added into ``grads``."""
+    model = specialized(model, batch, tokens)
+    add_loss_function(model)
+    gradient_function(model, "train_loss")
+    return plan(lower_function(model, "train_loss_grad", storage, grads_arena=True))
+
+
+def compile_optimizer_step(model: ModelOp, config: AdamWConfig, storage: str | None = "fp32") -> ProgramOp:
+    """The planned ``@optimizer_step`` of ``model``: inputs (lr, step), output the gradient norm."""
+    return plan(optimizer_program(specialized(model, 1, 1), config.beta1, config.beta2, config.eps,
+                                  config.weight_decay, config.clip_norm, storage == "fp32"))
 
 
 @dataclass
@@ -95,74 +111,61 @@ class Trainer:
     step: int = 0
 
     def __post_init__(self) -> None:
-        self.programs: dict[tuple[int, int], tuple[ScheduleExecutor, list[str]]] = {}
-        self.params: dict[str, np.ndarray] | None = None
-        self.moments: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self.scales = parameter_scales(self.model.model)  # @trainable(lr_scale, wd_scale)
+        if self.model.dtype != "fp32":
+            raise ExecutionError(f"training on the CPU runs in fp32, the model is loaded as {self.model.dtype}")
+        self.programs: dict[tuple[int, int], ScheduleExecutor] = {}
+        self.optimizer = self.model.schedule.executor(compile_optimizer_step(self.model.model, self.config))
+        self.grad_norm = math.nan  # of the last step, before clipping
 
-    def executor(self, batch: int, tokens: int) -> tuple[ScheduleExecutor, list[str]]:
+    def executor(self, batch: int, tokens: int) -> ScheduleExecutor:
+        """The training step of ``[batch, tokens]`` micro-batches (compiled on first use)."""
         key = (batch, tokens)
         if key not in self.programs:
-            program, grads = compile_training_step(self.model.model, batch, tokens)
-            self.programs[key] = (self.model.schedule.executor(program), grads)
+            program = compile_training_step(self.model.model, batch, tokens)
+            if tagged_layout(program, "grad") != tagged_layout(self.optimizer.program, "grad"):
+                raise ExecutionError("the training step lays out the gradients unlike the optimizer step")
+            self.programs[key] = self.model.schedule.executor(program, arenas={"grads": self.optimizer.arenas["grads"]})
         return self.programs[key]
 
-    def loss_and_grads(self, tokens: np.ndarray, labels: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
-        executor, names = self.executor(*tokens.shape)
+    def accumulate(self, tokens: np.ndarray, labels: np.ndarray, weight: float = 1.0) -> float:
+        """Run one micro-batch: its loss; ``weight`` times its gradients are added into the grads arena."""
+        executor = self.executor(*tokens.shape)
         inputs = self.model.inputs(tokens, 0)
-        outputs = executor.execute(*inputs, labels.astype(np.int64), np.ones((), dtype=np.float32))
-        return float(outputs[0]), dict(zip(names, outputs[1:1 + len(names)]))
+        (loss, *_) = executor.execute(*inputs, labels.astype(np.int64), np.array(weight, dtype=np.float32))
+        return float(loss)
 
     def train_step(self, micro_batches: list[tuple[np.ndarray, np.ndarray]]) -> float:
         """One optimizer step over micro-batches of (tokens, labels); the mean loss."""
-        total: dict[str, np.ndarray] = {}
-        losses = []
-        for tokens, labels in micro_batches:
-            loss, grads = self.loss_and_grads(tokens, labels)
-            losses.append(loss)
-            for name, grad in grads.items():
-                total[name] = total[name] + grad if name in total else np.array(grad, dtype=np.float32)
-        for grad in total.values():
-            grad /= len(micro_batches)
-        factor = self.config.clip_factor(float(global_norm(*total.values())))
+        weight = 1.0 / len(micro_batches)
+        losses = [self.accumulate(tokens, labels, weight) for tokens, labels in micro_batches]
         lr = self.config.lr_at(self.step)
         self.step += 1
-        views = next(iter(self.programs.values()))[0].params
-        for name, grad in total.items():
-            param = views[name]
-            m, v = self.moments.setdefault(name, (np.zeros(param.shape, np.float32), np.zeros(param.shape, np.float32)))
-            lr_scale, wd_scale = self.scales.get(name, (1.0, 1.0))
-            adamw(param, grad * np.float32(factor), m, v, lr * lr_scale, self.step, beta1=self.config.beta1,
-                  beta2=self.config.beta2, eps=self.config.eps, weight_decay=self.config.weight_decay * wd_scale)
+        (norm,) = self.optimizer.execute(np.array([lr], dtype=np.float32), np.array([self.step], dtype=np.int64))
+        self.grad_norm = float(norm)
         return float(np.mean(losses))
 
     # ------------------------------------------------------------------ state
     def state_arrays(self) -> dict[str, np.ndarray]:
-        """The optimizer moments by name, ``exp_avg.PARAM`` and ``exp_avg_sq.PARAM`` (fp32)."""
-        arrays = {}
-        for name, (m, v) in self.moments.items():
-            arrays[MOMENTS[0] + name] = m
-            arrays[MOMENTS[1] + name] = v
-        return arrays
+        """The optimizer moments by name, ``exp_avg.PARAM`` and ``exp_avg_sq.PARAM`` (fp32 copies)."""
+        return {name: np.array(view) for name, view in self.optimizer.moments.items()}
 
     def restore(self, step: int, arrays: dict[str, np.ndarray]) -> None:
         """Continue from :meth:`state_arrays` taken after ``step`` steps (ValueError when the
-        moments do not fit the model's parameters)."""
-        moments: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for key, value in arrays.items():
-            if not key.startswith(MOMENTS[0]):
-                continue
-            name = key[len(MOMENTS[0]):]
-            second = arrays.get(MOMENTS[1] + name)
-            weight = self.model.weights.get(name)
-            if second is None:
-                raise ValueError(f"the moments of '{name}' have no {MOMENTS[1]}{name}")
-            if weight is None:
-                raise ValueError(f"the moments name '{name}', which is no parameter of the model")
-            if value.shape != weight.shape or second.shape != weight.shape:
-                raise ValueError(f"the moments of '{name}' have shape {value.shape}, the parameter {weight.shape}")
-            moments[name] = (np.array(value, dtype=np.float32), np.array(second, dtype=np.float32))
-        self.moments = moments
+        moments do not fit the model's trainable parameters)."""
+        moments = {k: v for k, v in arrays.items() if k.startswith(MOMENTS)}
+        views = self.optimizer.moments
+        unknown = sorted(set(moments) - set(views))
+        if unknown:
+            raise ValueError(f"the moments '{unknown[0]}' belong to no trainable parameter of the model")
+        missing = sorted(set(views) - set(moments))
+        if missing:
+            raise ValueError(f"no moments '{missing[0]}' for a trainable parameter of the model")
+        for name, value in moments.items():
+            if value.shape != views[name].shape:
+                raise ValueError(f"the moments '{name}' have shape {value.shape}, the parameter "
+                                 f"{views[name].shape}")
+        for name, value in moments.items():
+            np.copyto(views[name], value, casting="unsafe")
         self.step = int(step)
 
 

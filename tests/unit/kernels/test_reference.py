@@ -1035,14 +1035,14 @@ def test_adamw_scales_the_learning_rate_and_the_gradient():
 
 
 @covers("clip_factor")
-@pytest.mark.parametrize("norm", [0.25, 3.0])
-def test_clip_factor_is_torchs_clip_coefficient(norm):
-    parameter = torch.nn.Parameter(torch.zeros(4))
-    parameter.grad = torch.ones(4) * np.float32(norm / 2)  # global norm: norm
-    torch.nn.utils.clip_grad_norm_([parameter], 1.0)
-    factor = ref("clip_factor", np.float32(norm), max_norm=1.0)
-    np.testing.assert_allclose(np.ones(4, np.float32) * np.float32(norm / 2) * factor, parameter.grad.numpy(),
-                               rtol=1e-7)
+@pytest.mark.parametrize("max_norm", [1.0, 100.0])
+def test_clip_factor_scales_like_torch_clip_grad_norm(max_norm):
+    grad = np.random.default_rng(0).standard_normal((4, 4))
+    param = torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.float64))
+    param.grad = torch.tensor(grad)
+    torch.nn.utils.clip_grad_norm_([param], max_norm=max_norm)
+    factor = ref("clip_factor", np.linalg.norm(grad), max_norm=max_norm)
+    np.testing.assert_allclose(grad * factor, param.grad.numpy(), rtol=1e-12)
 
 
 def test_every_reference_is_covered():

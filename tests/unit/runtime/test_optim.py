@@ -23,20 +23,9 @@ def test_the_schedule_is_transformers_cosine_with_warmup(warmup, total):
         scheduler.step()
 
 
-def test_clipping_scales_like_torch_clip_grad_norm():
-    grads = [torch.tensor(np.random.default_rng(0).standard_normal((4, 4)))]
-    norm = float(torch.linalg.vector_norm(grads[0]))
-    param = torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.float64))
-    param.grad = grads[0].clone()
-    torch.nn.utils.clip_grad_norm_([param], max_norm=1.0)
-    factor = AdamWConfig(clip_norm=1.0).clip_factor(norm)
-    np.testing.assert_allclose(grads[0].numpy() * factor, param.grad.numpy(), rtol=1e-12)
-    assert AdamWConfig(clip_norm=100.0).clip_factor(norm) == 1.0 and AdamWConfig().clip_factor(norm) == 1.0
-
-
 def test_trainable_annotations_give_per_parameter_scales(tmp_path):
     import modeldsl
-    from modeldsl.runtime.optim import parameter_scales
+    from modeldsl.passes.optimizer_step import parameter_scales
 
     (tmp_path / "m.module").write_text("""model M(d: int = 4):
   params:

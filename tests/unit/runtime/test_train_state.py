@@ -38,8 +38,10 @@ def test_a_restored_trainer_continues_bit_for_bit(tmp_path):
     second.restore(state.step, state.moments)
     losses += [second.train_step(b) for b in data[2:]]
     assert losses == expected
-    for name, (m, v) in straight.moments.items():
-        assert np.array_equal(m, second.moments[name][0]) and np.array_equal(v, second.moments[name][1])
+    moments = straight.state_arrays()
+    assert set(moments) == set(second.state_arrays()) and len(moments) == 2 * len(straight.optimizer.grads)
+    for name, value in moments.items():
+        assert np.array_equal(value, second.state_arrays()[name]), name
 
 
 def test_the_state_file_holds_no_pickles(tmp_path):
@@ -67,5 +69,10 @@ def test_files_that_are_no_training_state_are_value_errors(tmp_path, content, wo
 
 def test_moments_of_another_model_do_not_restore():
     trainer = Trainer(modeldsl.load(LLAMA, hf=EXAMPLE), CONFIG)
-    with pytest.raises(ValueError, match="no parameter"):
+    with pytest.raises(ValueError, match="no trainable parameter"):
         trainer.restore(1, {"exp_avg.nope": np.zeros(2), "exp_avg_sq.nope": np.zeros(2)})
+    moments = trainer.state_arrays()
+    with pytest.raises(ValueError, match="no moments 'exp_avg.embedding'"):
+        trainer.restore(1, {k: v for k, v in moments.items() if k != "exp_avg.embedding"})
+    with pytest.raises(ValueError, match="have shape"):
+        trainer.restore(1, {**moments, "exp_avg.embedding": np.zeros(3)})

@@ -1,0 +1,131 @@
+"""``mdsl-optimizer-step``: the AdamW update of a model's parameters as an ``mdsl.sched`` program.
+
+``mdsl-optimizer-step{beta1=0.9 beta2=0.999 eps=1e-8 weight_decay=0.01
+clip_norm=1.0 storage=fp32}`` adds ``@optimizer_step`` after each specialized
+model of the module. It declares the model's parameters and gradients exactly
+as a training step lowered with ``mdsl-lower-to-sched{grads_arena=true}`` does
+(every parameter, then one fp32 gradient per trainable parameter, in the
+model's order), so the two programs share the ``params`` and ``grads`` arenas,
+and keeps two fp32 moments per trainable parameter in the ``optimizer`` arena
+(tagged ``moment = "exp_avg.NAME"`` / ``"exp_avg_sq.NAME"``). Per step it
+
+1. launches ``global_norm`` over all the gradients (output 0: the norm
+   before clipping) and, with ``clip_norm > 0``, ``clip_factor`` (torch's
+   ``clip_grad_norm_`` coefficient);
+2. launches ``adamw`` in place on each parameter and its moments, reading
+   the runtime learning rate (input 0, ``[1]`` fp32: the warmup/cosine
+   schedule's value for this step) and step number (input 1, ``[1]`` int64,
+   1-based: the bias correction), with the parameter's
+   ``@trainable(lr_scale, wd_scale)`` (spec 7.8.2) folded into its
+   attributes (``lr_scale``, ``weight_decay``);
+3. zeroes every gradient, so the next step's micro-batches accumulate from 0.
+
+``@frozen`` parameters have no gradient, no moments and no update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
+from xdsl.ir import Attribute
+from xdsl.passes import ModulePass
+
+from modeldsl.dialects.annotations import TrainableAttr, annotations_of
+from modeldsl.dialects.dtypes import DType
+from modeldsl.dialects.graph import ModelOp, ParamOp
+from modeldsl.dialects.sched import BufferOp, BufferType, LaunchOp, MemsetOp, ProgramOp
+from modeldsl.diagnostics import Diagnostic, DiagnosticError
+from modeldsl.passes.lower_to_sched import gradient_buffers, parameter_buffers
+
+PROGRAM_NAME = "optimizer_step"
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+@dataclass(frozen=True)
+class OptimizerStepPass(ModulePass):
+    name = "mdsl-optimizer-step"
+
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    clip_norm: float = 0.0
+    storage: str = ""
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        if self.storage not in ("", "fp32"):
+            raise DiagnosticError([Diagnostic("E029", f"mdsl-optimizer-step: storage={self.storage} is not fp32", None,
+                                              "storage=fp32 or leave it out")])
+        for model in [m for m in op.body.block.ops if isinstance(m, ModelOp)]:
+            program = optimizer_program(model, self.beta1, self.beta2, self.eps, self.weight_decay,
+                                        self.clip_norm, self.storage == "fp32")
+            op.body.block.insert_op_after(program, model)
+
+
+def optimizer_program(model: ModelOp, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+                      weight_decay: float = 0.01, clip_norm: float = 0.0, fp32_storage: bool = False) -> ProgramOp:
+    """``@optimizer_step`` of a specialized model (see the module docstring)."""
+    params = parameter_buffers(model, fp32_storage)
+    grads = gradient_buffers(model, fp32_storage)
+    buffers: list[BufferOp] = [*params, *grads]
+    moments = {}
+    for grad in grads:
+        name = grad.attributes["grad"].data
+        pair = [_buffer("optimizer", grad.result.type, f"{m}.{name}", {"moment": StringAttr(f"{m}.{name}")})
+                for m in MOMENTS]
+        buffers += pair
+        moments[name] = [b.result for b in pair]
+    lr = _buffer("external", BufferType([1], DType.FP32), "lr", {"input": _index(0)})
+    step = _buffer("external", BufferType([1], DType.INT64), "step", {"input": _index(1)})
+    norm = _buffer("external", BufferType([], DType.FP32), "grad_norm", {"output": _index(0)})
+    buffers += [lr, step, norm]
+    runtime = [lr.result, step.result]
+    work = [LaunchOp("global_norm", [g.result for g in grads], [norm.result])] if grads else []
+    if clip_norm > 0 and grads:
+        factor = _buffer("workspace", BufferType([], DType.FP32), "clip_factor")
+        buffers.append(factor)
+        work.append(LaunchOp("clip_factor", [norm.result], [factor.result], {"max_norm": _float(clip_norm)}))
+        runtime.append(factor.result)
+    by_name = {p.attributes["param"].data: p.result for p in params}
+    scales = parameter_scales(model)
+    for grad in grads:
+        name = grad.attributes["grad"].data
+        lr_scale, wd_scale = scales.get(name, (1.0, 1.0))
+        attrs = {"beta1": _float(beta1), "beta2": _float(beta2), "eps": _float(eps),
+                 "weight_decay": _float(weight_decay * wd_scale), "lr_scale": _float(lr_scale)}
+        param, (exp_avg, exp_avg_sq) = by_name[name], moments[name]
+        work.append(LaunchOp("adamw", [param, grad.result, exp_avg, exp_avg_sq, *runtime],
+                             [param, exp_avg, exp_avg_sq], attrs, inplace=True))
+    work += [MemsetOp(g.result) for g in grads]
+    program = ProgramOp(PROGRAM_NAME, {})
+    program.attributes["model"] = StringAttr(model.sym_name.data)
+    program.body.block.add_ops([*buffers, *work])
+    return program
+
+
+def parameter_scales(model: ModelOp) -> dict[str, tuple[float, float]]:
+    """``(lr_scale, wd_scale)`` of each parameter declared ``@trainable(...)`` (spec 7.8.2)."""
+    scales = {}
+    for param in (op for op in model.body.block.ops if isinstance(op, ParamOp)):
+        for annotation in annotations_of(param):
+            if isinstance(annotation, TrainableAttr):
+                values = annotation.values
+                scales[param.sym_name.data] = (float(values["lr_scale"]), float(values["wd_scale"]))
+    return scales
+
+
+def _buffer(arena: str, btype: BufferType, name: str, attrs: dict[str, Attribute] | None = None) -> BufferOp:
+    op = BufferOp(arena, btype)
+    op.attributes |= attrs or {}
+    op.result.name_hint = name
+    return op
+
+
+def _index(value: int) -> IntegerAttr:
+    return IntegerAttr(value, i64)
+
+
+def _float(value: float) -> FloatAttr:
+    return FloatAttr(float(value), f64)
