@@ -235,7 +235,7 @@ class ScheduleBuilder:
         the per-layer pieces that compute it when nothing else reads them, else launch an add."""
         source = self.buffer(value)
         producer = value.owner
-        if len(value.uses) == 1 and isinstance(producer, Operation):
+        if len(list(value.uses)) == 1 and isinstance(producer, Operation):
             if producer.name == "mdsl.graph.concat" and _is_outermost(producer) and \
                     self.drop_concat(source):
                 self.discard(source.owner)
@@ -246,14 +246,14 @@ class ScheduleBuilder:
                     offset += btype.nbytes
                 return
             if producer.name == "mdsl.graph.view" and isinstance(source.owner, BufferOp) and \
-                    source.owner.alias_of is not None and source.owner.offset.value.data == 0 and not source.uses:
+                    source.owner.alias_of is not None and source.owner.offset.value.data == 0 and not list(source.uses):
                 self.discard(source.owner)
                 piece = producer.operands[0]
                 self.accumulate(piece, self.slice_of(target, 0, self.buffer_type(piece.type)))
                 return
             gemm = self.writer(source, GemmOp)
             if gemm is not None and gemm.beta.value.data == 0.0 and source.type == target.type:
-                gemm.operands[-1] = target
+                gemm.operands[len(gemm.operands) - 1] = target
                 gemm.beta = FloatAttr(1.0, f64)
                 self.discard(source.owner)
                 return

@@ -1,5 +1,7 @@
 """Training on the CPU schedule executor against a PyTorch AdamW loop on the transformers model."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -8,6 +10,8 @@ from hf_checkpoints import make_checkpoint, transformers_model
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime.optim import AdamWConfig
 from modeldsl.runtime.train import Trainer
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny_llama"
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -72,3 +76,35 @@ def test_trainable_scales_the_learning_rate_and_weight_decay_of_a_parameter(tmp_
     trainer.train_step([(tokens, shifted_labels(tokens))])
     np.testing.assert_array_equal(model.weights["embedding"], before["embedding"])
     assert np.abs(model.weights["head"] - before["head"]).max() > 1e-4
+
+
+def test_micro_batch_gradients_accumulate_in_the_grads_arena():
+    """Two micro-batches weighted 1/2 leave the mean of their gradients (from the graph interpreter
+    running @train_loss_grad) in the grads arena; the optimizer step reads and zeroes them."""
+    from modeldsl.passes.autodiff import gradient_function
+    from modeldsl.runtime.executor import GraphExecutor
+    from modeldsl.runtime.train import add_loss_function, specialized
+
+    model = modeldsl.load(STD_ROOT / "models" / "llama.module", hf=EXAMPLE)
+    trainer = Trainer(model, AdamWConfig(lr=1e-3))
+    graph = specialized(model.model, 2, 8)
+    add_loss_function(graph)
+    names = [a.data for a in gradient_function(graph, "train_loss").attributes["grads"].data]
+    oracle = GraphExecutor(graph, dict(model.weights), np.float32)
+    rng = np.random.default_rng(3)
+    expected: dict[str, np.ndarray] = {}
+    for _ in range(2):
+        tokens = rng.integers(0, 384, (2, 8))
+        labels = shifted_labels(tokens)
+        trainer.accumulate(tokens, labels, 0.5)
+        results = oracle.run("train_loss_grad", *model.inputs(tokens, 0), labels, np.float32(0.5))
+        for name, grad in zip(names, results[1:]):
+            expected[name] = expected.get(name, 0) + grad
+    grads = trainer.optimizer.grads
+    assert set(grads) == set(names)
+    for name in names:
+        np.testing.assert_allclose(grads[name], expected[name], rtol=1e-5, atol=1e-6 * np.abs(expected[name]).max(),
+                                   err_msg=name)
+    (norm,) = trainer.optimizer.execute(np.array([1e-3], np.float32), np.array([1]))
+    assert float(norm) == pytest.approx(np.sqrt(sum(np.sum(np.square(g)) for g in expected.values())), rel=1e-5)
+    assert all(not g.any() for g in grads.values())
