@@ -20,7 +20,9 @@ nothing else reads becomes that GEMM with ``beta = 1`` on the gradient
 buffer (or on its layer's slice of it, through the concat and views that
 join the layers of a stacked parameter); any other one is added by an
 in-place ``add`` launch. The remaining results (the loss, input gradients)
-are the program's outputs, numbered in order.
+are the program's outputs, numbered in order. A gradient function's
+``saved`` attribute (the forward values its backward reads) is copied onto
+the program, for the recompute passes.
 
 Each primitive becomes a launch of its registry kernel, except:
 * ``matmul`` and ``batched_matmul`` become ``gemm``; a ``transpose`` of the
@@ -205,6 +207,8 @@ class ScheduleBuilder:
                 self.block.add_op(CopyOp(source, out))
         program = ProgramOp(func.sym_name.data, {})
         program.attributes["model"] = StringAttr(self.model.sym_name.data)
+        if "saved" in func.attributes:  # the forward values a gradient function's backward reads
+            program.attributes["saved"] = func.attributes["saved"]
         body = program.body.block
         body.add_ops(self.buffers)
         for op in list(self.block.ops):

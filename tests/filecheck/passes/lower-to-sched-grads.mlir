@@ -31,6 +31,7 @@ mdsl.graph.model @m config {} {
 }
 
 // CHECK-LABEL: mdsl.sched.program @forward_grad
+// CHECK-SAME:    attributes {model = "m", saved = [{{.+}}]}
 // CHECK-NEXT:    %f = mdsl.sched.buffer params bytes 256 {param = "f"}
 // CHECK-NEXT:    %blocks.w = mdsl.sched.buffer params bytes 512 {param = "blocks.w"}
 // CHECK-NEXT:    %n = mdsl.sched.buffer params bytes 32 {param = "n"}

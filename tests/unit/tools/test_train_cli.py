@@ -132,6 +132,17 @@ def test_stopping_and_resuming_gives_the_losses_of_an_uninterrupted_run_bit_for_
         assert json.loads(str(a["state"]))["meta"]["data"] == json.loads(str(b["state"]))["meta"]["data"]
 
 
+def test_twenty_steps_stopped_after_ten_and_resumed_equal_an_uninterrupted_run(tmp_path, capsys):
+    """The issue's check as stated: 10 + 10 steps give the 20 losses of a straight run, bit for bit."""
+    twenty = ["--steps", "20", "--grad-accum", "1"]
+    expected = losses_of(train(capsys, *twenty))
+    out = tmp_path / "out"
+    first = losses_of(train(capsys, *twenty, "--stop-after", "10", "--save", str(out)))
+    second = losses_of(train(capsys, *twenty, "--resume", str(out), "--save", str(out)))
+    assert sorted(first) == list(range(1, 11)) and sorted(second) == list(range(11, 21))
+    assert {**first, **second} == expected
+
+
 def test_ctrl_c_stops_after_the_step_saves_and_resumes_exactly(straight, tmp_path, monkeypatch, capsys):
     step = Trainer.train_step
 
