@@ -10,6 +10,32 @@ tensor names as SSA name hints; ``[n] x Block(...)`` becomes one block body
 function plus an ``mdsl.graph.stack`` call, its parameters stacked with a
 leading ``n`` dimension.
 
+An instance whose module has a written ``backward:`` section (spec 5.12.6:
+an explicit backward disables auto-derivation) is not inlined but called,
+so that ``mdsl-autodiff`` can use its written backward for its part of the
+graph. It becomes two helper functions, named by the instance's path:
+
+- ``@<path>_forward(inputs..., params...) -> (outputs..., saved...)``
+  (kind ``helper``): its forward graph, its tensor parameters as arguments
+  (like a block body's, so that it works on the per-layer slices inside a
+  stacked block), returning after its outputs the tensors its backward
+  reads as ``saved.<name>``. Attributes: ``backward`` (the symbol of its
+  backward), ``saved`` (the names of the extra results) and ``params`` (the
+  parameter arguments, by their path inside the instance);
+- ``@<path>_backward(d_outputs..., saved..., params...) -> (d_inputs...,
+  d_params...)`` (kind ``backward``): the written backward, lowered and
+  checked as the top's ``@backward`` is (E005, E006, E018-E022, W004 at the
+  module's source), with ``grads`` naming and ``grad_args`` indexing (into
+  the forward's arguments) its results (:mod:`modeldsl.lower_backward`).
+
+The call site is ``mdsl.graph.call @<path>_forward``; the saved results
+are only read by a derived gradient. Instances of one module with the same
+configuration, parameter and input types share one pair of functions (named
+after the first); inside a written backward, and inside such a helper
+(whose written backward covers its sub-modules), instances stay inlined, as
+do modules holding a stack. Helper functions follow the model's other
+functions.
+
 Every problem is a coded diagnostic collected in a sink, so one run reports
 all independent errors.
 """
@@ -18,9 +44,21 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from xdsl.dialects.builtin import ArrayAttr, BoolAttr, DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    BoolAttr,
+    DictionaryAttr,
+    FlatSymbolRefAttr,
+    FloatAttr,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    f64,
+    i64,
+)
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
@@ -33,7 +71,7 @@ from modeldsl.dialects.annotations import (
     make_annotation,
 )
 from modeldsl.dialects.dtypes import DTYPE_SPELLINGS
-from modeldsl.dialects.graph import ExprAttr, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
+from modeldsl.dialects.graph import CallOp, ExprAttr, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph_primitives import CastOp, DTypeMismatch, check_same_shape
 from modeldsl.dialects.graph_types import TensorType
@@ -72,6 +110,9 @@ class Lowering(BackwardLowering):
         self.active: list[str] = []  # declarations being instantiated, outermost first
         self.concrete: dict[str, int] = {}  # configured values of the top's integer parameters
         self.baked: set[str] = set()  # integer config values fixed into attributes or guards
+        self.helpers: list[FuncOp] = []  # forward/backward functions of called modules, added last
+        self.module_funcs: dict[tuple, ModuleFuncs | None] = {}  # by module, config and types
+        self.in_module_func = 0  # > 0 while lowering a called module's forward
 
     # ------------------------------------------------------------------ entry
     def lower(self, top: ast.Decl, config: dict[str, Any] | None = None) -> ModuleOp:
@@ -91,6 +132,7 @@ class Lowering(BackwardLowering):
         except LoweringFailed:
             return ModuleOp([self.model])
         self.lower_backward(instance, forward)
+        self.model.body.block.add_ops(self.helpers)
         if self.baked:
             self.model.attributes["baked"] = ArrayAttr([StringAttr(n) for n in sorted(self.baked)])
         return ModuleOp([self.model])
@@ -698,7 +740,8 @@ class Lowering(BackwardLowering):
 
     def call_instance(self, target: Instance | StackedInstance, inputs: list[SSAValue], args: list[ast.Arg],
                       instance: Instance, scope: Scope, span: Span) -> tuple[list[SSAValue], list[Operation]]:
-        """Inline a module instance's graph on the given inputs (or run a stack)."""
+        """Inline a module instance's graph on the given inputs (or run a stack, or call
+        the forward of a module with a written backward)."""
         if isinstance(target, StackedInstance):
             return self.call_stack(target, inputs, span), []
         forward = self.forward_of(target.decl)
@@ -706,12 +749,14 @@ class Lowering(BackwardLowering):
         if len(inner_inputs) != len(inputs):
             self.sink.error("E003", f"{target.decl.name} takes {len(inner_inputs)} input(s), got {len(inputs)}", span)
             raise LoweringFailed()
-        inner = Scope(self.sink)
-        for (name, _, s), value in zip(inner_inputs, inputs):
-            inner.define(name, value, s, "input")
         if target.decl.name in self.active[1:]:
             self.sink.error("E007", f"{target.decl.name} calls itself", span, "a module cannot run inside itself")
             raise LoweringFailed()
+        if self.has_written_backward(target):
+            return self.call_module(target, forward, inner_inputs, outputs, inputs)
+        inner = Scope(self.sink)
+        for (name, _, s), value in zip(inner_inputs, inputs):
+            inner.define(name, value, s, "input")
         self.active.append(target.decl.name)
         # the call's inputs were checked where it stands; the module's own graph reads its inputs
         recomputing = self.backward is not None and self.backward.in_recompute
@@ -724,6 +769,93 @@ class Lowering(BackwardLowering):
             if recomputing:
                 self.backward.in_recompute = True
         return results, [r.owner for r in results if isinstance(r.owner, Operation)]
+
+    # ------------------------------------------------------------------ modules with a written backward
+    def has_written_backward(self, target: Instance) -> bool:
+        """Whether an instance is called (not inlined) for its written backward's sake."""
+        if self.backward is not None or self.in_module_func:
+            return False  # a written backward covers the instances inside it
+        sections = target.decl.sections("backward")
+        if not sections or _holds_stack(target):
+            return False
+        graphs = [s for s in sections[0].body if isinstance(s, ast.Section) and s.name == "graph"]
+        return bool(graphs) or not any(map(ast.is_placeholder, sections[0].body))
+
+    def call_module(self, target: Instance, forward: ast.Section, inner_inputs: list, outputs: list,
+                    inputs: list[SSAValue]) -> tuple[list[SSAValue], list[Operation]]:
+        """``mdsl.graph.call @<path>_forward(inputs..., params...)``: its outputs (the saved
+        tensors it also returns are for a derived gradient)."""
+        slots = param_slots(target)
+        key = _module_key(target, inputs, slots)
+        if key not in self.module_funcs:
+            self.module_funcs[key] = None  # a failure is reported once
+            self.module_funcs[key] = self.lower_module(target, forward, inner_inputs, outputs,
+                                                       [v.type for v in inputs], slots)
+        funcs = self.module_funcs[key]
+        if funcs is None:
+            raise LoweringFailed()
+        forward_func = funcs.forward
+        call = CallOp(forward_func.sym_name.data, [*inputs, *(self.read_param(s) for s in slots)],
+                      forward_func.function_type.outputs.data)
+        for result, name in zip(call.res[funcs.outputs:], funcs.saved):
+            result.name_hint = f"saved_{name}"
+        self.block.add_op(call)
+        return list(call.res[:funcs.outputs]), [call]
+
+    def lower_module(self, target: Instance, forward: ast.Section, inner_inputs: list, outputs: list,
+                     input_types: list[TensorType], slots: list[ParamSlot]) -> ModuleFuncs:
+        """The ``@<path>_forward`` and ``@<path>_backward`` helpers of an instance."""
+        name = self.helper_name(target.prefix.rstrip(".").replace(".", "_") or target.decl.name)
+        types = [*input_types, *(s.type for s in slots)]
+        func = FuncOp(f"{name}_forward", types, [], kind="helper")
+        outer_block, outer_refs, outer_values = self.block, self.param_refs, [s.value for s in slots]
+        self.block, self.param_refs = func.body.block, {}
+        args = list(func.body.block.args)
+        param_names = [s.path.removeprefix(target.prefix).replace(".", "_") for s in slots]
+        for slot, arg, param in zip(slots, args[len(inner_inputs):], param_names):
+            slot.value = arg
+            arg.name_hint = param
+        scope = Scope(self.sink)
+        for (n, _, s), arg in zip(inner_inputs, args):
+            arg.name_hint = n
+            scope.define(n, arg, s, "input")
+        self.active.append(target.decl.name)
+        self.in_module_func += 1
+        try:
+            results = self.run_graph(target, forward, scope, outputs)
+            skipped = _gradient_skipped(forward)
+            lowered = ForwardResult(
+                [ForwardInput(n, arg.type, s, n in skipped) for (n, _, s), arg in zip(inner_inputs, args)],
+                [(n, r.type, s) for (n, _, s), r in zip(outputs, results)],
+                scope,
+            )
+            written = self.lower_backward_func(target, lowered, f"{name}_backward", slots)
+        finally:
+            self.active.pop()
+            self.in_module_func -= 1
+            self.block, self.param_refs = outer_block, outer_refs
+            for slot, value in zip(slots, outer_values):
+                slot.value = value
+        if written is None:
+            raise LoweringFailed()  # reported
+        backward, saved = written
+        returned = [*results, *(scope.find(n).value for n in saved)]
+        func.body.block.add_op(ReturnOp(*returned))
+        func.function_type = type(func.function_type).from_lists(types, [v.type for v in returned])
+        func.attributes["backward"] = FlatSymbolRefAttr(backward.sym_name.data)
+        func.attributes["saved"] = ArrayAttr([StringAttr(n) for n in saved])
+        func.attributes["params"] = ArrayAttr([StringAttr(n) for n in param_names])
+        self.helpers += [func, backward]
+        return ModuleFuncs(func, len(results), saved)
+
+    def helper_name(self, base: str) -> str:
+        """``base``, or ``base_2``, ... when a function of that name exists."""
+        taken = {f.sym_name.data for f in [*self.model.funcs(), *self.helpers]}
+        name, index = base, 1
+        while f"{name}_forward" in taken or f"{name}_backward" in taken or name in taken:
+            index += 1
+            name = f"{base}_{index}"
+        return name
 
     def call_stack(self, stacked: StackedInstance, inputs: list[SSAValue], span: Span) -> list[SSAValue]:
         """The block's outputs thread into its first inputs (carried); the other
@@ -875,6 +1007,34 @@ class Lowering(BackwardLowering):
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
+
+
+@dataclass
+class ModuleFuncs:
+    """The helper functions of a called module: its forward (which returns ``outputs``
+    results, then the ``saved`` tensors); its backward is the forward's ``backward``."""
+
+    forward: FuncOp
+    outputs: int
+    saved: list[str]
+
+
+def _module_key(target: Instance, inputs: Sequence[SSAValue], slots: Sequence[ParamSlot]) -> tuple:
+    """What a called module's helper functions depend on: the declaration, its configuration,
+    the input types and the parameters' types and frozenness."""
+    decl = target.decl
+    env = []
+    scope: ConstEnv | None = target.env
+    while scope is not None:
+        env += sorted((k, repr(v)) for k, v in scope.values.items())
+        scope = scope.parent
+    return (decl.name, decl.span.location, tuple(env), tuple(str(v.type) for v in inputs),
+            tuple((str(s.type), s.frozen) for s in slots))
+
+
+def _holds_stack(instance: Instance) -> bool:
+    return any(isinstance(p, StackedInstance) or isinstance(p, Instance) and _holds_stack(p)
+               for p in instance.params.values())
 
 
 def _infer_from_bound(decl: ast.Decl, bound_types: Sequence[TensorType]) -> dict[str, Any]:

@@ -1,13 +1,25 @@
-"""Lowering a written ``backward:`` section to the model's ``@backward`` function.
+"""Lowering a written ``backward:`` section to a backward function.
 
-The contract is spec 5.10-5.12. ``@backward`` takes the gradients of the
-forward's outputs (``d_out``), then the forward tensors the backward reads as
-``saved.<name>`` (each listed in the forward's ``save:``), and returns the
-required gradients: ``d_<input>`` for every float input not marked
+The contract is spec 5.10-5.12. For the top declaration the function is the
+model's ``@backward``: it takes the gradients of the forward's outputs
+(``d_out``), then the forward tensors the backward reads as ``saved.<name>``
+(each listed in the forward's ``save:``), and returns the required
+gradients: ``d_<input>`` for every float input not marked
 ``@gradient(skip)``, then ``d_<param>`` for every parameter not ``@frozen``
 (a nested parameter ``ln1.weight`` is ``d_ln1_weight``; a tied parameter may
 be written under either name and its contributions add up). The function's
 ``saved`` and ``grads`` attributes name its saved arguments and its results.
+
+A sub-module instance whose module has a written backward (spec 5.12.6: an
+explicit backward disables auto-derivation) gets the same function for its
+part of a model, ``@<path>_backward`` (see :mod:`modeldsl.lower`), with two
+differences: its parameters are arguments too (after the saved tensors, in
+the order of the forward helper's parameter arguments, so that it works on
+the per-layer slices of a stacked block), and ``grad_args`` gives, for each
+result, the index of the forward helper's argument (inputs, then
+parameters) it is the gradient of. Gradient names are relative to the
+instance (``d_up_weight``, not ``d_blocks_mlp_up_weight``), and the
+gradients of the outputs take the shapes the instance is called with.
 
 A flow ending in ``accumulate=true`` into a gradient already computed adds
 to it (an explicit ``add``; the schedule folds it into the GEMM's beta).
@@ -25,7 +37,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
-from xdsl.dialects.builtin import ArrayAttr, StringAttr, UnitAttr
+from xdsl.dialects.builtin import ArrayAttr, DenseArrayBase, StringAttr, UnitAttr, i64
 from xdsl.ir import SSAValue
 from xdsl.utils.exceptions import VerifyException
 
@@ -76,6 +88,7 @@ class Gradient:
     what: str
     aliases: tuple[str, ...] = ()
     declared: tuple[TensorType, Span] | None = None
+    arg: int = -1  # the forward argument (inputs, then parameters) it is the gradient of
 
 
 @dataclass
@@ -96,59 +109,80 @@ class BackwardLowering:
     cycle_code: str = "E007"
 
     def lower_backward(self, instance, forward: ForwardResult) -> None:
+        """The top declaration's written backward as the model's ``@backward``."""
+        self.lower_backward_func(instance, forward)
+
+    def lower_backward_func(self, instance, forward: ForwardResult, name: str = "backward",
+                            params: list[ParamSlot] | None = None) -> tuple[FuncOp, list[str]] | None:
+        """Lower the instance's ``backward:`` section to a function; with ``params`` (a sub-module
+        instance) they are its last arguments and the function is returned for the caller
+        to add. (function, saved tensor names), or None when there is no backward or it
+        failed (reported)."""
+        nested = params is not None
         sections = instance.decl.sections("backward")
         if not sections:
-            return
+            return None
         if len(sections) > 1:
             self.sink.error("E001", f"{instance.decl.name} has more than one backward: section", sections[1].span)
-            return
+            return None
         section = sections[0]
         graph = next((s for s in section.body if isinstance(s, ast.Section) and s.name == "graph"), None)
         if graph is None:
             if any(map(ast.is_placeholder, section.body)):
-                return  # reported with the other placeholders
+                return None  # reported with the other placeholders
             self.sink.error("E001", f"the backward of {instance.decl.name} has no graph: section", section.span)
-            return
+            return None
         try:
-            grad_inputs, required = self.gradient_contract(instance, section, forward)
+            grad_inputs, required = self.gradient_contract(instance, section, forward, nested)
         except BackwardFailed:
-            return
+            return None
         saved_names = self.check_saved(instance.decl, graph, forward)
         tensors = forward.tensors()
         arg_types = [t for _, t in grad_inputs] + [tensors[n] for n in saved_names]
-        func = FuncOp("backward", arg_types, [], kind="backward")
-        self.model.body.block.add_op(func)
+        arg_types += [s.type for s in params or []]
+        func = FuncOp(name, arg_types, [], kind="backward")
+        if not nested:
+            self.model.body.block.add_op(func)
         self.block, self.param_refs = func.body.block, {}
         scope = Scope(self.sink)
         args = list(func.body.block.args)
-        for (name, _), arg in zip(grad_inputs, args):
-            arg.name_hint = name
-            scope.define(name, arg, section.span, "input")
-        saved_args = args[len(grad_inputs):]
-        for name, arg in zip(saved_names, saved_args):
-            arg.name_hint = f"saved_{name}"
+        for (grad, _), arg in zip(grad_inputs, args):
+            arg.name_hint = grad
+            scope.define(grad, arg, section.span, "input")
+        saved_args = args[len(grad_inputs):len(grad_inputs) + len(saved_names)]
+        for saved, arg in zip(saved_names, saved_args):
+            arg.name_hint = f"saved_{saved}"
+        for slot, arg in zip(params or [], args[len(grad_inputs) + len(saved_names):]):
+            slot.value = arg  # the caller restores the slots
+            arg.name_hint = _relative(slot, instance)
         self.backward = BackwardState(dict(zip(saved_names, saved_args)), set(tensors))
         self.cycle_code = "E019"
         try:
             self.run_statements(instance, graph.body, scope)
             results = self.collect_gradients(required, scope, section.span)
         except BackwardFailed:
-            return
+            return None
         finally:
             self.backward, self.cycle_code = None, "E007"
         self.block.add_op(ReturnOp(*results))
         func.function_type = type(func.function_type).from_lists(arg_types, [r.type for r in results])
         func.attributes["saved"] = ArrayAttr([StringAttr(n) for n in saved_names])
         func.attributes["grads"] = ArrayAttr([StringAttr(g.name) for g in required])
+        if nested:
+            func.attributes["grad_args"] = DenseArrayBase.from_list(i64, [g.arg for g in required])
+        return func, saved_names
 
     # ------------------------------------------------------------------ the contract
-    def gradient_contract(self, instance, section: ast.Section,
-                          forward: ForwardResult) -> tuple[list[tuple[str, TensorType]], list[Gradient]]:
-        """(gradient inputs, required gradient outputs), with the section's declarations checked."""
+    def gradient_contract(self, instance, section: ast.Section, forward: ForwardResult,
+                          nested: bool = False) -> tuple[list[tuple[str, TensorType]], list[Gradient]]:
+        """(gradient inputs, required gradient outputs), with the section's declarations checked.
+        ``nested``: a sub-module instance's backward, whose output gradients have the shapes of
+        its call (a declared ``d_out: [*, d]`` gives only the dtype) and whose parameters
+        bound to the caller's tensors need gradients too."""
         outputs = {f"d_{n}": (n, t) for n, t, _ in forward.outputs if t.dtype.is_float}
-        required = [Gradient(f"d_{i.name}", i.type, f"input '{i.name}'")
-                    for i in forward.inputs if i.type.dtype.is_float and not i.skip_gradient]
-        required += self.parameter_gradients(instance)
+        required = [Gradient(f"d_{i.name}", i.type, f"input '{i.name}'", arg=index)
+                    for index, i in enumerate(forward.inputs) if i.type.dtype.is_float and not i.skip_gradient]
+        required += self.parameter_gradients(instance, nested, len(forward.inputs))
         by_name = {g.name: g for g in required}
         for alias in (a for g in required for a in g.aliases):
             by_name[alias] = next(g for g in required if alias in g.aliases)
@@ -173,11 +207,17 @@ class BackwardLowering:
                 by_name[name].declared = (ptype, span)
         if failed:
             raise BackwardFailed()
-        grad_inputs = [(g, declared_inputs.get(g, t)) for g, (_, t) in outputs.items()]
+        if nested:
+            grad_inputs = [(g, t.with_dtype(declared_inputs[g].dtype) if g in declared_inputs else t)
+                           for g, (_, t) in outputs.items()]
+        else:
+            grad_inputs = [(g, declared_inputs.get(g, t)) for g, (_, t) in outputs.items()]
         return grad_inputs, required
 
-    def parameter_gradients(self, instance) -> list[Gradient]:
-        """``d_<path>`` for every parameter that is not frozen, stacked ones with their layer dim."""
+    def parameter_gradients(self, instance, nested: bool = False, first_arg: int = 0) -> list[Gradient]:
+        """``d_<path>`` (relative to the instance) for every parameter that is not frozen, stacked
+        ones with their layer dim. Parameters bound to a caller's tensors count only for a
+        sub-module instance (``nested``), whose parameters are arguments from ``first_arg`` on."""
         gradients: list[Gradient] = []
         aliases: dict[int, list[str]] = {}
         for key, value in instance.params.items():
@@ -188,12 +228,12 @@ class BackwardLowering:
             if isinstance(value, StackedInstance):
                 slots += [(s, TensorType([value.count, *s.type.shape], s.type.dtype))
                           for s in param_slots(value.body)]
-        for slot, ptype in slots:
-            if slot.frozen or slot.value is not None:
+        for index, (slot, ptype) in enumerate(slots):
+            if slot.frozen or (slot.value is not None and not nested):
                 continue
-            name = "d_" + slot.path.replace(".", "_")
+            name = "d_" + _relative(slot, instance)
             others = tuple(a for a in aliases.get(id(slot), []) if a != name)
-            gradients.append(Gradient(name, ptype, f"parameter '{slot.path}'", others))
+            gradients.append(Gradient(name, ptype, f"parameter '{slot.path}'", others, arg=first_arg + index))
         return gradients
 
     def backward_declarations(self, section: ast.Section, env) -> list[tuple[str, TensorType, Span]]:
@@ -354,6 +394,11 @@ class BackwardLowering:
         if len(results) != len(required):
             raise BackwardFailed()
         return results
+
+
+def _relative(slot: ParamSlot, instance) -> str:
+    """A parameter's path inside the instance, as a name: ``ln1.weight`` is ``ln1_weight``."""
+    return slot.path.removeprefix(instance.prefix).replace(".", "_")
 
 
 def flow_accumulates(flow: ast.Flow) -> bool:

@@ -10,6 +10,20 @@ than once are added; ``@frozen`` parameters get none, nor do integer tensors
 belong to (``grads``) and the forward values the backward ops read
 (``saved``: what a training schedule must keep, or recompute).
 
+Calls are inlined. A call of a module's forward helper that names its
+written backward (``backward = @<path>_backward``, see :mod:`modeldsl.lower`;
+spec 5.12.6: an explicit backward disables auto-derivation) is inlined too,
+but its part of the graph is not differentiated op by op: in the reverse
+sweep the gradients of its outputs (zeros for an output no gradient reaches,
+cast to the dtype the backward declares) go, with the saved tensors the
+forward returns after its outputs and its parameter arguments, into
+``mdsl.graph.call @<path>_backward``, whose results (``grad_args`` says of
+which forward argument each is the gradient) are added to the gradients of
+the call's operands: its inputs and the parameters (or per-layer parameter
+slices) it was called with. Frozen parameters and integer operands still get
+no gradient; inputs marked ``@gradient(skip)`` get none from the written
+backward.
+
 This first version unrolls ``stack`` calls layer by layer (the per-layer
 slices of stacked parameters become split + view, whose VJPs concatenate the
 per-layer gradients back), so the function grows with depth; a stacked
@@ -21,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, SymbolRefAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -63,6 +77,20 @@ def gradient_function(model: ModelOp, func_name: str = "forward") -> FuncOp:
 
 def is_float(value: SSAValue) -> bool:
     return isinstance(value.type, TensorType) and value.type.dtype.is_float
+
+
+@dataclass
+class WrittenBackward:
+    """An inlined call of a forward with a written backward: in the reverse sweep, one call
+    of ``backward`` on the gradients of ``outputs``, the ``saved`` values and ``params``,
+    whose results are the gradients of ``operands[i]`` for ``i`` in ``grad_args``."""
+
+    backward: FuncOp
+    operands: list[SSAValue]
+    outputs: list[SSAValue]
+    saved: list[SSAValue]
+    params: list[SSAValue]
+    grad_args: list[int]
 
 
 class GradientBuilder:
@@ -114,8 +142,16 @@ class GradientBuilder:
                     values[result] = value
             elif isinstance(op, CallOp):
                 callee = self.funcs[op.callee.root_reference.data]
-                inner = dict(zip(callee.body.block.args, (values[v] for v in op.arguments)))
-                for result, value in zip(op.res, self.inline(callee.body.block, inner)):
+                operands = [values[v] for v in op.arguments]
+                inner = dict(zip(callee.body.block.args, operands))
+                start = len(self.forward_ops)
+                results = self.inline(callee.body.block, inner)
+                if isinstance(callee.attributes.get("backward"), SymbolRefAttr):
+                    del self.forward_ops[start:]  # differentiated by the written backward, not op by op
+                    results = self.written_backward(callee, operands, results)
+                    for result, value in zip(op.res, results[:len(results) - len(callee.attributes["saved"])]):
+                        value.name_hint = result.name_hint or value.name_hint  # the caller's name
+                for result, value in zip(op.res, results):
                     values[result] = value
             else:
                 clone = op.clone(value_mapper=dict(values))
@@ -125,6 +161,25 @@ class GradientBuilder:
                     new.name_hint = old.name_hint
                     values[old] = new
         raise AutodiffError("a function without return")
+
+    def written_backward(self, callee: FuncOp, operands: list[SSAValue], results: list[SSAValue]) -> list[SSAValue]:
+        """Record the call for the reverse sweep; its results, each output a value of its own."""
+        backward = self.funcs.get(callee.attributes["backward"].root_reference.data)
+        if backward is None:
+            raise AutodiffError(f"@{callee.sym_name.data} names a backward @"
+                                f"{callee.attributes['backward'].root_reference.data} the model does not have")
+        saved, params = len(callee.attributes["saved"]), len(callee.attributes["params"])
+        outputs = results[:len(results) - saved]
+        distinct: list[SSAValue] = []
+        for value in outputs:
+            if value in operands or value in distinct:  # an input passed through: its own value
+                value = self.builder.one("view", value, shape=list(value.type.shape))  # (not differentiated)
+            distinct.append(value)
+        grad_args = list(backward.attributes["grad_args"].get_values()) if "grad_args" in backward.attributes \
+            else []
+        self.forward_ops.append(WrittenBackward(backward, operands, distinct, results[len(outputs):],
+                                                operands[len(operands) - params:], grad_args))
+        return [*distinct, *results[len(outputs):]]
 
     def unroll(self, op: StackOp, values: dict[SSAValue, SSAValue]) -> list[SSAValue]:
         body = self.funcs[op.body.root_reference.data]
@@ -160,6 +215,9 @@ class GradientBuilder:
         for op in reversed(self.forward_ops):
             if isinstance(op, ParamRefOp):
                 continue  # its gradient is the parameter's (parameter_gradients)
+            if isinstance(op, WrittenBackward):
+                self.call_backward(op, frozen)
+                continue
             result_grads = [self.grads.get(r) for r in op.results]
             if all(g is None for g in result_grads):
                 continue
@@ -172,12 +230,43 @@ class GradientBuilder:
             except (GraphBuildError, NotImplementedError) as err:
                 raise AutodiffError(f"the gradient of {name}: {err}") from None
             for operand, grad in zip(op.operands, operand_grads, strict=True):
-                if grad is None or not is_float(operand):
-                    continue
-                owner = operand.owner
-                if isinstance(owner, ParamRefOp) and owner.param.root_reference.data in frozen:
-                    continue
-                self.accumulate(operand, grad)
+                self.accumulate_operand(operand, grad, frozen)
+
+    def accumulate_operand(self, operand: SSAValue, grad: SSAValue | None, frozen: set[str]) -> None:
+        """Add an operand's gradient (none for integer tensors and frozen parameters)."""
+        if grad is None or not is_float(operand):
+            return
+        owner = operand.owner
+        if isinstance(owner, ParamRefOp) and owner.param.root_reference.data in frozen:
+            return
+        self.accumulate(operand, grad)
+
+    def call_backward(self, record: WrittenBackward, frozen: set[str]) -> None:
+        """``call @<path>_backward(d_outputs..., saved..., params...)`` and its gradients added in."""
+        float_outputs = [v for v in record.outputs if is_float(v)]
+        if all(self.grads.get(v) is None for v in float_outputs):
+            return  # no gradient reaches the module
+        arg_types = list(record.backward.function_type.inputs.data)
+        d_outputs = []
+        for value, wanted in zip(float_outputs, arg_types):
+            grad = self.grads.get(value)
+            grad = self.zeros(value) if grad is None else grad
+            d_outputs.append(self.cast(grad, wanted))
+        call = CallOp(record.backward.sym_name.data, [*d_outputs, *record.saved, *record.params],
+                      record.backward.function_type.outputs.data)
+        self.block.add_op(call)
+        base = record.backward.sym_name.data.removesuffix("_backward")
+        for result, name in zip(call.res, record.backward.attributes["grads"].data):
+            result.name_hint = f"{base}_{name.data}"
+        for index, grad in zip(record.grad_args, call.res, strict=True):
+            operand = record.operands[index]
+            self.accumulate_operand(operand, self.cast(grad, operand.type), frozen)
+
+    def cast(self, value: SSAValue, wanted) -> SSAValue:
+        """``value`` in the dtype of type ``wanted`` (a cast where they differ)."""
+        if not isinstance(wanted, TensorType) or value.type.dtype == wanted.dtype:
+            return value
+        return self.builder.one("cast", value, dtype=wanted.dtype)
 
     def frozen_params(self) -> set[str]:
         return {p.sym_name.data for p in self.model.body.block.ops if isinstance(p, ParamOp)
@@ -208,7 +297,7 @@ class GradientBuilder:
     def saved(self, backward_start: int, inputs: list[SSAValue]) -> list[str]:
         """Names of the forward values (and inputs) the backward ops read (not the output
         gradients, nor the outputs the function only returns)."""
-        forward = set(inputs) | {r for op in self.forward_ops for r in op.results}
+        forward = set(inputs) | {r for op in list(self.block.ops)[:backward_start] for r in op.results}
         names: list[str] = []
         for op in list(self.block.ops)[backward_start:]:
             if isinstance(op, ReturnOp):

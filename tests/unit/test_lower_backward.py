@@ -6,7 +6,7 @@ import pytest
 
 from modeldsl.diagnostics import DiagnosticError, DiagnosticSink
 from modeldsl.frontend.text.parser import parse_source
-from modeldsl.ir import print_ir, verify_module
+from modeldsl.ir import make_context, parse_module, print_ir, verify_module
 from modeldsl.lower import lower_program
 
 STD = Path(__file__).resolve().parents[2] / "modeldsl" / "std" / "modules"
@@ -240,3 +240,113 @@ def test_std_swiglu_backward_recomputes_the_hidden_activations():
     assert names(func.attributes["grads"]) == ["d_in", "d_up_weight", "d_down_weight"]
     recomputed = [op.name for op in func.body.block.ops if "recompute" in op.attributes]
     assert recomputed == ["mdsl.graph.matmul", "mdsl.graph.split", "mdsl.graph.swiglu"]
+
+
+# ---------------------------------------------------------------------------- sub-modules with a written backward
+
+NESTED = """module Proj(d: int):
+  params:
+    weight: [d, d]
+    norm: [d] @frozen
+  forward:
+    in: (x: [*, d], gate: [*, d] @gradient(skip))
+    out: [*, d]
+    graph:
+      (x, gate) -> mul() -> xg
+      xg -> matmul(weight, transpose=NT) -> out
+    save: [xg]
+  backward:
+    d_out: [*, d, fp32]
+    graph:
+      (d_out, weight) -> matmul(transpose=NN) -> d_xg
+      (d_xg, gate) -> mul() -> d_x
+      (d_out, saved.xg) -> matmul(transpose=TN) -> d_weight
+
+model M(d: int = 8):
+  params:
+    proj: Proj(d)
+  forward:
+    in: (x: [B, T, d], g: [B, T, d])
+    out: [B, T, d]
+    graph:
+      (x, g) -> proj -> out
+"""
+
+
+def test_a_sub_module_with_a_written_backward_is_called_with_its_parameters_as_arguments():
+    ir = lower(NESTED.replace("(d_xg, gate)", "(d_xg, saved.gate)").replace("save: [xg]", "save: [xg, gate]"))
+    assert verify_module(ir) == []
+    funcs = {op.sym_name.data: op for op in ir.walk() if op.name == "mdsl.graph.func"}
+    assert list(funcs) == ["forward", "proj_forward", "proj_backward"]  # helpers after the model's own
+    (call,) = [op for op in funcs["forward"].body.block.ops if op.name == "mdsl.graph.call"]
+    assert call.callee.root_reference.data == "proj_forward"
+    assert [v.name_hint for v in call.arguments] == ["x", "g", "proj_weight", "proj_norm"]
+    forward = funcs["proj_forward"]
+    assert forward.kind.data == "helper" and forward.attributes["backward"].root_reference.data == "proj_backward"
+    assert names(forward.attributes["saved"]) == ["gate", "xg"] and names(forward.attributes["params"]) == [
+        "weight", "norm"]
+    # the call's types, not the declared [*, d]; the outputs, then the saved tensors
+    assert [str(t) for t in forward.function_type.outputs.data] == ["!mdsl.graph.tensor<[B, T, d], bf16>"] * 3
+    backward = funcs["proj_backward"]
+    assert backward.kind.data == "backward"
+    assert [a.name_hint for a in backward.body.block.args] == ["d_out", "saved_gate", "saved_xg", "weight", "norm"]
+    assert str(backward.body.block.args[0].type) == "!mdsl.graph.tensor<[B, T, d], fp32>"  # the declared dtype
+    # d_gate skipped, d_norm frozen; grad_args index the forward's arguments (x, gate, weight, norm)
+    assert names(backward.attributes["grads"]) == ["d_x", "d_weight"]
+    assert list(backward.attributes["grad_args"].get_values()) == [0, 2]
+    assert "backward" not in funcs  # the top has no backward of its own
+    parsed, _ = parse_module(make_context(), print_ir(ir))
+    assert verify_module(parsed) == [] and print_ir(parsed) == print_ir(ir)  # it round-trips
+
+
+def test_a_sub_modules_backward_reading_a_forward_tensor_without_saved_is_e006_at_its_line():
+    codes = [c for c in errors(NESTED) if c[0].startswith("E")]
+    assert codes == [("E006", 16, 14, "the forward tensor 'gate' is not available in the backward")]
+
+
+def test_the_instances_inside_a_called_module_stay_inlined_under_its_written_backward():
+    text = """module Inner(d: int):
+  params:
+    w: [d]
+  forward:
+    in: [*, d]
+    out: [*, d]
+    graph:
+      (in, w) -> mul() -> out
+  backward:
+    graph:
+      (d_out, w) -> mul() -> d_in
+      d_out -> reduce_sum(dims=[0, 1]) -> d_w
+
+module Outer(d: int):
+  params:
+    inner: Inner(d)
+  forward:
+    in: [*, d]
+    out: [*, d]
+    graph:
+      in -> inner -> h
+      h -> relu() -> out
+    save: [h]
+  backward:
+    graph:
+      (d_out, saved.h) -> relu_backward() -> d_h
+      (d_h, inner.w) -> mul() -> d_in
+      d_h -> reduce_sum(dims=[0, 1]) -> d_inner_w
+
+model M(d: int = 8):
+  params:
+    outer: Outer(d)
+  forward:
+    in: x: [B, T, d]
+    out: [B, T, d]
+    graph:
+      x -> outer -> out
+"""
+    ir = lower(text)
+    funcs = {op.sym_name.data: op for op in ir.walk() if op.name == "mdsl.graph.func"}
+    assert list(funcs) == ["forward", "outer_forward", "outer_backward"]  # no inner_forward
+    assert [op.name for op in funcs["outer_forward"].body.block.ops] == [
+        "mdsl.graph.mul", "mdsl.graph.relu", "mdsl.graph.return"]
+    assert names(funcs["outer_backward"].attributes["grads"]) == ["d_in", "d_inner_w"]
+    assert names(funcs["outer_forward"].attributes["params"]) == ["inner_w"]

@@ -1,5 +1,6 @@
 // The std models lower: Llama (untied head, full attention), Qwen3 (QK-norm, tied
-// head), Mistral (sliding window); one block body per model, run by a stack.
+// head), Mistral (sliding window); one block body per model, run by a stack, its
+// MLP called (SwiGLU_MLP's forward and written backward follow as helper functions).
 // RUN: mdsl-opt %S/../../../modeldsl/std/models/llama.module | filecheck %s --check-prefixes=CHECK,LLAMA
 // RUN: mdsl-opt %S/../../../modeldsl/std/models/qwen.module | filecheck %s --check-prefixes=CHECK,QWEN
 // RUN: mdsl-opt %S/../../../modeldsl/std/models/mistral.module | filecheck %s --check-prefixes=CHECK,MISTRAL
@@ -27,4 +28,8 @@
 // QWEN: mdsl.graph.qk_norm %q_heads, %k_heads, %attention_q_norm, %attention_k_norm
 // LLAMA: mdsl.graph.flash_attention %q_rot, %k_rot, %v {memory = ["save", "save"]} :
 // MISTRAL: mdsl.graph.flash_attention %q_rot, %k_rot, %v {window_size = 4096 : i64, memory = ["save", "save"]}
+// The block's SwiGLU_MLP has a written backward: called with the layer's MLP weights.
+// CHECK: %mlp_out, %{{.*}} = mdsl.graph.call @blocks_mlp_forward(%ln2_out, %mlp_up_weight, %mlp_down_weight)
 // CHECK: mdsl.graph.return %out
+// CHECK: mdsl.graph.func @blocks_mlp_forward({{.*}}) -> {{.*}} attributes {kind = "helper", backward = @blocks_mlp_backward, saved = ["in"], params = ["up_weight", "down_weight"]}
+// CHECK: mdsl.graph.func @blocks_mlp_backward({{.*}}) -> {{.*}} attributes {kind = "backward", saved = ["in"], grads = ["d_in", "d_up_weight", "d_down_weight"], grad_args = array<i64: 0, 1, 2>}

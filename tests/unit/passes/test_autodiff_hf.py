@@ -5,7 +5,9 @@ Llama-3 and YaRN rope scaling), Qwen3 (QK-norm) and Mistral (a sliding window
 smaller than the sequence), the derived gradient function, run by the graph
 interpreter in fp32 with the cotangent of a mean cross-entropy over shifted
 labels (taken from torch: ``logits.grad`` of transformers' own loss), gives
-every parameter's gradient as ``loss.backward()`` does: the DSL gradients are
+every parameter's gradient as ``loss.backward()`` does (the MLP's through
+SwiGLU_MLP's written backward, which the derived gradient calls in every
+layer; the rest by the VJP rules): the DSL gradients are
 mapped to HF names through the checkpoint export path (fused QKV and gate/up
 split back, stacked layers unstacked; a tied LM head's gradient is already
 summed into the embedding's, as PyTorch sums the uses of its one shared
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 
 import modeldsl
+from modeldsl.dialects.graph import CallOp
 from modeldsl.hf.checkpoint import ImportRecord, hf_tensors
 from modeldsl.passes.autodiff import gradient_function
 from modeldsl.resolve.imports import STD_ROOT
@@ -40,6 +43,10 @@ def derived_gradients(module: str, path, tokens: np.ndarray, d_logits: np.ndarra
     """(logits, {HF tensor name: gradient}) of the derived ``@forward_grad`` in fp32."""
     model = modeldsl.load(STD_ROOT / "models" / module, hf=path, dtype="fp32")
     grad_func = gradient_function(model.model, "forward")
+    # SwiGLU_MLP's written backward computes the MLP's gradients, in every layer
+    backward_calls = [op for op in grad_func.body.block.ops if isinstance(op, CallOp)]
+    assert [op.callee.root_reference.data for op in backward_calls] == ["blocks_mlp_backward"] * len(backward_calls)
+    assert len(backward_calls) == model.config("n_layers")
     executor = GraphExecutor(model.model, model.weights, np.float32)
     results = executor.run(grad_func.sym_name.data, *model.inputs(tokens, 0), d_logits)
     names = [a.data for a in grad_func.attributes["grads"].data]
