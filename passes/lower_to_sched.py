@@ -235,8 +235,9 @@ class ScheduleBuilder:
         return found
 
     def accumulate(self, value: SSAValue, target: SSAValue) -> None:
-        """Add a gradient into its ``grads`` buffer (or a slice of it): fold it into the GEMM or
-        the per-layer pieces that compute it when nothing else reads them, else launch an add."""
+        """Add a gradient into its fp32 ``grads`` buffer (or a slice of it): fold it into the GEMM
+        or the per-layer pieces that compute it when nothing else reads them (a GEMM of 16-bit
+        operands then accumulates in fp32), else launch an add."""
         source = self.buffer(value)
         producer = value.owner
         if len(list(value.uses)) == 1 and isinstance(producer, Operation):
@@ -245,26 +246,27 @@ class ScheduleBuilder:
                 self.discard(source.owner)
                 offset = 0
                 for piece in producer.operands:
-                    btype = self.buffer_type(piece.type)
-                    self.accumulate(piece, self.slice_of(target, offset, btype))
-                    offset += btype.nbytes
+                    piece_target = self.slice_of(target, offset, self.shape(piece))
+                    self.accumulate(piece, piece_target)
+                    offset += piece_target.type.nbytes
                 return
             if producer.name == "mdsl.graph.view" and isinstance(source.owner, BufferOp) and \
                     source.owner.alias_of is not None and source.owner.offset.value.data == 0 and not list(source.uses):
                 self.discard(source.owner)
                 piece = producer.operands[0]
-                self.accumulate(piece, self.slice_of(target, 0, self.buffer_type(piece.type)))
+                self.accumulate(piece, self.slice_of(target, 0, self.shape(piece)))
                 return
             gemm = self.writer(source, GemmOp)
-            if gemm is not None and gemm.beta.value.data == 0.0 and source.type == target.type:
+            if gemm is not None and gemm.beta.value.data == 0.0 and source.type.shape == target.type.shape:
                 gemm.operands[len(gemm.operands) - 1] = target
                 gemm.beta = FloatAttr(1.0, f64)
                 self.discard(source.owner)
                 return
         self.block.add_op(LaunchOp("add", [target, source], [target], inplace=True))
 
-    def slice_of(self, target: SSAValue, offset: int, btype: BufferType) -> SSAValue:
-        """A view of ``btype`` at byte ``offset`` of a ``grads`` buffer."""
+    def slice_of(self, target: SSAValue, offset: int, shape: tuple[int, ...]) -> SSAValue:
+        """A view of ``shape`` (in the gradient's fp32) at byte ``offset`` of a ``grads`` buffer."""
+        btype = BufferType(shape, target.type.dtype)
         if offset == 0 and target.type == btype:
             return target
         op = BufferOp("grads", btype, offset, btype.nbytes, target)
@@ -381,7 +383,7 @@ class ScheduleBuilder:
 
     @staticmethod
     def shape(value: SSAValue) -> tuple[int, ...]:
-        return tuple(value.type.shape)
+        return tuple(d if isinstance(d, int) else d.evaluate({}) for d in value.type.shape)
 
     # views ---------------------------------------------------------------
     def lower_view(self, op: Operation) -> bool:

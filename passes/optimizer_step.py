@@ -20,7 +20,11 @@ and keeps two fp32 moments per trainable parameter in the ``optimizer`` arena
    attributes (``lr_scale``, ``weight_decay``);
 3. zeroes every gradient, so the next step's micro-batches accumulate from 0.
 
-``@frozen`` parameters have no gradient, no moments and no update.
+``@frozen`` parameters have no gradient, no moments and no update. A 16-bit
+parameter (bf16 or fp16 storage, mixed precision) is updated through an fp32
+master copy in the ``optimizer`` arena (tagged ``master = "NAME"``; the
+caller fills it with the fp32 weights once): ``adamw`` runs on the master,
+then a ``cast`` launch writes the rounded weights the next step computes with.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
-from xdsl.ir import Attribute
+from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from modeldsl.dialects.annotations import TrainableAttr, annotations_of
@@ -67,38 +71,42 @@ class OptimizerStepPass(ModulePass):
 def optimizer_program(model: ModelOp, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
                       weight_decay: float = 0.01, clip_norm: float = 0.0, fp32_storage: bool = False) -> ProgramOp:
     """``@optimizer_step`` of a specialized model (see the module docstring)."""
-    params = parameter_buffers(model, fp32_storage)
+    params = {p.attributes["param"].data: p for p in parameter_buffers(model, fp32_storage)}
     grads = gradient_buffers(model, fp32_storage)
-    buffers: list[BufferOp] = [*params, *grads]
-    moments = {}
+    buffers: list[BufferOp] = [*params.values(), *grads]
+    state: dict[str, list[SSAValue]] = {}  # name -> [the fp32 weights adamw updates, exp_avg, exp_avg_sq]
     for grad in grads:
         name = grad.attributes["grad"].data
-        pair = [_buffer("optimizer", grad.result.type, f"{m}.{name}", {"moment": StringAttr(f"{m}.{name}")})
-                for m in MOMENTS]
-        buffers += pair
-        moments[name] = [b.result for b in pair]
+        fp32 = grad.result.type
+        owned = [_buffer("optimizer", fp32, f"{m}.{name}", {"moment": StringAttr(f"{m}.{name}")}) for m in MOMENTS]
+        if params[name].result.type.dtype != DType.FP32:  # a 16-bit parameter: updated through an fp32 master
+            owned.insert(0, _buffer("optimizer", fp32, f"master.{name}", {"master": StringAttr(name)}))
+        buffers += owned
+        state[name] = [b.result for b in owned] if len(owned) == 3 else [params[name].result, *(b.result for b in owned)]
     lr = _buffer("external", BufferType([1], DType.FP32), "lr", {"input": _index(0)})
     step = _buffer("external", BufferType([1], DType.INT64), "step", {"input": _index(1)})
     norm = _buffer("external", BufferType([], DType.FP32), "grad_norm", {"output": _index(0)})
     buffers += [lr, step, norm]
     runtime = [lr.result, step.result]
-    work = [LaunchOp("global_norm", [g.result for g in grads], [norm.result])] if grads else []
+    work: list[Operation] = [LaunchOp("global_norm", [g.result for g in grads], [norm.result])] if grads else []
     if clip_norm > 0 and grads:
         factor = _buffer("workspace", BufferType([], DType.FP32), "clip_factor")
         buffers.append(factor)
         work.append(LaunchOp("clip_factor", [norm.result], [factor.result], {"max_norm": _float(clip_norm)}))
         runtime.append(factor.result)
-    by_name = {p.attributes["param"].data: p.result for p in params}
     scales = parameter_scales(model)
+    casts = []
     for grad in grads:
         name = grad.attributes["grad"].data
         lr_scale, wd_scale = scales.get(name, (1.0, 1.0))
         attrs = {"beta1": _float(beta1), "beta2": _float(beta2), "eps": _float(eps),
                  "weight_decay": _float(weight_decay * wd_scale), "lr_scale": _float(lr_scale)}
-        param, (exp_avg, exp_avg_sq) = by_name[name], moments[name]
-        work.append(LaunchOp("adamw", [param, grad.result, exp_avg, exp_avg_sq, *runtime],
-                             [param, exp_avg, exp_avg_sq], attrs, inplace=True))
-    work += [MemsetOp(g.result) for g in grads]
+        weights, exp_avg, exp_avg_sq = state[name]
+        work.append(LaunchOp("adamw", [weights, grad.result, exp_avg, exp_avg_sq, *runtime],
+                             [weights, exp_avg, exp_avg_sq], attrs, inplace=True))
+        if weights is not params[name].result:
+            casts.append(LaunchOp("cast", [weights], [params[name].result]))
+    work += casts + [MemsetOp(g.result) for g in grads]
     program = ProgramOp(PROGRAM_NAME, {})
     program.attributes["model"] = StringAttr(model.sym_name.data)
     program.body.block.add_ops([*buffers, *work])

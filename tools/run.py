@@ -51,7 +51,9 @@ def build_parser() -> Parser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence for each token")
     p.add_argument("--logits", metavar="FILE.npy", help="write the prompt's logits [T, vocab] (fp32)")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
+                   help="weights and activations (default fp32); with --train, bf16 is mixed precision: "
+                        "16-bit weights and activations, fp32 master weights, moments and loss")
     p.add_argument("--engine", choices=("schedule", "graph"), default="schedule",
                    help="the planned mdsl.sched schedule (default) or the graph interpreter (the oracle)")
     p.add_argument("--diagnostics-format", choices=("text", "json"), default="text")
@@ -142,7 +144,7 @@ def run(args) -> int:
         return training.run_training(args)
     tokenizer = Tokenizer(Path(args.hf))
     sink = DiagnosticSink()
-    model = modeldsl.load(args.model, hf=args.hf, dtype=args.dtype, top=args.top, progress=True, sink=sink)
+    model = modeldsl.load(args.model, hf=args.hf, dtype=args.dtype or "fp32", top=args.top, progress=True, sink=sink)
     if sink.diagnostics:
         sys.stderr.write(render_all(sink.diagnostics, args.diagnostics_format) + "\n")
     ids = prompt_ids(args, tokenizer)

@@ -6,7 +6,8 @@ in order into sequences of ``--seq`` + 1 tokens (:mod:`modeldsl.runtime.data`);
 each of ``--steps`` optimizer steps runs ``--grad-accum`` micro-batches of
 ``--batch`` sequences through :class:`modeldsl.runtime.train.Trainer`
 (AdamW, linear warmup then cosine decay over ``--steps``, clipping at
-``--clip``). A tqdm bar shows the loss and tokens/s, every step prints a line
+``--clip``; ``--dtype bf16``: mixed precision, 16-bit weights and
+activations with fp32 master weights and moments). A tqdm bar shows the loss and tokens/s, every step prints a line
 ``step N loss L lr R tokens/s S epoch E`` (``L`` in full precision: Python's
 ``repr`` of the float), and the loss curve is drawn into a PNG at the end.
 
@@ -41,9 +42,10 @@ PLOT_FILE = "loss.png"
 SETTINGS = {
     "--steps": "steps", "--batch": "batch", "--seq": "seq", "--grad-accum": "grad_accum", "--lr": "lr",
     "--warmup": "warmup", "--weight-decay": "weight_decay", "--clip": "clip", "--min-lr-ratio": "min_lr_ratio",
-    "--seed": "seed",
+    "--seed": "seed", "--dtype": "dtype",
 }
-DEFAULTS = {"grad_accum": 1, "warmup": 0, "weight_decay": 0.01, "clip": 1.0, "min_lr_ratio": 0.0, "seed": 0}
+DEFAULTS = {"grad_accum": 1, "warmup": 0, "weight_decay": 0.01, "clip": 1.0, "min_lr_ratio": 0.0, "seed": 0,
+            "dtype": "fp32"}
 TRAIN_ONLY = ("steps", "batch", "seq", "lr", "grad_accum", "warmup", "weight_decay", "clip", "min_lr_ratio",
               "save", "resume", "stop_after", "loss_plot")
 
@@ -104,10 +106,10 @@ def check_train_flags(args) -> None:
         ("--prompt", args.prompt is not None), ("--tokens", args.tokens is not None),
         ("--max-new-tokens", args.max_new_tokens != 0), ("--temperature", args.temperature != 0),
         ("--top-k", args.top_k is not None), ("--no-cache", args.no_cache), ("--logits", args.logits is not None),
-        ("--engine graph", args.engine != "schedule"), ("--dtype bf16", args.dtype != "fp32")) if given]
+        ("--engine graph", args.engine != "schedule")) if given]
     if conflicts:
         raise _flag_error(f"{', '.join(conflicts)} {'does' if len(conflicts) == 1 else 'do'} not apply to --train "
-                          "(training runs the fp32 schedule)", "leave out the generation flags when training")
+                          "(training runs the schedule)", "leave out the generation flags when training")
     if args.hf is None and args.resume is None:
         raise _flag_error("--train needs --hf DIR (the checkpoint to train) or --resume OUT")
     _check_values(args)
@@ -197,7 +199,7 @@ def _check_resume(args) -> None:
     if not isinstance(run, dict) or any(k not in run for k in ("steps", "batch", "seq", "grad_accum", "seed")):
         raise _state_error(path, "it holds no run settings (steps, batch, seq, grad_accum, seed)")
     saved = {"steps": run["steps"], "batch": run["batch"], "seq": run["seq"], "grad_accum": run["grad_accum"],
-             "seed": run["seed"], "lr": state.config.lr, "warmup": state.config.warmup_steps,
+             "seed": run["seed"], "dtype": run.get("dtype", "fp32"), "lr": state.config.lr, "warmup": state.config.warmup_steps,
              "weight_decay": state.config.weight_decay, "clip": state.config.clip_norm,
              "min_lr_ratio": state.config.min_lr_ratio}
     for flag, name in SETTINGS.items():
@@ -349,7 +351,7 @@ def run_training(args) -> int:
         config = AdamWConfig(lr=args.lr, weight_decay=args.weight_decay, warmup_steps=args.warmup,
                              total_steps=args.steps, min_lr_ratio=args.min_lr_ratio, clip_norm=args.clip)
         batches = PackedBatches(tokens, args.seq)
-    trainer = Trainer(model, config)
+    trainer = Trainer(model, config, dtype=args.dtype)
     if state is not None:
         try:
             trainer.restore(state.step, state.moments)
@@ -363,7 +365,8 @@ def run_training(args) -> int:
     per_step = args.batch * args.grad_accum * args.seq
     print(f"training on {len(tokens)} tokens of '{args.train}' ({len(documents)} document"
           f"{'s' if len(documents) != 1 else ''}, {how.split(':')[0]}): steps {first + 1}..{last} of {args.steps}, "
-          f"{args.grad_accum} x {args.batch} sequences of {args.seq} tokens per step")
+          f"{args.grad_accum} x {args.batch} sequences of {args.seq} tokens per step"
+          + (", bf16 mixed precision" if args.dtype == "bf16" else ""))
     started = time.perf_counter()
     interrupted = False
     with _Interrupt() as interrupt, tqdm(total=args.steps, initial=first, unit="step", desc="training",
@@ -402,8 +405,9 @@ def run_training(args) -> int:
         from modeldsl.runtime.atomic import replacing_folder
         from modeldsl.runtime.train import save_training_state
 
+        trainer.sync_weights()
         meta = {"run": {"steps": args.steps, "batch": args.batch, "seq": args.seq, "grad_accum": args.grad_accum,
-                        "seed": args.seed, "model": str(args.model)},
+                        "seed": args.seed, "dtype": args.dtype, "model": str(args.model)},
                 "data": {"file": str(args.train), "tokens": int(len(tokens)), "sha256": digest, **batches.state()},
                 "rng": rng.bit_generator.state}
         try:

@@ -66,6 +66,7 @@ class ScheduleExecutor:
         self.params: dict[str, np.ndarray] = {}  # tagged param = "name"
         self.grads: dict[str, np.ndarray] = {}  # tagged grad = "name"
         self.moments: dict[str, np.ndarray] = {}  # tagged moment = "exp_avg.name"
+        self.masters: dict[str, np.ndarray] = {}  # tagged master = "name": fp32 copies of 16-bit weights
         self.state: dict[str, np.ndarray] = dict(state or {})
         self.steps: list[Step] = []
         for op in program.body.block.ops:
@@ -97,7 +98,8 @@ class ScheduleExecutor:
             if isinstance(index, IntegerAttr):
                 where.extend([None] * (index.value.data + 1 - len(where)))
                 where[index.value.data] = view
-        for tag, views in (("param", self.params), ("grad", self.grads), ("moment", self.moments)):
+        for tag, views in (("param", self.params), ("grad", self.grads), ("moment", self.moments),
+                           ("master", self.masters)):
             name = op.attributes.get(tag)
             if isinstance(name, StringAttr):
                 views[name.data] = view

@@ -12,8 +12,10 @@ moments) arenas, and zeroed gradients. A :class:`Trainer` step runs the
 training program once per micro-batch (the loss gradient seeded with ``1/K``
 for ``K`` micro-batches, so the accumulated gradient is their mean), then
 the optimizer program with the step's learning rate (warmup + cosine, on the
-host) and step number. All programs share the model's params arena and one
-grads arena; the moments live in the optimizer program's arena.
+host) and step number. All programs share one params arena (in fp32 the
+model's own) and one grads arena; the moments, and in mixed precision
+(``bf16``: 16-bit weights and activations) the fp32 master weights, live in
+the optimizer program's arena.
 
 :func:`save_training_state` writes what a step depends on besides the
 weights (the moments, the step, the :class:`AdamWConfig` and any extra
@@ -46,13 +48,14 @@ from modeldsl.passes.optimizer_step import optimizer_program
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.executor import ExecutionError
 from modeldsl.runtime.optim import AdamWConfig
-from modeldsl.runtime.profiles import plan
+from modeldsl.runtime.profiles import ProfiledForward, plan
 from modeldsl.runtime.sched_executor import ScheduleExecutor, tagged_layout
 
 IGNORE_INDEX = -100
 STATE_FORMAT = "modeldsl-training-state"
 STATE_VERSION = 1
 MOMENTS = ("exp_avg.", "exp_avg_sq.")  # array name prefixes of the first and second moments
+TRAINING_DTYPES = ("fp32", "bf16")
 
 
 def add_loss_function(model: ModelOp) -> FuncOp:
@@ -104,28 +107,56 @@ def compile_optimizer_step(model: ModelOp, config: AdamWConfig, storage: str | N
 
 @dataclass
 class Trainer:
-    """AdamW training of a loaded :class:`modeldsl.runtime.model.Model` on the schedule executor."""
+    """AdamW training of a loaded :class:`modeldsl.runtime.model.Model` on the schedule executor.
+
+    The model is loaded in fp32. ``dtype="fp32"`` trains in fp32 on the model's own params
+    arena (shared with its forward profiles). ``dtype="bf16"`` trains in mixed precision: the
+    programs keep the model's declared (16-bit) weights and activations in their own params
+    arena, the fp32 weights are the optimizer's master copies, and :meth:`sync_weights` writes
+    the trained ones back into ``model.weights``."""
 
     model: object  # modeldsl.runtime.model.Model
     config: AdamWConfig = field(default_factory=AdamWConfig)
     step: int = 0
+    dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.model.dtype != "fp32":
-            raise ExecutionError(f"training on the CPU runs in fp32, the model is loaded as {self.model.dtype}")
+            raise ExecutionError(f"the model is loaded as {self.model.dtype}; load it in fp32 (its weights are the "
+                                 "master copy) and give the training dtype to the Trainer")
+        if self.dtype not in TRAINING_DTYPES:
+            raise ExecutionError(f"no training dtype '{self.dtype}' (choose {', '.join(TRAINING_DTYPES)})")
+        self.storage = "fp32" if self.dtype == "fp32" else None
+        self.schedule = self.model.schedule if self.dtype == "fp32" else \
+            ProfiledForward(self.model.model, dict(self.model.weights), storage=self.storage)
         self.programs: dict[tuple[int, int], ScheduleExecutor] = {}
-        self.optimizer = self.model.schedule.executor(compile_optimizer_step(self.model.model, self.config))
+        self.optimizer = self.schedule.executor(compile_optimizer_step(self.model.model, self.config, self.storage))
+        for name, master in self.optimizer.masters.items():
+            np.copyto(master, self.model.weights[name])
         self.grad_norm = math.nan  # of the last step, before clipping
 
     def executor(self, batch: int, tokens: int) -> ScheduleExecutor:
         """The training step of ``[batch, tokens]`` micro-batches (compiled on first use)."""
         key = (batch, tokens)
         if key not in self.programs:
-            program = compile_training_step(self.model.model, batch, tokens)
+            program = compile_training_step(self.model.model, batch, tokens, self.storage)
             if tagged_layout(program, "grad") != tagged_layout(self.optimizer.program, "grad"):
                 raise ExecutionError("the training step lays out the gradients unlike the optimizer step")
-            self.programs[key] = self.model.schedule.executor(program, arenas={"grads": self.optimizer.arenas["grads"]})
+            self.programs[key] = self.schedule.executor(program, arenas={"grads": self.optimizer.arenas["grads"]})
         return self.programs[key]
+
+    def sync_weights(self) -> None:
+        """Make ``model.weights`` the trained weights (in fp32 they are the same memory already;
+        in mixed precision the fp32 masters, or the fp32 parameters, are copied in)."""
+        if self.schedule is self.model.schedule:
+            return
+        weights = self.model.weights
+        for name in self.optimizer.grads:
+            source = self.optimizer.masters.get(name, self.optimizer.params[name])
+            if weights[name].flags.writeable:  # a view of the forward profiles' params arena
+                np.copyto(weights[name], source, casting="unsafe")
+            else:  # still the loaded (read-only, memory-mapped) array
+                weights[name] = np.array(source, dtype=weights[name].dtype)
 
     def accumulate(self, tokens: np.ndarray, labels: np.ndarray, weight: float = 1.0) -> float:
         """Run one micro-batch: its loss; ``weight`` times its gradients are added into the grads arena."""

@@ -143,6 +143,18 @@ def test_twenty_steps_stopped_after_ten_and_resumed_equal_an_uninterrupted_run(t
     assert {**first, **second} == expected
 
 
+def test_bf16_mixed_precision_runs_saves_fp32_masters_and_resumes_bit_for_bit(tmp_path, capsys):
+    expected = train(capsys, "--dtype", "bf16")
+    assert "bf16 mixed precision" in expected
+    out = tmp_path / "out"
+    first = train(capsys, "--dtype", "bf16", "--stop-after", "2", "--save", str(out))
+    second = train(capsys, "--resume", str(out), "--save", str(out))  # the dtype comes from the state
+    assert {**losses_of(first), **losses_of(second)} == losses_of(expected)
+    assert main([str(LLAMA), "--train", str(DATA), "--resume", str(out), "--dtype", "fp32"]) == 1
+    err = capsys.readouterr().err
+    assert "error[E029]" in err and "--dtype fp32 differs from the resumed run's bf16" in err
+
+
 def test_ctrl_c_stops_after_the_step_saves_and_resumes_exactly(straight, tmp_path, monkeypatch, capsys):
     step = Trainer.train_step
 
