@@ -79,7 +79,7 @@ from modeldsl.frontend.text import ast
 from modeldsl.instances import Instance, LoweringFailed, ParamSlot, StackedInstance, param_slots, source_text, typed_entries
 from modeldsl.infer import InferenceError, infer_result_types
 from modeldsl.lower_backward import BackwardLowering, ForwardInput, ForwardResult, flow_accumulates
-from modeldsl.primitives import PrimitiveSignature, lookup_primitive
+from modeldsl.primitives import STAR_REDUCTIONS, PrimitiveSignature, lookup_primitive, star_reduction
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate, evaluate_let, guard_value
 from modeldsl.resolve.imports import ResolvedProgram, resolve_program
 from modeldsl.resolve.inherit import merged
@@ -110,6 +110,7 @@ class Lowering(BackwardLowering):
         self.active: list[str] = []  # declarations being instantiated, outermost first
         self.concrete: dict[str, int] = {}  # configured values of the top's integer parameters
         self.baked: set[str] = set()  # integer config values fixed into attributes or guards
+        self.star_width: dict[SSAValue, int] = {}  # a value bound to a declared [*, ...]: how many axes '*' is
         self.helpers: list[FuncOp] = []  # forward/backward functions of called modules, added last
         self.module_funcs: dict[tuple, ModuleFuncs | None] = {}  # by module, config and types
         self.in_module_func = 0  # > 0 while lowering a called module's forward
@@ -755,8 +756,8 @@ class Lowering(BackwardLowering):
         if self.has_written_backward(target):
             return self.call_module(target, forward, inner_inputs, outputs, inputs)
         inner = Scope(self.sink)
-        for (name, _, s), value in zip(inner_inputs, inputs):
-            inner.define(name, value, s, "input")
+        for (name, declared, s), value in zip(inner_inputs, inputs):
+            self.define_input(inner, name, value, declared, s)
         self.active.append(target.decl.name)
         # the call's inputs were checked where it stands; the module's own graph reads its inputs
         recomputing = self.backward is not None and self.backward.in_recompute
@@ -816,9 +817,9 @@ class Lowering(BackwardLowering):
             slot.value = arg
             arg.name_hint = param
         scope = Scope(self.sink)
-        for (n, _, s), arg in zip(inner_inputs, args):
+        for (n, declared, s), arg in zip(inner_inputs, args):
             arg.name_hint = n
-            scope.define(n, arg, s, "input")
+            self.define_input(scope, n, arg, declared, s)
         self.active.append(target.decl.name)
         self.in_module_func += 1
         try:
@@ -905,6 +906,15 @@ class Lowering(BackwardLowering):
             _is_saved(node) or isinstance(instance.params.get(node.base.id), Instance)
         )
 
+    def define_input(self, scope: Scope, name: str, value: SSAValue, declared: TensorType | None, span: Span) -> None:
+        """Bind a module's input; a concrete value bound to a declared ``[*, ...]`` remembers how many
+        axes its ``*`` stands for (a reduction over it names the axes of the declared type)."""
+        scope.define(name, value, span, "input")
+        actual = value.type
+        if isinstance(declared, TensorType) and declared.is_variadic and isinstance(actual, TensorType) \
+                and not actual.is_variadic:
+            self.star_width[value] = len(actual.shape) - len(declared.shape) + 1
+
     def call_primitive(self, sig: PrimitiveSignature, inputs: list[SSAValue], args: list[ast.Arg],
                        instance: Instance, scope: Scope, span: Span) -> tuple[list[SSAValue], list[Operation]]:
         """One primitive op: tensor arguments are operands, the others its parameters."""
@@ -933,6 +943,13 @@ class Lowering(BackwardLowering):
                     raise LoweringFailed()
                 params[arg.name] = self.param_value(arg.value, instance.env)
                 spans[arg.name] = arg.span
+        width = self.star_width.get(operands[0]) if operands and sig.name in STAR_REDUCTIONS else None
+        if width is not None and ("dims" in params or "dim" in params):
+            try:
+                params = star_reduction(params, len(operands[0].type.shape) - width + 1, len(operands[0].type.shape))
+            except ValueError as err:
+                self.sink.error("E004", f"{sig.name}: {err}", span)
+                raise LoweringFailed() from None
         attrs = {}
         for name, value in params.items():
             spec = sig.param(name)

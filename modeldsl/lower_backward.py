@@ -138,7 +138,7 @@ class BackwardLowering:
             return None
         saved_names = self.check_saved(instance.decl, graph, forward)
         tensors = forward.tensors()
-        arg_types = [t for _, t in grad_inputs] + [tensors[n] for n in saved_names]
+        arg_types = [t for _, t, _ in grad_inputs] + [tensors[n] for n in saved_names]
         arg_types += [s.type for s in params or []]
         func = FuncOp(name, arg_types, [], kind="backward")
         if not nested:
@@ -146,9 +146,9 @@ class BackwardLowering:
         self.block, self.param_refs = func.body.block, {}
         scope = Scope(self.sink)
         args = list(func.body.block.args)
-        for (grad, _), arg in zip(grad_inputs, args):
+        for (grad, _, declared), arg in zip(grad_inputs, args):
             arg.name_hint = grad
-            scope.define(grad, arg, section.span, "input")
+            self.define_input(scope, grad, arg, declared, section.span)
         saved_args = args[len(grad_inputs):len(grad_inputs) + len(saved_names)]
         for saved, arg in zip(saved_names, saved_args):
             arg.name_hint = f"saved_{saved}"
@@ -174,8 +174,9 @@ class BackwardLowering:
 
     # ------------------------------------------------------------------ the contract
     def gradient_contract(self, instance, section: ast.Section, forward: ForwardResult,
-                          nested: bool = False) -> tuple[list[tuple[str, TensorType]], list[Gradient]]:
-        """(gradient inputs, required gradient outputs), with the section's declarations checked.
+                          nested: bool = False) -> tuple[list[tuple[str, TensorType, TensorType | None]], list[Gradient]]:
+        """(gradient inputs (name, type, declared type), required gradient outputs), with the section's
+        declarations checked.
         ``nested``: a sub-module instance's backward, whose output gradients have the shapes of
         its call (a declared ``d_out: [*, d]`` gives only the dtype) and whose parameters
         bound to the caller's tensors need gradients too."""
@@ -208,10 +209,10 @@ class BackwardLowering:
         if failed:
             raise BackwardFailed()
         if nested:
-            grad_inputs = [(g, t.with_dtype(declared_inputs[g].dtype) if g in declared_inputs else t)
-                           for g, (_, t) in outputs.items()]
+            grad_inputs = [(g, t.with_dtype(declared_inputs[g].dtype) if g in declared_inputs else t,
+                            declared_inputs.get(g)) for g, (_, t) in outputs.items()]
         else:
-            grad_inputs = [(g, declared_inputs.get(g, t)) for g, (_, t) in outputs.items()]
+            grad_inputs = [(g, declared_inputs.get(g, t), declared_inputs.get(g)) for g, (_, t) in outputs.items()]
         return grad_inputs, required
 
     def parameter_gradients(self, instance, nested: bool = False, first_arg: int = 0) -> list[Gradient]:

@@ -21,6 +21,7 @@ from xdsl.irdl import OptOperandDef, OptResultDef, VarOperandDef, VarResultDef
 
 from modeldsl.dialects.graph_primitives import PRIMITIVE_OPS, PrimitiveOp, bool_attr, float_attr, int_attr
 from modeldsl.dialects.graph_types import DimsAttr
+from modeldsl.symbolic import star_axes
 from modeldsl.symbolic import Expr, SymbolicError
 
 
@@ -200,6 +201,23 @@ def signature_of(op: type[PrimitiveOp]) -> PrimitiveSignature:
 def primitives() -> dict[str, PrimitiveSignature]:
     """Every primitive by its DSL name (``matmul``, ``rmsnorm_backward``, ...)."""
     return {sig.name: sig for sig in map(signature_of, PRIMITIVE_OPS)}
+
+
+# reductions whose dims index the operand's type, where a leading '*' is one dim (spec 10.2's Linear
+# writes its bias gradient over [*, out_dim] as reduce_sum(dims=[0]))
+STAR_REDUCTIONS = {"reduce_sum", "reduce_mean", "reduce_max"}
+
+
+def star_reduction(params: dict[str, Any], typed_rank: int, rank: int) -> dict[str, Any]:
+    """A reduction's parameters for a value of rank ``rank`` typed ``[*, ...]`` with ``typed_rank``
+    dims: ``*`` is all the leading axes it stands for (ValueError where ``reduce_max``'s one
+    ``dim`` would be several axes)."""
+    if "dims" in params:
+        return {**params, "dims": star_axes(list(params["dims"]), typed_rank, rank)}
+    axes = star_axes([params["dim"]], typed_rank, rank)
+    if len(axes) != 1:
+        raise ValueError(f"reduce_max(dim={params['dim']}) over '*', which stands for {len(axes)} axes here")
+    return {**params, "dim": axes[0]}
 
 
 def lookup_primitive(name: str) -> PrimitiveSignature | None:

@@ -464,6 +464,18 @@ STAR = _Variadic()
 Dim = Union[Expr, _Variadic]
 
 
+def star_axes(dims: list[int], typed_rank: int, rank: int) -> list[int]:
+    """The axes of a value of rank ``rank`` that ``dims`` name in its type ``[*, ...]`` of
+    ``typed_rank`` dims: ``*`` (dim 0) is every leading axis it stands for, the dims after it
+    shift by as many (``reduce_sum(dims=[0])`` over ``[*, d]`` sums all but the last axis)."""
+    width = rank - typed_rank + 1
+    axes: set[int] = set()
+    for d in dims:
+        d = d % typed_rank
+        axes.update(range(width) if d == 0 else (d + width - 1,))
+    return sorted(axes)
+
+
 def make_shape(dims: list[ExprLike | _Variadic] | tuple) -> tuple[Dim, ...]:
     """A canonical shape tuple; ``*`` may appear only as the first dimension."""
     shape: list[Dim] = []

@@ -29,7 +29,7 @@ from xdsl.ir import Attribute, Operation, SSAValue
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import DimsAttr, TensorType
-from modeldsl.primitives import PrimitiveSignature, primitives
+from modeldsl.primitives import STAR_REDUCTIONS, PrimitiveSignature, primitives, star_reduction
 from modeldsl.symbolic import STAR, Expr
 
 NUMPY_DTYPES: dict[DType, np.dtype] = {
@@ -46,6 +46,7 @@ NUMPY_DTYPES: dict[DType, np.dtype] = {
 }
 SHAPE_KEYWORDS = {"view", "zeros", "ones", "fill", "embedding_backward", "reduce_max_backward"}
 DTYPE_KEYWORDS = {"zeros", "ones", "fill", "cast"}
+
 
 
 class ExecutionError(Exception):
@@ -148,6 +149,11 @@ class GraphExecutor:
             raise ExecutionError(f"the reference executor cannot run {op.name}")
         inputs = self.operands(op, sig, frame)
         params = self.parameters(op, sig)
+        if sig.name in STAR_REDUCTIONS and op.operands[0].type.is_variadic:
+            try:
+                params = star_reduction(params, len(op.operands[0].type.shape), np.ndim(inputs[0]))
+            except ValueError as err:
+                raise ExecutionError(str(err)) from None
         if sig.name == "flash_attention" and self.cache is not None:
             k, v = self.cache.extend((id(op), frame.layer), inputs[1], inputs[2])
             inputs = [inputs[0], k, v, *inputs[3:]]

@@ -127,3 +127,16 @@ def test_simplification_preserves_value(text, env):
     expr = E(text)
     assert expr.evaluate(env) == expected
     assert E(str(expr)).evaluate(env) == expected
+
+
+@pytest.mark.parametrize("dims, typed_rank, rank, axes", [
+    ([0], 2, 3, [0, 1]),        # [*, d] on [B, T, d]: '*' is B and T
+    ([0], 2, 2, [0]),           # [*, d] on [N, d]
+    ([1], 2, 4, [3]),           # the dim after '*' shifts
+    ([-1], 2, 3, [2]),
+    ([0, 1], 3, 4, [0, 1, 2]),  # [*, h, d] on [B, T, h, d]: '*' and h
+])
+def test_star_axes_name_every_axis_the_star_stands_for(dims, typed_rank, rank, axes):
+    from modeldsl.symbolic import star_axes
+
+    assert star_axes(dims, typed_rank, rank) == axes

@@ -53,9 +53,8 @@ def test_the_written_backward_of_a_std_module_passes(file, top, config, shape, t
         assert w.name == d.name and w.derived == pytest.approx(d.derived, rel=1e-9)
 
 
-@pytest.mark.xfail(reason="std Linear's bias gradient reduce_sum(dims=[0]) sums only the first of the '*' "
-                   "dims: on [B, T, out_dim] it is [T, out_dim], not [out_dim]", raises=BackwardCheckError)
 def test_the_std_linear_bias_gradient_on_batched_sequences():
+    """reduce_sum(dims=[0]) over d_out: [*, out_dim] sums every axis '*' stands for (here B and T)."""
     model = modeldsl.load(STD_ROOT / "modules" / "linear.module", top="Linear",
                           config={"in_dim": 4, "out_dim": 3, "bias": True}).model
     assert max(errors(check(model)).values()) < 1e-6  # inputs [B=2, T=8, 4]

@@ -118,20 +118,27 @@ model M(d: int = 4, f: int = 6):
   params:
     inp: Linear(d, d)
     mlp: SwiGLU_MLP(d, f)
+    out_proj: Linear(d, d, bias=true)
   forward:
     in: x: [B, T, d]
     out: [B, T, d]
     graph:
       x -> inp -> h
       h -> mlp -> m
-      (x, m) -> add() -> out
+      (x, m) -> add() -> r
+      r -> out_proj -> out
 """
     loaded = load(tmp_path, source)
-    assert calls(gradient_function(loaded.model)) == ["mlp_backward", "inp_backward"]
+    assert calls(gradient_function(loaded.model)) == ["out_proj_backward", "mlp_backward", "inp_backward"]
     checks = verify_backward(loaded.model, random_weights(loaded.model), [X])
     text, ok = report(checks, 1e-6)
     assert ok, text
-    assert {c.name for c in checks} == {"inp.weight", "mlp.up_weight", "mlp.down_weight", "input x"}
+    assert {c.name for c in checks} == {"inp.weight", "mlp.up_weight", "mlp.down_weight", "out_proj.weight",
+                                        "out_proj.bias", "input x"}
+    # Linear's d_out -> reduce_sum(dims=[0]) -> d_bias over d_out: [*, d] sums the axes '*' is here: B and T
+    backward = funcs(loaded.model)["out_proj_backward"]
+    (reduce,) = [op for op in backward.body.walk() if op.name == "mdsl.graph.reduce_sum"]
+    assert list(reduce.attributes["dims"].get_values()) == [0, 1]
 
 
 def test_instances_of_one_configuration_share_their_functions_and_each_gets_its_gradient(tmp_path):
