@@ -8,6 +8,7 @@ import modeldsl
 from modeldsl.dialects.graph import FuncOp
 from modeldsl.ir import make_context, parse_module
 from modeldsl.resolve.imports import STD_ROOT
+from written_backward_sources import TWO_LAYER
 from modeldsl.verify_backward import (
     BackwardCheckError,
     checked_backward,
@@ -60,28 +61,6 @@ def test_the_std_linear_bias_gradient_on_batched_sequences():
     assert max(errors(check(model)).values()) < 1e-6  # inputs [B=2, T=8, 4]
 
 
-TWO_LAYER = """module TwoLayer(d: int = 6):
-  params:
-    w: [d, d]
-  forward:
-    in: x: [B, d, fp32]
-    out: [B, d, fp32]
-    graph:
-      x -> matmul(w, transpose=NT) -> h
-      h -> silu() -> a
-      a -> matmul(w, transpose=NT) -> out
-    save: [x, h]
-  backward:
-    d_out: [B, d, fp32]
-    graph:
-      recompute:
-        saved.h -> silu() -> a
-      (d_out, w) -> matmul(transpose=NN) -> d_a
-      (d_out, a) -> matmul(transpose=TN, accumulate=true) -> d_w
-      (d_a, saved.h) -> silu_backward() -> d_h
-      (d_h, w) -> matmul(transpose=NN) -> d_x
-      (d_h, saved.x) -> matmul(transpose=TN, accumulate=true) -> d_w
-"""
 
 
 def test_a_written_backward_with_recompute_and_accumulation_passes(tmp_path):

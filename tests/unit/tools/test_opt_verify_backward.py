@@ -10,6 +10,7 @@ import modeldsl
 from modeldsl import vjp
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.tools.opt import main
+from written_backward_sources import TWO_LAYER
 
 TINY_LLAMA = "vocab_size=64,d_model=32,n_layers=2,num_heads=4,num_kv_heads=2,d_ff=48"
 
@@ -133,32 +134,10 @@ mdsl.graph.model @M config {d = 3 : i64} {
     assert set(table(out)) == {"w", "input x"}
 
 
-WRITTEN = """module TwoLayer(d: int = 6):
-  params:
-    w: [d, d]
-  forward:
-    in: x: [B, d, fp32]
-    out: [B, d, fp32]
-    graph:
-      x -> matmul(w, transpose=NT) -> h
-      h -> silu() -> a
-      a -> matmul(w, transpose=NT) -> out
-    save: [x, h]
-  backward:
-    d_out: [B, d, fp32]
-    graph:
-      recompute:
-        saved.h -> silu() -> a
-      (d_out, w) -> matmul(transpose=NN) -> d_a
-      (d_out, a) -> matmul(transpose=TN, accumulate=true) -> d_w
-      (d_a, saved.h) -> silu_backward() -> d_h
-      (d_h, w) -> matmul(transpose=NN) -> d_x
-      (d_h, saved.x) -> matmul(transpose=TN, accumulate=true) -> d_w
-"""
 
 
 def test_a_written_backward_passes(capsys, tmp_path):
-    (tmp_path / "m.module").write_text(WRITTEN)
+    (tmp_path / "m.module").write_text(TWO_LAYER)
     code, out, err = run(capsys, str(tmp_path / "m.module"), "--verify-backward", "--verify-shapes", "B=3,d=5")
     assert code == 0, err
     assert out.startswith("verify-backward @TwoLayer (B=3, T=8, d=5; float64, epsilon 1e-06, seed 0): "
@@ -171,7 +150,7 @@ def test_a_written_backward_passes(capsys, tmp_path):
 def test_a_wrong_written_backward_fails_with_exit_code_1(capsys, tmp_path):
     """d_x through a transposed weight: its row FAILs, the exit code is 1; the derived gradient
     of the same forward (--verify-derived) passes."""
-    (tmp_path / "m.module").write_text(WRITTEN.replace("(d_h, w) -> matmul(transpose=NN) -> d_x",
+    (tmp_path / "m.module").write_text(TWO_LAYER.replace("(d_h, w) -> matmul(transpose=NN) -> d_x",
                                                        "(d_h, w) -> matmul(transpose=NT) -> d_x"))
     code, out, err = run(capsys, str(tmp_path / "m.module"), "--verify-backward")
     assert code == 1, err
@@ -185,7 +164,7 @@ def test_a_wrong_written_backward_fails_with_exit_code_1(capsys, tmp_path):
     assert "the derived gradient (mdsl-autodiff)" in out.splitlines()[0] and "FAIL" not in out
 
 
-WRITTEN_IR = """
+TWO_LAYER_IR = """
 !x = !mdsl.graph.tensor<[*, d], fp32>
 !w = !mdsl.graph.tensor<[d, d], fp32>
 !b = !mdsl.graph.tensor<[d], fp32>
@@ -225,7 +204,7 @@ def test_a_written_backward_in_ir_and_what_cannot_be_checked(capsys, tmp_path, x
     '*' stands for: B and T here); one the check cannot run is a coded error (a gradient of the wrong
     shape: reduce_sum(dims=[1]) over [*, d], which is [B, T, d], leaves [B, T])."""
     source = tmp_path / "m.mlir"
-    text = WRITTEN_IR.replace("[*, d]", x).replace("SAVED", saved).replace("GRADS", grads)
+    text = TWO_LAYER_IR.replace("[*, d]", x).replace("SAVED", saved).replace("GRADS", grads)
     if code == "E018":
         text = text.replace("dims = array<i64: 0>", "dims = array<i64: 1>")
     source.write_text(text)
