@@ -1,0 +1,893 @@
+"""The CUDA kernels of the primitives: where each lives, what it is called, how it is launched.
+
+Two tables, both declarative:
+
+- :data:`KERNELS`: every exported CUDA kernel (``extern "C" __global__``) by a
+  short name: the ``kernels/<family>.cu`` file it lives in, its exported symbol
+  per variant, and its parameters in order, each a pointer (``ptr``) or a
+  scalar (``i32``, ``i64``, ``f32``, ``f64``).
+- :data:`PRIMITIVES`: every primitive (as named by the kernel registry and the
+  numpy references) that has CUDA kernels: its buffers by name (the graph op's
+  inputs and outputs, in operand order) with the dtype each has in each
+  variant, and a *plan* rule from the concrete shapes and attributes of one
+  launch to a :class:`Plan`.
+
+A :class:`Plan` is what a CUDA executor runs for one ``mdsl.sched.launch``: its
+``steps`` in order — :class:`Launch` (symbol, grid, block, dynamic shared
+memory, and the arguments in the kernel's parameter order) and :class:`Memset`
+(zero a buffer that a kernel accumulates into) — plus the ``scratch`` segments
+the steps share (fp32 work memory, laid out by :meth:`Plan.scratch_offsets`)
+and the device ``tables`` the executor packs once its buffers have addresses
+(:func:`tensor_table`, :func:`adamw_table`). A pointer argument names its
+buffer as ``in:NAME``, ``out:NAME``, ``scratch:NAME`` or ``table:NAME``
+(``None``: a null pointer).
+
+Variants: ``bf16`` (bf16 storage, fp32 arithmetic) and ``fp32``; statistics
+(rstd, lse, norms) and the embedding gradient are always fp32; casts name the
+pair (``f32_to_bf16``, ...); gradient accumulation adds bf16 into fp32
+(``f32_bf16``). Index tensors are int32 or int64 (``index_dtype``).
+
+Shapes or attributes a kernel does not handle raise :class:`NotCovered` (for
+example softmax over a dim other than the last, reductions over non-adjacent
+dims, broadcasting of both operands of ``add``); the executor then falls back
+or reports it. Compiling the sources: :mod:`modeldsl.tools.build_kernels`.
+
+Usage::
+
+    plan = cuda.plan("rmsnorm", inputs=[(8, 1024, 2048), (2048,)], outputs=[(8, 1024, 2048), (8, 1024)],
+                     attrs={"eps": 1e-5}, variant="bf16")
+    for step in plan.steps: ...   # Launch(symbol='mdsl_rmsnorm_fwd_bf16', grid=(2048, 1, 1), block=(64, 4, 1), ...)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Shape = tuple[int, ...]
+
+SOURCE_DIR = Path(__file__).resolve().parent
+VARIANTS = ("bf16", "fp32")
+SUFFIX = {"bf16": "bf16", "fp32": "f32"}
+ITEMSIZE = {"bf16": 2, "fp32": 4, "fp16": 2}
+SCALAR_KINDS = ("i32", "i64", "f32", "f64")
+
+# Launch-configuration constants (the kernels' comments say the same).
+ROW_THREADS = 256  # threads of a row-kernel block: G threads per row x R rows
+MAX_GROUP = 512  # most threads one row gets (the row kernels' __launch_bounds__)
+FWD_ITEMS = 4  # vectors per thread a forward row kernel keeps in registers (norm.cuh: kFwdItems)
+BWD_ITEMS = 2  # the same for backward row kernels (kBwdItems)
+GRID_CAP = 65536  # grid-stride kernels never launch more blocks than this
+PARTIALS_CAP = 512  # most blocks of a kernel that writes per-block partial sums
+ELEMENTWISE_THREADS = 256
+SCRATCH_ALIGN = 256
+
+
+class NotCovered(ValueError):
+    """The CUDA kernels do not handle these shapes or attributes (the reference does)."""
+
+
+# ----------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One exported kernel: the same parameters for every variant."""
+
+    name: str
+    family: str  # kernels/<family>.cu
+    params: tuple[tuple[str, str], ...]  # (name, kind) in order; kind: ptr, i32, i64, f32, f64
+    symbols: Mapping[str, str]  # variant -> exported symbol
+
+    @property
+    def source(self) -> Path:
+        return SOURCE_DIR / f"{self.family}.cu"
+
+    def symbol(self, variant: str) -> str:
+        try:
+            return self.symbols[variant]
+        except KeyError:
+            raise NotCovered(f"kernel {self.name} has no {variant} variant "
+                             f"(it has {', '.join(self.symbols)})") from None
+
+
+def _params(text: str) -> tuple[tuple[str, str], ...]:
+    """``"ptr x, ptr y, i64 n"`` -> ``(("x", "ptr"), ("y", "ptr"), ("n", "i64"))``."""
+    out = []
+    for item in text.split(","):
+        kind, name = item.split()
+        assert kind == "ptr" or kind in SCALAR_KINDS, kind
+        out.append((name, kind))
+    return tuple(out)
+
+
+KERNELS: dict[str, Kernel] = {}
+
+
+def _kernel(family: str, name: str, params: str, variants: Sequence[str] = VARIANTS) -> Kernel:
+    kernel = Kernel(name, family, _params(params), {v: f"mdsl_{name}_{SUFFIX.get(v, v)}" for v in variants})
+    KERNELS[name] = kernel
+    return kernel
+
+
+_ROWS = "i64 rows, i64 D"
+_kernel("embedding", "embedding_fwd", "ptr indices, ptr weight, ptr out, i64 rows, i64 D, i64 vocab, i32 idx64")
+_kernel("embedding", "embedding_bwd", "ptr d_out, ptr indices, ptr d_weight, i64 rows, i64 D, i64 vocab, i32 idx64")
+_kernel("rmsnorm", "rmsnorm_fwd", f"ptr x, ptr weight, ptr y, ptr rstd, {_ROWS}, f32 eps")
+_kernel("rmsnorm", "fused_residual_rmsnorm_fwd",
+        f"ptr residual, ptr input, ptr weight, ptr residual_out, ptr y, ptr rstd, {_ROWS}, f32 eps")
+_kernel("rmsnorm", "rmsnorm_bwd", f"ptr d_y, ptr x, ptr weight, ptr rstd, ptr d_x, ptr dw_partial, {_ROWS}")
+_kernel("rmsnorm", "fused_residual_rmsnorm_bwd",
+        f"ptr d_y, ptr d_residual_next, ptr residual_out, ptr weight, ptr rstd, ptr d_residual, ptr d_input, "
+        f"ptr dw_partial, {_ROWS}")
+_kernel("rmsnorm", "rmsnorm_dw_reduce", "ptr dw_partial, ptr d_weight, i64 parts, i64 D")
+_kernel("activation", "swiglu_fwd", "ptr gate, ptr up, ptr out, i64 n")
+_kernel("activation", "swiglu_bwd", "ptr d_out, ptr gate, ptr up, ptr d_gate, ptr d_up, i64 n")
+_kernel("activation", "geglu_fwd", "ptr gate, ptr up, ptr out, i64 n, i32 approximate")
+_kernel("activation", "geglu_bwd", "ptr d_out, ptr gate, ptr up, ptr d_gate, ptr d_up, i64 n, i32 approximate")
+for _name in ("silu", "relu", "relu2"):
+    _kernel("activation", f"{_name}_fwd", "ptr x, ptr out, i64 n")
+    _kernel("activation", f"{_name}_bwd", "ptr d_out, ptr x, ptr d_x, i64 n")
+_kernel("activation", "gelu_fwd", "ptr x, ptr out, i64 n, i32 approximate")
+_kernel("activation", "gelu_bwd", "ptr d_out, ptr x, ptr d_x, i64 n, i32 approximate")
+_ROPE = "i64 rows_q, i64 rows_k, i64 T, i64 D, i32 interleaved"
+_kernel("rope", "rope_fwd", f"ptr q, ptr k, ptr freqs, ptr q_rot, ptr k_rot, {_ROPE}")
+_kernel("rope", "rope_bwd", f"ptr d_q_rot, ptr d_k_rot, ptr freqs, ptr d_q, ptr d_k, {_ROPE}")
+_kernel("rope", "qk_norm_fwd", "ptr q, ptr k, ptr q_weight, ptr k_weight, ptr q_norm, ptr k_norm, ptr q_rstd, "
+                               "ptr k_rstd, i64 rows_q, i64 rows_k, i64 D, f32 eps")
+_kernel("rope", "qk_norm_bwd", "ptr d_q_norm, ptr d_k_norm, ptr q, ptr k, ptr q_weight, ptr k_weight, ptr q_rstd, "
+                               "ptr k_rstd, ptr d_q, ptr d_k, ptr dw_partial_q, ptr dw_partial_k, i64 rows_q, "
+                               "i64 rows_k, i64 D")
+_kernel("rope", "qk_norm_dw_reduce", "ptr dw_partial_q, ptr dw_partial_k, ptr d_q_weight, ptr d_k_weight, "
+                                     "i64 parts, i64 D")
+_kernel("softmax", "softmax_fwd", "ptr x, ptr out, i64 rows, i64 C")
+_kernel("softmax", "softmax_bwd", "ptr d_out, ptr out, ptr d_x, i64 rows, i64 C")
+_CE = "i64 rows, i64 vocab, i64 ignore_index, i32 idx64"
+_kernel("cross_entropy", "cross_entropy_fwd", f"ptr logits, ptr labels, ptr loss_rows, ptr lse, {_CE}")
+_kernel("cross_entropy", "cross_entropy_reduce",
+        "ptr loss_rows, ptr labels, ptr loss, i64 rows, i64 ignore_index, i32 idx64, i32 mean", ("fp32",))
+_kernel("cross_entropy", "cross_entropy_mean_scale",
+        "ptr d_loss, ptr labels, ptr d_scale, i64 rows, i64 ignore_index, i32 idx64", ("fp32",))
+_kernel("cross_entropy", "cross_entropy_bwd", f"ptr d_scale, ptr logits, ptr labels, ptr lse, ptr d_logits, {_CE}, "
+                                              "i32 per_row")
+_kernel("elementwise", "add", "ptr a, ptr b, ptr out, i64 n, i64 b_n, i64 b_inner")
+_kernel("elementwise", "mul", "ptr a, ptr b, ptr out, i64 n, i64 b_n, i64 b_inner")
+_kernel("elementwise", "bias_add", "ptr x, ptr bias, ptr out, i64 n, i64 N")
+_kernel("elementwise", "scale", "ptr x, ptr out, i64 n, f32 factor")
+_kernel("elementwise", "add3", "ptr a, ptr b, ptr c, ptr out, i64 n")
+_kernel("elementwise", "add_inplace", "ptr acc, ptr x, i64 n", ("bf16", "fp32", "f32_bf16"))
+_kernel("reduction", "reduce_sum_rows", "ptr x, ptr out, i64 rows, i64 R, f32 divisor")
+_kernel("reduction", "reduce_sum_cols", "ptr x, ptr out, i64 outer, i64 R, i64 inner, f32 divisor")
+_kernel("reduction", "reduce_max_rows", "ptr x, ptr values, ptr indices, i64 rows, i64 R, i32 idx64")
+_kernel("reduction", "reduce_max_cols", "ptr x, ptr values, ptr indices, i64 outer, i64 R, i64 inner, i32 idx64")
+_kernel("reduction", "global_norm_partial", "ptr tensors, i64 count, ptr partial")
+_kernel("reduction", "global_norm_finish", "ptr partial, i64 parts, ptr norm", ("fp32",))
+_kernel("reduction", "clip_factor", "ptr norm, ptr factor, f32 max_norm", ("fp32",))
+CAST_VARIANTS = ("f32_to_bf16", "bf16_to_f32", "f32_to_f16", "f16_to_f32", "bf16_to_f16", "f16_to_bf16")
+_kernel("cast", "cast", "ptr x, ptr out, i64 n", CAST_VARIANTS)
+_ADAMW = "f64 beta1, f64 beta2, f64 eps"
+_kernel("adamw", "adamw", "ptr param, ptr grad, ptr exp_avg, ptr exp_avg_sq, ptr param_copy, ptr lr, ptr step, "
+                          f"ptr grad_scale, i64 n, {_ADAMW}, f64 weight_decay, f64 lr_scale")
+_kernel("adamw", "adamw_multi", f"ptr tensors, i64 count, ptr lr, ptr step, ptr grad_scale, {_ADAMW}")
+
+
+# ----------------------------------------------------------------------------
+# Plans
+# ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One kernel argument: a pointer to a named buffer (``None``: null) or a scalar."""
+
+    kind: str  # ptr, i32, i64, f32, f64
+    value: Any  # ptr: "in:NAME" | "out:NAME" | "scratch:NAME" | "table:NAME" | None
+
+
+def ptr(ref: str | None) -> Arg:
+    return Arg("ptr", ref)
+
+
+def i32(value: int) -> Arg:
+    return Arg("i32", int(value))
+
+
+def i64(value: int) -> Arg:
+    return Arg("i64", int(value))
+
+
+def f32(value: float) -> Arg:
+    return Arg("f32", float(value))
+
+
+def f64(value: float) -> Arg:
+    return Arg("f64", float(value))
+
+
+Dim3 = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a plan."""
+
+    kernel: Kernel
+    symbol: str
+    grid: Dim3
+    block: Dim3
+    args: tuple[Arg, ...]
+    shared: int = 0  # bytes of dynamic shared memory
+
+    @property
+    def family(self) -> str:
+        return self.kernel.family
+
+    @property
+    def threads(self) -> int:
+        return math.prod(self.block)
+
+
+@dataclass(frozen=True)
+class Memset:
+    """Zero every byte of a buffer (``out:NAME`` or ``scratch:NAME``) before the next launch."""
+
+    buffer: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    steps: tuple[Launch | Memset, ...]
+    scratch: Mapping[str, int] = field(default_factory=dict)  # segment -> bytes
+    tables: Mapping[str, str] = field(default_factory=dict)  # table -> "tensors" | "adamw" (the packer)
+
+    def scratch_offsets(self) -> dict[str, int]:
+        """Byte offset of each scratch segment: in order, each aligned to 256 bytes."""
+        offsets, at = {}, 0
+        for name, size in self.scratch.items():
+            offsets[name] = at
+            at += -(-size // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        return offsets
+
+    @property
+    def scratch_bytes(self) -> int:
+        return sum(-(-size // SCRATCH_ALIGN) * SCRATCH_ALIGN for size in self.scratch.values())
+
+    @property
+    def launches(self) -> list[Launch]:
+        return [s for s in self.steps if isinstance(s, Launch)]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The concrete shapes and attributes of one launch of a primitive."""
+
+    inputs: tuple[Shape | None, ...]
+    outputs: tuple[Shape | None, ...]
+    attrs: Mapping[str, Any]
+    variant: str
+    index_dtype: str = "int32"
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.variant] if self.variant in ITEMSIZE else 4
+
+    @property
+    def idx64(self) -> int:
+        return 1 if self.index_dtype == "int64" else 0
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        value = self.attrs.get(name, default)
+        if value is None:
+            raise NotCovered(f"attribute '{name}' is required")
+        return value
+
+
+@dataclass(frozen=True)
+class CudaPrimitive:
+    """What a CUDA executor needs to run one primitive."""
+
+    name: str
+    family: str  # the .cu file of its main kernel
+    inputs: tuple[str, ...]  # buffer names in operand order (a variadic group: one name)
+    outputs: tuple[str, ...]
+    kernels: tuple[str, ...]  # every KERNELS entry its plans may launch
+    rule: Callable[[Problem], Plan]
+    variants: tuple[str, ...] = VARIANTS
+    # buffer -> dtype token: "T" (the variant's storage type), "fp32", "int64", "index" (index_dtype),
+    # "src"/"dst" (a cast's pair), "bf16"
+    dtypes: Mapping[str, str] = field(default_factory=dict)
+    variadic: bool = False  # the inputs are one variadic group
+
+    def dtype(self, buffer: str, variant: str, index_dtype: str = "int32") -> str:
+        """The dtype (``bf16``, ``fp16``, ``fp32``, ``int32``, ``int64``) of a buffer in a variant."""
+        token = self.dtypes.get(buffer, "T")
+        if token == "index":
+            return index_dtype
+        if token in ("src", "dst"):
+            pair = variant.split("_to_")
+            return _DTYPE[pair[0] if token == "src" else pair[1]]
+        if token == "T":
+            if variant == "f32_bf16":  # gradient accumulation: fp32 accumulator, bf16 addend
+                return "fp32" if buffer == "acc" else "bf16"
+            return variant
+        return token
+
+
+_DTYPE = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
+
+
+def _launch(name: str, variant: str, grid: Dim3, block: Dim3, *args: Arg, shared: int = 0) -> Launch:
+    kernel = KERNELS[name]
+    kinds = [kind for _, kind in kernel.params]
+    assert [a.kind for a in args] == kinds, f"{name}: arguments {[a.kind for a in args]} != parameters {kinds}"
+    return Launch(kernel, kernel.symbol(variant), grid, block, tuple(args), shared)
+
+
+# ----------------------------------------------------------------------------
+# Launch configurations
+# ----------------------------------------------------------------------------
+
+
+def _next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def vector_width(itemsize: int) -> int:
+    """Elements in one 16-byte vector."""
+    return 16 // itemsize
+
+
+def row_block(cols: int, itemsize: int, items: int) -> Dim3:
+    """Block (G, R, 1) of a row kernel: G threads per row, the smallest power of two with
+    ceil(vectors / G) <= items (at most MAX_GROUP), and R = max(1, 256 / G) rows per block."""
+    vec = vector_width(itemsize)
+    vectors = cols // vec if cols % vec == 0 else cols  # ragged rows run the scalar path
+    g = min(MAX_GROUP, _next_pow2(_cdiv(max(vectors, 1), items)))
+    return (g, max(1, ROW_THREADS // g), 1)
+
+
+def row_config(rows: int, cols: int, itemsize: int, items: int = FWD_ITEMS, cap: int = GRID_CAP,
+               ys: int = 1) -> tuple[Dim3, Dim3]:
+    """(grid, block) of a row kernel over ``rows`` rows of ``cols`` (grid-stride over rows)."""
+    block = row_block(cols, itemsize, items)
+    return (max(1, min(_cdiv(rows, block[1]), cap)), ys, 1), block
+
+
+def elementwise_config(n: int, per_thread: int) -> tuple[Dim3, Dim3]:
+    """(grid, block) of a grid-stride kernel doing ``per_thread`` elements per thread per step."""
+    return (max(1, min(_cdiv(n, ELEMENTWISE_THREADS * per_thread), GRID_CAP)), 1, 1), (ELEMENTWISE_THREADS, 1, 1)
+
+
+def column_config(outer: int, inner: int, zs: int = 1) -> tuple[Dim3, Dim3]:
+    """(grid, block) of a column reduction over [outer, R, inner]: block (32, 8), grid (ceil(inner / 32), outer)."""
+    return (max(1, _cdiv(inner, 32)), max(1, min(outer, 65535)), zs), (32, 8, 1)
+
+
+def row_threads(cols: int, itemsize: int, cap: int = 512) -> int:
+    """Threads of a one-block-per-row kernel (cross-entropy): a multiple of 32 covering the row's vectors."""
+    vec = vector_width(itemsize)
+    vectors = cols // vec if cols % vec == 0 else cols
+    return max(32, min(cap, _cdiv(vectors, 32) * 32))
+
+
+SINGLE: tuple[Dim3, Dim3] = ((1, 1, 1), (1024, 1, 1))  # one block of 1024 threads
+
+
+def _numel(shape: Shape | None) -> int:
+    return math.prod(shape) if shape is not None else 0
+
+
+def _rows(shape: Shape) -> tuple[int, int]:
+    """(rows, last dim) of a tensor."""
+    if not shape:
+        raise NotCovered("a row kernel needs at least one dim")
+    return math.prod(shape[:-1]), shape[-1]
+
+
+# ----------------------------------------------------------------------------
+# Plan rules, one per primitive
+# ----------------------------------------------------------------------------
+
+PRIMITIVES: dict[str, CudaPrimitive] = {}
+
+
+def _primitive(name: str, family: str, inputs: str, outputs: str, kernels: str, **kw) -> Callable:
+    def register(rule: Callable[[Problem], Plan]) -> Callable[[Problem], Plan]:
+        PRIMITIVES[name] = CudaPrimitive(name, family, tuple(inputs.split()), tuple(outputs.split()),
+                                         tuple(kernels.split()), rule, **kw)
+        return rule
+    return register
+
+
+@_primitive("embedding", "embedding", "indices weight", "out", "embedding_fwd", dtypes={"indices": "index"})
+def _embedding(p: Problem) -> Plan:
+    rows, (vocab, d) = _numel(p.inputs[0]), p.inputs[1]
+    grid, block = row_config(rows, d, p.itemsize)
+    return Plan((_launch("embedding_fwd", p.variant, grid, block, ptr("in:indices"), ptr("in:weight"), ptr("out:out"),
+                         i64(rows), i64(d), i64(vocab), i32(p.idx64)),))
+
+
+@_primitive("embedding_backward", "embedding", "d_out indices", "d_weight", "embedding_bwd",
+            dtypes={"indices": "index", "d_weight": "fp32"})
+def _embedding_backward(p: Problem) -> Plan:
+    rows, (vocab, d) = _numel(p.inputs[1]), p.outputs[0]
+    grid, block = row_config(rows, d, p.itemsize)
+    return Plan((Memset("out:d_weight"),
+                 _launch("embedding_bwd", p.variant, grid, block, ptr("in:d_out"), ptr("in:indices"),
+                         ptr("out:d_weight"), i64(rows), i64(d), i64(vocab), i32(p.idx64))))
+
+
+_STATS = {"rstd": "fp32"}
+
+
+@_primitive("rmsnorm", "rmsnorm", "x weight", "y rstd", "rmsnorm_fwd", dtypes=_STATS)
+def _rmsnorm(p: Problem) -> Plan:
+    rows, d = _rows(p.inputs[0])
+    grid, block = row_config(rows, d, p.itemsize)
+    return Plan((_launch("rmsnorm_fwd", p.variant, grid, block, ptr("in:x"), ptr("in:weight"), ptr("out:y"),
+                         ptr("out:rstd"), i64(rows), i64(d), f32(p.attr("eps", 1e-6))),))
+
+
+@_primitive("fused_residual_rmsnorm", "rmsnorm", "residual input weight", "residual_out y rstd",
+            "fused_residual_rmsnorm_fwd", dtypes=_STATS)
+def _fused_residual_rmsnorm(p: Problem) -> Plan:
+    rows, d = _rows(p.inputs[0])
+    grid, block = row_config(rows, d, p.itemsize)
+    return Plan((_launch("fused_residual_rmsnorm_fwd", p.variant, grid, block, ptr("in:residual"), ptr("in:input"),
+                         ptr("in:weight"), ptr("out:residual_out"), ptr("out:y"), ptr("out:rstd"), i64(rows), i64(d),
+                         f32(p.attr("eps", 1e-6))),))
+
+
+def _dw_reduce(variant: str, parts: int, d: int) -> Launch:
+    grid, block = column_config(1, d)
+    return _launch("rmsnorm_dw_reduce", variant, grid, block, ptr("scratch:dw_partial"), ptr("out:d_weight"),
+                   i64(parts), i64(d))
+
+
+@_primitive("rmsnorm_backward", "rmsnorm", "d_y x weight rstd", "d_x d_weight", "rmsnorm_bwd rmsnorm_dw_reduce",
+            dtypes=_STATS)
+def _rmsnorm_backward(p: Problem) -> Plan:
+    rows, d = _rows(p.inputs[1])
+    grid, block = row_config(rows, d, p.itemsize, BWD_ITEMS, PARTIALS_CAP)
+    parts = grid[0]
+    return Plan((_launch("rmsnorm_bwd", p.variant, grid, block, ptr("in:d_y"), ptr("in:x"), ptr("in:weight"),
+                         ptr("in:rstd"), ptr("out:d_x"), ptr("scratch:dw_partial"), i64(rows), i64(d)),
+                 _dw_reduce(p.variant, parts, d)),
+                scratch={"dw_partial": 4 * parts * d})
+
+
+@_primitive("fused_residual_rmsnorm_backward", "rmsnorm", "d_y d_residual_next residual_out weight rstd",
+            "d_residual d_input d_weight", "fused_residual_rmsnorm_bwd rmsnorm_dw_reduce", dtypes=_STATS)
+def _fused_residual_rmsnorm_backward(p: Problem) -> Plan:
+    rows, d = _rows(p.inputs[2])
+    grid, block = row_config(rows, d, p.itemsize, BWD_ITEMS, PARTIALS_CAP)
+    parts = grid[0]
+    return Plan((_launch("fused_residual_rmsnorm_bwd", p.variant, grid, block, ptr("in:d_y"),
+                         ptr("in:d_residual_next"), ptr("in:residual_out"), ptr("in:weight"), ptr("in:rstd"),
+                         ptr("out:d_residual"), ptr("out:d_input"), ptr("scratch:dw_partial"), i64(rows), i64(d)),
+                 _dw_reduce(p.variant, parts, d)),
+                scratch={"dw_partial": 4 * parts * d})
+
+
+# Activations: elementwise over the elements of the first input.
+def _elementwise(kernel: str, ins: Sequence[str], outs: Sequence[str], with_approximate: bool = False):
+    def rule(p: Problem) -> Plan:
+        n = _numel(p.inputs[0])
+        grid, block = elementwise_config(n, vector_width(p.itemsize))
+        args = [ptr(f"in:{b}") for b in ins] + [ptr(f"out:{b}") for b in outs] + [i64(n)]
+        if with_approximate:
+            args.append(i32(bool(p.attr("approximate", True))))
+        return Plan((_launch(kernel, p.variant, grid, block, *args),))
+    return rule
+
+
+for _name, _ins, _outs, _approx in (
+    ("swiglu", "gate up", "out", False), ("swiglu_backward", "d_out gate up", "d_gate d_up", False),
+    ("geglu", "gate up", "out", True), ("geglu_backward", "d_out gate up", "d_gate d_up", True),
+    ("silu", "x", "out", False), ("silu_backward", "d_out x", "d_x", False),
+    ("relu", "x", "out", False), ("relu_backward", "d_out x", "d_x", False),
+    ("relu2", "x", "out", False), ("relu2_backward", "d_out x", "d_x", False),
+    ("gelu", "x", "out", True), ("gelu_backward", "d_out x", "d_x", True),
+):
+    _kname = _name.replace("_backward", "_bwd") if _name.endswith("_backward") else f"{_name}_fwd"
+    _primitive(_name, "activation", _ins, _outs, _kname)(_elementwise(_kname, _ins.split(), _outs.split(), _approx))
+
+
+def _rope_rule(kernel: str, ins: Sequence[str], outs: Sequence[str]):
+    def rule(p: Problem) -> Plan:
+        q, k = p.inputs[0], p.inputs[1]
+        if len(q) != 4 or len(k) != 4:
+            raise NotCovered("rope takes q and k of rank 4 ([B, H, T, D])")
+        rows_q, rows_k, t, d = math.prod(q[:3]), math.prod(k[:3]), q[2], q[3]
+        interleaved = bool(p.attr("interleaved", False))
+        vec = vector_width(p.itemsize)
+        if interleaved:
+            pairs = vec // 2 if d % vec == 0 else 1
+        else:
+            pairs = vec if (d // 2) % vec == 0 else 1
+        units = (rows_q + rows_k) * (d // 2) // pairs
+        grid, block = elementwise_config(units, 1)
+        return Plan((_launch(kernel, p.variant, grid, block, *(ptr(f"in:{b}") for b in ins),
+                             *(ptr(f"out:{b}") for b in outs), i64(rows_q), i64(rows_k), i64(t), i64(d),
+                             i32(interleaved)),))
+    return rule
+
+
+_primitive("rope", "rope", "q k freqs", "q_rot k_rot", "rope_fwd", dtypes={"freqs": "fp32"})(
+    _rope_rule("rope_fwd", ("q", "k", "freqs"), ("q_rot", "k_rot")))
+_primitive("rope_backward", "rope", "d_q_rot d_k_rot freqs", "d_q d_k", "rope_bwd", dtypes={"freqs": "fp32"})(
+    _rope_rule("rope_bwd", ("d_q_rot", "d_k_rot", "freqs"), ("d_q", "d_k")))
+
+
+def _qk_rows(p: Problem, q_at: int, k_at: int) -> tuple[int, int, int]:
+    q, k = p.inputs[q_at], p.inputs[k_at]
+    return math.prod(q[:-1]), math.prod(k[:-1]), q[-1]
+
+
+@_primitive("qk_norm", "rope", "q k q_weight k_weight", "q_norm k_norm q_rstd k_rstd", "qk_norm_fwd",
+            dtypes={"q_rstd": "fp32", "k_rstd": "fp32"})
+def _qk_norm(p: Problem) -> Plan:
+    rows_q, rows_k, d = _qk_rows(p, 0, 1)
+    grid, block = row_config(max(rows_q, rows_k), d, p.itemsize, ys=2)
+    return Plan((_launch("qk_norm_fwd", p.variant, grid, block, ptr("in:q"), ptr("in:k"), ptr("in:q_weight"),
+                         ptr("in:k_weight"), ptr("out:q_norm"), ptr("out:k_norm"), ptr("out:q_rstd"),
+                         ptr("out:k_rstd"), i64(rows_q), i64(rows_k), i64(d), f32(p.attr("eps", 1e-6))),))
+
+
+@_primitive("qk_norm_backward", "rope", "d_q_norm d_k_norm q k q_weight k_weight q_rstd k_rstd",
+            "d_q d_k d_q_weight d_k_weight", "qk_norm_bwd qk_norm_dw_reduce",
+            dtypes={"q_rstd": "fp32", "k_rstd": "fp32"})
+def _qk_norm_backward(p: Problem) -> Plan:
+    rows_q, rows_k, d = _qk_rows(p, 2, 3)
+    grid, block = row_config(max(rows_q, rows_k), d, p.itemsize, BWD_ITEMS, PARTIALS_CAP, ys=2)
+    parts = grid[0]
+    rgrid, rblock = column_config(1, d, zs=2)
+    return Plan((_launch("qk_norm_bwd", p.variant, grid, block, ptr("in:d_q_norm"), ptr("in:d_k_norm"), ptr("in:q"),
+                         ptr("in:k"), ptr("in:q_weight"), ptr("in:k_weight"), ptr("in:q_rstd"), ptr("in:k_rstd"),
+                         ptr("out:d_q"), ptr("out:d_k"), ptr("scratch:dw_partial_q"), ptr("scratch:dw_partial_k"),
+                         i64(rows_q), i64(rows_k), i64(d)),
+                 _launch("qk_norm_dw_reduce", p.variant, rgrid, rblock, ptr("scratch:dw_partial_q"),
+                         ptr("scratch:dw_partial_k"), ptr("out:d_q_weight"), ptr("out:d_k_weight"), i64(parts),
+                         i64(d))),
+                scratch={"dw_partial_q": 4 * parts * d, "dw_partial_k": 4 * parts * d})
+
+
+def _last_dim(p: Problem, shape: Shape) -> None:
+    dim = int(p.attr("dim", -1))
+    if dim not in (-1, len(shape) - 1):
+        raise NotCovered(f"softmax over dim {dim}: the CUDA kernel covers the last dim only")
+
+
+@_primitive("softmax", "softmax", "x", "out", "softmax_fwd")
+def _softmax(p: Problem) -> Plan:
+    _last_dim(p, p.inputs[0])
+    rows, c = _rows(p.inputs[0])
+    grid, block = row_config(rows, c, p.itemsize)
+    return Plan((_launch("softmax_fwd", p.variant, grid, block, ptr("in:x"), ptr("out:out"), i64(rows), i64(c)),))
+
+
+@_primitive("softmax_backward", "softmax", "d_out out", "d_x", "softmax_bwd")
+def _softmax_backward(p: Problem) -> Plan:
+    _last_dim(p, p.inputs[0])
+    rows, c = _rows(p.inputs[0])
+    grid, block = row_config(rows, c, p.itemsize, BWD_ITEMS)
+    return Plan((_launch("softmax_bwd", p.variant, grid, block, ptr("in:d_out"), ptr("in:out"), ptr("out:d_x"),
+                         i64(rows), i64(c)),))
+
+
+_REDUCTIONS = ("none", "sum", "mean")
+
+
+def _reduction(p: Problem) -> str:
+    reduction = str(p.attr("reduction", "mean"))
+    if reduction not in _REDUCTIONS:
+        raise NotCovered(f"reduction '{reduction}'")
+    return reduction
+
+
+@_primitive("cross_entropy", "cross_entropy", "logits labels", "loss lse",
+            "cross_entropy_fwd cross_entropy_reduce", dtypes={"labels": "index", "loss": "fp32", "lse": "fp32"})
+def _cross_entropy(p: Problem) -> Plan:
+    rows, vocab = p.inputs[0]
+    reduction, ignore = _reduction(p), int(p.attr("ignore_index", -100))
+    per_row = "out:loss" if reduction == "none" else "scratch:loss_rows"
+    grid = (max(1, min(rows, GRID_CAP)), 1, 1)
+    block = (row_threads(vocab, p.itemsize), 1, 1)
+    steps = [_launch("cross_entropy_fwd", p.variant, grid, block, ptr("in:logits"), ptr("in:labels"), ptr(per_row),
+                     ptr("out:lse"), i64(rows), i64(vocab), i64(ignore), i32(p.idx64))]
+    if reduction == "none":
+        return Plan(tuple(steps))
+    steps.append(_launch("cross_entropy_reduce", "fp32", *SINGLE, ptr("scratch:loss_rows"), ptr("in:labels"),
+                         ptr("out:loss"), i64(rows), i64(ignore), i32(p.idx64), i32(reduction == "mean")))
+    return Plan(tuple(steps), scratch={"loss_rows": 4 * rows})
+
+
+@_primitive("cross_entropy_backward", "cross_entropy", "d_loss logits labels lse", "d_logits",
+            "cross_entropy_mean_scale cross_entropy_bwd", dtypes={"d_loss": "fp32", "labels": "index", "lse": "fp32"})
+def _cross_entropy_backward(p: Problem) -> Plan:
+    rows, vocab = p.inputs[1]
+    reduction, ignore = _reduction(p), int(p.attr("ignore_index", -100))
+    steps, scratch, scale = [], {}, "in:d_loss"
+    if reduction == "mean":
+        steps.append(_launch("cross_entropy_mean_scale", "fp32", *SINGLE, ptr("in:d_loss"), ptr("in:labels"),
+                             ptr("scratch:d_scale"), i64(rows), i64(ignore), i32(p.idx64)))
+        scratch, scale = {"d_scale": 4}, "scratch:d_scale"
+    grid = (max(1, min(rows, GRID_CAP)), 1, 1)
+    block = (row_threads(vocab, p.itemsize), 1, 1)
+    steps.append(_launch("cross_entropy_bwd", p.variant, grid, block, ptr(scale), ptr("in:logits"), ptr("in:labels"),
+                         ptr("in:lse"), ptr("out:d_logits"), i64(rows), i64(vocab), i64(ignore), i32(p.idx64),
+                         i32(reduction == "none")))
+    return Plan(tuple(steps), scratch=scratch)
+
+
+def broadcast_pattern(big: Shape, small: Shape) -> tuple[int, int]:
+    """(b_n, b_inner) with small[(i / b_inner) % b_n] the element of ``small`` that numpy broadcasting
+    pairs with element i of ``big``; NotCovered unless small's non-broadcast dims are one run of big's."""
+    if len(small) > len(big):
+        raise NotCovered(f"cannot broadcast {small} to {big}")
+    padded = (1,) * (len(big) - len(small)) + tuple(small)
+    matched = [i for i, (s, g) in enumerate(zip(padded, big)) if g != 1 and s == g]
+    for s, g in zip(padded, big):
+        if s != g and s != 1:
+            raise NotCovered(f"cannot broadcast {small} to {big}")
+    if not matched:
+        return 1, 1
+    first, last = matched[0], matched[-1]
+    if any(padded[i] != big[i] for i in range(first, last + 1)):
+        raise NotCovered(f"broadcasting {small} to {big} repeats it in more than one place")
+    return math.prod(big[first:last + 1]), math.prod(big[last + 1:])
+
+
+def _binary(kernel: str):
+    def rule(p: Problem) -> Plan:
+        a, b = p.inputs
+        out = p.outputs[0] if p.outputs and p.outputs[0] is not None else tuple(np.broadcast_shapes(a, b))
+        first, second = ("in:a", "in:b")
+        if tuple(a) != tuple(out):
+            if tuple(b) != tuple(out):
+                raise NotCovered(f"{kernel}: both operands ({a}, {b}) are broadcast")
+            first, second, a, b = "in:b", "in:a", b, a  # add and mul commute
+        n = _numel(out)
+        b_n, b_inner = broadcast_pattern(tuple(out), tuple(b))
+        grid, block = elementwise_config(n, vector_width(p.itemsize))
+        return Plan((_launch(kernel, p.variant, grid, block, ptr(first), ptr(second), ptr("out:out"), i64(n),
+                             i64(b_n), i64(b_inner)),))
+    return rule
+
+
+_primitive("add", "elementwise", "a b", "out", "add")(_binary("add"))
+_primitive("mul", "elementwise", "a b", "out", "mul")(_binary("mul"))
+
+
+@_primitive("bias_add", "elementwise", "x bias", "out", "bias_add")
+def _bias_add(p: Problem) -> Plan:
+    n, width = _numel(p.inputs[0]), _numel(p.inputs[1])
+    grid, block = elementwise_config(n, vector_width(p.itemsize))
+    return Plan((_launch("bias_add", p.variant, grid, block, ptr("in:x"), ptr("in:bias"), ptr("out:out"), i64(n),
+                         i64(width)),))
+
+
+@_primitive("scale", "elementwise", "x", "out", "scale")
+def _scale(p: Problem) -> Plan:
+    n = _numel(p.inputs[0])
+    grid, block = elementwise_config(n, vector_width(p.itemsize))
+    return Plan((_launch("scale", p.variant, grid, block, ptr("in:x"), ptr("out:out"), i64(n),
+                         f32(p.attr("factor"))),))
+
+
+@_primitive("add3", "elementwise", "a b c", "out", "add3")
+def _add3(p: Problem) -> Plan:
+    if len({tuple(s) for s in p.inputs}) != 1:
+        raise NotCovered("add3 with broadcasting: the CUDA kernel takes three tensors of one shape")
+    n = _numel(p.inputs[0])
+    grid, block = elementwise_config(n, vector_width(p.itemsize))
+    return Plan((_launch("add3", p.variant, grid, block, ptr("in:a"), ptr("in:b"), ptr("in:c"), ptr("out:out"),
+                         i64(n)),))
+
+
+# ``add`` launched in place for gradient accumulation (``acc += x``); variant f32_bf16 adds bf16 into fp32.
+@_primitive("add_inplace", "elementwise", "acc x", "acc", "add_inplace", variants=("bf16", "fp32", "f32_bf16"))
+def _add_inplace(p: Problem) -> Plan:
+    n = _numel(p.inputs[0])
+    grid, block = elementwise_config(n, 4)
+    return Plan((_launch("add_inplace", p.variant, grid, block, ptr("in:acc"), ptr("in:x"), i64(n)),))
+
+
+def _split(shape: Shape, dims: Sequence[int]) -> tuple[int, int, int]:
+    """[outer, R, inner] of ``shape`` reduced over ``dims`` (which must be adjacent)."""
+    rank = len(shape)
+    axes = sorted({int(d) % rank for d in dims}) if rank else []
+    if not axes:
+        raise NotCovered("a reduction needs at least one dim")
+    if axes != list(range(axes[0], axes[-1] + 1)):
+        raise NotCovered(f"reducing over the non-adjacent dims {axes}")
+    return math.prod(shape[:axes[0]]), math.prod(shape[axes[0]:axes[-1] + 1]), math.prod(shape[axes[-1] + 1:])
+
+
+def _sum_rule(mean: bool):
+    def rule(p: Problem) -> Plan:
+        outer, r, inner = _split(p.inputs[0], p.attr("dims"))
+        divisor = float(r) if mean else 1.0
+        if inner == 1:
+            grid, block = row_config(outer, r, p.itemsize)
+            step = _launch("reduce_sum_rows", p.variant, grid, block, ptr("in:x"), ptr("out:out"), i64(outer), i64(r),
+                           f32(divisor))
+        else:
+            grid, block = column_config(outer, inner)
+            step = _launch("reduce_sum_cols", p.variant, grid, block, ptr("in:x"), ptr("out:out"), i64(outer), i64(r),
+                           i64(inner), f32(divisor))
+        return Plan((step,))
+    return rule
+
+
+_primitive("reduce_sum", "reduction", "x", "out", "reduce_sum_rows reduce_sum_cols")(_sum_rule(False))
+_primitive("reduce_mean", "reduction", "x", "out", "reduce_sum_rows reduce_sum_cols")(_sum_rule(True))
+
+
+@_primitive("reduce_max", "reduction", "x", "values indices", "reduce_max_rows reduce_max_cols",
+            dtypes={"indices": "index"})
+def _reduce_max(p: Problem) -> Plan:
+    outer, r, inner = _split(p.inputs[0], [p.attr("dim")])
+    if inner == 1:
+        grid, block = row_config(outer, r, p.itemsize)
+        step = _launch("reduce_max_rows", p.variant, grid, block, ptr("in:x"), ptr("out:values"), ptr("out:indices"),
+                       i64(outer), i64(r), i32(p.idx64))
+    else:
+        grid, block = column_config(outer, inner)
+        step = _launch("reduce_max_cols", p.variant, grid, block, ptr("in:x"), ptr("out:values"), ptr("out:indices"),
+                       i64(outer), i64(r), i64(inner), i32(p.idx64))
+    return Plan((step,))
+
+
+GLOBAL_NORM_MAX_PARTS = 1024
+
+
+@_primitive("global_norm", "reduction", "grads", "norm", "global_norm_partial global_norm_finish",
+            dtypes={"norm": "fp32"}, variadic=True)
+def _global_norm(p: Problem) -> Plan:
+    """Table ``grads``: :func:`tensor_table` of every input (pointer, numel), in order."""
+    total = sum(_numel(s) for s in p.inputs)
+    parts = max(1, min(_cdiv(total, ELEMENTWISE_THREADS * vector_width(p.itemsize) * 4), GLOBAL_NORM_MAX_PARTS))
+    return Plan((_launch("global_norm_partial", p.variant, (parts, 1, 1), (ELEMENTWISE_THREADS, 1, 1),
+                         ptr("table:grads"), i64(len(p.inputs)), ptr("scratch:partial")),
+                 _launch("global_norm_finish", "fp32", *SINGLE, ptr("scratch:partial"), i64(parts), ptr("out:norm"))),
+                scratch={"partial": 4 * parts}, tables={"grads": "tensors"})
+
+
+@_primitive("clip_factor", "reduction", "norm", "factor", "clip_factor", variants=("fp32",))
+def _clip_factor(p: Problem) -> Plan:
+    return Plan((_launch("clip_factor", "fp32", (1, 1, 1), (32, 1, 1), ptr("in:norm"), ptr("out:factor"),
+                         f32(p.attr("max_norm"))),))
+
+
+@_primitive("cast", "cast", "x", "out", "cast", variants=CAST_VARIANTS, dtypes={"x": "src", "out": "dst"})
+def _cast(p: Problem) -> Plan:
+    n = _numel(p.inputs[0])
+    grid, block = elementwise_config(n, 8)
+    return Plan((_launch("cast", p.variant, grid, block, ptr("in:x"), ptr("out:out"), i64(n)),))
+
+
+_ADAMW_DTYPES = {"param": "fp32", "exp_avg": "fp32", "exp_avg_sq": "fp32", "lr": "fp32", "step": "int64",
+                 "grad_scale": "fp32", "param_copy": "bf16"}
+
+
+# The reference's in-place update; the optional 4th output param_copy receives the updated weights in bf16.
+@_primitive("adamw", "adamw", "param grad exp_avg exp_avg_sq lr step grad_scale",
+            "param exp_avg exp_avg_sq param_copy", "adamw", dtypes=_ADAMW_DTYPES)
+def _adamw(p: Problem) -> Plan:
+    n = _numel(p.inputs[0])
+    grad_scale = "in:grad_scale" if len(p.inputs) > 6 and p.inputs[6] is not None else None
+    copy = "out:param_copy" if len(p.outputs) > 3 and p.outputs[3] is not None else None
+    grid, block = elementwise_config(n, 4)
+    return Plan((_launch("adamw", p.variant, grid, block, ptr("in:param"), ptr("in:grad"), ptr("in:exp_avg"),
+                         ptr("in:exp_avg_sq"), ptr(copy), ptr("in:lr"), ptr("in:step"), ptr(grad_scale), i64(n),
+                         f64(p.attr("beta1", 0.9)), f64(p.attr("beta2", 0.999)), f64(p.attr("eps", 1e-8)),
+                         f64(p.attr("weight_decay", 0.01)), f64(p.attr("lr_scale", 1.0))),))
+
+
+ADAMW_MULTI_MAX_BLOCKS = 4096
+
+
+# Many adamw launches of one step in one: attribute ``sizes`` (the numel of each tensor, in table order);
+# table ``tensors``: adamw_table of the tensors (pointers, sizes, lr_scale, weight_decay).
+@_primitive("adamw_multi", "adamw", "lr step grad_scale", "", "adamw_multi", dtypes=_ADAMW_DTYPES)
+def _adamw_multi(p: Problem) -> Plan:
+    sizes = list(p.attr("sizes"))
+    grid = (max(1, min(_cdiv(sum(sizes), ELEMENTWISE_THREADS * 4), ADAMW_MULTI_MAX_BLOCKS)), 1, 1)
+    grad_scale = "in:grad_scale" if len(p.inputs) > 2 and p.inputs[2] is not None else None
+    return Plan((_launch("adamw_multi", p.variant, grid, (ELEMENTWISE_THREADS, 1, 1), ptr("table:tensors"),
+                         i64(len(sizes)), ptr("in:lr"), ptr("in:step"), ptr(grad_scale), f64(p.attr("beta1", 0.9)),
+                         f64(p.attr("beta2", 0.999)), f64(p.attr("eps", 1e-8))),),
+                tables={"tensors": "adamw"})
+
+
+# ----------------------------------------------------------------------------
+# Entry points
+# ----------------------------------------------------------------------------
+
+
+def primitive(name: str) -> CudaPrimitive:
+    """The CUDA description of primitive ``name``; KeyError naming the covered ones otherwise."""
+    try:
+        return PRIMITIVES[name]
+    except KeyError:
+        raise KeyError(f"no CUDA kernel for '{name}' (covered: {', '.join(sorted(PRIMITIVES))})") from None
+
+
+def plan(name: str, inputs: Sequence[Shape | None], outputs: Sequence[Shape | None] = (),
+         attrs: Mapping[str, Any] | None = None, variant: str = "bf16", index_dtype: str = "int32") -> Plan:
+    """The launches of primitive ``name`` on these shapes (``None``: an absent optional buffer)."""
+    prim = primitive(name)
+    if variant not in prim.variants:
+        raise NotCovered(f"{name} has no {variant} variant (it has {', '.join(prim.variants)})")
+    if index_dtype not in ("int32", "int64"):
+        raise NotCovered(f"index dtype {index_dtype}")
+    shapes = lambda group: tuple(tuple(int(d) for d in s) if s is not None else None for s in group)  # noqa: E731
+    return prim.rule(Problem(shapes(inputs), shapes(outputs), dict(attrs or {}), variant, index_dtype))
+
+
+def variant_of(dtype: Any) -> str:
+    """``bf16`` or ``fp32`` for a storage dtype (a numpy/ml_dtypes dtype or a name such as ``bf16``)."""
+    name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    if name in ("bfloat16", "bf16"):
+        return "bf16"
+    if name in ("float32", "fp32", "f32"):
+        return "fp32"
+    raise NotCovered(f"no CUDA kernel variant for dtype {name}")
+
+
+def families() -> list[str]:
+    """Every kernels/*.cu file, by stem."""
+    return sorted(p.stem for p in SOURCE_DIR.glob("*.cu"))
+
+
+# ----------------------------------------------------------------------------
+# Device tables
+# ----------------------------------------------------------------------------
+
+# reduction.cu: struct TensorRef { const void* ptr; long long n; }
+TENSOR_TABLE = np.dtype([("ptr", "<u8"), ("n", "<i8")])
+# adamw.cu: struct AdamWTensor (64 bytes)
+ADAMW_TABLE = np.dtype([("param", "<u8"), ("grad", "<u8"), ("exp_avg", "<u8"), ("exp_avg_sq", "<u8"),
+                        ("param_copy", "<u8"), ("n", "<i8"), ("lr_scale", "<f8"), ("weight_decay", "<f8")])
+
+
+def tensor_table(entries: Sequence[tuple[int, int]]) -> np.ndarray:
+    """The ``tensors`` table: one (device pointer, numel) per tensor; upload ``.tobytes()``."""
+    table = np.zeros(len(entries), TENSOR_TABLE)
+    for i, (address, n) in enumerate(entries):
+        table[i] = (address, n)
+    return table
+
+
+@dataclass(frozen=True)
+class AdamWEntry:
+    """One tensor of an adamw_multi launch (device pointers; param_copy 0 for none)."""
+
+    param: int
+    grad: int
+    exp_avg: int
+    exp_avg_sq: int
+    n: int
+    lr_scale: float = 1.0
+    weight_decay: float = 0.01
+    param_copy: int = 0
+
+
+def adamw_table(entries: Sequence[AdamWEntry]) -> np.ndarray:
+    """The ``adamw`` table; upload ``.tobytes()``."""
+    table = np.zeros(len(entries), ADAMW_TABLE)
+    for i, e in enumerate(entries):
+        table[i] = (e.param, e.grad, e.exp_avg, e.exp_avg_sq, e.param_copy, e.n, e.lr_scale, e.weight_decay)
+    return table
