@@ -52,8 +52,10 @@ __device__ void ce_fwd_rows(const T* logits, const void* labels, float* loss_row
   }
 }
 
-// d_logits[r, j] = (exp(logits[r, j] - lse[r]) - (j == label)) * scale_r, 0 on ignored rows;
-// scale_r = d_scale[r] when per_row (reduction none) else d_scale[0].
+// d_logits[r, j] = (exp(logits[r, j] - lse[r]) - (j == label)) * scale_r with scale_r =
+// d_scale[r] when per_row (reduction none) else d_scale[0]; an ignored row gets 0 * scale_r,
+// which is 0 except where the reference's (d_loss * valid) / count is NaN too (mean over no
+// counted row: 0 / 0).
 template <typename T, int V>
 __device__ void ce_bwd_rows(const float* d_scale, const T* logits, const void* labels, const float* lse, T* d_logits,
                             i64 rows, i64 vocab, i64 ignore_index, int idx64, int per_row) {
@@ -61,7 +63,9 @@ __device__ void ce_bwd_rows(const float* d_scale, const T* logits, const void* l
   for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
     const i64 label = load_index(labels, row, idx64);
     const bool valid = label != ignore_index;
-    const float scale = valid ? d_scale[per_row ? row : 0] : 0.f;
+    const float given = d_scale[per_row ? row : 0];
+    const float scale = valid ? given : 0.f * given;
+    const i64 hot = valid ? label : -1;
     const float l = lse[row];
     const T* x = logits + row * vocab;
     T* d = d_logits + row * vocab;
@@ -69,10 +73,7 @@ __device__ void ce_bwd_rows(const float* d_scale, const T* logits, const void* l
       float t[V];
       load<T, V>(x + v * V, t);
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float p = expf(t[j] - l) - (v * V + j == label ? 1.f : 0.f);
-        t[j] = valid ? p * scale : 0.f;
-      }
+      for (int j = 0; j < V; ++j) t[j] = (expf(t[j] - l) - (v * V + j == hot ? 1.f : 0.f)) * scale;
       store<T, V>(d + v * V, t);
     }
   }
