@@ -44,6 +44,7 @@ from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span, rend
 
 ARCHS = ("sm_80", "sm_90a")
 FLAGS = ("-O3", "-std=c++17")
+REPORT_FLAGS = ("--resource-usage",)  # ptxas's registers/shared memory/spills per kernel: the .usage.json
 SOURCE_DIR = Path(__file__).resolve().parent.parent / "kernels"
 BUILD_FAILED = "E035"  # CUDA kernel build failed (a compile error)
 NVCC_TIMEOUT_S = 600
@@ -120,7 +121,7 @@ def families() -> list[str]:
 
 def _cache_key(source: Path, arch: str, nvcc: str) -> str:
     digest = hashlib.sha256()
-    for part in (nvcc_version(nvcc), " ".join(FLAGS), arch):
+    for part in (nvcc_version(nvcc), " ".join(FLAGS + REPORT_FLAGS), arch):
         digest.update(part.encode() + b"\0")
     for path in [source, *sorted(source.parent.glob("*.cuh"))]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
@@ -201,17 +202,53 @@ def parse_nvcc_errors(output: str, source: Path) -> list[Diagnostic]:
     return diagnostics
 
 
+def usage_file(cubin: Path) -> Path:
+    return cubin.with_suffix(".usage.json")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.replace(tmp, path)
+
+
+_ENTRY = re.compile(r"Compiling entry function '(?P<name>\w+)'")
+_FRAME = re.compile(r"(?P<stack>\d+) bytes stack frame, (?P<stores>\d+) bytes spill stores, (?P<loads>\d+) bytes spill loads")
+_USED = re.compile(r"Used (?P<registers>\d+) registers(?:, used (?P<barriers>\d+) barriers)?(?:, (?P<smem>\d+) bytes smem)?")
+
+
+def parse_resource_usage(output: str) -> dict[str, dict[str, int]]:
+    """Per kernel (ptxas ``--resource-usage``): registers, static shared memory, stack and spill bytes."""
+    usage: dict[str, dict[str, int]] = {}
+    current = None
+    for line in output.splitlines():
+        if m := _ENTRY.search(line):
+            current = usage.setdefault(m["name"], {"registers": 0, "smem": 0, "stack": 0, "spill_stores": 0,
+                                                   "spill_loads": 0})
+        elif current is not None and (m := _FRAME.search(line)):
+            current.update(stack=int(m["stack"]), spill_stores=int(m["stores"]), spill_loads=int(m["loads"]))
+        elif current is not None and (m := _USED.search(line)):
+            current.update(registers=int(m["registers"]), smem=int(m["smem"] or 0))
+    return usage
+
+
+def resource_usage(family: str, arch: str = "sm_90a", cache_dir: Path | None = None) -> dict[str, dict[str, int]]:
+    """What ptxas reported for each kernel of ``family`` on ``arch`` (builds the cubin first when missing)."""
+    return json.loads(usage_file(cubin_path(family, arch, cache_dir)).read_text())
+
+
 def compile_cubin(source: Path, arch: str, cache_dir: Path, nvcc: str, force: bool = False) -> BuildResult:
     """Compile one source for one architecture into the cache (unless it is there already)."""
     target = cubin_file(source, arch, cache_dir, nvcc)
-    if target.is_file() and not force:
+    if target.is_file() and usage_file(target).is_file() and not force:
         return BuildResult(source, arch, target, True, 0.0)
     cache_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{source.stem}.{arch}.", suffix=".cubin")
     os.close(fd)
     try:
-        command = [nvcc, "-cubin", f"-arch={arch}", *FLAGS, "-o", tmp, str(source)]
+        command = [nvcc, "-cubin", f"-arch={arch}", *FLAGS, *REPORT_FLAGS, "-o", tmp, str(source)]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -222,6 +259,8 @@ def compile_cubin(source: Path, arch: str, cache_dir: Path, nvcc: str, force: bo
         if done.returncode != 0:
             return BuildResult(source, arch, target, False, seconds,
                                tuple(parse_nvcc_errors(done.stdout + "\n" + done.stderr, source)))
+        usage = json.dumps(parse_resource_usage(done.stdout + "\n" + done.stderr), indent=1, sort_keys=True)
+        _write_atomic(usage_file(target), usage)
         os.replace(tmp, target)  # atomic: a concurrent reader sees the old cubin or the whole new one
         return BuildResult(source, arch, target, False, seconds)
     finally:

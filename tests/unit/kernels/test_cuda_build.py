@@ -68,6 +68,44 @@ def test_every_table_symbol_is_in_its_cubin(kernel_cache):
 
 
 @needs_nvcc
+def test_every_launch_of_the_table_fits_the_kernel_resources(kernel_cache):
+    """What a GPU would refuse at launch time: more registers or shared memory per block than an
+    SM has (sm_80/sm_90: 64K registers, 48 KiB of static shared memory), for every plan of the
+    table tests; and no kernel spills registers to local memory."""
+    from .test_cuda_table import CASES
+
+    cache, _, _ = kernel_cache
+    usage = {arch: {} for arch in build_kernels.ARCHS}
+    for arch in build_kernels.ARCHS:
+        for family in cuda.families():
+            usage[arch].update(build_kernels.resource_usage(family, arch, cache))
+    for arch, kernels in usage.items():
+        spilling = {k: u for k, u in kernels.items() if u["spill_stores"] or u["spill_loads"] or u["stack"]}
+        assert not spilling, f"{arch}: kernels that spill: {spilling}"
+    for name, inputs, outputs, attrs, variant, index_dtype in CASES:
+        for launch in cuda.plan(name, inputs, outputs, attrs, variant, index_dtype).launches:
+            for arch in build_kernels.ARCHS:
+                u = usage[arch][launch.symbol]
+                warps = -(-launch.threads // 32)
+                registers = warps * -(-u["registers"] * 32 // 256) * 256  # allocated per warp, 256 at a time
+                assert registers <= 65536, f"{launch.symbol} ({arch}): {u['registers']} registers x {launch.block}"
+                assert u["smem"] + launch.shared <= 48 * 1024, f"{launch.symbol} ({arch}): shared memory"
+
+
+def test_resource_usage_is_read_from_ptxas():
+    report = """ptxas info    : Compiling entry function 'mdsl_k_f32' for 'sm_90a'
+ptxas info    : Function properties for mdsl_k_f32
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 72 registers, used 1 barriers, 1056 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function 'mdsl_j_f32' for 'sm_90a'
+ptxas info    : Used 12 registers, used 0 barriers, 380 bytes cmem[0]
+"""
+    usage = build_kernels.parse_resource_usage(report)
+    assert usage["mdsl_k_f32"] == {"registers": 72, "smem": 1056, "stack": 8, "spill_stores": 4, "spill_loads": 4}
+    assert usage["mdsl_j_f32"]["registers"] == 12 and usage["mdsl_j_f32"]["smem"] == 0
+
+
+@needs_nvcc
 def test_a_second_build_hits_the_cache_without_calling_nvcc(kernel_cache, monkeypatch):
     cache, first, _ = kernel_cache
 
