@@ -27,10 +27,15 @@ Variants: ``bf16`` (bf16 storage, fp32 arithmetic) and ``fp32``; statistics
 pair (``f32_to_bf16``, ...); gradient accumulation adds bf16 into fp32
 (``f32_bf16``). Index tensors are int32 or int64 (``index_dtype``).
 
-Shapes or attributes a kernel does not handle raise :class:`NotCovered` (for
-example softmax over a dim other than the last, reductions over non-adjacent
-dims, broadcasting of both operands of ``add``); the executor then falls back
-or reports it. Compiling the sources: :mod:`modeldsl.tools.build_kernels`.
+Shapes or attributes a kernel does not handle raise :class:`NotCovered`; the
+executor then falls back or reports it. Not covered: softmax over a dim other
+than the last; reductions over non-adjacent dims; ``add``/``mul`` where both
+operands broadcast, or the broadcast one repeats in more than one run of dims
+(``[4, 1, 8]`` against ``[4, 5, 8]``); ``add3`` with broadcasting; rope of
+other than rank-4 q/k; fp16 storage (only casts); ``reduce_max_backward``.
+Where the reference raises (an embedding index out of range), the kernel
+writes NaN rows instead. Compiling the sources:
+:mod:`modeldsl.tools.build_kernels`.
 
 Usage::
 

@@ -182,8 +182,8 @@ class CudaRunner(Runner):
         from modeldsl.tools.build_kernels import cubin_path
 
         self.cp = cupy
-        major, minor = (int(v) for v in cupy.cuda.Device().compute_capability)
-        self.arch = cubin_arch(major, minor)
+        capability = str(cupy.cuda.Device().compute_capability)  # "90", "86", "100"
+        self.arch = cubin_arch(int(capability[:-1]), int(capability[-1]))
         self.cubin_path = cubin_path
         self.kernels: dict[str, Any] = {}
         self.modules: dict[str, Any] = {}
@@ -240,7 +240,8 @@ class CudaRunner(Runner):
             launch_fn(self.stream, config, kernel, *args)
             self.stream.sync()
         else:
-            kernel(launch.grid, launch.block, tuple(args), shared_mem=launch.shared)
+            values = tuple(np.uint64(a) if isinstance(a, int) else a for a in args)  # pointers: 8 bytes
+            kernel(launch.grid, launch.block, values, shared_mem=launch.shared)
             self.cp.cuda.Device().synchronize()
 
     def sync(self) -> None:

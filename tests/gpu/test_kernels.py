@@ -251,7 +251,7 @@ def test_cross_entropy_on_misaligned_buffers(runner, variant):
 
 ELEMENTS = [(1,), (7,), (8,), (3, 33), (1000, 17), (64, 1024), (5, 7, 11)]
 if GPU:
-    ELEMENTS += [(8 * 1024, 8192)]
+    ELEMENTS += [(1024, 4096)]  # (the erf references are slow numpy loops: no larger)
 GATED = ["swiglu", "geglu"]
 UNARY = ["silu", "relu", "relu2", "gelu"]
 
