@@ -40,3 +40,14 @@ def test_bad_flags_are_usage_errors(flags, words, capsys):
     with pytest.raises(SystemExit) as info:
         main(flags)
     assert info.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_the_gpu_check_script_parses_and_names_every_step():
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[3] / "tools" / "gpu_check.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    for step in ("nvidia-smi", "install", "build-kernels", "pytest-gpu", "bench"):
+        assert f"step {step} " in text
