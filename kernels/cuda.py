@@ -281,7 +281,7 @@ class Problem:
 
     @property
     def itemsize(self) -> int:
-        return ITEMSIZE[self.variant] if self.variant in ITEMSIZE else 4
+        return ITEMSIZE.get(self.variant, 4)
 
     @property
     def idx64(self) -> int:

@@ -93,7 +93,7 @@ def find_nvcc() -> str:
 def nvcc_version(nvcc: str) -> str:
     """The full ``nvcc --version`` text (part of the cache key)."""
     try:
-        done = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([nvcc, "--version"], check=False, capture_output=True, text=True, timeout=60)
     except OSError as err:
         raise DiagnosticError([Diagnostic("E028", f"cannot run {nvcc}: {err.strerror or err}", None,
                                           "check the CUDA toolkit installation")]) from None
@@ -250,7 +250,7 @@ def compile_cubin(source: Path, arch: str, cache_dir: Path, nvcc: str, force: bo
     try:
         command = [nvcc, "-cubin", f"-arch={arch}", *FLAGS, *REPORT_FLAGS, "-o", tmp, str(source)]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
+            done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return BuildResult(source, arch, target, False, time.perf_counter() - start, (Diagnostic(
                 BUILD_FAILED, f"nvcc took more than {NVCC_TIMEOUT_S} s on {_display(str(source))} ({arch})", None,

@@ -493,6 +493,7 @@ def test_adamw_multi_updates_every_tensor_of_its_table(runner, variant):
 
 def test_every_primitive_of_the_table_is_tested():
     """Each kernels/cuda.py primitive appears in a test of this file (by name)."""
-    text = open(__file__).read()
+    with open(__file__) as source:
+        text = source.read()
     missing = [name for name in cuda.PRIMITIVES if f'"{name.removesuffix("_backward")}"' not in text]
     assert not missing, missing
