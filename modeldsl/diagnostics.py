@@ -1,7 +1,7 @@
 """Coded diagnostics for bad input of any kind: DSL source, checkpoints, configs, flags.
 
 A :class:`Diagnostic` has a code (E001-E027 and W001-W005 of spec 000
-Appendix C/D, plus project codes E028-E034 and W006-W009), a message, a
+Appendix C/D, plus project codes E028-E035 and W006-W009), a message, a
 hint and a location. It renders the way compilers print errors::
 
     model.module:12:5: error[E002]: undefined identifier 'wieght'
@@ -57,6 +57,7 @@ CODES: dict[str, str] = {
     "E032": "Checkpoint tensor shape mismatch",
     "E033": "Checkpoint tensor dtype mismatch",
     "E034": "Checkpoint file truncated or corrupt",
+    "E035": "CUDA kernel build failed",
     "W001": "User definition shadows primitive",
     "W002": "Local definition shadows import",
     "W003": "Suboptimal auto-derived backward",
