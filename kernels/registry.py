@@ -58,6 +58,8 @@ REUSE: dict[str, dict[int, int]] = {
     **{name: {0: 0} for name in ("silu", "relu", "relu2", "gelu", "scale", "softmax", "add", "mul",
                                  "add3", "bias_add", "swiglu", "geglu")},
     "rope": {0: 0, 1: 1},
+    # one pass over each row of the logits, reading each element before writing its gradient
+    "cross_entropy_backward": {0: 1},
 }
 
 
