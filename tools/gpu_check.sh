@@ -22,7 +22,7 @@ WHEELS=(xdsl==0.74.0 lark==1.2.2 immutabledict==4.2.1 typing-extensions==4.15.0 
 
 if [[ "${1:-}" == "fetch-wheels" ]]; then
     mkdir -p .whl
-    grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+    mkdir -p .git/info && { grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude; }
     for spec in "${WHEELS[@]}"; do
         python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
             --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
