@@ -32,7 +32,8 @@ executor then falls back or reports it. Not covered: softmax over a dim other
 than the last; reductions over non-adjacent dims; ``add``/``mul`` where both
 operands broadcast, or the broadcast one repeats in more than one run of dims
 (``[4, 1, 8]`` against ``[4, 5, 8]``); ``add3`` with broadcasting; rope of
-other than rank-4 q/k; fp16 storage (only casts); ``reduce_max_backward``.
+other than rank-4 q/k; fp16 storage (only casts); ``reduce_max_backward``; attention with
+ALiBi or a head dim over 128 (see ``attention_geometry``).
 Where the reference raises (an embedding index out of range), the kernel
 writes NaN rows instead. Compiling the sources:
 :mod:`modeldsl.tools.build_kernels`.
@@ -181,6 +182,14 @@ _ADAMW = "f64 beta1, f64 beta2, f64 eps"
 _kernel("adamw", "adamw", "ptr param, ptr grad, ptr exp_avg, ptr exp_avg_sq, ptr param_copy, ptr lr, ptr step, "
                           f"ptr grad_scale, i64 n, {_ADAMW}, f64 weight_decay, f64 lr_scale")
 _kernel("adamw", "adamw_multi", f"ptr tensors, i64 count, ptr lr, ptr step, ptr grad_scale, {_ADAMW}")
+_ATTN = ("i64 B, i64 H, i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, "
+         "f32 scale, i32 causal, i64 window")
+_kernel("attention", "attention_fwd", f"ptr q, ptr k, ptr v, ptr out, ptr lse, {_ATTN}")
+_kernel("attention", "attention_bwd_pre",
+        "ptr d_out, ptr out, ptr delta, i64 B, i64 H, i64 T, i64 D, i64 q_sb, i64 q_sh, i64 q_st")
+_kernel("attention", "attention_bwd_dkdv",
+        f"ptr d_out, ptr q, ptr k, ptr v, ptr lse, ptr delta, ptr d_k, ptr d_v, {_ATTN}")
+_kernel("attention", "attention_bwd_dq", f"ptr d_out, ptr q, ptr k, ptr v, ptr lse, ptr delta, ptr d_q, {_ATTN}")
 
 
 # ----------------------------------------------------------------------------
@@ -815,6 +824,109 @@ def _adamw_multi(p: Problem) -> Plan:
                          i64(len(sizes)), ptr("in:lr"), ptr("in:step"), ptr(grad_scale), f64(p.attr("beta1", 0.9)),
                          f64(p.attr("beta2", 0.999)), f64(p.attr("eps", 1e-8))),),
                 tables={"tensors": "adamw"})
+
+
+# Attention (attention.cu): flash_attention without ALiBi and flash_attention_backward, in the
+# layouts of mdsl.sched.attention (attribute ``layout``: "bhtd", the default, or "bthd"; lse is
+# [B, H, T] in both). Every block has ATTENTION_THREADS threads; the tiles by head dim are
+# attention.cu's constants. Not covered: ALiBi, D > 128, a negative window_size, empty tensors, grids
+# past 65535 heads or batches, and the backward where a query sees no key (causal or windowed with
+# T > S: the reference's gradients are NaN there).
+ATTENTION_THREADS = 128
+ATTENTION_MAX_D = 128
+ATTENTION_LAYOUTS = ("bhtd", "bthd")
+
+
+def attention_tiles(d: int) -> dict[str, int]:
+    """Rows per block along the grid's x of each attention kernel (attention.cu: fwd_bq, kDkdvBK, kDqBQ):
+    query rows of the forward and of d_q, keys of d_k/d_v."""
+    return {"fwd": 64 if d <= 64 else 32, "dkdv": 32, "dq": 32}
+
+
+@dataclass(frozen=True)
+class AttentionGeometry:
+    b: int
+    h: int
+    hkv: int
+    t: int
+    s: int
+    d: int
+    q_strides: tuple[int, int, int]  # (batch, head, token) in elements: q, out, d_out, d_q
+    k_strides: tuple[int, int, int]  # k, v, d_k, d_v
+    scale: float
+    causal: bool
+    window: int  # 0: none
+
+    def args(self) -> tuple[Arg, ...]:
+        """The geometry parameters of attention.cu's kernels (all but the delta kernel), in order."""
+        return (i64(self.b), i64(self.h), i64(self.hkv), i64(self.t), i64(self.s), i64(self.d),
+                *(i64(x) for x in self.q_strides), *(i64(x) for x in self.k_strides), f32(self.scale),
+                i32(self.causal), i64(self.window))
+
+
+def attention_geometry(p: Problem, q: Shape, k: Shape, v: Shape) -> AttentionGeometry:
+    """Sizes, strides and mask of one attention launch; NotCovered where attention.cu does not apply."""
+    layout = str(p.attrs.get("layout") or "bhtd")
+    if layout not in ATTENTION_LAYOUTS:
+        raise NotCovered(f"attention layout '{layout}' (the kernels take {', '.join(ATTENTION_LAYOUTS)})")
+    if len(q) != 4 or len(k) != 4 or tuple(v) != tuple(k):
+        raise NotCovered(f"attention takes rank-4 q and k/v of one shape, got {q}, {k}, {v}")
+    if layout == "bhtd":
+        (b, h, t, d), (bk, hkv, s, dk) = q, k
+        q_strides, k_strides = (h * t * d, t * d, d), (hkv * s * d, s * d, d)
+    else:
+        (b, t, h, d), (bk, s, hkv, dk) = q, k
+        q_strides, k_strides = (t * h * d, d, h * d), (s * hkv * d, d, hkv * d)
+    if b != bk or d != dk or hkv < 1 or h % hkv:
+        raise NotCovered(f"attention q {q} and k {k} do not pair (batch, head dim, GQA groups)")
+    if min(b, h, t, s, d) < 1:
+        raise NotCovered(f"empty attention {q}, {k}")
+    if d > ATTENTION_MAX_D:
+        raise NotCovered(f"attention head dim {d}: the CUDA kernel takes at most {ATTENTION_MAX_D}")
+    if b > 65535 or h > 65535:
+        raise NotCovered(f"attention with {b} batches of {h} heads: the grid takes at most 65535 of each")
+    scale = p.attrs.get("softmax_scale")
+    window = int(p.attrs.get("window_size") or 0)
+    if window < 0:
+        raise NotCovered(f"attention window_size {window}")
+    causal = p.attrs.get("causal", True)
+    return AttentionGeometry(b, h, hkv, t, s, d, q_strides, k_strides,
+                             1.0 / math.sqrt(d) if scale is None else float(scale),
+                             True if causal is None else bool(causal), window)
+
+
+_ATTENTION_BLOCK: Dim3 = (ATTENTION_THREADS, 1, 1)
+
+
+@_primitive("flash_attention", "attention", "q k v alibi_slopes", "out lse", "attention_fwd",
+            dtypes={"alibi_slopes": "fp32", "lse": "fp32"})
+def _flash_attention(p: Problem) -> Plan:
+    if len(p.inputs) > 3 and p.inputs[3] is not None:
+        raise NotCovered("attention with ALiBi: the CUDA kernel has no ALiBi bias")
+    g = attention_geometry(p, *p.inputs[:3])
+    grid = (_cdiv(g.t, attention_tiles(g.d)["fwd"]), g.h, g.b)
+    return Plan((_launch("attention_fwd", p.variant, grid, _ATTENTION_BLOCK, ptr("in:q"), ptr("in:k"), ptr("in:v"),
+                         ptr("out:out"), ptr("out:lse"), *g.args()),))
+
+
+@_primitive("flash_attention_backward", "attention", "d_out q k v out lse", "d_q d_k d_v",
+            "attention_bwd_pre attention_bwd_dkdv attention_bwd_dq", dtypes={"lse": "fp32"})
+def _flash_attention_backward(p: Problem) -> Plan:
+    g = attention_geometry(p, *p.inputs[1:4])
+    if g.t > g.s and (g.causal or g.window):
+        raise NotCovered(f"attention backward with {g.t} queries over {g.s} keys: the first queries see no key")
+    tiles, rows = attention_tiles(g.d), g.b * g.h * g.t
+    pre_grid = (max(1, min(_cdiv(rows, ATTENTION_THREADS // 32), GRID_CAP)), 1, 1)
+    return Plan((_launch("attention_bwd_pre", p.variant, pre_grid, _ATTENTION_BLOCK, ptr("in:d_out"), ptr("in:out"),
+                         ptr("scratch:delta"), i64(g.b), i64(g.h), i64(g.t), i64(g.d),
+                         *(i64(x) for x in g.q_strides)),
+                 _launch("attention_bwd_dkdv", p.variant, (_cdiv(g.s, tiles["dkdv"]), g.hkv, g.b), _ATTENTION_BLOCK,
+                         ptr("in:d_out"), ptr("in:q"), ptr("in:k"), ptr("in:v"), ptr("in:lse"), ptr("scratch:delta"),
+                         ptr("out:d_k"), ptr("out:d_v"), *g.args()),
+                 _launch("attention_bwd_dq", p.variant, (_cdiv(g.t, tiles["dq"]), g.h, g.b), _ATTENTION_BLOCK,
+                         ptr("in:d_out"), ptr("in:q"), ptr("in:k"), ptr("in:v"), ptr("in:lse"), ptr("scratch:delta"),
+                         ptr("out:d_q"), *g.args())),
+                scratch={"delta": 4 * rows})
 
 
 # ----------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def test_every_exported_kernel_is_in_the_table():
 
 def test_every_family_has_kernels_and_the_issue_families_exist():
     assert set(cuda.families()) >= {"embedding", "rmsnorm", "activation", "rope", "softmax", "cross_entropy",
-                                    "elementwise", "reduction", "cast", "adamw"}
+                                    "elementwise", "reduction", "cast", "adamw", "attention"}
     for family in cuda.families():
         assert exported(family), f"{family}.cu exports no kernel"
 
@@ -110,7 +110,7 @@ def test_the_issue_primitives_are_covered():
     fused_residual_rmsnorm_backward swiglu swiglu_backward geglu geglu_backward silu silu_backward relu relu_backward
     relu2 relu2_backward gelu gelu_backward rope rope_backward qk_norm qk_norm_backward softmax softmax_backward
     cross_entropy cross_entropy_backward add mul scale add3 bias_add reduce_sum reduce_mean reduce_max cast adamw
-    global_norm clip_factor add_inplace adamw_multi""".split()
+    global_norm clip_factor add_inplace adamw_multi flash_attention flash_attention_backward""".split()
     assert sorted(set(wanted) - set(cuda.PRIMITIVES)) == []
 
 
@@ -138,6 +138,9 @@ ROWS = [((1,), 1), ((3,), 5), ((2, 7), 33), ((4,), 64), ((5, 3), 100), ((2, 9), 
         ((16,), 4099), ((3,), 8192), ((1,), 40000), ((2,), 151936)]
 ELEMENTS = [(1,), (7,), (8,), (9, 31), (1000, 1001), (8, 1024, 2048), (3, 5, 7, 11)]
 HEADS = [(1, 1, 1, 2), (2, 4, 7, 64), (1, 3, 5, 6), (2, 16, 33, 128), (8, 16, 1024, 128), (1, 2, 3, 10)]
+# (B, H, Hkv, T, S, D): attention
+ATTENTION = [(1, 1, 1, 1, 1, 2), (2, 4, 2, 37, 37, 64), (1, 4, 1, 70, 70, 128), (1, 2, 2, 33, 50, 10),
+             (2, 3, 3, 5, 40, 100), (8, 16, 8, 1024, 1024, 128), (8, 32, 8, 1024, 1024, 64)]
 
 
 def cases():
@@ -192,6 +195,12 @@ def cases():
         yield "rope_backward", [q, k, freqs], [q, k], attrs, variant, "int32"
         yield "qk_norm", [q, k, (d,), (d,)], [q, k, q[:-1], k[:-1]], {}, variant, "int32"
         yield "qk_norm_backward", [q, k, q, k, (d,), (d,), q[:-1], k[:-1]], [q, k, (d,), (d,)], {}, variant, "int32"
+    for (b, h, hkv, t, s, d), variant, layout, (causal, window) in itertools.product(
+            ATTENTION, cuda.VARIANTS, cuda.ATTENTION_LAYOUTS, ((True, None), (False, 8), (True, 16))):
+        q, k = ((b, h, t, d), (b, hkv, s, d)) if layout == "bhtd" else ((b, t, h, d), (b, s, hkv, d))
+        attrs = {"causal": causal, "window_size": window, "layout": layout}
+        yield "flash_attention", [q, k, k, None], [q, (b, h, t)], attrs, variant, "int32"
+        yield "flash_attention_backward", [q, q, k, k, q, (b, h, t)], [q, k, k], attrs, variant, "int32"
     yield "clip_factor", [()], [()], {"max_norm": 1.0}, "fp32", "int32"
 
 
@@ -305,6 +314,16 @@ def test_embedding_backward_zeroes_its_gradient_first():
     ("add3", [(4, 8), (4, 8), (8,)], {}),
     ("rope", [(2, 8, 16), (2, 8, 16), (8, 8, 2)], {}),
     ("scale", [(4,)], {}),
+    ("flash_attention", [(1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64), (2,)], {}),  # ALiBi
+    ("flash_attention", [(1, 2, 8, 256), (1, 2, 8, 256), (1, 2, 8, 256)], {}),  # D > 128
+    ("flash_attention", [(1, 3, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)], {}),  # H not a multiple of Hkv
+    ("flash_attention", [(1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)], {"layout": "bhdt"}),
+    ("flash_attention", [(1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)], {"window_size": -1}),
+    ("flash_attention", [(1, 2, 0, 64), (1, 2, 8, 64), (1, 2, 8, 64)], {}),
+    ("flash_attention_backward", [(1, 2, 9, 64), (1, 2, 9, 64), (1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 9, 64),
+                                  (1, 2, 9)], {"causal": True}),  # the first query sees no key
+    ("flash_attention_backward", [(1, 2, 9, 64), (1, 2, 9, 64), (1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 9, 64),
+                                  (1, 2, 9)], {"causal": False, "window_size": 4}),
 ])
 def test_what_the_kernels_do_not_cover_is_reported(name, inputs, attrs):
     with pytest.raises(cuda.NotCovered):
@@ -313,7 +332,7 @@ def test_what_the_kernels_do_not_cover_is_reported(name, inputs, attrs):
 
 def test_unknown_primitive_and_variant():
     with pytest.raises(KeyError, match="covered:"):
-        cuda.plan("flash_attention", [], [])
+        cuda.plan("kv_cache_attention", [], [])
     with pytest.raises(cuda.NotCovered, match="variant"):
         cuda.plan("clip_factor", [()], [()], {"max_norm": 1.0}, "bf16")
 

@@ -1,0 +1,220 @@
+"""The CUDA attention kernels (kernels/attention.cu) against the numpy references
+(kernels/reference.py: flash_attention, flash_attention_backward), on a GPU or the CPU emulator.
+
+Random inputs on several shapes: ragged T and S (not multiples of any tile), T < S (queries at
+the end), one query, GQA and MQA, head dims 2..128 (ragged ones take the scalar load paths);
+non-causal, causal, causal with a sliding window and the symmetric (non-causal) window; both
+layouts of mdsl.sched.attention ("bhtd", "bthd"); bf16 and fp32; every output starts as NaN
+(poisoned), so an element a kernel forgets to write fails. The reference runs in float64 on the
+values the kernels read (inputs rounded to the variant's storage type, lse to fp32). Tolerances,
+relative and, for elements near zero, relative to the tensor's largest value: bf16 outputs 1e-2;
+fp32 outputs (and lse in both variants) 1e-4 -- looser than the 1e-5 of the other kernels
+because every output sums exponentials over a whole row of keys with a different order and
+exp2f instead of exp (the observed errors are a few 1e-7).
+
+``MDSL_KERNEL_RUNNER=emulator python -m pytest -m gpu tests/gpu/test_attention.py`` runs them
+on the CPU; on a GPU machine they run with the other GPU tests (larger shapes too).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from harness import run_plan, storage
+from modeldsl.kernels import cuda
+from modeldsl.kernels.reference import REFERENCES
+
+pytestmark = pytest.mark.gpu
+
+RUNNER = os.environ.get("MDSL_KERNEL_RUNNER", "cuda")
+if RUNNER == "emulator":
+    if shutil.which("g++") is None:
+        pytest.skip("the CPU emulator needs g++", allow_module_level=True)
+else:
+    cupy = pytest.importorskip("cupy", reason="CuPy (pip install modeldsl[cuda]) is not installed: no GPU tests")
+    try:
+        _devices = cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 - no driver, no device
+        _devices = 0
+    if _devices == 0:
+        pytest.skip("no CUDA device", allow_module_level=True)
+
+GPU = RUNNER != "emulator"
+TOL = {"fp32": 1e-4, "bf16": 1e-2}
+VARIANTS = ("fp32", "bf16")
+MISALIGN = {"fp32": 4, "bf16": 2}  # byte shifts that keep elements aligned but not 4-element vectors
+
+# (B, H, Hkv, T, S, D)
+SHAPES = [
+    (1, 1, 1, 1, 1, 2),  # one query, one key
+    (2, 4, 2, 37, 37, 64),  # ragged T, GQA
+    (1, 4, 1, 70, 70, 128),  # MQA, the wide tiles, ragged
+    (1, 2, 2, 33, 50, 10),  # T < S, a ragged head dim (scalar loads)
+    (2, 2, 1, 5, 40, 6),  # a few queries over many keys
+    (1, 2, 1, 65, 65, 100),  # D not a multiple of 32
+    (1, 2, 2, 130, 130, 64),  # several tiles of every kernel
+]
+# GPU only, on fewer masks and layouts (the float64 reference takes seconds on these):
+# (shape, causal, window, layout)
+LARGE = [((2, 16, 8, 1024, 1024, 128), True, None, "bhtd"), ((2, 16, 8, 1024, 1024, 128), True, 256, "bthd"),
+         ((1, 8, 8, 1000, 1000, 64), False, None, "bhtd"), ((1, 8, 8, 1000, 1000, 64), False, 100, "bthd"),
+         ((4, 32, 8, 256, 256, 64), True, None, "bthd")] if GPU else []
+
+# (causal, window_size)
+MASKS = [(False, None), (True, None), (True, 16), (False, 9)]
+LAYOUTS = ("bhtd", "bthd")
+
+
+@pytest.fixture(scope="module")
+def runner():
+    if RUNNER == "emulator":
+        from emulator import EmulatorRunner
+
+        return EmulatorRunner()
+    from harness import CudaRunner
+
+    return CudaRunner()
+
+
+def rounded(a, dtype: str) -> np.ndarray:
+    """The float64 values of ``a`` stored as ``dtype`` (what the kernel reads)."""
+    return np.asarray(a).astype(storage(dtype)).astype(np.float64)
+
+
+def close(got, want, tol: float, what: str, floor: float = 0.0) -> None:
+    """Within ``tol`` relative, or ``tol`` times the largest finite |want| (at least ``floor``) absolute."""
+    got = np.asarray(got).astype(np.float64)
+    want = np.asarray(want).astype(np.float64)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+    finite = np.abs(want[np.isfinite(want)])
+    scale = max(float(finite.max()) if finite.size else 1.0, floor)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(scale, 1e-30), equal_nan=True, err_msg=what)
+
+
+def ids(cases):
+    return [str(c).replace(" ", "") for c in cases]
+
+
+def inputs(rng, shape, layout, spread=1.0):
+    """q, k, v in ``layout``: [B, H, T, D] / [B, Hkv, S, D] or [B, T, H, D] / [B, S, Hkv, D]."""
+    b, h, hkv, t, s, d = shape
+    if layout == "bhtd":
+        q_shape, k_shape = (b, h, t, d), (b, hkv, s, d)
+    else:
+        q_shape, k_shape = (b, t, h, d), (b, s, hkv, d)
+    return (spread * rng.standard_normal(q_shape), spread * rng.standard_normal(k_shape),
+            rng.standard_normal(k_shape))
+
+
+def heads_first(x: np.ndarray, layout: str) -> np.ndarray:
+    """A "bthd" tensor as "bhtd" and back (swapping T and H is its own inverse); "bhtd" unchanged."""
+    return np.swapaxes(x, 1, 2) if layout == "bthd" else x
+
+
+def check_attention(runner, q, k, v, attrs, variant, layout, rng, offset=0, backward=True):
+    """Forward, then (unless told not to) backward from the reference's out and lse, against the references."""
+    what = f"{variant} {layout} q {q.shape} k {k.shape} {attrs} offset {offset}"
+    rq, rk, rv = (heads_first(rounded(x, variant), layout) for x in (q, k, v))
+    with np.errstate(divide="ignore", invalid="ignore"):  # queries that see no key: lse -inf, out NaN
+        out, lse = REFERENCES["flash_attention"](rq, rk, rv, **attrs)
+    out = heads_first(out, layout)
+    full = {**attrs, "layout": layout}
+    result = run_plan(runner, "flash_attention", [q, k, v], [q.shape, lse.shape], full, variant, offset=offset)
+    close(result.outputs["out"], out, TOL[variant], f"flash_attention out {what}")
+    close(result.outputs["lse"], lse, TOL["fp32"], f"flash_attention lse {what}")
+    if not backward:
+        return result
+    d_out = rng.standard_normal(q.shape)
+    saved_out, saved_lse = rounded(out, variant), rounded(lse, "fp32")
+    want = REFERENCES["flash_attention_backward"](heads_first(rounded(d_out, variant), layout), rq, rk, rv,
+                                                  heads_first(saved_out, layout), saved_lse, **attrs)
+    grads = run_plan(runner, "flash_attention_backward", [d_out, q, k, v, saved_out, saved_lse],
+                     [q.shape, k.shape, v.shape], full, variant, offset=offset)
+    # the absolute bound is relative to the largest of the three gradients: where every query sees
+    # one key, d_q and d_k are 0 (softmax of one score) and only rounding is left of them
+    largest = max(float(np.abs(w).max()) for w in want)
+    for name, expected in zip(("d_q", "d_k", "d_v"), want):
+        close(grads.outputs[name], heads_first(expected, layout), TOL[variant],
+              f"flash_attention_backward {name} {what}", floor=largest)
+    return result
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("causal, window", MASKS, ids=ids(MASKS))
+@pytest.mark.parametrize("shape", SHAPES, ids=ids(SHAPES))
+def test_flash_attention(runner, shape, causal, window, variant, layout):
+    rng = np.random.default_rng(31)
+    q, k, v = inputs(rng, shape, layout)
+    check_attention(runner, q, k, v, {"causal": causal, "window_size": window}, variant, layout, rng)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape, causal, window, layout", LARGE, ids=ids(LARGE))
+def test_flash_attention_large(runner, shape, causal, window, variant, layout):
+    rng = np.random.default_rng(36)
+    q, k, v = inputs(rng, shape, layout)
+    check_attention(runner, q, k, v, {"causal": causal, "window_size": window}, variant, layout, rng)
+
+
+# S - T = 0 and 8 (tile-aligned positions), 1 and 9 (k0 - (S - T) just below a tile edge)
+EDGES = [(1, 2, 1, 96, 96, 64), (1, 2, 1, 95, 96, 64), (1, 2, 2, 72, 80, 128), (1, 2, 2, 71, 80, 128)]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [1, 2, 31, 33])
+@pytest.mark.parametrize("shape", EDGES, ids=ids(EDGES))
+def test_windows_at_tile_edges(runner, shape, window, causal):
+    """Windows whose first or last visible key falls on a tile edge: the tiles each kernel skips
+    (window 1: every query sees only its own position)."""
+    rng = np.random.default_rng(35)
+    q, k, v = inputs(rng, shape, "bhtd")
+    check_attention(runner, q, k, v, {"causal": causal, "window_size": window}, "fp32", "bhtd", rng)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_flash_attention_softmax_scale_and_peaked_scores(runner, variant):
+    """An explicit softmax_scale, and scores large enough that the running max changes a lot
+    between key tiles (the online softmax's rescaling)."""
+    rng = np.random.default_rng(32)
+    q, k, v = inputs(rng, (1, 2, 1, 50, 90, 64), "bhtd", spread=3.0)
+    check_attention(runner, q, k, v, {"causal": True, "softmax_scale": 0.7, "window_size": None}, variant, "bhtd",
+                    rng)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_flash_attention_on_misaligned_buffers(runner, variant, layout):
+    """Buffers off their 4-element alignment: the kernels' one-element loads and stores."""
+    rng = np.random.default_rng(33)
+    q, k, v = inputs(rng, (1, 4, 2, 37, 37, 64), layout)
+    check_attention(runner, q, k, v, {"causal": True, "window_size": None}, variant, layout, rng,
+                    offset=MISALIGN[variant])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_queries_that_see_no_key(runner, variant):
+    """Causal with more queries than keys: the first queries see nothing; as the reference, their
+    lse is -inf and their output NaN (the outputs start as 0 here, so the NaN was written). The
+    backward is not covered there (the reference's gradients are NaN)."""
+    rng = np.random.default_rng(34)
+    q, k, v = inputs(rng, (1, 2, 1, 9, 5, 16), "bhtd")
+    result = check_attention(runner, q, k, v, {"causal": True, "window_size": None}, variant, "bhtd", rng,
+                             backward=False)
+    assert np.isneginf(result.outputs["lse"][:, :, :4]).all() and np.isfinite(result.outputs["lse"][:, :, 4:]).all()
+    assert np.isnan(result.outputs["out"].astype(np.float32)[:, :, :4]).all()
+    with pytest.raises(cuda.NotCovered):
+        cuda.plan("flash_attention_backward", [q.shape, q.shape, k.shape, k.shape, q.shape, q.shape[:3]],
+                  [q.shape, k.shape, k.shape], {"causal": True}, variant)
+
+
+def test_the_default_scale_is_one_over_sqrt_d():
+    plan = cuda.plan("flash_attention", [(1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)], [], {}, "fp32")
+    (launch,) = plan.launches
+    params = dict(zip((name for name, _ in launch.kernel.params), (a.value for a in launch.args)))
+    assert math.isclose(params["scale"], 1 / 8) and params["causal"] == 1 and params["window"] == 0
