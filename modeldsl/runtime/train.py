@@ -123,17 +123,23 @@ class Trainer:
     def __post_init__(self) -> None:
         if self.model.dtype != "fp32":
             raise ExecutionError(f"the model is loaded as {self.model.dtype}; load it in fp32 (its weights are the "
-                                 "master copy) and give the training dtype to the Trainer")
+                                 f"master copy) and give the training dtype to the {type(self).__name__}")
         if self.dtype not in TRAINING_DTYPES:
             raise ExecutionError(f"no training dtype '{self.dtype}' (choose {', '.join(TRAINING_DTYPES)})")
         self.storage = "fp32" if self.dtype == "fp32" else None
-        self.schedule = self.model.schedule if self.dtype == "fp32" else \
-            ProfiledForward(self.model.model, dict(self.model.weights), storage=self.storage)
+        self.schedule = self.shared_params()
         self.programs: dict[tuple[int, int], ScheduleExecutor] = {}
         self.optimizer = self.schedule.executor(compile_optimizer_step(self.model.model, self.config, self.storage))
         for name, master in self.optimizer.masters.items():
-            np.copyto(master, self.model.weights[name])
+            write(master, self.model.weights[name])
         self.grad_norm = math.nan  # of the last step, before clipping
+
+    def shared_params(self) -> ProfiledForward:
+        """What makes the executors of the programs, on one shared params arena: in fp32 the model's
+        own (its forward profiles'), in mixed precision one of 16-bit weights."""
+        if self.dtype == "fp32":
+            return self.model.schedule
+        return ProfiledForward(self.model.model, dict(self.model.weights), storage=self.storage)
 
     def executor(self, batch: int, tokens: int) -> ScheduleExecutor:
         """The training step of ``[batch, tokens]`` micro-batches (compiled on first use)."""
@@ -146,13 +152,13 @@ class Trainer:
         return self.programs[key]
 
     def sync_weights(self) -> None:
-        """Make ``model.weights`` the trained weights (in fp32 they are the same memory already;
-        in mixed precision the fp32 masters, or the fp32 parameters, are copied in)."""
+        """Make ``model.weights`` the trained weights (in fp32 on the CPU they are the same memory
+        already; else the fp32 parameters or the fp32 masters of 16-bit ones are copied in)."""
         if self.schedule is self.model.schedule:
             return
         weights = self.model.weights
         for name in self.optimizer.grads:
-            source = self.optimizer.masters.get(name, self.optimizer.params[name])
+            source = read(self.optimizer.masters.get(name, self.optimizer.params[name]))
             if weights[name].flags.writeable:  # a view of the forward profiles' params arena
                 np.copyto(weights[name], source, casting="unsafe")
             else:  # still the loaded (read-only, memory-mapped) array
@@ -178,7 +184,7 @@ class Trainer:
     # ------------------------------------------------------------------ state
     def state_arrays(self) -> dict[str, np.ndarray]:
         """The optimizer moments by name, ``exp_avg.PARAM`` and ``exp_avg_sq.PARAM`` (fp32 copies)."""
-        return {name: np.array(view) for name, view in self.optimizer.moments.items()}
+        return {name: read(view) for name, view in self.optimizer.moments.items()}
 
     def restore(self, step: int, arrays: dict[str, np.ndarray]) -> None:
         """Continue from :meth:`state_arrays` taken after ``step`` steps (ValueError when the
@@ -192,12 +198,25 @@ class Trainer:
         if missing:
             raise ValueError(f"no moments '{missing[0]}' for a trainable parameter of the model")
         for name, value in moments.items():
-            if value.shape != views[name].shape:
-                raise ValueError(f"the moments '{name}' have shape {value.shape}, the parameter "
+            if np.shape(value) != views[name].shape:
+                raise ValueError(f"the moments '{name}' have shape {np.shape(value)}, the parameter "
                                  f"{views[name].shape}")
         for name, value in moments.items():
-            np.copyto(views[name], value, casting="unsafe")
+            write(views[name], value)
         self.step = int(step)
+
+
+def read(view) -> np.ndarray:
+    """A host copy of a tagged view: a numpy view of a CPU arena, or a device array (``read()``)."""
+    return view.read() if hasattr(view, "read") else np.array(view)
+
+
+def write(view, value: np.ndarray) -> None:
+    """Fill a tagged view (a numpy view, or a device array: ``write()``) with ``value``."""
+    if hasattr(view, "write"):
+        view.write(value)
+    else:
+        np.copyto(view, value, casting="unsafe")
 
 
 @dataclass
