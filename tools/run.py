@@ -54,6 +54,8 @@ def build_parser() -> Parser:
     p.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
                    help="weights and activations (default fp32); with --train, bf16 is mixed precision: "
                         "16-bit weights and activations, fp32 master weights, moments and loss")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the schedule runs: the CPU (numpy kernels) or the GPU (CUDA kernels, cuBLASLt, cuDNN)")
     p.add_argument("--engine", choices=("schedule", "graph"), default="schedule",
                    help="the planned mdsl.sched schedule (default) or the graph interpreter (the oracle)")
     p.add_argument("--diagnostics-format", choices=("text", "json"), default="text")
@@ -144,7 +146,8 @@ def run(args) -> int:
         return training.run_training(args)
     tokenizer = Tokenizer(Path(args.hf))
     sink = DiagnosticSink()
-    model = modeldsl.load(args.model, hf=args.hf, dtype=args.dtype or "fp32", top=args.top, progress=True, sink=sink)
+    model = modeldsl.load(args.model, hf=args.hf, dtype=args.dtype or "fp32", top=args.top, progress=True, sink=sink,
+                          device=args.device)
     if sink.diagnostics:
         sys.stderr.write(render_all(sink.diagnostics, args.diagnostics_format) + "\n")
     ids = prompt_ids(args, tokenizer)

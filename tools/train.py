@@ -318,7 +318,8 @@ def run_training(args) -> int:
     documents = read_documents(args.train)  # before the model loads: data problems are found at once
     tokenizer = Tokenizer(source)
     sink = DiagnosticSink()
-    model = modeldsl.load(args.model, hf=source, dtype="fp32", top=args.top, progress=True, sink=sink)
+    model = modeldsl.load(args.model, hf=source, dtype="fp32", top=args.top, progress=True, sink=sink,
+                          device=args.device)
     _warn(args, sink.diagnostics)
     limit = model.max_positions
     if limit is not None and args.seq > limit:
@@ -351,7 +352,12 @@ def run_training(args) -> int:
         config = AdamWConfig(lr=args.lr, weight_decay=args.weight_decay, warmup_steps=args.warmup,
                              total_steps=args.steps, min_lr_ratio=args.min_lr_ratio, clip_norm=args.clip)
         batches = PackedBatches(tokens, args.seq)
-    trainer = Trainer(model, config, dtype=args.dtype)
+    if model.device is None:
+        trainer = Trainer(model, config, dtype=args.dtype)
+    else:
+        from modeldsl.runtime.cuda_train import CudaTrainer
+
+        trainer = CudaTrainer(model, config, dtype=args.dtype, device=model.device)
     if state is not None:
         try:
             trainer.restore(state.step, state.moments)
@@ -366,7 +372,7 @@ def run_training(args) -> int:
     print(f"training on {len(tokens)} tokens of '{args.train}' ({len(documents)} document"
           f"{'s' if len(documents) != 1 else ''}, {how.split(':')[0]}): steps {first + 1}..{last} of {args.steps}, "
           f"{args.grad_accum} x {args.batch} sequences of {args.seq} tokens per step"
-          + (", bf16 mixed precision" if args.dtype == "bf16" else ""))
+          + (", bf16 mixed precision" if args.dtype == "bf16" else "") + f", on {args.device}")
     started = time.perf_counter()
     interrupted = False
     with _Interrupt() as interrupt, tqdm(total=args.steps, initial=first, unit="step", desc="training",

@@ -840,3 +840,21 @@ def sdpa_tensors(graph: Any, cudnn: Any, command: Any, io_type: Any) -> dict[str
     tensors.update(d_q=output(d_q, "d_q"), d_k=output(d_k, "d_k"), d_v=output(d_v, "d_v"))
     return tensors
 
+
+DEVICES = ("cuda", "emulated")
+
+
+def make_device(kind: str) -> Device:
+    """A device by name: ``cuda`` (the GPU, through cuda-python) or ``emulated`` (numpy, for tests).
+    RuntimeError saying why when there is no usable GPU or no cuda-python."""
+    if kind == "emulated":
+        return EmulatedDevice()
+    if kind != "cuda":
+        raise ValueError(f"no device '{kind}' (choose {', '.join(DEVICES)})")
+    try:
+        return CudaDevice()
+    except ImportError as err:
+        raise RuntimeError(f"cuda-python is not installed ({err}); pip install 'modeldsl[cuda]'") from None
+    except Exception as err:  # the driver's own errors: no GPU, no driver, a device in use
+        raise RuntimeError(f"no usable CUDA device ({type(err).__name__}: {err})") from None
+

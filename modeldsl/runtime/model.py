@@ -56,6 +56,7 @@ class Model:
     dtype: str
     hf_config: dict[str, Any] = field(default_factory=dict)
     record: ImportRecord = field(default_factory=ImportRecord)
+    device: Any = None  # a modeldsl.runtime.cuda_device.Device the schedule runs on; None: the CPU
 
     def __post_init__(self) -> None:
         float_dtype = np.float32 if self.dtype == "fp32" else None
@@ -63,7 +64,7 @@ class Model:
         self.forward_func = self.executor.funcs["forward"]
         self.rope = self._rope()
         self.schedule = ProfiledForward(self.model, self.weights, storage="fp32" if self.dtype == "fp32" else None,
-                                        max_tokens=self.max_positions)
+                                        max_tokens=self.max_positions, device=self.device)
 
     # ------------------------------------------------------------------ config
     def config(self, name: str, default: Any = None) -> Any:
@@ -269,11 +270,13 @@ def choose_token(logits: np.ndarray, temperature: float, top_k: int | None, rng:
 
 def load(model_file: str | Path, hf: str | Path | None = None, dtype: str = "fp32", top: str | None = None,
          config: dict[str, Any] | None = None, progress: bool = False,
-         sink: DiagnosticSink | None = None) -> Model:
+         sink: DiagnosticSink | None = None, device: str = "cpu") -> Model:
     """Load a DSL model with the weights of a HuggingFace checkpoint (or random
-    weights, normal(0, 0.02) with seed 0, when ``hf`` is None)."""
+    weights, normal(0, 0.02) with seed 0, when ``hf`` is None). ``device``: where the schedule
+    runs: ``cpu``, ``cuda`` (the GPU) or ``emulated`` (the CUDA executor on numpy, for tests)."""
     if dtype not in STORAGE:
         raise DiagnosticError([Diagnostic("E029", f"dtype '{dtype}' is not fp32 or bf16", None)])
+    runs_on = _device(device)
     program = parse_file(model_file)
     decl = choose_top(program, top)
     values = dict(config or {})
@@ -300,7 +303,7 @@ def load(model_file: str | Path, hf: str | Path | None = None, dtype: str = "fp3
                                           "the checkpoint folder must hold readable config.json and "
                                           "*.safetensors files")]) from None
     try:
-        return Model(module, model, weights, dtype, hf_config, record)
+        return Model(module, model, weights, dtype, hf_config, record, runs_on)
     except RopeScalingError as err:
         raise DiagnosticError([_rope_diagnostic(err, hf_config, hf)]) from None
 
@@ -321,6 +324,21 @@ def _rope_diagnostic(err: RopeScalingError, hf_config: dict[str, Any], directory
     return Diagnostic("E030", f"{where}: '{field}' {err}", None,
                       f"fix '{field}' in config.json; the rope types this runtime implements are "
                       f"{', '.join(SUPPORTED)}")
+
+
+def _device(kind: str) -> Any:
+    """The device the schedule runs on (None: the CPU); E029 for an unknown or unusable one."""
+    if kind == "cpu":
+        return None
+    from modeldsl.runtime.cuda_device import DEVICES, make_device
+
+    if kind not in DEVICES:
+        raise _argument_error(f"device '{kind}' is not cpu, {' or '.join(DEVICES)}")
+    try:
+        return make_device(kind)
+    except RuntimeError as err:
+        raise _argument_error(f"--device {kind}: {err}", "run on --device cpu, or on a machine with an NVIDIA GPU "
+                              "and cuda-python") from None
 
 
 def _argument_error(message: str, hint: str = "") -> DiagnosticError:

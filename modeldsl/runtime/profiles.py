@@ -19,6 +19,7 @@ the real tokens is overwritten before any query can see it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from xdsl.context import Context
@@ -57,12 +58,15 @@ class ProfiledForward:
     """Runs the forward function through the planned schedule of the smallest bucket that fits."""
 
     def __init__(self, model: ModelOp, weights: dict[str, np.ndarray], buckets: Sequence[int] = DEFAULT_BUCKETS,
-                 storage: str | None = None, max_tokens: int | None = None):
+                 storage: str | None = None, max_tokens: int | None = None, device: Any = None):
+        """``device``: a :class:`modeldsl.runtime.cuda_device.Device` to run the programs on (with
+        CUDA executors); None: the CPU :class:`ScheduleExecutor`."""
         limit = max_tokens or max(buckets)
         self.buckets = sorted({b for b in buckets if b <= limit} | {limit})
         self.model, self.weights, self.storage = model, weights, storage
         self.profiles: dict[tuple[int, int, int], ScheduleExecutor] = {}
-        self.params: np.ndarray | None = None
+        self.device = device
+        self.params: Any = None  # the shared params arena (a numpy array, or a device arena)
         self.param_layout: dict | None = None
         self.caches: dict[tuple[int, int], dict[str, np.ndarray]] = {}
 
@@ -94,14 +98,23 @@ class ProfiledForward:
             raise ExecutionError(f"@{program.sym_name.data} lays out the parameters unlike the model's other "
                                  "programs (a different storage dtype?)")
         shared = {**(arenas or {}), **({"params": self.params} if self.params is not None else {})}
-        executor = ScheduleExecutor(program, None if self.params is not None else self.weights, shared, state)
+        weights = None if self.params is not None else self.weights
+        if self.device is None:
+            executor = ScheduleExecutor(program, weights, shared, state)
+        else:
+            from modeldsl.runtime.cuda_executor import CudaExecutor
+
+            executor = CudaExecutor(program, weights, shared, state, device=self.device)
         if self.params is None:
             self.adopt_weights(executor)
             self.params = executor.arenas["params"]
         return executor
 
     def adopt_weights(self, executor: ScheduleExecutor) -> None:
-        """The weights become views of the params arena (same values and dtype), so they are held once."""
+        """The weights become views of the params arena (same values and dtype), so they are held once
+        (on the CPU: a device's arena is no host memory)."""
+        if self.device is not None:
+            return
         for name, view in executor.params.items():
             weight = self.weights.get(name)
             if weight is not None and weight.dtype == view.dtype and weight.shape == view.shape:
