@@ -127,6 +127,10 @@ def check_flags(args) -> list[Diagnostic]:
         if target.is_dir():
             raise DiagnosticError([Diagnostic("E029", f"mdsl-run: --logits '{target}' is a folder", None,
                                               "give a file name such as logits.npy")])
+    if args.engine == "graph" and args.device != "cpu":
+        raise DiagnosticError([Diagnostic("E029", f"mdsl-run: --engine graph runs on the CPU, not --device "
+                                          f"{args.device}", None, "leave out --engine graph to run the schedule on "
+                                          "the GPU, or --device to interpret the graph on the CPU")])
     warnings = []
     if args.train is None and args.temperature == 0 and (args.seed is not None or args.top_k is not None):
         given = " and ".join(f for f, v in (("--top-k", args.top_k), ("--seed", args.seed)) if v is not None)

@@ -40,3 +40,8 @@ def test_device_cuda_without_cuda_python_is_a_coded_error(flags, capsys):
     assert main([str(LLAMA), "--hf", str(EXAMPLE), "--device", "cuda", *flags]) == 1
     err = capsys.readouterr().err
     assert "error[E029]: --device cuda: cuda-python is not installed" in err and "Traceback" not in err
+
+
+def test_the_graph_engine_on_a_gpu_is_e029(capsys):
+    assert main([str(LLAMA), "--hf", str(EXAMPLE), "--prompt", "Hi", "--engine", "graph", "--device", "cuda"]) == 1
+    assert "error[E029]: mdsl-run: --engine graph runs on the CPU, not --device cuda" in capsys.readouterr().err
