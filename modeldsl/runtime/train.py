@@ -119,6 +119,7 @@ class Trainer:
     config: AdamWConfig = field(default_factory=AdamWConfig)
     step: int = 0
     dtype: str = "fp32"
+    device: Any = None  # a modeldsl.runtime.cuda_device.Device the programs run on; None: the CPU
 
     def __post_init__(self) -> None:
         if self.model.dtype != "fp32":
@@ -135,11 +136,12 @@ class Trainer:
         self.grad_norm = math.nan  # of the last step, before clipping
 
     def shared_params(self) -> ProfiledForward:
-        """What makes the executors of the programs, on one shared params arena: in fp32 the model's
-        own (its forward profiles'), in mixed precision one of 16-bit weights."""
-        if self.dtype == "fp32":
+        """What makes the executors of the programs, on one shared params arena: in fp32 on the
+        model's own device the model's own (its forward profiles'), else a new one (16-bit weights
+        in mixed precision)."""
+        if self.dtype == "fp32" and self.model.schedule.device is self.device:
             return self.model.schedule
-        return ProfiledForward(self.model.model, dict(self.model.weights), storage=self.storage)
+        return ProfiledForward(self.model.model, dict(self.model.weights), storage=self.storage, device=self.device)
 
     def executor(self, batch: int, tokens: int) -> ScheduleExecutor:
         """The training step of ``[batch, tokens]`` micro-batches (compiled on first use)."""
@@ -153,8 +155,9 @@ class Trainer:
 
     def sync_weights(self) -> None:
         """Make ``model.weights`` the trained weights (in fp32 on the CPU they are the same memory
-        already; else the fp32 parameters or the fp32 masters of 16-bit ones are copied in)."""
-        if self.schedule is self.model.schedule:
+        already; else the fp32 parameters or the fp32 masters of 16-bit ones are copied in, from
+        the device where the programs run on one)."""
+        if self.schedule is self.model.schedule and self.device is None:
             return
         weights = self.model.weights
         for name in self.optimizer.grads:
