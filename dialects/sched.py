@@ -400,7 +400,10 @@ class LaunchOp(SchedOp):
     ``mdsl.sched.launch "rmsnorm_fwd"(%x, %w) -> (%y, %rstd) {eps = 1.0e-05 : f64} : (...) -> (...)``
 
     Optional ``grid`` and ``block`` give the launch configuration; ``inplace``
-    allows an output to be one of the inputs.
+    allows an output to be one of the inputs; ``accumulate`` adds the results
+    into the outputs instead of overwriting them (for kernels that accumulate
+    natively, the kernel registry's ``accumulates``: a gradient straight into
+    its ``grads`` buffer).
     """
 
     name = "mdsl.sched.launch"
@@ -411,6 +414,7 @@ class LaunchOp(SchedOp):
     grid = opt_attr_def(DenseArrayBase)
     block = opt_attr_def(DenseArrayBase)
     inplace = opt_attr_def(UnitAttr)
+    accumulate = opt_attr_def(UnitAttr)
 
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     assembly_format = (
@@ -428,12 +432,14 @@ class LaunchOp(SchedOp):
         grid: Sequence[int] | None = None,
         block: Sequence[int] | None = None,
         inplace: bool = False,
+        accumulate: bool = False,
         stream: str | None = None,
     ):
         attrs = _non_default(
             grid=None if grid is None else DenseArrayBase.from_list(i64, list(grid)),
             block=None if block is None else DenseArrayBase.from_list(i64, list(block)),
             inplace=UnitAttr() if inplace else None,
+            accumulate=UnitAttr() if accumulate else None,
             stream=_stream_attr(stream),
         )
         super().__init__(

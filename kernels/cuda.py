@@ -435,11 +435,12 @@ def _embedding(p: Problem) -> Plan:
 @_primitive("embedding_backward", "embedding", "d_out indices", "d_weight", "embedding_bwd",
             dtypes={"indices": "index", "d_weight": "fp32"})
 def _embedding_backward(p: Problem) -> Plan:
+    """Scatter-adds into a zeroed d_weight; with ``accumulate`` into d_weight as it is."""
     rows, (vocab, d) = _numel(p.inputs[1]), p.outputs[0]
     grid, block = row_config(rows, d, p.itemsize)
-    return Plan((Memset("out:d_weight"),
-                 _launch("embedding_bwd", p.variant, grid, block, ptr("in:d_out"), ptr("in:indices"),
-                         ptr("out:d_weight"), i64(rows), i64(d), i64(vocab), i32(p.idx64))))
+    zero = () if p.attr("accumulate", False) else (Memset("out:d_weight"),)
+    return Plan((*zero, _launch("embedding_bwd", p.variant, grid, block, ptr("in:d_out"), ptr("in:indices"),
+                                ptr("out:d_weight"), i64(rows), i64(d), i64(vocab), i32(p.idx64))))
 
 
 _STATS = {"rstd": "fp32"}

@@ -34,6 +34,8 @@ class KernelEntry:
     # output index -> input index whose buffer the output may reuse when that input
     # is last read by this launch (elementwise kernels read each element before writing it)
     reuse: dict[int, int] = field(default_factory=dict)
+    # the kernel can add its result into its one output (a launch marked ``accumulate``)
+    accumulates: bool = False
 
     def scratch_bytes(self, inputs: Sequence[Shape], outputs: Sequence[Shape]) -> int:
         return 0 if self.scratch is None else int(self.scratch(inputs, outputs))
@@ -63,11 +65,15 @@ REUSE: dict[str, dict[int, int]] = {
 }
 
 
+# kernels whose CUDA version scatter-adds into a zeroed output: without the zeroing they accumulate
+ACCUMULATES = {"embedding_backward"}
+
+
 @lru_cache(maxsize=1)
 def registry() -> dict[str, KernelEntry]:
     """Every primitive with a reference kernel."""
     return {
-        name: KernelEntry(name, reference, SCRATCH.get(name), REUSE.get(name, {}))
+        name: KernelEntry(name, reference, SCRATCH.get(name), REUSE.get(name, {}), name in ACCUMULATES)
         for name, reference in REFERENCES.items()
     }
 

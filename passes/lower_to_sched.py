@@ -18,8 +18,10 @@ step accumulates over micro-batches and an optimizer program
 (``mdsl-optimizer-step``) reads them. A gradient computed by a GEMM that
 nothing else reads becomes that GEMM with ``beta = 1`` on the gradient
 buffer (or on its layer's slice of it, through the concat and views that
-join the layers of a stacked parameter); any other one is added by an
-in-place ``add`` launch. The remaining results (the loss, input gradients)
+join the layers of a stacked parameter), a kernel that accumulates natively
+(the embedding gradient's scatter-add) becomes a launch marked ``accumulate``
+into it, and the terms of a sum over uses (a tied weight) go in one by one;
+any other gradient is added by an in-place ``add`` launch. The remaining results (the loss, input gradients)
 are the program's outputs, numbered in order. A gradient function's
 ``saved`` attribute (the forward values its backward reads) is copied onto
 the program, for the recompute passes.
@@ -241,8 +243,15 @@ class ScheduleBuilder:
         source = self.buffer(value)
         producer = value.owner
         if len(list(value.uses)) == 1 and isinstance(producer, Operation):
+            terms = list(producer.operands)
+            if producer.name == "mdsl.graph.add" and len(set(terms)) == len(terms) \
+                    and all(x.type.shape == value.type.shape for x in terms) and self.drop_launch(source, "add"):
+                self.discard(source.owner)
+                for term in terms:  # a gradient summed over uses (tied weights): each term
+                    self.accumulate(term, target)
+                return
             if producer.name == "mdsl.graph.concat" and _is_outermost(producer) and \
-                    self.drop_concat(source):
+                    self.drop_launch(source, "concat"):
                 self.discard(source.owner)
                 offset = 0
                 for piece in producer.operands:
@@ -260,6 +269,13 @@ class ScheduleBuilder:
             if gemm is not None and gemm.beta.value.data == 0.0 and source.type.shape == target.type.shape:
                 gemm.operands[len(gemm.operands) - 1] = target
                 gemm.beta = FloatAttr(1.0, f64)
+                self.discard(source.owner)
+                return
+            launch = self.writer(source, LaunchOp)
+            if launch is not None and entry(launch.kernel.data).accumulates and len(launch.outputs) == 1 \
+                    and source.type.shape == target.type.shape:
+                launch.operands[len(launch.operands) - 1] = target
+                launch.accumulate = UnitAttr()
                 self.discard(source.owner)
                 return
         self.block.add_op(LaunchOp("add", [target, source], [target], inplace=True))
@@ -285,10 +301,11 @@ class ScheduleBuilder:
         written = [op.operands[-1]] if isinstance(op, GemmOp) else list(op.outputs)
         return op if written == [buf] else None
 
-    def drop_concat(self, buf: SSAValue) -> bool:
-        """Drop the concat launch that alone writes ``buf`` (its pieces go to slices of a gradient buffer)."""
+    def drop_launch(self, buf: SSAValue, kernel: str) -> bool:
+        """Drop the launch of ``kernel`` that alone writes ``buf`` (a concat whose pieces go to slices
+        of a gradient buffer, an add whose terms are added into it one by one)."""
         op = self.writer(buf, LaunchOp)
-        if op is None or op.kernel.data != "concat":
+        if op is None or op.kernel.data != kernel:
             return False
         op.detach()
         op.erase()

@@ -66,7 +66,7 @@ from modeldsl.kernels.registry import entry
 from modeldsl.primitives import lookup_primitive
 from modeldsl.runtime.cuda_device import Device, aligned, fill_pattern
 from modeldsl.runtime.executor import DTYPE_KEYWORDS, SHAPE_KEYWORDS, ExecutionError, attribute_value
-from modeldsl.runtime.sched_executor import LAUNCH_ATTRIBUTES, numpy_dtype, root_offset
+from modeldsl.runtime.sched_executor import LAUNCH_ATTRIBUTES, numpy_dtype, root_offset, write_results
 
 # dtype (numpy) -> the name kernels/cuda.py gives it
 CUDA_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int32": "int32", "int64": "int64"}
@@ -217,6 +217,7 @@ class KernelCommand(Command):
     names: dict[str, TensorRef] = field(default_factory=dict)  # "in:x" / "out:y" -> buffer
     tables: dict[str, bytes] = field(default_factory=dict)  # table -> its packed bytes
     steps: tuple[BoundLaunch | BoundMemset, ...] = ()
+    accumulate: bool = False  # add the results into the outputs (a launch marked accumulate)
 
     @property
     def kind(self) -> str:  # type: ignore[override]
@@ -245,10 +246,7 @@ class KernelCommand(Command):
         """The CPU executor's launch step: the reference, its results copied into the outputs
         (a kernel that updated an output in place returns it)."""
         arguments, outputs = arrays[:len(self.arguments)], arrays[len(self.arguments):]
-        result = self.reference(*arguments, **self.params)
-        for view, value in zip(outputs, result if isinstance(result, tuple) else (result,), strict=True):
-            if value is not view:
-                np.copyto(view, value, casting="unsafe")
+        write_results(outputs, self.reference(*arguments, **self.params), self.accumulate)
 
     def dispatch(self, device: Device) -> None:
         device.run_kernel(self)
@@ -635,8 +633,9 @@ def plan_kernel(command: KernelCommand) -> None:
         widen = frozenset(n for n, _ in outs if n not in prim.inputs)
         command.variant, command.index_dtype, widened = choose_variant(prim, ins + outs, widen)
         shapes = {n: r.shape for n, r in (*ins, *outs) if r is not None}
+        attrs = {**command.params, "accumulate": True} if command.accumulate else command.params
         plan = cuda.plan(name, [r.shape if r is not None else None for _, r in ins],
-                         [r.shape for _, r in outs], command.params, command.variant, command.index_dtype)
+                         [r.shape for _, r in outs], attrs, command.variant, command.index_dtype)
         command.plan = with_casts(plan, widened, shapes) if widened else plan
         command.primitive = name
         command.names = {**{f"in:{n}": r for n, r in ins if r is not None}, **{f"out:{n}": r for n, r in outs}}
@@ -812,7 +811,7 @@ def bind_launch(op: LaunchOp, refs: dict[SSAValue, TensorRef]) -> list[Command]:
     if copies is not None:
         return copies
     command = KernelCommand(kernel=name, arguments=tuple(arguments), outputs=tuple(outputs), params=params,
-                            reference=reference)
+                            reference=reference, accumulate=op.accumulate is not None)
     plan_kernel(command)
     return [command]
 

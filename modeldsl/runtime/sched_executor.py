@@ -41,7 +41,7 @@ from modeldsl.runtime.executor import DTYPE_KEYWORDS, NUMPY_DTYPES, SHAPE_KEYWOR
 
 Step = Callable[[], None]
 # launch attributes that are not kernel parameters
-LAUNCH_ATTRIBUTES = {"grid", "block", "inplace", "stream", "scratch"}
+LAUNCH_ATTRIBUTES = {"grid", "block", "inplace", "accumulate", "stream", "scratch"}
 
 
 class ScheduleExecutor:
@@ -184,11 +184,11 @@ class ScheduleExecutor:
             if sig.name in DTYPE_KEYWORDS:
                 params["dtype"] = outputs[0].dtype
 
+        accumulate = op.accumulate is not None
+
         def step() -> None:
             result = kernel(*arguments, **params)
-            for view, value in zip(outputs, result if isinstance(result, tuple) else (result,), strict=True):
-                if value is not view:  # a kernel that updated its output in place returns it
-                    np.copyto(view, value, casting="unsafe")
+            write_results(outputs, result, accumulate)
 
         return step
 
@@ -219,6 +219,16 @@ class ScheduleExecutor:
             np.copyto(lse, l, casting="unsafe")
 
         return step
+
+
+def write_results(outputs: Sequence[np.ndarray], result, accumulate: bool = False) -> None:
+    """A kernel's results into its output views: copied, or added with ``accumulate`` (a kernel
+    that updated an output in place returns it)."""
+    for view, value in zip(outputs, result if isinstance(result, tuple) else (result,), strict=True):
+        if accumulate:
+            np.add(view, value, out=view, casting="unsafe")
+        elif value is not view:
+            np.copyto(view, value, casting="unsafe")
 
 
 def root_offset(op: BufferOp) -> tuple[BufferOp, int]:

@@ -347,3 +347,15 @@ def test_broadcast_pattern_pairs_elements_as_numpy(big, small):
     paired = np.broadcast_to(index, big).reshape(-1)
     i = np.arange(math.prod(big))
     assert np.array_equal(paired, (i // b_inner) % b_n)
+
+
+@pytest.mark.parametrize("variant", ["bf16", "fp32"])
+def test_an_accumulating_embedding_gradient_keeps_what_its_output_holds(variant):
+    """The scatter-add zeroes d_weight first, unless the launch accumulates into it (a gradient
+    straight into its grads buffer)."""
+    shapes = dict(inputs=[(2, 5, 8), (2, 5)], outputs=[(16, 8)], variant=variant)
+    plain = cuda.plan("embedding_backward", attrs={}, **shapes)
+    accumulating = cuda.plan("embedding_backward", attrs={"accumulate": True}, **shapes)
+    assert [type(s).__name__ for s in plain.steps] == ["Memset", "Launch"]
+    assert [type(s).__name__ for s in accumulating.steps] == ["Launch"]
+    assert accumulating.steps[0] == plain.steps[1]

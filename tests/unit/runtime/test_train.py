@@ -24,12 +24,13 @@ def shifted_labels(tokens: np.ndarray) -> np.ndarray:
     return labels
 
 
-@pytest.mark.parametrize("arch, module, accumulate, steps", [
-    ("llama", "llama.module", 1, 20),
-    ("qwen3", "qwen.module", 2, 4),
+@pytest.mark.parametrize("arch, module, accumulate, steps, config", [
+    ("llama", "llama.module", 1, 20, {}),
+    ("qwen3", "qwen.module", 2, 4, {}),
+    ("llama", "llama.module", 2, 4, {"tie_word_embeddings": True}),  # one gradient from two uses
 ])
-def test_training_losses_equal_a_torch_adamw_loop(tmp_path, arch, module, accumulate, steps):
-    path = make_checkpoint(tmp_path / "ckpt", arch)
+def test_training_losses_equal_a_torch_adamw_loop(tmp_path, arch, module, accumulate, steps, config):
+    path = make_checkpoint(tmp_path / "ckpt", arch, **config)
     model = modeldsl.load(STD_ROOT / "models" / module, hf=path)
     reference = transformers_model(path).train()
     config = AdamWConfig(lr=1e-3, beta1=0.9, beta2=0.95, weight_decay=0.1, warmup_steps=2, total_steps=steps,

@@ -54,6 +54,9 @@ mdsl.sched.program @train arenas(params = 65536, activations = 65536, workspace 
   mdsl.sched.launch "rmsnorm_fwd"(%x, %g) -> (%n, %rstd) {eps = 1.0e-05 : f64} : (!x, !v) -> (!x, !r)
   // CHECK-NEXT: mdsl.sched.launch "scale"(%n) -> (%n) {grid = array<i64: 16>, block = array<i64: 256>, inplace, stream = @compute}
   mdsl.sched.launch "scale"(%n) -> (%n) {grid = array<i64: 16>, block = array<i64: 256>, inplace, stream = @compute} : (!x) -> (!x)
+  // A launch that adds its result into its output (a gradient straight into its grads buffer):
+  // CHECK-NEXT: mdsl.sched.launch "embedding_backward"(%n, %n) -> (%n) {inplace, accumulate}
+  mdsl.sched.launch "embedding_backward"(%n, %n) -> (%n) {inplace, accumulate} : (!x, !x) -> (!x)
   // CHECK-NEXT: mdsl.sched.launch "zero_init"() -> (%ws) : () -> (!mdsl.sched.buffer<[512], bf16>)
   mdsl.sched.launch "zero_init"() -> (%ws) : () -> (!mdsl.sched.buffer<[512], bf16>)
   // CHECK-NEXT: mdsl.sched.gemm %n, %w -> %y {transb = true} : !mdsl.sched.buffer<[2, 16, 64], bf16>, !mdsl.sched.buffer<[128, 64], bf16> -> !mdsl.sched.buffer<[2, 16, 128], bf16>
