@@ -113,7 +113,8 @@ class Trainer:
     arena (shared with its forward profiles). ``dtype="bf16"`` trains in mixed precision: the
     programs keep the model's declared (16-bit) weights and activations in their own params
     arena, the fp32 weights are the optimizer's master copies, and :meth:`sync_weights` writes
-    the trained ones back into ``model.weights``."""
+    the trained ones back into ``model.weights``. With a ``device`` the programs run on CUDA
+    executors there (:class:`modeldsl.runtime.cuda_train.CudaTrainer` picks the GPU)."""
 
     model: object  # modeldsl.runtime.model.Model
     config: AdamWConfig = field(default_factory=AdamWConfig)
