@@ -194,6 +194,19 @@ def test_embedding(runner, lead, dim, variant, index_dtype):
           ref_attrs={"shape": (vocab, dim)})
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_an_accumulating_embedding_gradient_adds_into_what_d_weight_holds(runner, variant):
+    """``accumulate``: no zeroing; the scatter-add lands on the output's old contents (every fp32
+    starts as the bytes 0x3F3F3F3F here, about 0.747)."""
+    rng = np.random.default_rng(8)
+    d_out, indices = rng.standard_normal((3, 5, 40)), rng.integers(0, 7, size=(3, 5))
+    want = REFERENCES["embedding_backward"](rounded(d_out, variant), indices, shape=(20, 40))
+    result = run_plan(runner, "embedding_backward", [d_out, indices], [(20, 40)], {"accumulate": True}, variant,
+                      poison=0x3F)
+    start = np.frombuffer(bytes([0x3F] * 4), np.float32)[0]
+    close(result.outputs["d_weight"], want + start, TOL["fp32"], f"accumulate {variant}")
+
+
 # ----------------------------------------------------------------------------
 # Cross-entropy
 # ----------------------------------------------------------------------------
