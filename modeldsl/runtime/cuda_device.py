@@ -554,6 +554,8 @@ class CudaDevice(DeviceBase):
 
     def launch(self, step: BoundLaunch) -> None:
         launch = step.launch
+        # cuda.core 0.3.2 does not raise a kernel's dynamic shared memory limit: a plan asking for more
+        # than 48 KiB would need cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) first (none does now)
         config = self._core.LaunchConfig(grid=launch.grid, block=launch.block, shmem_size=launch.shared)
         self._core.launch(self._stream, config, self._kernel(launch.family, launch.symbol), *step.args)
 
@@ -587,7 +589,11 @@ class CudaDevice(DeviceBase):
                 from nvmath.bindings import cublasLt
             except ImportError as err:
                 raise NotCovered(f"nvmath-python (cuBLASLt) is not installed ({err})") from None
-            self._cublaslt = (cublasLt, cublasLt.create(), self.allocate(GEMM_WORKSPACE))
+            try:  # nvmath loads libcublasLt lazily: a missing library fails here (NotSupportedError)
+                handle = cublasLt.create()
+            except Exception as err:  # noqa: BLE001
+                raise NotCovered(f"cuBLASLt cannot be loaded ({type(err).__name__}: {err})") from None
+            self._cublaslt = (cublasLt, handle, self.allocate(GEMM_WORKSPACE))
         return self._cublaslt
 
     def _plan_gemm(self, command: GemmCommand) -> GemmPlan:
@@ -606,11 +612,18 @@ class CudaDevice(DeviceBase):
                       GEMM_WORKSPACE)
         heuristic = lt.MatmulHeuristicResult(1)
         found = np.zeros(1, dtype=np.int32)
-        lt.matmul_algo_get_heuristic(handle, desc, *layouts, layouts[2], preference, 1, heuristic.ptr,
-                                     found.ctypes.data)
-        lt.matmul_preference_destroy(preference)
+        try:  # no algorithm is CUBLAS_STATUS_NOT_SUPPORTED, which nvmath raises as cuBLASLtError
+            lt.matmul_algo_get_heuristic(handle, desc, *layouts, layouts[2], preference, 1, heuristic.ptr,
+                                         found.ctypes.data)
+        except lt.cuBLASLtError as err:
+            found[0] = 0
+            reason = f": {err}"
+        else:
+            reason = ""
+        finally:
+            lt.matmul_preference_destroy(preference)
         if not found[0]:
-            raise NotCovered(f"cuBLASLt has no algorithm for {command.label}")
+            raise NotCovered(f"cuBLASLt has no algorithm for {command.label}{reason}")
         plan = GemmPlan(desc, layouts, (command.b.address, command.a.address), heuristic)
         plan.scalars[:] = (command.alpha, command.beta)
         return plan
@@ -651,10 +664,13 @@ class CudaDevice(DeviceBase):
     def _cudnn(self) -> Any:
         try:
             import cudnn
-        except ImportError as err:
-            raise NotCovered(f"the cuDNN frontend is not installed ({err})") from None
+        except (ImportError, OSError) as err:  # OSError: the frontend dlopens libcudnn at import
+            raise NotCovered(f"the cuDNN frontend or libcudnn is not installed ({err})") from None
         if self._cudnn_handle is None:
-            self._cudnn_handle = cudnn.create_handle()
+            try:
+                self._cudnn_handle = cudnn.create_handle()
+            except Exception as err:  # noqa: BLE001 - e.g. a libcudnn too old for the frontend
+                raise NotCovered(f"no cuDNN handle ({type(err).__name__}: {err})") from None
             cudnn.set_stream(handle=self._cudnn_handle, stream=self.stream_handle)
         return cudnn
 
@@ -675,7 +691,8 @@ class CudaDevice(DeviceBase):
             graph.build_plans()
         except Exception as err:  # noqa: BLE001 - cuDNN says why it cannot (cudnnGraphNotSupportedError, ...)
             raise NotCovered(f"cuDNN cannot run {command.label}: {err}") from None
-        pack = {tensor: getattr(command, name).address for name, tensor in tensors.items()}
+        # the frontend's execute takes a pointer only as an exact Python int (numpy ints go through dlpack)
+        pack = {tensor: int(getattr(command, name).address) for name, tensor in tensors.items()}
         workspace = self.allocate(max(1, int(graph.get_workspace_size())))
         return graph, pack, workspace
 
@@ -795,6 +812,8 @@ def mask_arguments(cudnn: Any, causal: bool, window: int) -> dict[str, Any]:
     """cuDNN's diagonal band for our masks: the queries are the last positions (bottom-right
     alignment); causal keeps keys j <= i, a window keeps i - j < w (causal) or |i - j| < w."""
     arguments: dict[str, Any] = {}
+    # to confirm on a GPU: that the installed libcudnn supports a left bound with BOTTOM_RIGHT (and in
+    # sdpa_backward); unsupported combinations fail in check_support, so they fall back, not go wrong
     if causal or window:
         arguments["diagonal_alignment"] = cudnn.diagonal_alignment.BOTTOM_RIGHT
     if causal:
@@ -829,6 +848,7 @@ def sdpa_tensors(graph: Any, cudnn: Any, command: Any, io_type: Any) -> dict[str
         out, lse = graph.sdpa(name="sdpa", q=tensors["q"], k=tensors["k"], v=tensors["v"], generate_stats=True,
                               attn_scale=command.scale, **mask)
         tensors["out"] = output(out, "out")
+        # to confirm on a GPU: cuDNN's stats are the natural-log logsumexp of the scaled scores, as our lse
         tensors["lse"] = lse.set_output(True).set_dim(stats[0]).set_stride(stats[1]).set_data_type(
             cudnn.data_type.FLOAT)
         return tensors
