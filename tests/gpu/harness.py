@@ -10,6 +10,8 @@ scratch with NaN, runs the plan's steps and returns the outputs as numpy arrays.
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +24,54 @@ from modeldsl.kernels import cuda
 STORAGE = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "fp32": np.float32, "int32": np.int32, "int64": np.int64}
 SCALARS = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
 POISON_BYTE = 0xFF  # every float made of 0xFF bytes is a NaN; ints become -1
+RUNNER = os.environ.get("MDSL_KERNEL_RUNNER", "cuda")  # "emulator": the kernels on the CPU (g++)
+GPU = RUNNER != "emulator"
+
+
+def skip_without_runner() -> None:
+    """Skip the calling test module (at import) where its runner cannot run: no g++ for the
+    emulator; no CuPy or no CUDA device for the GPU."""
+    import pytest
+
+    if not GPU:
+        if shutil.which("g++") is None:
+            pytest.skip("the CPU emulator needs g++", allow_module_level=True)
+        return
+    cupy = pytest.importorskip("cupy", reason="CuPy (pip install modeldsl[cuda]) is not installed: no GPU tests")
+    try:
+        devices = cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 - no driver, no device
+        devices = 0
+    if devices == 0:
+        pytest.skip("no CUDA device", allow_module_level=True)
+
+
+def make_runner() -> Any:
+    """The runner of ``MDSL_KERNEL_RUNNER``: the emulator, else :class:`CudaRunner`."""
+    if not GPU:
+        from emulator import EmulatorRunner
+
+        return EmulatorRunner()
+    return CudaRunner()
+
+
+def rounded(a, dtype: str) -> np.ndarray:
+    """The float64 values of ``a`` stored as ``dtype`` (what the kernel reads)."""
+    return np.asarray(a).astype(storage(dtype)).astype(np.float64)
+
+
+def close(got, want, tol: float, what: str, floor: float = 0.0) -> None:
+    """Within ``tol`` relative, or ``tol`` times the largest finite |want| (at least ``floor``) absolute."""
+    got = np.asarray(got).astype(np.float64)
+    want = np.asarray(want).astype(np.float64)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
+    finite = np.abs(want[np.isfinite(want)])
+    scale = max(float(finite.max()) if finite.size else 1.0, floor)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(scale, 1e-30), equal_nan=True, err_msg=what)
+
+
+def ids(cases) -> list[str]:
+    return [str(c).replace(" ", "") for c in cases]
 
 
 def storage(dtype: str) -> np.dtype:

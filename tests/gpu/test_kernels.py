@@ -17,32 +17,18 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from harness import run_plan, storage
+from harness import GPU, close, ids, make_runner, rounded, run_plan, skip_without_runner, storage
 from modeldsl.kernels import cuda
 from modeldsl.kernels.reference import REFERENCES
 
 pytestmark = pytest.mark.gpu
 
-RUNNER = os.environ.get("MDSL_KERNEL_RUNNER", "cuda")
-if RUNNER == "emulator":
-    if shutil.which("g++") is None:
-        pytest.skip("the CPU emulator needs g++", allow_module_level=True)
-else:
-    cupy = pytest.importorskip("cupy", reason="CuPy (pip install modeldsl[cuda]) is not installed: no GPU tests")
-    try:
-        _devices = cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # noqa: BLE001 - no driver, no device
-        _devices = 0
-    if _devices == 0:
-        pytest.skip("no CUDA device", allow_module_level=True)
-
-GPU = RUNNER != "emulator"
+skip_without_runner()
 TOL = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 1e-2}
 VARIANTS = ("fp32", "bf16")
 MISALIGN = {"fp32": 4, "bf16": 2}  # byte shifts that keep elements aligned but not vectors
@@ -50,27 +36,9 @@ MISALIGN = {"fp32": 4, "bf16": 2}  # byte shifts that keep elements aligned but 
 
 @pytest.fixture(scope="module")
 def runner():
-    if RUNNER == "emulator":
-        from emulator import EmulatorRunner
-
-        return EmulatorRunner()
-    from harness import CudaRunner
-
-    return CudaRunner()
+    return make_runner()
 
 
-def rounded(a, dtype: str) -> np.ndarray:
-    """The float64 values of ``a`` stored as ``dtype`` (what the kernel reads)."""
-    return np.asarray(a).astype(storage(dtype)).astype(np.float64)
-
-
-def close(got, want, tol: float, what: str) -> None:
-    got = np.asarray(got).astype(np.float64)
-    want = np.asarray(want).astype(np.float64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
-    finite = np.abs(want[np.isfinite(want)])
-    scale = float(finite.max()) if finite.size else 1.0
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(scale, 1e-30), equal_nan=True, err_msg=what)
 
 
 def check(runner, name, inputs, attrs=None, variant="fp32", index_dtype="int32", ref_attrs=None, offset=0,
@@ -99,9 +67,6 @@ def check(runner, name, inputs, attrs=None, variant="fp32", index_dtype="int32",
             close(got, expected, TOL[dtype], what)
     return result
 
-
-def ids(cases):
-    return [str(c).replace(" ", "") for c in cases]
 
 
 # ----------------------------------------------------------------------------
