@@ -225,9 +225,11 @@ def write_results(outputs: Sequence[np.ndarray], result, accumulate: bool = Fals
     """A kernel's results into its output views: copied, or added with ``accumulate`` (a kernel
     that updated an output in place returns it)."""
     for view, value in zip(outputs, result if isinstance(result, tuple) else (result,), strict=True):
+        if value is view:
+            continue
         if accumulate:
             np.add(view, value, out=view, casting="unsafe")
-        elif value is not view:
+        else:
             np.copyto(view, value, casting="unsafe")
 
 
