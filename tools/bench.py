@@ -136,21 +136,18 @@ def run_torch(shape: str, compiled: bool, settings: Settings) -> Row:
 
 
 # ---------------------------------------------------------------------------- modeldsl
-def dsl_model(shape: str, dtype: str):
+def dsl_model(shape: str):
     """The std DSL model of a shape with random weights (fp32: the master copy)."""
     import modeldsl
     from modeldsl.frontend.text.parser import parse_file
-    from modeldsl.hf.config import dsl_config
-    from modeldsl.lower import choose_top, lower_program
+    from modeldsl.lower import choose_top
     from modeldsl.resolve.imports import STD_ROOT
-    from modeldsl.runtime.model import _model_op
+    from modeldsl.runtime.model import hf_config_values
 
     _, module, hf = SHAPES[shape]
     path = STD_ROOT / "models" / module
     program = parse_file(path)
-    decl = choose_top(program)
-    values = dsl_config(decl, _model_op(lower_program(program, decl.name, None)), hf)
-    return modeldsl.load(path, config=values)
+    return modeldsl.load(path, config=hf_config_values(program, choose_top(program), hf))
 
 
 def run_modeldsl(shape: str, settings: Settings) -> Row:
@@ -164,12 +161,12 @@ def run_modeldsl(shape: str, settings: Settings) -> Row:
         except ImportError as err:
             row.note = f"no CUDA executor yet ({err})"
             return row
-        trainer = CudaTrainer(dsl_model(shape, settings.dtype), config, dtype=settings.dtype)
+        trainer = CudaTrainer(dsl_model(shape), config, dtype=settings.dtype)
         synchronize, peak = trainer.synchronize, trainer.peak_bytes
     else:
         from modeldsl.runtime.train import Trainer
 
-        trainer = Trainer(dsl_model(shape, settings.dtype), config, dtype=settings.dtype)
+        trainer = Trainer(dsl_model(shape), config, dtype=settings.dtype)
         synchronize = lambda: None  # noqa: E731
 
         def peak() -> int:

@@ -285,8 +285,7 @@ def load(model_file: str | Path, hf: str | Path | None = None, dtype: str = "fp3
     try:
         if hf is not None:
             hf_config = read_config(hf)
-            default = _model_op(lower_program(program, decl.name, None, sink))
-            values = {**dsl_config(decl, default, hf_config), **values}
+            values = {**hf_config_values(program, decl, hf_config, sink), **values}
         module = lower_program(program, decl.name, values, sink)
         SpecializePass().apply(Context(), module)
         model = _model_op(module)
@@ -306,6 +305,14 @@ def load(model_file: str | Path, hf: str | Path | None = None, dtype: str = "fp3
         return Model(module, model, weights, dtype, hf_config, record, runs_on)
     except RopeScalingError as err:
         raise DiagnosticError([_rope_diagnostic(err, hf_config, hf)]) from None
+
+
+def hf_config_values(program: Any, decl: Any, hf_config: dict[str, Any],
+                     sink: DiagnosticSink | None = None) -> dict[str, Any]:
+    """The values of a DSL model's parameters for a HuggingFace ``config.json`` (its ``hf_config``
+    rules, spec 8), for the declaration ``decl`` of a parsed ``program``."""
+    default = _model_op(lower_program(program, decl.name, None, sink if sink is not None else DiagnosticSink()))
+    return dsl_config(decl, default, hf_config)
 
 
 def random_weights(model: ModelOp, dtype: np.dtype, seed: int = 0) -> dict[str, np.ndarray]:
