@@ -1,7 +1,7 @@
 """Coded diagnostics for bad input of any kind: DSL source, checkpoints, configs, flags.
 
 A :class:`Diagnostic` has a code (E001-E027 and W001-W005 of spec 000
-Appendix C/D, plus project codes E028-E035 and W006-W009), a message, a
+Appendix C/D, plus project codes E028-E040 and W006-W011), a message, a
 hint and a location. It renders the way compilers print errors::
 
     model.module:12:5: error[E002]: undefined identifier 'wieght'
@@ -58,6 +58,11 @@ CODES: dict[str, str] = {
     "E033": "Checkpoint tensor dtype mismatch",
     "E034": "Checkpoint file truncated or corrupt",
     "E035": "CUDA kernel build failed",
+    "E036": "Checkpoint architecture not served by the model",
+    "E037": "Checkpoint config field not supported by the model",
+    "E038": "Model does not fit in memory",
+    "E039": "Lock file mismatch",
+    "E040": "Unexpected checkpoint tensor",
     "W001": "User definition shadows primitive",
     "W002": "Local definition shadows import",
     "W003": "Suboptimal auto-derived backward",
@@ -67,6 +72,8 @@ CODES: dict[str, str] = {
     "W007": "Option has no effect",
     "W008": "Generation stopped at the context limit",
     "W009": "Resumed training reads different data",
+    "W010": "Safety check overridden",
+    "W011": "Suspicious checkpoint value",
 }
 
 
