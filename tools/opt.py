@@ -225,11 +225,10 @@ class MdslOptMain(xDSLOptMain):
         """Parse, check and lower a Module DSL file and print the mdsl.graph IR
         (after the pipeline); ``--emit=ast`` prints its AST instead."""
         from modeldsl.frontend.text.ast import dump
-        from modeldsl.frontend.text.parser import parse_source
+        from modeldsl.frontend.text.parser import parse_source, read_source
 
         path = self.args.input_file
-        with open(path, encoding="utf-8") as f:
-            program = parse_source(f.read(), path)
+        program = parse_source(read_source(path), path)
         if self.args.emit == "ast":
             sys.stdout.write(dump(program))
             return
