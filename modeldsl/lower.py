@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from xdsl.dialects.builtin import (
@@ -284,9 +284,12 @@ class Lowering(BackwardLowering):
             evaluate_let(section, instance.env, self.sink)
 
     # ------------------------------------------------------------------ params
-    def declare_params(self, instance: Instance, stack: StackedInstance | None, bound: Sequence[SSAValue] = ()) -> None:
-        """Declare an instance's tensor parameters (or bind them to caller tensors)."""
+    def declare_params(self, instance: Instance, stack: StackedInstance | None, bound: Sequence[SSAValue] = (),
+                       named: dict[str, SSAValue] | None = None) -> None:
+        """Declare an instance's tensor parameters (or bind them to caller tensors, in
+        order or by name)."""
         bound = list(bound)
+        named = dict(named or {})
         seen: dict[str, Span] = {}
         for section in instance.decl.sections("params"):
             for entry in section.body:
@@ -303,12 +306,12 @@ class Lowering(BackwardLowering):
                     continue
                 seen[entry.name] = entry.span
                 try:
-                    self.declare_param(instance, entry, stack, bound)
+                    self.declare_param(instance, entry, stack, bound, named)
                 except LoweringFailed:
                     instance.failed.add(entry.name)
 
     def declare_param(self, instance: Instance, entry: ast.Section, stack: StackedInstance | None,
-                      bound: list[SSAValue]) -> None:
+                      bound: list[SSAValue], named: dict[str, SSAValue] | None = None) -> None:
         value = entry.value
         path = f"{instance.prefix}{entry.name}"
         expr = value.expr
@@ -316,6 +319,9 @@ class Lowering(BackwardLowering):
             expr = expr.base
         if isinstance(expr, ast.ListExpr):
             ptype = self.tensor_type(expr, instance.env)
+            if named and entry.name in named:
+                instance.params[entry.name] = ParamSlot(path, ptype, named.pop(entry.name))
+                return
             if bound:
                 instance.params[entry.name] = ParamSlot(path, ptype, bound.pop(0))
                 return
@@ -342,10 +348,11 @@ class Lowering(BackwardLowering):
         self.declare_nested(child, stack)
         instance.params[entry.name] = child
 
-    def declare_nested(self, child: Instance, stack: StackedInstance | None, bound: Sequence[SSAValue] = ()) -> None:
+    def declare_nested(self, child: Instance, stack: StackedInstance | None, bound: Sequence[SSAValue] = (),
+                       named: dict[str, SSAValue] | None = None) -> None:
         self.active.append(child.decl.name)
         try:
-            self.declare_params(child, stack, bound)
+            self.declare_params(child, stack, bound, named)
         finally:
             self.active.pop()
 
@@ -575,12 +582,7 @@ class Lowering(BackwardLowering):
                         _poison(stmt.chain[-1], scope)
                         raise
                 elif isinstance(stmt, ast.If):
-                    guard_env = instance.env.child()
-                    guard_env.tensors = set(scope.visible_names()) | {
-                        n for n, p in instance.params.items() if isinstance(p, ParamSlot)
-                    }
-                    guard_env.sizes = _shape_symbols(scope)
-                    taken = self.guard(stmt.condition, guard_env)
+                    taken = self.guard(stmt.condition, self.graph_env(instance, scope))
                     if taken is None:
                         for branch in (stmt.then, stmt.orelse or []):
                             for inner in branch:
@@ -600,6 +602,26 @@ class Lowering(BackwardLowering):
                     self.sink.error("E001", "a graph holds data flows (a -> op() -> b) and if/else", stmt.span)
             except LoweringFailed:
                 continue
+
+    def graph_env(self, instance: Instance, scope: Scope) -> ConstEnv:
+        """The instance's constants, knowing which names are tensors and sizes (E016)."""
+        env = instance.env.child()
+        env.tensors = set(scope.visible_names()) | {n for n, p in instance.params.items() if isinstance(p, ParamSlot)}
+        env.sizes = _shape_symbols(scope)
+        return env
+
+    def chosen(self, node: ast.Expr, instance: Instance, scope: Scope) -> ast.Expr:
+        """The branch of an inline conditional ``a if cond else b`` (spec 5.8) its guard picks."""
+        while isinstance(node, ast.Conditional):
+            taken = self.guard(node.condition, self.graph_env(instance, scope))
+            if taken is None:
+                raise LoweringFailed()  # reported
+            node = node.then if taken else node.orelse
+        return node
+
+    def chosen_args(self, args: list[ast.Arg], instance: Instance, scope: Scope) -> list[ast.Arg]:
+        return [replace(a, value=self.chosen(a.value, instance, scope)) if isinstance(a.value, ast.Conditional) else a
+                for a in args]
 
     def run_flow(self, instance: Instance, flow: ast.Flow, scope: Scope) -> None:
         if not self.check_recompute_inputs(flow, scope):
@@ -638,6 +660,7 @@ class Lowering(BackwardLowering):
             op.attributes["memory"] = ArrayAttr([StringAttr(m) for m in modes])
 
     def source(self, instance: Instance, node: ast.Expr, scope: Scope) -> list[SSAValue]:
+        node = self.chosen(node, instance, scope)
         if isinstance(node, ast.TupleExpr):
             return [v for item in node.items for v in self.source(instance, item, scope)]
         if isinstance(node, ast.Call):
@@ -647,6 +670,7 @@ class Lowering(BackwardLowering):
 
     def tensor(self, instance: Instance, node: ast.Expr, scope: Scope) -> SSAValue:
         """A tensor named in a graph: a graph value or a (nested) parameter."""
+        node = self.chosen(node, instance, scope)
         if _names_failed_param(node, instance, scope):
             raise LoweringFailed()  # its declaration was refused and reported
         if isinstance(node, ast.Name):
@@ -729,14 +753,22 @@ class Lowering(BackwardLowering):
         raise LoweringFailed()
 
     def instantiate_call(self, func: ast.Name, args: list[ast.Arg], instance: Instance, scope: Scope) -> Instance:
-        """``Linear(weight)``: tensor arguments bind the module's parameters in order."""
+        """``Linear(weight)``: tensor arguments bind the module's parameters in order;
+        ``Linear(weight, bias=b)`` binds the parameter ``bias`` by name (and sets a boolean
+        configuration parameter of that name, as ``bias=None`` clears it)."""
+        args = self.chosen_args(args, instance, scope)
         tensors = [a for a in args if a.name is None and self.is_tensor(a.value, instance, scope)]
-        consts = [a for a in args if a not in tensors]
+        by_name = [a for a in args if a.style == "=" and self.is_tensor(a.value, instance, scope)]
+        consts = [a for a in args if a not in tensors and a not in by_name]
+        decl = instance.namespace.get(func.id)
+        flags = {p.name for p in (decl.params or []) if _type_name(p) == "bool"} if decl is not None else set()
+        consts += [replace(a, value=ast.Bool(a.span, True)) for a in by_name if a.name in flags]
         call = ast.Call(func.span, func, consts)
         bound = [self.tensor(instance, a.value, scope) for a in tensors]
-        child = self.instantiate(call, instance.env, f"{instance.prefix}{func.id}.", instance.namespace,
-                                 [b.type for b in bound])
-        self.declare_nested(child, None, bound)
+        named = {a.name: self.tensor(instance, a.value, scope) for a in by_name}
+        child = self.instantiate(call, instance.env, f"{instance.prefix}{func.id.split('.')[-1]}.",
+                                 instance.namespace, [b.type for b in bound])
+        self.declare_nested(child, None, bound, named)
         return child
 
     def call_instance(self, target: Instance | StackedInstance, inputs: list[SSAValue], args: list[ast.Arg],
@@ -919,6 +951,7 @@ class Lowering(BackwardLowering):
                        instance: Instance, scope: Scope, span: Span) -> tuple[list[SSAValue], list[Operation]]:
         """One primitive op: tensor arguments are operands, the others its parameters."""
         operands = list(inputs)
+        args = self.chosen_args(args, instance, scope)
         params: dict[str, Any] = {}
         spans: dict[str, Span] = {}
         positional_params = [*INFERENCE_PARAMS.get(sig.name, ()), *(p.name for p in sig.params)]

@@ -137,6 +137,9 @@ def evaluate(node: ast.Expr, env: ConstEnv, context: str = "expression") -> Valu
         return -value
     if isinstance(node, ast.Binary):
         return _binary(node, env, context)
+    if isinstance(node, ast.Conditional):
+        taken = _truth(evaluate(node.condition, env, "if"), node.condition)
+        return evaluate(node.then if taken else node.orelse, env, context)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in INTRINSICS:
         if any(a.name is not None for a in node.args):
             raise ConstError("E026", f"{node.func.id}() takes positional arguments only", node.span)

@@ -8,7 +8,9 @@ working directory. A path names a file (``std.modules.linear`` is
 declaration in a file (``std.modules.linear.Linear``), or a folder of files
 (``import std.primitives`` imports the declarations of each of its files, the
 newest version of each); a last component ``vN`` asks for exactly that version
-(``matmul.v1`` is ``matmul.v1.module``), no version takes the newest.
+(``matmul.v1`` is ``matmul.v1.module``), no version takes the newest. A path
+without the ``std.`` prefix (``import primitives``, ``import modules.linear``) is
+also looked for in the standard library, after the project's folders.
 
 Two imports of one name are E023, an alias that shadows a name already
 imported is E024, a local declaration that shadows an import is W002 and one
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from modeldsl.diagnostics import DiagnosticError, DiagnosticSink, Span
 from modeldsl.frontend.text import ast
-from modeldsl.frontend.text.parser import parse_source
+from modeldsl.frontend.text.parser import parse_source, read_source
 from modeldsl.primitives import lookup_primitive
 from modeldsl.resolve.primitive_decls import check_primitive_decls
 
@@ -173,6 +175,10 @@ class Resolver:
                     return []
                 return [(item.alias, Imported(decls[0], dotted, item.span))]
             return [(d.name, Imported(d, dotted, item.span)) for d in decls]
+        if len(item.path) == 1:
+            self.sink.error("E002", f"cannot find module '{item.path[0]}'", item.span,
+                            "searched the standard library, the importing file's folder and the working folder")
+            return []
         program, dotted = self.load(item.path[:-1], base, item.span)
         if program is None:
             return []
@@ -273,17 +279,23 @@ def _parse_file(file: Path) -> ast.Program:
     stamp = file.stat().st_mtime
     cached = _PARSED.get(file)
     if cached is None or cached[0] != stamp:
-        cached = (stamp, parse_source(file.read_text(encoding="utf-8"), str(file)))
+        cached = (stamp, parse_source(read_source(file), str(file)))
         _PARSED[file] = cached
     return cached[1]
 
 
 def _roots(stem: list[str], base: Path) -> list[tuple[Path, list[str]]]:
+    """Where a dotted path may live: ``std.x`` in the standard library first; any
+    path beside the importing file, then in the working folder; and a path without
+    the ``std.`` prefix (``import primitives``, spec 4.7) last in the standard library,
+    so that a project's own ``models/llama.module`` is not hidden by the std one."""
     roots: list[tuple[Path, list[str]]] = []
     if stem and stem[0] == "std":
         roots.append((STD_ROOT, stem[1:]))
     roots.append((base, stem))
     roots.append((Path.cwd(), stem))
+    if stem and stem[0] != "std":
+        roots.append((STD_ROOT, stem))
     return roots
 
 

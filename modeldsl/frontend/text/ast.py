@@ -14,7 +14,17 @@ from typing import Any, Union
 
 from lark import Token, Transformer, Tree, v_args
 
-from modeldsl.diagnostics import Source, Span
+from modeldsl.diagnostics import Diagnostic, Source, Span
+
+I64_MAX = 2**63 - 1
+
+
+class LiteralOutOfRange(Exception):
+    """An integer literal past i64, raised from the builder with its diagnostic."""
+
+    def __init__(self, diagnostic: Diagnostic):
+        super().__init__(diagnostic.message)
+        self.diagnostic = diagnostic
 
 # ----------------------------------------------------------------------------
 # Nodes
@@ -161,6 +171,15 @@ class ArrayType(Node):
 
 
 @dataclass
+class Conditional(Node):
+    """``then if condition else orelse`` (spec 5.8); the condition is a ConstExpr."""
+
+    then: "Expr"
+    condition: "Expr"
+    orelse: "Expr"
+
+
+@dataclass
 class Unary(Node):
     op: str  # "-" | "not"
     operand: "Expr"
@@ -175,7 +194,7 @@ class Binary(Node):
 
 Expr = Union[
     Name, Int, Float, Str, Bool, NoneLit, EllipsisLit, Star, Placeholder, ListExpr, TupleExpr,
-    NamedTuple, Annotated, Call, Slice, Index, Attribute, Optional_, Splat, ArrayType, Unary, Binary,
+    NamedTuple, Annotated, Call, Slice, Index, Attribute, Optional_, Splat, ArrayType, Conditional, Unary, Binary,
 ]
 
 
@@ -485,7 +504,13 @@ class _Builder(Transformer):
 
     @v_args(meta=True)
     def int_(self, meta, items):
-        return Int(self.span(meta), int(str(items[0]).replace("_", "")))
+        digits = str(items[0]).replace("_", "").lstrip("0") or "0"
+        if len(digits) > len(str(I64_MAX)) or int(digits) > I64_MAX:
+            shown = digits if len(digits) <= 24 else f"{digits[:10]}...({len(digits)} digits)"
+            raise LiteralOutOfRange(Diagnostic(
+                "E001", f"integer literal {shown} is out of range (the largest is 2**63 - 1)", self.span(meta),
+                "integers in the Module DSL are 64-bit"))
+        return Int(self.span(meta), int(digits))
 
     @v_args(meta=True)
     def float_(self, meta, items):
@@ -594,6 +619,11 @@ class _Builder(Transformer):
     def array_generic(self, meta, items):
         count, element = (i for i in items if not isinstance(i, Token))
         return ArrayType(self.span(meta), count, element)
+
+    @v_args(meta=True)
+    def conditional(self, meta, items):
+        then, condition, orelse = items
+        return Conditional(self.span(meta), then, condition, orelse)
 
     @v_args(meta=True)
     def neg(self, meta, items):

@@ -8,7 +8,10 @@ The post-lexer does three things before Lark's indentation handling:
 * ``x`` between ``]`` and a name is the array operator of ``[n] x Block(...)``.
 
 Syntax errors become E001 diagnostics with the location, the offending line
-and a hint listing what was expected.
+and a hint listing what was expected. So do inputs no later stage could take:
+bytes that are not UTF-8 (at the byte's line and column), expressions nested
+deeper than :data:`MAX_DEPTH` (every stage after the parser recurses over the
+tree) and integer literals outside i64.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from lark import Lark, Token, Tree
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 from lark.indenter import DedentError, Indenter
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
@@ -26,6 +29,9 @@ from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
 GRAMMAR = Path(__file__).with_name("grammar.lark")
 OPEN = {"LPAR", "LSQB", "LBRACE"}
 CLOSE = {"RPAR", "RSQB", "RBRACE"}
+# Deepest parse tree accepted. Real models stay under 30 levels; the AST builder,
+# the constant evaluator and the lowering recurse once or twice per level.
+MAX_DEPTH = 150
 
 
 class ModuleDslIndenter(Indenter):
@@ -115,7 +121,7 @@ def parse_tree(text: str, name: str = "<input>") -> Tree:
     if not text.endswith("\n"):
         text += "\n"
     try:
-        return _parser().parse(text)
+        tree = _parser().parse(text)
     except UnexpectedInput as err:
         raise DiagnosticError([_syntax_error(source, err)]) from None
     except IndentationProblem as err:
@@ -123,6 +129,32 @@ def parse_tree(text: str, name: str = "<input>") -> Tree:
         raise DiagnosticError([Diagnostic(
             "E001", "syntax error: inconsistent indentation: this line is not aligned with any enclosing block",
             span, "indent each line like the other lines of its block")]) from None
+    _check_depth(tree, source)
+    return tree
+
+
+def _check_depth(tree: Tree, source: Source) -> None:
+    """E001 at the start of the first expression nested deeper than MAX_DEPTH (walked
+    without recursion)."""
+    stack: list[tuple[Tree, int, Tree]] = [(tree, 1, tree)]
+    while stack:
+        node, depth, outermost = stack.pop()
+        if depth > MAX_DEPTH:
+            meta = outermost.meta
+            line, column = (meta.line, meta.column) if not meta.empty else (1, 1)
+            span = Span(source, line, column, line, column + 1)
+            raise DiagnosticError([Diagnostic(
+                "E001", f"expression nested too deeply (more than {MAX_DEPTH} levels)", span,
+                "split it into named steps (let: bindings or separate flows)")])
+        for child in node.children:
+            if isinstance(child, Tree):
+                stack.append((child, depth + 1, child if node.data in _STATEMENT_RULES else outermost))
+
+
+# Rules whose children start a new expression (where a too-deep expression is reported).
+_STATEMENT_RULES = {"start", "declaration", "body", "section", "key", "value", "default", "guard", "flow",
+                    "binding", "if_stmt", "else_clause", "list_item", "list_flow", "constraint", "expr_stmt",
+                    "annotation_stmt", "signature", "param", "docstring"}
 
 
 def _syntax_error(source: Source, err: UnexpectedInput) -> Diagnostic:
@@ -201,20 +233,52 @@ def _describe(token: Token) -> str:
 
 def parse_source(text: str, name: str = "<input>"):
     """Parse source text into the AST (see ``modeldsl.frontend.text.ast``)."""
-    from modeldsl.frontend.text.ast import build
+    from modeldsl.frontend.text.ast import LiteralOutOfRange, build
 
-    return build(parse_tree(text, name), Source(name, text))
+    source = Source(name, text)
+    try:
+        return build(parse_tree(text, name), source)
+    except VisitError as err:
+        if isinstance(err.orig_exc, LiteralOutOfRange):
+            raise DiagnosticError([err.orig_exc.diagnostic]) from None
+        raise
+
+
+def decode_source(data: bytes, name: str) -> str:
+    """The text of a source file; bytes that are not UTF-8 are E001 at their line:col."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        before = data[: err.start].decode("utf-8", errors="replace")
+        line = before.count("\n") + 1
+        column = len(before) - (before.rfind("\n") + 1) + 1
+        text = data.decode("utf-8", errors="replace")
+        span = Span(Source(name, text), line, column, line, column + 1)
+        raise DiagnosticError([Diagnostic(
+            "E001", f"the byte 0x{data[err.start]:02x} is not UTF-8 text", span,
+            "Module DSL files are UTF-8; re-save the file as UTF-8")]) from None
+
+
+def read_source(path) -> str:
+    """The UTF-8 text of a ``.module`` file; E028 when it cannot be read (a folder, a
+    missing file; a FIFO or device is refused rather than read), E001 for non-UTF-8 bytes."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+            raise IsADirectoryError(0, f"it is {kind}")
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        reason = err.strerror if err.strerror else str(err)
+        raise DiagnosticError([Diagnostic("E028", f"cannot read '{path}': {reason}", None,
+                                          "check the path of the .module file")]) from None
+    return decode_source(data, str(path))
 
 
 def parse_file(path) -> "object":
-    """Parse a ``.module`` file; E028 when it cannot be read."""
-    from modeldsl.diagnostics import Diagnostic, DiagnosticError
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        raise DiagnosticError([Diagnostic("E028", f"cannot read '{path}': {reason}", None,
-                                          "check the path of the .module file")]) from None
-    return parse_source(text, str(path))
+    """Parse a ``.module`` file (see :func:`read_source` for the errors)."""
+    return parse_source(read_source(path), str(path))
