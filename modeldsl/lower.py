@@ -114,6 +114,9 @@ class Lowering(BackwardLowering):
         self.helpers: list[FuncOp] = []  # forward/backward functions of called modules, added last
         self.module_funcs: dict[tuple, ModuleFuncs | None] = {}  # by module, config and types
         self.in_module_func = 0  # > 0 while lowering a called module's forward
+        self.optional_inputs: dict[int, set[str]] = {}  # by forward: section, its optional inputs
+        self.tuple_outputs: dict[int, dict[str, int]] = {}  # by forward: section, `out: ([..], [..])` sizes
+        self.graph_outputs: list[dict[str, int]] = []  # tuple outputs of the graphs being lowered, innermost last
 
     # ------------------------------------------------------------------ entry
     def lower(self, top: ast.Decl, config: dict[str, Any] | None = None) -> ModuleOp:
@@ -268,16 +271,23 @@ class Lowering(BackwardLowering):
         """An ``if`` guard. Integer config values are symbols in shapes, but a guard
         needs their configured value: ``if sliding_window > 0`` picks a branch
         for this configuration (lowering again with another config may pick the other)."""
+        return guard_value(condition, self.concretized(env, condition), self.sink)
+
+    def concretized(self, env: ConstEnv, node: ast.Expr) -> ConstEnv:
+        """``env`` with integer config values at their configured values (recorded as
+        baked when ``node`` reads them), for what needs a number now: a guard, a float
+        parameter such as ``scale(1.0 / sqrt(d_head))``, an annotation argument."""
         concrete = ConstEnv(parent=env, tensors=set(env.tensors), sizes=set(env.sizes))
+        used = expression_names(node)
         scope: ConstEnv | None = env
         while scope is not None:
             for name, value in scope.values.items():
                 if name not in concrete.values and isinstance(value, Expr):
                     concrete.values[name] = _concretize(value, self.concrete)
-                    if name in expression_names(condition):
+                    if name in used:
                         self.baked |= value.symbols() & self.concrete.keys()
             scope = scope.parent
-        return guard_value(condition, concrete, self.sink)
+        return concrete
 
     def evaluate_let(self, instance: Instance) -> None:
         for section in instance.decl.sections("let"):
@@ -325,7 +335,7 @@ class Lowering(BackwardLowering):
             if bound:
                 instance.params[entry.name] = ParamSlot(path, ptype, bound.pop(0))
                 return
-            annotations = self.annotations(value.annotations)
+            annotations = self.annotations(value.annotations, instance.env)
             self.emit_param(path, ptype, stack, annotations)
             frozen = any(getattr(a, "DSL_NAME", None) == "frozen" for a in annotations)
             instance.params[entry.name] = ParamSlot(path, ptype, frozen=frozen)
@@ -449,13 +459,13 @@ class Lowering(BackwardLowering):
             raise LoweringFailed()
         return Expr.of(value)
 
-    def annotations(self, nodes: Sequence[ast.Annotation]) -> list[Attribute]:
+    def annotations(self, nodes: Sequence[ast.Annotation], env: ConstEnv | None = None) -> list[Attribute]:
         result = []
         for node in nodes:
             args, kwargs = [], {}
             try:
                 for arg in node.args:
-                    value = _annotation_value(arg.value)
+                    value = self.annotation_value(arg.value, env)
                     if arg.name is None:
                         args.append(value)
                     else:
@@ -472,6 +482,21 @@ class Lowering(BackwardLowering):
                 self.sink.error("E008", err.message, span, err.hint)
                 return []
         return result
+
+    def annotation_value(self, node: ast.Expr, env: ConstEnv | None) -> Any:
+        """An annotation argument: a word (``column``, ``recompute``), a literal, or a ConstExpr
+        of the module's parameters (``@shard(tp_size=tp_size)``) at its configured value."""
+        if env is None or isinstance(node, ast.Name) and not env.lookup(node.id)[0] \
+                or isinstance(node, (ast.Int, ast.Float, ast.Str, ast.Bool, ast.ListExpr, ast.TupleExpr)):
+            return _annotation_value(node)
+        try:
+            value = evaluate(node, self.concretized(env, node), "annotation argument")
+        except (ConstError, NotConstant):
+            return _annotation_value(node)  # not a ConstExpr: the annotation says what it takes
+        if isinstance(value, Expr):
+            raise AnnotationError(f"'{node.span.text}' is a size without a configured value",
+                                  "give the parameter a default or a configured value")
+        return value
 
     # ------------------------------------------------------------------ forward
     def forward_of(self, decl: ast.Decl) -> ast.Section:
@@ -506,21 +531,46 @@ class Lowering(BackwardLowering):
         )
 
     def signature(self, forward: ast.Section, env: ConstEnv) -> tuple[list, list]:
-        """(name, type, span) of the inputs and of the outputs."""
+        """(name, type, span) of the tensor inputs and of the outputs.
+
+        ``B: int`` inputs are sizes (symbols bound at specialization), not tensors;
+        ``[..]?`` inputs are optional (a caller may leave trailing ones out); an
+        unnamed tuple type ``([..], [..])`` declares ``out_0, out_1, ...`` (which
+        ``-> out`` binds together); ``scalar`` is a rank-0 tensor of any dtype."""
         inputs: list[tuple[str, TensorType, Span]] = []
         outputs: list[tuple[str, TensorType | None, Span]] = []
+        optional: set[str] = set()
         for entry in forward.body:
             if not isinstance(entry, ast.Section) or entry.name not in ("in", "inputs", "out", "outputs"):
                 continue
-            pairs = typed_entries(entry)
-            try:
-                if entry.name in ("in", "inputs"):
-                    inputs += [(p.name, self.tensor_type(p.type, env), p.span) for p in pairs]
-                else:
-                    outputs += [(p.name, self.tensor_type(p.type, env), p.span) for p in pairs]
-            except LoweringFailed:
-                continue
+            is_input = entry.name in ("in", "inputs")
+            for name, expr, span in _expand_tuples(typed_entries(entry)):
+                if isinstance(expr, ast.Optional_):
+                    expr = expr.base
+                    optional.add(name)
+                try:
+                    if is_input and _scalar_name(expr) is not None:
+                        self.scalar_input(name, expr, env)
+                    elif is_input:
+                        inputs.append((name, self.tensor_type(expr, env), span))
+                    else:
+                        scalar = _scalar_name(expr) == "scalar"
+                        outputs.append((name, SCALAR if scalar else self.tensor_type(expr, env), span))
+                except LoweringFailed:
+                    continue
+        self.optional_inputs[id(forward)] = optional
+        self.tuple_outputs[id(forward)] = {e.name: len(e.type.items) for e in _typed(forward, "out", "outputs")
+                                           if isinstance(e.type, ast.TupleExpr)}
         return inputs, outputs or [("out", None, forward.span)]
+
+    def scalar_input(self, name: str, expr: ast.Name, env: ConstEnv) -> None:
+        """``B: int`` in a signature: a size, bound like B in ``[B, T, C]`` at specialization."""
+        if expr.id != "int":
+            self.sink.error("E003", f"input '{name}' is a {expr.id}; a graph input is a tensor or an int size",
+                            expr.span, "pass the value as a parameter of the module instead")
+            raise LoweringFailed()
+        if not env.lookup(name)[0]:
+            env.values[name] = Expr.sym(name)
 
     def run_graph(self, instance: Instance, forward: ast.Section, scope: Scope,
                   outputs: list[tuple[str, TensorType | None, Span]]) -> list[SSAValue]:
@@ -528,7 +578,11 @@ class Lowering(BackwardLowering):
         if graph is None:
             self.sink.error("E001", f"the forward of {instance.decl.name} has no graph: section", forward.span)
             raise LoweringFailed()
-        self.run_statements(instance, graph.body, scope)
+        self.graph_outputs.append(self.tuple_outputs.get(id(forward), {}))
+        try:
+            self.run_statements(instance, graph.body, scope)
+        finally:
+            self.graph_outputs.pop()
         results = []
         for name, declared, span in outputs:
             binding = scope.lookup(name, span)
@@ -545,6 +599,11 @@ class Lowering(BackwardLowering):
         E004). Between bf16, fp16 and fp32 the cast rules of spec 7.4.4 insert an
         explicit cast: widening silently, narrowing with W005."""
         actual = value.type
+        if declared is SCALAR:
+            if actual.rank != 0:
+                self.sink.error("E004", f"output '{name}' is declared scalar but the graph computes {actual}", span,
+                                "reduce it to a scalar, e.g. reduce_sum(dims=[...]) over every dimension")
+            return value
         try:
             check_same_shape(f"output '{name}'", declared, actual)
         except VerifyException as err:
@@ -633,7 +692,7 @@ class Lowering(BackwardLowering):
                 values = values[:_primary_outputs(last_ops, values)]
             values, last_ops = self.apply(instance, stage, values, scope)
         self.bind(flow.chain[-1], values, scope, last_ops, flow)
-        annotations = self.annotations(flow.annotations)
+        annotations = self.annotations(flow.annotations, instance.env)
         if annotations and last_ops:
             last_ops[-1].attributes["annotations"] = ArrayAttr(annotations)
         if last_ops and self.backward is None:
@@ -677,6 +736,10 @@ class Lowering(BackwardLowering):
             found = scope.find(node.id)
             if found is not None and found.kind == "poisoned":
                 raise LoweringFailed()  # its definition failed and was reported
+            if found is not None and found.kind == "none":
+                self.sink.error("E003", f"'{node.id}' is an optional input that this call leaves out (None)",
+                                node.span, "pass it, or use it only under a guard that is false when it is left out")
+                raise LoweringFailed()
             if found is not None:
                 return found.value
             param = instance.params.get(node.id)
@@ -709,6 +772,10 @@ class Lowering(BackwardLowering):
 
     def bind(self, node: ast.Expr, values: list[SSAValue], scope: Scope, ops: list[Operation], flow: ast.Flow) -> None:
         names = node.items if isinstance(node, ast.TupleExpr) else [node]
+        tuples = self.graph_outputs[-1] if self.graph_outputs else {}
+        if isinstance(node, ast.Name) and tuples.get(node.id) == len(values) > 1:
+            names = [ast.Name(node.span, f"{node.id}_{i}") for i in range(len(values))]  # `-> out` of a tuple
+        names = _absent_discards(names, values, ops)
         if not _primary_outputs(ops, values) <= len(names) <= len(values):
             self.sink.error("E003", f"the flow produces {len(values)} value(s) but names {len(names)}", node.span,
                             _naming_hint(ops, values))
@@ -779,9 +846,16 @@ class Lowering(BackwardLowering):
             return self.call_stack(target, inputs, span), []
         forward = self.forward_of(target.decl)
         inner_inputs, outputs = self.signature(forward, target.env)
-        if len(inner_inputs) != len(inputs):
-            self.sink.error("E003", f"{target.decl.name} takes {len(inner_inputs)} input(s), got {len(inputs)}", span)
+        optional = self.optional_inputs[id(forward)]
+        required = len(inner_inputs)
+        while required and inner_inputs[required - 1][0] in optional:
+            required -= 1
+        if not required <= len(inputs) <= len(inner_inputs):
+            counted = f"{required} to {len(inner_inputs)}" if required < len(inner_inputs) else str(required)
+            self.sink.error("E003", f"{target.decl.name} takes {counted} input(s), got {len(inputs)}", span)
             raise LoweringFailed()
+        omitted = inner_inputs[len(inputs):]
+        inner_inputs = inner_inputs[: len(inputs)]
         if target.decl.name in self.active[1:]:
             self.sink.error("E007", f"{target.decl.name} calls itself", span, "a module cannot run inside itself")
             raise LoweringFailed()
@@ -790,6 +864,8 @@ class Lowering(BackwardLowering):
         inner = Scope(self.sink)
         for (name, declared, s), value in zip(inner_inputs, inputs):
             self.define_input(inner, name, value, declared, s)
+        for name, _, s in omitted:
+            inner.define(name, None, s, "none")
         self.active.append(target.decl.name)
         # the call's inputs were checked where it stands; the module's own graph reads its inputs
         recomputing = self.backward is not None and self.backward.in_recompute
@@ -1047,6 +1123,12 @@ class Lowering(BackwardLowering):
             return node.id  # enum values (NT, silu) and dtypes
         if isinstance(node, ast.ListExpr):
             return [self.dim(item, env) if not isinstance(item, ast.Star) else STAR for item in node.items]
+        try:
+            evaluate(node, env)
+        except NotConstant:
+            env = self.concretized(env, node)  # a float of integer config values: 1.0 / sqrt(d_head)
+        except ConstError:
+            pass  # reported by const() below
         value = self.const(node, env)
         if isinstance(value, Expr):
             self.baked |= value.symbols() & self.concrete.keys()
@@ -1057,6 +1139,41 @@ class Lowering(BackwardLowering):
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
+
+SCALAR = TensorType([], DEFAULT_DTYPE)  # ``out: scalar``: compared by identity, any dtype
+SCALAR_TYPES = ("int", "float", "bool", "string", "scalar")
+
+
+def _typed(forward: ast.Section, *keys: str) -> list:
+    return [e for s in forward.body if isinstance(s, ast.Section) and s.name in keys for e in typed_entries(s)]
+
+
+def _absent_discards(names: list[ast.Expr], values: list[SSAValue], ops: list[Operation]) -> list[ast.Expr]:
+    """``-> (out, _)``: trailing ``_`` may stand for optional outputs the op does not produce."""
+    sig = lookup_primitive(ops[-1].name.removeprefix("mdsl.graph.")) if ops else None
+    limit = len(sig.outputs) if sig is not None else len(values)
+    while len(names) > len(values) and len(names) <= limit and _is_discard(names[-1]):
+        names = names[:-1]
+    return names
+
+
+def _is_discard(node: ast.Expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "_"
+
+
+def _scalar_name(expr: ast.Expr) -> str | None:
+    return expr.id if isinstance(expr, ast.Name) and expr.id in SCALAR_TYPES else None
+
+
+def _expand_tuples(entries) -> list[tuple[str, ast.Expr, Span]]:
+    """``out: ([..], [..])``: one entry per element, named ``out_0``, ``out_1``, ..."""
+    expanded = []
+    for entry in entries:
+        if isinstance(entry.type, ast.TupleExpr):
+            expanded += [(f"{entry.name}_{i}", item, item.span) for i, item in enumerate(entry.type.items)]
+        else:
+            expanded.append((entry.name, entry.type, entry.span))
+    return expanded
 
 
 @dataclass
