@@ -96,7 +96,12 @@ def prompt_ids(args, tokenizer: Tokenizer) -> list[int]:
         except ValueError:
             raise FlagError(f"--tokens takes comma-separated integers, got '{args.tokens}'") from None
     else:
-        ids = tokenizer.encode(args.prompt if args.prompt is not None else "")
+        prompt = args.prompt if args.prompt is not None else ""
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as err:  # argv bytes that are not UTF-8 arrive as lone surrogates
+            raise FlagError(f"--prompt is not UTF-8 text (at character {err.start + 1})") from None
+        ids = tokenizer.encode(prompt)
     if not ids:
         raise FlagError("the prompt is empty: give --prompt TEXT or --tokens 1,2,3")
     return ids
