@@ -42,7 +42,9 @@ all independent errors.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -88,6 +90,9 @@ from modeldsl.resolve.scope import Scope
 from modeldsl.symbolic import STAR, Expr, SymbolicError
 
 DEFAULT_DTYPE = "bf16"
+LOWERABLE = ("module", "block", "model")  # declarations that lower to mdsl.graph
+# A last shape entry spelled like an element type (fp31, bf61, int4, float32) is a dtype typo, not a size.
+DTYPE_LIKE = re.compile(r"^((fp|bf|float|bfloat|int|uint)\d+|[iuf]\d{2,})(_\w*)?$")
 # Parameters that only shape inference needs (not op attributes), first in positional order.
 INFERENCE_PARAMS = {
     "view": ("shape",),
@@ -115,6 +120,7 @@ class Lowering(BackwardLowering):
         self.module_funcs: dict[tuple, ModuleFuncs | None] = {}  # by module, config and types
         self.in_module_func = 0  # > 0 while lowering a called module's forward
         self.optional_inputs: dict[int, set[str]] = {}  # by forward: section, its optional inputs
+        self.failed_inputs: dict[int, list] = {}  # by forward: section, inputs whose type was refused
         self.tuple_outputs: dict[int, dict[str, int]] = {}  # by forward: section, `out: ([..], [..])` sizes
         self.graph_outputs: list[dict[str, int]] = []  # tuple outputs of the graphs being lowered, innermost last
 
@@ -436,6 +442,9 @@ class Lowering(BackwardLowering):
         dtype = DEFAULT_DTYPE
         if items and isinstance(items[-1], ast.Name) and items[-1].id in DTYPE_SPELLINGS:
             dtype = items.pop().id
+        elif items and isinstance(items[-1], ast.Name) and DTYPE_LIKE.match(items[-1].id) \
+                and not env.lookup(items[-1].id)[0]:
+            self.unknown_dtype(items[-1])
         dims: list[Any] = []
         for item in items:
             if isinstance(item, ast.Star):
@@ -447,6 +456,14 @@ class Lowering(BackwardLowering):
         except SymbolicError as err:
             self.sink.error("E004", str(err), expr.span)
             raise LoweringFailed() from None
+
+    def unknown_dtype(self, node: ast.Name) -> None:
+        """E003 at a last shape entry spelled like a dtype (``fp31``) that is none."""
+        close = difflib.get_close_matches(node.id, DTYPE_SPELLINGS, n=1, cutoff=0.5)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        self.sink.error("E003", f"unknown dtype '{node.id}'", node.span,
+                        f"{hint}the dtypes are {', '.join(DTYPE_SPELLINGS)}")
+        raise LoweringFailed()
 
     def dim(self, node: ast.Expr, env: ConstEnv) -> Expr:
         shape_env = env.child()
@@ -518,6 +535,8 @@ class Lowering(BackwardLowering):
         for (name, _, span), arg in zip(inputs, func.body.block.args):
             arg.name_hint = name
             scope.define(name, arg, span, "input")
+        for name, span in self.failed_inputs.get(id(forward), []):
+            scope.define(name, None, span, "poisoned")  # reported; its uses stay quiet
         results = self.run_graph(instance, forward, scope, outputs)
         self.block.add_op(ReturnOp(*results))
         func.function_type = type(func.function_type).from_lists(
@@ -557,6 +576,8 @@ class Lowering(BackwardLowering):
                         scalar = _scalar_name(expr) == "scalar"
                         outputs.append((name, SCALAR if scalar else self.tensor_type(expr, env), span))
                 except LoweringFailed:
+                    if is_input:
+                        self.failed_inputs.setdefault(id(forward), []).append((name, span))
                     continue
         self.optional_inputs[id(forward)] = optional
         self.tuple_outputs[id(forward)] = {e.name: len(e.type.items) for e in _typed(forward, "out", "outputs")
@@ -1444,8 +1465,8 @@ def _annotation_value(node: ast.Expr) -> Any:
 
 
 def choose_top(program: ast.Program, top: str | None = None, sink: DiagnosticSink | None = None) -> ast.Decl:
-    """The named declaration, else the program's one model (else its last declaration)."""
-    decls = program.declarations
+    """The named declaration, else the program's one model (else its last module or block)."""
+    decls = [d for d in program.declarations if d.kind in LOWERABLE]
     if top is not None:
         chosen = next((d for d in decls if d.name == top), None)
     else:
@@ -1465,6 +1486,10 @@ def lower_program(program: ast.Program, top: str | None = None, config: dict[str
     """Lower the model (or the named declaration) of a program; DiagnosticError on any
     error. Warnings are left in ``sink`` when one is given."""
     sink = sink if sink is not None else DiagnosticSink()
+    if top is None and program.declarations and not any(d.kind in LOWERABLE for d in program.declarations):
+        resolve_program(program, sink)  # only primitive or recipe declarations: check them
+        sink.raise_if_errors()
+        return ModuleOp([])
     chosen = choose_top(program, top, sink)
     resolved = resolve_program(program, sink)
     try:
