@@ -83,7 +83,7 @@ from modeldsl.infer import InferenceError, infer_result_types
 from modeldsl.lower_backward import BackwardLowering, ForwardInput, ForwardResult, flow_accumulates
 from modeldsl.primitives import STAR_REDUCTIONS, PrimitiveSignature, lookup_primitive, star_reduction
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate, evaluate_let, guard_value
-from modeldsl.resolve.imports import ResolvedProgram, resolve_program
+from modeldsl.resolve.imports import ResolvedProgram, qualified_path, resolve_program
 from modeldsl.resolve.inherit import merged
 from modeldsl.resolve.order import defined_names, expression_names, topological_order
 from modeldsl.resolve.scope import Scope
@@ -386,6 +386,7 @@ class Lowering(BackwardLowering):
         call_args: list[ast.Arg] = []
         if isinstance(expr, ast.Call):
             call_args, expr = expr.args, expr.func
+        expr = _qualified(expr, namespace)
         if not isinstance(expr, ast.Name) or expr.id not in namespace or namespace[expr.id].kind == "primitive":
             name = expr.id if isinstance(expr, ast.Name) else "this expression"
             self.sink.error("E002", f"undefined module '{name}'", expr.span,
@@ -825,6 +826,7 @@ class Lowering(BackwardLowering):
               scope: Scope) -> tuple[list[SSAValue], list[Operation]]:
         """One stage of a flow: a module instance, a module call or a primitive."""
         func, args = (stage.func, stage.args) if isinstance(stage, ast.Call) else (stage, [])
+        func = _qualified(func, instance.namespace)
         if _names_failed_param(func, instance, scope):
             raise LoweringFailed()  # its declaration was refused and reported
         if isinstance(func, ast.Name):
@@ -837,7 +839,7 @@ class Lowering(BackwardLowering):
                 return self.call_instance(child, inputs, [], instance, scope, stage.span)
             if primitive is not None:
                 return self.call_primitive(primitive, inputs, args, instance, scope, stage.span)
-        name = func.id if isinstance(func, ast.Name) else "this operation"
+        name = func.id if isinstance(func, ast.Name) else func.span.text
         self.sink.error("E014", f"unknown primitive or module '{name}'", func.span,
                         "primitives are listed in spec section 6; modules must be declared or imported")
         raise LoweringFailed()
@@ -1244,6 +1246,13 @@ class Lowering(BackwardLowering):
 
 SCALAR = TensorType([], DEFAULT_DTYPE)  # ``out: scalar``: compared by identity, any dtype
 SCALAR_TYPES = ("int", "float", "bool", "string", "scalar")
+
+
+def _qualified(func: ast.Expr, namespace: dict[str, ast.Decl]) -> ast.Expr:
+    """``models.llama.Attention`` as the name the resolver registered it under."""
+    path = qualified_path(func) if isinstance(func, ast.Attribute) else None
+    dotted = ".".join(path) if path else None
+    return ast.Name(func.span, dotted) if dotted in namespace else func
 
 
 def _typed(forward: ast.Section, *keys: str) -> list:

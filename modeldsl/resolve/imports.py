@@ -108,6 +108,7 @@ class Resolver:
             for name, imported in self.import_names(item, base):
                 self.bind(visible, name, imported, item)
         decls = {name: imported.decl for name, imported in visible.items()}
+        decls.update(self.qualified_names(program, base))
         for decl in program.declarations:
             if decl.name in visible:
                 self.sink.warning("W002", f"{decl.kind} {decl.name} shadows the imported {decl.name} "
@@ -121,6 +122,21 @@ class Resolver:
             self.namespaces[id(decl)] = decls
         self.resolving.discard(key)
         return decls
+
+    def qualified_names(self, program: ast.Program, base: Path) -> dict[str, ast.Decl]:
+        """``models.llama.Attention(...)`` in a declaration (spec 4.7.1's qualified names):
+        each dotted callee that names a declaration of a findable file, by its dotted name."""
+        found: dict[str, ast.Decl] = {}
+        for call in _qualified_calls(program):
+            path = qualified_path(call.func)
+            dotted = ".".join(path)
+            if dotted in found or self.find_file(path[:-1], base) is None:
+                continue  # not a module path: the lowering reports the callee
+            loaded, _ = self.load(path[:-1], base, call.span, quiet=True)
+            decl = next((d for d in loaded.declarations if d.name == path[-1]), None) if loaded else None
+            if decl is not None:
+                found[dotted] = decl
+        return found
 
     def bind(self, visible: dict[str, Imported], name: str, imported: Imported, item: ast.Node) -> None:
         previous = visible.get(name)
@@ -315,6 +331,31 @@ def _newest(folder: Path, name: str) -> Path | None:
     if plain.is_file():
         return plain
     return versions[-1][1] if versions else None
+
+
+def qualified_path(node: ast.Expr) -> list[str] | None:
+    """``a.b.C`` as ["a", "b", "C"]; None for anything but names joined by dots."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.base
+    if not isinstance(node, ast.Name) or not parts or node.id == "saved":
+        return None
+    return [node.id, *reversed(parts)]
+
+
+def _qualified_calls(program: ast.Program) -> list[ast.Call]:
+    """Calls with a dotted callee anywhere in the program's declarations (walked without recursion)."""
+    calls, stack = [], list(program.declarations)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Call) and qualified_path(node.func) is not None and len(qualified_path(node.func)) > 1:
+            calls.append(node)
+        for value in vars(node).values():
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, ast.Node):
+                    stack.append(item)
+    return calls
 
 
 def resolve_program(program: ast.Program, sink: DiagnosticSink) -> ResolvedProgram:
