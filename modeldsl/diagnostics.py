@@ -63,6 +63,7 @@ CODES: dict[str, str] = {
     "E038": "Model does not fit in memory",
     "E039": "Lock file mismatch",
     "E040": "Unexpected checkpoint tensor",
+    "E041": "IR does not verify",
     "W001": "User definition shadows primitive",
     "W002": "Local definition shadows import",
     "W003": "Suboptimal auto-derived backward",
