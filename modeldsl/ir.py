@@ -3,21 +3,43 @@
 One place that knows which dialects make up the project's IR, how to parse it
 while remembering where every op came from, and how to report verifier
 failures as ``file:line:col`` diagnostics with a caret (never a traceback).
+
+It also hardens xDSL's parsing for any input: the string-literal pattern of
+xDSL's lexer (which backtracks exponentially on an unterminated string) is
+replaced by an equivalent linear one, integer types wider than 64 bits are a
+located E001, and the verifier checks that every operand is defined before
+its use (E017). IR lowered from a ``.module`` carries ``loc("file":line:col)``
+locations (:func:`located`) that diagnostics point back at.
 """
 
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import Builtin, ModuleOp
+from xdsl.dialects.builtin import Builtin, FileLineColLoc, IntAttr, ModuleOp, StringAttr
 from xdsl.dialects.func import Func
-from xdsl.ir import Operation
+from xdsl.ir import Block, BlockArgument, Operation, OpResult, SSAValue
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
 from xdsl.utils.lexer import Span
+from xdsl.utils.mlir_lexer import MLIRLexer
+
+from modeldsl.diagnostics import Diagnostic, Source
+from modeldsl.diagnostics import Span as SourceSpan
+
+MAX_INTEGER_WIDTH = 64
+
+# xDSL 0.74 lexes strings with '"(?:[^"\\...]+|\\...)*"': a run of plain characters
+# splits in exponentially many ways when the closing quote is missing. One
+# character per repetition (possessive) matches the same strings in linear time.
+MLIRLexer._unescaped_characters_regex = re.compile(  # noqa: SLF001
+    r'"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*+"'
+)
 
 
 def load_dialects(ctx: Context) -> Context:
@@ -48,6 +70,14 @@ class LocatingParser(Parser):
         self.op_spans[op] = _through_op_name(start, op.name)
         return op
 
+    def _parse_optional_integer_or_float_type(self):
+        token = self._current_token
+        match = self._builtin_integer_type_regex.match(token.text)
+        if match is not None and int(match.group(1)) > MAX_INTEGER_WIDTH:
+            self.raise_error(f"integer type '{token.text}' is wider than {MAX_INTEGER_WIDTH} bits, "
+                             "the widest integer modeldsl's IR holds", token.span.start, token.span.end)
+        return super()._parse_optional_integer_or_float_type()
+
 
 def _through_op_name(start: Span, op_name: str) -> Span:
     """Widen the span of an op's first token to end after its name on that line."""
@@ -61,30 +91,102 @@ def _through_op_name(start: Span, op_name: str) -> Span:
 
 @dataclass
 class IRDiagnostic:
-    """A verifier failure located at the op that caused it."""
+    """A verifier failure located at the op that caused it: at its span in the IR
+    text it was parsed from, else at its ``loc("file":line:col)`` location."""
 
     op_name: str
     message: str
     span: Span | None
+    code: str = "E041"
+    location: object = None
+
+    @property
+    def text(self) -> str:
+        return f"'{self.op_name}' op {self.message}"
+
+    def diagnostic(self) -> Diagnostic:
+        """As a coded diagnostic (E041 unless the failure has its own code)."""
+        if self.span is not None:
+            where = source_span(self.span)
+        else:
+            where = span_of_location(self.location, self.op_name)
+        return Diagnostic(self.code, self.text, where)
 
     def render(self) -> str:
-        text = f"'{self.op_name}' op {self.message}"
-        if self.span is None:
-            return f"<unknown>: error: {text}\n"
-        return render_located(self.span, text)
+        return self.diagnostic().render()
 
 
-def render_located(span: Span, message: str) -> str:
-    """``file:line:col: error: message``, then the source line and a caret under the span."""
-    context = span.print_with_context().split("\n", 1)[1]
-    return f"{span.get_location()}: error: {message}\n{context}"
+def source_span(span: Span) -> SourceSpan:
+    """An xDSL lexer span as a diagnostics span (its lines counted across split chunks)."""
+    location = span.get_location()
+    start = span.input.get_start_of_line(span.start)
+    text = span.input.content
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    padded = "\n" * span.line_offset + text  # lines before a --split-input-file chunk
+    end_line_start = span.input.get_start_of_line(max(span.start, span.end - 1))
+    end_line = location.line + span.input.content.count(span.input.newline, start, end_line_start)
+    end_column = span.end - end_line_start + 1 if span.end > span.start else location.col + 1
+    return SourceSpan(Source(span.input.name, padded), location.line, location.col, end_line, end_column)
+
+
+def render_located(span: Span, message: str, code: str = "E001") -> str:
+    """``file:line:col: error[EXXX]: message``, then the source line and a caret under the span."""
+    return Diagnostic(code, message, source_span(span)).render()
 
 
 class LocatedParseError(ParseError):
     """A parse error printed the way compilers print them (see :func:`render_located`)."""
 
+    def diagnostic(self) -> Diagnostic:
+        return Diagnostic("E001", self.msg, source_span(self.span))
+
     def __str__(self) -> str:
         return render_located(self.span, self.msg)
+
+
+# ----------------------------------------------------------------------------- source locations
+
+
+def located(op: Operation, span: SourceSpan | None) -> Operation:
+    """Give ``op`` the DSL location ``loc("file":line:col)`` of ``span`` unless it has one."""
+    if span is not None and not isinstance(op.location, FileLineColLoc):
+        op.location = FileLineColLoc(StringAttr(span.source.name), IntAttr(span.line), IntAttr(span.column))
+    return op
+
+
+def locate_new_ops(block: Block | None, before: Operation | None, span: SourceSpan | None) -> None:
+    """Give the ops added to ``block`` after ``before`` (all, when None) the location of
+    ``span``, and every op nested in them that has none yet."""
+    if block is None or span is None:
+        return
+    op = block.first_op if before is None else before.next_op
+    while op is not None:
+        for inner in op.walk():
+            located(inner, span)
+        op = op.next_op
+
+
+def span_of_location(location: object, word: str = "") -> SourceSpan | None:
+    """The source span of a ``loc("file":line:col)`` location (the identifier there
+    underlined), or None for an unknown location or a file that cannot be read."""
+    if not isinstance(location, FileLineColLoc):
+        return None
+    name, line, column = location.filename.data, location.line.data, location.column.data
+    source = Source(name, _file_text(name))
+    text = source.line(line)
+    match = re.compile(r"[A-Za-z_][\w.]*|\S").match(text, column - 1) if text else None
+    end = match.end() + 1 if match is not None else column + 1
+    return SourceSpan(source, line, column, line, end)
+
+
+@lru_cache(maxsize=64)
+def _file_text(name: str) -> str:
+    try:
+        with open(name, "rb") as f:
+            return f.read(1 << 24).decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def _error_message(err: Exception) -> str:
@@ -95,15 +197,63 @@ def _error_message(err: Exception) -> str:
 
 
 def verify_module(module: Operation, spans: dict[Operation, Span] | None = None) -> list[IRDiagnostic]:
-    """Verify every op on its own, collecting one diagnostic per failing op."""
+    """Verify every op on its own, collecting one diagnostic per failing op; an
+    operand used before its definition is one too (and the op is not verified further)."""
     spans = spans or {}
     diagnostics: list[IRDiagnostic] = []
+    order = _OpOrder()
     for op in module.walk():
+        problem = _undominated_operand(op, order)
+        if problem is not None:
+            diagnostics.append(IRDiagnostic(op.name, problem, spans.get(op), code="E017", location=op.location))
+            continue
         try:
             op.verify(verify_nested_ops=False)
         except (VerifyException, DiagnosticException) as err:
-            diagnostics.append(IRDiagnostic(op.name, _error_message(err), spans.get(op)))
+            diagnostics.append(IRDiagnostic(op.name, _error_message(err), spans.get(op), location=op.location))
+        except Exception as err:  # noqa: BLE001 - a verifier that trips on odd IR is still a verifier failure
+            diagnostics.append(IRDiagnostic(op.name, f"does not verify ({type(err).__name__}: {err})",
+                                            spans.get(op), location=op.location))
     return diagnostics
+
+
+class _OpOrder:
+    """The index of each op in its block, computed once per block."""
+
+    def __init__(self) -> None:
+        self.index: dict[Operation, int] = {}
+        self.blocks: set[Block] = set()
+
+    def of(self, op: Operation) -> int:
+        block = op.parent_block()
+        if block is not None and block not in self.blocks:
+            self.blocks.add(block)
+            self.index.update((o, k) for k, o in enumerate(block.ops))
+        return self.index.get(op, -1)
+
+
+def _undominated_operand(op: Operation, order: _OpOrder) -> str | None:
+    """Why an operand of ``op`` is not visible there (used before its definition, or
+    defined in a region that does not enclose it); None when all are."""
+    for number, operand in enumerate(op.operands):
+        where = _definition_block(operand)
+        user = op
+        while user is not None and user.parent_block() is not where:
+            user = user.parent_op()
+        name = f"%{operand.name_hint}" if operand.name_hint else f"operand #{number}"
+        if user is None:
+            return f"{name} is used outside the region that defines it"
+        if isinstance(operand, OpResult) and order.of(user) <= order.of(operand.op):
+            return f"{name} is used before its definition"
+    return None
+
+
+def _definition_block(value: SSAValue) -> Block | None:
+    if isinstance(value, BlockArgument):
+        return value.block
+    if isinstance(value, OpResult):
+        return value.op.parent_block()
+    return None
 
 
 def parse_module(ctx: Context, text: str, name: str = "<input>") -> tuple[ModuleOp, dict[Operation, Span]]:

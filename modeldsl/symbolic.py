@@ -371,14 +371,20 @@ class _ExprParser:
     ``product := unary (('*'|'//'|'%'|'ceildiv') unary)*``,
     ``unary := '-' unary | atom``, ``atom := int | name | '(' sum ')'``."""
 
+    MAX_DEPTH = 100  # nested parentheses and unary minus: deeper is refused, not a RecursionError
+
     def __init__(self, text: str):
         self.text = text
         self.tokens = tokenize(text)
         self.pos = 0
+        self.depth = 0
 
     def parse(self) -> Expr:
         if not self.tokens:
             raise SymbolicError("empty dimension expression")
+        divisions = sum(1 for kind, value in self.tokens if kind == "op" and value in ("//", "%", "ceildiv"))
+        if divisions > self.MAX_DEPTH:  # each one nests the expression a level deeper
+            raise SymbolicError(f"dimension expression has {divisions} divisions, more than {self.MAX_DEPTH}")
         result = self.sum()
         if self.pos != len(self.tokens):
             raise SymbolicError(f"unexpected '{self.tokens[self.pos][1]}' in '{self.text}'")
@@ -416,9 +422,15 @@ class _ExprParser:
         return result
 
     def unary(self) -> Expr:
-        if self.take_op("-") is not None:
-            return -self.unary()
-        return self.atom()
+        self.depth += 1
+        if self.depth > self.MAX_DEPTH:
+            raise SymbolicError(f"dimension expression nests deeper than {self.MAX_DEPTH} levels")
+        try:
+            if self.take_op("-") is not None:
+                return -self.unary()
+            return self.atom()
+        finally:
+            self.depth -= 1
 
     def atom(self) -> Expr:
         tok = self.peek()
