@@ -66,8 +66,10 @@ from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.diagnostics import DiagnosticError, DiagnosticSink, Span
 from modeldsl.dialects.annotations import (
+    ANNOTATION_BY_NAME,
     AnnotationAttr,
     AnnotationError,
+    RecipeAttr,
     check_annotation_set,
     effective_memory_policy,
     make_annotation,
@@ -87,6 +89,7 @@ from modeldsl.resolve.imports import ResolvedProgram, qualified_path, resolve_pr
 from modeldsl.resolve.inherit import merged
 from modeldsl.resolve.order import defined_names, expression_names, topological_order
 from modeldsl.resolve.scope import Scope
+from modeldsl.resolve.user_annotations import recipe_fields, user_annotation
 from modeldsl.symbolic import STAR, Expr, SymbolicError
 
 DEFAULT_DTYPE = "bf16"
@@ -119,6 +122,7 @@ class Lowering(BackwardLowering):
         self.helpers: list[FuncOp] = []  # forward/backward functions of called modules, added last
         self.module_funcs: dict[tuple, ModuleFuncs | None] = {}  # by module, config and types
         self.in_module_func = 0  # > 0 while lowering a called module's forward
+        self.config_values: ConstEnv | None = None  # the top's configuration, for its own annotations
         self.optional_inputs: dict[int, set[str]] = {}  # by forward: section, its optional inputs
         self.failed_inputs: dict[int, list] = {}  # by forward: section, inputs whose type was refused
         self.tuple_outputs: dict[int, dict[str, int]] = {}  # by forward: section, `out: ([..], [..])` sizes
@@ -136,6 +140,8 @@ class Lowering(BackwardLowering):
         instance = Instance(top, env, "", namespace)
         self.evaluate_let(instance)
         self.declare_params(instance, stack=None)
+        self.config_values = env
+        self.lower_recipes(top, namespace)
         self.lower_hf_sections(top)
         try:
             forward = self.lower_forward(instance)
@@ -341,8 +347,10 @@ class Lowering(BackwardLowering):
             if bound:
                 instance.params[entry.name] = ParamSlot(path, ptype, bound.pop(0))
                 return
-            annotations = self.annotations(value.annotations, instance.env)
-            self.emit_param(path, ptype, stack, annotations)
+            annotations, user = split_user(self.annotations(value.annotations, instance.env, instance.namespace))
+            param = self.emit_param(path, ptype, stack, annotations)
+            if user:
+                param.attributes["user_annotations"] = ArrayAttr(user)
             frozen = any(getattr(a, "DSL_NAME", None) == "frozen" for a in annotations)
             instance.params[entry.name] = ParamSlot(path, ptype, frozen=frozen)
             return
@@ -372,9 +380,11 @@ class Lowering(BackwardLowering):
         finally:
             self.active.pop()
 
-    def emit_param(self, path: str, ptype: TensorType, stack: StackedInstance | None, annotations: list) -> None:
+    def emit_param(self, path: str, ptype: TensorType, stack: StackedInstance | None, annotations: list) -> ParamOp:
         declared = ptype if stack is None else TensorType([stack.count, *ptype.shape], ptype.dtype)
-        self.model.body.block.add_op(ParamOp(path, declared, annotations))
+        op = ParamOp(path, declared, annotations)
+        self.model.body.block.add_op(op)
+        return op
 
     def instantiate(self, expr: ast.Expr, env: ConstEnv, prefix: str, namespace: dict[str, ast.Decl],
                     bound_types: Sequence[TensorType] = ()) -> Instance:
@@ -477,10 +487,14 @@ class Lowering(BackwardLowering):
             raise LoweringFailed()
         return Expr.of(value)
 
-    def annotations(self, nodes: Sequence[ast.Annotation], env: ConstEnv | None = None) -> list[Attribute]:
-        result = []
+    def annotations(self, nodes: Sequence[ast.Annotation], env: ConstEnv | None = None,
+                    namespace: dict[str, ast.Decl] | None = None) -> list[Attribute]:
+        """The built-in annotations of ``nodes`` as attributes, then the uses of annotations
+        the program declares (``annotation @name:``) as dictionaries (see :func:`split_user`)."""
+        result, user = [], []
         for node in nodes:
             args, kwargs = [], {}
+            declared = (namespace or self.decls).get(f"@{node.name}")
             try:
                 for arg in node.args:
                     value = self.annotation_value(arg.value, env)
@@ -488,7 +502,13 @@ class Lowering(BackwardLowering):
                         args.append(value)
                     else:
                         kwargs[arg.name] = value
-                result.append(make_annotation(node.name, args, kwargs))
+                if declared is not None and node.name not in ANNOTATION_BY_NAME:
+                    user.append(user_annotation(declared, args, kwargs))
+                    continue
+                attr = make_annotation(node.name, args, kwargs)
+                if isinstance(attr, RecipeAttr):
+                    self.check_recipe(attr, node, namespace or self.decls)
+                result.append(attr)
             except AnnotationError as err:
                 self.sink.error("E008", err.message, node.span, err.hint)
         if result:
@@ -498,8 +518,40 @@ class Lowering(BackwardLowering):
                 span = Span(nodes[0].span.source, nodes[0].span.line, nodes[0].span.column,
                             nodes[-1].span.end_line, nodes[-1].span.end_column)
                 self.sink.error("E008", err.message, span, err.hint)
-                return []
-        return result
+                return user
+        return result + user
+
+    def check_recipe(self, attr: RecipeAttr, node: ast.Annotation, namespace: dict[str, ast.Decl]) -> None:
+        """``@recipe(Name)`` names a ``recipe`` declaration (E008 otherwise)."""
+        name = attr.values["name"]
+        recipes = sorted(n for n, d in namespace.items() if d.kind == "recipe")
+        if name in recipes:
+            return
+        close = difflib.get_close_matches(name, recipes, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else (
+            f"declared recipes: {', '.join(recipes)}" if recipes else "declare it: recipe NAME: with key: value entries")
+        raise AnnotationError(f"unknown recipe '{name}'", hint)
+
+    def lower_recipes(self, top: ast.Decl, namespace: dict[str, ast.Decl]) -> None:
+        """Every visible ``recipe`` declaration as ``recipes = {Name = {key = value}}`` on the
+        model, and the model's own annotations (``@recipe(Name)``) as its ``annotations``."""
+        recipes: dict[str, Attribute] = {}
+        for name, decl in sorted(namespace.items()):
+            if decl.kind != "recipe" or name.startswith("@"):
+                continue
+            fields, bad = recipe_fields(decl)
+            for stmt in bad:
+                self.sink.error("E001", "a recipe holds `key: value` entries", stmt.span,
+                                "e.g. forward_activation_dtype: fp8_e4m3")
+            recipes[name] = DictionaryAttr(fields)
+        if recipes:
+            self.model.attributes["recipes"] = DictionaryAttr(recipes)
+        nodes = [a for stmt in top.body if isinstance(stmt, ast.AnnotationStmt) for a in stmt.annotations]
+        builtin, user = split_user(self.annotations(nodes, self.config_values, namespace))
+        if builtin:
+            self.model.attributes["annotations"] = ArrayAttr(builtin)
+        if user:
+            self.model.attributes["user_annotations"] = ArrayAttr(user)
 
     def annotation_value(self, node: ast.Expr, env: ConstEnv | None) -> Any:
         """An annotation argument: a word (``column``, ``recompute``), a literal, or a ConstExpr
@@ -714,9 +766,11 @@ class Lowering(BackwardLowering):
                 values = values[:_primary_outputs(last_ops, values)]
             values, last_ops = self.apply(instance, stage, values, scope)
         self.bind(flow.chain[-1], values, scope, last_ops, flow)
-        annotations = self.annotations(flow.annotations, instance.env)
+        annotations, user = split_user(self.annotations(flow.annotations, instance.env, instance.namespace))
         if annotations and last_ops:
             last_ops[-1].attributes["annotations"] = ArrayAttr(annotations)
+        if user and last_ops:
+            last_ops[-1].attributes["user_annotations"] = ArrayAttr(user)
         if last_ops and self.backward is None:
             self.record_memory_policy(instance, flow.chain[-1], last_ops[-1], annotations)
 
@@ -1246,6 +1300,12 @@ class Lowering(BackwardLowering):
 
 SCALAR = TensorType([], DEFAULT_DTYPE)  # ``out: scalar``: compared by identity, any dtype
 SCALAR_TYPES = ("int", "float", "bool", "string", "scalar")
+
+
+def split_user(annotations: list[Attribute]) -> tuple[list[Attribute], list[Attribute]]:
+    """Built-in annotations (typed attributes) apart from uses of declared ones (dictionaries)."""
+    return ([a for a in annotations if not isinstance(a, DictionaryAttr)],
+            [a for a in annotations if isinstance(a, DictionaryAttr)])
 
 
 def _qualified(func: ast.Expr, namespace: dict[str, ast.Decl]) -> ast.Expr:

@@ -107,9 +107,12 @@ class Resolver:
         for item in program.imports:
             for name, imported in self.import_names(item, base):
                 self.bind(visible, name, imported, item)
-        decls = {name: imported.decl for name, imported in visible.items()}
+        decls = {namespace_key(imported.decl, name): imported.decl for name, imported in visible.items()}
         decls.update(self.qualified_names(program, base))
         for decl in program.declarations:
+            if decl.kind == "annotation":
+                decls[namespace_key(decl)] = decl
+                continue
             if decl.name in visible:
                 self.sink.warning("W002", f"{decl.kind} {decl.name} shadows the imported {decl.name} "
                                   f"from {visible[decl.name].origin}", decl.span.word(decl.name), "rename one of them")
@@ -331,6 +334,13 @@ def _newest(folder: Path, name: str) -> Path | None:
     if plain.is_file():
         return plain
     return versions[-1][1] if versions else None
+
+
+def namespace_key(decl: ast.Decl, name: str | None = None) -> str:
+    """The name a declaration is visible by: ``@name`` for an ``annotation @name:``
+    declaration (annotations and modules do not shadow each other)."""
+    name = name or decl.name
+    return f"@{name}" if decl.kind == "annotation" else name
 
 
 def qualified_path(node: ast.Expr) -> list[str] | None:

@@ -300,7 +300,7 @@ class Param(Node):
 
 @dataclass
 class Decl(Node):
-    kind: str  # module | block | model | primitive | recipe
+    kind: str  # module | block | model | primitive | recipe | annotation
     name: str
     params: list[Param] | None
     body: list[Stmt]
@@ -406,6 +406,11 @@ class _Builder(Transformer):
     def declaration(self, meta, items):
         abstract, kind, name, params, extends, body = items
         return Decl(self.span(meta), str(kind), str(name), params, body, extends, abstract is not None)
+
+    @v_args(meta=True)
+    def annotation_decl(self, meta, items):
+        _, name, body = items
+        return Decl(self.span(meta), "annotation", str(name), None, body)
 
     def decl_kind(self, items):
         return items[0]

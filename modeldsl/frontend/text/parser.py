@@ -16,6 +16,7 @@ tree) and integer literals outside i64.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -115,9 +116,40 @@ def _parser() -> Lark:
     )
 
 
+PROSE_SECTIONS = re.compile(r"^([ \t]*)(compiler_behavior|runtime_behavior):[ \t]*$")
+
+
+def quote_prose(text: str) -> str:
+    """The indented body of a ``compiler_behavior:``/``runtime_behavior:`` section of an
+    annotation declaration is prose (spec 7): quote it as a long string, on the same
+    lines so that positions stay right."""
+    lines = text.split("\n")
+    index = 0
+    while index < len(lines):
+        match = PROSE_SECTIONS.match(lines[index])
+        if match is None:
+            index += 1
+            continue
+        indent, last = len(match.group(1).expandtabs(8)), index
+        for following in range(index + 1, len(lines)):
+            stripped = lines[following].strip()
+            if stripped and len(lines[following]) - len(lines[following].lstrip()) <= indent:
+                break
+            if stripped:
+                last = following
+        body = lines[index + 1: last + 1]
+        if last > index and not any('"""' in line for line in body):
+            lines[index] += ' """'
+            lines[last] += '"""'
+        index = last + 1
+    return "\n".join(lines)
+
+
 def parse_tree(text: str, name: str = "<input>") -> Tree:
     """The Lark parse tree of a source; syntax errors raise DiagnosticError(E001)."""
     source = Source(name, text)
+    if "_behavior:" in text:
+        text = quote_prose(text)
     if not text.endswith("\n"):
         text += "\n"
     try:
