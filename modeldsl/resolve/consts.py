@@ -22,6 +22,7 @@ from typing import Any
 
 from modeldsl.diagnostics import DiagnosticSink, Span
 from modeldsl.frontend.text import ast
+from modeldsl.primitives import lookup_primitive
 from modeldsl.symbolic import Expr, SymbolicError
 
 Value = Any  # int | float | bool | str | None | Expr (symbolic integer)
@@ -148,6 +149,13 @@ def evaluate(node: ast.Expr, env: ConstEnv, context: str = "expression") -> Valu
             return INTRINSICS[node.func.id](*args)
         except TypeError as err:
             raise ConstError("E026", f"bad arguments to {node.func.id}(): {err}", node.span) from None
+    runtime = _runtime_call(node)
+    if runtime is not None:
+        raise ConstError(
+            "E016" if context == "if" else "E026",
+            f"{_describe(context)} {runtime}, which is only known at run time", node.span,
+            "branch on parameters and let-bound names; a tensor's values cannot choose the graph",
+        )
     if isinstance(node, (ast.Attribute, ast.Index, ast.Call)) and _mentions_tensor(node, env):
         raise ConstError(
             "E016" if context == "if" else "E026",
@@ -178,12 +186,30 @@ def _lookup(node: ast.Name, env: ConstEnv, context: str) -> Value:
                      "define it as a parameter of the module or in its let: section")
 
 
+def _runtime_call(node: ast.Expr) -> str | None:
+    """What makes an expression a RuntimeExpr by its form: a primitive applied to a value
+    (``reduce_sum(x)``) or a tensor's shape (``x.shape[0]``, spec 3.7.3); None otherwise."""
+    base = node.base if isinstance(node, ast.Index) else node
+    if isinstance(base, ast.Attribute) and base.attr == "shape":
+        return f"reads the shape of '{base.base.span.text}'"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and lookup_primitive(node.func.id) is not None:
+        return f"calls the primitive {node.func.id}()"
+    return None
+
+
 def _mentions_tensor(node: ast.Expr, env: ConstEnv) -> bool:
-    while isinstance(node, (ast.Attribute, ast.Index, ast.Call)):
-        node = node.base if isinstance(node, (ast.Attribute, ast.Index)) else node.func
-        if isinstance(node, ast.Call):
-            return any(_mentions_tensor(a.value, env) for a in node.args) or _mentions_tensor(node.func, env)
-    return isinstance(node, ast.Name) and env.is_tensor(node.id)
+    """Whether a tensor name occurs in a call, attribute or index chain (walked without recursion)."""
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Name):
+            if env.is_tensor(node.id):
+                return True
+        elif isinstance(node, ast.Call):
+            stack += [node.func, *(a.value for a in node.args)]
+        elif isinstance(node, (ast.Attribute, ast.Index)):
+            stack.append(node.base)
+    return False
 
 
 def _truth(value: Value, node: ast.Node) -> bool:
