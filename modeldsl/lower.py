@@ -69,6 +69,9 @@ from modeldsl.dialects.annotations import (
     ANNOTATION_BY_NAME,
     AnnotationAttr,
     AnnotationError,
+    CheckpointAttr,
+    FuseAttr,
+    FuseRequiredAttr,
     RecipeAttr,
     check_annotation_set,
     effective_memory_policy,
@@ -88,6 +91,13 @@ from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate,
 from modeldsl.resolve.imports import ResolvedProgram, qualified_path, resolve_program
 from modeldsl.resolve.inherit import merged
 from modeldsl.resolve.order import defined_names, expression_names, topological_order
+from modeldsl.resolve.annotation_checks import (
+    declared_partition,
+    fusion_problem,
+    partition_of,
+    reads_saved_tensors,
+    stage_names,
+)
 from modeldsl.resolve.scope import Scope
 from modeldsl.resolve.user_annotations import recipe_fields, user_annotation
 from modeldsl.symbolic import STAR, Expr, SymbolicError
@@ -147,6 +157,7 @@ class Lowering(BackwardLowering):
             forward = self.lower_forward(instance)
         except LoweringFailed:
             return ModuleOp([self.model])
+        self.check_derived_backward(instance, forward)
         self.lower_backward(instance, forward)
         self.model.body.block.add_ops(self.helpers)
         if self.baked:
@@ -759,6 +770,7 @@ class Lowering(BackwardLowering):
     def run_flow(self, instance: Instance, flow: ast.Flow, scope: Scope) -> None:
         if not self.check_recompute_inputs(flow, scope):
             raise LoweringFailed()
+        before = self.block.last_op
         values = self.source(instance, flow.chain[0], scope)
         last_ops: list[Operation] = []
         for index, stage in enumerate(flow.chain[1:-1]):
@@ -771,8 +783,69 @@ class Lowering(BackwardLowering):
             last_ops[-1].attributes["annotations"] = ArrayAttr(annotations)
         if user and last_ops:
             last_ops[-1].attributes["user_annotations"] = ArrayAttr(user)
+        self.check_flow_annotations(instance, flow, annotations, self.performed_since(before))
         if last_ops and self.backward is None:
             self.record_memory_policy(instance, flow.chain[-1], last_ops[-1], annotations)
+
+    def check_derived_backward(self, instance: Instance, forward: ForwardResult) -> None:
+        """W003 (spec 5.12.6): a module whose backward is derived and whose save: list leaves
+        out a tensor of its graph that a derived gradient reads (it is then recomputed)."""
+        decl = instance.decl
+        saved = _tensor_list(decl, "save")
+        if decl.sections("backward") or not saved:
+            return  # a written backward, or no save: list to judge (autodiff chooses)
+        kept = saved + _tensor_list(decl, "recompute")
+        warned: set[str] = set()
+        for op in self.block.ops:
+            name = op.name.removeprefix("mdsl.graph.")
+            if lookup_primitive(name) is None or not reads_saved_tensors(name):
+                continue
+            for operand in op.operands:
+                tensor = operand.name_hint
+                binding = forward.scope.find(tensor) if tensor else None
+                if binding is None or binding.value is not operand or tensor in warned or _matches(tensor, kept):
+                    continue
+                warned.add(tensor)
+                self.sink.warning("W003", f"the derived backward reads '{tensor}' (for the gradient of {name}), "
+                                  "which save: does not list, so it recomputes it", binding.span,
+                                  f"add it: save: [{', '.join([*saved, tensor])}], or list it in recompute:")
+
+    def performed_since(self, before: Operation | None) -> list[str]:
+        """The primitives a flow added after ``before``, with those of the helpers it calls."""
+        op = before.next_op if before is not None else self.block.first_op
+        names: list[str] = []
+        while op is not None:
+            if isinstance(op, CallOp):
+                callee = next((f for f in self.helpers if f.sym_name.data == op.callee.string_value()), None)
+                names += [o.name.removeprefix("mdsl.graph.") for o in callee.walk()] if callee is not None else []
+            else:
+                names.append(op.name.removeprefix("mdsl.graph."))
+            op = op.next_op
+        return [n for n in names if lookup_primitive(n) is not None]
+
+    def check_flow_annotations(self, instance: Instance, flow: ast.Flow, annotations: list[Attribute],
+                               performed: list[str]) -> None:
+        """E013 for a fusion the flow cannot perform, E025 for a checkpoint across stages."""
+        for attr in annotations:
+            if isinstance(attr, (FuseAttr, FuseRequiredAttr)):
+                problem = fusion_problem(attr.values["pattern"], attr.values["ops"], performed)
+                if problem is not None:
+                    node = next(a for a in flow.annotations if a.name == attr.dsl_name)
+                    self.sink.error("E013", problem[0], node.span, problem[1])
+        if not any(isinstance(a, CheckpointAttr) for a in annotations):
+            return
+        stages = {}
+        own = partition_of(flow.annotations)
+        if own is not None:
+            stages[own] = "the flow's @partition"
+        for name, stage in stage_names(flow.chain):
+            declared = declared_partition(instance.decl, name)
+            if declared is not None:
+                stages.setdefault(declared, f"'{name}'")
+        if len(stages) > 1:
+            where = ", ".join(f"{who} in stage {stage}" for stage, who in sorted(stages.items()))
+            self.sink.error("E025", f"the @checkpoint region spans pipeline stages ({where})", flow.span,
+                            "checkpoint each stage on its own: split the flow at the stage boundary")
 
     def record_memory_policy(self, instance: Instance, destination: ast.Expr, op: Operation,
                              annotations: list[Attribute]) -> None:
