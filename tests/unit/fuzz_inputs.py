@@ -49,7 +49,7 @@ LLAMA = STD / "models" / "llama.module"
 
 DIR = object()  # a file replaced by a folder
 FIFO = object()  # a file replaced by a named pipe nobody writes to
-KINDS = ("dsl", "mlir", "checkpoint", "run-dsl")
+KINDS = ("dsl", "mlir", "checkpoint", "run-dsl")  # and "values": NaN/Inf weights, odd numeric config values
 
 # ---------------------------------------------------------------------------------------------------------------
 # seeds
@@ -254,9 +254,10 @@ def flip_bytes(rng: random.Random, data: bytes, count: int = 3) -> bytes:
     return bytes(buf)
 
 
-def mutated_text(rng: random.Random, seed_text: str, words: list[str], others: list[str]) -> tuple[bytes, str]:
-    """A mutant of a text seed (1-4 operators, sometimes byte flips after) and the names of its operators."""
-    text, applied = TextMutator(rng, words, others).mutate(seed_text, rng.randint(1, 4))
+def mutated_text(rng: random.Random, seed_text: str, words: list[str], others: list[str],
+                 most: int = 4) -> tuple[bytes, str]:
+    """A mutant of a text seed (1 to ``most`` operators, sometimes byte flips after) and its operators' names."""
+    text, applied = TextMutator(rng, words, others).mutate(seed_text, rng.randint(1, most))
     data = text.encode("utf-8", "surrogatepass")
     if rng.random() < 0.1:
         data, applied = flip_bytes(rng, data), applied + ["flip_bytes"]
@@ -548,10 +549,28 @@ class CaseMaker:
             files[key], how = mutated_json(rng, original.decode(), fields)
         return how
 
+    def case_values(self, rng: random.Random, index: int) -> Case:
+        """The tiny checkpoint with NaN/Inf weights or odd numeric config values (the runs that could leak
+        numpy's RuntimeWarnings)."""
+        files: dict[str, object] = {f"ckpt/{n}": data for n, data in self.checkpoint.items()}
+        if rng.random() < 0.5:
+            header, body = split_safetensors(self.checkpoint["model.safetensors"])
+            files["ckpt/model.safetensors"] = join_safetensors(*nonfinite_weights(rng, header, body)[:2])
+            how = "model.safetensors: nonfinite"
+        else:
+            config = json.loads(self.checkpoint["config.json"])
+            name = rng.choice(["rms_norm_eps", "rms_norm_eps", "rope_theta", "rope_parameters"])
+            config[name] = rng.choice([0.0, -1.0, 1e30, 1e-300, float("nan"), float("inf"), -float("inf")])
+            if name == "rope_parameters":
+                config[name] = {"rope_type": "default", "rope_theta": config[name]}
+            files["ckpt/config.json"] = dump_json(config).encode()
+            how = f"config.json: {name}={config[name]}"
+        return Case("values", index, how, files, [str(LLAMA), "--hf", "{dir}/ckpt", "--prompt", "hi",
+                                                  "--max-new-tokens", "2"])
+
     def case_run_dsl(self, rng: random.Random, index: int) -> Case:
-        models = [s for s in self.dsl if s.path.parent.name == "models" or s.path.name == "dense.module"]
-        seed = rng.choice(models)
-        data, how = mutated_text(rng, seed.text, DSL_WORDS, self.texts)
+        seed = next(s for s in self.dsl if s.path == LLAMA)  # the model of the tiny checkpoint
+        data, how = mutated_text(rng, seed.text, DSL_WORDS, self.texts, most=2)
         files: dict[str, object] = {f"ckpt/{n}": d for n, d in self.checkpoint.items()}
         files[seed.path.name] = data
         return Case("run-dsl", index, f"{seed.name}: {how}", files, self.run_argv(rng, "{dir}/" + seed.path.name))
@@ -730,7 +749,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=200)
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--only", type=int, action="append", help="run just these case indices")
-    p.add_argument("--kind", action="append", choices=KINDS)
+    p.add_argument("--kind", action="append", choices=[*KINDS, "values"])
     p.add_argument("--timeout", type=float, default=5.0)
     p.add_argument("--save", type=Path, default=Path("/tmp/fuzz"), help="where the mutated inputs are written")
     args = p.parse_args(argv)
