@@ -40,6 +40,7 @@ import json
 import re
 import shutil
 from collections.abc import Callable
+from fnmatch import fnmatchcase
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,8 +163,9 @@ class Checkpoint:
         self.used.add(name)
         return self.where[name].array(name)
 
-    def unused(self) -> list[str]:
-        return [n for n in self.where if n not in self.used]
+    def unused(self, ignored: list[str] = ()) -> list[str]:
+        """Tensors no rule read, except those matching the model's ``ignore_tensors`` patterns."""
+        return [n for n in self.where if n not in self.used and not any(fnmatchcase(n, p) for p in ignored)]
 
 
 def config_integers(model: ModelOp) -> dict[str, int]:
@@ -174,9 +176,11 @@ def config_integers(model: ModelOp) -> dict[str, int]:
 
 def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
                     warn: Callable[[CheckpointError], None] | None = None,
-                    progress: bool = False) -> tuple[dict[str, np.ndarray], ImportRecord]:
-    """Every parameter of a (specialized) model filled from the checkpoint
-    (with a tqdm bar over the rules when ``progress``)."""
+                    progress: bool = False, allow_unused: bool = False) -> tuple[dict[str, np.ndarray], ImportRecord]:
+    """Every parameter of a (specialized) model filled from the checkpoint (with a tqdm bar
+    over the rules when ``progress``). A tensor no rule reads is E040 (W006 with
+    ``allow_unused``); a tensor holding NaN or Inf is W011. Warnings go to ``warn``, else
+    to Python's ``warnings``."""
     directory = Path(directory)
     checkpoint = Checkpoint(directory)
     params = {p.sym_name.data: p for p in model.walk() if isinstance(p, ParamOp)}
@@ -196,11 +200,11 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
                 skipped[rule.target] = (rule, absent)
                 continue
         if rule.var is None:
-            weights[rule.target] = _read(rule, None, checkpoint, record, shape, dtype, config)
+            weights[rule.target] = _read(rule, None, checkpoint, record, shape, dtype, config, warn)
             continue
         stacked = np.empty(shape, dtype)
         for layer in layers:
-            stacked[layer] = _read(rule, layer, checkpoint, record, shape[1:], dtype, config)
+            stacked[layer] = _read(rule, layer, checkpoint, record, shape[1:], dtype, config, warn)
         weights[rule.target] = stacked
     missing = [p for p in params if p not in weights]
     if missing and missing[0] in skipped:
@@ -213,11 +217,47 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
     if missing:
         raise CheckpointError("E031", f"no hf_mapping rule loads the parameter '{missing[0]}'",
                               "add a rule for it to hf_mapping", tensor=missing[0])
-    if warn is not None:
-        for name in checkpoint.unused():
-            warn(CheckpointError("W006", f"checkpoint tensor '{name}' is not used by any hf_mapping rule",
-                                 "it is ignored; map it if the model needs it", tensor=name))
+    _check_unused(checkpoint.unused(ignored_tensors(model)), model, allow_unused, warn)
     return weights, record
+
+
+def ignored_tensors(model: ModelOp) -> list[str]:
+    """The ``hf_config`` ``ignore_tensors`` patterns: checkpoint tensors the model declares it does
+    not need (e.g. ``*.rotary_emb.inv_freq``, a buffer older transformers saved)."""
+    section = model.hf_config.data if model.hf_config is not None else {}
+    value = _python(section["ignore_tensors"]) if "ignore_tensors" in section else []
+    return [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)]
+
+
+def _check_unused(unused: list[str], model: ModelOp, allow_unused: bool,
+                  warn: Callable[[CheckpointError], None] | None) -> None:
+    """E040 naming the tensors no rule reads (a checkpoint of another variant: biases, a router,
+    q/k norms the model would silently drop), or W006 for each with ``allow_unused``."""
+    if not unused:
+        return
+    if not allow_unused:
+        shown = ", ".join(f"'{n}'" for n in unused[:5]) + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
+        raise CheckpointError("E040", f"{len(unused)} checkpoint tensor{'s' if len(unused) > 1 else ''} "
+                              f"{'are' if len(unused) > 1 else 'is'} not used by any hf_mapping rule of "
+                              f"@{model.sym_name.data}: {shown}",
+                              "the checkpoint has weights the model would drop (another variant of the family?); "
+                              "map them, declare them in hf_config's ignore_tensors, or pass "
+                              "--allow-unused-tensors (allow_unused_tensors=True) to load anyway",
+                              tensor=unused[0])
+    for name in unused:
+        _warn(warn, CheckpointError("W006", f"checkpoint tensor '{name}' is not used by any hf_mapping rule",
+                                    "it is ignored (--allow-unused-tensors); map it if the model needs it",
+                                    tensor=name))
+
+
+def _warn(warn: Callable[[CheckpointError], None] | None, warning: CheckpointError) -> None:
+    if warn is not None:
+        warn(warning)
+    else:
+        from modeldsl.diagnostics import Diagnostic
+        from modeldsl.hf.compat import warn_python
+
+        warn_python(Diagnostic(warning.code, warning.message, None, warning.hint))
 
 
 def _names(rule: Rule, layer: int | None, config: dict[str, int]) -> list[str]:
@@ -230,7 +270,8 @@ def _names(rule: Rule, layer: int | None, config: dict[str, int]) -> list[str]:
 
 
 def _read(rule: Rule, layer: int | None, checkpoint: Checkpoint, record: ImportRecord,
-          shape: tuple[int, ...], dtype: np.dtype, config: dict[str, int]) -> np.ndarray:
+          shape: tuple[int, ...], dtype: np.dtype, config: dict[str, int],
+          warn: Callable[[CheckpointError], None] | None = None) -> np.ndarray:
     names = _names(rule, layer, config)
     parts = [checkpoint.get(n, rule) for n in names]
     for name, part in zip(names, parts):
@@ -245,7 +286,29 @@ def _read(rule: Rule, layer: int | None, checkpoint: Checkpoint, record: ImportR
         raise CheckpointError("E032", f"checkpoint tensor '{what}' gives shape {tuple(value.shape)} but "
                               f"{rule.written} needs {shape}", "the config.json and the weights disagree, or the "
                               "mapping's fuse/split/transform is wrong", tensor=names[0])
+    for name, part in zip(names, parts):
+        problem = non_finite(part)
+        if problem:
+            _warn(warn, CheckpointError("W011", f"checkpoint tensor '{name}' holds {problem} "
+                                        f"({rule.written})", "the logits will be NaN or infinite; the checkpoint "
+                                        "is corrupt or was saved after a diverged training step", tensor=name))
     return value.astype(dtype, copy=False)
+
+
+def non_finite(x: np.ndarray, chunk: int = 1 << 20) -> str:
+    """``"3 NaN and 1 Inf values"`` for a tensor that has any, else ``""`` (checked in chunks, so
+    no full-size temporary is made)."""
+    if not _is_float(x.dtype):
+        return ""
+    flat = x.reshape(-1)
+    nans = infs = 0
+    for start in range(0, flat.size, chunk):
+        block = flat[start:start + chunk]
+        if not np.isfinite(block).all():
+            nans += int(np.isnan(block).sum())
+            infs += int(np.isinf(block).sum())
+    counts = [f"{n} {kind}" for n, kind in ((nans, "NaN"), (infs, "Inf")) if n]
+    return " and ".join(counts) + (" values" if counts else "")
 
 
 def _combine(rule: Rule, parts: list[np.ndarray], names: list[str], config: dict[str, int]) -> np.ndarray:
@@ -575,7 +638,42 @@ def _python(attr: Attribute) -> Any:
 
 
 def _close(name: str, names: list[str]) -> str:
+    """A "did you mean" for a missing tensor that only points at a tensor of the same dotted
+    path with one similar component (a typo, never ``mlp.gate`` for ``mlp.gate_proj`` nor
+    ``v_proj`` for ``gate_proj``), or at the same name under another prefix; else no guess."""
+    close = [n for n in names if _nested(name, n)] or [n for n in names if _one_typo_apart(name, n)]
+    if close:
+        return f"did you mean '{min(close, key=lambda n: (-_similarity(name, n), n))}'?"
+    return "check the checkpoint's tensor names against hf_mapping"
+
+
+def _nested(name: str, other: str) -> bool:
+    """The same dotted name under an added or dropped prefix (``model.`` / ``language_model.``)."""
+    return other.endswith("." + name) or name.endswith("." + other)
+
+
+def _one_typo_apart(name: str, other: str) -> bool:
+    """Same dotted path but one component, which is a close spelling of it (never a layer index)."""
+    ours, theirs = name.split("."), other.split(".")
+    if len(ours) != len(theirs):
+        return False
+    differing = [(a, b) for a, b in zip(ours, theirs) if a != b]
+    if len(differing) != 1:
+        return False
+    a, b = differing[0]
+    if a.isdigit() or b.isdigit():
+        return False
+    return _ratio(a, b) >= SIMILAR
+
+
+SIMILAR = 0.85  # q_proj/k_proj (0.83) and gate/gate_proj (0.62) are different tensors; typos score above
+
+
+def _ratio(a: str, b: str) -> float:
     import difflib
 
-    close = difflib.get_close_matches(name, names, n=1)
-    return f"did you mean '{close[0]}'?" if close else "check the checkpoint's tensor names against hf_mapping"
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
+def _similarity(name: str, other: str) -> float:
+    return _ratio(name, other)

@@ -38,6 +38,8 @@ error, with a caret).
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,49 +50,152 @@ from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
 from modeldsl.dialects.graph import ModelOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
-from modeldsl.hf.safetensors_io import CheckpointError
+from modeldsl.hf.compat import check_compatible, suspicious_values, warn_python
+from modeldsl.hf.safetensors_io import CheckpointError, regular_file
 from modeldsl.instances import source_text
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate
 from modeldsl.symbolic import Expr
 
 
-def read_config(directory: str | Path) -> dict[str, Any]:
-    """The normalized ``config.json`` of a checkpoint directory (E030 when absent or invalid;
-    invalid JSON is a :class:`DiagnosticError` located at the JSON error)."""
+INT64 = (-(2**63), 2**63 - 1)
+MAX_CONFIG_BYTES = 64 * 1024 * 1024
+MAX_INT_DIGITS = 4000  # below Python's int-str limit (4300), far above any real config value
+MAX_NESTING = 200  # json recurses per level; far above any real config
+
+
+class HFConfig(dict):
+    """A normalized ``config.json``: a dict that remembers its text, to point diagnostics at a field."""
+
+    source: Source | None = None
+
+    def span(self, field: str) -> Span | None:
+        """Where ``"field":`` first appears in the file (None for a config without a file)."""
+        if self.source is None:
+            return None
+        match = re.search(rf'"{re.escape(field)}"\s*:', self.source.text)
+        if match is None:
+            return None
+        return offset_span(self.source, match.start(), match.start() + len(field) + 2)
+
+
+def offset_span(source: Source, start: int, end: int) -> Span:
+    """The span of the characters ``[start, end)`` of a one-line stretch of ``source``."""
+    line = source.text.count("\n", 0, start) + 1
+    column = start - (source.text.rfind("\n", 0, start) + 1) + 1
+    return Span(source, line, column, line, column + max(1, end - start))
+
+
+def read_config(directory: str | Path) -> HFConfig:
+    """The normalized ``config.json`` of a checkpoint directory: E028 when the folder or the
+    file is not there as such (a folder, FIFO or device in place of the file), E030 when it is
+    invalid, located at the JSON error (also integers past 4000 digits and nesting deeper than
+    200 levels, which Python's json cannot read)."""
     path = Path(directory)
     if not path.is_dir():
-        raise CheckpointError("E028", f"checkpoint directory '{path}' does not exist",
+        raise CheckpointError("E028", f"checkpoint directory '{path}' does not exist"
+                              + (" (it is a file)" if path.exists() else ""),
                               "pass the folder that holds config.json and *.safetensors")
     config_file = path / "config.json"
-    if not config_file.is_file():
+    info = regular_file(config_file, "the checkpoint config", required=False)
+    if info is None:
         raise CheckpointError("E030", f"'{path}' has no config.json", "a HuggingFace checkpoint folder holds "
                               "config.json beside its *.safetensors files")
+    if info.st_size > MAX_CONFIG_BYTES:
+        raise CheckpointError("E030", f"{config_file} holds {info.st_size} bytes; a config.json is a few KB",
+                              "replace it with the checkpoint's original config.json")
     try:
         text = config_file.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
         raise CheckpointError("E030", f"{config_file} is not UTF-8 text (byte {err.start})") from None
+    source = Source(str(config_file), text)
+    data = _parse_json(source)
+    if not isinstance(data, dict):
+        raise CheckpointError("E030", f"{config_file} does not hold a JSON object")
+    config = HFConfig(data)
+    config.source = source
+    return normalize(config)
+
+
+def _parse_json(source: Source) -> Any:
+    huge: list[str] = []
+
+    def parse_int(digits: str) -> int | None:
+        if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+            huge.append(digits)
+            return None
+        return int(digits)
+
+    deep = _too_deep(source.text)
+    if deep is not None:
+        raise _json_error(source, deep, deep + 1, f"config.json nests arrays or objects more than {MAX_NESTING} "
+                          "levels deep")
     try:
-        data = json.loads(text)
+        data = json.loads(source.text, parse_int=parse_int)
     except json.JSONDecodeError as err:
-        span = Span(Source(str(config_file), text), err.lineno, err.colno, err.lineno, err.colno + 1)
+        span = Span(source, err.lineno, err.colno, err.lineno, err.colno + 1)
         raise DiagnosticError([Diagnostic("E030", f"config.json is not valid JSON: {err.msg}", span,
                                           "fix the JSON (a missing comma or quote, a trailing comma, a "
                                           "truncated file), or download the checkpoint's config.json again")
                                ]) from None
-    if not isinstance(data, dict):
-        raise CheckpointError("E030", f"{config_file} does not hold a JSON object")
-    return normalize(data)
+    if huge:
+        start = source.text.find(huge[0])
+        raise _json_error(source, start, start + len(huge[0]), f"config.json holds an integer of "
+                          f"{len(huge[0].lstrip('-'))} digits")
+    return data
 
 
-def normalize(config: dict[str, Any]) -> dict[str, Any]:
-    config = dict(config)
-    rope = config.get("rope_parameters")
+def _too_deep(text: str) -> int | None:
+    """The offset of the first bracket nested past ``MAX_NESTING`` levels (outside strings)."""
+    if text.count("[") + text.count("{") <= MAX_NESTING:
+        return None
+    depth, in_string, escaped = 0, False, False
+    for offset, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                return offset
+        elif char in "]}":
+            depth -= 1
+    return None
+
+
+def _json_error(source: Source, start: int, end: int, message: str) -> DiagnosticError:
+    return DiagnosticError([Diagnostic("E030", message, offset_span(source, start, end),
+                                       "replace config.json with the checkpoint's original one")])
+
+
+def normalize(config: dict[str, Any]) -> HFConfig:
+    """``rope_parameters`` (transformers 5) lifted to the top-level ``rope_theta`` / ``rope_scaling``;
+    a ``rope_parameters`` or ``rope_scaling`` that is not an object is E030 at the field."""
+    result = HFConfig(config)
+    result.source = getattr(config, "source", None)
+    for name in ("rope_parameters", "rope_scaling"):
+        value = result.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise DiagnosticError([Diagnostic("E030", f"config.json field '{name}' is {_short(value)}, not an "
+                                              "object", result.span(name), f"'{name}' is null or an object such "
+                                              "as {\"rope_type\": \"default\", \"rope_theta\": 10000.0}")])
+    rope = result.get("rope_parameters")
     if isinstance(rope, dict):
         if rope.get("rope_theta") is not None:
-            config.setdefault("rope_theta", rope["rope_theta"])
+            result.setdefault("rope_theta", rope["rope_theta"])
         if rope.get("rope_type", "default") != "default":
-            config.setdefault("rope_scaling", rope)
-    return config
+            result.setdefault("rope_scaling", rope)
+    return result
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _field_name(value: Any) -> str | None:
@@ -171,10 +276,31 @@ def size_symbols(model: ModelOp) -> set[str]:
     return symbols & set(model.config_values)
 
 
-def dsl_config(decl: ast.Decl, model: ModelOp, hf: dict[str, Any]) -> dict[str, Any]:
+def dsl_config(decl: ast.Decl, model: ModelOp, hf: dict[str, Any], force_architecture: bool = False,
+               warn: Callable[[Diagnostic], None] | None = None) -> dict[str, Any]:
     """Values for the DSL model's parameters from a checkpoint's config (see the module
-    docstring for absent and null fields), each evaluated against the values before it."""
+    docstring for absent and null fields), each evaluated against the values before it,
+    once the config is known to describe what the model computes (:mod:`modeldsl.hf.compat`:
+    E036, E037; W010 and W011 go to ``warn``, else to Python's ``warnings``). A problem
+    with one field is a :class:`CheckpointError` whose ``span`` locates it in ``config.json``."""
     rules = {name: FieldRule(field) for name, field in param_mapping(model).items()} | field_rules(decl)
+    report = warn if warn is not None else warn_python
+    if not isinstance(hf, HFConfig):
+        hf = normalize(hf)
+    for warning in check_compatible(model, hf, {rule.field for rule in rules.values()}, force_architecture):
+        report(warning)
+    try:
+        values = _mapped_values(decl, model, hf, rules)
+    except CheckpointError as err:
+        if err.field is not None:
+            err.span = hf.span(err.field)
+        raise
+    for warning in suspicious_values(hf):
+        report(warning)
+    return values
+
+
+def _mapped_values(decl: ast.Decl, model: ModelOp, hf: dict[str, Any], rules: dict[str, FieldRule]) -> dict[str, Any]:
     sizes = size_symbols(model)
     values: dict[str, Any] = {}
     for param in decl.params or []:
@@ -189,7 +315,7 @@ def dsl_config(decl: ast.Decl, model: ModelOp, hf: dict[str, Any]) -> dict[str, 
                                       f"does not say what null means for '{param.name}'",
                                       f"give '{rule.field}' a value, or map it as `{param.name}: field({rule.field}, "
                                       "null=VALUE)` (VALUE: a literal, `default`, or an expression of earlier "
-                                      "parameters) where transformers gives null that meaning")
+                                      "parameters) where transformers gives null that meaning", field=rule.field)
             value = _given(param, rule.null, values, f"null '{rule.field}'")
             if value is not None:
                 values[param.name] = _typed(param, rule.field, value, sizes, derived=True)
@@ -245,12 +371,15 @@ def _typed(param: ast.Param, field: str, value: Any, sizes: set[str], derived: b
     }.get(kind, True)
     source = f"the value hf_config gives for '{field}'" if derived else f"config.json field '{field}'"
     if not ok:
-        raise CheckpointError("E030", f"{source} is {value!r}, but '{param.name}' is {kind}",
+        raise CheckpointError("E030", f"{source} is {_short(value)}, but '{param.name}' is {kind}",
                               f"'{field}' must be a JSON {'boolean' if kind == 'bool' else kind}"
-                              f"{'' if kind != 'float' else ' or integer'}")
+                              f"{'' if kind != 'float' else ' or integer'}", field=field)
+    if kind == "int" and not INT64[0] <= value <= INT64[1]:
+        raise CheckpointError("E030", f"{source} is {value}, which does not fit in a 64-bit integer "
+                              f"('{param.name}')", f"fix '{field}' in config.json", field=field)
     if kind == "int" and param.name in sizes and value < 1:
         raise CheckpointError("E030", f"{source} is {value}, but '{param.name}' sizes the model's tensors and "
-                              "must be at least 1", f"fix '{field}' in config.json")
+                              "must be at least 1", f"fix '{field}' in config.json", field=field)
     return float(value) if kind == "float" else value
 
 

@@ -12,7 +12,9 @@ offsets outside the data) is a :class:`CheckpointError` naming file and tensor.
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import struct
 from pathlib import Path
 
@@ -38,11 +40,37 @@ MAX_HEADER = 100 * 1024 * 1024
 
 
 class CheckpointError(Exception):
-    """A problem with checkpoint files or their contents, with its diagnostic code."""
+    """A problem with checkpoint files or their contents, with its diagnostic code (and, for a
+    config field, the ``field`` and its ``span`` in config.json)."""
 
-    def __init__(self, code: str, message: str, hint: str = "", tensor: str | None = None):
+    def __init__(self, code: str, message: str, hint: str = "", tensor: str | None = None,
+                 field: str | None = None):
         super().__init__(message)
-        self.code, self.message, self.hint, self.tensor = code, message, hint, tensor
+        self.code, self.message, self.hint, self.tensor, self.field = code, message, hint, tensor, field
+        self.span = None  # where in config.json, once known (a modeldsl.diagnostics.Span)
+
+
+FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def regular_file(path: str | os.PathLike, what: str, required: bool = True) -> os.stat_result | None:
+    """The ``stat`` of ``path`` when it is a regular file (following links), so that nothing
+    ever blocks reading a FIFO or reads a device without end; None when it does not exist
+    and is not ``required``; E028 naming what it is otherwise."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        if not required:
+            return None
+        raise CheckpointError("E028", f"{what} '{path}' does not exist") from None
+    except OSError as err:
+        raise CheckpointError("E028", f"cannot read {what} '{path}': {err.strerror or err}") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = next((name for test, name in FILE_KINDS if test(info.st_mode)), "not a regular file")
+        raise CheckpointError("E028", f"{what} '{path}' is {kind}, not a file",
+                              f"replace it with the checkpoint's own {Path(path).name}")
+    return info
 
 
 class SafetensorsFile:
@@ -50,7 +78,7 @@ class SafetensorsFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        size = self.path.stat().st_size
+        size = regular_file(self.path, "the checkpoint file").st_size
         with open(self.path, "rb") as f:
             head = f.read(8)
             if len(head) < 8:
@@ -60,11 +88,15 @@ class SafetensorsFile:
                 raise self.corrupt(f"the header claims {length} bytes but the file has {size - 8}")
             try:
                 header = json.loads(f.read(length))
-            except (UnicodeDecodeError, json.JSONDecodeError) as err:
-                raise self.corrupt(f"the header is not valid JSON ({err})") from None
+            except (UnicodeDecodeError, ValueError, RecursionError) as err:  # ValueError: ints past 4300 digits too
+                reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+                raise self.corrupt(f"the header is not valid JSON ({reason})") from None
         if not isinstance(header, dict):
             raise self.corrupt("the header is not a JSON object")
-        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict):
+            raise self.corrupt("the header's __metadata__ is not a JSON object")
+        self.metadata: dict[str, str] = metadata
         self.data_start = 8 + length
         self.data_size = size - self.data_start
         self.entries: dict[str, tuple[np.dtype, tuple[int, ...], int, int]] = {}
@@ -77,18 +109,22 @@ class SafetensorsFile:
                                "download or save the checkpoint again", tensor)
 
     def check_entry(self, name: str, entry: object) -> tuple[np.dtype, tuple[int, ...], int, int]:
-        try:
-            dtype = DTYPES[entry["dtype"]]
-            shape = tuple(int(d) for d in entry["shape"])
-            start, end = (int(o) for o in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise self.corrupt(f"tensor '{name}' has a malformed header entry {entry!r}", name) from None
-        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if end - start != expected or start < 0:
-            raise self.corrupt(f"tensor '{name}' spans {end - start} bytes, its shape needs {expected}", name)
+        """An entry's dtype, shape and byte range, all checked in Python integers (a shape
+        whose byte count overflows int64 is refused, never wrapped around)."""
+        fields = entry if isinstance(entry, dict) else {}
+        dtype = DTYPES.get(fields.get("dtype")) if isinstance(fields.get("dtype"), str) else None
+        shape, offsets = fields.get("shape"), fields.get("data_offsets")
+        if dtype is None or not _naturals(shape) or not _naturals(offsets) or len(offsets) != 2:
+            raise self.corrupt(f"tensor '{name}' has a malformed header entry {_short(entry)} (a dtype of "
+                               f"{', '.join(DTYPES)}, a shape and two data_offsets of non-negative integers)", name)
+        start, end = offsets
+        expected = math.prod(shape) * dtype.itemsize
+        if end - start != expected:
+            raise self.corrupt(f"tensor '{name}' spans {end - start} bytes, its shape {tuple(shape)} needs {expected}",
+                               name)
         if end > self.data_size:
             raise self.corrupt(f"tensor '{name}' ends at byte {end} but the data has {self.data_size}", name)
-        return dtype, shape, start, end
+        return dtype, tuple(shape), start, end
 
     def keys(self) -> list[str]:
         return list(self.entries)
@@ -107,6 +143,16 @@ class SafetensorsFile:
         if self._map is None:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.data_start)
         return self._map[start:end].view(dtype).reshape(shape)
+
+
+def _naturals(value: object) -> bool:
+    """Whether ``value`` is a JSON list of non-negative integers (not floats, not booleans)."""
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+
+
+def _short(value: object, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],

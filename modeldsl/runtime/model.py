@@ -19,6 +19,7 @@ written (E028); a malformed or unsupported ``rope_scaling`` (E030).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -35,15 +36,28 @@ from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import ModelOp, ParamOp
 from modeldsl.frontend.text.parser import parse_file
 from modeldsl.hf.checkpoint import ImportRecord, load_checkpoint, save_checkpoint
+from modeldsl.hf.compat import DiagnosticWarning, warn_python  # noqa: F401 - the API's warning class
 from modeldsl.hf.config import dsl_config, read_config
 from modeldsl.hf.safetensors_io import CheckpointError
 from modeldsl.lower import choose_top, lower_program
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.executor import NUMPY_DTYPES, GraphExecutor, KVCache
+from modeldsl.runtime.fits import check_fits, parameter_bytes
 from modeldsl.runtime.profiles import ProfiledForward
 from modeldsl.runtime.rope import SUPPORTED, RopeFrequencies, RopeScalingError, rope_frequencies
 
 STORAGE = {"fp32": np.dtype(np.float32), "bf16": NUMPY_DTYPES[DType.BF16]}
+
+
+def _quiet_numpy(method: Callable) -> Callable:
+    """Run ``method`` without numpy's RuntimeWarnings: NaN or infinite weights and values were
+    reported at load (W011), and the logits show the rest."""
+    @functools.wraps(method)
+    def quiet(*args: Any, **kwargs: Any) -> Any:
+        with np.errstate(all="ignore"):
+            return method(*args, **kwargs)
+
+    return quiet
 
 
 @dataclass
@@ -145,6 +159,7 @@ class Model:
                                   f"run at most {self.max_positions} tokens in all")
         return tokens.astype(np.int64)
 
+    @_quiet_numpy
     def forward(self, token_ids: Sequence[int] | np.ndarray, cache: KVCache | None = None,
                 engine: str = "schedule") -> np.ndarray:
         """Logits ``[B, T, vocab]`` (``[T, vocab]`` for a 1-D input) in fp32.
@@ -165,6 +180,7 @@ class Model:
         logits = np.asarray(logits, dtype=np.float32)
         return logits if batched else logits[0]
 
+    @_quiet_numpy
     def generate(self, prompt: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
                  top_k: int | None = None, seed: int | None = None, use_cache: bool = True,
                  on_token: Callable[[int], None] | None = None,
@@ -270,49 +286,95 @@ def choose_token(logits: np.ndarray, temperature: float, top_k: int | None, rng:
 
 def load(model_file: str | Path, hf: str | Path | None = None, dtype: str = "fp32", top: str | None = None,
          config: dict[str, Any] | None = None, progress: bool = False,
-         sink: DiagnosticSink | None = None, device: str = "cpu") -> Model:
+         sink: DiagnosticSink | None = None, device: str = "cpu", force_architecture: bool = False,
+         allow_unused_tensors: bool = False) -> Model:
     """Load a DSL model with the weights of a HuggingFace checkpoint (or random
     weights, normal(0, 0.02) with seed 0, when ``hf`` is None). ``device``: where the schedule
-    runs: ``cpu``, ``cuda`` (the GPU) or ``emulated`` (the CUDA executor on numpy, for tests)."""
+    runs: ``cpu``, ``cuda`` (the GPU) or ``emulated`` (the CUDA executor on numpy, for tests).
+
+    A checkpoint of an architecture the model does not declare is E036 (W010 with
+    ``force_architecture``); a config field that changes the math and that the model does
+    not handle is E037; a checkpoint tensor no rule reads is E040 (W006 with
+    ``allow_unused_tensors``); a model whose parameters do not fit in the memory available
+    is E038, checked before anything is allocated. Warnings (W006, W010, W011, ...) go to
+    ``sink`` when one is given, else each is raised through Python's ``warnings`` as a
+    :class:`DiagnosticWarning` carrying its code."""
     if dtype not in STORAGE:
         raise DiagnosticError([Diagnostic("E029", f"dtype '{dtype}' is not fp32 or bf16", None)])
+    collected = sink if sink is not None else DiagnosticSink()
+    try:
+        return _load(model_file, hf, dtype, top, config, progress, collected, device, force_architecture,
+                     allow_unused_tensors)
+    finally:
+        if sink is None:
+            for diagnostic in collected.diagnostics:
+                if diagnostic.severity == "warning":
+                    warn_python(diagnostic)
+
+
+def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | None,
+          config: dict[str, Any] | None, progress: bool, sink: DiagnosticSink, device: str,
+          force_architecture: bool, allow_unused_tensors: bool) -> Model:
     runs_on = _device(device)
     program = parse_file(model_file)
     decl = choose_top(program, top)
     values = dict(config or {})
     hf_config: dict[str, Any] = {}
-    sink = sink if sink is not None else DiagnosticSink()
+    storage = STORAGE[dtype]
     try:
         if hf is not None:
             hf_config = read_config(hf)
-            values = {**hf_config_values(program, decl, hf_config, sink), **values}
+            checkpoint_values, default = _checkpoint_values(program, decl, hf_config, sink, force_architecture)
+            values = {**checkpoint_values, **values}
+            _check_parameters_fit(default, values, storage, runs_on)
         module = lower_program(program, decl.name, values, sink)
         SpecializePass().apply(Context(), module)
         model = _model_op(module)
-        storage = STORAGE[dtype]
+        _check_parameters_fit(model, {}, storage, runs_on)
         if hf is not None:
             weights, record = load_checkpoint(model, hf, storage, warn=lambda w: sink.add(_diagnostic(w, hf)),
-                                              progress=progress)
+                                              progress=progress, allow_unused=allow_unused_tensors)
         else:
             weights, record = random_weights(model, storage), ImportRecord()
     except CheckpointError as err:
         raise DiagnosticError([_diagnostic(err, hf)]) from None
-    except OSError as err:  # e.g. a folder named model.safetensors, an unreadable file
+    except OSError as err:  # e.g. an unreadable file
         raise DiagnosticError([Diagnostic("E028", f"cannot read '{err.filename or hf}': {_reason(err)}", None,
                                           "the checkpoint folder must hold readable config.json and "
                                           "*.safetensors files")]) from None
     try:
-        return Model(module, model, weights, dtype, hf_config, record, runs_on)
+        with np.errstate(all="ignore"):  # a nonsensical rope_theta is W011, not a numpy RuntimeWarning
+            return Model(module, model, weights, dtype, hf_config, record, runs_on)
     except RopeScalingError as err:
         raise DiagnosticError([_rope_diagnostic(err, hf_config, hf)]) from None
 
 
+def _check_parameters_fit(model: ModelOp, values: dict[str, Any], storage: np.dtype, device: Any) -> None:
+    """E038 before anything is allocated: the parameters, and on the CPU the schedule's params
+    arena they are copied into (both are held while it is filled)."""
+    size = parameter_bytes(model, values, storage.itemsize)
+    if size is None:
+        return
+    needs = {"parameters": size}
+    if device is None:
+        needs["the schedule's copy of them"] = size
+    check_fits(needs, "choose a smaller configuration, --dtype bf16 to halve the parameters, or a machine with "
+               "more memory")
+
+
 def hf_config_values(program: Any, decl: Any, hf_config: dict[str, Any],
-                     sink: DiagnosticSink | None = None) -> dict[str, Any]:
+                     sink: DiagnosticSink | None = None, force_architecture: bool = False) -> dict[str, Any]:
     """The values of a DSL model's parameters for a HuggingFace ``config.json`` (its ``hf_config``
     rules, spec 8), for the declaration ``decl`` of a parsed ``program``."""
-    default = _model_op(lower_program(program, decl.name, None, sink if sink is not None else DiagnosticSink()))
-    return dsl_config(decl, default, hf_config)
+    return _checkpoint_values(program, decl, hf_config, sink if sink is not None else DiagnosticSink(),
+                              force_architecture)[0]
+
+
+def _checkpoint_values(program: Any, decl: Any, hf_config: dict[str, Any], sink: DiagnosticSink,
+                       force_architecture: bool) -> tuple[dict[str, Any], ModelOp]:
+    """The parameter values for a checkpoint's config, and the model lowered with its defaults."""
+    default = _model_op(lower_program(program, decl.name, None, sink))
+    return dsl_config(decl, default, hf_config, force_architecture, warn=sink.add), default
 
 
 def random_weights(model: ModelOp, dtype: np.dtype, seed: int = 0) -> dict[str, np.ndarray]:
@@ -358,7 +420,7 @@ def _reason(err: OSError) -> str:
 
 def _diagnostic(err: CheckpointError, directory: str | Path | None) -> Diagnostic:
     where = f" (in {directory})" if directory is not None else ""
-    return Diagnostic(err.code, err.message + where, None, err.hint)
+    return Diagnostic(err.code, err.message + ("" if err.span is not None else where), err.span, err.hint)
 
 
 def _model_op(module: ModuleOp) -> ModelOp:

@@ -1,5 +1,12 @@
-"""Tiny random HuggingFace checkpoints built with transformers (fixed seeds), for tests."""
+"""Tiny random HuggingFace checkpoints built with transformers (fixed seeds), for tests.
 
+:func:`cached_checkpoint` builds each (family, config) once per test process, in one
+temporary folder removed at exit; tests that change a checkpoint copy it first."""
+
+import atexit
+import json
+import shutil
+import tempfile
 from pathlib import Path
 
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -8,6 +15,19 @@ ARCHITECTURES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "granite": ("GraniteConfig", "GraniteForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+}
+# Checkpoints of other families that fit the std Llama's tensor names and shapes, with what a
+# public config of the family sets (Granite-3's multipliers, Gemma-2's defaults): name -> (arch, config)
+OTHER_FAMILIES = {
+    "qwen2": ("qwen2", {}),
+    "granite": ("granite", {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 8.0,
+                            "attention_multiplier": 0.015625}),
+    "gemma2": ("gemma2", {"head_dim": 8}),
+    "llama-attention-bias": ("llama", {"attention_bias": True}),
+    "llama-mlp-bias": ("llama", {"mlp_bias": True}),
 }
 
 
@@ -39,6 +59,21 @@ def make_checkpoint(path: Path, arch: str = "llama", seed: int = 0, **config) ->
                 tensor.add_(torch.randn_like(tensor) * 0.1)
     model.save_pretrained(path)
     return path
+
+
+_CACHE: dict[str, Path] = {}
+_ROOT: list[Path] = []
+
+
+def cached_checkpoint(arch: str = "llama", seed: int = 0, **config) -> Path:
+    """A checkpoint built once per test process for these arguments (do not modify it: copy it)."""
+    key = json.dumps([arch, seed, config], sort_keys=True)
+    if key not in _CACHE:
+        if not _ROOT:
+            _ROOT.append(Path(tempfile.mkdtemp(prefix="mdsl-checkpoints-")))
+            atexit.register(shutil.rmtree, _ROOT[0], True)
+        _CACHE[key] = make_checkpoint(_ROOT[0] / f"{len(_CACHE)}-{arch}", arch, seed, **config)
+    return _CACHE[key]
 
 
 def transformers_model(path: Path):

@@ -27,9 +27,9 @@ def llama_model(directory):
     return next(op for op in module.walk() if isinstance(op, ModelOp))
 
 
-def load(directory, warnings=None):
+def load(directory, warnings=None, allow_unused=False):
     return load_checkpoint(llama_model(directory), directory, np.dtype(np.float32),
-                           warn=(warnings.append if warnings is not None else None))
+                           warn=(warnings.append if warnings is not None else None), allow_unused=allow_unused)
 
 
 def copy(src, tmp_path):
@@ -88,11 +88,19 @@ def test_missing_tensor_is_e031_naming_tensor_and_rule(tiny_llama, tmp_path):
     assert "blocks[{layer}].mlp.up_weight" in err.message
 
 
-def test_unexpected_tensor_is_w006(tiny_llama, tmp_path):
+def test_an_unexpected_tensor_is_e040_naming_it(tiny_llama, tmp_path):
+    ckpt = copy(tiny_llama, tmp_path)
+    rewrite(ckpt, lambda t: t.update({"model.extra.weight": np.zeros(3, np.float32)}))
+    err = failure(ckpt)
+    assert err.code == "E040" and err.tensor == "model.extra.weight" and "'model.extra.weight'" in err.message
+    assert "--allow-unused-tensors" in err.hint
+
+
+def test_allow_unused_downgrades_an_unexpected_tensor_to_w006(tiny_llama, tmp_path):
     ckpt = copy(tiny_llama, tmp_path)
     rewrite(ckpt, lambda t: t.update({"model.extra.weight": np.zeros(3, np.float32)}))
     warnings = []
-    load(ckpt, warnings)
+    load(ckpt, warnings, allow_unused=True)
     (warning,) = warnings
     assert warning.code == "W006" and warning.tensor == "model.extra.weight"
 
