@@ -135,6 +135,11 @@ class MdslOptMain(xDSLOptMain):
             help="for Module DSL input: lower with the configuration of this HuggingFace checkpoint's config.json",
         )
         arg_parser.add_argument(
+            "--force-architecture",
+            action="store_true",
+            help="with --hf: accept a checkpoint whose architecture the model does not declare (E036 becomes W010)",
+        )
+        arg_parser.add_argument(
             "--diagnostics-format",
             choices=("text", "json"),
             default="text",
@@ -259,9 +264,10 @@ class MdslOptMain(xDSLOptMain):
         default = next(op for op in lower_program(program, decl.name).walk() if isinstance(op, ModelOp))
         try:
             self.hf_config = read_config(self.args.hf)
-            return dsl_config(decl, default, self.hf_config)
+            return dsl_config(decl, default, self.hf_config, self.args.force_architecture,
+                              warn=lambda w: sys.stderr.write(render_all([w], self.args.diagnostics_format)))
         except CheckpointError as err:
-            raise DiagnosticError([Diagnostic(err.code, err.message, None, err.hint)]) from None
+            raise DiagnosticError([Diagnostic(err.code, err.message, err.span, err.hint)]) from None
 
     def verify_lowering_config(self, program, config: dict | None) -> dict | None:
         """``--verify-shapes`` values that name parameters of the lowered declaration join its

@@ -58,6 +58,11 @@ def build_parser() -> Parser:
                    help="where the schedule runs: the CPU (numpy kernels) or the GPU (CUDA kernels, cuBLASLt, cuDNN)")
     p.add_argument("--engine", choices=("schedule", "graph"), default="schedule",
                    help="the planned mdsl.sched schedule (default) or the graph interpreter (the oracle)")
+    p.add_argument("--force-architecture", action="store_true",
+                   help="load a checkpoint whose architecture the model does not declare (E036 becomes W010; the "
+                        "config fields that change the math are still checked)")
+    p.add_argument("--allow-unused-tensors", action="store_true",
+                   help="load a checkpoint with tensors no hf_mapping rule reads (E040 becomes W006)")
     p.add_argument("--diagnostics-format", choices=("text", "json"), default="text")
     training.add_arguments(p)
     return p
@@ -69,6 +74,10 @@ class Tokenizer:
     def __init__(self, directory: Path):
         path = directory / "tokenizer.json"
         self.inner = None
+        if path.exists() and not path.is_file():  # a folder, FIFO or device: never read (a FIFO would block)
+            raise DiagnosticError([Diagnostic("E028", f"the tokenizer '{path}' is not a file", None,
+                                              "replace it with the checkpoint's tokenizer.json, or remove it to "
+                                              "tokenize as UTF-8 bytes (or pass --tokens)")])
         if path.is_file():
             from tokenizers import Tokenizer as HFTokenizer
 
@@ -156,7 +165,8 @@ def run(args) -> int:
     tokenizer = Tokenizer(Path(args.hf))
     sink = DiagnosticSink()
     model = modeldsl.load(args.model, hf=args.hf, dtype=args.dtype or "fp32", top=args.top, progress=True, sink=sink,
-                          device=args.device)
+                          device=args.device, force_architecture=args.force_architecture,
+                          allow_unused_tensors=args.allow_unused_tensors)
     if sink.diagnostics:
         sys.stderr.write(render_all(sink.diagnostics, args.diagnostics_format) + "\n")
     ids = prompt_ids(args, tokenizer)

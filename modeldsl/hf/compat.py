@@ -154,7 +154,7 @@ def check_compatible(model: ModelOp, hf: Any, mapped: set[str], force_architectu
                                  "with the checkpoint's own implementation"))
     problems = unsupported_fields(model.sym_name.data, declared, hf, mapped)
     if problems:
-        raise DiagnosticError(problems)
+        raise DiagnosticError(warned + problems)
     return warned
 
 
