@@ -149,18 +149,18 @@ def evaluate(node: ast.Expr, env: ConstEnv, context: str = "expression") -> Valu
             return INTRINSICS[node.func.id](*args)
         except TypeError as err:
             raise ConstError("E026", f"bad arguments to {node.func.id}(): {err}", node.span) from None
+    if isinstance(node, (ast.Attribute, ast.Index, ast.Call)) and _mentions_tensor(node, env):
+        raise ConstError(
+            "E016" if context == "if" else "E026",
+            f"{_describe(context)} depends on a tensor value (a RuntimeExpr)", node.span,
+            "only literals, parameters, let-bound names and sqrt/ceil_div/min/max/abs are known at compile time",
+        )
     runtime = _runtime_call(node)
     if runtime is not None:
         raise ConstError(
             "E016" if context == "if" else "E026",
             f"{_describe(context)} {runtime}, which is only known at run time", node.span,
             "branch on parameters and let-bound names; a tensor's values cannot choose the graph",
-        )
-    if isinstance(node, (ast.Attribute, ast.Index, ast.Call)) and _mentions_tensor(node, env):
-        raise ConstError(
-            "E016" if context == "if" else "E026",
-            f"{_describe(context)} depends on a tensor value (a RuntimeExpr)", node.span,
-            "only literals, parameters, let-bound names and sqrt/ceil_div/min/max/abs are known at compile time",
         )
     raise ConstError("E026", f"{_describe(context)} is not a compile-time expression", node.span,
                      "only literals, parameters, let-bound names and sqrt/ceil_div/min/max/abs are allowed")
