@@ -360,12 +360,19 @@ class PrimitiveDeclChecker:
         self.check_slots(decl.name, sig, forward, "out", sig.outputs, "output", partial)
 
     def check_slots(self, name: str, sig: PrimitiveSignature, section: ast.Section, key: str,
-                    expected: Sequence[TensorSlot], what: str, partial: bool) -> None:
+                    expected: Sequence[TensorSlot], what: str, partial: bool,
+                    optional_names: frozenset[str] = frozenset()) -> None:
+        """The tensor slots written under ``key`` against the op's. A backward kernel's
+        slots may leave out the ``?`` of a tensor the forward declares optional (the spec
+        writes ``in: (d_y, x, weight, bias)`` for a ``bias: [D]?``): ``optional_names``."""
         entry = _section(section.body, key)
         if entry is None and (partial or not expected):
             return
         written = declared_slots(entry)
         flags = [(s.optional, s.variadic) for s in written]
+        if optional_names and len(written) == len(expected):
+            flags = [(w.optional or (e.optional and w.name.removeprefix("d_") in optional_names), w.variadic)
+                     for w, e in zip(written, expected)]
         if flags == [(s.optional, s.variadic) for s in expected]:
             return
         where = entry.value.span if entry is not None and entry.value is not None else _key_span(section)
@@ -397,8 +404,11 @@ class PrimitiveDeclChecker:
             self.unknown(name, _key_span(backward), "backward kernel")
             return
         partial = _elided(backward.body)
-        self.check_slots(name, kernel, backward, "in", kernel.inputs, "tensor input", partial)
-        self.check_slots(name, kernel, backward, "out", kernel.outputs, "output", partial)
+        forward = _section(decl.body, "forward")
+        inputs = _section(forward.body, "in") if forward is not None else None
+        optional = frozenset(s.name for s in declared_slots(inputs) if s.optional) if inputs is not None else frozenset()
+        self.check_slots(name, kernel, backward, "in", kernel.inputs, "tensor input", partial, optional)
+        self.check_slots(name, kernel, backward, "out", kernel.outputs, "output", partial, optional)
         # The backward kernel gets its parameters from the forward's (check_params compared those).
         forward_params = {p.name: p for p in positional_params(sig)}
         for spec in kernel.params:
