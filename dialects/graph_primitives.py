@@ -358,41 +358,60 @@ class BatchedMatmulOp(PrimitiveOp):
         check_matmul(self.transpose.data, tensor(self.a), tensor(self.b), tensor(self.c), batched=True)
 
 
+def grouped_gemm_layout(transpose: str) -> tuple[int, int, int]:
+    """(token axis of ``input``, K axis of ``weights``, N axis of ``weights``) of a mode.
+
+    The letters are those of the spec's grouped_gemm block (cuBLAS order, as
+    the kernel ``moe_grouped_gemm`` takes them): the first says whether each
+    ``weights[g]`` is stored ``[N, K]`` (``T``) or ``[K, N]`` (``N``), the
+    second whether ``input`` is ``[tokens, K]`` (``N``) or ``[K, tokens]``
+    (``T``). So the default ``TN`` is ``input_g @ weights[g]^T``.
+    """
+    weights_transposed, input_transposed = transpose[0] == "T", transpose[1] == "T"
+    k_axis, n_axis = (2, 1) if weights_transposed else (1, 2)
+    return (1 if input_transposed else 0), k_axis, n_axis
+
+
 @irdl_op_definition
 class GroupedGemmOp(PrimitiveOp):
-    """MoE grouped GEMM: rows ``offsets[g]:offsets[g+1]`` of ``input`` times ``weights[g]``.
+    """MoE grouped GEMM: the tokens ``offsets[g]:offsets[g+1]`` of ``input`` times ``weights[g]``.
 
-    ``input: [tokens, K]``, ``weights: [G, N, K]`` with the default ``NT``
-    (``input_g @ weights[g]^T``), or ``[G, K, N]`` with ``NN``;
-    ``offsets: [G + 1]`` int32. (The spec writes the default as ``TN``;
-    modeldsl uses the one transpose convention of ``matmul``.)
+    ``output: [tokens, N]``; ``offsets: [G + 1]`` int32; tokens outside every
+    group give zero rows. ``transpose`` (spec 6.1.3, default ``TN``) gives the
+    layouts: ``TN`` ``input [tokens, K]``, ``weights [G, N, K]``
+    (``input_g @ weights[g]^T``); ``NN`` ``weights [G, K, N]``; ``NT`` and
+    ``TT`` take ``input`` as ``[K, tokens]`` (see :func:`grouped_gemm_layout`).
+    The letters read the weights first, unlike ``matmul``'s, as the spec's
+    grouped_gemm block writes them.
     """
 
     name = "mdsl.graph.grouped_gemm"
-    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"transpose": ("NN", "NT")}
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"transpose": TRANSPOSE_MODES}
 
     input = operand_def(TensorType)
     weights = operand_def(TensorType)
     offsets = operand_def(TensorType)
     output = result_def(TensorType)
-    transpose = enum_param("NT")
+    transpose = enum_param("TN")
 
     def verify_shapes(self) -> None:
         x, w, off, out = tensor(self.input), tensor(self.weights), tensor(self.offsets), tensor(self.output)
         check_rank("input", x, 2)
         check_rank("weights", w, 3)
         check_rank("offsets", off, 1)
+        check_rank("output", out, 2)
         check_dtype_in("offsets", off, INDEX_DTYPES)
-        k_dim, n_dim = (2, 1) if self.transpose.data == "NT" else (1, 2)
-        check_dim("inner dimension", dim_at(x, 1), w.shape[k_dim])
+        token_axis, k_axis, n_axis = grouped_gemm_layout(self.transpose.data)
+        check_dim(f"inner dimension ({self.transpose.data})", dim_at(x, 1 - token_axis), w.shape[k_axis])
         check_dim("offsets length (groups + 1)", off.shape[0], w.shape[0] + 1)
-        check_dim("output rows", out.shape[0], x.shape[0])
-        check_dim("output columns", dim_at(out, 1), w.shape[n_dim])
+        check_dim("output rows (tokens)", out.shape[0], dim_at(x, token_axis))
+        check_dim("output columns", dim_at(out, 1), w.shape[n_axis])
 
 
 @irdl_op_definition
 class GroupedGemmWeightGradOp(PrimitiveOp):
-    """Per-group weight gradient: ``d_weights[g] = d_output_g^T @ input_g`` (``[G, N, K]``)."""
+    """Per-group weight gradient: ``d_weights[g] = d_output_g^T @ input_g`` (``[G, N, K]``, the
+    gradient of ``weights`` of a ``TN`` grouped_gemm; ``input: [tokens, K]``)."""
 
     name = "mdsl.graph.grouped_gemm_weight_grad"
 

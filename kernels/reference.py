@@ -121,18 +121,23 @@ def batched_matmul(a, b, *, transpose="NN", accumulate=False):
     return _op(a, transpose[0]) @ _op(b, transpose[1])
 
 
-def grouped_gemm(input, weights, offsets, *, transpose="NT"):
-    """out[o_g:o_g+1] = input[o_g:o_g+1] @ W_g^T (NT, W [G, N, K]) or @ W_g (NN, W [G, K, N]); other rows 0."""
+def grouped_gemm(input, weights, offsets, *, transpose="TN"):
+    """out[o_g:o_g+1] = input_g @ op(W_g); rows outside every group 0.
+
+    The letters are the spec's (6.1.3): the first transposes the weights (``T``: W ``[G, N, K]``,
+    ``N``: ``[G, K, N]``), the second the input (``N``: ``[tokens, K]``, ``T``: ``[K, tokens]``).
+    """
     x, w = _prep(input, weights)
-    n = w.shape[1] if transpose == "NT" else w.shape[2]
-    out = np.zeros((x.shape[0], n), dtype=x.dtype)
+    x = _op(x, transpose[1])
+    w = _op(w, transpose[0])
+    out = np.zeros((x.shape[0], w.shape[2]), dtype=x.dtype)
     for g, (lo, hi) in enumerate(_groups(offsets)):
-        out[lo:hi] = x[lo:hi] @ _op(w[g], "T" if transpose == "NT" else "N")
+        out[lo:hi] = x[lo:hi] @ w[g]
     return out
 
 
 def grouped_gemm_weight_grad(input, d_output, offsets):
-    """d_weights[g] = d_output_g^T @ input_g ([G, N, K], the weight gradient of NT grouped_gemm)."""
+    """d_weights[g] = d_output_g^T @ input_g ([G, N, K], the weight gradient of TN grouped_gemm)."""
     x, dy = _prep(input, d_output)
     groups = _groups(offsets)
     dw = np.zeros((len(groups), dy.shape[1], x.shape[1]), dtype=x.dtype)

@@ -16,7 +16,9 @@ from typing import Any
 from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.dialects.dtypes import DType
-from modeldsl.dialects.graph_primitives import broadcast_shape, is_weight_gradient_form, matmul_dims, normalize_axis, reduced_shape
+from modeldsl.dialects.graph_primitives import (
+    broadcast_shape, grouped_gemm_layout, is_weight_gradient_form, matmul_dims, normalize_axis, reduced_shape,
+)
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.symbolic import STAR, Dim, Expr, SymbolicError
 
@@ -57,8 +59,8 @@ def _batched_matmul(ts, p):
 
 def _grouped_gemm(ts, p):
     x, w = ts[0], ts[1]
-    n = w.shape[1] if p.get("transpose", "NT") == "NT" else w.shape[2]
-    return [TensorType([x.shape[0], n], x.dtype)]
+    token_axis, _, n_axis = grouped_gemm_layout(p.get("transpose", "TN"))
+    return [TensorType([x.shape[token_axis], w.shape[n_axis]], x.dtype)]
 
 
 def _grouped_gemm_weight_grad(ts, p):

@@ -131,6 +131,24 @@ def _batched_matmul_matrix_b(b: GraphBuilder, a: SSAValue, g: SSAValue, w: SSAVa
     return [d_a, d_b]
 
 
+@rule("grouped_gemm")
+def _grouped_gemm(b: GraphBuilder, op: Operation, grads: list[Grad]) -> list[Grad]:
+    """out_g = X_g @ op(W)_g with X the input as ``[tokens, K]`` (the second mode letter) and op(W)
+    the weights as ``[G, K, N]`` (the first): d_X_g = d_out_g @ op(W)_g^T and d_op(W)_g = X_g^T @ d_out_g,
+    whose transpose ``[G, N, K]`` is grouped_gemm_weight_grad. The offsets are integers (no gradient)."""
+    (g,) = grads
+    x, w, offsets = op.operands
+    weights_transposed, input_transposed = (letter == "T" for letter in op_attr(op, "transpose", "TN"))
+    d_x = b.one("grouped_gemm", g, w, offsets, transpose="NN" if weights_transposed else "TN")
+    tokens_first = b.one("transpose", x, dim0=0, dim1=1) if input_transposed else x
+    d_w = b.one("grouped_gemm_weight_grad", tokens_first, g, offsets)
+    if not weights_transposed:
+        d_w = b.one("transpose", d_w, dim0=1, dim1=2)
+    if input_transposed:
+        d_x = b.one("transpose", d_x, dim0=0, dim1=1)
+    return [d_x, d_w, None]
+
+
 # ----------------------------------------------------------------------------
 # normalization, activations, attention
 # ----------------------------------------------------------------------------

@@ -136,6 +136,16 @@ for mode, a_shape, b_shape, c_shape in [
             f"-> {t(*c_shape)}"),
          {"a": a_shape, "b": b_shape}, [("c", c_shape)])
 
+# grouped_gemm: tokens 0:2 and 2:6 of 7 in two groups (token 6 in none), in each layout
+for mode in ("TN", "NN", "NT", "TT"):
+    x_shape = (4, 7) if mode[1] == "T" else (7, 4)
+    w_shape = (2, 3, 4) if mode[0] == "T" else (2, 4, 3)
+    case(f"grouped_gemm-{mode}",
+         op(f'%y = mdsl.graph.grouped_gemm %x, %w, %off {{transpose = "{mode}"}} : '
+            f"({t(*x_shape)}, {t(*w_shape)}, {t(3, dtype='int32')}) -> {t(7, 3)}"),
+         {"x": x_shape, "off": ((3,), "int", 0, 7)}, [("y", (7, 3))], params={"w": w_shape},
+         init={"off": [0, 2, 6]})
+
 # ----------------------------------------------------------------------------
 # elementwise
 # ----------------------------------------------------------------------------
@@ -447,9 +457,12 @@ def test_a_wrong_rule_is_caught():
     assert not ok
 
 
-@pytest.mark.parametrize("c", [c for c in CASES if c.id.startswith("reduce_max")], ids=lambda c: c.id)
-def test_the_reduce_max_gradient_runs_on_the_schedule_executor(c: Case):
-    """mdsl-lower-to-sched of the gradient launches reduce_max_backward; its results are the interpreter's."""
+SCHEDULE_CASES = {"reduce_max": "reduce_max_backward", "grouped_gemm": "grouped_gemm_weight_grad"}
+
+
+@pytest.mark.parametrize("c", [c for c in CASES if c.id.split("-")[0] in SCHEDULE_CASES], ids=lambda c: c.id)
+def test_the_gradient_runs_on_the_schedule_executor(c: Case):
+    """mdsl-lower-to-sched of the gradient launches the backward kernel; its results are the interpreter's."""
     from modeldsl.dialects.sched import LaunchOp
     from modeldsl.passes.lower_to_sched import lower_function
     from modeldsl.runtime.executor import GraphExecutor
@@ -458,13 +471,15 @@ def test_the_reduce_max_gradient_runs_on_the_schedule_executor(c: Case):
 
     model = c.model()
     grad = gradient_function(model)
-    (x,), seed_type = c.data()[1], grad.function_type.inputs.data[1]
+    weights, inputs = c.data()
+    seed_type = grad.function_type.inputs.data[len(inputs)]
     seed = np.random.default_rng(1).standard_normal([d.const_value() for d in seed_type.shape])
-    inputs = [x.astype(np.float32), seed.astype(np.float32)]
-    expected = GraphExecutor(model, {}).run("forward_grad", *inputs)
+    inputs = [x.astype(np.float32) if x.dtype.kind == "f" else x for x in inputs] + [seed.astype(np.float32)]
+    weights = {n: w.astype(np.float32) for n, w in weights.items()}
+    expected = GraphExecutor(model, weights).run("forward_grad", *inputs)
     program = plan(lower_function(model, "forward_grad", None))
-    assert "reduce_max_backward" in {op.kernel.data for op in program.walk() if isinstance(op, LaunchOp)}
-    for got, want in zip(run_program(program, {}, inputs), expected, strict=True):
+    assert SCHEDULE_CASES[c.id.split("-")[0]] in {op.kernel.data for op in program.walk() if isinstance(op, LaunchOp)}
+    for got, want in zip(run_program(program, weights, inputs), expected, strict=True):
         np.testing.assert_array_equal(got, want)
 
 

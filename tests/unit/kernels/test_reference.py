@@ -144,13 +144,15 @@ def test_batched_matmul_broadcasts_a_matrix_b(transpose):
     check(ref("batched_matmul", a, b, transpose=transpose), mt(tt(a), transpose[0]) @ mt(tt(b), transpose[1]))
 
 
-def torch_grouped_gemm(x, w, offsets, transpose="NT"):
-    """Group g (rows offsets[g]:offsets[g+1]) times W_g^T (NT) or W_g (NN); rows outside every group 0."""
+def torch_grouped_gemm(x, w, offsets, transpose="TN"):
+    """Group g (tokens offsets[g]:offsets[g+1]) times W_g, torch-side: the first letter says W is
+    [G, N, K] (T, F.linear) or [G, K, N] (N), the second that x is [K, tokens] (T); other rows 0."""
+    x = x.T if transpose[1] == "T" else x
     parts, off = [], [int(o) for o in offsets]
     for g in range(w.shape[0]):
         rows = x[off[g] : off[g + 1]]
-        parts.append(F.linear(rows, w[g]) if transpose == "NT" else rows @ w[g])
-    n = w.shape[1] if transpose == "NT" else w.shape[2]
+        parts.append(F.linear(rows, w[g]) if transpose[0] == "T" else rows @ w[g])
+    n = w.shape[1] if transpose[0] == "T" else w.shape[2]
     tail = x.new_zeros((x.shape[0] - off[-1], n))
     return torch.cat([x.new_zeros((off[0], n)), *parts, tail])
 
@@ -159,15 +161,29 @@ def torch_grouped_gemm(x, w, offsets, transpose="NT"):
 GROUPED_CASES = [(7, 5, 3, [0, 2, 2, 7]), (9, 33, 4, [1, 4, 8]), (6, 3, 2, [0, 6])]
 
 
+def grouped_gemm_operands(seed, transpose, tokens, k, n, offsets):
+    """input ([tokens, K], or [K, tokens] for a second letter T) and weights ([G, N, K] or [G, K, N])."""
+    groups = len(offsets) - 1
+    x_shape = (k, tokens) if transpose[1] == "T" else (tokens, k)
+    w_shape = (groups, n, k) if transpose[0] == "T" else (groups, k, n)
+    return randn(seed, x_shape, w_shape)
+
+
 @covers("grouped_gemm")
-@pytest.mark.parametrize("transpose", ["NT", "NN"])
+@pytest.mark.parametrize("transpose", MODES)
 @pytest.mark.parametrize("tokens, k, n, offsets", GROUPED_CASES)
 def test_grouped_gemm(transpose, tokens, k, n, offsets):
-    groups = len(offsets) - 1
-    w_shape = (groups, n, k) if transpose == "NT" else (groups, k, n)
-    x, w = randn(7, (tokens, k), w_shape)
+    x, w = grouped_gemm_operands(7, transpose, tokens, k, n, offsets)
     off = np.asarray(offsets, dtype=np.int32)
     check(ref("grouped_gemm", x, w, off, transpose=transpose), torch_grouped_gemm(tt(x), tt(w), offsets, transpose))
+
+
+def test_grouped_gemm_defaults_to_the_spec_mode_tn():
+    """Spec 6.1.3: C_g[n_g, N] = A_g[n_g, K] @ B_g[K, N]^T with weights [num_groups, N, K] by default."""
+    x, w = randn(9, (5, 4), (2, 3, 4))
+    off = np.asarray([0, 2, 5], dtype=np.int32)
+    expected = np.concatenate([x[:2] @ w[0].T, x[2:] @ w[1].T])
+    np.testing.assert_allclose(ref("grouped_gemm", x, w, off), expected, rtol=1e-6)
 
 
 @covers("grouped_gemm_weight_grad")

@@ -63,6 +63,15 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %gw = mdsl.graph.zeros : !mdsl.graph.tensor<[E, F, C], bf16>
     %goff = mdsl.graph.zeros : !mdsl.graph.tensor<[E + 1], int32>
     %gy = mdsl.graph.grouped_gemm %gx, %gw, %goff : (!mdsl.graph.tensor<[N, C], bf16>, !mdsl.graph.tensor<[E, F, C], bf16>, !mdsl.graph.tensor<[E + 1], int32>) -> !mdsl.graph.tensor<[N, F], bf16>
+    // the spec's default TN is not printed; NN takes weights [E, C, F], NT and TT the input as [C, N]
+    // CHECK: mdsl.graph.grouped_gemm %gx, %gwn, %goff {transpose = "NN"} : (!mdsl.graph.tensor<[N, C], bf16>, !mdsl.graph.tensor<[E, C, F], bf16>, !mdsl.graph.tensor<[E + 1], int32>) -> !mdsl.graph.tensor<[N, F], bf16>
+    %gwn = mdsl.graph.zeros : !mdsl.graph.tensor<[E, C, F], bf16>
+    %gyn = mdsl.graph.grouped_gemm %gx, %gwn, %goff {transpose = "NN"} : (!mdsl.graph.tensor<[N, C], bf16>, !mdsl.graph.tensor<[E, C, F], bf16>, !mdsl.graph.tensor<[E + 1], int32>) -> !mdsl.graph.tensor<[N, F], bf16>
+    // CHECK: mdsl.graph.grouped_gemm %gxt, %gwn, %goff {transpose = "NT"} : (!mdsl.graph.tensor<[C, N], bf16>, !mdsl.graph.tensor<[E, C, F], bf16>, !mdsl.graph.tensor<[E + 1], int32>) -> !mdsl.graph.tensor<[N, F], bf16>
+    %gxt = mdsl.graph.zeros : !mdsl.graph.tensor<[C, N], bf16>
+    %gynt = mdsl.graph.grouped_gemm %gxt, %gwn, %goff {transpose = "NT"} : (!mdsl.graph.tensor<[C, N], bf16>, !mdsl.graph.tensor<[E, C, F], bf16>, !mdsl.graph.tensor<[E + 1], int32>) -> !mdsl.graph.tensor<[N, F], bf16>
+    // CHECK: mdsl.graph.grouped_gemm %gxt, %gw, %goff {transpose = "TT"} : (!mdsl.graph.tensor<[C, N], bf16>, !mdsl.graph.tensor<[E, F, C], bf16>, !mdsl.graph.tensor<[E + 1], int32>) -> !mdsl.graph.tensor<[N, F], bf16>
+    %gytt = mdsl.graph.grouped_gemm %gxt, %gw, %goff {transpose = "TT"} : (!mdsl.graph.tensor<[C, N], bf16>, !mdsl.graph.tensor<[E, F, C], bf16>, !mdsl.graph.tensor<[E + 1], int32>) -> !mdsl.graph.tensor<[N, F], bf16>
     // CHECK: mdsl.graph.grouped_gemm_weight_grad
     %gdw = mdsl.graph.grouped_gemm_weight_grad %gx, %gy, %goff : (!mdsl.graph.tensor<[N, C], bf16>, !mdsl.graph.tensor<[N, F], bf16>, !mdsl.graph.tensor<[E + 1], int32>) -> !mdsl.graph.tensor<[E, F, C], bf16>
 
