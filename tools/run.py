@@ -2,10 +2,13 @@
 
 ``--prompt TEXT`` (tokenized with the checkpoint's ``tokenizer.json`` when it
 has one, else as UTF-8 bytes) or ``--tokens 1,2,3``; ``--max-new-tokens N``
-generates greedily or, with ``--temperature``/``--top-k``/``--seed``, by
-sampling, using the KV cache (``--no-cache``: full recomputation per token);
-``--logits FILE.npy`` writes the prompt's logits. Prefill and decode speeds
-are printed in tokens/s. The prompt and the new tokens together may hold at
+(default 16) generates greedily or, with ``--temperature``/``--top-k``/``--seed``,
+by sampling, using the KV cache (``--no-cache``: full recomputation per token);
+``--logits FILE.npy`` writes the prompt's logits. The output is the prompt,
+the continuation (each labelled; their token ids too where there is no
+tokenizer or the prompt was given as ids), then the prefill and decode speeds
+in tokens/s. ``--threads N`` sets the BLAS threads of large products
+(:mod:`modeldsl.runtime.threads`). The prompt and the new tokens together may hold at
 most ``max_position_embeddings`` tokens: a longer prompt is E029, and
 generation stops at the limit with a W008 warning. ``--train DATA`` trains the
 model instead (:mod:`modeldsl.tools.train`: ``--steps``, ``--batch``, ``--seq``,
@@ -24,7 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, DiagnosticSink, render_all
+from modeldsl.runtime.threads import ENV_VAR as THREADS_ENV_VAR
+from modeldsl.runtime.threads import parse_thread_count, set_pool_size
 from modeldsl.tools import train as training
+
+DEFAULT_NEW_TOKENS = 16
 
 
 class FlagError(Exception):
@@ -36,19 +43,34 @@ class Parser(argparse.ArgumentParser):
         raise DiagnosticError([Diagnostic("E029", f"mdsl-run: {message}", None, "see mdsl-run --help")])
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows each flag's default where it has one (and its help does not say it already)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if default is not None and default is not False and default != argparse.SUPPRESS and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 def build_parser() -> Parser:
-    p = Parser(prog="mdsl-run", description="Run a Module DSL model on a HuggingFace checkpoint.")
+    p = Parser(prog="mdsl-run", description="Run a Module DSL model on a HuggingFace checkpoint.",
+               formatter_class=HelpFormatter)
     p.add_argument("model", help="the .module file (e.g. modeldsl/std/models/llama.module)")
     p.add_argument("--hf", metavar="DIR", help="checkpoint folder: config.json + *.safetensors (required, "
                    "except with --train ... --resume OUT)")
     p.add_argument("--top", help="the declaration to run (default: the file's model)")
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--prompt", help="text to tokenize")
-    source.add_argument("--tokens", help="comma-separated token ids, e.g. 1,2,3")
-    p.add_argument("--max-new-tokens", type=int, default=0, metavar="N")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    source.add_argument("--prompt", metavar="TEXT", help="text to tokenize")
+    source.add_argument("--tokens", metavar="IDS", help="comma-separated token ids, e.g. 1,2,3")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_NEW_TOKENS, metavar="N",
+                   help="tokens to generate after the prompt (0: only run the prompt)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature; 0 is greedy decoding")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample from the K most likely tokens "
+                   "(default: no limit; needs --temperature > 0)")
+    p.add_argument("--seed", type=int, default=None, metavar="S", help="random seed of the sampling (default: fresh each run; "
+                   "needs --temperature > 0)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence for each token")
     p.add_argument("--logits", metavar="FILE.npy", help="write the prompt's logits [T, vocab] (fp32)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
@@ -63,7 +85,10 @@ def build_parser() -> Parser:
                         "config fields that change the math are still checked)")
     p.add_argument("--allow-unused-tensors", action="store_true",
                    help="load a checkpoint with tensors no hf_mapping rule reads (E040 becomes W006)")
-    p.add_argument("--diagnostics-format", choices=("text", "json"), default="text")
+    p.add_argument("--threads", metavar="N", help=f"BLAS threads of large matrix products on the CPU (small ones "
+                   f"always run on one thread; default: ${THREADS_ENV_VAR}, else the cores this process may use)")
+    p.add_argument("--diagnostics-format", choices=("text", "json"), default="text",
+                   help="how errors and warnings are printed")
     training.add_arguments(p)
     return p
 
@@ -133,6 +158,9 @@ def check_flags(args) -> list[Diagnostic]:
     if not Path(args.model).is_file():
         raise DiagnosticError([Diagnostic("E028", f"no such model file '{args.model}'", None,
                                           "give the path of a .module file")])
+    check_checkpoint_flag(args)
+    if args.threads is not None:
+        parse_thread_count(args.threads, "mdsl-run: --threads")
     if args.logits:
         target = logits_path(args.logits)
         if not target.parent.is_dir():
@@ -154,10 +182,38 @@ def check_flags(args) -> list[Diagnostic]:
     return warnings
 
 
+def check_checkpoint_flag(args) -> None:
+    """``--hf`` names a folder (whether it is needed at all is checked with the training flags)."""
+    if args.hf is not None and Path(args.hf).is_file():
+        raise DiagnosticError([Diagnostic("E028", f"--hf '{args.hf}' is a file, expected a checkpoint folder", None,
+                                          "give the folder that holds config.json and the *.safetensors files"
+                                          + (f" (here: '{Path(args.hf).parent}')"
+                                             if Path(args.hf).name == "config.json" else ""))])
+
+
+def continuation_text(tokenizer: Tokenizer, prompt: list[int], generated: list[int]) -> str:
+    """The text the new tokens add to the prompt's (decoded together, so a character split
+    across the boundary is whole)."""
+    before, after = tokenizer.decode(prompt), tokenizer.decode(prompt + generated)
+    return after[len(before):] if after.startswith(before) else tokenizer.decode(generated)
+
+
+def print_generation(args, tokenizer: Tokenizer, prompt: list[int], generated: list[int]) -> None:
+    """The prompt and the continuation, each labelled (token ids too where text alone does not show them)."""
+    noun = "token" if len(generated) == 1 else "tokens"
+    print(f"prompt ({len(prompt)} tokens): {tokenizer.decode(prompt)!r}")
+    print(f"continuation ({len(generated)} new {noun}): {continuation_text(tokenizer, prompt, generated)!r}")
+    if tokenizer.inner is None or args.tokens is not None:
+        print("prompt tokens:", ",".join(map(str, prompt)))
+        print("new tokens:", ",".join(map(str, generated)))
+
+
 def run(args) -> int:
     import modeldsl
 
     warnings = check_flags(args)
+    if args.threads is not None:
+        set_pool_size(parse_thread_count(args.threads, "mdsl-run: --threads"))
     if warnings:
         sys.stderr.write(render_all(warnings, args.diagnostics_format) + "\n")
     if args.train is not None:
@@ -195,13 +251,12 @@ def run(args) -> int:
     generated = model.generate(ids, new_tokens, args.temperature, args.top_k, args.seed,
                                use_cache=not args.no_cache, timings=timings, engine=args.engine)
     prefill, decode = timings["prefill"], timings["decode"]
+    print_generation(args, tokenizer, ids, generated)
     print(f"prefill: {len(ids)} tokens in {prefill * 1000:.1f} ms ({len(ids) / prefill:.1f} tokens/s)")
     steps = max(len(generated) - 1, 0)  # the first new token comes from the prefill's logits
     if steps:
         mode = "KV cache" if not args.no_cache else "full recomputation"
-        print(f"decode: {steps} steps in {decode * 1000:.1f} ms ({steps / decode:.1f} tokens/s, {mode})")
-    print("tokens:", ",".join(map(str, generated)))
-    print("text:", repr(tokenizer.decode(ids + generated)))
+        print(f"decode: {steps} step{'s' if steps != 1 else ''} in {decode * 1000:.1f} ms ({steps / decode:.1f} tokens/s, {mode})")
     return 0
 
 
@@ -223,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mdsl-run: internal error: {type(err).__name__}: {err}\n"
               "hint: this is a bug in modeldsl; rerun with MDSL_DEBUG=1 for a traceback and report it", file=sys.stderr)
         return 2
+    finally:
+        set_pool_size(None)  # --threads holds for this run only
 
 
 if __name__ == "__main__":

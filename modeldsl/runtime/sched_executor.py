@@ -7,7 +7,9 @@ constructor turns the program into a flat list of steps, layer loops
 unrolled, with every view made in advance, so :meth:`ScheduleExecutor.execute`
 allocates nothing that outlives a kernel call: kernels are the numpy
 references of the kernel registry, and their results are copied into the
-planned output views.
+planned output views. BLAS threads are set per product
+(:mod:`modeldsl.runtime.threads`): small GEMMs and attention products run on
+one thread, large ones on a pool sized to the cores the process may use.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ from modeldsl.dialects.sched import (
 from modeldsl.kernels.reference import flash_attention, matmul
 from modeldsl.kernels.registry import entry
 from modeldsl.primitives import lookup_primitive
-from modeldsl.runtime.executor import DTYPE_KEYWORDS, NUMPY_DTYPES, SHAPE_KEYWORDS, ExecutionError, attribute_value
+from modeldsl.runtime.executor import (
+    DTYPE_KEYWORDS, NUMPY_DTYPES, SHAPE_KEYWORDS, SHAPES_KEYWORDS, ExecutionError, attribute_value,
+)
+from modeldsl.runtime.threads import blas_threads, pool_size, threads_for
 
 Step = Callable[[], None]
 # launch attributes that are not kernel parameters
@@ -55,6 +60,7 @@ class ScheduleExecutor:
         self.program = program
         self.arenas = {name: np.zeros(size, dtype=np.uint8) for name, size in program.arenas.items()
                        if name not in (arenas or {})}
+        self.pool = pool_size()  # BLAS threads of a large product; everything else runs on one
         for name, arena in (arenas or {}).items():
             if arena.nbytes < program.arenas[name]:
                 raise ExecutionError(f"the shared {name} arena has {arena.nbytes} bytes, the program needs "
@@ -121,8 +127,9 @@ class ScheduleExecutor:
             if np.shape(value) != view.shape:
                 raise ExecutionError(f"input {index}: expected shape {view.shape}, got {np.shape(value)}")
             np.copyto(view, value, casting="unsafe")
-        for step in self.steps:
-            step()
+        with blas_threads(1):
+            for step in self.steps:
+                step()
         return list(self.outputs)
 
     # ------------------------------------------------------------------ compiling steps
@@ -183,6 +190,8 @@ class ScheduleExecutor:
                 params["shape"] = outputs[0].shape
             if sig.name in DTYPE_KEYWORDS:
                 params["dtype"] = outputs[0].dtype
+            if sig.name in SHAPES_KEYWORDS:
+                params["shapes"] = tuple(o.shape for o in outputs)
 
         accumulate = op.accumulate is not None
 
@@ -203,7 +212,7 @@ class ScheduleExecutor:
             product = matmul(a, b, transpose=mode, alpha=alpha)
             np.copyto(c, product + beta * c.astype(product.dtype) if beta else product, casting="unsafe")
 
-        return step
+        return self.threaded(step, gemm_call_macs(a.shape, c.shape, mode))
 
     def attention(self, op: AttentionOp, views: dict[SSAValue, np.ndarray]) -> Step:
         q, k, v, out, lse = (views[x] for x in (op.q, op.k, op.v, op.out, op.lse))
@@ -218,7 +227,20 @@ class ScheduleExecutor:
             np.copyto(out, o, casting="unsafe")
             np.copyto(lse, l, casting="unsafe")
 
-        return step
+        tq, tk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+        return self.threaded(step, tq * tk * d)  # one head's Q K^T (and P V) is one BLAS call
+
+    def threaded(self, step: Step, macs: int) -> Step:
+        """``step`` on the BLAS threads a call of ``macs`` multiply-adds deserves (``execute`` runs on one)."""
+        threads = threads_for(macs, self.pool)
+        if threads == 1:
+            return step
+
+        def parallel_step() -> None:
+            with blas_threads(threads):
+                step()
+
+        return parallel_step
 
 
 def write_results(outputs: Sequence[np.ndarray], result, accumulate: bool = False) -> None:
@@ -231,6 +253,16 @@ def write_results(outputs: Sequence[np.ndarray], result, accumulate: bool = Fals
             np.add(view, value, out=view, casting="unsafe")
         else:
             np.copyto(view, value, casting="unsafe")
+
+
+def gemm_call_macs(a_shape: tuple[int, ...], c_shape: tuple[int, ...], mode: str) -> int:
+    """Multiply-adds of the largest single 2-D BLAS call of a GEMM (numpy loops over leading dims;
+    ``TN`` over stacked rows is one call contracting all of them)."""
+    if mode[0] == "T":
+        depth = int(np.prod(a_shape[:-1])) if len(a_shape) > 2 and len(c_shape) == 2 else a_shape[-2]
+    else:
+        depth = a_shape[-1]
+    return c_shape[-2] * c_shape[-1] * depth
 
 
 def root_offset(op: BufferOp) -> tuple[BufferOp, int]:

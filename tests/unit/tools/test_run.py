@@ -1,8 +1,6 @@
 """mdsl-run on the bundled tiny checkpoint, and its coded errors."""
 
 import json
-import re
-import shlex
 import shutil
 from pathlib import Path
 
@@ -20,9 +18,73 @@ LLAMA = STD_ROOT / "models" / "llama.module"
 
 def test_generates_from_a_prompt_with_the_checkpoint_tokenizer(capsys):
     assert main([str(LLAMA), "--hf", str(EXAMPLE), "--prompt", "Hello, world", "--max-new-tokens", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "prompt (9 tokens): 'Hello, world'"
+    assert lines[1].startswith("continuation (5 new tokens): '")
+    assert lines[2].startswith("prefill: 9 tokens in") and lines[3].startswith("decode: 4 steps")
+    assert not any(line.startswith(("prompt tokens:", "new tokens:")) for line in lines)  # the text says it all
+
+
+def test_the_continuation_is_the_text_of_the_generated_tokens(capsys):
+    from modeldsl.tools.run import Tokenizer
+
+    assert main([str(LLAMA), "--hf", str(EXAMPLE), "--prompt", "Hello, world"]) == 0
     out = capsys.readouterr().out
-    assert "prefill:" in out and "tokens/s" in out and "decode: 4 steps" in out
-    assert "text: 'Hello, world" in out
+    tokenizer = Tokenizer(EXAMPLE)
+    ids = tokenizer.encode("Hello, world")
+    generated = modeldsl.load(LLAMA, hf=EXAMPLE).generate(ids, 16)
+    continuation = tokenizer.decode(ids + generated)[len(tokenizer.decode(ids)):]
+    assert f"continuation (16 new tokens): {continuation!r}\n" in out
+
+
+def test_max_new_tokens_defaults_to_16_and_help_shows_the_defaults(capsys):
+    assert main([str(LLAMA), "--hf", str(EXAMPLE), "--tokens", "5,6,7"]) == 0
+    assert len(tokens_of(capsys.readouterr().out)) == 16
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "--max-new-tokens N tokens to generate after the prompt (0: only run the prompt) (default: 16)" in text
+    assert "(default: 0.0)" in text and "(default: cpu)" in text and "(default: None)" not in text
+
+
+def test_without_a_tokenizer_the_token_ids_are_shown(tmp_path, capsys):
+    ckpt = copy_example(tmp_path)
+    (ckpt / "tokenizer.json").unlink()
+    assert main([str(LLAMA), "--hf", str(ckpt), "--prompt", "Hi", "--max-new-tokens", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "prompt (2 tokens): 'Hi'" and lines[1].startswith("continuation (3 new tokens): ")
+    assert lines[2] == "prompt tokens: 72,105" and len(tokens_of("\n".join(lines))) == 3
+
+
+def test_a_file_given_as_the_checkpoint_folder_is_e028(capsys):
+    assert main([str(LLAMA), "--hf", str(EXAMPLE / "config.json"), "--tokens", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "error[E028]" in err and "is a file, expected a checkpoint folder" in err
+    assert f"(here: '{EXAMPLE}')" in err and "loading weights" not in err
+
+
+@pytest.mark.parametrize("flags, env, words", [
+    (["--threads", "0"], None, "--threads must be a whole number of threads >= 1, got '0'"),
+    (["--threads", "many"], None, "--threads must be a whole number of threads >= 1, got 'many'"),
+    ([], "-3", "MDSL_NUM_THREADS must be a whole number of threads >= 1, got '-3'"),
+])
+def test_bad_thread_counts_are_e029(flags, env, words, monkeypatch, capsys):
+    if env is not None:
+        monkeypatch.setenv("MDSL_NUM_THREADS", env)
+    assert main([*ARGS, "--tokens", "1", "--max-new-tokens", "1", *flags]) == 1
+    err = capsys.readouterr().err
+    assert "error[E029]" in err and words in err and "internal error" not in err
+
+
+def test_threads_sets_the_pool_of_the_executors_for_this_run_only(monkeypatch, capsys):
+    from modeldsl.runtime import sched_executor, threads
+
+    pools = []
+    monkeypatch.setattr(sched_executor, "pool_size", lambda: pools.append(threads.pool_size()) or pools[-1])
+    monkeypatch.delenv("MDSL_NUM_THREADS", raising=False)
+    assert main([*ARGS, "--tokens", "5,6", "--max-new-tokens", "2", "--threads", "3"]) == 0
+    assert pools and set(pools) == {3}
+    assert threads.pool_size() == threads.usable_cores()
 
 
 def test_writes_the_prompt_logits(tmp_path, capsys):
@@ -35,11 +97,11 @@ def test_writes_the_prompt_logits(tmp_path, capsys):
 def test_greedy_tokens_equal_with_and_without_the_cache_and_with_either_engine(capsys):
     args = [str(LLAMA), "--hf", str(EXAMPLE), "--tokens", "5,6,7", "--max-new-tokens", "6"]
     main(args)
-    cached = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tokens:")]
+    cached = tokens_of(capsys.readouterr().out)
     main(args + ["--no-cache"])
-    assert cached == [line for line in capsys.readouterr().out.splitlines() if line.startswith("tokens:")]
+    assert cached == tokens_of(capsys.readouterr().out)
     main(args + ["--engine", "graph"])
-    assert cached == [line for line in capsys.readouterr().out.splitlines() if line.startswith("tokens:")]
+    assert cached == tokens_of(capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("args, code, words", [
@@ -77,8 +139,9 @@ ARGS = [str(LLAMA), "--hf", str(EXAMPLE)]
 
 
 def tokens_of(out: str) -> list[int]:
-    (line,) = [line for line in out.splitlines() if line.startswith("tokens:")]
-    return [int(t) for t in line.removeprefix("tokens:").strip().split(",") if t]
+    """The generated token ids that mdsl-run printed."""
+    (line,) = [line for line in out.splitlines() if line.startswith("new tokens:")]
+    return [int(t) for t in line.removeprefix("new tokens:").strip().split(",") if t]
 
 
 def copy_example(tmp_path: Path, **config) -> Path:
@@ -93,22 +156,6 @@ def copy_example(tmp_path: Path, **config) -> Path:
             data[key] = value
     path.write_text(json.dumps(data))
     return target
-
-
-def test_the_readme_main_job_runs_as_written(monkeypatch, capsys):
-    readme = (ROOT / "README.md").read_text()
-    setup = readme.split("## Set up", 1)[1]
-    block = re.search(r"```sh\n(.*?)```", setup, re.S).group(1)
-    command = re.search(r"(?:^|&& )(mdsl-run [^\n]*?)\s*$", block, re.M).group(1)
-    argv = shlex.split(command)
-    assert argv[0] == "mdsl-run" and argv[argv.index("--max-new-tokens") + 1] == "16"
-    monkeypatch.chdir(ROOT)  # the README's paths are relative to the repository
-    assert main(argv[1:]) == 0
-    captured = capsys.readouterr()
-    assert len(tokens_of(captured.out)) == 16
-    assert re.search(r"^prefill: \d+ tokens in [\d.]+ ms \([\d.]+ tokens/s\)$", captured.out, re.M)
-    assert re.search(r"^decode: 15 steps in [\d.]+ ms \([\d.]+ tokens/s, KV cache\)$", captured.out, re.M)
-    assert "error" not in captured.err and "warning" not in captured.err
 
 
 # ------------------------------------------------------------------ sampling
@@ -206,7 +253,7 @@ def test_a_folder_named_like_the_weights_is_e028(tmp_path, capsys):
     ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}},
      "'rope_scaling' has rope_type 'longrope', which is not supported (supported: default, linear, dynamic"),
     ({"rope_scaling": {"rope_type": "llama3"}}, "'rope_scaling' has no 'factor', which rope_type 'llama3' needs"),
-    ({"rope_scaling": "bad"}, "'rope_scaling' must be a JSON object"),
+    ({"rope_scaling": "bad"}, "'rope_scaling' is 'bad', not an object"),
     ({"rope_parameters": {"rope_theta": 10000.0, "rope_type": "linear", "factor": -2}},
      "'rope_parameters' has 'factor': -2, which must be a positive number"),
 ])
