@@ -85,6 +85,7 @@ from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
 from modeldsl.instances import Instance, LoweringFailed, ParamSlot, StackedInstance, param_slots, source_text, typed_entries
 from modeldsl.infer import InferenceError, infer_result_types
+from modeldsl.ir import locate_new_ops, located
 from modeldsl.lower_backward import BackwardLowering, ForwardInput, ForwardResult, flow_accumulates
 from modeldsl.primitives import STAR_REDUCTIONS, PrimitiveSignature, lookup_primitive, star_reduction
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate, evaluate_let, guard_value
@@ -135,6 +136,7 @@ class Lowering(BackwardLowering):
         self.config_values: ConstEnv | None = None  # the top's configuration, for its own annotations
         self.optional_inputs: dict[int, set[str]] = {}  # by forward: section, its optional inputs
         self.failed_inputs: dict[int, list] = {}  # by forward: section, inputs whose type was refused
+        self.untyped_outputs: set[tuple[int, str]] = set()  # (forward: section, output) written without dtype
         self.tuple_outputs: dict[int, dict[str, int]] = {}  # by forward: section, `out: ([..], [..])` sizes
         self.graph_outputs: list[dict[str, int]] = []  # tuple outputs of the graphs being lowered, innermost last
 
@@ -143,7 +145,7 @@ class Lowering(BackwardLowering):
         namespace = self.namespace_of(top)
         top = self.concrete_decl(top, top.span)
         env, config_attrs = self.config_env(top, config or {})
-        self.model = ModelOp(top.name, config_attrs)
+        self.model = located(ModelOp(top.name, config_attrs), top.span)
         self.active.append(top.name)
         report_placeholders(top, self.sink)
         self.check_constraints_on_defaults(top, config or {})
@@ -593,7 +595,7 @@ class Lowering(BackwardLowering):
         forward = self.forward_of(instance.decl)
         inputs, outputs = self.signature(forward, instance.env)
         func = FuncOp("forward", [t for _, t, _ in inputs], [], kind="forward")
-        self.model.body.block.add_op(func)
+        self.model.body.block.add_op(located(func, forward.span))
         self.block = func.body.block
         scope = Scope(self.sink)
         for (name, _, span), arg in zip(inputs, func.body.block.args):
@@ -639,6 +641,8 @@ class Lowering(BackwardLowering):
                     else:
                         scalar = _scalar_name(expr) == "scalar"
                         outputs.append((name, SCALAR if scalar else self.tensor_type(expr, env), span))
+                        if not scalar and not _has_dtype(expr):
+                            self.untyped_outputs.add((id(forward), name))
                 except LoweringFailed:
                     if is_input:
                         self.failed_inputs.setdefault(id(forward), []).append((name, span))
@@ -675,15 +679,21 @@ class Lowering(BackwardLowering):
                 raise LoweringFailed()
             value = binding.value
             if declared is not None:
-                value = self.check_declared(name, declared, value, span)
+                untyped = (id(forward), name) in self.untyped_outputs
+                value = self.check_declared(name, declared, value, span, untyped)
             results.append(value)
         return results
 
-    def check_declared(self, name: str, declared: TensorType, value: SSAValue, span: Span) -> SSAValue:
+    def check_declared(self, name: str, declared: TensorType, value: SSAValue, span: Span,
+                       untyped: bool = False) -> SSAValue:
         """The graph's value for a declared output must have the declared type (E003,
         E004). Between bf16, fp16 and fp32 the cast rules of spec 7.4.4 insert an
-        explicit cast: widening silently, narrowing with W005."""
+        explicit cast: widening silently, narrowing with W005. An output written
+        without a dtype defaults to bf16 as an activation (spec 3.3); integer and
+        boolean results (indices, masks) keep their dtype."""
         actual = value.type
+        if untyped and declared is not SCALAR and not actual.dtype.is_float:
+            declared = declared.with_dtype(actual.dtype)
         if declared is SCALAR:
             if actual.rank != 0:
                 self.sink.error("E004", f"output '{name}' is declared scalar but the graph computes {actual}", span,
@@ -721,7 +731,9 @@ class Lowering(BackwardLowering):
             try:
                 if isinstance(stmt, ast.Flow):
                     try:
+                        before = self.block.last_op
                         self.run_flow(instance, stmt, scope)
+                        locate_new_ops(self.block, before, stmt.span)
                     except LoweringFailed:
                         _poison(stmt.chain[-1], scope)
                         raise
@@ -952,6 +964,8 @@ class Lowering(BackwardLowering):
     def apply(self, instance: Instance, stage: ast.Expr, inputs: list[SSAValue],
               scope: Scope) -> tuple[list[SSAValue], list[Operation]]:
         """One stage of a flow: a module instance, a module call or a primitive."""
+        if isinstance(stage, ast.ListExpr):
+            return self.assert_type(stage, inputs, instance.env), []
         func, args = (stage.func, stage.args) if isinstance(stage, ast.Call) else (stage, [])
         func = _qualified(func, instance.namespace)
         if _names_failed_param(func, instance, scope):
@@ -970,6 +984,24 @@ class Lowering(BackwardLowering):
         self.sink.error("E014", f"unknown primitive or module '{name}'", func.span,
                         "primitives are listed in spec section 6; modules must be declared or imported")
         raise LoweringFailed()
+
+    def assert_type(self, stage: ast.ListExpr, inputs: list[SSAValue], env: ConstEnv) -> list[SSAValue]:
+        """``x -> transpose(1, 2) -> [B, T, H, D] -> view(...)``: a type in a chain states the
+        shape (and dtype, if written) of the value passing through (E004/E003 otherwise)."""
+        declared = self.tensor_type(stage, env)
+        if len(inputs) != 1:
+            self.sink.error("E003", f"a type in a flow describes one value, got {len(inputs)}", stage.span)
+            raise LoweringFailed()
+        try:
+            check_same_shape("the value", declared, inputs[0].type)
+        except VerifyException as err:
+            self.sink.error("E004", f"{err}: stated {declared}, computed {inputs[0].type}", stage.span)
+            raise LoweringFailed() from None
+        explicit = stage.items and isinstance(stage.items[-1], ast.Name) and stage.items[-1].id in DTYPE_SPELLINGS
+        if explicit and declared.dtype != inputs[0].type.dtype:
+            self.sink.error("E003", f"the value is {inputs[0].type.dtype.value}, not {declared.dtype.value}", stage.span)
+            raise LoweringFailed()
+        return inputs
 
     def instantiate_call(self, func: ast.Name, args: list[ast.Arg], instance: Instance, scope: Scope) -> Instance:
         """``Linear(weight)``: tensor arguments bind the module's parameters in order;
@@ -1194,15 +1226,17 @@ class Lowering(BackwardLowering):
                 if not remaining:
                     self.sink.error("E012", f"too many arguments to {sig.name}", arg.span)
                     raise LoweringFailed()
-                params[remaining[0]] = self.param_value(arg.value, instance.env)
+                params[remaining[0]] = self.param_value(arg.value, self.graph_env(instance, scope))
                 spans[remaining[0]] = arg.span
             else:
+                if arg.name == "dim" and "dims" in positional_params and "dim" not in positional_params:
+                    arg = replace(arg, name="dims", value=ast.ListExpr(arg.value.span, [arg.value]))  # dim=2 is dims=[2]
                 if arg.name not in positional_params:
                     known = ", ".join(positional_params) or "none"
                     self.sink.error("E012", f"{sig.name} has no parameter '{arg.name}'", arg.span,
                                     f"its parameters are: {known}")
                     raise LoweringFailed()
-                params[arg.name] = self.param_value(arg.value, instance.env)
+                params[arg.name] = self.param_value(arg.value, self.graph_env(instance, scope))
                 spans[arg.name] = arg.span
         width = self.star_width.get(operands[0]) if operands and sig.name in STAR_REDUCTIONS else None
         if width is not None and ("dims" in params or "dim" in params):
@@ -1229,7 +1263,7 @@ class Lowering(BackwardLowering):
                 self.sink.error("E003", f"{sig.name}({name}=...): {err}", (spans or {}).get(name, span))
                 raise LoweringFailed() from None
         op = self.build_primitive(sig, operands, params, attrs, span)
-        self.block.add_op(op)
+        self.block.add_op(located(op, span))
         return op
 
     # ------------------------------------------------------------------ indexing (spec 5.11.4)
@@ -1348,6 +1382,20 @@ class Lowering(BackwardLowering):
             promoted.append(value)
         return promoted
 
+    def require_configured(self, node: ast.Expr, env: ConstEnv) -> None:
+        """E026 naming the parameters without a value that a number computed now needs."""
+        try:
+            evaluate(node, env)
+            return
+        except (NotConstant, ConstError):
+            pass
+        unset = sorted(n for n in expression_names(node) if isinstance(env.lookup(n)[1], Expr))
+        if unset:
+            names = ", ".join(f"'{n}'" for n in unset)
+            self.sink.error("E026", f"'{node.span.text}' needs the value of {names}, which has no default here",
+                            node.span, "give the parameter a default (d_head: int = 64) or a configured value")
+            raise LoweringFailed()
+
     def param_value(self, node: ast.Expr, env: ConstEnv) -> Any:
         """A primitive's parameter: an enum word, a list of sizes, or a ConstExpr."""
         if isinstance(node, ast.Name) and not env.lookup(node.id)[0]:
@@ -1358,6 +1406,7 @@ class Lowering(BackwardLowering):
             evaluate(node, env)
         except NotConstant:
             env = self.concretized(env, node)  # a float of integer config values: 1.0 / sqrt(d_head)
+            self.require_configured(node, env)
         except ConstError:
             pass  # reported by const() below
         value = self.const(node, env)
@@ -1403,6 +1452,12 @@ def _absent_discards(names: list[ast.Expr], values: list[SSAValue], ops: list[Op
 
 def _is_discard(node: ast.Expr) -> bool:
     return isinstance(node, ast.Name) and node.id == "_"
+
+
+def _has_dtype(expr: ast.Expr) -> bool:
+    """Whether a tensor type names its dtype (``[B, T, int32]``)."""
+    return isinstance(expr, ast.ListExpr) and bool(expr.items) and isinstance(expr.items[-1], ast.Name) \
+        and expr.items[-1].id in DTYPE_SPELLINGS
 
 
 def _scalar_name(expr: ast.Expr) -> str | None:
