@@ -36,8 +36,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, FloatAttr, IntegerAttr, StringAttr
@@ -59,7 +61,19 @@ class DiagnosticWarning(UserWarning):
 
 
 def warn_python(diagnostic: Diagnostic) -> None:
-    warnings.warn(DiagnosticWarning(diagnostic), stacklevel=3)
+    """Raise a warning diagnostic through Python's ``warnings``, attributed to the caller's code."""
+    warnings.warn(DiagnosticWarning(diagnostic), stacklevel=_first_frame_outside_the_package())
+
+
+def _first_frame_outside_the_package() -> int:
+    """The ``stacklevel`` of the nearest caller outside modeldsl (seen from :func:`warn_python`)."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename.startswith(PACKAGE_ROOT):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 
 
 # ---------------------------------------------------------------------------- neutral values

@@ -302,14 +302,18 @@ def load(model_file: str | Path, hf: str | Path | None = None, dtype: str = "fp3
     if dtype not in STORAGE:
         raise DiagnosticError([Diagnostic("E029", f"dtype '{dtype}' is not fp32 or bf16", None)])
     collected = sink if sink is not None else DiagnosticSink()
+    before = len(collected.diagnostics)
     try:
-        return _load(model_file, hf, dtype, top, config, progress, collected, device, force_architecture,
-                     allow_unused_tensors)
-    finally:
-        if sink is None:
-            for diagnostic in collected.diagnostics:
-                if diagnostic.severity == "warning":
-                    warn_python(diagnostic)
+        model = _load(model_file, hf, dtype, top, config, progress, collected, device, force_architecture,
+                      allow_unused_tensors)
+    except DiagnosticError as err:  # the warnings of this load ride along with the error
+        riding = [d for d in collected.diagnostics[before:] if d.severity == "warning" and d not in err.diagnostics]
+        raise DiagnosticError(riding + err.diagnostics) from None
+    if sink is None:
+        for diagnostic in collected.diagnostics:
+            if diagnostic.severity == "warning":
+                warn_python(diagnostic)
+    return model
 
 
 def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | None,

@@ -220,3 +220,29 @@ def test_a_corrupt_header_is_e034_naming_the_file(name, tiny_llama, tmp_path):
     (ckpt / "model-00002-of-00002.safetensors").write_bytes(CORRUPT_HEADERS[name])
     err = failure(ckpt)
     assert err.code == "E034" and err.message.startswith("model-00002-of-00002.safetensors: ")
+
+
+def _renamed(old, new):
+    return lambda t: t.update({new: t.pop(old)})
+
+
+@pytest.mark.parametrize("present", [
+    "model.layers.0.mlp.gate.weight",        # a MoE router, not the gate projection
+    "model.layers.0.mlp.v_proj.weight",      # another projection
+    "model.layers.1.mlp.gate_proj.weight",   # another layer (the checkpoint has it anyway)
+    "model.layers.0.mlp.gate_proj.bias",     # another kind of tensor
+])
+def test_e031_never_hints_at_an_unrelated_tensor(present, tiny_llama, tmp_path):
+    ckpt = copy(tiny_llama, tmp_path)
+    missing = "model.layers.0.mlp.gate_proj.weight"
+    rewrite(ckpt, lambda t: t.update({present: t.pop(missing)}) if present not in t else t.pop(missing))
+    err = failure(ckpt)
+    assert err.code == "E031" and missing in err.message and "did you mean" not in err.hint
+
+
+@pytest.mark.parametrize("present", ["model.layers.0.mlp.gate_prj.weight",
+                                     "language_model.model.layers.0.mlp.gate_proj.weight"])
+def test_e031_hints_at_a_misspelled_or_prefixed_tensor(present, tiny_llama, tmp_path):
+    ckpt = copy(tiny_llama, tmp_path)
+    rewrite(ckpt, _renamed("model.layers.0.mlp.gate_proj.weight", present))
+    assert failure(ckpt).hint == f"did you mean '{present}'?"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import modeldsl
-from hf_checkpoints import make_checkpoint, transformers_model
+from hf_checkpoints import cached_checkpoint, make_checkpoint, transformers_model
 from modeldsl.diagnostics import DiagnosticError
 from modeldsl.dialects.graph import ModelOp
 from modeldsl.frontend.text.parser import parse_source
@@ -27,8 +27,8 @@ TOKENS = [3, 17, 42, 5, 9, 33, 2, 61, 7, 12, 40, 8]
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    return {arch: make_checkpoint(tmp_path_factory.mktemp(arch), arch) for arch in MODELS}
+def checkpoints():
+    return {arch: cached_checkpoint(arch) for arch in MODELS}
 
 
 def edited(src, tmp_path, change):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import modeldsl
-from hf_checkpoints import CASES, make_checkpoint, transformers_model
+from hf_checkpoints import CASES, cached_checkpoint, transformers_model
 from modeldsl.diagnostics import DiagnosticError
 from modeldsl.resolve.imports import STD_ROOT
 
@@ -19,9 +19,9 @@ TOKENS = [3, 17, 42, 5, 9, 33, 2, 61, 7, 12, 40, 8]  # T = 12 >= twice the windo
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-def case(request, tmp_path_factory):
+def case(request):
     arch, module, config = CASES[request.param]
-    path = make_checkpoint(tmp_path_factory.mktemp(request.param), arch, **config)
+    path = cached_checkpoint(arch, **config)
     return request.param, path, modeldsl.load(MODELS / module, hf=path)
 
 
@@ -61,8 +61,8 @@ def test_sampling_is_reproducible_with_a_seed(case):
     assert first == model.generate(TOKENS[:4], 6, temperature=0.8, top_k=10, seed=3)
 
 
-def test_bf16_storage_stays_close_to_fp32(tmp_path):
-    path = make_checkpoint(tmp_path / "ckpt")
+def test_bf16_storage_stays_close_to_fp32():
+    path = cached_checkpoint("llama")
     fp32 = modeldsl.load(MODELS / "llama.module", hf=path).forward(TOKENS)
     bf16 = modeldsl.load(MODELS / "llama.module", hf=path, dtype="bf16")
     assert next(iter(bf16.weights.values())).dtype.name == "bfloat16"
@@ -70,7 +70,7 @@ def test_bf16_storage_stays_close_to_fp32(tmp_path):
 
 
 def test_save_hf_round_trips_through_the_model(tmp_path):
-    path = make_checkpoint(tmp_path / "ckpt")
+    path = cached_checkpoint("llama")
     model = modeldsl.load(MODELS / "llama.module", hf=path)
     model.save_hf(tmp_path / "out")
     again = modeldsl.load(MODELS / "llama.module", hf=tmp_path / "out")

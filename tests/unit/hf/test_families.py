@@ -1,0 +1,148 @@
+"""Checkpoints of other families are never silently loaded into the std Llama: E036 for the
+architecture (W010 with force_architecture), E037 naming a config field that changes the
+math, E040 for tensors no rule reads; the hf_config ``require:`` / ``ignore:`` declarations."""
+
+import json
+import shutil
+import warnings
+
+import pytest
+
+import modeldsl
+from hf_checkpoints import OTHER_FAMILIES, cached_checkpoint
+from modeldsl.diagnostics import DiagnosticError, DiagnosticSink
+from modeldsl.hf.compat import DiagnosticWarning
+from modeldsl.resolve.imports import STD_ROOT
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+LLAMA = STD_ROOT / "models" / "llama.module"
+# what the std Llama says about each family: (code without --force-architecture, code and names with it)
+EXPECTED = {
+    "qwen2": ("E036", "E040", ["self_attn.q_proj.bias"]),
+    "granite": ("E036", "E037", ["embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                                 "logits_scaling"]),
+    "gemma2": ("E036", "E037", ["hidden_activation", "final_logit_softcapping", "attn_logit_softcapping",
+                                "query_pre_attn_scalar", "layer_types"]),
+    "llama-attention-bias": ("E037", "E037", ["attention_bias"]),
+    "llama-mlp-bias": ("E037", "E037", ["mlp_bias"]),
+}
+
+
+def family(name):
+    arch, config = OTHER_FAMILIES[name]
+    return cached_checkpoint(arch, **config)
+
+
+def diagnostics_of(directory, model=LLAMA, **options):
+    with pytest.raises(DiagnosticError) as info:
+        modeldsl.load(model, hf=directory, sink=DiagnosticSink(), **options)
+    return info.value.diagnostics
+
+
+def edited(directory, tmp_path, **fields):
+    copy = shutil.copytree(directory, tmp_path / "ckpt")
+    config = json.loads((copy / "config.json").read_text())
+    config.update(fields)
+    (copy / "config.json").write_text(json.dumps(config, indent=2))
+    return copy
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_std_llama_refuses_another_family(name):
+    code, _, names = EXPECTED[name]
+    (error,) = diagnostics_of(family(name))
+    assert error.code == code
+    arch = json.loads((family(name) / "config.json").read_text())["architectures"][0]
+    if code == "E036":
+        assert arch in error.message and "LlamaForCausalLM" in error.message
+        assert "--force-architecture" in error.hint
+    else:
+        assert f"'{names[0]}'" in error.message and error.span.text == f'"{names[0]}"'
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_with_force_architecture_the_field_or_tensor_that_changes_the_math_is_named(name):
+    _, code, names = EXPECTED[name]
+    found = diagnostics_of(family(name), force_architecture=True)
+    errors = [d for d in found if d.severity == "error"]
+    assert {d.code for d in errors} == {code}
+    text = " ".join(d.message for d in errors)
+    assert all(n in text for n in names), text
+    if EXPECTED[name][0] == "E036":
+        assert [d.code for d in found if d.severity == "warning"] == ["W010"]
+
+
+def test_e036_names_the_std_model_that_serves_the_checkpoint():
+    (error,) = diagnostics_of(cached_checkpoint("qwen3"))
+    assert error.code == "E036" and "std/models/qwen.module (Qwen3)" in error.hint
+    assert error.span.text == '"architectures"'
+
+
+def test_forced_and_unused_allowed_loads_with_every_warning_through_python_warnings():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        modeldsl.load(LLAMA, hf=family("qwen2"), force_architecture=True, allow_unused_tensors=True)
+    codes = [w.message.code for w in caught if issubclass(w.category, DiagnosticWarning)]
+    assert codes.count("W010") == 1 and codes.count("W006") == 6
+
+
+def test_with_a_sink_the_warnings_are_collected_there_and_not_raised():
+    sink = DiagnosticSink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiagnosticWarning)
+        modeldsl.load(LLAMA, hf=family("qwen2"), force_architecture=True, allow_unused_tensors=True, sink=sink)
+    assert sorted({d.code for d in sink.diagnostics}) == ["W006", "W010"]
+
+
+def test_neutral_values_of_math_changing_fields_load(tmp_path):
+    head_dim = 32 // 4
+    ckpt = edited(cached_checkpoint("llama"), tmp_path, attention_bias=False, mlp_bias=False, hidden_act="silu",
+                  embedding_multiplier=1.0, residual_multiplier=1, logits_scaling=1.0, final_logit_softcapping=None,
+                  attention_multiplier=head_dim ** -0.5, layer_types=["full_attention"] * 2,
+                  use_sliding_window=False, sliding_window=4096, partial_rotary_factor=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiagnosticWarning)
+        modeldsl.load(LLAMA, hf=ckpt)
+
+
+@pytest.mark.parametrize("fields,named", [
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"use_sliding_window": True, "sliding_window": 16}, "use_sliding_window"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+     "rope_parameters.partial_rotary_factor"),
+    ({"use_qk_norm": True}, "use_qk_norm"),
+    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+])
+def test_a_math_changing_field_is_e037_naming_it(fields, named, tmp_path):
+    errors = [d for d in diagnostics_of(edited(cached_checkpoint("llama"), tmp_path, **fields)) if d.code == "E037"]
+    assert errors and f"'{named}'" in errors[0].message
+
+
+def _variant(tmp_path, declarations):
+    """The std Llama with extra hf_config declarations."""
+    source = LLAMA.read_text().replace('    require:\n      hidden_act: "silu"\n', declarations)
+    assert source != LLAMA.read_text()
+    path = tmp_path / "variant.module"
+    path.write_text(source)
+    return path
+
+
+def test_require_overrides_the_neutral_value(tmp_path):
+    model = _variant(tmp_path, '    require:\n      hidden_act: "gelu"\n')
+    (error,) = diagnostics_of(cached_checkpoint("llama"), model)
+    assert error.code == "E037" and "'hidden_act'" in error.message and '"gelu"' in error.message
+
+
+def test_ignore_accepts_a_field_the_model_declares_it_handles(tmp_path):
+    ckpt = edited(cached_checkpoint("llama"), tmp_path, embedding_multiplier=12.0)
+    assert diagnostics_of(ckpt)[0].code == "E037"
+    modeldsl.load(_variant(tmp_path, '    ignore: ["embedding_multiplier"]\n'), hf=ckpt)
+
+
+def test_ignore_tensors_declares_tensors_the_model_does_not_need(tmp_path):
+    ckpt = family("qwen2")
+    model = _variant(tmp_path, '    ignore_tensors: ["model.layers.*.self_attn.*_proj.bias"]\n')
+    with pytest.warns(DiagnosticWarning, match="W010"):
+        modeldsl.load(model, hf=ckpt, force_architecture=True)
