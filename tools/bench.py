@@ -42,6 +42,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from modeldsl.tools.bench_deps import reporting_diagnostics, require_packages
+
 # name -> (transformers config class, DSL model file, HF config)
 SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3-0.6b": ("Qwen3Config", "qwen.module", dict(
@@ -229,8 +231,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+TORCH_RUNNERS = ("eager", "compile")
+
+
 def main(argv: list[str] | None = None) -> int:
+    return reporting_diagnostics(lambda: run(argv))
+
+
+def run(argv: list[str] | None) -> int:
     args = parse_args(argv)
+    torch_runners = [r for r in args.runners.split(",") if r in TORCH_RUNNERS]
+    if torch_runners:
+        require_packages(("torch", "transformers"), "python -m modeldsl.tools.bench",
+                         f"the runners {', '.join(torch_runners)}; --runners modeldsl runs without them")
     if args.device is None:
         try:
             import torch

@@ -105,6 +105,7 @@ from modeldsl.passes.plan_memory import build_program, liveness
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime.profiles import compile_profile
+from modeldsl.tools.bench_deps import reporting_diagnostics, require_packages
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_LLAMA = ROOT / "examples" / "tiny_llama"
@@ -459,6 +460,13 @@ def format_breakdown(result: Result, top: int = 8) -> str:
 
 
 def main(tokens: int = 512) -> int:
+    return reporting_diagnostics(lambda: compare(tokens))
+
+
+def compare(tokens: int) -> int:
+    """Measure both models and print the table, the breakdowns and whether the targets are met."""
+    require_packages(("torch", "transformers"), "python -m modeldsl.tools.bench_memory",
+                     "PyTorch's memory of the same forward is the comparison")
     start = time.perf_counter()
     results = [measure(spec, 1, tokens) for spec in (tiny_llama(tokens), llama_1b_2layers())]
     print(format_table(results, tokens))
