@@ -1167,6 +1167,53 @@ class MulOp(BinaryElementwiseOp):
     name = "mdsl.graph.mul"
 
 
+def check_broadcasts_to(what: str, a: TensorType, b: TensorType, out: TensorType) -> None:
+    """``a`` and ``b`` broadcast (NumPy rules) to the shape of ``out``."""
+    shape = broadcast_shape(what, a, b)
+    if shape is not None:
+        check_same_shape(f"{what} broadcast", a.with_shape(shape), out)
+
+
+@irdl_op_definition
+class AddBackwardOp(PrimitiveOp):
+    """``(d_a, d_b)``: ``d_out`` summed over the dims that broadcasting added or stretched in ``a``
+    and in ``b`` (spec 6.6.1). The operand does not carry the shapes of ``a`` and ``b``: the
+    result types give them (as ``reduce_max_backward``'s gives ``x``'s)."""
+
+    name = "mdsl.graph.add_backward"
+
+    d_out = operand_def(TensorType)
+    d_a = result_def(TensorType)
+    d_b = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        d_out, d_a, d_b = tensor(self.d_out), tensor(self.d_a), tensor(self.d_b)
+        check_same_dtype("d_out, d_a and d_b", d_out, d_a, d_b)
+        check_broadcasts_to("d_a and d_b", d_a, d_b, d_out)
+
+
+@irdl_op_definition
+class MulBackwardOp(PrimitiveOp):
+    """``d_a = d_out * b`` and ``d_b = d_out * a``, each summed back to its operand's shape over
+    the dims broadcasting added or stretched (spec 6.6.2)."""
+
+    name = "mdsl.graph.mul_backward"
+
+    d_out = operand_def(TensorType)
+    a = operand_def(TensorType)
+    b = operand_def(TensorType)
+    d_a = result_def(TensorType)
+    d_b = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        d_out, a, b = tensor(self.d_out), tensor(self.a), tensor(self.b)
+        d_a, d_b = tensor(self.d_a), tensor(self.d_b)
+        check_same_dtype("operands and results", d_out, a, b, d_a, d_b)
+        check_broadcasts_to("a and b", a, b, d_out)
+        check_same_shape("d_a", a, d_a)
+        check_same_shape("d_b", b, d_b)
+
+
 @irdl_op_definition
 class BiasAddOp(PrimitiveOp):
     """``x + bias`` with ``bias: [N]`` along the last dim of ``x: [*, N]``."""
@@ -1829,7 +1876,7 @@ PRIMITIVE_OPS: tuple[type[Operation], ...] = (
     SoftmaxOp, SoftmaxBackwardOp,
     FlashAttentionOp, FlashAttentionBackwardOp, RopeOp, RopeBackwardOp, QkNormOp, QkNormBackwardOp,
     SplitOp, ConcatOp, ViewOp, TransposeOp, PermuteOp, ContiguousOp,
-    AddOp, MulOp, BiasAddOp, ScaleOp, Add3Op,
+    AddOp, AddBackwardOp, MulOp, MulBackwardOp, BiasAddOp, ScaleOp, Add3Op,
     ReduceSumOp, ReduceMeanOp, ReduceMaxOp, ReduceMaxBackwardOp,
     EmbeddingOp, EmbeddingBackwardOp,
     MoeRouterOp, MoeRouterBackwardOp, MoePermuteOp, MoeUnpermuteOp, MoeUnpermuteBackwardOp,

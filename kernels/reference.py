@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -521,6 +521,27 @@ def mul(a, b):
     return a * b
 
 
+def _sum_to(grad: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """``grad`` summed over the dims broadcasting added (leading) or stretched (size 1) to ``shape``."""
+    shape = tuple(shape)
+    lead = grad.ndim - len(shape)
+    stretched = tuple(lead + i for i, d in enumerate(shape) if d == 1 and grad.shape[lead + i] != 1)
+    return grad.sum(axis=tuple(range(lead)) + stretched).reshape(shape)
+
+
+def add_backward(d_out, *, shapes):
+    """(d_a, d_b) of c = a + b: d_out summed back to each operand's shape (``shapes``: of a and b)."""
+    (d_out,) = _prep(d_out)
+    a_shape, b_shape = shapes
+    return _sum_to(d_out, a_shape), _sum_to(d_out, b_shape)
+
+
+def mul_backward(d_out, a, b):
+    """(d_a, d_b) of c = a * b: d_out * b and d_out * a, summed back to the shapes of a and b."""
+    d_out, a, b = _prep(d_out, a, b)
+    return _sum_to(d_out * b, a.shape), _sum_to(d_out * a, b.shape)
+
+
 def bias_add(x, bias):
     """x + bias, bias [N] along the last dim of x [*, N]."""
     x, bias = _prep(x, bias)
@@ -990,7 +1011,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         softmax, softmax_backward,
         flash_attention, flash_attention_backward, kv_cache_attention, rope, rope_backward, qk_norm, qk_norm_backward,
         split, concat, view, transpose, permute, contiguous,
-        add, mul, bias_add, scale, add3,
+        add, add_backward, mul, mul_backward, bias_add, scale, add3,
         reduce_sum, reduce_mean, reduce_max, reduce_max_backward,
         embedding, embedding_backward,
         moe_router, moe_router_backward, moe_permute, moe_unpermute, moe_unpermute_backward,

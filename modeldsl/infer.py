@@ -175,6 +175,10 @@ def _reduce_max_backward(ts, p):
     raise InferenceError("reduce_max_backward needs the shape of x; give the result type explicitly")
 
 
+def _add_backward(ts, p):
+    raise InferenceError("add_backward needs the shapes of a and b; give the result types explicitly")
+
+
 def _embedding(ts, p):
     indices, weight = ts
     return [TensorType([*indices.shape, weight.shape[1]], weight.dtype)]
@@ -272,7 +276,9 @@ RULES: dict[str, Rule] = {
     "permute": _permute,
     "contiguous": _same(0),
     "add": _broadcast,
+    "add_backward": _add_backward,
     "mul": _broadcast,
+    "mul_backward": _same(1, 2),
     "bias_add": _same(0),
     "scale": _same(0),
     "add3": _same(0),

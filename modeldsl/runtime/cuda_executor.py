@@ -65,7 +65,7 @@ from modeldsl.kernels.reference import flash_attention, flash_attention_backward
 from modeldsl.kernels.registry import entry
 from modeldsl.primitives import lookup_primitive
 from modeldsl.runtime.cuda_device import Device, aligned, fill_pattern
-from modeldsl.runtime.executor import DTYPE_KEYWORDS, SHAPE_KEYWORDS, ExecutionError, attribute_value
+from modeldsl.runtime.executor import DTYPE_KEYWORDS, SHAPE_KEYWORDS, SHAPES_KEYWORDS, ExecutionError, attribute_value
 from modeldsl.runtime.sched_executor import LAUNCH_ATTRIBUTES, numpy_dtype, root_offset, write_results
 
 # dtype (numpy) -> the name kernels/cuda.py gives it
@@ -559,6 +559,8 @@ def reference_call(name: str, op: LaunchOp, inputs: list[TensorRef], outputs: li
         params["shape"] = outputs[0].shape
     if sig.name in DTYPE_KEYWORDS:
         params["dtype"] = outputs[0].dtype
+    if sig.name in SHAPES_KEYWORDS:
+        params["shapes"] = tuple(o.shape for o in outputs)
     return arguments, params
 
 

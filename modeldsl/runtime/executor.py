@@ -46,6 +46,8 @@ NUMPY_DTYPES: dict[DType, np.dtype] = {
 }
 SHAPE_KEYWORDS = {"view", "zeros", "ones", "fill", "embedding_backward", "reduce_max_backward"}
 DTYPE_KEYWORDS = {"zeros", "ones", "fill", "cast"}
+# kernels told the shape of each of their results (``shapes``): the operands do not give them
+SHAPES_KEYWORDS = {"add_backward"}
 
 
 
@@ -188,6 +190,8 @@ class GraphExecutor:
             params["shape"] = tuple(d.evaluate(self.symbols) for d in result.shape)
         if sig.name in DTYPE_KEYWORDS:
             params["dtype"] = self.numpy_dtype(result.dtype)
+        if sig.name in SHAPES_KEYWORDS:
+            params["shapes"] = tuple(tuple(d.evaluate(self.symbols) for d in r.type.shape) for r in op.results)
         return params
 
     # ------------------------------------------------------------------ storage

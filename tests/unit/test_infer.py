@@ -58,6 +58,7 @@ CASES = {
     "permute": ([T("B, T, 8, 16")], {"dims": [0, 2, 1, 3]}),
     "contiguous": ([X], {}),
     "add": ([X, VEC], {}),
+    "mul_backward": ([X, X, VEC], {}),
     "mul": ([T("B, 1, 64"), T("T, 64")], {}),
     "bias_add": ([X, VEC], {}),
     "scale": ([X], {"factor": 0.5}),
@@ -89,7 +90,7 @@ CASES = {
 
 def test_every_primitive_has_a_rule_and_a_case():
     assert set(RULES) == set(primitives())
-    assert set(CASES) | {"embedding_backward", "reduce_max_backward"} == set(primitives())
+    assert set(CASES) | {"embedding_backward", "reduce_max_backward", "add_backward"} == set(primitives())
 
 
 def build_and_verify(name, operand_types, params):
@@ -143,6 +144,7 @@ def test_inferred_shapes(name, operands, params, expected):
         ("split", [X], {}, "split needs its sizes"),
         ("cast", [X], {}, "cast needs the target dtype"),
         ("reduce_max_backward", [ROWS, T("B, T", "int32")], {"dim": -1}, "needs the shape of x"),
+        ("add_backward", [X], {}, "needs the shapes of a and b"),
         ("matmul", [X], {}, "missing operand"),
         ("no_such", [X], {}, "no shape rule"),
         ("transpose", [T("*, 64")], {"dim0": 0, "dim1": 1}, "leading '*'"),

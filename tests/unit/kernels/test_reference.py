@@ -570,6 +570,21 @@ def test_binary_broadcast(name, fn, a_shape, b_shape):
     check(ref(name, a, b), fn(tt(a), tt(b)))
 
 
+@covers("add_backward", "mul_backward")
+@pytest.mark.parametrize("name, fn", [("add", torch.add), ("mul", torch.mul)])
+@pytest.mark.parametrize("a_shape, b_shape", [*BROADCASTS, ((3, 4), ())])
+def test_binary_backward_sums_over_broadcast_dims(name, fn, a_shape, b_shape):
+    """torch autograd of a + b and a * b: each gradient summed back to its operand's shape."""
+    a, b = randn(63, a_shape, b_shape)
+    (d_out,) = randn(64, np.broadcast_shapes(a_shape, b_shape))
+    expected = vjp(fn, [a, b], [d_out])
+    if name == "add":
+        got = ref("add_backward", d_out, shapes=(a_shape, b_shape))
+    else:
+        got = ref("mul_backward", d_out, a, b)
+    check_all(got, expected)
+
+
 @covers("bias_add")
 @pytest.mark.parametrize("shape", [(7, 33), (2, 3, 5)])
 def test_bias_add(shape):

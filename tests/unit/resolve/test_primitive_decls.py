@@ -98,8 +98,6 @@ SPEC_DISAGREEMENTS = {
     "split": [("E001", 2246, 33)],  # out: tuple(... for i in range(...)) is no DSL
     "view": [("E001", 2374, 9)],  # constraints: - x must be contiguous
     "contiguous": [("E001", 2543, 44)],  # impl: kernels.copy if not contiguous, else no-op
-    "add": [("E014", 2580, 3)],  # no add_backward kernel
-    "mul": [("E014", 2633, 3)],  # no mul_backward kernel
     "reduce_sum": [("E014", 2796, 16)],  # broadcast(...) is no primitive
     "reduce_mean": [("E014", 2851, 16)],
     "moe_unpermute": [("E004", 3140, 9)],  # the backward kernel takes expert_outputs too
@@ -216,7 +214,8 @@ def test_required_optional_and_tensor_parameters():
 
 
 def test_backward_kernels_and_formulas_are_checked():
-    text = ("primitive add:\n  forward:\n    in: (a, b)\n    out: c\n  backward:\n    in: d_out\n    out: (d_a, d_b)\n"
+    text = ("primitive add3:\n  forward:\n    in: (a, b, c)\n    out: d\n  backward:\n    in: d_out\n"
+            "    out: (d_a, d_b, d_c)\n"
             "primitive scale:\n  params:\n    factor: float\n  forward:\n    in: x\n    out: y\n  backward:\n"
             "    d_x = broadcast(d_out, factor)\n"
             "primitive transpose:\n  params:\n    dim0: int\n    dim1: int\n  forward:\n    in: x\n    out: y\n"
@@ -226,7 +225,7 @@ def test_backward_kernels_and_formulas_are_checked():
             "    d_A = batched_matmul(d_C, B, transpose=XT)\n    d_B = batched_matmul(A, d_C, transpose=TN)\n")
     found = check(text)
     assert [f[:3] for f in found] == [("E014", 5, 3), ("E014", 15, 11), ("E003", 24, 40), ("E003", 33, 44)], found
-    assert "no kernel registered for primitive add_backward" in found[0][3]
+    assert "no kernel registered for primitive add3_backward" in found[0][3]
     assert "no kernel registered for primitive broadcast" in found[1][3]
     assert "transpose has no parameter 'dims'" in found[2][3]
     assert "'XT' is not one of NN, NT, TN, TT" in found[3][3]

@@ -164,6 +164,10 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %add = mdsl.graph.add %x, %g : (!x, !vec) -> !x
     // CHECK: mdsl.graph.mul %x, %r :
     %mul = mdsl.graph.mul %x, %r : (!x, !x) -> !x
+    // CHECK: %{{.*}}, %{{.*}} = mdsl.graph.add_backward %add : (!mdsl.graph.tensor<[B, T, C], bf16>) -> (!mdsl.graph.tensor<[B, T, C], bf16>, !mdsl.graph.tensor<[C], bf16>)
+    %dadd_a, %dadd_b = mdsl.graph.add_backward %add : (!x) -> (!x, !vec)
+    // CHECK: %{{.*}}, %{{.*}} = mdsl.graph.mul_backward %mul, %x, %g : (!mdsl.graph.tensor<[B, T, C], bf16>, !mdsl.graph.tensor<[B, T, C], bf16>, !mdsl.graph.tensor<[C], bf16>) -> (!mdsl.graph.tensor<[B, T, C], bf16>, !mdsl.graph.tensor<[C], bf16>)
+    %dmul_a, %dmul_b = mdsl.graph.mul_backward %mul, %x, %g : (!x, !x, !vec) -> (!x, !vec)
     // CHECK: mdsl.graph.bias_add %x, %g :
     %ba = mdsl.graph.bias_add %x, %g : (!x, !vec) -> !x
     // CHECK: mdsl.graph.scale %x {factor = 1.250000e-01 : f64} :
