@@ -47,9 +47,11 @@ FILECHECK = ROOT / "tests" / "filecheck"
 TINY_LLAMA = ROOT / "examples" / "tiny_llama"
 LLAMA = STD / "models" / "llama.module"
 
+OPT_KINDS = ("dsl", "mlir", "pipeline")
 DIR = object()  # a file replaced by a folder
 FIFO = object()  # a file replaced by a named pipe nobody writes to
-KINDS = ("dsl", "mlir", "checkpoint", "run-dsl")  # and "values": NaN/Inf weights, odd numeric config values
+KINDS = ("dsl", "mlir", "checkpoint", "run-dsl", "pipeline", "run-flags")
+# and "values": NaN/Inf weights and odd numeric config values only
 
 # ---------------------------------------------------------------------------------------------------------------
 # seeds
@@ -460,6 +462,62 @@ def mutated_safetensors(rng: random.Random, data: bytes) -> tuple[bytes, str]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# pass pipelines and flags
+
+OPTION_VALUES = ["0", "-1", "1", "2", "8", "64", "3.5", "true", "false", "x", "", "9223372036854775808", "1e309",
+                 "nan", "forward", "forward_grad", "fp32", "bf16", "first-fit", "best-fit", HUGE_DIGITS[:30]]
+INT_VALUES = ["1", "2", "8", "16", "64", "0", "-1", "3"]
+PASS_OPTIONS = {  # each option with values of its type (the pipeline also draws OPTION_VALUES, of any type)
+    "canonicalize": {}, "cse": {}, "dce": {}, "mdsl-autodiff": {"func": ["forward", "forward_grad", "nope"]},
+    "mdsl-specialize": {k: INT_VALUES for k in ("B", "T", "d", "n", "d_model", "n_layers", "vocab_size", "Q")}
+    | {"hf": [str(TINY_LLAMA), "/nonexistent", str(LLAMA)]},
+    "mdsl-lower-to-sched": {"func": ["forward", "forward_grad"], "storage": ["fp32", "bf16", "fp16", "x"],
+                            "kv_cache": INT_VALUES, "split_gemms": ["true", "false"], "grads_arena": ["true", "false"]},
+    "mdsl-plan-memory": {"strategy": ["first-fit", "best-fit", "worst-fit"], "alignment": INT_VALUES + ["3", "4096"],
+                         "inplace": ["true", "false"]},
+    "mdsl-optimizer-step": {"eps": ["1e-8", "0", "-1", "nan"], "weight_decay": ["0.1", "0", "-1", "inf"],
+                            "clip_norm": ["1.0", "0", "-1"], "storage": ["fp32", "bf16", "x"],
+                            "beta1": ["0.9", "1", "2", "-0.5"], "beta2": ["0.999", "1", "0"]},
+}
+OPT_FLAGS = [[], [], ["--split-input-file"], ["--emit=memory-report"], ["--emit=ast"], ["--print-op-generic"],
+             ["--print-between-passes"], ["--diagnostics-format=json"], ["--top", "Linear"], ["--top", "Nope"],
+             ["--verify-backward"], ["--verify-backward", "--verify-shapes", "B=1,T=2,d_model=8,n_layers=1"],
+             ["--verify-shapes", "B=0"], ["--verify-backward", "--verify-tolerance", "nan"], ["--time-passes"],
+             ["--print-debuginfo"], ["--no-implicit-module"], ["--disable-verify"], ["--hf", "/nonexistent"],
+             ["--hf", str(TINY_LLAMA)]]
+
+
+def random_pass(rng: random.Random) -> str:
+    name = rng.choice(sorted(PASS_OPTIONS))
+    known = PASS_OPTIONS[name]
+    chosen = rng.sample(sorted(known), rng.randint(0, min(2, len(known))))
+    options = [f"{o}={rng.choice(known[o] if rng.random() < 0.85 else OPTION_VALUES)}" for o in chosen]
+    return name + ("{" + " ".join(options) + "}" if options else "")
+
+
+def random_pipeline(rng: random.Random) -> str:
+    """1-4 passes with random options; sometimes the pipeline text itself is mangled."""
+    text = ",".join(random_pass(rng) for _ in range(rng.randint(1, 4)))
+    if rng.random() < 0.2:
+        text, _ = TextMutator(rng, sorted(PASS_OPTIONS), [text]).mutate(text, 1)
+    elif rng.random() < 0.2:
+        text = rng.choice(["mdsl-lower-to-sched", "mdsl-autodiff,mdsl-lower-to-sched{func=forward_grad}"]) + \
+            ",mdsl-plan-memory" + ("," + text if rng.random() < 0.5 else "")
+    return text
+
+
+RUN_FLAGS = [["--max-new-tokens", v] for v in ("-1", "0", "1", "x", "1.5", "")] + \
+    [["--temperature", v] for v in ("nan", "-1", "inf", "0.7", "1e308", "x")] + \
+    [["--top-k", v] for v in ("0", "-1", "1", "99999999999999999999", "2.5")] + \
+    [["--seed", v] for v in ("-1", "18446744073709551616", "7", "x")] + \
+    [["--dtype", "bf16"], ["--dtype", "fp8"], ["--engine", "graph"], ["--no-cache"], ["--device", "cuda"],
+     ["--logits", "{dir}/out/l.npy"], ["--logits", "{dir}/l"], ["--logits", "{dir}"], ["--top", "Nope"],
+     ["--top", "Llama"], ["--diagnostics-format", "json"], ["--hf", "{dir}/missing"], ["--hf", str(LLAMA)],
+     ["--tokens", "1,2,3"], ["--tokens", "383,384"], ["--tokens", "-1"], ["--tokens", ""], ["--tokens", ",,"],
+     ["--tokens", "1," * 300], ["--prompt", "\udcff"], ["--unknown"], ["--resume", "{dir}"], ["--steps", "2"]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # cases
 
 
@@ -487,7 +545,7 @@ class Case:
         return [a.replace("{dir}", str(folder)) for a in self.argv]
 
     def command(self, folder: Path) -> str:
-        tool = "mdsl-opt" if self.kind in ("dsl", "mlir") else "mdsl-run"
+        tool = "mdsl-opt" if self.kind in OPT_KINDS else "mdsl-run"
         return shlex.join([tool, *[a.replace("{dir}", str(folder)) for a in self.argv]])
 
 
@@ -567,6 +625,29 @@ class CaseMaker:
             how = f"config.json: {name}={config[name]}"
         return Case("values", index, how, files, [str(LLAMA), "--hf", "{dir}/ckpt", "--prompt", "hi",
                                                   "--max-new-tokens", "2"])
+
+    def case_pipeline(self, rng: random.Random, index: int) -> Case:
+        """A seed (sometimes lightly mutated) through a random pass pipeline and driver flags."""
+        seed = rng.choice(self.mlir + self.dsl)
+        data, how = seed.text.encode(), "as is"
+        if rng.random() < 0.3:
+            data, how = mutated_text(rng, seed.text, MLIR_WORDS + DSL_WORDS, self.texts, most=1)
+        pipeline = random_pipeline(rng)
+        flags = rng.choice(OPT_FLAGS)
+        argv = ["{dir}/" + seed.path.name, "-p", pipeline, *flags]
+        return Case("pipeline", index, f"{seed.name} ({how}): -p '{pipeline}' {' '.join(flags)}",
+                    {seed.path.name: data}, argv)
+
+    def case_run_flags(self, rng: random.Random, index: int) -> Case:
+        """The tiny checkpoint run with random mdsl-run flags."""
+        files: dict[str, object] = {f"ckpt/{n}": d for n, d in self.checkpoint.items()}
+        flags = [w for f in rng.sample(RUN_FLAGS, rng.randint(1, 3)) for w in f]
+        argv = [str(LLAMA), "--hf", "{dir}/ckpt", *flags]
+        if "--tokens" not in flags and "--prompt" not in flags:
+            argv += ["--prompt", "hi"]
+        if "--max-new-tokens" not in flags:
+            argv += ["--max-new-tokens", "2"]
+        return Case("run-flags", index, " ".join(flags), files, argv)
 
     def case_run_dsl(self, rng: random.Random, index: int) -> Case:
         seed = next(s for s in self.dsl if s.path == LLAMA)  # the model of the tiny checkpoint
@@ -673,7 +754,7 @@ def debug_mode():
 
 
 def tool_main(kind: str):
-    if kind in ("dsl", "mlir"):
+    if kind in OPT_KINDS:
         from modeldsl.tools.opt import main
     else:
         from modeldsl.tools.run import main
