@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import Builtin, FileLineColLoc, IntAttr, ModuleOp, StringAttr
@@ -28,6 +27,9 @@ from xdsl.printer import Printer
 from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
 from xdsl.utils.lexer import Span
 from xdsl.utils.mlir_lexer import MLIRLexer
+
+from xdsl.pattern_rewriter import PatternRewriter
+from xdsl.rewriter import Rewriter
 
 from modeldsl.diagnostics import Diagnostic, Source
 from modeldsl.diagnostics import Span as SourceSpan
@@ -40,6 +42,34 @@ MAX_INTEGER_WIDTH = 64
 MLIRLexer._unescaped_characters_regex = re.compile(  # noqa: SLF001
     r'"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*+"'
 )
+
+
+def _pass_on_location(op: Operation, new_ops) -> None:
+    """New ops without a source location take the one of the op they replace (as xDSL
+    already passes on result names): a rewritten op still points at its source."""
+    if not isinstance(op.location, FileLineColLoc):
+        return
+    for new in [new_ops] if isinstance(new_ops, Operation) else new_ops:
+        if not isinstance(new.location, FileLineColLoc):
+            new.location = op.location
+
+
+_xdsl_pattern_replace = PatternRewriter.replace
+_xdsl_replace_op = Rewriter.replace_op
+
+
+def _pattern_replace(self, op, new_ops, *args, **kwargs):
+    _pass_on_location(op, new_ops)
+    return _xdsl_pattern_replace(self, op, new_ops, *args, **kwargs)
+
+
+def _replace_op(op, new_ops, *args, **kwargs):
+    _pass_on_location(op, new_ops)
+    return _xdsl_replace_op(op, new_ops, *args, **kwargs)
+
+
+PatternRewriter.replace = _pattern_replace
+Rewriter.replace_op = staticmethod(_replace_op)
 
 
 def load_dialects(ctx: Context) -> Context:
@@ -180,13 +210,22 @@ def span_of_location(location: object, word: str = "") -> SourceSpan | None:
     return SourceSpan(source, line, column, line, end)
 
 
-@lru_cache(maxsize=64)
+_SOURCES: dict[str, str] = {}
+
+
+def remember_source(name: str, text: str) -> None:
+    """Keep a source's text (stdin, an edited buffer) for the diagnostics that point into it."""
+    _SOURCES[name] = text
+
+
 def _file_text(name: str) -> str:
-    try:
-        with open(name, "rb") as f:
-            return f.read(1 << 24).decode("utf-8", "replace")
-    except OSError:
-        return ""
+    if name not in _SOURCES:
+        try:
+            with open(name, "rb") as f:
+                _SOURCES[name] = f.read(1 << 24).decode("utf-8", "replace")
+        except OSError:
+            return ""
+    return _SOURCES[name]
 
 
 def _error_message(err: Exception) -> str:

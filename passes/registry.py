@@ -3,13 +3,19 @@
 Project passes are named ``mdsl-<verb>`` (no dots: the pipeline parser
 rejects them); each lives in its own file in this folder and is listed once
 here. A few general xDSL passes that work on any IR are listed too.
+:func:`describe_pass` gives each pass's one-line description for
+``mdsl-opt --list-passes``; :data:`OPTION_NOTES` describes the options of passes
+whose options are not their dataclass fields.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 from xdsl.passes import ModulePass
+
+PassFactory = Callable[[], type[ModulePass]]
 
 
 def _canonicalize() -> type[ModulePass]:
@@ -78,3 +84,32 @@ PROJECT_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
 }
 
 PASSES: dict[str, Callable[[], type[ModulePass]]] = {**GENERAL_PASSES, **PROJECT_PASSES}
+
+
+DESCRIPTIONS: dict[str, str] = {
+    "canonicalize": "apply every op's canonicalization patterns (folding, simplification)",
+    "cse": "eliminate common subexpressions: pure ops with equal operands and attributes become one",
+    "dce": "remove pure ops whose results are unused",
+}
+
+OPTION_NOTES: dict[str, tuple[tuple[str, str], ...]] = {
+    "mdsl-specialize": (
+        ("NAME=INT", "bind a symbol (B, T) or an integer config value (e.g. d_model=64)"),
+        ("hf=DIR", "bind the config values of a HuggingFace checkpoint's config.json (default: none)"),
+    ),
+}
+
+
+def describe_pass(name: str, cls: type[ModulePass]) -> str:
+    """One line: the registry's description, else the pass module's docstring headline
+    (``mdsl-x``: what it does), else the class docstring's first line."""
+    if name in DESCRIPTIONS:
+        return DESCRIPTIONS[name]
+    module_doc = (sys.modules[cls.__module__].__doc__ or "").strip()
+    headline = module_doc.split("\n\n", 1)[0].replace("\n", " ")
+    if headline.startswith(f"``{name}``"):
+        return headline.split(":", 1)[-1].strip().rstrip(".").replace("``", "")
+    class_doc = (cls.__doc__ or "").strip().splitlines()
+    if class_doc and not class_doc[0].startswith(f"{cls.__name__}("):
+        return class_doc[0].rstrip(".")
+    return headline.rstrip(".") or name

@@ -1,61 +1,95 @@
-"""``mdsl-opt``: parse modeldsl IR, run a pass pipeline, print the result.
+"""``mdsl-opt``: parse modeldsl IR or a Module DSL file, run a pass pipeline, print the result.
 
 An ``xDSLOptMain`` that loads the ``mdsl.graph`` and ``mdsl.sched`` dialects
-eagerly, takes its passes from :mod:`modeldsl.passes.registry`, accepts
-``-p`` and ``--pass-pipeline`` (same syntax; an MLIR-style
-``builtin.module(...)`` wrapper is accepted too) and reports bad input as
-``file:line:col: error: ...`` with the source line and a caret, never a
-Python traceback. After the pipeline, ``--emit=memory-report`` prints the
-memory plan of each ``mdsl.sched.program`` instead of the IR and
-``--emit=memory-plot FILE.png`` draws it (:mod:`modeldsl.memory_report`).
+eagerly, takes its passes from :mod:`modeldsl.passes.registry` and behaves as
+mlir-opt users expect:
 
-``--verify-backward`` checks the model's backward against finite differences
-in float64 (spec 9.8.1, :mod:`modeldsl.verify_backward`): its written backward
-(``@backward``, from a ``backward:`` section) where it has one, else its
-derived gradient (``mdsl-autodiff``; ``--verify-derived`` forces this one);
-the report's header says which. The model is specialized with small sizes
-(``--verify-shapes B=2,T=8``; a Module DSL parameter named there is a
-lowering value instead, so ``d_model=32,n_layers=2`` makes a model tiny),
-given random weights and inputs (seed 0), and each parameter's and float
-input's directional derivative is printed as a table; the exit code is 1
-when an error is above ``--verify-tolerance`` (default 1e-3).
+- input: a ``.mlir`` or ``.module`` file, or ``-`` (stdin; ``-f module`` for
+  Module DSL text); ``-o FILE`` writes the output there for every input kind;
+- ``-p`` / ``--pass-pipeline`` (same syntax; an MLIR-style
+  ``builtin.module(...)`` wrapper is accepted), ``--list-passes`` (also in
+  ``--help``), "did you mean" for unknown passes and options;
+- ``--print-ir-before=PASS``, ``--print-ir-after=PASS``,
+  ``--print-ir-after-all``, ``--print-ir-after-change`` (to stderr, under
+  mlir-opt's ``// -----// IR Dump After ...`` headers), ``--mlir-timing``
+  (``--time-passes``): the wall time of parsing, each pass, verification and
+  output in milliseconds;
+- ``--verify-diagnostics`` matches ``expected-error {{...}}`` annotations
+  (:mod:`modeldsl.tools.verify_diagnostics`);
+- IR lowered from a ``.module`` carries its DSL locations
+  (``--print-debuginfo`` prints them; verifier errors point at the DSL line);
+- ``--lock`` / ``--locked`` write and check ``NAME.module.lock``;
+- every error, whatever its source (flags, pipeline text, IR syntax, the
+  verifier, the Module DSL), is one ``file:line:col: error[EXXX]: message``
+  diagnostic with the source line, a caret and a hint; never a traceback.
+
+After the pipeline, ``--emit=memory-report`` prints the memory plan of each
+``mdsl.sched.program`` instead of the IR and ``--emit=memory-plot FILE.png``
+draws it (:mod:`modeldsl.memory_report`); ``--verify-backward`` checks the
+model's backward against finite differences
+(:mod:`modeldsl.tools.opt_verify_backward`).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import difflib
 import os
+import stat
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from typing import IO
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
-from xdsl.utils.exceptions import ArgSpecParseError, DiagnosticException, ParseError, VerifyException
+from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from modeldsl.diagnostics import Diagnostic, DiagnosticError, render_all
-from modeldsl.ir import LocatedParseError, LocatingParser, load_dialects, verify_module
+from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, render_all
+from modeldsl.ir import (
+    LocatedParseError,
+    LocatingParser,
+    load_dialects,
+    remember_source,
+    source_span,
+    verify_module,
+)
 from modeldsl.passes.registry import PASSES
-from modeldsl.symbolic import STAR
+from modeldsl.tools.opt_pipeline import (
+    PipelineObserver,
+    build_pipeline,
+    normalize_pipeline,
+    pass_list,
+    pass_names_flag,
+    printed,
+    timing_report,
+)
+from modeldsl.tools.opt_verify_backward import VerifyBackwardMixin, flag_error, verify_options
 
 
-VERIFY_SHAPES = {"B": 2, "T": 8}
-VERIFY_MAX_ELEMENTS = 2**25  # parameters and inputs: 256 MiB of float64
+def modeldsl_version() -> str:
+    try:
+        return version("modeldsl")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 class UserError(Exception):
-    """Bad input or flags: reported as a message, exit code 1."""
+    """Bad input or flags that have no better code: reported as E029, exit code 1."""
 
 
-def normalize_pipeline(spec: str) -> str:
-    """Strip an MLIR-style ``builtin.module(...)`` wrapper from a pipeline."""
-    spec = spec.strip()
-    for prefix in ("builtin.module(", "any("):
-        if spec.startswith(prefix) and spec.endswith(")"):
-            return spec[len(prefix) : -1].strip()
-    return spec
+class FlagParser(argparse.ArgumentParser):
+    """argparse whose errors are E029 diagnostics with a "did you mean" hint."""
+
+    def error(self, message: str):
+        hint = "mdsl-opt --help lists the options"
+        if message.startswith("unrecognized arguments:"):
+            unknown = message.split(":", 1)[1].split()[0].split("=")[0]
+            close = difflib.get_close_matches(unknown, list(self._option_string_actions), n=1, cutoff=0.6)
+            hint = f"did you mean '{close[0]}'?" if close else hint
+        raise flag_error(message, hint)
 
 
 def split_plot_file(args: Sequence[str]) -> list[str]:
@@ -84,16 +118,41 @@ def split_plot_file(args: Sequence[str]) -> list[str]:
     return out
 
 
-class MdslOptMain(xDSLOptMain):
+@dataclass
+class InputText:
+    """The input: its name in diagnostics, its text and its kind (``mlir`` or ``module``)."""
+
+    name: str
+    text: str
+    kind: str
+    path: str | None = None  # None for stdin
+
+
+@dataclass
+class ChunkResult:
+    """What one chunk of the input produced: its output text and its diagnostics."""
+
+    output: str = ""
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+
+class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
+    version_format = f"mdsl-opt (modeldsl {modeldsl_version()}) on xDSL {{xdsl_version}}"
+
     def __init__(self, args: Sequence[str] | None = None):
         self._op_spans = {}
         args = split_plot_file(sys.argv[1:] if args is None else args)
         self.verify_failed = False
         self.hf_config: dict = {}
+        self.passes: list[ModulePass] = []
+        self.observer: PipelineObserver | None = None
+        self.lowering_warnings: list[Diagnostic] = []
         super().__init__(description="modeldsl IR optimizer driver", args=args)
         if self.args.emit == "memory-plot" and not self.args.plot_file:
             raise UserError("--emit=memory-plot needs the PNG file to write: --emit=memory-plot FILE.png")
         self.verify = verify_options(self.args)
+
+    # ------------------------------------------------------------------ registration
 
     def register_all_dialects(self) -> None:
         load_dialects(self.ctx)
@@ -102,159 +161,356 @@ class MdslOptMain(xDSLOptMain):
         for name, factory in PASSES.items():
             self.register_pass(name, factory)
 
+    def register_all_targets(self) -> None:
+        """Only ``mlir``: xDSL's other targets (asm, llvm, csl, wasm, wgsl, mps) print
+        nothing or fail on modeldsl's dialects."""
+        from xdsl.targets import get_all_targets
+
+        self.available_targets["mlir"] = get_all_targets()["mlir"]
+
+    def register_all_frontends(self) -> None:
+        self.available_frontends["mlir"] = self.parse_mlir_stream
+        self.available_frontends["module"] = self.lower_module_stream
+
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
+        arg_parser.__class__ = FlagParser
+        arg_parser.allow_abbrev = False  # as mlir-opt: --print-ir-after is not --print-ir-after-all
+        arg_parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        arg_parser.epilog = pass_list(self.available_passes)
         super().register_all_arguments(arg_parser)
+        for action in arg_parser._actions:  # noqa: SLF001 - clearer help for xDSL's own options
+            if action.dest == "input_file":
+                action.help = "the .mlir or .module file to read; '-' or none reads stdin (-f module for Module DSL)"
+            elif action.dest == "frontend":
+                action.help = "the kind of the input: mlir (IR) or module (Module DSL); default: by file extension"
+            elif action.dest == "passes":
+                action.help = "the pass pipeline, e.g. 'cse,mdsl-plan-memory{alignment=64}' (see --list-passes)"
+            elif action.dest == "target":
+                action.help = "the output form: mlir (the only target that works on modeldsl's IR)"
+            elif action.dest == "output_file":
+                action.help = "write the output to this file instead of stdout"
+            elif action.dest == "time_passes":
+                action.option_strings.append("--mlir-timing")
+                arg_parser._option_string_actions["--mlir-timing"] = action  # noqa: SLF001
+                action.help = "print the wall time of parsing, each pass, verification and output (ms) to stderr"
+            elif action.dest == "verify_diagnostics":
+                action.help = ("check the diagnostics against the input's expected-error/-warning/-note {{...}} "
+                               "annotations (@+N, @-N offsets); exit 1 on any mismatch")
+        self.register_pipeline_arguments(arg_parser)
+        self.register_module_arguments(arg_parser)
+        self.register_verify_backward_arguments(arg_parser)
+
+    def register_pipeline_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
+        arg_parser.add_argument("--pass-pipeline", type=str, default=None,
+                                help="pass pipeline, same syntax as -p (e.g. 'dce,cse' or 'builtin.module(dce)')")
+        arg_parser.add_argument("--print-diagnostics", action="store_true",
+                                help="print each chunk's diagnostics to stdout and exit 0 (what xDSL's "
+                                "--verify-diagnostics does; FileCheck tests of error messages use it)")
+        arg_parser.add_argument("--list-passes", action="store_true",
+                                help="list the passes with their options, defaults and a description, and exit")
+        arg_parser.add_argument("--print-ir-before", metavar="PASS[,PASS]", default=None,
+                                help="print the IR to stderr before each run of these passes")
+        arg_parser.add_argument("--print-ir-after", metavar="PASS[,PASS]", default=None,
+                                help="print the IR to stderr after each run of these passes")
+        arg_parser.add_argument("--print-ir-after-all", action="store_true",
+                                help="print the IR to stderr after every pass")
+        arg_parser.add_argument("--print-ir-after-change", action="store_true",
+                                help="print the IR to stderr after every pass that changed it")
         arg_parser.add_argument(
-            "--emit",
-            choices=("ir", "ast", "memory-report", "memory-plot"),
-            default="ir",
+            "--emit", choices=("ir", "ast", "memory-report", "memory-plot"), default="ir",
             help="for Module DSL input (.module): 'ast' prints the parsed AST; after the pipeline, "
             "'memory-report' prints each program's arena sizes, peak and largest buffers, and "
-            "'memory-plot FILE.png' draws its buffers over the schedule steps (planned programs only)",
-        )
+            "'memory-plot FILE.png' draws its buffers over the schedule steps (planned programs only)")
+        arg_parser.add_argument("--plot-file", default=None, metavar="FILE.png",
+                                help="where --emit=memory-plot writes its PNG (also given as --emit=memory-plot FILE.png)")
+        arg_parser.add_argument("--diagnostics-format", choices=("text", "json"), default="text",
+                                help="how diagnostics are printed")
+
+    def register_module_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
+        arg_parser.add_argument("--lock", action="store_true",
+                                help="for Module DSL input: write NAME.module.lock (the resolved imports, their "
+                                "versions and content hashes) beside NAME.module")
+        arg_parser.add_argument("--locked", action="store_true",
+                                help="for Module DSL input: fail (E039) when an import differs from NAME.module.lock")
+        arg_parser.add_argument("--top", default=None,
+                                help="for Module DSL input: the declaration to lower (default: the model, else the "
+                                "last declaration)")
+        arg_parser.add_argument("--hf", default=None, metavar="DIR",
+                                help="for Module DSL input: lower with the configuration of this HuggingFace "
+                                "checkpoint's config.json")
+
+    def register_verify_backward_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         arg_parser.add_argument(
-            "--plot-file",
-            default=None,
-            metavar="FILE.png",
-            help="where --emit=memory-plot writes its PNG (also given as --emit=memory-plot FILE.png)",
-        )
-        arg_parser.add_argument(
-            "--lock",
-            action="store_true",
-            help="for Module DSL input: write module.lock (the resolved imports) beside the file",
-        )
-        arg_parser.add_argument(
-            "--top",
-            default=None,
-            help="for Module DSL input: the declaration to lower (default: the model, else the last declaration)",
-        )
-        arg_parser.add_argument(
-            "--hf",
-            default=None,
-            metavar="DIR",
-            help="for Module DSL input: lower with the configuration of this HuggingFace checkpoint's config.json",
-        )
-        arg_parser.add_argument(
-            "--force-architecture",
-            action="store_true",
-            help="with --hf: accept a checkpoint whose architecture the model does not declare (E036 becomes W010)",
-        )
-        arg_parser.add_argument(
-            "--diagnostics-format",
-            choices=("text", "json"),
-            default="text",
-            help="how Module DSL diagnostics are printed",
-        )
-        arg_parser.add_argument(
-            "--verify-backward",
-            action="store_true",
+            "--verify-backward", action="store_true",
             help="check the model's backward against float64 finite differences (random weights and inputs, "
             "seed 0) and print each tensor's relative error instead of the IR; exit 1 when one is above the "
             "tolerance. The backward checked is the written one (a backward: section, @backward) where the "
-            "model has one, else the gradient mdsl-autodiff derives",
-        )
-        arg_parser.add_argument(
-            "--verify-derived",
-            action="store_true",
-            help="for --verify-backward: check the derived gradient (mdsl-autodiff) even where the model has a "
-            "written backward",
-        )
-        arg_parser.add_argument(
-            "--verify-shapes",
-            default=None,
-            metavar="B=2,T=8",
-            help="for --verify-backward: sizes of the symbols (default B=2,T=8; '*' dims are B, T) and of "
-            "integer model parameters (a Module DSL model's parameters are lowered with them)",
-        )
-        arg_parser.add_argument(
-            "--verify-tolerance",
-            default=None,
-            metavar="TOL",
-            help="for --verify-backward: the largest relative error that passes (default 1e-3)",
-        )
-        arg_parser.add_argument(
-            "--verify-epsilon",
-            default=None,
-            metavar="EPS",
-            help="for --verify-backward: the finite-difference step (default 1e-6)",
-        )
-        arg_parser.add_argument(
-            "--pass-pipeline",
-            type=str,
-            default=None,
-            help="pass pipeline, same syntax as -p (e.g. 'dce,cse' or 'builtin.module(dce)')",
-        )
+            "model has one, else the gradient mdsl-autodiff derives")
+        arg_parser.add_argument("--verify-derived", action="store_true",
+                                help="for --verify-backward: check the derived gradient (mdsl-autodiff) even where "
+                                "the model has a written backward")
+        arg_parser.add_argument("--verify-shapes", default=None, metavar="B=2,T=8",
+                                help="for --verify-backward: sizes of the symbols (default B=2,T=8; '*' dims are B, "
+                                "T) and of integer model parameters (a Module DSL model's parameters are lowered "
+                                "with them)")
+        arg_parser.add_argument("--verify-tolerance", default=None, metavar="TOL",
+                                help="for --verify-backward: the largest relative error that passes (default 1e-3)")
+        arg_parser.add_argument("--verify-epsilon", default=None, metavar="EPS",
+                                help="for --verify-backward: the finite-difference step (default 1e-6)")
+
+    # ------------------------------------------------------------------ the pipeline
 
     def setup_pipeline(self) -> None:
         if self.args.pass_pipeline is not None:
             if self.args.passes:
                 raise UserError("give the pipeline with either -p or --pass-pipeline, not both")
             self.args.passes = self.args.pass_pipeline
-        self.args.passes = normalize_pipeline(self.args.passes)
+        shown = self.args.passes
+        text, offset = normalize_pipeline(shown)
+        self.passes = build_pipeline(self.available_passes, text, offset, shown)
+        self.observer = PipelineObserver(
+            print_ir=self.print_for_dump,
+            before=pass_names_flag(self.available_passes, "--print-ir-before", self.args.print_ir_before),
+            after=pass_names_flag(self.available_passes, "--print-ir-after", self.args.print_ir_after),
+            after_all=self.args.print_ir_after_all,
+            after_change=self.args.print_ir_after_change,
+            verify=None if self.args.disable_verify else self.verify_after_pass,
+        )
+
+    def print_for_dump(self, module: ModuleOp) -> str:
+        return printed(module, print_generic_format=self.args.print_op_generic,
+                       print_debuginfo=self.args.print_debuginfo)
+
+    def verify_after_pass(self, module: ModuleOp) -> None:
+        """Between passes: the IR still verifies (raises the failures as located diagnostics)."""
+        diagnostics = verify_module(module, self._op_spans)
+        if diagnostics:
+            raise InvalidAfterPass(diagnostics)
+
+    def apply_passes(self, prog: ModuleOp) -> None:
+        if not self.args.disable_verify:
+            with self.observer.timed("Verifier"):
+                diagnostics = verify_module(prog, self._op_spans)
+            if diagnostics:
+                raise DiagnosticError([d.diagnostic() for d in diagnostics])
+        if self.verify is not None:
+            self.specialize_for_verify(prog)
         try:
-            super().setup_pipeline()
-        except ArgSpecParseError as err:
-            raise UserError(f"invalid pass pipeline: {err}") from None
-        except ValueError as err:
-            known = ", ".join(sorted(self.available_passes))
-            raise UserError(f"{err} (known passes: {known})") from None
+            self.run_pipeline(prog)
+        except InvalidAfterPass as err:
+            raise DiagnosticError(self.after_pipeline_diagnostics(err.diagnostics)) from None
+        except (VerifyException, DiagnosticException):
+            diagnostics = verify_module(prog)
+            if not diagnostics:
+                raise
+            raise DiagnosticError(self.after_pipeline_diagnostics(diagnostics)) from None
 
-    def register_all_frontends(self) -> None:
-        def parse_mlir(stream: IO[bytes]) -> ModuleOp:
-            parser = LocatingParser(self.ctx, stream.read().decode(), self.get_input_name())
-            try:
-                module = parser.parse_module(not self.args.no_implicit_module)
-            except ParseError as err:
-                raise LocatedParseError(err.span, err.msg) from None
-            self._op_spans = parser.op_spans
-            return module
+    def run_pipeline(self, prog: ModuleOp) -> None:
+        if not self.args.print_between_passes:
+            self.observer.run(self.passes, self.ctx, prog)
+            return
+        for k, pass_ in enumerate(self.passes):  # xDSL's --print-between-passes: to stdout
+            self.observer.run([pass_], self.ctx, prog)
+            if k + 1 < len(self.passes):
+                sys.stdout.write(f"IR after {pass_.name}:\n{self.print_for_dump(prog)}\n\n\n")
 
-        self.available_frontends["mlir"] = parse_mlir
+    def after_pipeline_diagnostics(self, diagnostics) -> list[Diagnostic]:
+        """Verifier failures after the pipeline, saying what made them."""
+        steps = [f"--verify-shapes {self.verify.text()}"] if self.verify is not None else []
+        steps += [self.args.passes] if self.args.passes else []
+        where = f"after {' and '.join(steps)}: " if steps else ""
+        out = []
+        for d in diagnostics:
+            diag = d.diagnostic()
+            diag.code = "E004" if diag.code == "E041" else diag.code
+            diag.message = f"{where}{diag.message}"
+            diag.hint = "the passes or bound values make the IR invalid; check them against the model's constraints"
+            out.append(diag)
+        return out
 
-    def parse_chunk(self, chunk: IO[bytes], file_extension: str, start_offset: int = 0) -> ModuleOp | None:
-        module = super().parse_chunk(chunk, file_extension, start_offset)
-        if start_offset:
-            self._op_spans = {
-                op: dataclasses.replace(span, line_offset=start_offset)
-                for op, span in self._op_spans.items()
-            }
-        return module
+    # ------------------------------------------------------------------ running
 
     def run(self) -> None:
-        if self.args.input_file and self.args.input_file.endswith(".module"):
-            self.run_module_dsl()
+        if self.args.list_passes:
+            sys.stdout.write(pass_list(self.available_passes))
             return
-        super().run()
+        source = self.read_input()
+        if source.kind == "module":
+            result = self.run_module_dsl(source)
+        else:
+            result = self.run_mlir(source)
+        with self.observer.timed("Write output"):
+            self.write_output(result)
+        if self.args.time_passes:
+            sys.stderr.write(timing_report(self.observer.steps))
 
-    def run_module_dsl(self) -> None:
-        """Parse, check and lower a Module DSL file and print the mdsl.graph IR
-        (after the pipeline); ``--emit=ast`` prints its AST instead."""
-        from modeldsl.frontend.text.ast import dump
-        from modeldsl.frontend.text.parser import parse_source, read_source
+    def read_input(self) -> InputText:
+        """The input text and kind; E028 for a path that cannot be read (never blocks on a
+        FIFO or device), E001 for bytes that are not UTF-8, E029 for an unknown kind."""
+        from modeldsl.frontend.text.parser import decode_source
 
         path = self.args.input_file
-        program = parse_source(read_source(path), path)
-        if self.args.emit == "ast":
-            sys.stdout.write(dump(program))
+        from_stdin = path in (None, "-")
+        name = "<stdin>" if from_stdin else path
+        with self.observer.timed("Read input"):
+            data = sys.stdin.buffer.read() if from_stdin else read_regular_file(path)
+            text = decode_source(data, name)
+        kind = self.args.frontend or ("mlir" if from_stdin else os.path.splitext(path)[1].lstrip("."))
+        if kind not in self.available_frontends:
+            raise flag_error(f"cannot tell the kind of '{name}' from its extension '.{kind}'",
+                             "name it .mlir or .module, or give the kind with -f mlir / -f module")
+        remember_source(name, text)
+        return InputText(name, text, kind, None if from_stdin else path)
+
+    def write_output(self, result: ChunkResult) -> None:
+        if self.args.output_file is None:
+            sys.stdout.write(result.output)
             return
-        if self.args.lock:
-            self.write_lock(program, path)
-        from modeldsl.diagnostics import DiagnosticSink
+        try:
+            with open(self.args.output_file, "w", encoding="utf-8") as out:
+                out.write(result.output)
+        except OSError as err:
+            raise DiagnosticError([Diagnostic("E028", f"cannot write '{self.args.output_file}': "
+                                              f"{err.strerror or err}", None, "check the -o path")]) from None
+
+    def run_mlir(self, source: InputText) -> ChunkResult:
+        """Each chunk (``--split-input-file``) parsed, verified, run through the pipeline."""
+        results = []
+        for text, line_offset in self.chunks(source.text):
+            result = self.collect(lambda: self.process_mlir_chunk(source.name, text, line_offset))
+            if self.args.verify_diagnostics:
+                self.check_expectations(result, Source(source.name, source.text), line_offset + 1,
+                                        line_offset + text.count("\n") + 1)
+            elif result.diagnostics:
+                if not self.prints_diagnostics(result.diagnostics):
+                    raise DiagnosticError(result.diagnostics)
+                result.output = render_all(result.diagnostics)
+            results.append(result.output)
+        return ChunkResult("// -----\n".join(results))
+
+    def prints_diagnostics(self, diagnostics: list[Diagnostic]) -> bool:
+        """Whether the chunk's diagnostics are the output (exit 0) rather than errors:
+        ``--print-diagnostics``, or ``--parsing-diagnostics`` for syntax errors."""
+        return self.args.print_diagnostics or (self.args.parsing_diagnostics and _is_parse_error(diagnostics))
+
+    def chunks(self, text: str) -> list[tuple[str, int]]:
+        if not self.args.split_input_file:
+            return [(text, 0)]
+        pieces = text.split("// -----")
+        offsets, line = [], 0
+        for piece in pieces:
+            offsets.append(line)
+            line += piece.count("\n")
+        return list(zip(pieces, offsets))
+
+    def process_mlir_chunk(self, name: str, text: str, line_offset: int) -> str:
+        with self.observer.timed("Parser"):
+            module = self.parse_mlir_text(text, name, line_offset)
+        self.apply_passes(module)
+        with self.observer.timed("Output"):
+            return self.output_resulting_program(module)
+
+    def parse_mlir_text(self, text: str, name: str, line_offset: int = 0) -> ModuleOp:
+        parser = LocatingParser(self.ctx, text, name)
+        try:
+            module = parser.parse_module(not self.args.no_implicit_module)
+        except ParseError as err:
+            span = err.span if not line_offset else _with_line_offset(err.span, line_offset)
+            raise DiagnosticError([Diagnostic("E001", err.msg, source_span(span))]) from None
+        spans = parser.op_spans
+        if line_offset:
+            spans = {op: _with_line_offset(span, line_offset) for op, span in spans.items()}
+        self._op_spans = spans
+        return module
+
+    def parse_mlir_stream(self, stream: IO[bytes]) -> ModuleOp:
+        """xDSL's frontend hook for IR text."""
+        return self.parse_mlir_text(stream.read().decode("utf-8", "replace"), self.get_input_name())
+
+    def lower_module_stream(self, stream: IO[bytes]) -> ModuleOp:
+        """xDSL's frontend hook for Module DSL text: parsed and lowered with its defaults."""
+        from modeldsl.frontend.text.parser import parse_source
         from modeldsl.lower import lower_program
 
+        return lower_program(parse_source(stream.read().decode("utf-8", "replace"), self.get_input_name()),
+                             self.args.top)
+
+    def collect(self, step) -> ChunkResult:
+        """Run a step; its coded diagnostics (errors and warnings) are kept, not raised."""
+        result = ChunkResult()
+        try:
+            result.output = step()
+        except DiagnosticError as err:
+            result.diagnostics = list(err.diagnostics)
+        except LocatedParseError as err:
+            result.diagnostics = [err.diagnostic()]
+        return result
+
+    def check_expectations(self, result: ChunkResult, source: Source, first: int, last: int) -> None:
+        """``--verify-diagnostics``: the chunk's diagnostics against its annotations."""
+        from modeldsl.tools.verify_diagnostics import check, expectations
+
+        failures = check(expectations(source, first, last), result.diagnostics, source.name)
+        if failures:
+            raise DiagnosticError(failures)
+
+    # ------------------------------------------------------------------ Module DSL
+
+    def run_module_dsl(self, source: InputText) -> ChunkResult:
+        """Parse, check and lower Module DSL text and give the mdsl.graph IR (after the
+        pipeline); ``--emit=ast`` gives its AST instead."""
+        self.lowering_warnings: list[Diagnostic] = []
+        result = self.collect(lambda: self.process_module(source))
+        result.diagnostics += self.lowering_warnings
+        if self.args.verify_diagnostics:
+            self.check_expectations(result, Source(source.name, source.text), 1, source.text.count("\n") + 1)
+            return result
+        warnings = [d for d in result.diagnostics if d.severity == "warning"]
+        if len(warnings) != len(result.diagnostics):
+            raise DiagnosticError(result.diagnostics)
+        if warnings:
+            sys.stderr.write(render_all(warnings, self.args.diagnostics_format))
+        return result
+
+    def process_module(self, source: InputText) -> str:
+        from modeldsl.diagnostics import DiagnosticSink
+        from modeldsl.frontend.text.ast import dump
+        from modeldsl.frontend.text.parser import parse_source
+        from modeldsl.lower import lower_program
+
+        with self.observer.timed("Parser"):
+            program = parse_source(source.text, source.name)
+        if self.args.emit == "ast":
+            return dump(program)
+        self.check_lock_flags(program, source)
         sink = DiagnosticSink()
         config = self.checkpoint_config(program) if self.args.hf else None
         if self.verify is not None:
             config = self.verify_lowering_config(program, config)
-        module = lower_program(program, self.args.top, config, sink=sink)
-        if sink.diagnostics:
-            sys.stderr.write(render_all(sink.diagnostics, self.args.diagnostics_format))
+        with self.observer.timed("Lowering"):
+            module = lower_program(program, self.args.top, config, sink=sink)
+        self._op_spans = {}
         self.apply_passes(module)
-        sys.stdout.write(self.output_resulting_program(module))
+        self.lowering_warnings = sink.diagnostics
+        with self.observer.timed("Output"):
+            return self.output_resulting_program(module)
+
+    def check_lock_flags(self, program, source: InputText) -> None:
+        from modeldsl.tools.opt_lock import check_lock, write_lock
+
+        if (self.args.lock or self.args.locked) and source.path is None:
+            raise flag_error("--lock and --locked need the .module file's path, not stdin",
+                             "give the file: mdsl-opt --lock model.module")
+        if self.args.lock and self.args.locked:
+            raise flag_error("--lock writes the lock file and --locked checks it: give one of them")
+        if self.args.locked:
+            check_lock(program, source.path)
+        if self.args.lock:
+            lock = write_lock(program, source.path)
+            print(f"mdsl-opt: wrote {lock}", file=sys.stderr)
 
     def checkpoint_config(self, program) -> dict:
         """The model's parameters from ``--hf DIR``'s config.json, through its hf_config."""
-        from modeldsl.diagnostics import Diagnostic
         from modeldsl.dialects.graph import ModelOp
         from modeldsl.hf.config import dsl_config, read_config
         from modeldsl.hf.safetensors_io import CheckpointError
@@ -264,155 +520,11 @@ class MdslOptMain(xDSLOptMain):
         default = next(op for op in lower_program(program, decl.name).walk() if isinstance(op, ModelOp))
         try:
             self.hf_config = read_config(self.args.hf)
-            return dsl_config(decl, default, self.hf_config, self.args.force_architecture,
-                              warn=lambda w: sys.stderr.write(render_all([w], self.args.diagnostics_format)))
+            return dsl_config(decl, default, self.hf_config)
         except CheckpointError as err:
-            raise DiagnosticError([Diagnostic(err.code, err.message, err.span, err.hint)]) from None
+            raise DiagnosticError([Diagnostic(err.code, err.message, None, err.hint)]) from None
 
-    def verify_lowering_config(self, program, config: dict | None) -> dict | None:
-        """``--verify-shapes`` values that name parameters of the lowered declaration join its
-        configuration (over the checkpoint's); the rest bind symbols after lowering."""
-        from modeldsl.lower import choose_top
-
-        decl = choose_top(program, self.args.top)
-        params = {p.name: p for p in decl.params or [] if p.name is not None and not p.rest}
-        names = set(params)
-        for name in self.verify.given:
-            kind = getattr(params[name].type, "id", None) if name in params else "int"
-            if kind != "int":
-                raise flag_error(f"--verify-shapes: {name} is a{'n' if str(kind)[:1] in 'aeiou' else ''} {kind} "
-                                 f"parameter of {decl.name}, not a size",
-                                 "--verify-shapes binds sizes; other values come from the model's defaults or "
-                                 "a checkpoint's config (--hf DIR)")
-        lowered = {k: v for k, v in self.verify.sizes.items() if k in names}
-        self.verify.bindings = {k: v for k, v in self.verify.sizes.items() if k not in names}
-        return {**(config or {}), **lowered} if lowered or config is not None else None
-
-    def specialize_for_verify(self, prog: ModuleOp) -> None:
-        """Bind ``--verify-shapes`` (and every config integer) into each model; E029 naming the
-        symbols still unbound and the names that are neither symbols nor config values."""
-        from modeldsl.dialects.graph import ModelOp
-        from modeldsl.passes.specialize import _symbols_of, specialize_model
-        from modeldsl.verify_backward import unbound_symbols
-
-        models = [m for m in prog.walk() if isinstance(m, ModelOp)]
-        if not models:
-            raise flag_error("--verify-backward needs a model: the input has no mdsl.graph.model",
-                             "lower a Module DSL model, module or block (--top NAME)")
-        bindings = self.verify.bindings if self.verify.bindings is not None else self.verify.sizes
-        for model in models:
-            known = _symbols_of(model) | set(model.config_values)
-            unknown = sorted(k for k in bindings if k not in known and k not in VERIFY_SHAPES)
-            if unknown:
-                raise flag_error(f"--verify-shapes: {', '.join(unknown)} is neither a symbol nor a config value of "
-                                 f"@{model.sym_name.data}",
-                                 "symbols: " + (", ".join(sorted(_symbols_of(model))) or "none") + "; config: "
-                                 + (", ".join(model.config_values) or "none"))
-            specialize_model(model, {k: v for k, v in bindings.items() if k in known})
-            missing = unbound_symbols(model)
-            if missing:
-                example = ",".join(f"{k}={v}" for k, v in {**VERIFY_SHAPES, **bindings}.items())
-                raise flag_error(f"--verify-backward: the shapes of @{model.sym_name.data} still hold "
-                                 f"{', '.join(missing)}: the check needs concrete sizes",
-                                 f"give them with --verify-shapes {example},{'=4,'.join(missing)}=4")
-
-    def verify_backward_report(self, prog: ModuleOp) -> str:
-        """The finite-difference table of each model's gradient (``--verify-backward``)."""
-        from modeldsl.dialects.graph import ModelOp
-        from modeldsl.passes.autodiff import AutodiffError
-        from modeldsl.runtime.executor import ExecutionError
-        from modeldsl.verify_backward import (
-            BackwardCheckError,
-            checked_backward,
-            random_inputs,
-            random_weights,
-            report,
-            verify_backward,
-        )
-
-        which = "derived" if self.verify.derived else "auto"
-        out = []
-        for model in [m for m in prog.walk() if isinstance(m, ModelOp)]:
-            sizes = {**VERIFY_SHAPES, **self.verify.sizes}
-            self.check_size(model, sizes)
-            try:
-                kind = checked_backward(model, which=which)
-                inputs = random_inputs(model, sizes=sizes, rope=self.rope_of(model))
-                checks = verify_backward(model, random_weights(model), inputs, epsilon=self.verify.epsilon,
-                                         which=which)
-            except BackwardCheckError as err:
-                raise DiagnosticError([Diagnostic(err.code, f"--verify-backward: {err.message}", None,
-                                                  err.hint)]) from None
-            except AutodiffError as err:
-                hint = ("drop --verify-derived to check the module's written backward" if self.verify.derived
-                        and checked_backward(model) == "written" else "write a backward: section for this module")
-                raise DiagnosticError([Diagnostic("E014", f"--verify-backward: {err}", None, hint)]) from None
-            except ExecutionError as err:
-                raise DiagnosticError([Diagnostic("E014", f"--verify-backward: {err}", None,
-                                                  "the check runs the model with the numpy reference kernels")]) \
-                    from None
-            shapes = ", ".join(f"{k}={v}" for k, v in sizes.items())
-            what = "the written backward @backward" if kind == "written" else "the derived gradient (mdsl-autodiff)"
-            out.append(f"verify-backward @{model.sym_name.data} ({shapes}; float64, epsilon "
-                       f"{self.verify.epsilon:g}, seed 0): {what}\n")
-            text, ok = report(checks, self.verify.tolerance)
-            out.append(text)
-            self.verify_failed |= not ok
-        return "".join(out)
-
-    def check_size(self, model, sizes: dict[str, int]) -> None:
-        """E029 for a model too large for a float64 finite-difference check."""
-        from math import prod
-
-        from modeldsl.dialects.graph import ParamOp
-        from modeldsl.verify_backward import forward_of
-
-        types_ = [p.param_type for p in model.body.block.ops if isinstance(p, ParamOp)]
-        forward = forward_of(model)
-        types_ += [a.type for a in forward.body.block.args] if forward is not None else []
-        count = sum(prod(sizes["B"] * sizes["T"] if d is STAR else d.evaluate({}) for d in t.shape) for t in types_)
-        if count > VERIFY_MAX_ELEMENTS:
-            raise flag_error(f"--verify-backward: @{model.sym_name.data} has {count:,} parameter and input "
-                             f"elements, more than the check runs ({VERIFY_MAX_ELEMENTS:,}); it is meant for small "
-                             "sizes", "make the model small with --verify-shapes, e.g. d_model=32,n_layers=2")
-
-    def rope_of(self, model):
-        """The RoPE frequencies of the model's ``freqs`` input (rope_theta, the checkpoint's scaling)."""
-        from xdsl.dialects.builtin import FloatAttr, IntegerAttr
-
-        from modeldsl.runtime.rope import RopeScalingError, rope_frequencies
-        from modeldsl.verify_backward import forward_of
-
-        forward = forward_of(model)
-        arg = next((a for a in forward.body.block.args if a.name_hint == "freqs"), None) if forward else None
-        if arg is None or len(arg.type.shape) != 3 or not arg.type.shape[1].is_const():
-            return None
-        config = model.config_values
-        theta = config.get("rope_theta")
-        theta = theta.value.data if isinstance(theta, FloatAttr) else self.hf_config.get("rope_theta", 10000.0)
-        max_seq = config.get("max_seq")
-        max_seq = max_seq.value.data if isinstance(max_seq, IntegerAttr) else \
-            self.hf_config.get("max_position_embeddings")
-        try:
-            return rope_frequencies(2 * arg.type.shape[1].evaluate({}), theta, self.hf_config.get("rope_scaling"),
-                                    max_seq)
-        except RopeScalingError as err:
-            raise DiagnosticError([Diagnostic("E030", f"{self.args.hf}: rope_scaling {err}", None,
-                                              "fix rope_scaling in config.json")]) from None
-
-    def write_lock(self, program, path: str) -> None:
-        """Write ``module.lock`` (spec 4.7.1) beside the input: every resolved import."""
-        from pathlib import Path
-
-        from modeldsl.diagnostics import DiagnosticSink
-        from modeldsl.resolve.imports import resolve_program
-
-        sink = DiagnosticSink()
-        resolved = resolve_program(program, sink)
-        sink.raise_if_errors()
-        lock = Path(path).with_name("module.lock")
-        lock.write_text(resolved.lock_manifest())
-        print(f"mdsl-opt: wrote {lock}", file=sys.stderr)
+    # ------------------------------------------------------------------ output
 
     def output_resulting_program(self, prog: ModuleOp) -> str:
         """The IR, or with ``--emit=memory-report`` the memory report, or with
@@ -432,104 +544,38 @@ class MdslOptMain(xDSLOptMain):
         print(f"mdsl-opt: wrote {self.args.plot_file}", file=sys.stderr)
         return ""
 
-    def apply_passes(self, prog: ModuleOp) -> None:
-        if not self.args.disable_verify:
-            diagnostics = verify_module(prog, self._op_spans)
-            if diagnostics:
-                raise InputDiagnostics("".join(d.render() for d in diagnostics))
-        if self.verify is not None:
-            self.specialize_for_verify(prog)
-        try:
-            super().apply_passes(prog)
-        except (VerifyException, DiagnosticException):
-            diagnostics = verify_module(prog)
-            if not diagnostics:
-                raise
-            steps = [f"--verify-shapes {self.verify.text()}"] if self.verify is not None else []
-            steps += [self.args.passes] if self.args.passes else []
-            where = f"after {' and '.join(steps)}: " if steps else ""
-            raise DiagnosticError([
-                Diagnostic("E004", f"{where}'{d.op_name}' op {d.message}", None,
-                           "the bound values make shapes disagree; check them against the model's constraints")
-                for d in diagnostics
-            ]) from None
+
+class InvalidAfterPass(Exception):
+    """The IR no longer verifies after a pass."""
+
+    def __init__(self, diagnostics):
+        super().__init__(f"{len(diagnostics)} verifier failure(s)")
+        self.diagnostics = diagnostics
 
 
-@dataclasses.dataclass
-class VerifyOptions:
-    """``--verify-backward``'s options: the sizes given (over B=2, T=8), the tolerance, the step and
-    whether the derived gradient is checked even where a written backward is (``--verify-derived``);
-    ``bindings`` the sizes left to bind after lowering (None: all of them)."""
-
-    sizes: dict[str, int]
-    tolerance: float
-    epsilon: float
-    derived: bool = False
-    bindings: dict[str, int] | None = None
-
-    def text(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.sizes.items())
-
-    @property
-    def given(self) -> list[str]:
-        return [k for k in self.sizes if k not in VERIFY_SHAPES]
-
-
-def flag_error(message: str, hint: str = "") -> DiagnosticError:
-    return DiagnosticError([Diagnostic("E029", message, None, hint)])
-
-
-def verify_options(args: argparse.Namespace) -> VerifyOptions | None:
-    """The checked ``--verify-*`` flags (E029 for a bad value or one without --verify-backward)."""
-    given = [f for f, v in (("--verify-shapes", args.verify_shapes), ("--verify-tolerance", args.verify_tolerance),
-                            ("--verify-epsilon", args.verify_epsilon),
-                            ("--verify-derived", args.verify_derived or None)) if v is not None]
-    if not args.verify_backward:
-        if given:
-            raise flag_error(f"{given[0]} is an option of --verify-backward", "add --verify-backward")
-        return None
-    if args.emit != "ir":
-        raise flag_error(f"--verify-backward prints the gradient check, not --emit={args.emit}",
-                         "drop one of --verify-backward and --emit")
-    return VerifyOptions(parse_sizes(args.verify_shapes or ""),
-                         positive_float("--verify-tolerance", args.verify_tolerance, 1e-3),
-                         positive_float("--verify-epsilon", args.verify_epsilon, 1e-6), args.verify_derived)
-
-
-def parse_sizes(text: str) -> dict[str, int]:
-    """``B=2,T=8`` (commas or spaces) as sizes over the defaults B=2, T=8."""
-    sizes = dict(VERIFY_SHAPES)
-    for item in text.replace(",", " ").split():
-        name, eq, value = item.partition("=")
-        name, value = name.strip(), value.strip()
-        if not eq or not name.isidentifier():
-            raise flag_error(f"--verify-shapes: '{item}' is not NAME=SIZE", "write --verify-shapes B=2,T=8")
-        try:
-            size = int(value)
-        except ValueError:
-            raise flag_error(f"--verify-shapes: {name}={value} is not an integer",
-                             "sizes are positive integers: --verify-shapes B=2,T=8") from None
-        if not 0 < size < 2**63:
-            raise flag_error(f"--verify-shapes: {name}={size} is not a positive size",
-                             "sizes are positive integers: --verify-shapes B=2,T=8")
-        sizes[name] = size
-    return sizes
-
-
-def positive_float(flag: str, text: str | None, default: float) -> float:
-    if text is None:
-        return default
+def read_regular_file(path: str) -> bytes:
+    """A file's bytes; E028 for a missing path, a folder, a FIFO or a device (never read)."""
     try:
-        value = float(text)
-    except ValueError:
-        raise flag_error(f"{flag} {text!r} is not a number", f"e.g. {flag} {default:g}") from None
-    if not (value > 0 and value != float("inf")):
-        raise flag_error(f"{flag} must be a finite number above 0, got {text}", f"e.g. {flag} {default:g}")
-    return value
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+            raise IsADirectoryError(0, f"it is {kind}")
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as err:
+        reason = err.strerror if err.strerror else str(err)
+        raise DiagnosticError([Diagnostic("E028", f"cannot read '{path}': {reason}", None,
+                                          "check the path of the input file")]) from None
 
 
-class InputDiagnostics(DiagnosticException):
-    """Verifier failures of the input, already rendered with locations."""
+def _with_line_offset(span, line_offset: int):
+    import dataclasses
+
+    return dataclasses.replace(span, line_offset=line_offset)
+
+
+def _is_parse_error(diagnostics: list[Diagnostic]) -> bool:
+    return all(d.code == "E001" for d in diagnostics)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -541,21 +587,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     except DiagnosticError as err:
         fmt = tool.args.diagnostics_format if tool is not None else "text"
-        stream = sys.stdout if fmt == "json" else sys.stderr
-        stream.write(render_all(err.diagnostics, fmt))
-        return 1
+        return report(err.diagnostics, fmt)
     except UserError as err:
-        print(f"mdsl-opt: error: {err}", file=sys.stderr)
-        return 1
-    except FileNotFoundError as err:
-        print(f"mdsl-opt: error: no such file: {err.filename}", file=sys.stderr)
-        return 1
-    except (ParseError, DiagnosticException) as err:
-        sys.stderr.write(str(err))
-        return 1
-    except ValueError as err:  # e.g. an unknown file extension
-        print(f"mdsl-opt: error: {err}", file=sys.stderr)
-        return 1
+        return report([Diagnostic("E029", str(err))], "text")
+    except (ParseError, DiagnosticException) as err:  # xDSL's own, outside a located step
+        return report([Diagnostic("E041", str(err).strip())], "text")
     except Exception as err:  # noqa: BLE001 - a bug, but still no traceback for users
         if os.environ.get("MDSL_DEBUG"):
             raise
@@ -566,6 +602,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     return 0
+
+
+def report(diagnostics: list[Diagnostic], fmt: str) -> int:
+    """Print diagnostics (JSON to stdout, text to stderr); 1 when one is an error."""
+    stream = sys.stdout if fmt == "json" else sys.stderr
+    stream.write(render_all(diagnostics, fmt))
+    return 1 if any(d.severity == "error" for d in diagnostics) else 0
 
 
 if __name__ == "__main__":

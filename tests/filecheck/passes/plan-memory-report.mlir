@@ -31,8 +31,8 @@
 // CHECK-NEXT:   %y     external             1024         1024  [7, 7]
 // CHECK-NEXT:   %dead  activations           512            0  -
 // CHECK-EMPTY:
-// UNPLANNED: mdsl-opt: error: buffer %x of @layers has no offset: run mdsl-plan-memory first (-p mdsl-plan-memory)
-// NOFILE: mdsl-opt: error: --emit=memory-plot needs the PNG file to write: --emit=memory-plot FILE.png
+// UNPLANNED: error[E029]: buffer %x of @layers has no offset: run mdsl-plan-memory first (-p mdsl-plan-memory)
+// NOFILE: error[E029]: --emit=memory-plot needs the PNG file to write: --emit=memory-plot FILE.png
 mdsl.sched.program @layers arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 0) {
   %x = mdsl.sched.buffer external bytes 1024 : !t
   %y = mdsl.sched.buffer external bytes 1024 : !t

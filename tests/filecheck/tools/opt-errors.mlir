@@ -1,20 +1,27 @@
-// Bad input and bad flags give located messages and a non-zero exit, never a traceback.
+// Bad input and bad flags give one coded diagnostic form, file:line:col: error[EXXX],
+// with the source line and a caret, and a non-zero exit; never a traceback.
 // RUN: not mdsl-opt %s 2>&1 | filecheck %s --check-prefix=PARSE
-// RUN: not mdsl-opt %s -p no-such-pass 2>&1 | filecheck %s --check-prefix=PASS
-// RUN: not mdsl-opt %s --pass-pipeline='dce{' 2>&1 | filecheck %s --check-prefix=SYNTAX
 // RUN: not mdsl-opt %s.missing 2>&1 | filecheck %s --check-prefix=MISSING
+// RUN: not mdsl-opt %S 2>&1 | filecheck %s --check-prefix=FOLDER
 // RUN: mdsl-opt %s --parsing-diagnostics | filecheck %s --check-prefix=PARSE
+// RUN: not mdsl-opt %s --no-such-flag 2>&1 | filecheck %s --check-prefix=FLAG
+// RUN: not mdsl-opt %s --print-ir-after-al 2>&1 | filecheck %s --check-prefix=FLAGHINT
+// RUN: not mdsl-opt %S/../lit.cfg.py 2>&1 | filecheck %s --check-prefix=KIND
 
 mdsl.graph.model @m {
   mdsl.graph.func @f(%x: !mdsl.graph.tensor<[B, 64], float>) {
   }
 }
 
-// PARSE: opt-errors.mlir:9:54: error: unknown element type 'float' (expected one of bf16, fp16, fp32, fp8_e4m3, fp8_e5m2, fp4_e2m1, int8, int32, int64, bool)
-// PARSE-NEXT: mdsl.graph.func @f(%x: !mdsl.graph.tensor<[B, 64], float>) {
-// PARSE-NEXT: ^^^^^
+// PARSE: opt-errors.mlir:12:54: error[E001]: unknown element type 'float' (expected one of bf16, fp16, fp32, fp8_e4m3, fp8_e5m2, fp4_e2m1, int8, int32, int64, bool)
+// PARSE-NEXT: 12 |   mdsl.graph.func @f(%x: !mdsl.graph.tensor<[B, 64], float>) {
+// PARSE-NEXT: |                                                      ^^^^^
 // PARSE-NOT: Traceback
 
-// PASS: mdsl-opt: error: Unrecognized passes: ['no-such-pass'] (known passes:
-// SYNTAX: mdsl-opt: error: invalid pass pipeline
-// MISSING: mdsl-opt: error: no such file: {{.*}}opt-errors.mlir.missing
+// MISSING: error[E028]: cannot read '{{.*}}opt-errors.mlir.missing': No such file or directory
+// FOLDER: error[E028]: cannot read '{{.*}}tools': it is a folder
+// FLAG: error[E029]: unrecognized arguments: --no-such-flag
+// FLAGHINT: error[E029]: unrecognized arguments: --print-ir-after-al
+// FLAGHINT-NEXT: hint: did you mean '--print-ir-after-all'?
+// KIND: error[E029]: cannot tell the kind of '{{.*}}lit.cfg.py' from its extension '.py'
+// KIND-NEXT: hint: name it .mlir or .module, or give the kind with -f mlir / -f module
