@@ -14,7 +14,11 @@ from collections import Counter
 
 import pytest
 
-from fuzz_inputs import KINDS, Case, campaign, failures, report, run_case
+import json
+
+from fuzz_inputs import (CHECKPOINT_FILES, DEEP_SENTINEL, DIR, FIFO, FILECHECK, HUGE_SENTINEL, KINDS, LLAMA, STD,
+                         TINY_LLAMA, Case, campaign, dump_json, failures, join_safetensors, report, run_case,
+                         split_safetensors)
 
 SEED = 13
 COUNTS = {"dsl": 200, "mlir": 200, "checkpoint": 150, "run-dsl": 80, "pipeline": 200, "run-flags": 80}
@@ -54,6 +58,85 @@ def test_odd_checkpoint_values_leak_no_numpy_warnings(tmp_path):
 @pytest.mark.parametrize("kind", KINDS)
 def test_many_mutants_get_coded_diagnostics(kind, seed, tmp_path):
     assert_no_failures(campaign(seed, list(range(1000)), tmp_path, TIMEOUT_S, kinds=[kind]))
+
+
+# every kind of failure the fuzzer found, as its smallest input (the random draws may miss it next time)
+
+NINES = "9" * 4400  # past Python's 4300-digit int <-> str limit
+
+
+def llama_with(old: str, new: str) -> bytes:
+    text = LLAMA.read_text()
+    assert old in text
+    return text.replace(old, new).encode()
+
+
+def opt_case(name: str, text: str | bytes, *flags: str) -> Case:
+    data = text.encode() if isinstance(text, str) else text
+    return Case("mlir", 0, name, {name: data}, ["{dir}/" + name, *flags])
+
+
+def run_case_with(label: str, files: dict, *flags: str, model: str = str(LLAMA)) -> Case:
+    ckpt = {f"ckpt/{n}": (TINY_LLAMA / n).read_bytes() for n in CHECKPOINT_FILES}
+    return Case("checkpoint", 0, label, {**ckpt, **files},
+                [model, "--hf", "{dir}/ckpt", *(flags or ("--prompt", "hi")), "--max-new-tokens", "2"])
+
+
+def config_with(**fields) -> dict:
+    config = json.loads((TINY_LLAMA / "config.json").read_text())
+    return {"ckpt/config.json": dump_json({**config, **fields}).encode()}
+
+
+def safetensors_with(name: str, **entry) -> dict:
+    header, body = split_safetensors((TINY_LLAMA / "model.safetensors").read_bytes())
+    header[name].update(entry)
+    return {"ckpt/model.safetensors": join_safetensors(header, body)}
+
+
+AUTODIFF_MLIR = (FILECHECK / "passes" / "autodiff.mlir").read_text()
+FOUND = {
+    "string-literal-backtracking": opt_case("x.mlir", 'mdsl.graph.model @m {}\n"' + "a" * 40 + "\n"),
+    "mlir-integer-past-4300-digits": opt_case("x.mlir", f"!t = !mdsl.graph.tensor<[{NINES}], fp32>\n"),
+    "mlir-dimension-nested-deeply": opt_case("x.mlir", "!t = !mdsl.graph.tensor<[" + "(" * 3000 + "B" + ")" * 3000
+                                             + ", 4], fp32>\n"),
+    "pass-option-past-4300-digits": opt_case("autodiff.mlir", AUTODIFF_MLIR, "-p", f"mdsl-autodiff{{func={NINES}}}"),
+    "non-utf8-mlir": opt_case("x.mlir", b"mdsl.graph.model @m {}\n// \xff\xfe\n"),
+    "int-parameter-inf-default": opt_case("llama.module", llama_with("n_layers: int = 32", "n_layers: int = 1e309")),
+    "int-parameter-fractional-default": opt_case("llama.module", llama_with("n_layers: int = 32",
+                                                                            "n_layers: int = 1.5")),
+    "verify-backward-zero-dimension": opt_case("mistral.module", (STD / "models" / "mistral.module").read_bytes(),
+                                               "--verify-backward", "--verify-shapes", "B=1,T=2,d_model=8,n_layers=1"),
+    "input-of-2-tib": run_case_with("freqs 4294967296", {"llama.module": llama_with(
+        "freqs: [T, head_dim // 2, 2, fp32]", "freqs: [T, head_dim // 2, 4294967296, fp32]")},
+        model="{dir}/llama.module"),
+    "prompt-not-utf8": run_case_with("--prompt \\udcff", {}, "--prompt", "a\udcffb"),
+    "safetensors-fifo": run_case_with("fifo", {"ckpt/model.safetensors": FIFO}),
+    "config-fifo": run_case_with("fifo", {"ckpt/config.json": FIFO}),
+    "config-folder": run_case_with("folder", {"ckpt/config.json": DIR}),
+    "tokenizer-folder": run_case_with("folder", {"ckpt/tokenizer.json": DIR}),
+    "config-integer-past-4300-digits": run_case_with("vocab_size", config_with(vocab_size=HUGE_SENTINEL)),
+    "config-nested-deeply": run_case_with("deep", config_with(extra=DEEP_SENTINEL)),
+    "config-integer-past-i64": run_case_with("intermediate_size", config_with(intermediate_size=10**30)),
+    "config-layers-1e9": run_case_with("num_hidden_layers", config_with(num_hidden_layers=10**9)),
+    "config-head-dim-2-63": run_case_with("head_dim", config_with(head_dim=2**63)),
+    "safetensors-shape-2-64": run_case_with("shape", safetensors_with("lm_head.weight", shape=[2**64, 64])),
+    "safetensors-shape-fractional": run_case_with("shape", safetensors_with("lm_head.weight", shape=[383.5, 64])),
+    "safetensors-header-nested-deeply": run_case_with("deep", safetensors_with("lm_head.weight", x=DEEP_SENTINEL)),
+}
+STILL_OPEN: dict[str, str] = {  # found kinds another engineer of issue 13 is fixing now
+    "mlir-integer-past-4300-digits": "IR parsing (modeldsl/ir.py)",
+    "pass-option-past-4300-digits": "mdsl-opt pipeline parsing",
+    "int-parameter-inf-default": "DSL frontend",
+    "int-parameter-fractional-default": "DSL frontend",
+    "verify-backward-zero-dimension": "mdsl-opt --verify-backward",
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=STILL_OPEN[n]))
+                                  if n in STILL_OPEN else n for n in FOUND])
+def test_found_inputs_get_coded_diagnostics(name, tmp_path):
+    outcome = run_case(FOUND[name], tmp_path, TIMEOUT_S)
+    assert outcome.status == "coded", outcome.summary() + "\n" + outcome.output[-2000:]
 
 
 # the harness itself: it sees what it must report
