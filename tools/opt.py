@@ -39,7 +39,6 @@ import stat
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from typing import IO
 
 from xdsl.dialects.builtin import ModuleOp
@@ -67,13 +66,7 @@ from modeldsl.tools.opt_pipeline import (
     timing_report,
 )
 from modeldsl.tools.opt_verify_backward import VerifyBackwardMixin, flag_error, verify_options
-
-
-def modeldsl_version() -> str:
-    try:
-        return version("modeldsl")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
+from modeldsl.tools.version import modeldsl_version
 
 
 class UserError(Exception):

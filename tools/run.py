@@ -30,6 +30,7 @@ from modeldsl.diagnostics import Diagnostic, DiagnosticError, DiagnosticSink, re
 from modeldsl.runtime.threads import ENV_VAR as THREADS_ENV_VAR
 from modeldsl.runtime.threads import parse_thread_count, set_pool_size
 from modeldsl.tools import train as training
+from modeldsl.tools.version import modeldsl_version
 
 DEFAULT_NEW_TOKENS = 16
 
@@ -57,6 +58,7 @@ class HelpFormatter(argparse.HelpFormatter):
 def build_parser() -> Parser:
     p = Parser(prog="mdsl-run", description="Run a Module DSL model on a HuggingFace checkpoint.",
                formatter_class=HelpFormatter)
+    p.add_argument("--version", action="version", version=f"mdsl-run (modeldsl {modeldsl_version()})")
     p.add_argument("model", help="the .module file (e.g. modeldsl/std/models/llama.module)")
     p.add_argument("--hf", metavar="DIR", help="checkpoint folder: config.json + *.safetensors (required, "
                    "except with --train ... --resume OUT)")
