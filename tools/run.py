@@ -66,8 +66,8 @@ def build_parser() -> Parser:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", metavar="TEXT", help="text to tokenize")
     source.add_argument("--tokens", metavar="IDS", help="comma-separated token ids, e.g. 1,2,3")
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_NEW_TOKENS, metavar="N",
-                   help="tokens to generate after the prompt (0: only run the prompt)")
+    p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                   help=f"tokens to generate after the prompt (0: only run the prompt) (default: {DEFAULT_NEW_TOKENS})")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature; 0 is greedy decoding")
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample from the K most likely tokens "
                    "(default: no limit; needs --temperature > 0)")
@@ -152,6 +152,8 @@ def check_flags(args) -> list[Diagnostic]:
     """Every flag check, before anything loads: errors raise, warnings are returned."""
     from modeldsl.runtime.model import sampling_problems
 
+    if args.max_new_tokens is None:  # not given: 0 where it does not apply (training)
+        args.max_new_tokens = DEFAULT_NEW_TOKENS if args.train is None else 0
     training.check_train_flags(args)
     problems = sampling_problems(args.max_new_tokens, args.temperature, args.top_k, args.seed)
     if problems:
