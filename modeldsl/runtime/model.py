@@ -49,6 +49,21 @@ from modeldsl.runtime.rope import SUPPORTED, RopeFrequencies, RopeScalingError, 
 STORAGE = {"fp32": np.dtype(np.float32), "bf16": NUMPY_DTYPES[DType.BF16]}
 
 
+class CheckedProfiles(ProfiledForward):
+    """Profiles whose planned arenas are checked against the memory available (E038, with the
+    arenas the memory planner sized at compile time) before an executor allocates them."""
+
+    def executor(self, program: Any, state: dict[str, np.ndarray] | None = None,
+                 arenas: dict[str, np.ndarray] | None = None) -> Any:
+        if self.device is None:
+            shared = set(arenas or {}) | ({"params"} if self.params is not None else set())
+            needs = {f"the {name} arena of @{program.sym_name.data}": size
+                     for name, size in program.arenas.items() if name not in shared and size}
+            check_fits(needs, "run fewer tokens at once (a shorter prompt, a smaller batch), --dtype bf16, or a "
+                       "machine with more memory")
+        return super().executor(program, state, arenas)
+
+
 def _quiet_numpy(method: Callable) -> Callable:
     """Run ``method`` without numpy's RuntimeWarnings: NaN or infinite weights and values were
     reported at load (W011), and the logits show the rest."""
@@ -77,7 +92,7 @@ class Model:
         self.executor = GraphExecutor(self.model, self.weights, float_dtype)
         self.forward_func = self.executor.funcs["forward"]
         self.rope = self._rope()
-        self.schedule = ProfiledForward(self.model, self.weights, storage="fp32" if self.dtype == "fp32" else None,
+        self.schedule = CheckedProfiles(self.model, self.weights, storage="fp32" if self.dtype == "fp32" else None,
                                         max_tokens=self.max_positions, device=self.device)
 
     # ------------------------------------------------------------------ config

@@ -198,3 +198,22 @@ def test_nonsensical_eps_and_rope_theta_are_w011_at_the_field_and_leak_no_numpy_
     (warning,) = [w for w in found if w.code == "W011"]
     assert f"'{field}'" in warning.diagnostic.message
     assert warning.diagnostic.span is not None and warning.diagnostic.span.text == f'"{field}"'
+
+
+def test_planned_arenas_that_do_not_fit_are_e038_before_they_are_allocated(monkeypatch):
+    import modeldsl.runtime.fits as fits
+
+    model = modeldsl.load(LLAMA, hf=cached_checkpoint("llama"))
+    monkeypatch.setattr(fits, "available_bytes", lambda: 4096)
+    with pytest.raises(DiagnosticError) as info:
+        model.forward(TOKENS)
+    (error,) = info.value.errors
+    assert error.code == "E038" and "activations arena of @forward" in error.message and "GiB" in error.message
+    assert not model.schedule.profiles
+
+
+def test_available_memory_is_positive_and_at_most_the_machine():
+    from modeldsl.runtime.fits import available_bytes
+
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert 0 < available_bytes() <= total
