@@ -661,16 +661,17 @@ class SwigluBackwardOp(GatedBackwardOp):
 
 @irdl_op_definition
 class GegluOp(GatedOp):
-    """``gelu(gate) * up`` (tanh approximation unless ``approximate = false``)."""
+    """``gelu(gate) * up`` with the exact GELU, ``gate * Phi(gate) * up`` (spec 6.3.2 declares no
+    parameters; the tanh approximation is ``gelu(approximate=true)`` then ``mul``)."""
 
     name = "mdsl.graph.geglu"
-    approximate = bool_param(True)
 
 
 @irdl_op_definition
 class GegluBackwardOp(GatedBackwardOp):
+    """``d_gate = d_out * up * gelu'(gate)``, ``d_up = d_out * gelu(gate)`` (exact GELU)."""
+
     name = "mdsl.graph.geglu_backward"
-    approximate = bool_param(True)
 
 
 @irdl_op_definition

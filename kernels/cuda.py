@@ -496,12 +496,15 @@ def _fused_residual_rmsnorm_backward(p: Problem) -> Plan:
 
 
 # Activations: elementwise over the elements of the first input.
-def _elementwise(kernel: str, ins: Sequence[str], outs: Sequence[str], with_approximate: bool = False):
+def _elementwise(kernel: str, ins: Sequence[str], outs: Sequence[str], with_approximate: bool | None = False):
+    """``with_approximate``: pass the op's ``approximate`` (True), or 0, the exact erf GELU (None: geglu)."""
     def rule(p: Problem) -> Plan:
         n = _numel(p.inputs[0])
         grid, block = elementwise_config(n, vector_width(p.itemsize))
         args = [ptr(f"in:{b}") for b in ins] + [ptr(f"out:{b}") for b in outs] + [i64(n)]
-        if with_approximate:
+        if with_approximate is None:
+            args.append(i32(0))
+        elif with_approximate:
             args.append(i32(bool(p.attr("approximate", True))))
         return Plan((_launch(kernel, p.variant, grid, block, *args),))
     return rule
@@ -509,7 +512,7 @@ def _elementwise(kernel: str, ins: Sequence[str], outs: Sequence[str], with_appr
 
 for _name, _ins, _outs, _approx in (
     ("swiglu", "gate up", "out", False), ("swiglu_backward", "d_out gate up", "d_gate d_up", False),
-    ("geglu", "gate up", "out", True), ("geglu_backward", "d_out gate up", "d_gate d_up", True),
+    ("geglu", "gate up", "out", None), ("geglu_backward", "d_out gate up", "d_gate d_up", None),
     ("silu", "x", "out", False), ("silu_backward", "d_out x", "d_x", False),
     ("relu", "x", "out", False), ("relu_backward", "d_out x", "d_x", False),
     ("relu2", "x", "out", False), ("relu2_backward", "d_out x", "d_x", False),

@@ -255,16 +255,16 @@ def swiglu_backward(d_out, gate, up):
     return d_out * up * _silu_grad(gate), d_out * _silu(gate)
 
 
-def geglu(gate, up, *, approximate=True):
-    """gelu(gate) * up (tanh approximation unless approximate=False, then erf)."""
+def geglu(gate, up):
+    """gelu(gate) * up = gate * Phi(gate) * up with the exact (erf) GELU (spec 6.3.2)."""
     gate, up = _prep(gate, up)
-    return _gelu(gate, approximate) * up
+    return _gelu(gate, False) * up
 
 
-def geglu_backward(d_out, gate, up, *, approximate=True):
-    """d_gate = d_out * up * gelu'(gate); d_up = d_out * gelu(gate)."""
+def geglu_backward(d_out, gate, up):
+    """d_gate = d_out * up * gelu'(gate); d_up = d_out * gelu(gate) (exact GELU)."""
     d_out, gate, up = _prep(d_out, gate, up)
-    return d_out * up * _gelu_grad(gate, approximate), d_out * _gelu(gate, approximate)
+    return d_out * up * _gelu_grad(gate, False), d_out * _gelu(gate, False)
 
 
 def silu(x):

@@ -146,3 +146,30 @@ def test_a_written_backward_calls_mul_backward():
     assert verify_module(ir) == []
     (op,) = [op for op in ir.walk() if op.name == "mdsl.graph.mul_backward"]
     assert [str(r.type) for r in op.results] == ["!mdsl.graph.tensor<[B, d], bf16>", "!mdsl.graph.tensor<[d], bf16>"]
+
+
+@pytest.mark.parametrize("approximate", [True, False])
+def test_the_std_geglu_mlp_computes_either_gelu(approximate):
+    """GeGLU_MLP(approximate=true) is gelu(tanh) then mul; false is the geglu primitive (exact GELU)."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from modeldsl.dialects.graph import ModelOp
+    from modeldsl.frontend.text.parser import parse_source
+    from modeldsl.lower import lower_program
+    from modeldsl.runtime.executor import GraphExecutor
+
+    text = (f"import std.modules.mlp\n\nmodule M(approx: bool = {str(approximate).lower()}):\n  params:\n"
+            "    mlp: GeGLU_MLP(4, 6, approximate=approx)\n  forward:\n    in: [1, 2, 4]\n    out: [1, 2, 4]\n"
+            "    graph:\n      in -> mlp -> out\n")
+    module = lower_program(parse_source(text, "m.module"), "M")
+    model = next(op for op in module.walk() if isinstance(op, ModelOp))
+    assert any(op.name == "mdsl.graph.geglu" for op in model.walk()) is not approximate
+    rng = np.random.default_rng(5)
+    weights = {"mlp.up_weight": rng.standard_normal((12, 4)), "mlp.down_weight": rng.standard_normal((4, 6))}
+    x = rng.standard_normal((1, 2, 4))
+    (got,) = GraphExecutor(model, weights, float_dtype=np.float64).run("forward", x)
+    gate, up = (torch.from_numpy(x) @ torch.from_numpy(weights["mlp.up_weight"]).T).split(6, dim=-1)
+    hidden = F.gelu(gate, approximate="tanh" if approximate else "none") * up
+    np.testing.assert_allclose(got, (hidden @ torch.from_numpy(weights["mlp.down_weight"]).T).numpy(), rtol=1e-9)

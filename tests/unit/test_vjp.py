@@ -268,12 +268,9 @@ for approximate in ("true", "false"):
     case(f"gelu-approximate-{approximate}",
          op(f"%y = mdsl.graph.gelu %x {{approximate = {approximate}}} : ({t(3, 4)}) -> {t(3, 4)}"),
          {"x": (3, 4)}, [("y", (3, 4))])
-    case(f"geglu-approximate-{approximate}",
-         op(f"%y = mdsl.graph.geglu %g, %u {{approximate = {approximate}}} : ({t(3, 4)}, {t(3, 4)}) -> {t(3, 4)}"),
+for name in ("swiglu", "geglu"):
+    case(name, op(f"%y = mdsl.graph.{name} %g, %u : ({t(3, 4)}, {t(3, 4)}) -> {t(3, 4)}"),
          {"g": (3, 4), "u": (3, 4)}, [("y", (3, 4))])
-case("swiglu",
-     op(f"%y = mdsl.graph.swiglu %g, %u : ({t(3, 4)}, {t(3, 4)}) -> {t(3, 4)}"),
-     {"g": (3, 4), "u": (3, 4)}, [("y", (3, 4))])
 for dim in (-1, 0, 1, 2):
     case(f"softmax-dim{dim}",
          op(f"%y = mdsl.graph.softmax %x {{dim = {dim} : i64}} : ({t(2, 3, 4)}) -> {t(2, 3, 4)}"),

@@ -271,9 +271,7 @@ UNARY = {  # case: (reference name, params, torch forward)
 }
 GATED = {
     "swiglu": ("swiglu", {}, lambda g, u: F.silu(g) * u),
-    "geglu-tanh": ("geglu", {"approximate": True}, lambda g, u: F.gelu(g, approximate="tanh") * u),
-    "geglu-erf": ("geglu", {"approximate": False}, lambda g, u: F.gelu(g, approximate="none") * u),
-    "geglu-default": ("geglu", {}, lambda g, u: F.gelu(g, approximate="tanh") * u),
+    "geglu": ("geglu", {}, lambda g, u: F.gelu(g, approximate="none") * u),  # spec 6.3.2: exact GELU
 }
 
 

@@ -93,7 +93,6 @@ def test_the_std_files_follow_the_spec_10_1_layout():
 # Where the spec's own section-6 blocks disagree with the registry, or are not DSL:
 # primitive -> [(code, spec line, column)]. The std declarations follow the registry.
 SPEC_DISAGREEMENTS = {
-    "geglu": [("E003", 1610, 11)],  # the op has approximate: bool = true
     "flash_attention": [("E003", 1972, 5), ("E004", 1975, 9)],  # alibi_slopes is a tensor input of the op
     "split": [("E001", 2246, 33)],  # out: tuple(... for i in range(...)) is no DSL
     "view": [("E001", 2374, 9)],  # constraints: - x must be contiguous

@@ -98,8 +98,8 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %sg = mdsl.graph.swiglu %x, %r : (!x, !x) -> !x
     // CHECK: mdsl.graph.swiglu_backward %x, %x, %r :
     %sg1, %sg2 = mdsl.graph.swiglu_backward %x, %x, %r : (!x, !x, !x) -> (!x, !x)
-    // CHECK: mdsl.graph.geglu %x, %r {approximate = false} :
-    %gg = mdsl.graph.geglu %x, %r {approximate = false} : (!x, !x) -> !x
+    // CHECK: mdsl.graph.geglu %x, %r : (!mdsl.graph.tensor<[B, T, C], bf16>, !mdsl.graph.tensor<[B, T, C], bf16>) -> !mdsl.graph.tensor<[B, T, C], bf16>
+    %gg = mdsl.graph.geglu %x, %r : (!x, !x) -> !x
     // CHECK: mdsl.graph.geglu_backward %x, %x, %r :
     %gg1, %gg2 = mdsl.graph.geglu_backward %x, %x, %r : (!x, !x, !x) -> (!x, !x)
     // CHECK: mdsl.graph.silu %x {annotations = [#mdsl.graph.memory<recompute>, #mdsl.graph.hook<AfterMLPActivation, mode = modify>]} :
