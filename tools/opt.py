@@ -231,6 +231,9 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         arg_parser.add_argument("--hf", default=None, metavar="DIR",
                                 help="for Module DSL input: lower with the configuration of this HuggingFace "
                                 "checkpoint's config.json")
+        arg_parser.add_argument("--force-architecture", action="store_true",
+                                help="with --hf: accept a checkpoint whose architecture the model does not declare "
+                                "(E036 becomes W010)")
 
     def register_verify_backward_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         arg_parser.add_argument(
@@ -513,9 +516,10 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         default = next(op for op in lower_program(program, decl.name).walk() if isinstance(op, ModelOp))
         try:
             self.hf_config = read_config(self.args.hf)
-            return dsl_config(decl, default, self.hf_config)
+            return dsl_config(decl, default, self.hf_config, self.args.force_architecture,
+                              warn=lambda w: sys.stderr.write(render_all([w], self.args.diagnostics_format)))
         except CheckpointError as err:
-            raise DiagnosticError([Diagnostic(err.code, err.message, None, err.hint)]) from None
+            raise DiagnosticError([Diagnostic(err.code, err.message, err.span, err.hint)]) from None
 
     # ------------------------------------------------------------------ output
 

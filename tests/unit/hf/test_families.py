@@ -146,3 +146,29 @@ def test_ignore_tensors_declares_tensors_the_model_does_not_need(tmp_path):
     model = _variant(tmp_path, '    ignore_tensors: ["model.layers.*.self_attn.*_proj.bias"]\n')
     with pytest.warns(DiagnosticWarning, match="W010"):
         modeldsl.load(model, hf=ckpt, force_architecture=True)
+
+
+# ---------------------------------------------------------------------------- the command lines
+def test_mdsl_run_refuses_then_loads_with_force_architecture_and_allow_unused_tensors(capsys):
+    from modeldsl.tools.run import main
+
+    args = [str(LLAMA), "--hf", str(family("qwen2")), "--tokens", "1,2,3", "--max-new-tokens", "1"]
+    assert main(args) == 1
+    assert "error[E036]" in capsys.readouterr().err
+    assert main([*args, "--force-architecture"]) == 1
+    err = capsys.readouterr().err
+    assert "warning[W010]" in err and "error[E040]" in err
+    assert main([*args, "--force-architecture", "--allow-unused-tensors"]) == 0
+    err = capsys.readouterr().err
+    assert "warning[W010]" in err and err.count("warning[W006]") == 6 and "error" not in err
+
+
+def test_mdsl_opt_checks_the_checkpoint_config_and_takes_force_architecture(capsys):
+    from modeldsl.tools.opt import main
+
+    args = [str(LLAMA), "--hf", str(family("granite"))]
+    assert main(args) == 1
+    assert "error[E036]" in capsys.readouterr().err
+    assert main([*args, "--force-architecture"]) == 1
+    err = capsys.readouterr().err
+    assert "warning[W010]" in err and "error[E037]" in err and "config.json:" in err and "'logits_scaling'" in err
