@@ -374,6 +374,10 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         results = []
         for text, line_offset in self.chunks(source.text):
             result = self.collect(lambda: self.process_mlir_chunk(source.name, text, line_offset))
+            if source.path is None and not self.args.frontend:
+                for diag in result.diagnostics:
+                    if diag.code == "E001" and not diag.hint:
+                        diag.hint = "stdin is read as IR; give -f module for Module DSL text"
             if self.args.verify_diagnostics:
                 self.check_expectations(result, Source(source.name, source.text), line_offset + 1,
                                         line_offset + text.count("\n") + 1)
