@@ -48,7 +48,7 @@ def expectations(source: Source, first_line: int = 1, last_line: int | None = No
     """The annotations on lines ``first_line..last_line`` of a source (1-based)."""
     found = []
     lines = source.text.splitlines()
-    last = len(lines) if last_line is None else last_line
+    last = len(lines) if last_line is None else min(last_line, len(lines))
     for number in range(first_line, last + 1):
         for match in _ANNOTATION.finditer(lines[number - 1]):
             offset = _line_offset(match.group("where"))
