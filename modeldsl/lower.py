@@ -736,6 +736,10 @@ class Lowering(BackwardLowering):
                         locate_new_ops(self.block, before, stmt.span)
                     except LoweringFailed:
                         _poison(stmt.chain[-1], scope)
+                        target, tuples = stmt.chain[-1], self.graph_outputs[-1] if self.graph_outputs else {}
+                        if isinstance(target, ast.Name) and target.id in tuples:
+                            for i in range(tuples[target.id]):
+                                _poison(ast.Name(target.span, f"{target.id}_{i}"), scope)
                         raise
                 elif isinstance(stmt, ast.If):
                     taken = self.guard(stmt.condition, self.graph_env(instance, scope))
@@ -992,11 +996,11 @@ class Lowering(BackwardLowering):
         if len(inputs) != 1:
             self.sink.error("E003", f"a type in a flow describes one value, got {len(inputs)}", stage.span)
             raise LoweringFailed()
-        try:
-            check_same_shape("the value", declared, inputs[0].type)
-        except VerifyException as err:
-            self.sink.error("E004", f"{err}: stated {declared}, computed {inputs[0].type}", stage.span)
-            raise LoweringFailed() from None
+        stated, computed = declared.shape, inputs[0].type.shape
+        if len(stated) != len(computed) or any(
+                (a is STAR) != (b is STAR) or a is not STAR and Expr.of(a) != Expr.of(b) for a, b in zip(stated, computed)):
+            self.sink.error("E004", f"the value is {inputs[0].type}, not the stated {declared}", stage.span)
+            raise LoweringFailed()
         explicit = stage.items and isinstance(stage.items[-1], ast.Name) and stage.items[-1].id in DTYPE_SPELLINGS
         if explicit and declared.dtype != inputs[0].type.dtype:
             self.sink.error("E003", f"the value is {inputs[0].type.dtype.value}, not {declared.dtype.value}", stage.span)
@@ -1215,6 +1219,7 @@ class Lowering(BackwardLowering):
         params: dict[str, Any] = {}
         spans: dict[str, Span] = {}
         positional_params = [*INFERENCE_PARAMS.get(sig.name, ()), *(p.name for p in sig.params)]
+        keyword_tensors: dict[str, SSAValue] = {}
         for arg in args:
             if arg.name is None and self.is_tensor(arg.value, instance, scope):
                 operands.append(self.tensor(instance, arg.value, scope))
@@ -1228,6 +1233,9 @@ class Lowering(BackwardLowering):
                     raise LoweringFailed()
                 params[remaining[0]] = self.param_value(arg.value, self.graph_env(instance, scope))
                 spans[remaining[0]] = arg.span
+            elif arg.name in {slot.name for slot in sig.keyword_inputs}:
+                if not isinstance(arg.value, ast.NoneLit):  # a tensor parameter (alibi_slopes=slopes)
+                    keyword_tensors[arg.name] = self.tensor(instance, arg.value, scope)
             else:
                 if arg.name == "dim" and "dims" in positional_params and "dim" not in positional_params:
                     arg = replace(arg, name="dims", value=ast.ListExpr(arg.value.span, [arg.value]))  # dim=2 is dims=[2]
@@ -1238,6 +1246,7 @@ class Lowering(BackwardLowering):
                     raise LoweringFailed()
                 params[arg.name] = self.param_value(arg.value, self.graph_env(instance, scope))
                 spans[arg.name] = arg.span
+        operands += [keyword_tensors[slot.name] for slot in sig.keyword_inputs if slot.name in keyword_tensors]
         width = self.star_width.get(operands[0]) if operands and sig.name in STAR_REDUCTIONS else None
         if width is not None and ("dims" in params or "dim" in params):
             try:
