@@ -159,6 +159,9 @@ def check_compatible(model: ModelOp, hf: Any, mapped: set[str], force_architectu
     describe the model; the W010 of a forced architecture is returned."""
     declared = declarations(model)
     warned: list[Diagnostic] = []
+    malformed = malformed_identity(hf)
+    if malformed:
+        raise DiagnosticError(malformed)
     mismatch = architecture_mismatch(declared, hf)
     if mismatch is not None and not force_architecture:
         raise DiagnosticError([mismatch])
@@ -190,6 +193,22 @@ def declared_types(declared: dict[str, Any]) -> tuple[list[str], list[str]]:
     if not types:
         types = [name.removesuffix("Config").lower() for name in _names(declared.get("config_class"))]
     return _names(declared.get("architecture")), types
+
+
+def malformed_identity(hf: Any) -> list[Diagnostic]:
+    """E030 for an ``architectures`` that is not a list of strings or a ``model_type`` that is
+    not a string (transformers could not read either)."""
+    problems = []
+    architectures, model_type = hf.get("architectures"), hf.get("model_type")
+    if architectures is not None and not (isinstance(architectures, list)
+                                          and all(isinstance(a, str) for a in architectures)):
+        problems.append(Diagnostic("E030", f"config.json field 'architectures' is {_show(architectures)}, not a "
+                                   "list of class names", _span(hf, "architectures"),
+                                   'write e.g. "architectures": ["LlamaForCausalLM"]'))
+    if model_type is not None and not isinstance(model_type, str):
+        problems.append(Diagnostic("E030", f"config.json field 'model_type' is {_show(model_type)}, not a string",
+                                   _span(hf, "model_type"), 'write e.g. "model_type": "llama"'))
+    return problems
 
 
 def architecture_mismatch(declared: dict[str, Any], hf: Any) -> Diagnostic | None:
@@ -244,7 +263,7 @@ def unsupported_fields(model_name: str, declared: dict[str, Any], hf: Any, mappe
     nor ignores, where the config gives it a value other than its neutral one."""
     required = declared.get("require") if isinstance(declared.get("require"), dict) else {}
     ignored = set(_names(declared.get("ignore")))
-    problems = []
+    problems = _per_layer_type_rope(model_name, hf)
     for name, value, where in _fields(hf):
         if name in mapped or name in ignored:
             continue
@@ -262,6 +281,17 @@ def unsupported_fields(model_name: str, declared: dict[str, Any], hf: Any, mappe
                                        f"load the checkpoint with a model that maps '{name}'; a model that "
                                        f"computes it declares it in hf_config (param_mapping, require: or ignore:)"))
     return problems
+
+
+def _per_layer_type_rope(model_name: str, hf: Any) -> list[Diagnostic]:
+    """E037 for RoPE parameters per kind of layer (Gemma-3's ``{"full_attention": {...}, ...}``)."""
+    rope = hf.get("rope_parameters")
+    kinds = [k for k, v in rope.items() if isinstance(v, dict)] if isinstance(rope, dict) else []
+    if not kinds:
+        return []
+    return [Diagnostic("E037", f"config.json gives 'rope_parameters' per kind of layer ({', '.join(kinds)}), which "
+                       f"{model_name} does not implement", _span(hf, "rope_parameters"),
+                       "load the checkpoint with a model of its family")]
 
 
 def _fields(hf: dict[str, Any]) -> list[tuple[str, Any, str]]:

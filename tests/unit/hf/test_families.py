@@ -114,6 +114,8 @@ def test_neutral_values_of_math_changing_fields_load(tmp_path):
      "rope_parameters.partial_rotary_factor"),
     ({"use_qk_norm": True}, "use_qk_norm"),
     ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+    ({"rope_parameters": {"full_attention": {"rope_theta": 1e4}, "sliding_attention": {"rope_theta": 1e4}}},
+     "rope_parameters"),
 ])
 def test_a_math_changing_field_is_e037_naming_it(fields, named, tmp_path):
     errors = [d for d in diagnostics_of(edited(cached_checkpoint("llama"), tmp_path, **fields)) if d.code == "E037"]

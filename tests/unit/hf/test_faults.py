@@ -102,6 +102,13 @@ def test_rope_parameters_of_the_wrong_type_is_e030_at_the_field(ckpt):
     assert located(error).text == '"rope_parameters"'
 
 
+@pytest.mark.parametrize("field,value", [("architectures", 5), ("architectures", [None]), ("model_type", ["llama"])])
+def test_an_architecture_or_model_type_of_the_wrong_type_is_e030(ckpt, field, value):
+    set_config(ckpt, **{field: value})
+    (error,) = refused(ckpt)
+    assert error.code == "E030" and f"'{field}'" in error.message and located(error).text == f'"{field}"'
+
+
 # ---------------------------------------------------------------------------- files that are not files
 def test_config_json_that_is_a_folder_is_e028(ckpt):
     (ckpt / "config.json").unlink()
