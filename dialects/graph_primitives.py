@@ -215,10 +215,13 @@ class PrimitiveOp(IRDLOperation):
     """Base of every primitive op: pure, uniform assembly format.
 
     Subclasses declare ``ENUMS`` (attribute name -> allowed values) and
-    implement ``verify_shapes``.
+    implement ``verify_shapes``. ``KEYWORD_OPERANDS`` names optional tensor
+    operands that the spec declares under ``params:`` (``alibi_slopes: [H]? =
+    None``): a DSL call passes them by keyword, not in the flow's tuple.
     """
 
     ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {}
+    KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ()
 
     traits = traits_def(Pure())
     assembly_format = UNIFORM_FORMAT
@@ -781,10 +784,12 @@ class FlashAttentionOp(PrimitiveOp):
     ``q: [B, Hq, Tq, D]``, ``k, v: [B, Hkv, Tk, D]``; ``lse: [B, Hq, Tq]``
     fp32. ``softmax_scale`` defaults to ``1/sqrt(D)``; ``window_size`` is a
     sliding window (Mistral). Tq may be shorter than Tk (decoding with a KV
-    cache: the queries are the last Tq positions).
+    cache: the queries are the last Tq positions). ``alibi_slopes: [Hq]`` is
+    a parameter in spec 6.4.1 (``flash_attention(alibi_slopes=slopes)``).
     """
 
     name = "mdsl.graph.flash_attention"
+    KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("alibi_slopes",)
 
     q = operand_def(TensorType)
     k = operand_def(TensorType)
@@ -802,10 +807,14 @@ class FlashAttentionOp(PrimitiveOp):
         check_same_shape("out", q, tensor(self.out))
         check_row_stat("lse", q, tensor(self.lse))
         check_attention_attrs(self, q, k)
-        if self.alibi_slopes is not None:
-            slopes = tensor(self.alibi_slopes)
-            check_rank("alibi_slopes", slopes, 1)
-            check_dim("alibi_slopes length", slopes.shape[0], q.shape[1])
+        check_alibi_slopes(self.alibi_slopes, q)
+
+
+def check_alibi_slopes(slopes: SSAValue | None, q: TensorType) -> None:
+    """One slope per query head."""
+    if slopes is not None:
+        check_rank("alibi_slopes", tensor(slopes), 1)
+        check_dim("alibi_slopes length", tensor(slopes).shape[0], q.shape[1])
 
 
 def check_attention_attrs(op: Operation, q: TensorType, k: TensorType) -> None:
@@ -822,9 +831,11 @@ def check_attention_attrs(op: Operation, q: TensorType, k: TensorType) -> None:
 
 @irdl_op_definition
 class FlashAttentionBackwardOp(PrimitiveOp):
-    """``(d_out, q, k, v, out, lse) -> (d_q, d_k, d_v)``."""
+    """``(d_out, q, k, v, out, lse, alibi_slopes?) -> (d_q, d_k, d_v)``; the slopes of the forward
+    (a parameter, as there) shift the scores and get no gradient."""
 
     name = "mdsl.graph.flash_attention_backward"
+    KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("alibi_slopes",)
 
     d_out = operand_def(TensorType)
     q = operand_def(TensorType)
@@ -832,6 +843,7 @@ class FlashAttentionBackwardOp(PrimitiveOp):
     v = operand_def(TensorType)
     out = operand_def(TensorType)
     lse = operand_def(TensorType)
+    alibi_slopes = opt_operand_def(TensorType)
     d_q = result_def(TensorType)
     d_k = result_def(TensorType)
     d_v = result_def(TensorType)
@@ -848,6 +860,7 @@ class FlashAttentionBackwardOp(PrimitiveOp):
         check_same_shape("d_v", v, tensor(self.d_v))
         check_row_stat("lse", q, tensor(self.lse))
         check_attention_attrs(self, q, k)
+        check_alibi_slopes(self.alibi_slopes, q)
 
 
 def check_rope_freqs(q: TensorType, freqs: TensorType) -> None:

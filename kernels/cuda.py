@@ -913,9 +913,11 @@ def _flash_attention(p: Problem) -> Plan:
                          ptr("out:out"), ptr("out:lse"), *g.args()),))
 
 
-@_primitive("flash_attention_backward", "attention", "d_out q k v out lse", "d_q d_k d_v",
-            "attention_bwd_pre attention_bwd_dkdv attention_bwd_dq", dtypes={"lse": "fp32"})
+@_primitive("flash_attention_backward", "attention", "d_out q k v out lse alibi_slopes", "d_q d_k d_v",
+            "attention_bwd_pre attention_bwd_dkdv attention_bwd_dq", dtypes={"alibi_slopes": "fp32", "lse": "fp32"})
 def _flash_attention_backward(p: Problem) -> Plan:
+    if len(p.inputs) > 6 and p.inputs[6] is not None:
+        raise NotCovered("attention backward with ALiBi: the CUDA kernel has no ALiBi bias")
     g = attention_geometry(p, *p.inputs[1:4])
     if g.t > g.s and (g.causal or g.window):
         raise NotCovered(f"attention backward with {g.t} queries over {g.s} keys: the first queries see no key")

@@ -397,15 +397,16 @@ def kv_cache_attention(q, k, v, k_cache, v_cache, position, *, causal=True, soft
     return out, lse, k_cache, v_cache
 
 
-def flash_attention_backward(d_out, q, k, v, out, lse, *, causal=True, softmax_scale=None, window_size=None):
-    """(d_q, d_k, d_v) of flash_attention without ALiBi, from the saved out and lse.
+def flash_attention_backward(d_out, q, k, v, out, lse, alibi_slopes=None, *, causal=True, softmax_scale=None,
+                             window_size=None):
+    """(d_q, d_k, d_v) of flash_attention, from the saved out and lse.
 
     P = exp(S - lse); dV = P^T dO; dS = P * (dO V^T - rowsum(dO * O)); dQ = scale dS K; dK = scale dS^T Q;
-    d_k and d_v sum the query heads of each kv group.
+    d_k and d_v sum the query heads of each kv group. ALiBi only shifts S (the slopes get no gradient).
     """
-    d_out, q, k, v, out, lse = _prep(d_out, q, k, v, out, lse)
+    d_out, q, k, v, out, lse, alibi_slopes = _prep(d_out, q, k, v, out, lse, alibi_slopes)
     hkv = k.shape[1]
-    s, scale = _attention_scores(q, k, None, causal, softmax_scale, window_size)
+    s, scale = _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size)
     p = np.exp(s - lse[..., None])
     d_v = np.swapaxes(p, -1, -2) @ d_out
     d_p = d_out @ np.swapaxes(_expand_kv(v, q.shape[1]), -1, -2)

@@ -11,7 +11,7 @@ the numpy reference and the kernels on the same entries.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -32,6 +32,8 @@ class TensorSlot:
     name: str
     optional: bool = False
     variadic: bool = False
+    # passed by keyword, written under params: (spec 6.4.1's alibi_slopes: [H]? = None)
+    keyword: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,16 @@ class PrimitiveSignature:
     def group_operands(self, values: Sequence[Any]) -> list[Any]:
         """Operands given in order, one entry per input slot (see :func:`distribute`)."""
         return distribute(self.name, self.inputs, values, "tensor input")
+
+    @property
+    def positional_inputs(self) -> tuple[TensorSlot, ...]:
+        """The tensor inputs a flow passes in its tuple (the ``in:`` of a declaration)."""
+        return tuple(s for s in self.inputs if not s.keyword)
+
+    @property
+    def keyword_inputs(self) -> tuple[TensorSlot, ...]:
+        """Optional tensor inputs passed by keyword (declared under ``params:``)."""
+        return tuple(s for s in self.inputs if s.keyword)
 
     def group_results(self, types: Sequence[Any]) -> list[Any]:
         """Result types given in order, one entry per output slot."""
@@ -180,6 +192,7 @@ def _param_kind(op: type[PrimitiveOp], name: str, definition: Any) -> str:
 def signature_of(op: type[PrimitiveOp]) -> PrimitiveSignature:
     definition = op.get_irdl_definition()
     inputs = tuple(_slot(n, d, (OptOperandDef,), (VarOperandDef,)) for n, d in definition.operands)
+    inputs = tuple(replace(s, keyword=s.name in op.KEYWORD_OPERANDS) for s in inputs)
     outputs = tuple(_slot(n, d, (OptResultDef,), (VarResultDef,)) for n, d in definition.results)
     params = []
     for name, attr_def in definition.attributes.items():

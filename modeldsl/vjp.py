@@ -196,11 +196,12 @@ def _softmax(b, op, grads):
 
 @rule("flash_attention")
 def _flash_attention(b, op, grads):
-    if len(op.operands) > 3:
-        raise NotImplementedError("the gradient of attention with ALiBi slopes")
-    q, k, v = op.operands
+    """ALiBi slopes (a parameter of the primitive) shift the scores and are not differentiated."""
+    q, k, v, *slopes = op.operands
     params = forward_params(op, "causal", "softmax_scale", "window_size")
-    return b.op("flash_attention_backward", grads[0], q, k, v, op.results[0], op.results[1], **params)
+    d_q, d_k, d_v = b.op("flash_attention_backward", grads[0], q, k, v, op.results[0], op.results[1], *slopes,
+                         **params)
+    return [d_q, d_k, d_v, *[None for _ in slopes]]
 
 
 @rule("rope")

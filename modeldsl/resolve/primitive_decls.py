@@ -62,10 +62,12 @@ def inference_params(name: str) -> list[ParamSpec]:
 
 
 def positional_params(sig: PrimitiveSignature) -> list[ParamSpec]:
-    """The parameters of a primitive in the order a call takes them positionally."""
+    """The parameters of a primitive in the order a call takes them positionally; last the
+    optional tensors it takes by keyword (kind ``tensor``, default None)."""
     first = inference_params(sig.name)
     names = {p.name for p in first}
-    return first + [p for p in sig.params if p.name not in names]
+    tensors = [ParamSpec(s.name, "tensor", None) for s in sig.keyword_inputs]
+    return first + [p for p in sig.params if p.name not in names] + tensors
 
 
 # ----------------------------------------------------------------------------
@@ -211,6 +213,8 @@ def _value_text(value: Any) -> str:
 
 
 def _spec_text(spec: ParamSpec) -> str:
+    if spec.kind == "tensor":
+        return f"{spec.name}: [*]? = None"
     kind = f"enum({', '.join(spec.choices)})" if spec.kind == "enum" else _kind_text(spec.kind)
     if spec.required:
         return f"{spec.name}: {kind}"
@@ -352,11 +356,11 @@ class PrimitiveDeclChecker:
         if forward is None:
             if not elided:
                 self.sink.error("E004", f"primitive {decl.name} has no forward: section", _name_span(decl),
-                                f"declare forward: with in: {_slots_text(sig.inputs)} and out: "
+                                f"declare forward: with in: {_slots_text(sig.positional_inputs)} and out: "
                                 f"{_slots_text(sig.outputs)}")
             return
         partial = elided or _elided(forward.body)
-        self.check_slots(decl.name, sig, forward, "in", sig.inputs, "tensor input", partial)
+        self.check_slots(decl.name, sig, forward, "in", sig.positional_inputs, "tensor input", partial)
         self.check_slots(decl.name, sig, forward, "out", sig.outputs, "output", partial)
 
     def check_slots(self, name: str, sig: PrimitiveSignature, section: ast.Section, key: str,
@@ -407,7 +411,7 @@ class PrimitiveDeclChecker:
         forward = _section(decl.body, "forward")
         inputs = _section(forward.body, "in") if forward is not None else None
         optional = frozenset(s.name for s in declared_slots(inputs) if s.optional) if inputs is not None else frozenset()
-        self.check_slots(name, kernel, backward, "in", kernel.inputs, "tensor input", partial, optional)
+        self.check_slots(name, kernel, backward, "in", kernel.positional_inputs, "tensor input", partial, optional)
         self.check_slots(name, kernel, backward, "out", kernel.outputs, "output", partial, optional)
         # The backward kernel gets its parameters from the forward's (check_params compared those).
         forward_params = {p.name: p for p in positional_params(sig)}

@@ -173,3 +173,26 @@ def test_the_std_geglu_mlp_computes_either_gelu(approximate):
     gate, up = (torch.from_numpy(x) @ torch.from_numpy(weights["mlp.up_weight"]).T).split(6, dim=-1)
     hidden = F.gelu(gate, approximate="tanh" if approximate else "none") * up
     np.testing.assert_allclose(got, (hidden @ torch.from_numpy(weights["mlp.down_weight"]).T).numpy(), rtol=1e-9)
+
+
+def test_alibi_slopes_is_a_keyword_tensor_parameter_of_flash_attention():
+    """Spec 6.4.1 declares alibi_slopes: [H]? = None under params: a call passes the tensor by keyword."""
+    from modeldsl.diagnostics import DiagnosticError
+    from modeldsl.frontend.text.parser import parse_source
+    from modeldsl.lower import lower_program
+
+    sig = lookup_primitive("flash_attention")
+    assert [s.name for s in sig.positional_inputs] == ["q", "k", "v"]
+    assert [(s.name, s.optional) for s in sig.keyword_inputs] == [("alibi_slopes", True)]
+    assert [s.name for s in lookup_primitive("flash_attention_backward").keyword_inputs] == ["alibi_slopes"]
+    text = ("module A(h: int = 2):\n  forward:\n    in: (q: [1, h, 3, 4], k: [1, h, 3, 4], v: [1, h, 3, 4], s: [h])\n"
+            "    out: [1, h, 3, 4]\n    graph:\n      (q, k, v) -> flash_attention(alibi_slopes={}) -> out\n")
+    module = lower_program(parse_source(text.format("s"), "a.module"), "A")
+    (op,) = [op for op in module.walk() if op.name == "mdsl.graph.flash_attention"]
+    assert [a.name_hint for a in op.operands] == ["q", "k", "v", "s"]
+    module = lower_program(parse_source(text.format("None"), "a.module"), "A")
+    (op,) = [op for op in module.walk() if op.name == "mdsl.graph.flash_attention"]
+    assert len(op.operands) == 3
+    with pytest.raises(DiagnosticError) as err:
+        lower_program(parse_source(text.format("t"), "a.module"), "A")
+    assert [d.code for d in err.value.diagnostics] == ["E002"]

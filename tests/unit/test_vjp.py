@@ -294,6 +294,13 @@ for label, hkv, attrs in [
          op(f"%o, %lse = mdsl.graph.flash_attention %q, %k, %v{attrs} : ({t(*q)}, {t(*kv)}, {t(*kv)}) "
             f"-> ({t(*q)}, {t(1, 2, 4)})"),
          {"q": q, "k": kv, "v": kv}, [("o", q)])
+# ALiBi slopes (a parameter of the primitive, not differentiated): causal and sliding-window
+for label, attrs in [("alibi-causal", ""), ("alibi-window", " {window_size = 2 : i64, softmax_scale = 0.7 : f64}")]:
+    q, kv = (1, 2, 4, 4), (1, 1, 4, 4)
+    case(f"flash_attention-{label}",
+         op(f"%o, %lse = mdsl.graph.flash_attention %q, %k, %v, %slopes{attrs} : ({t(*q)}, {t(*kv)}, {t(*kv)}, "
+            f"{t(2)}) -> ({t(*q)}, {t(1, 2, 4)})"),
+         {"q": q, "k": kv, "v": kv, "slopes": (2,)}, [("o", q)], init={"slopes": [0.5, 0.25]})
 
 ANGLES = np.outer(np.arange(3), 1.0 / 10000 ** (np.arange(2) / 2))
 FREQS = np.stack([np.cos(ANGLES), np.sin(ANGLES)], axis=-1)  # [T, D/2, 2]
@@ -388,6 +395,9 @@ case("chain-rmsnorm-matmul-swiglu",
 # ----------------------------------------------------------------------------
 
 
+NOT_DIFFERENTIATED = {"freqs", "slopes"}  # RoPE tables and ALiBi slopes get no gradient
+
+
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
 def test_the_rule_matches_finite_differences(c: Case):
     model = c.model()
@@ -398,7 +408,7 @@ def test_the_rule_matches_finite_differences(c: Case):
     text, ok = report(checks, TOLERANCE)
     assert ok, f"{c.id}\n{text}"
     expected = set(c.params) | {f"input {n}" for n, s in c.inputs.items()
-                                if not (len(s) == 4 and s[1] == "int") and n != "freqs"}
+                                if not (len(s) == 4 and s[1] == "int") and n not in NOT_DIFFERENTIATED}
     assert {ch.name for ch in checks} == expected, text
 
 
@@ -454,7 +464,8 @@ def test_a_wrong_rule_is_caught():
     assert not ok
 
 
-SCHEDULE_CASES = {"reduce_max": "reduce_max_backward", "grouped_gemm": "grouped_gemm_weight_grad"}
+SCHEDULE_CASES = {"reduce_max": "reduce_max_backward", "grouped_gemm": "grouped_gemm_weight_grad",
+                  "flash_attention": "flash_attention_backward"}
 
 
 @pytest.mark.parametrize("c", [c for c in CASES if c.id.split("-")[0] in SCHEDULE_CASES], ids=lambda c: c.id)

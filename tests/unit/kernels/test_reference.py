@@ -395,11 +395,14 @@ def test_flash_attention(case):
 
 @pytest.mark.parametrize("case", sorted(ALIBI_CASES))
 def test_flash_attention_alibi(case):
-    """The backward takes no slopes, so ALiBi is checked forward only."""
+    """Forward and backward with ALiBi slopes against torch autograd (the slopes get no gradient)."""
     b, hq, hkv, tq, tk, d, params = ALIBI_CASES[case]
-    q, k, v, _ = attention_inputs(31, b, hq, hkv, tq, tk, d)
+    q, k, v, d_out = attention_inputs(31, b, hq, hkv, tq, tk, d)
     slopes = 2.0 ** -np.arange(1, hq + 1, dtype=np.float64)
-    check_all(ref("flash_attention", q, k, v, slopes, **params), torch_attention(tt(q), tt(k), tt(v), tt(slopes), **params))
+    out, lse = ref("flash_attention", q, k, v, slopes, **params)
+    check_all((out, lse), torch_attention(tt(q), tt(k), tt(v), tt(slopes), **params))
+    expected = vjp(lambda *t: torch_attention(*t, tt(slopes), **params)[0], [q, k, v], [d_out])
+    check_all(ref("flash_attention_backward", d_out, q, k, v, out, lse, slopes, **params), expected)
 
 
 @covers("kv_cache_attention")

@@ -93,7 +93,6 @@ def test_the_std_files_follow_the_spec_10_1_layout():
 # Where the spec's own section-6 blocks disagree with the registry, or are not DSL:
 # primitive -> [(code, spec line, column)]. The std declarations follow the registry.
 SPEC_DISAGREEMENTS = {
-    "flash_attention": [("E003", 1972, 5), ("E004", 1975, 9)],  # alibi_slopes is a tensor input of the op
     "split": [("E001", 2246, 33)],  # out: tuple(... for i in range(...)) is no DSL
     "view": [("E001", 2374, 9)],  # constraints: - x must be contiguous
     "contiguous": [("E001", 2543, 44)],  # impl: kernels.copy if not contiguous, else no-op
@@ -203,13 +202,18 @@ def test_required_optional_and_tensor_parameters():
               "  forward:\n    in: (x, gate)\n    out: (weights, indices, aux_loss)\n")
     (found,) = check(router)
     assert found[:3] == ("E003", 3, 18) and "has a default here but the op requires it" in found[3]
-    attention = ("primitive flash_attention:\n  params:\n    causal: bool = true\n    softmax_scale: float = 1.0\n"
+    attention = ("primitive flash_attention:\n  params:\n    causal: bool = true\n    softmax_scale: float? = None\n"
                  "    window_size: int? = None\n    alibi_slopes: [H]? = None\n"
-                 "  forward:\n    in: (q, k, v, alibi_slopes?)\n    out: (out, lse)\n")
-    found = check(attention)
-    assert [f[:3] for f in found] == [("E003", 4, 20), ("E003", 6, 5)], found
-    assert "is not optional here but optional in the op" in found[0][3]
-    assert "it takes alibi_slopes as a tensor input" in found[1][3]
+                 "  forward:\n    in: (q, k, v)\n    out: (out, lse)\n")
+    assert check(attention) == []  # spec 6.4.1: the optional tensor alibi_slopes is a parameter
+    found = check(attention.replace("softmax_scale: float? = None", "softmax_scale: float = 1.0"))
+    assert [f[:3] for f in found] == [("E003", 4, 20)] and "is not optional here but optional in the op" in found[0][3]
+    found = check(attention.replace("alibi_slopes: [H]? = None", "alibi_slopes: [H]"))
+    assert [f[:3] for f in found] == [("E003", 6, 19)] and "is not optional here but optional" in found[0][3], found
+    found = check(attention.replace("in: (q, k, v)", "in: (q, k, v, alibi_slopes?)"))
+    assert [f[:3] for f in found] == [("E004", 8, 9)] and "declares 4 tensor input(s)" in found[0][3], found
+    found = check(attention.replace("alibi_slopes: [H]? = None", "alibi_slopes: float? = None"))
+    assert [f[:3] for f in found] == [("E003", 6, 19)] and "is float here but a tensor in the op" in found[0][3], found
 
 
 def test_backward_kernels_and_formulas_are_checked():

@@ -131,6 +131,8 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %o2, %lse2 = mdsl.graph.flash_attention %q, %k, %v, %slopes {causal = false, softmax_scale = 0.125 : f64} : (!q, !kv, !kv, !hslopes) -> (!q, !qs)
     // CHECK: mdsl.graph.flash_attention_backward %q, %q, %k, %v, %o, %lse :
     %fq, %fk, %fv = mdsl.graph.flash_attention_backward %q, %q, %k, %v, %o, %lse : (!q, !q, !kv, !kv, !q, !qs) -> (!q, !kv, !kv)
+    // CHECK: mdsl.graph.flash_attention_backward %q, %q, %k, %v, %o2, %lse2, %slopes {causal = false} : (!mdsl.graph.tensor<[B, H, T, D], bf16>, !mdsl.graph.tensor<[B, H, T, D], bf16>, !mdsl.graph.tensor<[B, Hkv, T, D], bf16>, !mdsl.graph.tensor<[B, Hkv, T, D], bf16>, !mdsl.graph.tensor<[B, H, T, D], bf16>, !mdsl.graph.tensor<[B, H, T], fp32>, !mdsl.graph.tensor<[H], fp32>) -> (!mdsl.graph.tensor<[B, H, T, D], bf16>, !mdsl.graph.tensor<[B, Hkv, T, D], bf16>, !mdsl.graph.tensor<[B, Hkv, T, D], bf16>)
+    %aq, %ak, %av = mdsl.graph.flash_attention_backward %q, %q, %k, %v, %o2, %lse2, %slopes {causal = false} : (!q, !q, !kv, !kv, !q, !qs, !hslopes) -> (!q, !kv, !kv)
     // CHECK: mdsl.graph.rope %q, %k, %freqs {interleaved = true} : (!mdsl.graph.tensor<[B, H, T, D], bf16>, !mdsl.graph.tensor<[B, Hkv, T, D], bf16>, !mdsl.graph.tensor<[T, D floordiv 2, 2], fp32>)
     %qr, %kr = mdsl.graph.rope %q, %k, %freqs {interleaved = true} : (!q, !kv, !freqs) -> (!q, !kv)
     // CHECK: mdsl.graph.rope_backward %qr, %kr, %freqs :
