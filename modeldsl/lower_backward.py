@@ -194,6 +194,8 @@ class BackwardLowering:
                 target, kind = outputs[name][1], "output"
             elif name in by_name:
                 target, kind = by_name[name].type, "gradient"
+            elif _absent_parameter(instance, name):
+                continue  # d_bias of a bias this configuration leaves out: written with or without '?'
             else:
                 known = ", ".join([*outputs, *by_name]) or "none"
                 self.sink.error("E002", f"'{name}' is not the gradient of a forward output, input or parameter",
@@ -437,3 +439,12 @@ def _text(node: ast.Expr) -> str:
     if isinstance(node, ast.Name):
         return node.id
     return source_text(node).replace(" ", "")
+
+
+def _absent_parameter(instance, gradient: str) -> bool:
+    """Whether ``gradient`` is ``d_<name>`` of a parameter the declaration has but this
+    configuration leaves out (``bias: [d] if use_bias`` with use_bias false)."""
+    name = gradient.removeprefix("d_")
+    declared = any(isinstance(entry, ast.Section) and entry.name == name
+                   for section in instance.decl.sections("params") for entry in section.body)
+    return gradient.startswith("d_") and declared and name not in instance.params and name not in instance.failed

@@ -239,3 +239,38 @@ def test_deep_expressions_below_the_limit_lower_without_recursion_errors():
             f"    in: x: [B, d]\n    graph:\n      x -> matmul(w, transpose=NT) -> y\n"
             f"      y -> scale({'-' * 130}1.0) -> out\n")
     assert "140*d" in print_ir(lower(text)).replace(" ", "")
+
+
+OPTIONAL_GRAD = """module L(d: int = 8, use_bias: bool = false):
+  params:
+    weight: [d, d]
+    bias: [d] if use_bias
+  forward:
+    in: [B, d]
+    out: [B, d]
+    graph:
+      in -> matmul(weight, transpose=NT) -> y
+      if use_bias:
+        (y, bias) -> bias_add() -> out
+      else:
+        y -> out
+    save: [in]
+  backward:
+    d_out: [B, d]
+    d_in: [B, d]
+    d_bias: [d]
+    graph:
+      (d_out, weight) -> matmul() -> d_in
+      (d_out, saved.in) -> matmul(transpose=TN) -> d_weight
+      if use_bias:
+        d_out -> reduce_sum(dims=[0]) -> d_bias
+"""
+
+
+@pytest.mark.parametrize("use_bias, grads", [("false", 2), ("true", 3)])
+def test_a_backward_may_declare_an_optional_gradient_without_a_question_mark(use_bias, grads):
+    module = lower(OPTIONAL_GRAD.replace("use_bias: bool = false", f"use_bias: bool = {use_bias}"))
+    backward = next(op for op in module.walk() if op.name == "mdsl.graph.func" and op.sym_name.data == "backward")
+    assert len(backward.attributes["grads"].data) == grads
+    ((code, line, _, _),) = errors(OPTIONAL_GRAD.replace("    d_bias: [d]\n", "    d_bais: [d]\n"))
+    assert (code, line) == ("E002", 18)
