@@ -217,7 +217,9 @@ def architecture_mismatch(declared: dict[str, Any], hf: Any) -> Diagnostic | Non
     given = _names(hf.get("architectures"))
     model_type = hf.get("model_type") if isinstance(hf.get("model_type"), str) else None
     wrong_arch = bool(architectures and given and not set(given) & set(architectures))
-    wrong_type = bool(types and model_type is not None and model_type not in types)
+    by_type = not (architectures and given)  # the class names decide where both sides have them
+    wrong_type = bool(by_type and types and model_type is not None
+                      and model_type.replace("_", "") not in {t.replace("_", "") for t in types})
     if not (wrong_arch or wrong_type):
         return None
     theirs = " / ".join(filter(None, [", ".join(given), model_type and f"model_type '{model_type}'"]))

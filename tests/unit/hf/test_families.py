@@ -174,3 +174,9 @@ def test_mdsl_opt_checks_the_checkpoint_config_and_takes_force_architecture(caps
     assert main([*args, "--force-architecture"]) == 1
     err = capsys.readouterr().err
     assert "warning[W010]" in err and "error[E037]" in err and "config.json:" in err and "'logits_scaling'" in err
+
+
+def test_without_architectures_the_model_type_decides(tmp_path):
+    ckpt = edited(cached_checkpoint("llama"), tmp_path, architectures=None, model_type="qwen2")
+    (error,) = diagnostics_of(ckpt)
+    assert error.code == "E036" and "model_type 'qwen2'" in error.message and error.span.text == '"model_type"'
