@@ -783,16 +783,31 @@ class Lowering(BackwardLowering):
         return [replace(a, value=self.chosen(a.value, instance, scope)) if isinstance(a.value, ast.Conditional) else a
                 for a in args]
 
+    def gradient_targets(self, destination: ast.Expr) -> list[TensorType] | None:
+        """In a backward graph, the types of the required gradients a flow ends in (all of its
+        targets must be ones), for a primitive whose shape rule cannot tell them."""
+        if self.backward is None:
+            return None
+        names = destination.items if isinstance(destination, ast.TupleExpr) else [destination]
+        names = [n.value if isinstance(n, ast.Annotated) else n for n in names]
+        types = [self.backward.gradient_types.get(n.id) if isinstance(n, ast.Name) else None for n in names]
+        return None if None in types else types
+
     def run_flow(self, instance: Instance, flow: ast.Flow, scope: Scope) -> None:
         if not self.check_recompute_inputs(flow, scope):
             raise LoweringFailed()
         before = self.block.last_op
         values = self.source(instance, flow.chain[0], scope)
         last_ops: list[Operation] = []
-        for index, stage in enumerate(flow.chain[1:-1]):
+        stages = flow.chain[1:-1]
+        for index, stage in enumerate(stages):
             if index:
                 values = values[:_primary_outputs(last_ops, values)]
-            values, last_ops = self.apply(instance, stage, values, scope)
+            self.result_types_hint = self.gradient_targets(flow.chain[-1]) if index == len(stages) - 1 else None
+            try:
+                values, last_ops = self.apply(instance, stage, values, scope)
+            finally:
+                self.result_types_hint = None
         self.bind(flow.chain[-1], values, scope, last_ops, flow)
         annotations, user = split_user(self.annotations(flow.annotations, instance.env, instance.namespace))
         if annotations and last_ops:
@@ -1353,7 +1368,13 @@ class Lowering(BackwardLowering):
         """The op with inferred result types, verified. Float operands of different
         dtypes are promoted to the widest one (spec 7.4.4) when the op needs one dtype."""
         try:
-            results = infer_result_types(sig.name, [v.type for v in operands], params)
+            try:
+                results = infer_result_types(sig.name, [v.type for v in operands], params)
+            except InferenceError:
+                hint = self.result_types_hint
+                if hint is None or len(hint) != len(sig.outputs) or any(s.variadic for s in sig.outputs):
+                    raise
+                results = hint  # the declared gradients the flow ends in (add_backward -> (d_a, d_b))
             grouped = sig.group_operands(operands)
         except (InferenceError, ValueError) as err:
             self.sink.error("E004", f"{sig.name}: {err}", span)

@@ -99,6 +99,9 @@ class BackwardState:
     forward_names: set[str]
     recomputed: set[str] = field(default_factory=set)
     in_recompute: bool = False
+    # the type of each required gradient (and alias): a flow ending in gradients whose primitive's
+    # shape rule cannot tell its result types (add_backward, reduce_max_backward) takes these
+    gradient_types: dict[str, TensorType] = field(default_factory=dict)
 
 
 class BackwardLowering:
@@ -107,6 +110,7 @@ class BackwardLowering:
 
     backward: BackwardState | None = None
     cycle_code: str = "E007"
+    result_types_hint: list[TensorType] | None = None  # see Lowering.gradient_targets
 
     def lower_backward(self, instance, forward: ForwardResult) -> None:
         """The top declaration's written backward as the model's ``@backward``."""
@@ -155,7 +159,8 @@ class BackwardLowering:
         for slot, arg in zip(params or [], args[len(grad_inputs) + len(saved_names):]):
             slot.value = arg  # the caller restores the slots
             arg.name_hint = _relative(slot, instance)
-        self.backward = BackwardState(dict(zip(saved_names, saved_args)), set(tensors))
+        self.backward = BackwardState(dict(zip(saved_names, saved_args)), set(tensors),
+                                      gradient_types={n: g.type for g in required for n in (g.name, *g.aliases)})
         self.cycle_code = "E019"
         try:
             self.run_statements(instance, graph.body, scope)

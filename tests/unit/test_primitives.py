@@ -196,3 +196,55 @@ def test_alibi_slopes_is_a_keyword_tensor_parameter_of_flash_attention():
     with pytest.raises(DiagnosticError) as err:
         lower_program(parse_source(text.format("t"), "a.module"), "A")
     assert [d.code for d in err.value.diagnostics] == ["E002"]
+
+
+GATED_BIAS = """module Gate(d: int = 4):
+  params:
+    bias: [d]
+  forward:
+    in: (x: [B, d], y: [B, d])
+    out: [B, d]
+    graph:
+      (x, bias) -> add() -> h
+      (h, y) -> mul() -> out
+    save: [h, y]
+  backward:
+    d_out: [B, d]
+    graph:
+      (d_out, saved.h, saved.y) -> mul_backward() -> (d_h, d_y)
+      d_h -> add_backward() -> (d_x, d_bias)
+"""
+
+
+def test_a_written_backward_of_add_backward_and_mul_backward_matches_finite_differences(tmp_path):
+    """add_backward's results take the types of the gradients the flow ends in (d_bias: [d] sums over B)."""
+    import numpy as np
+
+    import modeldsl
+    from modeldsl.verify_backward import checked_backward, random_inputs, random_weights, report, verify_backward
+
+    path = tmp_path / "gate.module"
+    path.write_text(GATED_BIAS)
+    model = modeldsl.load(path).model
+    assert checked_backward(model) == "written"
+    (op,) = [op for op in model.walk() if op.name == "mdsl.graph.add_backward"]
+    assert [str(r.type) for r in op.results] == ["!mdsl.graph.tensor<[B, 4], bf16>", "!mdsl.graph.tensor<[4], bf16>"]
+    inputs = [np.random.default_rng(s).standard_normal((3, 4)) for s in (0, 1)]
+    checks = verify_backward(model, random_weights(model), inputs)
+    text, ok = report(checks, 1e-6)
+    assert ok and {c.name for c in checks} == {"bias", "input x", "input y"}, text
+    assert {c.backward for c in checks} == {"written"}
+    random_inputs(model)  # the model's inputs are well-formed for the oracle's own generator too
+
+
+def test_add_backward_in_a_flow_that_does_not_end_in_gradients_asks_for_the_types():
+    from modeldsl.diagnostics import DiagnosticError
+    from modeldsl.frontend.text.parser import parse_source
+    from modeldsl.lower import lower_program
+
+    text = GATED_BIAS.replace("d_h -> add_backward() -> (d_x, d_bias)",
+                              "d_h -> add_backward() -> (d_x, tmp)\n      tmp -> scale(1.0) -> d_bias")
+    with pytest.raises(DiagnosticError) as err:
+        lower_program(parse_source(text, "gate.module"), "Gate")
+    (diag,) = err.value.diagnostics
+    assert diag.code == "E004" and "add_backward needs the shapes of a and b" in diag.message
