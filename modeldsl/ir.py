@@ -93,6 +93,24 @@ class LocatingParser(Parser):
     def __init__(self, ctx: Context, text: str, name: str = "<input>"):
         super().__init__(ctx, text, name)
         self.op_spans: dict[Operation, Span] = {}
+        self.first_uses: dict[str, Span] = {}  # values used before any definition
+
+    def resolve_operand(self, operand, type):
+        if operand.operand_name not in self.ssa_values:
+            self.first_uses.setdefault(operand.operand_name, operand.span)
+        return super().resolve_operand(operand, type)
+
+    def parse_module(self, allow_implicit_module: bool = True) -> ModuleOp:
+        """xDSL's parse, with a value that is never defined reported at its first use."""
+        try:
+            return super().parse_module(allow_implicit_module)
+        except ParseError as err:
+            undefined = [n for n in self.forward_ssa_references if n in self.first_uses]
+            if not err.msg.startswith("values used but not defined") or not undefined:
+                raise
+            names = ", ".join(f"%{n}" for n in undefined)
+            raise ParseError(self.first_uses[undefined[0]], f"value %{undefined[0]} is used but not defined "
+                             f"where it is visible (undefined: {names})") from None
 
     def parse_operation(self) -> Operation:
         start = self._current_token.span
