@@ -26,6 +26,7 @@ from modeldsl.primitives import lookup_primitive
 from modeldsl.symbolic import Expr, SymbolicError
 
 Value = Any  # int | float | bool | str | None | Expr (symbolic integer)
+I64_MAX = 2**63 - 1
 
 
 class ConstError(Exception):
@@ -235,12 +236,26 @@ def _binary(node: ast.Binary, env: ConstEnv, context: str) -> Value:
     try:
         if isinstance(lhs, Expr) or isinstance(rhs, Expr):
             return _symbolic(node, lhs, rhs)
-        return _ARITH[node.op](lhs, rhs)
+        if node.op == "**" and _intlike(lhs) and _intlike(rhs) and abs(lhs) > 1 and rhs > 64:
+            raise OverflowError()  # decided before computing a number of millions of digits
+        return _in_range(_ARITH[node.op](lhs, rhs), node)
     except ZeroDivisionError:
         raise ConstError("E026", f"division by zero in '{node.span.text}'", node.span) from None
+    except OverflowError:
+        raise ConstError("E026", f"'{node.span.text}' is out of range", node.span,
+                         "compile-time integers are 64-bit and floats are 64-bit IEEE") from None
     except TypeError:
         raise ConstError("E026", f"'{node.op}' cannot combine {type(lhs).__name__} and {type(rhs).__name__}",
                          node.span) from None
+
+
+def _in_range(value: Value, node: ast.Binary) -> Value:
+    """An integer result within i64 (a float result is finite); OverflowError otherwise."""
+    if _intlike(value) and not isinstance(value, Expr) and not -I64_MAX - 1 <= value <= I64_MAX:
+        raise OverflowError()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise OverflowError()
+    return value
 
 
 def _intlike(value: Value) -> bool:

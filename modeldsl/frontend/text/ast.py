@@ -9,6 +9,7 @@ gives by name. :func:`build` turns a Lark tree into these nodes;
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Union
 
@@ -20,7 +21,7 @@ I64_MAX = 2**63 - 1
 
 
 class LiteralOutOfRange(Exception):
-    """An integer literal past i64, raised from the builder with its diagnostic."""
+    """A literal past i64 or float64, raised from the builder with its diagnostic."""
 
     def __init__(self, diagnostic: Diagnostic):
         super().__init__(diagnostic.message)
@@ -519,7 +520,11 @@ class _Builder(Transformer):
 
     @v_args(meta=True)
     def float_(self, meta, items):
-        return Float(self.span(meta), float(items[0]))
+        value = float(items[0])
+        if not math.isfinite(value):
+            raise LiteralOutOfRange(Diagnostic("E001", f"float literal {items[0]} is out of range", self.span(meta),
+                                               "floats in the Module DSL are 64-bit IEEE (at most about 1.8e308)"))
+        return Float(self.span(meta), value)
 
     @v_args(meta=True)
     def string(self, meta, items):

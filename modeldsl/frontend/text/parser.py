@@ -175,9 +175,10 @@ def _check_depth(tree: Tree, source: Source) -> None:
             meta = outermost.meta
             line, column = (meta.line, meta.column) if not meta.empty else (1, 1)
             span = Span(source, line, column, line, column + 1)
+            what = "blocks" if outermost.data in _STATEMENT_RULES else "expression"
             raise DiagnosticError([Diagnostic(
-                "E001", f"expression nested too deeply (more than {MAX_DEPTH} levels)", span,
-                "split it into named steps (let: bindings or separate flows)")])
+                "E001", f"{what} nested too deeply (more than {MAX_DEPTH} levels)", span,
+                "split it into named steps (let: bindings, separate flows or modules)")])
         for child in node.children:
             if isinstance(child, Tree):
                 stack.append((child, depth + 1, child if node.data in _STATEMENT_RULES else outermost))

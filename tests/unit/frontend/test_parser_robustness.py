@@ -86,3 +86,15 @@ def test_a_folder_or_fifo_is_e028_without_reading(tmp_path):
         with pytest.raises(DiagnosticError) as info:
             read_source(path)
         assert info.value.diagnostics[0].code == "E028"
+
+
+def test_float_literals_past_float64_are_e001():
+    code, line, column, message = error_of(LET.format("1e999"))
+    assert (code, line, column) == ("E001", 3, 9) and "float literal 1e999 is out of range" in message
+
+
+def test_statements_nested_too_deeply_are_e001():
+    lines = ["module M(c: bool = true):", "  forward:", "    in: [4]", "    graph:"]
+    lines += [" " * (6 + 2 * i) + "if c:" for i in range(200)] + [" " * 406 + "in -> out"]
+    code, _, _, message = error_of("\n".join(lines) + "\n")
+    assert code == "E001" and message.startswith("blocks nested too deeply")

@@ -125,3 +125,11 @@ def test_let_declares_symbolic_dimensions():
     env = ConstEnv()
     evaluate_let(decl.body[0], env, DiagnosticSink())
     assert env.values["N"] == Expr.parse("2*B")
+
+
+@pytest.mark.parametrize("text", ["2 ** 2 ** 2 ** 2 ** 2 ** 2", "9223372036854775807 + 1", "1e308 * 10.0",
+                                  "10.0 ** 400"])
+def test_const_results_past_64_bits_are_e026_without_computing_them(text):
+    with pytest.raises(ConstError) as info:
+        evaluate(expr(text), ConstEnv())
+    assert info.value.code == "E026" and "out of range" in info.value.message
