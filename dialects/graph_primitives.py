@@ -1670,7 +1670,8 @@ def verify_scan_operands(op: Operation) -> None:
 
 @irdl_op_definition
 class MambaSelectiveScanBackwardOp(PrimitiveOp):
-    """``(d_y, u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, y, ssm_state?) -> (d_u, d_delta, d_a_log, d_b_proj, d_c_proj, d_d_skip, d_dt_bias)``."""
+    """``(d_y, u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_state?, y) -> (d_u, d_delta, d_a_log,
+    d_b_proj, d_c_proj, d_d_skip, d_dt_bias)``: spec 6.10.2's order, the optional initial state before y."""
 
     name = "mdsl.graph.mamba_selective_scan_backward"
 
@@ -1682,8 +1683,8 @@ class MambaSelectiveScanBackwardOp(PrimitiveOp):
     c_proj = operand_def(TensorType)
     d_skip = operand_def(TensorType)
     dt_bias = operand_def(TensorType)
-    y = operand_def(TensorType)
     ssm_state = opt_operand_def(TensorType)
+    y = operand_def(TensorType)
     d_u = result_def(TensorType)
     d_delta = result_def(TensorType)
     d_a_log = result_def(TensorType)

@@ -831,7 +831,7 @@ def mamba_selective_scan(u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_s
     return y, states[:, :, -1].copy()
 
 
-def mamba_selective_scan_backward(d_y, u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, y, ssm_state=None, *,
+def mamba_selective_scan_backward(d_y, u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_state, y, *,
                                   chunk_size=256):
     """Gradients of sum(d_y * y) of mamba_selective_scan w.r.t. (u, delta, a_log, b_proj, c_proj, d_skip,
     dt_bias), by reverse recurrence over the recomputed states (y itself is not needed)."""

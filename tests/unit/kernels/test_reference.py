@@ -858,7 +858,7 @@ def test_mamba_selective_scan(b, d, n, t, g, with_state):
     y, state_out = ref("mamba_selective_scan", *inputs, state, chunk_size=2)
     check_all((y, state_out), torch_selective_scan(*map(tt, inputs), tt(state)))
     expected = vjp(lambda *a: torch_selective_scan(*a, tt(state))[0], inputs, [d_y])
-    check_all(ref("mamba_selective_scan_backward", d_y, *inputs, y, state, chunk_size=2), expected)
+    check_all(ref("mamba_selective_scan_backward", d_y, *inputs, state, y, chunk_size=2), expected)
 
 
 # ----------------------------------------------------------------------------

@@ -99,7 +99,6 @@ SPEC_DISAGREEMENTS = {
     "reduce_sum": [("E014", 2796, 16)],  # broadcast(...) is no primitive
     "reduce_mean": [("E014", 2851, 16)],
     "moe_unpermute": [("E004", 3140, 9)],  # the backward kernel takes expert_outputs too
-    "mamba_selective_scan": [("E004", 3284, 9)],  # the backward takes y, then the optional ssm_state
 }
 
 
