@@ -80,6 +80,15 @@ COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "a
 REDUCE_OPS: tuple[str, ...] = ("sum", "max", "min", "avg")
 
 
+def _parse_i64(parser: AttrParser) -> int:
+    """An integer literal that fits the i64 it is stored in (a located parse error otherwise)."""
+    start = parser.pos
+    value = parser.parse_integer(allow_boolean=False)
+    if not -(2**63) <= value < 2**63:
+        parser.raise_error("integer literal does not fit in 64 bits", start)
+    return value
+
+
 # ----------------------------------------------------------------------------
 # The buffer type
 # ----------------------------------------------------------------------------
@@ -126,7 +135,7 @@ class BufferType(ParametrizedAttribute, TypeAttribute):
     def parse_parameters(cls, parser: AttrParser) -> list[Attribute]:
         with parser.in_angle_brackets():
             dims = parser.parse_comma_separated_list(
-                parser.Delimiter.SQUARE, lambda: parser.parse_integer(allow_boolean=False)
+                parser.Delimiter.SQUARE, lambda: _parse_i64(parser)
             )
             parser.parse_punctuation(",")
             spelling = parse_dtype_spelling(parser)
@@ -270,7 +279,7 @@ class ProgramOp(IRDLOperation):
         def parse_entry() -> None:
             arena = _parse_keyword_in(parser, ARENAS, "an arena")
             parser.parse_punctuation("=")
-            sizes[arena] = parser.parse_integer(allow_boolean=False)
+            sizes[arena] = _parse_i64(parser)
 
         parser.parse_comma_separated_list(parser.Delimiter.PAREN, parse_entry)
         attrs = parser.parse_optional_attr_dict_with_keyword()
@@ -355,9 +364,9 @@ class BufferOp(IRDLOperation):
     @classmethod
     def parse(cls, parser: Parser) -> BufferOp:
         arena = _parse_keyword_in(parser, ARENAS, "an arena")
-        offset = parser.parse_integer(allow_boolean=False) if parser.parse_optional_keyword("offset") else None
+        offset = _parse_i64(parser) if parser.parse_optional_keyword("offset") else None
         parser.parse_keyword("bytes")
-        nbytes = parser.parse_integer(allow_boolean=False)
+        nbytes = _parse_i64(parser)
         alias = None
         if parser.parse_optional_keyword("alias_of"):
             alias = parser.parse_unresolved_operand()
@@ -844,9 +853,9 @@ class LayerLoopOp(SchedOp):
     def parse(cls, parser: Parser) -> LayerLoopOp:
         arg = parser.parse_argument(expect_type=False)
         parser.parse_punctuation("=")
-        lower = parser.parse_integer(allow_boolean=False)
+        lower = _parse_i64(parser)
         parser.parse_keyword("to")
-        upper = parser.parse_integer(allow_boolean=False)
+        upper = _parse_i64(parser)
         reverse = parser.parse_optional_keyword("reverse") is not None
         attrs = parser.parse_optional_attr_dict_with_keyword()
         body = parser.parse_region([arg.resolve(IndexType())])
@@ -1059,7 +1068,7 @@ class StreamOp(IRDLOperation):
     def parse(cls, parser: Parser) -> StreamOp:
         name = parser.parse_symbol_name().data
         parser.parse_keyword("priority")
-        op = StreamOp(name, parser.parse_integer(allow_boolean=False))
+        op = StreamOp(name, _parse_i64(parser))
         op.attributes |= parser.parse_optional_attr_dict()
         return op
 

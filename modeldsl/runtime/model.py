@@ -39,12 +39,14 @@ from modeldsl.hf.checkpoint import ImportRecord, load_checkpoint, save_checkpoin
 from modeldsl.hf.compat import DiagnosticWarning, warn_python  # noqa: F401 - the API's warning class
 from modeldsl.hf.config import dsl_config, read_config
 from modeldsl.hf.safetensors_io import CheckpointError
+from modeldsl.ir import verify_module
 from modeldsl.lower import choose_top, lower_program
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.executor import NUMPY_DTYPES, GraphExecutor, KVCache
 from modeldsl.runtime.fits import check_fits, parameter_bytes
 from modeldsl.runtime.profiles import ProfiledForward
 from modeldsl.runtime.rope import SUPPORTED, RopeFrequencies, RopeScalingError, rope_frequencies
+from modeldsl.symbolic import STAR
 
 STORAGE = {"fp32": np.dtype(np.float32), "bf16": NUMPY_DTYPES[DType.BF16]}
 
@@ -115,7 +117,13 @@ class Model:
         arg = next((a for a in self.forward_func.body.block.args if a.name_hint == "freqs"), None)
         if arg is None:
             return None
-        half = arg.type.shape[1].evaluate({})
+        shape = arg.type.shape
+        if len(shape) != 3 or shape[1] is STAR or not shape[1].is_const() or shape[1].evaluate({}) < 1 \
+                or not shape[2] == 2:
+            raise DiagnosticError([Diagnostic("E004", f"the forward input 'freqs' is {arg.type}; the runtime gives "
+                                              "the RoPE table as [T, head_dim // 2, 2]", None,
+                                              "declare it as freqs: [T, head_dim // 2, 2, fp32]")])
+        half = shape[1].evaluate({})
         theta = self.config("rope_theta", self.hf_config.get("rope_theta", 10000.0))
         max_positions = self.max_positions
         if max_positions is None and isinstance(self.hf_config.get("max_position_embeddings"), int):
@@ -348,6 +356,7 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
             _check_parameters_fit(default, values, storage, runs_on)
         module = lower_program(program, decl.name, values, sink)
         SpecializePass().apply(Context(), module)
+        _verify_specialized(module)
         model = _model_op(module)
         _check_parameters_fit(model, {}, storage, runs_on)
         if hf is not None:
@@ -366,6 +375,14 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
             return Model(module, model, weights, dtype, hf_config, record, runs_on)
     except RopeScalingError as err:
         raise DiagnosticError([_rope_diagnostic(err, hf_config, hf)]) from None
+
+
+def _verify_specialized(module: ModuleOp) -> None:
+    """Shapes that agree symbolically may disagree once the configuration is bound: coded
+    verifier failures (E041, at the DSL line) before the kernels see them."""
+    problems = verify_module(module)
+    if problems:
+        raise DiagnosticError([p.diagnostic() for p in problems])
 
 
 def _check_parameters_fit(model: ModelOp, values: dict[str, Any], storage: np.dtype, device: Any) -> None:

@@ -21,7 +21,8 @@ from fuzz_inputs import (CHECKPOINT_FILES, DEEP_SENTINEL, DIR, FIFO, FILECHECK, 
                          split_safetensors)
 
 SEED = 13
-COUNTS = {"dsl": 200, "mlir": 200, "checkpoint": 150, "run-dsl": 80, "pipeline": 200, "run-flags": 80}
+COUNTS = {"dsl": 200, "mlir": 200, "checkpoint": 150, "run-dsl": 80, "pipeline": 200, "run-flags": 80,
+          "opt-hf": 60}
 TIMEOUT_S = 5.0
 
 
@@ -99,6 +100,8 @@ FOUND = {
     "mlir-integer-past-4300-digits": opt_case("x.mlir", f"!t = !mdsl.graph.tensor<[{NINES}], fp32>\n"),
     "mlir-dimension-nested-deeply": opt_case("x.mlir", "!t = !mdsl.graph.tensor<[" + "(" * 3000 + "B" + ")" * 3000
                                              + ", 4], fp32>\n"),
+    "buffer-dimension-past-i64": opt_case("x.mlir", "mdsl.sched.program @p {\n  %b = mdsl.sched.buffer "
+                                          "\"activations\" 0 : !mdsl.sched.buffer<[18446744073709551616], bf16>\n}\n"),
     "pass-option-past-4300-digits": opt_case("autodiff.mlir", AUTODIFF_MLIR, "-p", f"mdsl-autodiff{{func={NINES}}}"),
     "non-utf8-mlir": opt_case("x.mlir", b"mdsl.graph.model @m {}\n// \xff\xfe\n"),
     "int-parameter-inf-default": opt_case("llama.module", llama_with("n_layers: int = 32", "n_layers: int = 1e309")),
@@ -109,6 +112,10 @@ FOUND = {
     "input-of-2-tib": run_case_with("freqs 4294967296", {"llama.module": llama_with(
         "freqs: [T, head_dim // 2, 2, fp32]", "freqs: [T, head_dim // 2, 4294967296, fp32]")},
         model="{dir}/llama.module"),
+    "freqs-not-a-rope-table": run_case_with("freqs [T, head_dim // 2, 3]", {"llama.module": llama_with(
+        "freqs: [T, head_dim // 2, 2, fp32]", "freqs: [T, head_dim // 2, 3, fp32]")}, model="{dir}/llama.module"),
+    "freqs-disagree-once-bound": run_case_with("freqs [T, head_dim, 2]", {"llama.module": llama_with(
+        "freqs: [T, head_dim // 2, 2, fp32]", "freqs: [T, head_dim, 2, fp32]")}, model="{dir}/llama.module"),
     "prompt-not-utf8": run_case_with("--prompt \\udcff", {}, "--prompt", "a\udcffb"),
     "safetensors-fifo": run_case_with("fifo", {"ckpt/model.safetensors": FIFO}),
     "config-fifo": run_case_with("fifo", {"ckpt/config.json": FIFO}),
@@ -125,6 +132,8 @@ FOUND = {
 }
 STILL_OPEN: dict[str, str] = {  # found kinds another engineer of issue 13 is fixing now
     "mlir-integer-past-4300-digits": "IR parsing (modeldsl/ir.py)",
+    "buffer-dimension-past-i64": opt_case("x.mlir", "mdsl.sched.program @p {\n  %b = mdsl.sched.buffer "
+                                          "\"activations\" 0 : !mdsl.sched.buffer<[18446744073709551616], bf16>\n}\n"),
     "pass-option-past-4300-digits": "mdsl-opt pipeline parsing",
     "int-parameter-inf-default": "DSL frontend",
     "int-parameter-fractional-default": "DSL frontend",
