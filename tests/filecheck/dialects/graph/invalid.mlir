@@ -314,3 +314,122 @@ mdsl.graph.model @m {
   }
 }
 // CHECK: error[{{E[0-9]+}}]: 'mdsl.graph.reduce_max_backward' op reduction dim 3 is out of range for rank 3
+
+// -----
+
+!x = !mdsl.graph.tensor<[N, 64], bf16>
+!w = !mdsl.graph.tensor<[E, 64, 32], bf16>
+!o = !mdsl.graph.tensor<[E + 1], int32>
+!y = !mdsl.graph.tensor<[N, 64], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%x: !x, %w: !w, %o: !o) -> !y {
+    %y = mdsl.graph.grouped_gemm %x, %w, %o : (!x, !w, !o) -> !y
+    mdsl.graph.return %y : !y
+  }
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.graph.grouped_gemm' op inner dimension (TN): 64 != 32
+
+// -----
+
+!x = !mdsl.graph.tensor<[16, 64], bf16>
+!w = !mdsl.graph.tensor<[E, 64, 32], bf16>
+!o = !mdsl.graph.tensor<[E + 1], int32>
+!y = !mdsl.graph.tensor<[64, 32], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%x: !x, %w: !w, %o: !o) -> !y {
+    %y = mdsl.graph.grouped_gemm %x, %w, %o {transpose = "NT"} : (!x, !w, !o) -> !y
+    mdsl.graph.return %y : !y
+  }
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.graph.grouped_gemm' op inner dimension (NT): 16 != 64
+
+// -----
+
+!x = !mdsl.graph.tensor<[N, 64], bf16>
+!w = !mdsl.graph.tensor<[E, 64, 32], bf16>
+!o = !mdsl.graph.tensor<[E], int32>
+!y = !mdsl.graph.tensor<[N, 32], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%x: !x, %w: !w, %o: !o) -> !y {
+    %y = mdsl.graph.grouped_gemm %x, %w, %o {transpose = "NN"} : (!x, !w, !o) -> !y
+    mdsl.graph.return %y : !y
+  }
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.graph.grouped_gemm' op offsets length (groups + 1): E != E + 1
+
+// -----
+
+!x = !mdsl.graph.tensor<[N, 64], bf16>
+!w = !mdsl.graph.tensor<[E, 32, 64], bf16>
+!o = !mdsl.graph.tensor<[E + 1], int32>
+!y = !mdsl.graph.tensor<[N, 32], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%x: !x, %w: !w, %o: !o) -> !y {
+    %y = mdsl.graph.grouped_gemm %x, %w, %o {transpose = "XT"} : (!x, !w, !o) -> !y
+    mdsl.graph.return %y : !y
+  }
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.graph.grouped_gemm' op transpose must be one of NN, NT, TN, TT, got 'XT'
+
+// -----
+
+!g = !mdsl.graph.tensor<[4, 8], bf16>
+!a = !mdsl.graph.tensor<[4, 1], bf16>
+!v = !mdsl.graph.tensor<[1], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%g: !g) -> !v {
+    %da, %db = mdsl.graph.add_backward %g : (!g) -> (!a, !v)
+    mdsl.graph.return %db : !v
+  }
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.graph.add_backward' op d_a and d_b broadcast: shapes [4, 1] and [4, 8] differ
+
+// -----
+
+!g = !mdsl.graph.tensor<[4, 8], bf16>
+!v = !mdsl.graph.tensor<[3], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%g: !g) -> !v {
+    %da, %db = mdsl.graph.add_backward %g : (!g) -> (!g, !v)
+    mdsl.graph.return %db : !v
+  }
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.graph.add_backward' op d_a and d_b: shapes [4, 8] and [3] do not broadcast
+
+// -----
+
+!g = !mdsl.graph.tensor<[4, 8], bf16>
+!v = !mdsl.graph.tensor<[8], bf16>
+!f = !mdsl.graph.tensor<[8], fp32>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%g: !g, %a: !g, %b: !v) -> !f {
+    %da, %db = mdsl.graph.mul_backward %g, %a, %b : (!g, !g, !v) -> (!g, !f)
+    mdsl.graph.return %db : !f
+  }
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.graph.mul_backward' op operands and results: element types differ (bf16, fp32)
+
+// -----
+
+!g = !mdsl.graph.tensor<[4, 8], bf16>
+!v = !mdsl.graph.tensor<[8], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%g: !g, %a: !g, %b: !v) -> !g {
+    %da, %db = mdsl.graph.mul_backward %g, %a, %b : (!g, !g, !v) -> (!g, !g)
+    mdsl.graph.return %db : !g
+  }
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.graph.mul_backward' op d_b: shapes [8] and [4, 8] differ in rank
+
+// -----
+
+!q = !mdsl.graph.tensor<[B, 4, T, 16], bf16>
+!s = !mdsl.graph.tensor<[B, 4, T], fp32>
+!h = !mdsl.graph.tensor<[2], fp32>
+mdsl.graph.model @m {
+  mdsl.graph.func @f(%q: !q, %lse: !s, %slopes: !h) -> !q {
+    %dq, %dk, %dv = mdsl.graph.flash_attention_backward %q, %q, %q, %q, %q, %lse, %slopes : (!q, !q, !q, !q, !q, !s, !h) -> (!q, !q, !q)
+    mdsl.graph.return %dq : !q
+  }
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.graph.flash_attention_backward' op alibi_slopes length: 2 != 4
