@@ -323,8 +323,8 @@ def parse_module(ctx: Context, text: str, name: str = "<input>") -> tuple[Module
     return module, parser.op_spans
 
 
-def print_ir(op: Operation, generic: bool = False) -> str:
+def print_ir(op: Operation, generic: bool = False, debuginfo: bool = False) -> str:
     stream = io.StringIO()
-    Printer(stream=stream, print_generic_format=generic).print_op(op)
+    Printer(stream=stream, print_generic_format=generic, print_debuginfo=debuginfo).print_op(op)
     stream.write("\n")
     return stream.getvalue()

@@ -3,8 +3,10 @@
 For each chunk of the input (``--split-input-file`` style, ``// -----``):
 parse it, print the custom form, parse that and print again (the two prints
 must be equal), print the generic form, parse that and print in custom form
-(must again be equal). Prints the custom form for FileCheck; exits 1 with a
-unified diff on any mismatch. Used by the lit ``%roundtrip`` substitution.
+(must again be equal), and print with source locations (``loc(...)``), parse
+that and print again (equal, locations included). Prints the custom form for
+FileCheck; exits 1 with a unified diff on any mismatch and with a coded,
+located diagnostic for bad input. Used by the lit ``%roundtrip`` substitution.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 
 from xdsl.utils.exceptions import DiagnosticException, ParseError
 
+from modeldsl.diagnostics import DiagnosticError, render_all
 from modeldsl.ir import make_context, parse_module, print_ir, verify_module
 
 
@@ -22,9 +25,9 @@ class RoundTripMismatch(Exception):
     pass
 
 
-def _reprint(text: str, name: str, generic: bool = False) -> str:
+def _reprint(text: str, name: str, generic: bool = False, debuginfo: bool = False) -> str:
     module, _ = parse_module(make_context(), text, name)
-    return print_ir(module, generic=generic)
+    return print_ir(module, generic=generic, debuginfo=debuginfo)
 
 
 def roundtrip_chunk(text: str, name: str) -> str:
@@ -37,6 +40,9 @@ def roundtrip_chunk(text: str, name: str) -> str:
     _expect_equal(custom, _reprint(custom, f"{name} (custom print)"), "custom print does not re-parse to itself")
     generic = print_ir(module, generic=True)
     _expect_equal(custom, _reprint(generic, f"{name} (generic print)"), "generic print does not re-parse to the same IR")
+    located = print_ir(module, debuginfo=True)
+    _expect_equal(located, _reprint(located, f"{name} (print with locations)", debuginfo=True),
+                  "print with locations does not re-parse to itself")
     return custom
 
 
@@ -46,6 +52,14 @@ def _expect_equal(expected: str, got: str, what: str) -> None:
         raise RoundTripMismatch(f"{what}:\n{diff}")
 
 
+def _read_text(path: str) -> str:
+    """The file's text: E028 when it cannot be read, E001 for bytes that are not UTF-8."""
+    from modeldsl.frontend.text.parser import decode_source
+    from modeldsl.tools.opt import read_regular_file
+
+    return decode_source(read_regular_file(path), path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
@@ -53,10 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     path = args[0]
     try:
-        with open(path) as f:
-            chunks = f.read().split("// -----")
-    except OSError as err:
-        print(f"mdsl-roundtrip: error: {err}", file=sys.stderr)
+        chunks = _read_text(path).split("// -----")
+    except DiagnosticError as err:
+        sys.stderr.write(render_all(err.diagnostics))
         return 1
     outputs = []
     for chunk in chunks:
