@@ -90,15 +90,20 @@ def test_the_std_files_follow_the_spec_10_1_layout():
     assert {"matmul.module", "matmul.v1.module", "rmsnorm.module", "attention.module"} <= names
 
 
-# Where the spec's own section-6 blocks disagree with the registry, or are not DSL:
-# primitive -> [(code, spec line, column)]. The std declarations follow the registry.
+# Where the spec's own section-6 blocks still disagree with the registry, each deliberately:
+# primitive -> [(code, spec line, column)]. The std declarations say the same with valid DSL.
 SPEC_DISAGREEMENTS = {
-    "split": [("E001", 2246, 33)],  # out: tuple(... for i in range(...)) is no DSL
-    "view": [("E001", 2374, 9)],  # constraints: - x must be contiguous
+    # prose in the block, not Module DSL (spec 3's grammar has no comprehension, no free text there)
+    "split": [("E001", 2246, 33)],  # out: tuple([*, sizes[i]] for i in range(len(sizes)))
+    "view": [("E001", 2374, 9)],  # constraints: - x must be contiguous ...
     "contiguous": [("E001", 2543, 44)],  # impl: kernels.copy if not contiguous, else no-op
-    "reduce_sum": [("E014", 2796, 16)],  # broadcast(...) is no primitive
+    # broadcast(d_out, original_shape) names no primitive of section 6: without the reduced dims a
+    # broadcast back to x's shape is ambiguous; the VJP writes it as mul(ones(x's shape), view(d_out))
+    "reduce_sum": [("E014", 2796, 16)],
     "reduce_mean": [("E014", 2851, 16)],
-    "moe_unpermute": [("E004", 3140, 9)],  # the backward kernel takes expert_outputs too
+    # in: (d_combined, weights, scatter_indices) cannot give d_weights = <d_combined, expert_outputs>:
+    # the backward kernel takes expert_outputs too
+    "moe_unpermute": [("E004", 3140, 9)],
 }
 
 
