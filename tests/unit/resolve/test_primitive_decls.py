@@ -94,8 +94,8 @@ def test_the_std_files_follow_the_spec_10_1_layout():
 # primitive -> [(code, spec line, column)]. The std declarations say the same with valid DSL.
 SPEC_DISAGREEMENTS = {
     # prose in the block, not Module DSL (spec 3's grammar has no comprehension, no free text there)
-    "split": [("E001", 2246, 33)],  # out: tuple([*, sizes[i]] for i in range(len(sizes)))
-    "view": [("E001", 2374, 9)],  # constraints: - x must be contiguous ...
+    "split": [("E001", 2246, 33)],  # out: tuple([*, sizes[i], *] for i in range(len(sizes)))
+    "view": [("E001", 2374, 9)],  # constraints: - x must be contiguous
     "contiguous": [("E001", 2543, 44)],  # impl: kernels.copy if not contiguous, else no-op
     # broadcast(d_out, original_shape) names no primitive of section 6: without the reduced dims a
     # broadcast back to x's shape is ambiguous; the VJP writes it as mul(ones(x's shape), view(d_out))
