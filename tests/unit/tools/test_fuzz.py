@@ -132,10 +132,7 @@ FOUND = {
 }
 STILL_OPEN: dict[str, str] = {  # found kinds another engineer of issue 13 is fixing now
     "mlir-integer-past-4300-digits": "IR parsing (modeldsl/ir.py)",
-    "buffer-dimension-past-i64": opt_case("x.mlir", "mdsl.sched.program @p {\n  %b = mdsl.sched.buffer "
-                                          "\"activations\" 0 : !mdsl.sched.buffer<[18446744073709551616], bf16>\n}\n"),
     "pass-option-past-4300-digits": "mdsl-opt pipeline parsing",
-    "int-parameter-inf-default": "DSL frontend",
     "int-parameter-fractional-default": "DSL frontend",
     "verify-backward-zero-dimension": "mdsl-opt --verify-backward",
 }
