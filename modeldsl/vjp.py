@@ -278,6 +278,8 @@ def _cast(b, op, grads):
 
 @rule("add")
 def _add(b, op, grads):
+    """The sums add_backward computes, written as reduce_sum/view: the CUDA table covers those, not
+    add_backward (nor mul_backward below), and every residual add of a model takes this rule."""
     return [unbroadcast(b, grads[0], x) for x in op.operands]
 
 
