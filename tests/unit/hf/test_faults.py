@@ -225,3 +225,15 @@ def test_available_memory_is_positive_and_at_most_the_machine():
 
     total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     assert 0 < available_bytes() <= total
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float8_e5m2"])
+def test_non_finite_counts_nan_and_inf_in_every_float_dtype(dtype):
+    import ml_dtypes
+
+    from modeldsl.hf.checkpoint import non_finite
+
+    kind = np.dtype(getattr(ml_dtypes, dtype, None) or dtype)
+    values = np.array([1.0, np.nan, -np.nan, np.inf, -np.inf, 0.0, -2.0], np.float32).astype(kind)
+    assert non_finite(values, chunk=3) == "2 NaN and 2 Inf values"
+    assert non_finite(np.ones(10, kind)) == ""
