@@ -248,3 +248,34 @@ def test_add_backward_in_a_flow_that_does_not_end_in_gradients_asks_for_the_type
         lower_program(parse_source(text, "gate.module"), "Gate")
     (diag,) = err.value.diagnostics
     assert diag.code == "E004" and "add_backward needs the shapes of a and b" in diag.message
+
+
+def test_the_spec_moe_experts_block_with_grouped_gemm_tn_matches_torch_and_finite_differences(tmp_path):
+    """Spec 6.1.3's MoEExperts (its offsets typed int32): grouped_gemm(transpose=TN) is x_g @ W_g^T."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    import modeldsl
+    from modeldsl.runtime.executor import GraphExecutor
+    from modeldsl.verify_backward import report, verify_backward
+    from spec_blocks import spec_code_blocks
+
+    (text,) = [t for line, t in spec_code_blocks() if t.startswith("# MoE expert forward pass\nmodule MoEExperts")]
+    text = text.replace("module MoEExperts(num_experts, d_model, d_ff):",
+                        "module MoEExperts(num_experts: int = 2, d_model: int = 3, d_ff: int = 2):")
+    text = text.replace("expert_offsets: [num_experts + 1])", "expert_offsets: [num_experts + 1, int32])")
+    (tmp_path / "moe.module").write_text(text)
+    model = modeldsl.load(tmp_path / "moe.module").model
+    rng = np.random.default_rng(11)
+    weights = {"gate_up_weights": rng.standard_normal((2, 4, 3)), "down_weights": rng.standard_normal((2, 3, 2))}
+    x, offsets = rng.standard_normal((5, 3)), np.array([0, 2, 5], dtype=np.int32)
+    (got,) = GraphExecutor(model, weights, float_dtype=np.float64).run("forward", x, offsets)
+    rows = []
+    for g, (lo, hi) in enumerate([(0, 2), (2, 5)]):
+        gate, up = F.linear(torch.from_numpy(x[lo:hi]), torch.from_numpy(weights["gate_up_weights"][g])).split(2, -1)
+        rows.append(F.linear(F.silu(gate) * up, torch.from_numpy(weights["down_weights"][g])))
+    np.testing.assert_allclose(got, torch.cat(rows).numpy(), rtol=1e-9)
+    checks = verify_backward(model, weights, [x, offsets])
+    text, ok = report(checks, 1e-6)
+    assert ok and {c.name for c in checks} == {"gate_up_weights", "down_weights", "input permuted_tokens"}, text
