@@ -84,8 +84,11 @@ class SafetensorsFile:
             if len(head) < 8:
                 raise self.corrupt("the file is shorter than its 8-byte header length")
             (length,) = struct.unpack("<Q", head)
-            if length > min(size - 8, MAX_HEADER):
+            if length > size - 8:
                 raise self.corrupt(f"the header claims {length} bytes but the file has {size - 8}")
+            if length > MAX_HEADER:
+                raise self.corrupt(f"the header claims {length} bytes, more than the {MAX_HEADER} a safetensors "
+                                   "header may have")
             try:
                 header = json.loads(f.read(length))
             except (UnicodeDecodeError, ValueError, RecursionError) as err:  # ValueError: ints past 4300 digits too
