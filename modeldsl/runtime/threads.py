@@ -74,6 +74,7 @@ def threads_for(macs: int, pool: int) -> int:
 @cache
 def _blas():
     """threadpoolctl's controller of the BLAS libraries loaded in this process (numpy's)."""
+    import numpy  # noqa: F401 - loads the BLAS the controller looks for
     from threadpoolctl import ThreadpoolController
 
     return ThreadpoolController().select(user_api="blas")
