@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import io
 import re
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from xdsl.context import Context
@@ -26,7 +28,7 @@ from xdsl.parser import Parser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
 from xdsl.utils.lexer import Span
-from xdsl.utils.mlir_lexer import MLIRLexer
+from xdsl.utils.mlir_lexer import MLIRLexer, MLIRTokenKind
 
 from xdsl.pattern_rewriter import PatternRewriter
 from xdsl.rewriter import Rewriter
@@ -42,6 +44,21 @@ MAX_INTEGER_WIDTH = 64
 MLIRLexer._unescaped_characters_regex = re.compile(  # noqa: SLF001
     r'"(?:[^"\\\n\v\f]|\\(?:["nt\\]|[0-9A-Fa-f]{2}))*+"'
 )
+
+
+_xdsl_int_value = MLIRTokenKind.get_int_value
+
+
+def _int_value(kind: MLIRTokenKind, span: Span) -> int:
+    """xDSL's integer literal value; a literal past Python's digit limit is a located parse
+    error (xDSL lets ``int()``'s ValueError escape)."""
+    limit = sys.get_int_max_str_digits()
+    if kind == MLIRTokenKind.INTEGER_LIT and limit and len(span.text) > limit:
+        raise ParseError(span, f"integer literal of {len(span.text)} digits is too long (at most {limit})")
+    return _xdsl_int_value(kind, span)
+
+
+MLIRTokenKind.get_int_value = _int_value
 
 
 def _pass_on_location(op: Operation, new_ops) -> None:
@@ -114,9 +131,28 @@ class LocatingParser(Parser):
 
     def parse_operation(self) -> Operation:
         start = self._current_token.span
-        op = super().parse_operation()
+        with self._failures_located_from(start.start):
+            op = super().parse_operation()
         self.op_spans[op] = _through_op_name(start, op.name)
         return op
+
+    def parse_optional_attribute(self):
+        with self._failures_located_from(self.pos):
+            return super().parse_optional_attribute()
+
+    @contextmanager
+    def _failures_located_from(self, start: int):
+        """An attribute or op that xDSL refuses while building it (a value out of its
+        type's range, a bad property) is a parse error spanning its text, not a bare exception."""
+        try:
+            yield
+        except (VerifyException, DiagnosticException, ValueError, OverflowError) as err:
+            if isinstance(err, ParseError):
+                raise
+            end = max(self._current_token.span.start, start + 1)
+            text = self.lexer.input.content[start:end].rstrip()
+            span = Span(start, start + max(1, len(text)), self.lexer.input)
+            raise ParseError(span, _error_message(err).split("\n", 1)[0]) from None
 
     def _parse_optional_integer_or_float_type(self):
         token = self._current_token

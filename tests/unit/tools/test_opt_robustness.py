@@ -69,6 +69,10 @@ def test_the_string_pattern_accepts_what_xdsl_accepts(pattern, accepted):
     ("!t = !mdsl.graph.tensor<[" + "- " * 3000 + "B], fp32>\n",
      "error[E001]: invalid dimension expression: dimension expression nests deeper than 100 levels"),
     ("!t = !mdsl.graph.tensor<[B" + " mod 3" * 3000 + "], fp32>\n", "dimension expression has 3000 divisions"),
+    ("func.func @f() attributes {n = " + "9" * 4400 + " : i64} {\n  func.return\n}\n",
+     "odd.mlir:1:32: error[E001]: integer literal of 4400 digits is too long (at most 4300)"),
+    ("func.func @f() attributes {n = 99999999999999999999999 : i64} {\n  func.return\n}\n",
+     "odd.mlir:1:32: error[E001]: Integer value 99999999999999999999999 is out of range for type i64"),
 ])
 def test_odd_ir_is_a_coded_error(tmp_path, capsys, text, expected):
     path = tmp_path / "odd.mlir"
