@@ -587,7 +587,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if tool.verify_failed:
             return 1
     except DiagnosticError as err:
-        fmt = tool.args.diagnostics_format if tool is not None else "text"
+        fmt = tool.args.diagnostics_format if tool is not None else requested_format(argv)
         return report(err.diagnostics, fmt)
     except UserError as err:
         return report([Diagnostic("E029", str(err))], "text")
@@ -603,6 +603,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     return 0
+
+
+def requested_format(argv: Sequence[str] | None) -> str:
+    """``--diagnostics-format`` from the raw arguments (for errors before they are parsed)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    for k, arg in enumerate(args):
+        if arg == "--diagnostics-format=json" or (arg == "--diagnostics-format" and args[k + 1:k + 2] == ["json"]):
+            return "json"
+    return "text"
 
 
 def report(diagnostics: list[Diagnostic], fmt: str) -> int:
