@@ -409,7 +409,7 @@ def hf_config_values(program: Any, decl: Any, hf_config: dict[str, Any],
 def _checkpoint_values(program: Any, decl: Any, hf_config: dict[str, Any], sink: DiagnosticSink,
                        force_architecture: bool) -> tuple[dict[str, Any], ModelOp]:
     """The parameter values for a checkpoint's config, and the model lowered with its defaults."""
-    default = _model_op(lower_program(program, decl.name, None, sink))
+    default = _model_op(lower_program(program, decl.name, None, DiagnosticSink()))  # lowered again, reported then
     return dsl_config(decl, default, hf_config, force_architecture, warn=sink.add), default
 
 
