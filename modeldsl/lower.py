@@ -677,6 +677,9 @@ class Lowering(BackwardLowering):
             binding = scope.lookup(name, span)
             if binding is None or binding.kind == "poisoned":
                 raise LoweringFailed()
+            if binding.kind == "none":
+                self.sink.error("E003", f"output '{name}' is an optional input that this call leaves out (None)", span)
+                raise LoweringFailed()
             value = binding.value
             if declared is not None:
                 untyped = (id(forward), name) in self.untyped_outputs
@@ -1629,7 +1632,7 @@ def _shape_symbols(scope: Scope) -> set[str]:
     symbols: set[str] = set()
     for name in scope.visible_names():
         found = scope.find(name)
-        if found is not None and found.kind != "poisoned" and isinstance(found.value.type, TensorType):
+        if found is not None and isinstance(found.value, SSAValue) and isinstance(found.value.type, TensorType):
             for dim in found.value.type.shape:
                 if isinstance(dim, Expr):
                     symbols |= dim.symbols()

@@ -79,7 +79,7 @@ def _rewrite(stream: Iterator[Token]) -> Iterator[Token]:
                 following is not None
                 and following.value in ("->", "@")
                 and previous is not None
-                and previous.type != "COLON"
+                and previous.type not in ("COLON", "LONG_STRING")  # a doc string takes no annotations
             )
             pending = following
             if continues:
