@@ -323,6 +323,8 @@ EXPONENT_MASKS = {"bfloat16": (0x7F80, 0x007F), "float16": (0x7C00, 0x03FF)}  # 
 
 
 def _combine(rule: Rule, parts: list[np.ndarray], names: list[str], config: dict[str, int]) -> np.ndarray:
+    if not parts:
+        raise CheckpointError("E010", f"hf_mapping {rule.written}: {rule.op}(...) names no checkpoint tensor", RULES)
     if rule.op == "direct":
         return parts[0]
     if rule.op == "fuse":

@@ -116,6 +116,9 @@ FOUND = {
         "freqs: [T, head_dim // 2, 2, fp32]", "freqs: [T, head_dim // 2, 3, fp32]")}, model="{dir}/llama.module"),
     "freqs-disagree-once-bound": run_case_with("freqs [T, head_dim, 2]", {"llama.module": llama_with(
         "freqs: [T, head_dim // 2, 2, fp32]", "freqs: [T, head_dim, 2, fp32]")}, model="{dir}/llama.module"),
+    "fuse-of-nothing": run_case_with("fuse()", {"llama.module": llama_with(
+        '"model.layers.{layer}.mlp.gate_proj.weight",\n      "model.layers.{layer}.mlp.up_proj.weight",\n      dim=0',
+        "")}, model="{dir}/llama.module"),
     "prompt-not-utf8": run_case_with("--prompt \\udcff", {}, "--prompt", "a\udcffb"),
     "safetensors-fifo": run_case_with("fifo", {"ckpt/model.safetensors": FIFO}),
     "config-fifo": run_case_with("fifo", {"ckpt/config.json": FIFO}),
@@ -131,7 +134,6 @@ FOUND = {
     "safetensors-header-nested-deeply": run_case_with("deep", safetensors_with("lm_head.weight", x=DEEP_SENTINEL)),
 }
 STILL_OPEN: dict[str, str] = {  # found kinds another engineer of issue 13 is fixing now
-    "mlir-integer-past-4300-digits": "IR parsing (modeldsl/ir.py)",
     "pass-option-past-4300-digits": "mdsl-opt pipeline parsing",
     "int-parameter-fractional-default": "DSL frontend",
     "verify-backward-zero-dimension": "mdsl-opt --verify-backward",
