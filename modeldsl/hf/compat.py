@@ -105,8 +105,12 @@ def _window_unused(value: Any, hf: dict[str, Any]) -> bool:
     return _off(value, hf) or hf.get("use_sliding_window") is False
 
 
+def _all_of(value: Any, kind: str) -> bool:
+    return isinstance(value, list) and all(entry == kind for entry in value)
+
+
 def _all_full_attention(value: Any, hf: dict[str, Any]) -> bool:
-    return value is None or (isinstance(value, list) and all(kind == "full_attention" for kind in value))
+    return value is None or _all_of(value, "full_attention")
 
 
 def _rope_everywhere(value: Any, hf: dict[str, Any]) -> bool:
@@ -276,6 +280,8 @@ def unsupported_fields(model_name: str, declared: dict[str, Any], hf: Any, mappe
                                            _span(hf, name), "the checkpoint is of another variant; load it "
                                            "with a model that implements it"))
             continue
+        if name == "layer_types" and "sliding_window" in mapped and _all_of(value, "sliding_attention"):
+            continue  # every layer has the window the model maps
         rule = math_field(name)
         if rule is not None and not rule[0](value, hf):
             problems.append(Diagnostic("E037", f"config.json sets '{where}' to {_show(value)}: {rule[1]}, which "

@@ -180,3 +180,11 @@ def test_without_architectures_the_model_type_decides(tmp_path):
     ckpt = edited(cached_checkpoint("llama"), tmp_path, architectures=None, model_type="qwen2")
     (error,) = diagnostics_of(ckpt)
     assert error.code == "E036" and "model_type 'qwen2'" in error.message and error.span.text == '"model_type"'
+
+
+def test_layer_types_of_the_window_a_model_maps_load(tmp_path):
+    ckpt = edited(cached_checkpoint("mistral", sliding_window=5), tmp_path, layer_types=["sliding_attention"] * 2)
+    modeldsl.load(STD_ROOT / "models" / "mistral.module", hf=ckpt)
+    mixed = edited(ckpt, tmp_path / "mixed", layer_types=["sliding_attention", "full_attention"])
+    (error,) = diagnostics_of(mixed, STD_ROOT / "models" / "mistral.module")
+    assert error.code == "E037" and "'layer_types'" in error.message
