@@ -14,8 +14,8 @@ Three checks run on the config before any value is mapped:
   transformers' config classes (Llama, Mistral, Qwen2/3, Gemma/Gemma-2,
   Granite, Phi-3, OLMo, ...) that change what the network computes, each with
   its neutral value (``attention_bias: false``, ``*_multiplier: 1.0``,
-  ``hidden_act: "silu"``, no ``*_softcapping``, only ``full_attention`` layers,
-  ...). A field the model maps in ``param_mapping`` is the model's business.
+  ``hidden_act: "silu"``, no ``*_softcapping``, only ``full_attention`` layers
+  or, for a model that maps ``sliding_window``, only ``sliding_attention``, ...). A field the model maps in ``param_mapping`` is the model's business.
   The model declares the rest in its ``hf_config``::
 
       require:                  # the values the model computes; overrides the table
