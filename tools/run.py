@@ -164,7 +164,7 @@ def check_flags(args) -> list[Diagnostic]:
                                           "give the path of a .module file")])
     check_checkpoint_flag(args)
     if args.threads is not None:
-        parse_thread_count(args.threads, "mdsl-run: --threads")
+        args.threads = parse_thread_count(args.threads, "mdsl-run: --threads")
     if args.logits:
         target = logits_path(args.logits)
         if not target.parent.is_dir():
@@ -216,8 +216,7 @@ def run(args) -> int:
     import modeldsl
 
     warnings = check_flags(args)
-    if args.threads is not None:
-        set_pool_size(parse_thread_count(args.threads, "mdsl-run: --threads"))
+    set_pool_size(args.threads)
     if warnings:
         sys.stderr.write(render_all(warnings, args.diagnostics_format) + "\n")
     if args.train is not None:
@@ -260,7 +259,8 @@ def run(args) -> int:
     steps = max(len(generated) - 1, 0)  # the first new token comes from the prefill's logits
     if steps:
         mode = "KV cache" if not args.no_cache else "full recomputation"
-        print(f"decode: {steps} step{'s' if steps != 1 else ''} in {decode * 1000:.1f} ms ({steps / decode:.1f} tokens/s, {mode})")
+        print(f"decode: {steps} step{'s' if steps != 1 else ''} in {decode * 1000:.1f} ms "
+              f"({steps / decode:.1f} tokens/s, {mode})")
     return 0
 
 
