@@ -237,3 +237,16 @@ def test_non_finite_counts_nan_and_inf_in_every_float_dtype(dtype):
     values = np.array([1.0, np.nan, -np.nan, np.inf, -np.inf, 0.0, -2.0], np.float32).astype(kind)
     assert non_finite(values, chunk=3) == "2 NaN and 2 Inf values"
     assert non_finite(np.ones(10, kind)) == ""
+
+
+def test_training_arenas_that_do_not_fit_are_e038(monkeypatch):
+    import modeldsl.runtime.fits as fits
+    from modeldsl.runtime.optim import AdamWConfig
+    from modeldsl.runtime.train import Trainer
+
+    model = modeldsl.load(LLAMA, hf=cached_checkpoint("llama"))
+    monkeypatch.setattr(fits, "available_bytes", lambda: 4096)
+    with pytest.raises(DiagnosticError) as info:
+        Trainer(model, AdamWConfig(lr=1e-3))
+    (error,) = info.value.errors
+    assert error.code == "E038" and "arena" in error.message
