@@ -47,10 +47,10 @@ FILECHECK = ROOT / "tests" / "filecheck"
 TINY_LLAMA = ROOT / "examples" / "tiny_llama"
 LLAMA = STD / "models" / "llama.module"
 
-OPT_KINDS = ("dsl", "mlir", "pipeline")
+OPT_KINDS = ("dsl", "mlir", "pipeline", "opt-hf")
 DIR = object()  # a file replaced by a folder
 FIFO = object()  # a file replaced by a named pipe nobody writes to
-KINDS = ("dsl", "mlir", "checkpoint", "run-dsl", "pipeline", "run-flags")
+KINDS = ("dsl", "mlir", "checkpoint", "run-dsl", "pipeline", "run-flags", "opt-hf")
 # and "values": NaN/Inf weights and odd numeric config values only
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -571,8 +571,18 @@ class CaseMaker:
     def case_dsl(self, rng: random.Random, index: int) -> Case:
         seed = rng.choice(self.dsl)
         data, how = mutated_text(rng, seed.text, DSL_WORDS, self.texts)
-        return Case("dsl", index, f"{seed.name}: {how}", {seed.path.name: data},
-                    ["{dir}/" + seed.path.name, *seed.flags])
+        flags = list(seed.flags)
+        if not flags and rng.random() < 0.3:  # further down: specialize, schedule, plan
+            flags = ["-p", "mdsl-specialize{B=1 T=2},mdsl-lower-to-sched,mdsl-plan-memory"]
+            how += " (lowered to a planned schedule)"
+        return Case("dsl", index, f"{seed.name}: {how}", {seed.path.name: data}, ["{dir}/" + seed.path.name, *flags])
+
+    def case_opt_hf(self, rng: random.Random, index: int) -> Case:
+        """``mdsl-opt llama.module --hf DIR`` (lowering with a checkpoint's config) on a mutated config.json."""
+        files: dict[str, object] = {f"ckpt/{n}": data for n, data in self.checkpoint.items()}
+        how = self.mutate_checkpoint_file(rng, files, "config.json")
+        flags = rng.choice([[], [], ["-p", "mdsl-specialize{B=1 T=2},mdsl-lower-to-sched"], ["--emit=ast"]])
+        return Case("opt-hf", index, f"config.json: {how}", files, [str(LLAMA), "--hf", "{dir}/ckpt", *flags])
 
     def case_mlir(self, rng: random.Random, index: int) -> Case:
         seed = rng.choice(self.mlir)
@@ -589,6 +599,12 @@ class CaseMaker:
         files: dict[str, object] = {f"ckpt/{n}": data for n, data in self.checkpoint.items()}
         name = rng.choice(["config.json", "config.json", "model.safetensors", "model.safetensors", "tokenizer.json"])
         how = self.mutate_checkpoint_file(rng, files, name)
+        if rng.random() < 0.1:  # a second shard: the same tensors again, a mutant, nothing, a folder or a pipe
+            extra, what = rng.choice([(self.checkpoint["model.safetensors"], "copy"), (b"", "empty"), (DIR, "folder"),
+                                      (FIFO, "fifo"), (mutated_safetensors(rng, self.checkpoint["model.safetensors"])[0],
+                                                       "mutant")])
+            files["ckpt/model-00002-of-00002.safetensors"] = extra
+            how += f" + a second shard ({what})"
         return Case("checkpoint", index, f"{name}: {how}", files, self.run_argv(rng, str(LLAMA)))
 
     def mutate_checkpoint_file(self, rng: random.Random, files: dict, name: str) -> str:
@@ -841,6 +857,8 @@ def main(argv: list[str] | None = None) -> int:
     counts = Counter(o.status for o in outcomes)
     print(f"\n{len(outcomes)} cases in {time.perf_counter() - start:.1f} s: {dict(counts)}")
     print(report(outcomes))
+    for o in sorted(outcomes, key=lambda o: -o.seconds)[:5]:
+        print(f"slow: {o.seconds:.2f} s [{o.case.kind} #{o.case.index}] {o.status}: {o.case.label[:150]}")
     leaks = Counter(w for o in outcomes for w in o.leaked_warnings)
     for w, n in leaks.most_common(10):
         print(f"{n}x leaked {w}")
