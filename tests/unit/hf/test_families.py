@@ -188,3 +188,11 @@ def test_layer_types_of_the_window_a_model_maps_load(tmp_path):
     mixed = edited(ckpt, tmp_path / "mixed", layer_types=["sliding_attention", "full_attention"])
     (error,) = diagnostics_of(mixed, STD_ROOT / "models" / "mistral.module")
     assert error.code == "E037" and "'layer_types'" in error.message
+
+
+@pytest.mark.parametrize("arch,module", [("llama", "llama.module"), ("qwen3", "qwen.module"),
+                                         ("mistral", "mistral.module")])
+def test_the_std_models_read_every_tensor_transformers_writes(arch, module):
+    sink = DiagnosticSink()
+    modeldsl.load(STD_ROOT / "models" / module, hf=cached_checkpoint(arch), allow_unused_tensors=True, sink=sink)
+    assert not sink.diagnostics, [d.message for d in sink.diagnostics]
