@@ -32,7 +32,12 @@ Configs written by transformers 5 keep ``rope_theta`` and the scaling under
 ``rope_parameters``; :func:`normalize` lifts them to the older top-level
 ``rope_theta`` / ``rope_scaling`` so one mapping reads both. A config.json
 that is not valid JSON is a located E030 (file, line and column of the JSON
-error, with a caret).
+error, with a caret), and so are integers past 4000 digits and nesting past
+200 levels (which Python's json cannot read); a config.json that is a folder,
+FIFO or device is E028, found by ``stat`` before anything opens it. A field's
+error points at it in the file (:meth:`HFConfig.span`). Before any value is
+mapped, :mod:`modeldsl.hf.compat` checks that the config describes what the
+model computes (E036, E037; W010, W011).
 """
 
 from __future__ import annotations
