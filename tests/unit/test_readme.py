@@ -81,7 +81,7 @@ def test_the_readme_keeps_the_two_set_up_commands():
     assert second == ["bash .ci/run"]
 
 
-@pytest.mark.parametrize("command", readme_commands())
+@pytest.mark.parametrize("command", readme_commands(), ids=lambda command: command[:60])
 def test_readme_commands_run_as_written(command, scratch):
     if command in SKIPPED:
         pytest.skip(SKIPPED[command])
