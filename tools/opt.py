@@ -277,11 +277,11 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         return printed(module, print_generic_format=self.args.print_op_generic,
                        print_debuginfo=self.args.print_debuginfo)
 
-    def verify_after_pass(self, module: ModuleOp) -> None:
-        """Between passes: the IR still verifies (raises the failures as located diagnostics)."""
+    def verify_after_pass(self, module: ModuleOp, pass_: ModulePass) -> None:
+        """After each pass: the IR still verifies (raises the failures as located diagnostics)."""
         diagnostics = verify_module(module, self._op_spans)
         if diagnostics:
-            raise InvalidAfterPass(diagnostics)
+            raise InvalidAfterPass(diagnostics, pass_.name)
 
     def apply_passes(self, prog: ModuleOp) -> None:
         if not self.args.disable_verify:
@@ -294,7 +294,7 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         try:
             self.run_pipeline(prog)
         except InvalidAfterPass as err:
-            raise DiagnosticError(self.after_pipeline_diagnostics(err.diagnostics)) from None
+            raise DiagnosticError(self.after_pipeline_diagnostics(err.diagnostics, err.pass_name)) from None
         except (VerifyException, DiagnosticException):
             diagnostics = verify_module(prog)
             if not diagnostics:
@@ -310,7 +310,7 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             if k + 1 < len(self.passes):
                 sys.stdout.write(f"IR after {pass_.name}:\n{self.print_for_dump(prog)}\n\n\n")
 
-    def after_pipeline_diagnostics(self, diagnostics) -> list[Diagnostic]:
+    def after_pipeline_diagnostics(self, diagnostics, pass_name: str | None = None) -> list[Diagnostic]:
         """Verifier failures after the pipeline, saying what made them."""
         steps = [f"--verify-shapes {self.verify.text()}"] if self.verify is not None else []
         steps += [self.args.passes] if self.args.passes else []
@@ -320,7 +320,8 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             diag = d.diagnostic()
             diag.code = "E004" if diag.code == "E041" else diag.code
             diag.message = f"{where}{diag.message}"
-            diag.hint = "the passes or bound values make the IR invalid; check them against the model's constraints"
+            diag.hint = (f"the IR stopped verifying after the pass {pass_name}; " if pass_name else "") + \
+                "the passes or bound values make the IR invalid; check them against the model's constraints"
             out.append(diag)
         return out
 
@@ -549,9 +550,10 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
 class InvalidAfterPass(Exception):
     """The IR no longer verifies after a pass."""
 
-    def __init__(self, diagnostics):
-        super().__init__(f"{len(diagnostics)} verifier failure(s)")
+    def __init__(self, diagnostics, pass_name: str):
+        super().__init__(f"{len(diagnostics)} verifier failure(s) after {pass_name}")
         self.diagnostics = diagnostics
+        self.pass_name = pass_name
 
 
 def read_regular_file(path: str) -> bytes:

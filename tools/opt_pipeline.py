@@ -276,7 +276,7 @@ class PipelineObserver:
     after: set[str] = dataclasses.field(default_factory=set)
     after_all: bool = False
     after_change: bool = False
-    verify: Callable[[ModuleOp], None] | None = None
+    verify: Callable[[ModuleOp, ModulePass], None] | None = None
     stream: IO[str] = dataclasses.field(default_factory=lambda: sys.stderr)
     steps: list[TimedStep] = dataclasses.field(default_factory=list)
 
@@ -307,7 +307,7 @@ class PipelineObserver:
             pass_.apply(ctx, module)
         if self.verify is not None:
             with self.timed("Verifier", depth=1):
-                self.verify(module)
+                self.verify(module, pass_)
         if self.after_all or pass_.name in self.after:
             self.dump(f"IR Dump After {title}", self.print_ir(module))
         elif self.after_change:
