@@ -82,7 +82,8 @@ def _off(value: Any, hf: dict[str, Any]) -> bool:
 
 
 def _equals(neutral: Any) -> Neutral:
-    return lambda value, hf: _same(value, neutral)
+    """Neutral at ``neutral``, or null (the config class's default, as for an absent field)."""
+    return lambda value, hf: value is None or _same(value, neutral)
 
 
 def _head_dim(hf: dict[str, Any]) -> int | None:
