@@ -83,7 +83,12 @@ def typed_entries(entry: ast.Section) -> list[TypedEntry]:
             return [TypedEntry(f.name, f.value, f.span, f.annotations) for f in expr.fields]
         return [TypedEntry(default, expr, entry.span, entry.value.annotations)]
     return [TypedEntry(e.name, e.value.expr, e.span, e.value.annotations)
-            for e in entry.body if isinstance(e, ast.Section) and e.value]
+            for e in entry.body if isinstance(e, ast.Section) and e.value and e.name is not None]
+
+
+def unnamed_entries(entry: ast.Section) -> list[ast.Section]:
+    """Entries of an indented signature list whose key is not a plain name (``re.sidual: [..]``)."""
+    return [e for e in entry.body if isinstance(e, ast.Section) and e.value and e.name is None]
 
 
 def source_text(node: ast.Node) -> str:

@@ -83,7 +83,16 @@ from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph_primitives import CastOp, DTypeMismatch, check_same_shape
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
-from modeldsl.instances import Instance, LoweringFailed, ParamSlot, StackedInstance, param_slots, source_text, typed_entries
+from modeldsl.instances import (
+    Instance,
+    LoweringFailed,
+    ParamSlot,
+    StackedInstance,
+    param_slots,
+    source_text,
+    typed_entries,
+    unnamed_entries,
+)
 from modeldsl.infer import InferenceError, infer_result_types
 from modeldsl.ir import locate_new_ops, located
 from modeldsl.lower_backward import BackwardLowering, ForwardInput, ForwardResult, flow_accumulates
@@ -135,6 +144,7 @@ class Lowering(BackwardLowering):
         self.in_module_func = 0  # > 0 while lowering a called module's forward
         self.config_values: ConstEnv | None = None  # the top's configuration, for its own annotations
         self.optional_inputs: dict[int, set[str]] = {}  # by forward: section, its optional inputs
+        self.inline_prefixes: set[str] = set()  # parameter paths of module calls in graphs
         self.failed_inputs: dict[int, list] = {}  # by forward: section, inputs whose type was refused
         self.untyped_outputs: set[tuple[int, str]] = set()  # (forward: section, output) written without dtype
         self.tuple_outputs: dict[int, dict[str, int]] = {}  # by forward: section, `out: ([..], [..])` sizes
@@ -629,6 +639,9 @@ class Lowering(BackwardLowering):
             if not isinstance(entry, ast.Section) or entry.name not in ("in", "inputs", "out", "outputs"):
                 continue
             is_input = entry.name in ("in", "inputs")
+            for bad in unnamed_entries(entry):
+                self.sink.error("E001", "a signature entry is `name: [shape]`", bad.key.span,
+                                "name the tensor with a plain name")
             for name, expr, span in _expand_tuples(typed_entries(entry)):
                 if isinstance(expr, ast.Optional_):
                     expr = expr.base
@@ -1007,6 +1020,16 @@ class Lowering(BackwardLowering):
                         "primitives are listed in spec section 6; modules must be declared or imported")
         raise LoweringFailed()
 
+    def inline_prefix(self, base: str) -> str:
+        """``Linear.``, then ``Linear_2.``, ...: the parameters an inline call leaves unbound
+        become model parameters, one set per call."""
+        prefix, index = f"{base}.", 1
+        while prefix in self.inline_prefixes:
+            index += 1
+            prefix = f"{base}_{index}."
+        self.inline_prefixes.add(prefix)
+        return prefix
+
     def assert_type(self, stage: ast.ListExpr, inputs: list[SSAValue], env: ConstEnv) -> list[SSAValue]:
         """``x -> transpose(1, 2) -> [B, T, H, D] -> view(...)``: a type in a chain states the
         shape (and dtype, if written) of the value passing through (E004/E003 otherwise)."""
@@ -1039,7 +1062,7 @@ class Lowering(BackwardLowering):
         call = ast.Call(func.span, func, consts)
         bound = [self.tensor(instance, a.value, scope) for a in tensors]
         named = {a.name: self.tensor(instance, a.value, scope) for a in by_name}
-        child = self.instantiate(call, instance.env, f"{instance.prefix}{func.id.split('.')[-1]}.",
+        child = self.instantiate(call, instance.env, self.inline_prefix(f"{instance.prefix}{func.id.split('.')[-1]}"),
                                  instance.namespace, [b.type for b in bound])
         self.declare_nested(child, None, bound, named)
         return child

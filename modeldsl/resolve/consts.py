@@ -136,6 +136,8 @@ def evaluate(node: ast.Expr, env: ConstEnv, context: str = "expression") -> Valu
         value = evaluate(node.operand, env, context)
         if node.op == "not":
             return not _truth(value, node)
+        if isinstance(value, bool) or not isinstance(value, (int, float, Expr)):
+            raise ConstError("E026", f"'-' needs a number, not {_describe_value(value)}", node.span)
         return -value
     if isinstance(node, ast.Binary):
         return _binary(node, env, context)
@@ -165,6 +167,10 @@ def evaluate(node: ast.Expr, env: ConstEnv, context: str = "expression") -> Valu
         )
     raise ConstError("E026", f"{_describe(context)} is not a compile-time expression", node.span,
                      "only literals, parameters, let-bound names and sqrt/ceil_div/min/max/abs are allowed")
+
+
+def _describe_value(value: Value) -> str:
+    return "None" if value is None else f"the {type(value).__name__} {value!r}"
 
 
 def _describe(context: str) -> str:
