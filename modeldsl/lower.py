@@ -1262,6 +1262,8 @@ class Lowering(BackwardLowering):
         positional_params = [*INFERENCE_PARAMS.get(sig.name, ()), *(p.name for p in sig.params)]
         keyword_tensors: dict[str, SSAValue] = {}
         for arg in args:
+            if _dtype_typo(arg.value, instance.env) and not self.is_tensor(arg.value, instance, scope):
+                self.unknown_dtype(arg.value)  # cast(dtype=fp31)
             if arg.name is None and self.is_tensor(arg.value, instance, scope):
                 operands.append(self.tensor(instance, arg.value, scope))
             elif arg.name is None and isinstance(arg.value, ast.Name) and not instance.env.lookup(arg.value.id)[0]:
@@ -1508,6 +1510,12 @@ def _absent_discards(names: list[ast.Expr], values: list[SSAValue], ops: list[Op
 
 def _is_discard(node: ast.Expr) -> bool:
     return isinstance(node, ast.Name) and node.id == "_"
+
+
+def _dtype_typo(node: ast.Expr, env: ConstEnv) -> bool:
+    """A name spelled like a dtype (fp31) that is neither a dtype nor a known value."""
+    return isinstance(node, ast.Name) and node.id not in DTYPE_SPELLINGS and bool(DTYPE_LIKE.match(node.id)) \
+        and not env.lookup(node.id)[0]
 
 
 def _has_dtype(expr: ast.Expr) -> bool:

@@ -216,6 +216,13 @@ def test_a_dtype_typo_is_e003_at_the_type_with_no_follow_on_errors():
     assert "unknown dtype 'fp31'" in found[0][3]
 
 
+@pytest.mark.parametrize("call", ["cast(dtype=fp31)", "cast(fp31)"])
+def test_a_dtype_typo_in_an_argument_is_e003_at_the_argument(call):
+    text = f"module M():\n  forward:\n    in: x: [B, 4]\n    out: [B, 4, fp32]\n    graph:\n      x -> {call} -> out\n"
+    ((code, line, column, message),) = errors(text)
+    assert (code, line, column) == ("E003", 6, 12 + call.index("fp31")) and "unknown dtype 'fp31'" in message
+
+
 def test_a_type_in_a_chain_states_the_shape():
     text = ("module M(d: int = 8):\n  forward:\n    in: x: [B, T, d]\n    out: [B, d, T]\n    graph:\n"
             "      x -> transpose(1, 2) -> [B, d, T] -> relu() -> out\n")
