@@ -102,10 +102,11 @@ from modeldsl.resolve.imports import ResolvedProgram, qualified_path, resolve_pr
 from modeldsl.resolve.inherit import merged
 from modeldsl.resolve.order import defined_names, expression_names, topological_order
 from modeldsl.resolve.annotation_checks import (
+    cheap_to_recompute,
     declared_partition,
     fusion_problem,
     partition_of,
-    reads_saved_tensors,
+    read_by_gradient,
     stage_names,
 )
 from modeldsl.resolve.scope import Scope
@@ -836,24 +837,24 @@ class Lowering(BackwardLowering):
 
     def check_derived_backward(self, instance: Instance, forward: ForwardResult) -> None:
         """W003 (spec 5.12.6): a module whose backward is derived and whose save: list leaves
-        out a tensor of its graph that a derived gradient reads (it is then recomputed)."""
+        out an intermediate tensor of its graph that a derived gradient reads and that is
+        more than a view of kept tensors (the derived backward then recomputes it)."""
         decl = instance.decl
         saved = _tensor_list(decl, "save")
         if decl.sections("backward") or not saved:
             return  # a written backward, or no save: list to judge (autodiff chooses)
-        kept = saved + _tensor_list(decl, "recompute")
-        warned: set[str] = set()
+        patterns = saved + _tensor_list(decl, "recompute")
+        named = {b.value: (n, b) for n, b in forward.scope.names.items() if isinstance(b.value, SSAValue)}
+        kept = {v for v, (n, b) in named.items() if b.kind == "input" or _matches(n, patterns)}
+        warned: set[SSAValue] = set()
         for op in self.block.ops:
-            name = op.name.removeprefix("mdsl.graph.")
-            if lookup_primitive(name) is None or not reads_saved_tensors(name):
-                continue
-            for operand in op.operands:
-                tensor = operand.name_hint
-                binding = forward.scope.find(tensor) if tensor else None
-                if binding is None or binding.value is not operand or tensor in warned or _matches(tensor, kept):
+            for value in read_by_gradient(op):
+                if value in kept or value in warned or value not in named or cheap_to_recompute(value, kept):
                     continue
-                warned.add(tensor)
-                self.sink.warning("W003", f"the derived backward reads '{tensor}' (for the gradient of {name}), "
+                warned.add(value)
+                tensor, binding = named[value]
+                primitive = op.name.removeprefix("mdsl.graph.")
+                self.sink.warning("W003", f"the derived backward reads '{tensor}' (for the gradient of {primitive}), "
                                   "which save: does not list, so it recomputes it", binding.span,
                                   f"add it: save: [{', '.join([*saved, tensor])}], or list it in recompute:")
 

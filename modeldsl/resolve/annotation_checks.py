@@ -12,7 +12,9 @@ The fusion and sharding passes come later; these are the checks of spec 7.5.1,
   than the flow's own ``@partition``;
 - W003 (suboptimal auto-derived backward): a module without a written
   backward whose ``save:`` list leaves out a tensor that the derived
-  gradient of a non-linear op reads, so the derived backward recomputes it.
+  gradient of an op reads (found by running the op's VJP rule on a scratch
+  block) and that is not a view of kept tensors, so the derived backward
+  recomputes it.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Sequence
 
+from xdsl.ir import Block, Operation, SSAValue
+
 from modeldsl.frontend.text import ast
-from modeldsl.primitives import lookup_primitive
+from modeldsl.graph_builder import GraphBuildError, GraphBuilder
+from modeldsl.primitives import STATISTICS, lookup_primitive
 
 # The operations of each pattern of spec 7.5.1, as kinds of primitives in order.
 PATTERN_OPS: dict[str, tuple[str, ...]] = {
@@ -40,11 +45,8 @@ KINDS: dict[str, tuple[str, ...]] = {
     "silu": ("activation",), "relu": ("activation",), "relu2": ("activation",), "gelu": ("activation",),
     "scale": ("scale",), "softmax": ("softmax",),
 }
-# Primitives whose derived gradient reads only the incoming gradient (no saved tensor).
-LINEAR_OPS = frozenset({
-    "add", "add3", "bias_add", "scale", "split", "concat", "view", "transpose", "permute", "contiguous",
-    "copy", "cast", "reduce_sum", "reduce_mean", "zeros", "ones", "fill",
-})
+# Ops whose result is a view (or a copy) of their operand: recomputing it costs nothing.
+VIEW_OPS = frozenset({"view", "transpose", "permute", "split", "contiguous", "copy"})
 
 
 def fusion_problem(pattern: str | None, ops: Sequence[str] | None, performed: Sequence[str]) -> tuple[str, str] | None:
@@ -106,6 +108,39 @@ def stage_names(chain: Sequence[ast.Expr]) -> list[tuple[str, ast.Expr]]:
     return names
 
 
-def reads_saved_tensors(op_name: str) -> bool:
-    """Whether the derived gradient of a primitive reads forward tensors (not only its gradient)."""
-    return op_name not in LINEAR_OPS
+def read_by_gradient(op: Operation) -> list[SSAValue]:
+    """The forward values (operands and results of ``op``) that its derived gradient reads:
+    the VJP rule runs on a scratch block, whose ops are then erased."""
+    from modeldsl.vjp import RULES
+
+    name = op.name.removeprefix("mdsl.graph.")
+    sig, rule = lookup_primitive(name), RULES.get(name)
+    if sig is None or rule is None:
+        return []
+    scratch = Block(arg_types=[r.type for r in op.results])
+    grads = [None if slot.name in STATISTICS else arg for slot, arg in zip(sig.outputs, scratch.args)]
+    try:
+        rule(GraphBuilder(scratch), op, grads)
+    except (GraphBuildError, NotImplementedError, ValueError):
+        pass  # a gradient it cannot derive is reported where the backward is derived
+    forward = [*op.operands, *op.results]
+    read = [v for v in forward if any(use.operation.parent is scratch for use in v.uses)]
+    for created in reversed(list(scratch.ops)):
+        scratch.erase_op(created, safe_erase=False)
+    return read
+
+
+def cheap_to_recompute(value: SSAValue, kept: set[SSAValue]) -> bool:
+    """Whether ``value`` is a view of kept values (walked without recursion)."""
+    stack = [value]
+    while stack:
+        value = stack.pop()
+        if value in kept or not isinstance(value.owner, Operation):
+            continue
+        name = value.owner.name.removeprefix("mdsl.graph.")
+        if name == "param_ref":
+            continue
+        if name not in VIEW_OPS:
+            return False
+        stack.extend(value.owner.operands)
+    return True

@@ -281,3 +281,28 @@ def test_a_backward_may_declare_an_optional_gradient_without_a_question_mark(use
     assert len(backward.attributes["grads"].data) == grads
     ((code, line, _, _),) = errors(OPTIONAL_GRAD.replace("    d_bias: [d]\n", "    d_bais: [d]\n"))
     assert (code, line) == ("E002", 18)
+
+
+W003 = """module MLP(d: int = 8, f: int = 16):
+  params:
+    w1: [f, d]
+    w2: [d, f]
+  forward:
+    in: [B, d]
+    out: [B, d]
+    graph:
+      in -> matmul(w1, transpose=NT) -> h1
+      h1 -> relu() -> h2
+      h2 -> view([B, f]) -> h3
+      h3 -> matmul(w2, transpose=NT) -> out
+    save: [in, h1, h2]
+"""
+
+
+@pytest.mark.parametrize("save, warned", [("[in, h1, h2]", []), ("[in, h1]", ["h3"]), ("[in]", ["h1", "h3"])])
+def test_w003_names_the_unsaved_tensors_a_derived_gradient_reads_but_not_views_of_kept_ones(save, warned):
+    from modeldsl.diagnostics import DiagnosticSink
+
+    sink = DiagnosticSink()
+    lower_program(parse_source(W003.replace("[in, h1, h2]", save), "m.module"), sink=sink)
+    assert [d.message.split("'")[1] for d in sink.diagnostics if d.code == "W003"] == warned
