@@ -98,7 +98,7 @@ from modeldsl.ir import locate_new_ops, located
 from modeldsl.lower_backward import BackwardLowering, ForwardInput, ForwardResult, flow_accumulates
 from modeldsl.primitives import STAR_REDUCTIONS, PrimitiveSignature, lookup_primitive, star_reduction
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate, evaluate_let, guard_value
-from modeldsl.resolve.imports import ResolvedProgram, qualified_path, resolve_program
+from modeldsl.resolve.imports import ResolvedProgram, qualified_path, resolve_program, std_module_declaring
 from modeldsl.resolve.inherit import merged
 from modeldsl.resolve.order import defined_names, expression_names, topological_order
 from modeldsl.resolve.annotation_checks import (
@@ -1017,8 +1017,10 @@ class Lowering(BackwardLowering):
             if primitive is not None:
                 return self.call_primitive(primitive, inputs, args, instance, scope, stage.span)
         name = func.id if isinstance(func, ast.Name) else func.span.text
-        self.sink.error("E014", f"unknown primitive or module '{name}'", func.span,
-                        "primitives are listed in spec section 6; modules must be declared or imported")
+        found = std_module_declaring(name) if isinstance(func, ast.Name) else None
+        hint = f"import it: from {found} import {name}" if found else \
+            "primitives are listed in spec section 6; modules must be declared or imported"
+        self.sink.error("E014", f"unknown primitive or module '{name}'", func.span, hint)
         raise LoweringFailed()
 
     def inline_prefix(self, base: str) -> str:

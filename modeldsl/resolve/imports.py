@@ -336,6 +336,21 @@ def _newest(folder: Path, name: str) -> Path | None:
     return versions[-1][1] if versions else None
 
 
+def std_module_declaring(name: str) -> str | None:
+    """The dotted std path of the file that declares module/block/model ``name`` (for an
+    "import it from ..." hint), or None."""
+    for file in sorted(STD_ROOT.rglob("*.module")):
+        if "primitives" in file.parts or VERSION.match(file.name.split(".")[-2]):
+            continue
+        try:
+            program = _parse_file(file)
+        except DiagnosticError:
+            continue
+        if any(d.name == name and d.kind in ("module", "block", "model") for d in program.declarations):
+            return ".".join(["std", *file.relative_to(STD_ROOT).with_suffix("").parts])
+    return None
+
+
 def namespace_key(decl: ast.Decl, name: str | None = None) -> str:
     """The name a declaration is visible by: ``@name`` for an ``annotation @name:``
     declaration (annotations and modules do not shadow each other)."""

@@ -306,3 +306,12 @@ def test_w003_names_the_unsaved_tensors_a_derived_gradient_reads_but_not_views_o
     sink = DiagnosticSink()
     lower_program(parse_source(W003.replace("[in, h1, h2]", save), "m.module"), sink=sink)
     assert [d.message.split("'")[1] for d in sink.diagnostics if d.code == "W003"] == warned
+
+
+def test_an_unknown_module_the_std_library_declares_gets_an_import_hint():
+    text = ("module M(d: int = 8):\n  params:\n    w: [d, d]\n  forward:\n    in: x: [B, d]\n    out: [B, d]\n"
+            "    graph:\n      x -> Linear(w) -> out\n")
+    with pytest.raises(DiagnosticError) as info:
+        lower_program(parse_source(text, "m.module"))
+    (diag,) = info.value.diagnostics
+    assert diag.code == "E014" and diag.hint == "import it: from std.modules.linear import Linear"
