@@ -105,12 +105,23 @@ def make_context() -> Context:
 
 
 class LocatingParser(Parser):
-    """An xDSL parser that remembers the source span where each op starts."""
+    """An xDSL parser that remembers the source span where each op starts and, as
+    MLIR's parser does, gives an op without an explicit ``loc(...)`` the location
+    ``loc("file":line:col)`` of its text (lines counted from ``line_offset``, for
+    ``--split-input-file`` chunks)."""
 
-    def __init__(self, ctx: Context, text: str, name: str = "<input>"):
+    def __init__(self, ctx: Context, text: str, name: str = "<input>", line_offset: int = 0):
         super().__init__(ctx, text, name)
+        self.line_offset = line_offset
+        self._location_ends_at = -1  # where the last loc(...) parsed ends
         self.op_spans: dict[Operation, Span] = {}
         self.first_uses: dict[str, Span] = {}  # values used before any definition
+
+    def parse_optional_location(self):
+        location = super().parse_optional_location()
+        if location is not None:
+            self._location_ends_at = self.pos
+        return location
 
     def resolve_operand(self, operand, type):
         if operand.operand_name not in self.ssa_values:
@@ -118,7 +129,10 @@ class LocatingParser(Parser):
         return super().resolve_operand(operand, type)
 
     def parse_module(self, allow_implicit_module: bool = True) -> ModuleOp:
-        """xDSL's parse, with a value that is never defined reported at its first use."""
+        """xDSL's parse, with a value that is never defined reported at its first use; empty
+        input (or only comments) is an empty module, as for mlir-opt."""
+        if allow_implicit_module and self._current_token.kind == MLIRTokenKind.EOF:
+            return ModuleOp([])
         try:
             return super().parse_module(allow_implicit_module)
         except ParseError as err:
@@ -134,6 +148,10 @@ class LocatingParser(Parser):
         with self._failures_located_from(start.start):
             op = super().parse_operation()
         self.op_spans[op] = _through_op_name(start, op.name)
+        if self._location_ends_at != self.pos:  # the op has no loc(...) of its own
+            where = start.get_location()
+            op.location = FileLineColLoc(StringAttr(where.file), IntAttr(where.line + self.line_offset),
+                                         IntAttr(where.col))
         return op
 
     def parse_optional_attribute(self):

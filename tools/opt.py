@@ -183,9 +183,13 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             elif action.dest == "output_file":
                 action.help = "write the output to this file instead of stdout"
             elif action.dest == "time_passes":
-                action.option_strings.append("--mlir-timing")
-                arg_parser._option_string_actions["--mlir-timing"] = action  # noqa: SLF001
+                add_alias(arg_parser, action, "--mlir-timing")
                 action.help = "print the wall time of parsing, each pass, verification and output (ms) to stderr"
+            elif action.dest == "print_debuginfo":
+                add_alias(arg_parser, action, "--mlir-print-debuginfo")
+                action.help = "print source locations: loc(\"file\":line:col) (Module DSL input carries its own)"
+            elif action.dest == "print_op_generic":
+                add_alias(arg_parser, action, "--mlir-print-op-generic")
             elif action.dest == "verify_diagnostics":
                 action.help = ("check the diagnostics against the input's expected-error/-warning/-note {{...}} "
                                "annotations (@+N, @-N offsets); exit 1 on any mismatch")
@@ -205,6 +209,8 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
                                 help="print the IR to stderr before each run of these passes")
         arg_parser.add_argument("--print-ir-after", metavar="PASS[,PASS]", default=None,
                                 help="print the IR to stderr after each run of these passes")
+        arg_parser.add_argument("--print-ir-before-all", action="store_true",
+                                help="print the IR to stderr before every pass")
         arg_parser.add_argument("--print-ir-after-all", action="store_true",
                                 help="print the IR to stderr after every pass")
         arg_parser.add_argument("--print-ir-after-change", action="store_true",
@@ -267,6 +273,7 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         self.observer = PipelineObserver(
             print_ir=self.print_for_dump,
             before=pass_names_flag(self.available_passes, "--print-ir-before", self.args.print_ir_before),
+            before_all=self.args.print_ir_before_all,
             after=pass_names_flag(self.available_passes, "--print-ir-after", self.args.print_ir_after),
             after_all=self.args.print_ir_after_all,
             after_change=self.args.print_ir_after_change,
@@ -412,7 +419,7 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             return self.output_resulting_program(module)
 
     def parse_mlir_text(self, text: str, name: str, line_offset: int = 0) -> ModuleOp:
-        parser = LocatingParser(self.ctx, text, name)
+        parser = LocatingParser(self.ctx, text, name, line_offset)
         try:
             module = parser.parse_module(not self.args.no_implicit_module)
         except ParseError as err:
@@ -554,6 +561,12 @@ class InvalidAfterPass(Exception):
         super().__init__(f"{len(diagnostics)} verifier failure(s) after {pass_name}")
         self.diagnostics = diagnostics
         self.pass_name = pass_name
+
+
+def add_alias(parser: argparse.ArgumentParser, action: argparse.Action, option: str) -> None:
+    """Let ``option`` (an mlir-opt spelling) set what ``action`` sets."""
+    action.option_strings.append(option)
+    parser._option_string_actions[option] = action  # noqa: SLF001 - argparse has no public alias API
 
 
 def read_regular_file(path: str) -> bytes:

@@ -6,7 +6,7 @@ coded diagnostic at ``<pipeline>:1:col`` with a caret under the pipeline text
 and a "did you mean" hint. :func:`pass_list` is ``--list-passes`` (every pass,
 its options with their types and defaults, a one-line description).
 :class:`PipelineObserver` runs between passes as mlir-opt's instrumentation
-does: ``--print-ir-before/after[-all|-change]`` dumps to stderr under
+does: ``--print-ir-before/after[-all]``, ``--print-ir-after-change`` dump to stderr under
 ``// -----// IR Dump After Name (pass-name) //----- //`` headers, and
 ``--mlir-timing`` collects the wall time of each step for :func:`timing_report`.
 """
@@ -274,6 +274,7 @@ class PipelineObserver:
     print_ir: Callable[[ModuleOp], str]
     before: set[str] = dataclasses.field(default_factory=set)
     after: set[str] = dataclasses.field(default_factory=set)
+    before_all: bool = False
     after_all: bool = False
     after_change: bool = False
     verify: Callable[[ModuleOp, ModulePass], None] | None = None
@@ -299,9 +300,9 @@ class PipelineObserver:
 
     def run_one(self, pass_: ModulePass, ctx, module: ModuleOp) -> None:
         title = f"{type(pass_).__name__} ({pass_.name})"
-        wants_before = self.after_change or pass_.name in self.before
-        before = self.print_ir(module) if wants_before else ""
-        if pass_.name in self.before:
+        dump_before = self.before_all or pass_.name in self.before
+        before = self.print_ir(module) if self.after_change or dump_before else ""
+        if dump_before:
             self.dump(f"IR Dump Before {title}", before)
         with self.timed(title, depth=1):
             pass_.apply(ctx, module)

@@ -55,15 +55,25 @@ def test_a_verifier_failure_without_a_parse_span_points_at_the_dsl_location():
     wrong = wrong.replace("%b = mdsl.graph.relu %a : (!x) -> !x", "%b = mdsl.graph.relu %x : (!x) -> !x")
     module, _ = parse_module(make_context(), "!y = !mdsl.graph.tensor<[B, 32], fp32>\n" + wrong, "ir.mlir")
     a, _ = relus(module)
+    a.location = UnknownLoc()  # as lowering builds it
     located(a, Span(Source("model.module", source), 4, 12, 4, 16))
     diags = verify_module(module)  # no parse spans: the op's location is used
     assert diags and diags[0].diagnostic().render().startswith("model.module:4:12: error[E041]: 'mdsl.graph.relu' op")
     assert "      x -> relu() -> y\n" in diags[0].render() and "|            ^^^^\n" in diags[0].render()
 
 
+def test_parsed_ops_are_located_at_their_text_unless_they_say_otherwise():
+    text = IR.replace("%b = mdsl.graph.relu %a : (!x) -> !x", '%b = mdsl.graph.relu %a : (!x) -> !x loc("m.module":7:3)')
+    module, _ = parse_module(make_context(), text, "ir.mlir")
+    a, b = relus(module)
+    assert (a.location.filename.data, a.location.line.data, a.location.column.data) == ("ir.mlir", 4, 5)
+    assert (b.location.filename.data, b.location.line.data, b.location.column.data) == ("m.module", 7, 3)
+
+
 def test_located_keeps_an_existing_location():
     module, _ = parse_module(make_context(), IR, "ir.mlir")
     a, _ = relus(module)
+    a.location = UnknownLoc()
     source = Source("m.module", "a\nb\n")
     located(a, Span(source, 2, 1, 2, 2))
     located(a, Span(source, 1, 1, 1, 2))
@@ -73,7 +83,9 @@ def test_located_keeps_an_existing_location():
 
 def test_a_rewrite_passes_the_location_on():
     module, _ = parse_module(make_context(), IR, "ir.mlir")
-    a, _ = relus(module)
+    a, b = relus(module)
+    b.location = UnknownLoc()
+    a.location = UnknownLoc()
     located(a, Span(Source("m.module", "x\n"), 1, 1, 1, 2))
 
     class Rebuild(RewritePattern):
