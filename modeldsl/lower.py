@@ -609,9 +609,10 @@ class Lowering(BackwardLowering):
         self.model.body.block.add_op(located(func, forward.span))
         self.block = func.body.block
         scope = Scope(self.sink)
+        optional = self.optional_inputs.get(id(forward), set())
         for (name, _, span), arg in zip(inputs, func.body.block.args):
             arg.name_hint = name
-            scope.define(name, arg, span, "input")
+            scope.define(name, arg, span, "optional" if name in optional else "input")
         for name, span in self.failed_inputs.get(id(forward), []):
             scope.define(name, None, span, "poisoned")  # reported; its uses stay quiet
         results = self.run_graph(instance, forward, scope, outputs)
@@ -781,10 +782,15 @@ class Lowering(BackwardLowering):
                 continue
 
     def graph_env(self, instance: Instance, scope: Scope) -> ConstEnv:
-        """The instance's constants, knowing which names are tensors and sizes (E016)."""
+        """The instance's constants, knowing which names are tensors and sizes (E016). An
+        optional input is known at compile time to be given or not: ``if bias:`` tests that."""
         env = instance.env.child()
         env.tensors = set(scope.visible_names()) | {n for n, p in instance.params.items() if isinstance(p, ParamSlot)}
         env.sizes = _shape_symbols(scope)
+        for name in scope.visible_names():
+            binding = scope.find(name)
+            if binding.kind in ("none", "optional"):
+                env.values[name] = binding.kind == "optional"
         return env
 
     def chosen(self, node: ast.Expr, instance: Instance, scope: Scope) -> ast.Expr:
@@ -845,7 +851,7 @@ class Lowering(BackwardLowering):
             return  # a written backward, or no save: list to judge (autodiff chooses)
         patterns = saved + _tensor_list(decl, "recompute")
         named = {b.value: (n, b) for n, b in forward.scope.names.items() if isinstance(b.value, SSAValue)}
-        kept = {v for v, (n, b) in named.items() if b.kind == "input" or _matches(n, patterns)}
+        kept = {v for v, (n, b) in named.items() if b.kind in ("input", "optional") or _matches(n, patterns)}
         warned: set[SSAValue] = set()
         for op in self.block.ops:
             for value in read_by_gradient(op):
@@ -1095,7 +1101,7 @@ class Lowering(BackwardLowering):
             return self.call_module(target, forward, inner_inputs, outputs, inputs)
         inner = Scope(self.sink)
         for (name, declared, s), value in zip(inner_inputs, inputs):
-            self.define_input(inner, name, value, declared, s)
+            self.define_input(inner, name, value, declared, s, "optional" if name in optional else "input")
         for name, _, s in omitted:
             inner.define(name, None, s, "none")
         self.active.append(target.decl.name)
@@ -1246,10 +1252,11 @@ class Lowering(BackwardLowering):
             _is_saved(node) or isinstance(instance.params.get(node.base.id), Instance)
         )
 
-    def define_input(self, scope: Scope, name: str, value: SSAValue, declared: TensorType | None, span: Span) -> None:
+    def define_input(self, scope: Scope, name: str, value: SSAValue, declared: TensorType | None, span: Span,
+                     kind: str = "input") -> None:
         """Bind a module's input; a concrete value bound to a declared ``[*, ...]`` remembers how many
         axes its ``*`` stands for (a reduction over it names the axes of the declared type)."""
-        scope.define(name, value, span, "input")
+        scope.define(name, value, span, kind)
         actual = value.type
         if isinstance(declared, TensorType) and declared.is_variadic and isinstance(actual, TensorType) \
                 and not actual.is_variadic:

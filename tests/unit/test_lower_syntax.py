@@ -315,3 +315,31 @@ def test_an_unknown_module_the_std_library_declares_gets_an_import_hint():
         lower_program(parse_source(text, "m.module"))
     (diag,) = info.value.diagnostics
     assert diag.code == "E014" and diag.hint == "import it: from std.modules.linear import Linear"
+
+
+OPTIONAL_BIAS = """module AddBias(d: int = 8):
+  forward:
+    in: (x: [B, d], bias: [d]?)
+    out: [B, d]
+    graph:
+      x -> relu() -> y
+      if bias:
+        (y, bias) -> bias_add() -> out
+      else:
+        y -> out
+
+module M(d: int = 8):
+  params:
+    inner: AddBias(d)
+    b: [d]
+  forward:
+    in: x: [B, d]
+    out: [B, d]
+    graph:
+      CALL -> out
+"""
+
+
+@pytest.mark.parametrize("call, bias_adds", [("x -> inner()", 0), ("(x, b) -> inner()", 1)])
+def test_if_on_an_optional_input_tests_whether_the_call_gives_it(call, bias_adds):
+    assert len(ops(lower(OPTIONAL_BIAS.replace("CALL -> out", f"{call} -> out"), "M"), "bias_add")) == bias_adds
