@@ -11,7 +11,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "docs" / "spec" / "module-dsl.txt"
 SHARED_SPEC = REPO.parent / "shared" / "seeds" / "000_2373ac2d1ac196e6.txt"
-PROGRAM_START = re.compile(r"^(module|block|model|primitive|recipe|import|from|abstract) ", re.M)
+PROGRAM_START = re.compile(r"^(module|block|model|primitive|recipe|annotation|import|from|abstract) ", re.M)
 
 
 def spec_code_blocks(first_line: int = 0) -> list[tuple[int, str]]:

@@ -98,3 +98,12 @@ def test_statements_nested_too_deeply_are_e001():
     lines += [" " * (6 + 2 * i) + "if c:" for i in range(200)] + [" " * 406 + "in -> out"]
     code, _, _, message = error_of("\n".join(lines) + "\n")
     assert code == "E001" and message.startswith("blocks nested too deeply")
+
+
+def test_every_annotation_declaration_of_spec_section_7_parses():
+    from spec_blocks import spec_code_blocks
+
+    decls = [d for line, text in spec_code_blocks() if text.lstrip().startswith("annotation @")
+             for d in parse_source(text, f"spec{line}").declarations]
+    assert len(decls) >= 20 and all(d.kind == "annotation" for d in decls)
+    assert {"memory", "checkpoint", "fuse", "shard"} <= {d.name for d in decls}
