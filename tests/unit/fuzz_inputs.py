@@ -5,13 +5,15 @@ inputs (``tests/filecheck/**/*.mlir`` and ``*.module``) and the tiny checkpoint
 (``examples/tiny_llama``). A :class:`Case` is one seed with a few mutations
 (lines, characters, tokens, numbers, splices from other seeds, truncation,
 byte flips; for JSON: types, keys, values, nesting; for safetensors: the
-header's length, entries, shapes, offsets, and NaN/Inf weights), written to a
-folder of its own and run through the tool's ``main`` with stdout and stderr
-captured, a SIGALRM time bound and a cap on the address space. An
-:class:`Outcome` says whether the run reached the catch-all (``internal``:
-``MDSL_DEBUG=1`` makes the tools re-raise, so the exception and where it
-came from are kept), hung (``hang``), failed without a coded diagnostic
-(``uncoded``), failed with one (``coded``) or succeeded (``ok``).
+header's length, entries, shapes, offsets, NaN/Inf weights, extra shards),
+or a seed with random pass pipelines or tool flags, written to a folder of
+its own and run through the tool's ``main`` with stdout and stderr captured,
+a SIGALRM time bound and a cap on the address space. An :class:`Outcome`
+says whether the run reached the catch-all (``internal``: ``MDSL_DEBUG=1``
+makes the tools re-raise, so the exception and where it came from are kept),
+hung (``hang``), failed without a coded diagnostic (``uncoded``), let a numpy
+RuntimeWarning through (``leak``), failed with a coded diagnostic
+(``coded``) or succeeded (``ok``).
 
 Cases are determined by ``(seed, index)``; a campaign and a reproduction::
 
@@ -683,7 +685,8 @@ class FuzzTimeout(BaseException):
 
 @dataclass
 class Outcome:
-    """How one case ended: ``ok``, ``coded``, ``uncoded``, ``internal`` or ``hang``; ``where`` is the
+    """How one case ended: ``ok``, ``coded``, ``uncoded``, ``internal``, ``hang`` or ``leak`` (a numpy
+    RuntimeWarning reached the caller); ``where`` is the
     innermost project or xDSL frame of an escaped exception (or where a hang was interrupted)."""
 
     case: Case
@@ -719,7 +722,7 @@ def project_frame(tb) -> str:
 def classify(rc: int | None, output: str) -> str:
     if "internal error" in output:
         return "internal"
-    if rc == 0:
+    if rc == 0 or (rc == 1 and "above the tolerance" in output):  # --verify-backward's documented exit 1
         return "ok"
     return "coded" if re.search(r"error\[E\d{3}\]|\"code\": \"E\d{3}\"", output) else "uncoded"
 
@@ -801,6 +804,8 @@ def run_case(case: Case, folder: Path, timeout: float = 5.0, memory: int = 8 << 
     status = "hang" if error.startswith("no result") else "internal" if error else classify(rc, text)
     leaked = [f"{w.category.__name__}: {w.message} ({Path(w.filename).name}:{w.lineno})" for w in caught
               if issubclass(w.category, RuntimeWarning)]
+    if leaked and status in ("ok", "coded"):  # numpy's RuntimeWarnings must become W011 or stay quiet
+        status, error = "leak", leaked[0]
     return Outcome(case, status, rc, text, seconds, error, where, leaked)
 
 
@@ -812,7 +817,8 @@ def report(outcomes: list[Outcome]) -> str:
     """One line per kind of failure (status, exception, frame) with its count and first example."""
     groups: dict[str, list[Outcome]] = {}
     for o in failures(outcomes):
-        groups.setdefault(o.signature if o.status != "uncoded" else "uncoded: " + first_error_line(o), []).append(o)
+        key = {"uncoded": f"uncoded: {first_error_line(o)}", "leak": f"leak: {o.error}"}.get(o.status, o.signature)
+        groups.setdefault(key, []).append(o)
     lines = [f"{len(g)}x {sig}\n  e.g. {g[0].summary()}" for sig, g in sorted(groups.items(), key=lambda x: -len(x[1]))]
     return "\n".join(lines)
 

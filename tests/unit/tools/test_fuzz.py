@@ -5,16 +5,18 @@ the tiny checkpoint run in process, each under a 5 s time bound: every run
 either succeeds or fails with a coded diagnostic (``error[EXXX]``); an
 exception behind the catch-all, a hang or an error without a code fails the
 test, which prints each kind once with its input and the command that
-reproduces it. The default run draws a few hundred cases per kind; the slow
-one draws thousands with other seeds.
+reproduces it. The default run draws a few hundred cases per kind (mdsl-opt on
+mutated .module and .mlir files, through random pass pipelines and with a
+mutated --hf config; mdsl-run on mutated checkpoints, models and flags); the
+slow one draws 600 per kind and seed. Every kind of failure found so far is
+pinned by its smallest input (FOUND).
 """
 
+import json
 import sys
 from collections import Counter
 
 import pytest
-
-import json
 
 from fuzz_inputs import (CHECKPOINT_FILES, DEEP_SENTINEL, DIR, FIFO, FILECHECK, HUGE_SENTINEL, KINDS, LLAMA, STD,
                          TINY_LLAMA, Case, campaign, dump_json, failures, join_safetensors, report, run_case,
@@ -31,12 +33,7 @@ def assert_no_failures(outcomes):
     assert not bad, f"{len(bad)} of {len(outcomes)} mutants failed badly:\n{report(bad)}"
 
 
-IN_PROGRESS = {  # kinds whose remaining failures another engineer of issue 13 is fixing now
-}
-
-
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.xfail(reason=IN_PROGRESS[k]))
-                                  if k in IN_PROGRESS else k for k in KINDS])
+@pytest.mark.parametrize("kind", KINDS)
 def test_mutants_get_coded_diagnostics(kind, tmp_path):
     outcomes = campaign(SEED, list(range(COUNTS[kind])), tmp_path, TIMEOUT_S, kinds=[kind])
     assert_no_failures(outcomes)
@@ -55,10 +52,10 @@ def test_odd_checkpoint_values_leak_no_numpy_warnings(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("kind", KINDS)
 def test_many_mutants_get_coded_diagnostics(kind, seed, tmp_path):
-    assert_no_failures(campaign(seed, list(range(1000)), tmp_path, TIMEOUT_S, kinds=[kind]))
+    assert_no_failures(campaign(seed, list(range(600)), tmp_path, TIMEOUT_S, kinds=[kind]))
 
 
 # every kind of failure the fuzzer found, as its smallest input (the random draws may miss it next time)
