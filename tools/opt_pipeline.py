@@ -46,14 +46,25 @@ PIPELINE_NAME = "<pipeline>"
 
 
 class _RecordingLexer(PipelineLexer):
-    """A pipeline lexer that keeps every token it hands out."""
+    """A pipeline lexer that keeps every token it hands out and, as MLIR's pipeline
+    parser does, skips spaces between passes (``cse, dce``); inside ``{...}`` a space
+    still separates options."""
 
     def __init__(self, text: str):
         super().__init__(text)
         self.tokens: list[SpecToken] = []
+        self.depth = 0
+
+    def peek(self) -> SpecToken:
+        token = super().peek()
+        while self.depth == 0 and token.kind is SpecTokenKind.SPACE:
+            self._peeked = None
+            token = super().peek()
+        return token
 
     def lex(self) -> SpecToken:
         token = super().lex()
+        self.depth += {SpecTokenKind.L_BRACE: 1, SpecTokenKind.R_BRACE: -1}.get(token.kind, 0)
         self.tokens.append(token)
         return token
 
@@ -111,7 +122,7 @@ def _parse_error_at(err: ArgSpecParseError, length: int) -> tuple[str, tuple[int
     start = caret.find("^")
     if start < 0:
         return message, (length, length + 1)
-    end = start + len(caret) - len(caret[start:].lstrip("^"))
+    end = len(caret) - len(caret[start:].lstrip("^"))
     return message[:1].lower() + message[1:], (start, end)
 
 

@@ -25,9 +25,9 @@ mdsl.graph.model @m {
 // SYNTAX-NEXT: 1 | builtin.module(cse,dce{
 // SYNTAX-NEXT: |                        ^
 
-// COMMA: <pipeline>:1:4: error[E001]: pass pipeline: expected a comma or pass arguments here
+// COMMA: <pipeline>:1:5: error[E001]: pass pipeline: expected a comma or pass arguments here
 // COMMA-NEXT: 1 | cse dce
-// COMMA-NEXT: |    ^
+// COMMA-NEXT: |     ^^^{{$}}
 
 // VALUE: <pipeline>:1:18: error[E029]: mdsl-plan-memory: alignment=abc is not an int
 // VALUE-NEXT: 1 | mdsl-plan-memory{alignment=abc}

@@ -22,3 +22,6 @@ mdsl.graph.model @m {
 // BETWEEN: IR after cse:
 // BETWEEN: mdsl.graph.relu
 // BETWEEN: mdsl.graph.model @m
+
+// Spaces between passes are allowed, as in mlir-opt pipelines.
+// RUN: mdsl-opt %s --pass-pipeline='builtin.module(cse, dce)' | filecheck %s
