@@ -827,10 +827,13 @@ class Lowering(BackwardLowering):
             if index:
                 values = values[:_primary_outputs(last_ops, values)]
             self.result_types_hint = self.gradient_targets(flow.chain[-1]) if index == len(stages) - 1 else None
+            stage_annotations = stage.annotations if isinstance(stage, ast.Annotated) else []
             try:
-                values, last_ops = self.apply(instance, stage, values, scope)
+                values, last_ops = self.apply(instance, _unannotated(stage), values, scope)
             finally:
                 self.result_types_hint = None
+            if stage_annotations and last_ops:  # x -> blocks() @partition(0) -> y: on that stage's op
+                self.attach_annotations(last_ops[-1], stage_annotations, instance)
         self.bind(flow.chain[-1], values, scope, last_ops, flow)
         annotations, user = split_user(self.annotations(flow.annotations, instance.env, instance.namespace))
         if annotations and last_ops:
@@ -840,6 +843,13 @@ class Lowering(BackwardLowering):
         self.check_flow_annotations(instance, flow, annotations, self.performed_since(before))
         if last_ops and self.backward is None:
             self.record_memory_policy(instance, flow.chain[-1], last_ops[-1], annotations)
+
+    def attach_annotations(self, op: Operation, nodes: list[ast.Annotation], instance: Instance) -> None:
+        annotations, user = split_user(self.annotations(nodes, instance.env, instance.namespace))
+        if annotations:
+            op.attributes["annotations"] = ArrayAttr(annotations)
+        if user:
+            op.attributes["user_annotations"] = ArrayAttr(user)
 
     def check_derived_backward(self, instance: Instance, forward: ForwardResult) -> None:
         """W003 (spec 5.12.6): a module whose backward is derived and whose save: list leaves
@@ -892,7 +902,11 @@ class Lowering(BackwardLowering):
         own = partition_of(flow.annotations)
         if own is not None:
             stages[own] = "the flow's @partition"
-        for name, stage in stage_names(flow.chain):
+        for stage in flow.chain[1:-1]:
+            marked = partition_of(stage.annotations) if isinstance(stage, ast.Annotated) else None
+            if marked is not None:
+                stages.setdefault(marked, f"'{_unannotated(stage).span.text}'")
+        for name, stage in stage_names([_unannotated(s) for s in flow.chain]):
             declared = declared_partition(instance.decl, name)
             if declared is not None:
                 stages.setdefault(declared, f"'{name}'")
@@ -1490,6 +1504,10 @@ class Lowering(BackwardLowering):
 
 SCALAR = TensorType([], DEFAULT_DTYPE)  # ``out: scalar``: compared by identity, any dtype
 SCALAR_TYPES = ("int", "float", "bool", "string", "scalar")
+
+
+def _unannotated(stage: ast.Expr) -> ast.Expr:
+    return stage.value if isinstance(stage, ast.Annotated) else stage
 
 
 def split_user(annotations: list[Attribute]) -> tuple[list[Attribute], list[Attribute]]:

@@ -411,10 +411,11 @@ def _relative(slot: ParamSlot, instance) -> str:
 
 def flow_accumulates(flow: ast.Flow) -> bool:
     """The flow's last operation is called with ``accumulate=true``."""
-    if len(flow.chain) < 3 or not isinstance(flow.chain[-2], ast.Call):
+    last = flow.chain[-2] if len(flow.chain) >= 3 else None
+    last = last.value if isinstance(last, ast.Annotated) else last
+    if not isinstance(last, ast.Call):
         return False
-    return any(a.name == "accumulate" and isinstance(a.value, ast.Bool) and a.value.value
-               for a in flow.chain[-2].args)
+    return any(a.name == "accumulate" and isinstance(a.value, ast.Bool) and a.value.value for a in last.args)
 
 
 def _saved_references(node: ast.Node) -> list[ast.Attribute]:

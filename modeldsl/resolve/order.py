@@ -101,8 +101,8 @@ def _targets(node: ast.Expr) -> Iterable[ast.Name]:
 
 def expression_names(node: ast.Node | None) -> set[str]:
     """Plain names in an expression; a called function's name and ``saved.x`` fields are not names."""
-    if node is None:
-        return set()
+    if node is None or isinstance(node, ast.Annotation):
+        return set()  # annotation arguments are words and constants, not graph names
     if isinstance(node, ast.Name):
         return {node.id}
     if isinstance(node, ast.Call):

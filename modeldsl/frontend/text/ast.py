@@ -463,9 +463,18 @@ class _Builder(Transformer):
 
     @v_args(meta=True)
     def flow(self, meta, items):
-        chain = [i for i in items if not isinstance(i, Annotation)]
-        annotations = [i for i in items if isinstance(i, Annotation)]
-        return Flow(self.span(meta), chain, annotations)
+        """Annotations follow the stage they annotate; those of the destination are the flow's."""
+        chain: list[Expr] = []
+        pending: list[Annotation] = []
+        for item in items:
+            if isinstance(item, Annotation):
+                pending.append(item)
+                continue
+            if pending:
+                chain[-1] = _annotated(chain[-1], pending)
+                pending = []
+            chain.append(item)
+        return Flow(self.span(meta), chain, pending)
 
     @v_args(meta=True)
     def binding(self, meta, items):
@@ -663,6 +672,13 @@ class _Builder(Transformer):
     @v_args(meta=True)
     def compare(self, meta, items):
         return Binary(self.span(meta), str(items[1]), items[0], items[2])
+
+
+def _annotated(stage: Expr, annotations: list[Annotation]) -> Annotated:
+    """A mid-chain stage with its annotations (``-> blocks[0:8]() @partition(0) ->``)."""
+    last = annotations[-1].span
+    span = Span(stage.span.source, stage.span.line, stage.span.column, last.end_line, last.end_column)
+    return Annotated(span, stage, list(annotations))
 
 
 def build(tree: Tree, source: Source) -> Program:
