@@ -109,8 +109,17 @@ def mlir_seeds() -> list[Seed]:
 GRAMMAR_WORDS = sorted(set(re.findall(r'"([a-z_]+)"', (ROOT / "modeldsl/frontend/text/grammar.lark").read_text())))
 DSL_WORDS = GRAMMAR_WORDS + ["params:", "forward:", "backward:", "graph:", "inputs:", "out:", "let:", "constraint:",
                              "save:", "recompute:", "hf_config:", "hf_mapping:", "None", "int", "float", "bool",
-                             "fp32", "bf16", "fp16", "int32", "fp31", "tied_to", "x", "@hook", "@memory", "->", "=>"]
-MLIR_WORDS = ["mdsl.graph.model", "mdsl.graph.param", "mdsl.sched.program", "func.func", "builtin.module", "%0",
+                             "fp32", "bf16", "fp16", "int32", "fp31", "tied_to", "x", "@hook", "@memory", "->", "=>",
+                             # annotations, with odd arguments
+                             "@memory(recompute)", "@memory(sometimes)", "@shard(column)", "@shard(row, tp_size=0)",
+                             "@shard(tp_size=-1)", "@partition(99999999999999999999)", "@partition(stage=-1)",
+                             "@checkpoint", "@fuse", "@nofuse", "@precision(compute=fp8_e4m3)", "@precision(fp31)",
+                             "@adapter(lora, rank=0)", "@trainable(wd_scale=nan)", "@gradient(skip)", "@barrier",
+                             "@hook(AfterEmbedding)", "@hook()", "@recipe(Nope)", "@comm(overlap=maybe)",
+                             "@alias", "@noalias", "@trace", "@probe", "@dtype(int8)", "@unknown_annotation"]
+MLIR_WORDS = ["{annotations = [#mdsl.graph.memory<recompute>]}", "#mdsl.graph.shard<column, tp_size = 0>",
+              "#mdsl.graph.partition<-1>", "#mdsl.graph.hook<>", "loc(\"x.module\":1:2)", "loc(unknown)",
+              "mdsl.graph.model", "mdsl.graph.param", "mdsl.sched.program", "func.func", "builtin.module", "%0",
               "%arg0", "^bb0", "!mdsl.graph.tensor", "i600", "i618446744073709551616", "f32", "index", "loc(", "#",
               "!", "@", "->", "=", "<", ">", "{", "}", "[", "]", "(", ")", ":", ",", "\"", "?", "*", "x"]
 PUNCTUATION = list("()[]{}<>:,;.=-+*/%!@#?\"'`\\|&^~$") + ["->", "**", "//", "...", "\t", "\n", "\r", "\x00", "\u00e9",
@@ -720,7 +729,7 @@ def project_frame(tb) -> str:
 
 
 def classify(rc: int | None, output: str) -> str:
-    if "internal error" in output:
+    if re.search(r"^mdsl-(opt|run): internal error:", output, re.MULTILINE):
         return "internal"
     if rc == 0 or (rc == 1 and "above the tolerance" in output):  # --verify-backward's documented exit 1
         return "ok"
