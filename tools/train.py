@@ -367,6 +367,7 @@ def run_training(args) -> int:
         if len(losses) != state.step:
             raise _state_error(source / STATE_FILE, f"it holds {len(losses)} losses for {state.step} steps")
 
+    trainer.executor(args.batch, args.seq)  # compiled, and checked against the memory (E038), before a batch is cut
     first = trainer.step
     last = args.stop_after if args.stop_after is not None else args.steps
     per_step = args.batch * args.grad_accum * args.seq

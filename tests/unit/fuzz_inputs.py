@@ -53,7 +53,7 @@ OPT_KINDS = ("dsl", "mlir", "pipeline", "opt-hf")
 DIR = object()  # a file replaced by a folder
 FIFO = object()  # a file replaced by a named pipe nobody writes to
 KINDS = ("dsl", "mlir", "checkpoint", "run-dsl", "pipeline", "run-flags", "opt-hf")
-# and "values": NaN/Inf weights and odd numeric config values only
+# and "values" (NaN/Inf weights and odd numeric config values only), "train" (mdsl-run --train, ~1 s a case)
 
 # ---------------------------------------------------------------------------------------------------------------
 # seeds
@@ -525,7 +525,19 @@ RUN_FLAGS = [["--max-new-tokens", v] for v in ("-1", "0", "1", "x", "1.5", "")] 
      ["--logits", "{dir}/out/l.npy"], ["--logits", "{dir}/l"], ["--logits", "{dir}"], ["--top", "Nope"],
      ["--top", "Llama"], ["--diagnostics-format", "json"], ["--hf", "{dir}/missing"], ["--hf", str(LLAMA)],
      ["--tokens", "1,2,3"], ["--tokens", "383,384"], ["--tokens", "-1"], ["--tokens", ""], ["--tokens", ",,"],
-     ["--tokens", "1," * 300], ["--prompt", "\udcff"], ["--unknown"], ["--resume", "{dir}"], ["--steps", "2"]]
+     ["--tokens", "1," * 300], ["--prompt", "\udcff"], ["--unknown"], ["--resume", "{dir}"], ["--steps", "2"],
+     ["--threads", "0"], ["--threads", "-1"], ["--threads", "1"], ["--threads", "100000"], ["--force-architecture"],
+     ["--allow-unused-tensors"], ["--version"]]
+TRAIN_FLAGS = [[flag, v] for flag, values in {
+    "--steps": ["1", "2", "0", "-1", "x"], "--batch": ["1", "2", "0", "-3", "100000000"],
+    "--seq": ["4", "8", "0", "1", "255", "256", "257", "1000000000"], "--lr": ["1e-3", "0", "-1", "nan", "inf", "1e30"],
+    "--grad-accum": ["1", "2", "0", "-1"], "--warmup": ["0", "1", "5", "-1"], "--weight-decay": ["0.1", "-1", "nan"],
+    "--clip": ["1.0", "0", "-1", "inf"], "--min-lr-ratio": ["0.1", "0", "2", "-1", "nan"],
+    "--stop-after": ["1", "0", "-1"], "--save": ["{dir}/out", "{dir}", "{dir}/data.txt", "/proc/nope"],
+    "--resume": ["{dir}/out", "{dir}/ckpt", "{dir}/missing"], "--loss-plot": ["{dir}/loss.png", "{dir}"],
+    "--dtype": ["bf16"], "--max-new-tokens": ["3"], "--prompt": ["hi"]}.items() for v in values]
+CORPUS = ROOT / "examples" / "tiny_corpus.txt"
+DEFAULT_TRAIN = {"--steps": "1", "--batch": "1", "--seq": "8", "--lr": "1e-3"}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -675,6 +687,25 @@ class CaseMaker:
         if "--max-new-tokens" not in flags:
             argv += ["--max-new-tokens", "2"]
         return Case("run-flags", index, " ".join(flags), files, argv)
+
+    def case_train(self, rng: random.Random, index: int) -> Case:
+        """``mdsl-run --train DATA`` for a step or two: a mutated training text (or none, a folder, a pipe)
+        and random training flags over --steps 1 --batch 1 --seq 8 --lr 1e-3."""
+        files: dict[str, object] = {f"ckpt/{n}": d for n, d in self.checkpoint.items()}
+        corpus = CORPUS.read_text(encoding="utf-8")[:2000]
+        roll = rng.random()
+        if roll < 0.1:
+            how, files["data.txt"] = rng.choice([("folder", DIR), ("fifo", FIFO), ("empty", b""), ("one byte", b"a")])
+        elif roll < 0.4:
+            files["data.txt"], how = mutated_text(rng, corpus, PUNCTUATION, [corpus])
+        else:
+            files["data.txt"], how = corpus.encode(), "as is"
+        given = dict(DEFAULT_TRAIN)
+        for flag, value in rng.sample(TRAIN_FLAGS, rng.randint(1, 3)):
+            given[flag] = value
+        flags = [w for item in given.items() for w in item]
+        return Case("train", index, f"data.txt {how}: {' '.join(flags)}", files,
+                    [str(LLAMA), "--hf", "{dir}/ckpt", "--train", "{dir}/data.txt", *flags])
 
     def case_run_dsl(self, rng: random.Random, index: int) -> Case:
         seed = next(s for s in self.dsl if s.path == LLAMA)  # the model of the tiny checkpoint
@@ -861,7 +892,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=200)
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--only", type=int, action="append", help="run just these case indices")
-    p.add_argument("--kind", action="append", choices=[*KINDS, "values"])
+    p.add_argument("--kind", action="append", choices=[*KINDS, "values", "train"])
     p.add_argument("--timeout", type=float, default=5.0)
     p.add_argument("--save", type=Path, default=Path("/tmp/fuzz"), help="where the mutated inputs are written")
     args = p.parse_args(argv)

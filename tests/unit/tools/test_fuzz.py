@@ -51,11 +51,25 @@ def test_odd_checkpoint_values_leak_no_numpy_warnings(tmp_path):
     assert any("W011" in o.output for o in outcomes)
 
 
+def test_training_mutants_get_coded_diagnostics(tmp_path):
+    """``mdsl-run --train`` for a step on mutated training text with random training flags."""
+    outcomes = campaign(SEED, list(range(30)), tmp_path, TIMEOUT_S, kinds=["train"])
+    assert_no_failures(outcomes)
+    statuses = Counter(o.status for o in outcomes)
+    assert statuses["ok"] > 0 and statuses["coded"] > 0, statuses
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("kind", KINDS)
 def test_many_mutants_get_coded_diagnostics(kind, seed, tmp_path):
     assert_no_failures(campaign(seed, list(range(600)), tmp_path, TIMEOUT_S, kinds=[kind]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_many_training_mutants_get_coded_diagnostics(seed, tmp_path):
+    assert_no_failures(campaign(seed, list(range(200)), tmp_path, TIMEOUT_S, kinds=["train"]))
 
 
 # every kind of failure the fuzzer found, as its smallest input (the random draws may miss it next time)
@@ -116,6 +130,10 @@ FOUND = {
     "fuse-of-nothing": run_case_with("fuse()", {"llama.module": llama_with(
         '"model.layers.{layer}.mlp.gate_proj.weight",\n      "model.layers.{layer}.mlp.up_proj.weight",\n      dim=0',
         "")}, model="{dir}/llama.module"),
+    "training-batch-of-1e8": Case("train", 0, "--batch 100000000", {
+        "data.txt": b"some training text", **{f"ckpt/{n}": (TINY_LLAMA / n).read_bytes() for n in CHECKPOINT_FILES}},
+        [str(LLAMA), "--hf", "{dir}/ckpt", "--train", "{dir}/data.txt", "--steps", "1", "--batch", "100000000",
+         "--seq", "8", "--lr", "1e-3"]),
     "prompt-not-utf8": run_case_with("--prompt \\udcff", {}, "--prompt", "a\udcffb"),
     "safetensors-fifo": run_case_with("fifo", {"ckpt/model.safetensors": FIFO}),
     "config-fifo": run_case_with("fifo", {"ckpt/config.json": FIFO}),
