@@ -1763,9 +1763,15 @@ def choose_top(program: ast.Program, top: str | None = None, sink: DiagnosticSin
         chosen = models[0] if len(models) == 1 else (decls[-1] if not models and decls else None)
     if chosen is None:
         sink = sink if sink is not None else DiagnosticSink()
+        other = next((d for d in program.declarations if d.name == top), None) if top else None
+        if other is not None:
+            sink.error("E002", f"'{top}' is a {other.kind} declaration, which does not lower", other.span.word(top),
+                       "name a model, module or block")
+            raise DiagnosticError(sink.diagnostics)
         start = Span(program.source, 1, 1, 1, 2)
+        names = ", ".join(d.name for d in decls)
         sink.error("E002", f"no declaration named '{top}'" if top else "no model to lower", start,
-                   "name the declaration to lower" if decls else "declare a model, module or block")
+                   f"the declarations here are: {names}" if decls else "declare a model, module or block")
         raise DiagnosticError(sink.diagnostics)
     return chosen
 

@@ -343,3 +343,9 @@ module M(d: int = 8):
 @pytest.mark.parametrize("call, bias_adds", [("x -> inner()", 0), ("(x, b) -> inner()", 1)])
 def test_if_on_an_optional_input_tests_whether_the_call_gives_it(call, bias_adds):
     assert len(ops(lower(OPTIONAL_BIAS.replace("CALL -> out", f"{call} -> out"), "M"), "bias_add")) == bias_adds
+
+
+def test_top_naming_a_primitive_or_nothing_is_a_clear_e002():
+    text = "primitive relu:\n  forward:\n    in: x\n    out: y\nmodule M:\n  forward:\n    in: [4]\n    graph:\n      in -> out\n"
+    assert errors(text, "relu")[0][:2] == ("E002", 1) and "is a primitive declaration" in errors(text, "relu")[0][3]
+    assert errors(text, "Nope")[0][3] == "no declaration named 'Nope'"
