@@ -39,6 +39,9 @@ def read_documents(path: str | Path) -> list[str]:
     """The documents of ``path``: the whole text of a text file, or the ``"text"`` of each
     line of a ``.jsonl`` file (blank lines skipped)."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO or device: reading would block
+        raise _error("E028", f"the training data '{path}' is not a regular file (a FIFO, device or socket)",
+                     "give a text file or a .jsonl file with a \"text\" field per line")
     try:
         raw = path.read_bytes()
     except FileNotFoundError:

@@ -134,6 +134,10 @@ FOUND = {
         "data.txt": b"some training text", **{f"ckpt/{n}": (TINY_LLAMA / n).read_bytes() for n in CHECKPOINT_FILES}},
         [str(LLAMA), "--hf", "{dir}/ckpt", "--train", "{dir}/data.txt", "--steps", "1", "--batch", "100000000",
          "--seq", "8", "--lr", "1e-3"]),
+    "training-data-fifo": Case("train", 0, "data.txt fifo", {
+        "data.txt": FIFO, **{f"ckpt/{n}": (TINY_LLAMA / n).read_bytes() for n in CHECKPOINT_FILES}},
+        [str(LLAMA), "--hf", "{dir}/ckpt", "--train", "{dir}/data.txt", "--steps", "1", "--batch", "1",
+         "--seq", "8", "--lr", "1e-3"]),
     "prompt-not-utf8": run_case_with("--prompt \\udcff", {}, "--prompt", "a\udcffb"),
     "safetensors-fifo": run_case_with("fifo", {"ckpt/model.safetensors": FIFO}),
     "config-fifo": run_case_with("fifo", {"ckpt/config.json": FIFO}),
