@@ -534,7 +534,7 @@ class Lowering(BackwardLowering):
                     self.check_recipe(attr, node, namespace or self.decls)
                 result.append(attr)
             except AnnotationError as err:
-                self.sink.error("E008", err.message, node.span, err.hint)
+                self.sink.error("E008", err.message, node.span, self.annotation_hint(node.name, err, namespace))
         if result:
             try:
                 check_annotation_set(result)
@@ -544,6 +544,14 @@ class Lowering(BackwardLowering):
                 self.sink.error("E008", err.message, span, err.hint)
                 return user
         return result + user
+
+    def annotation_hint(self, name: str, err: AnnotationError, namespace: dict[str, ast.Decl] | None) -> str:
+        """For an unknown annotation: the closest built-in or declared one."""
+        if name in ANNOTATION_BY_NAME or f"@{name}" in (namespace or self.decls):
+            return err.hint
+        known = [*ANNOTATION_BY_NAME, *(k[1:] for k in (namespace or self.decls) if k.startswith("@"))]
+        close = difflib.get_close_matches(name, known, n=1)
+        return f"did you mean @{close[0]}? {err.hint}" if close else err.hint
 
     def check_recipe(self, attr: RecipeAttr, node: ast.Annotation, namespace: dict[str, ast.Decl]) -> None:
         """``@recipe(Name)`` names a ``recipe`` declaration (E008 otherwise)."""

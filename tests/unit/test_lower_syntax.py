@@ -349,3 +349,9 @@ def test_top_naming_a_primitive_or_nothing_is_a_clear_e002():
     text = "primitive relu:\n  forward:\n    in: x\n    out: y\nmodule M:\n  forward:\n    in: [4]\n    graph:\n      in -> out\n"
     assert errors(text, "relu")[0][:2] == ("E002", 1) and "is a primitive declaration" in errors(text, "relu")[0][3]
     assert errors(text, "Nope")[0][3] == "no declaration named 'Nope'"
+
+
+def test_a_misspelled_declared_annotation_gets_a_did_you_mean():
+    with pytest.raises(DiagnosticError) as info:
+        lower_program(parse_source(ANNOTATED.replace("@tag(high)", "@tagg(high)"), "m.module"))
+    assert info.value.diagnostics[0].hint.startswith("did you mean @tag?")
