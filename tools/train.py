@@ -147,6 +147,26 @@ def check_train_flags(args) -> None:
             raise _flag_error(f"--loss-plot '{target}' is a folder", "give a file name such as loss.png")
 
 
+def _saved_run_problem(saved: dict, state) -> str | None:
+    """What makes a resumed run's saved settings unusable (the rules of the flags, and AdamW's), or None."""
+    for name, low in (("steps", 1), ("batch", 1), ("seq", 1), ("grad_accum", 1), ("warmup", 0), ("seed", 0)):
+        value = saved[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            return f"its run setting {name} = {value!r} is not an integer >= {low}"
+    if saved["dtype"] not in ("fp32", "bf16"):
+        return f"its run setting dtype = {saved['dtype']!r} is not fp32 or bf16"
+    config = state.config
+    if not (config.lr > 0 and config.eps > 0 and 0 <= config.beta1 < 1 and 0 <= config.beta2 < 1
+            and config.weight_decay >= 0 and config.clip_norm >= 0 and 0 <= config.min_lr_ratio <= 1
+            and isinstance(config.total_steps, int) and config.total_steps >= 0):
+        return f"its AdamW settings {config} are out of range (lr, eps > 0; betas in [0, 1); ...)"
+    data = state.meta.get("data", {})
+    if not isinstance(data, dict) or any(not isinstance(data.get(k, 0), int) or isinstance(data.get(k, 0), bool)
+                                         or data.get(k, 0) < 0 for k in ("position", "epoch")):
+        return f"its data position {data!r} is not a pair of non-negative integers"
+    return None
+
+
 def _check_values(args) -> None:
     problems = []
 
@@ -202,6 +222,9 @@ def _check_resume(args) -> None:
              "seed": run["seed"], "dtype": run.get("dtype", "fp32"), "lr": state.config.lr, "warmup": state.config.warmup_steps,
              "weight_decay": state.config.weight_decay, "clip": state.config.clip_norm,
              "min_lr_ratio": state.config.min_lr_ratio}
+    problem = _saved_run_problem(saved, state)
+    if problem:
+        raise _state_error(path, problem)
     for flag, name in SETTINGS.items():
         value = getattr(args, name)
         if value is None:
@@ -347,7 +370,7 @@ def run_training(args) -> int:
         losses = [float(x) for x in state.arrays.get("losses", np.zeros(0))]
         try:
             rng.bit_generator.state = state.meta["rng"]
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise _state_error(source / STATE_FILE, "its random state is not numpy's PCG64 state") from None
     else:
         config = AdamWConfig(lr=args.lr, weight_decay=args.weight_decay, warmup_steps=args.warmup,

@@ -176,12 +176,15 @@ class Trainer:
         return float(loss)
 
     def train_step(self, micro_batches: list[tuple[np.ndarray, np.ndarray]]) -> float:
-        """One optimizer step over micro-batches of (tokens, labels); the mean loss."""
+        """One optimizer step over micro-batches of (tokens, labels); the mean loss (overflow to
+        Inf or NaN shows in it, not as numpy RuntimeWarnings)."""
         weight = 1.0 / len(micro_batches)
-        losses = [self.accumulate(tokens, labels, weight) for tokens, labels in micro_batches]
-        lr = self.config.lr_at(self.step)
-        self.step += 1
-        (norm,) = self.optimizer.execute(np.array([lr], dtype=np.float32), np.array([self.step], dtype=np.int64))
+        with np.errstate(all="ignore"):
+            losses = [self.accumulate(tokens, labels, weight) for tokens, labels in micro_batches]
+            lr = self.config.lr_at(self.step)
+            self.step += 1
+            (norm,) = self.optimizer.execute(np.array([lr], dtype=np.float32),
+                                             np.array([self.step], dtype=np.int64))
         self.grad_norm = float(norm)
         return float(np.mean(losses))
 
@@ -205,6 +208,10 @@ class Trainer:
             if np.shape(value) != views[name].shape:
                 raise ValueError(f"the moments '{name}' have shape {np.shape(value)}, the parameter "
                                  f"{views[name].shape}")
+            if not np.issubdtype(np.asarray(value).dtype, np.floating):
+                raise ValueError(f"the moments '{name}' are {np.asarray(value).dtype}, not floating point")
+            if not np.isfinite(value).all() or (name.startswith("exp_avg_sq") and (np.asarray(value) < 0).any()):
+                raise ValueError(f"the moments '{name}' hold NaN, infinite or (squares) negative values")
         for name, value in moments.items():
             write(views[name], value)
         self.step = int(step)
@@ -262,8 +269,8 @@ def load_training_state(path: str | Path) -> TrainingState:
         raise ValueError("it has no 'state' entry")
     try:
         header = json.loads(str(content.pop("state")))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"its 'state' entry is not JSON ({err})") from None
+    except (json.JSONDecodeError, RecursionError, ValueError) as err:  # ValueError: integers past 4300 digits
+        raise ValueError(f"its 'state' entry is not JSON ({type(err).__name__}: {str(err)[:200]})") from None
     if not isinstance(header, dict) or header.get("format") != STATE_FORMAT:
         raise ValueError(f"it is not a {STATE_FORMAT} file")
     if header.get("version") != STATE_VERSION:
@@ -277,6 +284,9 @@ def load_training_state(path: str | Path) -> TrainingState:
     step = header.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"its step {step!r} is not a non-negative integer")
+    meta = header.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise ValueError(f"its 'meta' entry {str(meta)[:100]} is not a dictionary")
     moments = {k: v for k, v in content.items() if k.startswith(MOMENTS)}
     arrays = {k: v for k, v in content.items() if not k.startswith(MOMENTS)}
-    return TrainingState(AdamWConfig(**config), step, moments, header.get("meta") or {}, arrays)
+    return TrainingState(AdamWConfig(**config), step, moments, meta, arrays)

@@ -32,9 +32,11 @@ import random
 import re
 import resource
 import shlex
+import shutil
 import signal
 import struct
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -42,6 +44,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 STD = ROOT / "modeldsl" / "std"
@@ -53,7 +57,7 @@ OPT_KINDS = ("dsl", "mlir", "pipeline", "opt-hf")
 DIR = object()  # a file replaced by a folder
 FIFO = object()  # a file replaced by a named pipe nobody writes to
 KINDS = ("dsl", "mlir", "checkpoint", "run-dsl", "pipeline", "run-flags", "opt-hf")
-# and "values" (NaN/Inf weights and odd numeric config values only), "train" (mdsl-run --train, ~1 s a case)
+# and "values" (NaN/Inf weights and odd numeric config values only), "train" and "resume" (mdsl-run --train, slower)
 
 # ---------------------------------------------------------------------------------------------------------------
 # seeds
@@ -473,6 +477,42 @@ def mutated_safetensors(rng: random.Random, data: bytes) -> tuple[bytes, str]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# training state mutations
+
+STATE_FIELDS = {"step": [-1, 0, 1, 2, 10**9, 1.5, "1", None], "version": [0, 99, "1"], "format": ["x", None]}
+
+
+def mutated_state(rng: random.Random, data: bytes) -> tuple[bytes, str]:
+    """A training_state.npz with its bytes, its JSON ``state`` entry or its arrays mutated."""
+    what = rng.randrange(4)
+    if what == 0:
+        return (data[:rng.randrange(len(data))], "truncate") if rng.random() < 0.5 else \
+            (flip_bytes(rng, data, rng.randint(1, 8)), "flip_bytes")
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    if what in (1, 2):
+        header = json.loads(str(arrays["state"]))
+        header, applied = JsonMutator(rng, STATE_FIELDS if what == 1 else {}).mutate(header, rng.randint(1, 2))
+        arrays["state"] = np.array(dump_json(header))
+        how = "state: " + "+".join(applied)
+    else:
+        name = rng.choice(sorted(k for k in arrays if k != "state"))
+        change = rng.randrange(4)
+        if change == 0:
+            del arrays[name]
+        elif change == 1:
+            arrays[name] = arrays[name].reshape(-1)[:max(arrays[name].size - 1, 0)]
+        elif change == 2:
+            arrays[name] = arrays[name].astype(rng.choice([np.float16, np.int64, np.complex64, np.bool_]))
+        else:
+            arrays[name] = np.full_like(arrays[name], rng.choice([np.nan, np.inf, -1.0, 1e38]))
+        how = f"array {name}: change {change}"
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    return out.getvalue(), how
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # pass pipelines and flags
 
 OPTION_VALUES = ["0", "-1", "1", "2", "8", "64", "3.5", "true", "false", "x", "", "9223372036854775808", "1e309",
@@ -585,6 +625,8 @@ class CaseMaker:
         self.mlir = mlir_seeds()
         self.checkpoint = {name: (TINY_LLAMA / name).read_bytes() for name in CHECKPOINT_FILES}
         self.texts = [s.text for s in self.dsl + self.mlir]
+        self.corpus = CORPUS.read_bytes()[:2000]
+        self._trained: dict[str, bytes] | None = None
 
     def case(self, index: int, kind: str | None = None) -> Case:
         rng = random.Random(f"{self.seed}:{index}")
@@ -630,8 +672,8 @@ class CaseMaker:
             how += f" + a second shard ({what})"
         return Case("checkpoint", index, f"{name}: {how}", files, self.run_argv(rng, str(LLAMA)))
 
-    def mutate_checkpoint_file(self, rng: random.Random, files: dict, name: str) -> str:
-        key, original = f"ckpt/{name}", files[f"ckpt/{name}"]
+    def mutate_checkpoint_file(self, rng: random.Random, files: dict, name: str, folder: str = "ckpt") -> str:
+        key, original = f"{folder}/{name}", files[f"{folder}/{name}"]
         roll = rng.random()
         if roll < 0.06:
             how, files[key] = rng.choice([("folder", DIR), ("fifo", FIFO), ("empty", b""), ("binary", b"\xff\xfe\x00")])
@@ -706,6 +748,33 @@ class CaseMaker:
         flags = [w for item in given.items() for w in item]
         return Case("train", index, f"data.txt {how}: {' '.join(flags)}", files,
                     [str(LLAMA), "--hf", "{dir}/ckpt", "--train", "{dir}/data.txt", *flags])
+
+    def trained_run(self) -> dict[str, bytes]:
+        """The folder a one-step ``--train ... --save OUT`` run writes (of two steps: it can be resumed),
+        made once, in process."""
+        if self._trained is None:
+            folder = Path(tempfile.mkdtemp(prefix="mdsl-fuzz-"))
+            try:
+                (folder / "data.txt").write_bytes(self.corpus)
+                argv = [str(LLAMA), "--hf", str(TINY_LLAMA), "--train", str(folder / "data.txt"), "--steps", "2",
+                        "--stop-after", "1", "--batch", "1", "--seq", "8", "--lr", "1e-3", "--save", str(folder / "out")]
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    assert tool_main("train")(argv) == 0, "the run to resume failed"
+                self._trained = {f"out/{p.name}": p.read_bytes() for p in (folder / "out").iterdir()
+                                 if p.is_file() and p.suffix != ".png"}
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+        return self._trained
+
+    def case_resume(self, rng: random.Random, index: int) -> Case:
+        """``mdsl-run --train DATA --resume OUT`` on a saved run whose training_state.npz (its state header,
+        arrays or bytes) or config.json is mutated."""
+        files: dict[str, object] = {"data.txt": self.corpus, **self.trained_run()}
+        if rng.random() < 0.25:
+            how = "config.json: " + self.mutate_checkpoint_file(rng, files, "config.json", folder="out")
+        else:
+            files["out/training_state.npz"], how = mutated_state(rng, files["out/training_state.npz"])
+        return Case("resume", index, how, files, [str(LLAMA), "--train", "{dir}/data.txt", "--resume", "{dir}/out"])
 
     def case_run_dsl(self, rng: random.Random, index: int) -> Case:
         seed = next(s for s in self.dsl if s.path == LLAMA)  # the model of the tiny checkpoint
@@ -892,7 +961,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=200)
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--only", type=int, action="append", help="run just these case indices")
-    p.add_argument("--kind", action="append", choices=[*KINDS, "values", "train"])
+    p.add_argument("--kind", action="append", choices=[*KINDS, "values", "train", "resume"])
     p.add_argument("--timeout", type=float, default=5.0)
     p.add_argument("--save", type=Path, default=Path("/tmp/fuzz"), help="where the mutated inputs are written")
     args = p.parse_args(argv)

@@ -12,14 +12,16 @@ slow one draws 600 per kind and seed. Every kind of failure found so far is
 pinned by its smallest input (FOUND).
 """
 
+import io
 import json
 import sys
 from collections import Counter
 
+import numpy as np
 import pytest
 
-from fuzz_inputs import (CHECKPOINT_FILES, DEEP_SENTINEL, DIR, FIFO, FILECHECK, HUGE_SENTINEL, KINDS, LLAMA, STD,
-                         TINY_LLAMA, Case, campaign, dump_json, failures, join_safetensors, report, run_case,
+from fuzz_inputs import (CHECKPOINT_FILES, CORPUS, DEEP_SENTINEL, DIR, FIFO, FILECHECK, HUGE_SENTINEL, KINDS, LLAMA, STD,
+                         TINY_LLAMA, Case, CaseMaker, campaign, dump_json, failures, join_safetensors, report, run_case,
                          split_safetensors)
 
 SEED = 13
@@ -59,6 +61,14 @@ def test_training_mutants_get_coded_diagnostics(tmp_path):
     assert statuses["ok"] > 0 and statuses["coded"] > 0, statuses
 
 
+def test_resumed_mutants_get_coded_diagnostics(tmp_path):
+    """``mdsl-run --train --resume OUT`` of a saved run with a mutated training_state.npz or config.json."""
+    outcomes = campaign(SEED, list(range(40)), tmp_path, TIMEOUT_S, kinds=["resume"])
+    assert_no_failures(outcomes)
+    statuses = Counter(o.status for o in outcomes)
+    assert statuses["ok"] > 0 and statuses["coded"] > 0, statuses
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("kind", KINDS)
@@ -69,7 +79,7 @@ def test_many_mutants_get_coded_diagnostics(kind, seed, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_many_training_mutants_get_coded_diagnostics(seed, tmp_path):
-    assert_no_failures(campaign(seed, list(range(200)), tmp_path, TIMEOUT_S, kinds=["train"]))
+    assert_no_failures(campaign(seed, list(range(200)), tmp_path, TIMEOUT_S, kinds=["train", "resume"]))
 
 
 # every kind of failure the fuzzer found, as its smallest input (the random draws may miss it next time)
@@ -164,6 +174,59 @@ STILL_OPEN: dict[str, str] = {  # found kinds another engineer of issue 13 is fi
 def test_found_inputs_get_coded_diagnostics(name, tmp_path):
     outcome = run_case(FOUND[name], tmp_path, TIMEOUT_S)
     assert outcome.status == "coded", outcome.summary() + "\n" + outcome.output[-2000:]
+
+
+def saved_state_with(trained: dict[str, bytes], edit) -> dict[str, bytes]:
+    """The saved run's files with ``edit(header, arrays)`` applied to its training_state.npz."""
+    with np.load(io.BytesIO(trained["out/training_state.npz"]), allow_pickle=False) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    header = json.loads(str(arrays["state"]))
+    edit(header, arrays)
+    arrays["state"] = np.array(dump_json(header))
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    return {**trained, "out/training_state.npz": out.getvalue()}
+
+
+def set_run(**values):
+    return lambda header, arrays: header["meta"]["run"].update(values)
+
+
+def set_first_moments(value):
+    def edit(header, arrays):
+        name = next(k for k in sorted(arrays) if k.startswith("exp_avg."))
+        arrays[name] = np.full_like(arrays[name], value) if not isinstance(value, type) else arrays[name].astype(value)
+    return edit
+
+
+FOUND_RESUMED = {
+    "state-step-not-a-number": lambda h, a: h.update(step={"x": 1}),
+    "state-json-nested-deeply": lambda h, a: h["meta"].update(x=DEEP_SENTINEL),
+    "state-batch-negative": set_run(batch=-1),
+    "state-seq-fractional": set_run(seq=0.5),
+    "state-dtype-a-number": set_run(dtype=-1e308),
+    "state-steps-a-list": set_run(steps=[1]),
+    "state-data-position-none": lambda h, a: h["meta"].update(data=None),
+    "state-data-position-inf": lambda h, a: h["meta"]["data"].update(position=float("inf")),
+    "state-rng-negative": lambda h, a: h["meta"]["rng"]["state"].update(state=-1),
+    "state-adamw-eps-zero": lambda h, a: h["config"].update(eps=0.0),
+    "state-moments-complex": set_first_moments(np.complex64),
+    "state-moments-nan": set_first_moments(np.nan),
+    "state-moments-huge": set_first_moments(1e38),
+}
+
+
+@pytest.fixture(scope="module")
+def trained() -> dict[str, bytes]:
+    return CaseMaker(0).trained_run()
+
+
+@pytest.mark.parametrize("name", FOUND_RESUMED)
+def test_found_resumed_inputs_get_coded_diagnostics(name, trained, tmp_path):
+    files = {"data.txt": CORPUS.read_bytes()[:2000], **saved_state_with(trained, FOUND_RESUMED[name])}
+    case = Case("resume", 0, name, files, [str(LLAMA), "--train", "{dir}/data.txt", "--resume", "{dir}/out"])
+    outcome = run_case(case, tmp_path, TIMEOUT_S)
+    assert outcome.status in ("coded", "ok"), outcome.summary() + "\n" + outcome.output[-2000:]
 
 
 # the harness itself: it sees what it must report
