@@ -146,6 +146,7 @@ class Lowering(BackwardLowering):
         self.config_values: ConstEnv | None = None  # the top's configuration, for its own annotations
         self.optional_inputs: dict[int, set[str]] = {}  # by forward: section, its optional inputs
         self.inline_prefixes: set[str] = set()  # parameter paths of module calls in graphs
+        self.stack_bodies: dict[int, list[TensorType]] = {}  # by stack, the result types of its body function
         self.failed_inputs: dict[int, list] = {}  # by forward: section, inputs whose type was refused
         self.untyped_outputs: set[tuple[int, str]] = set()  # (forward: section, output) written without dtype
         self.tuple_outputs: dict[int, dict[str, int]] = {}  # by forward: section, `out: ([..], [..])` sizes
@@ -844,20 +845,17 @@ class Lowering(BackwardLowering):
                 self.attach_annotations(last_ops[-1], stage_annotations, instance)
         self.bind(flow.chain[-1], values, scope, last_ops, flow)
         annotations, user = split_user(self.annotations(flow.annotations, instance.env, instance.namespace))
-        if annotations and last_ops:
-            last_ops[-1].attributes["annotations"] = ArrayAttr(annotations)
-        if user and last_ops:
-            last_ops[-1].attributes["user_annotations"] = ArrayAttr(user)
+        if last_ops:
+            _add_annotations(last_ops[-1], "annotations", annotations)
+            _add_annotations(last_ops[-1], "user_annotations", user)
         self.check_flow_annotations(instance, flow, annotations, self.performed_since(before))
         if last_ops and self.backward is None:
             self.record_memory_policy(instance, flow.chain[-1], last_ops[-1], annotations)
 
     def attach_annotations(self, op: Operation, nodes: list[ast.Annotation], instance: Instance) -> None:
         annotations, user = split_user(self.annotations(nodes, instance.env, instance.namespace))
-        if annotations:
-            op.attributes["annotations"] = ArrayAttr(annotations)
-        if user:
-            op.attributes["user_annotations"] = ArrayAttr(user)
+        _add_annotations(op, "annotations", annotations)
+        _add_annotations(op, "user_annotations", user)
 
     def check_derived_backward(self, instance: Instance, forward: ForwardResult) -> None:
         """W003 (spec 5.12.6): a module whose backward is derived and whose save: list leaves
@@ -1034,6 +1032,11 @@ class Lowering(BackwardLowering):
         func = _qualified(func, instance.namespace)
         if _names_failed_param(func, instance, scope):
             raise LoweringFailed()  # its declaration was refused and reported
+        if isinstance(func, ast.Index) and isinstance(func.base, ast.Name) \
+                and isinstance(instance.params.get(func.base.id), StackedInstance):
+            stacked = instance.params[func.base.id]
+            results = self.call_stack(stacked, inputs, stage.span, self.layer_range(func, stacked, instance.env))
+            return results, [results[0].owner] if results else []
         if isinstance(func, ast.Name):
             primitive = lookup_primitive(func.id)
             param = instance.params.get(func.id)
@@ -1103,7 +1106,8 @@ class Lowering(BackwardLowering):
         """Inline a module instance's graph on the given inputs (or run a stack, or call
         the forward of a module with a written backward)."""
         if isinstance(target, StackedInstance):
-            return self.call_stack(target, inputs, span), []
+            results = self.call_stack(target, inputs, span)
+            return results, [results[0].owner] if results else []  # its annotations go on the stack op
         forward = self.forward_of(target.decl)
         inner_inputs, outputs = self.signature(forward, target.env)
         optional = self.optional_inputs[id(forward)]
@@ -1226,12 +1230,45 @@ class Lowering(BackwardLowering):
             name = f"{base}_{index}"
         return name
 
-    def call_stack(self, stacked: StackedInstance, inputs: list[SSAValue], span: Span) -> list[SSAValue]:
+    def layer_range(self, func: ast.Index, stacked: StackedInstance, env: ConstEnv) -> tuple[Expr, Expr]:
+        """``blocks[8:16]``: the layers [start, stop) of a stack (spec 7.6's pipeline stages)."""
+        (sub,) = func.subscripts if len(func.subscripts) == 1 else (None,)
+        if not isinstance(sub, ast.Slice):
+            self.sink.error("E004", "a stack is called on a range of its layers: blocks[start:stop]()", func.span)
+            raise LoweringFailed()
+        return self.index_bounds(sub, stacked.count, env)
+
+    def call_stack(self, stacked: StackedInstance, inputs: list[SSAValue], span: Span,
+                   layers: tuple[Expr, Expr] | None = None) -> list[SSAValue]:
         """The block's outputs thread into its first inputs (carried); the other
-        inputs are the same for every layer (shared)."""
+        inputs are the same for every layer (shared). ``layers`` runs a range of
+        them (``blocks[0:8]()``) on those layers' slices of the stacked parameters;
+        every call of one stack runs the same block body function."""
         body = stacked.body
         name = body.prefix.rstrip(".").replace(".", "_")
         slots = param_slots(body)
+        if id(stacked) not in self.stack_bodies:
+            self.stack_bodies[id(stacked)] = self.stack_body(stacked, name, slots)
+        results = self.stack_bodies[id(stacked)]
+        count = stacked.count
+        stacked_values = [self.read_param(ParamSlot(s.path, TensorType([stacked.count, *s.type.shape], s.type.dtype)))
+                          for s in slots]
+        if layers is not None:
+            stacked_values = [self.split_out(v, 0, layers[0], layers[1], span) for v in stacked_values]
+            count = layers[1] - layers[0]
+        carried, shared = inputs[: len(results)], inputs[len(results) :]
+        if [v.type for v in carried] != results:
+            self.sink.error("E003", f"the outputs of {body.decl.name} must have the types of its first "
+                            f"{len(results)} input(s) to be stacked", span,
+                            "a stacked block maps (carried..., shared...) to carried values of the same types")
+            raise LoweringFailed()
+        stack = StackOp(name, ExprAttr(count), carried, stacked_values, shared)
+        self.block.add_op(stack)
+        return list(stack.res)
+
+    def stack_body(self, stacked: StackedInstance, name: str, slots: list[ParamSlot]) -> list[TensorType]:
+        """The block body function of a stack (one layer); the types of its results."""
+        body = stacked.body
         forward = self.forward_of(body.decl)
         inner_inputs, outputs = self.signature(forward, body.env)
         types = [t for _, t, _ in inner_inputs] + [s.type for s in slots]
@@ -1246,24 +1283,16 @@ class Lowering(BackwardLowering):
         for (n, _, s), arg in zip(inner_inputs, args):
             arg.name_hint = n
             scope.define(n, arg, s, "input")
-        results = self.run_graph(body, forward, scope, outputs)
-        self.block.add_op(ReturnOp(*results))
+        try:
+            results = self.run_graph(body, forward, scope, outputs)
+            self.block.add_op(ReturnOp(*results))
+        finally:
+            self.block, self.param_refs = outer_block, outer_refs
+            for slot in slots:
+                slot.value = None
         func.function_type = type(func.function_type).from_lists(types, [r.type for r in results])
         self.model.body.block.add_op(func)
-        self.block, self.param_refs = outer_block, outer_refs
-        for slot in slots:
-            slot.value = None
-        stacked_values = [self.read_param(ParamSlot(s.path, TensorType([stacked.count, *s.type.shape], s.type.dtype)))
-                          for s in slots]
-        carried, shared = inputs[: len(results)], inputs[len(results) :]
-        if [v.type for v in carried] != [r.type for r in results]:
-            self.sink.error("E003", f"the outputs of {body.decl.name} must have the types of its first "
-                            f"{len(results)} input(s) to be stacked", span,
-                            "a stacked block maps (carried..., shared...) to carried values of the same types")
-            raise LoweringFailed()
-        stack = StackOp(name, ExprAttr(stacked.count), carried, stacked_values, shared)
-        self.block.add_op(stack)
-        return list(stack.res)
+        return [r.type for r in results]
 
     def is_tensor(self, node: ast.Expr, instance: Instance, scope: Scope) -> bool:
         if _names_failed_param(node, instance, scope):
@@ -1512,6 +1541,13 @@ class Lowering(BackwardLowering):
 
 SCALAR = TensorType([], DEFAULT_DTYPE)  # ``out: scalar``: compared by identity, any dtype
 SCALAR_TYPES = ("int", "float", "bool", "string", "scalar")
+
+
+def _add_annotations(op: Operation, key: str, annotations: list[Attribute]) -> None:
+    """Append to an op's annotations (a mid-chain stage's and the flow's may meet on one op)."""
+    if annotations:
+        existing = op.attributes.get(key)
+        op.attributes[key] = ArrayAttr([*(existing.data if isinstance(existing, ArrayAttr) else ()), *annotations])
 
 
 def _unannotated(stage: ast.Expr) -> ast.Expr:

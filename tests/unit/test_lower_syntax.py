@@ -1,6 +1,8 @@
 """Lowering the Module DSL syntax of issue 13: signatures, conditionals, indexing, qualified
 names, imports without ``std.``, compile-time arguments, user annotations and recipes."""
 
+from pathlib import Path
+
 import pytest
 
 from modeldsl.diagnostics import DiagnosticError
@@ -8,6 +10,8 @@ from modeldsl.frontend.text.parser import parse_source
 from modeldsl.ir import print_ir, verify_module
 from modeldsl.lower import lower_program
 from modeldsl.resolve.imports import STD_ROOT
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
 
 
 def lower(text: str, top: str | None = None, name: str = "m.module"):
@@ -355,3 +359,27 @@ def test_a_misspelled_declared_annotation_gets_a_did_you_mean():
     with pytest.raises(DiagnosticError) as info:
         lower_program(parse_source(ANNOTATED.replace("@tag(high)", "@tagg(high)"), "m.module"))
     assert info.value.diagnostics[0].hint.startswith("did you mean @tag?")
+
+
+def test_stack_ranges_compute_what_the_whole_stack_computes():
+    import numpy as np
+    from xdsl.context import Context
+
+    from modeldsl.passes.specialize import SpecializePass
+    from modeldsl.runtime.executor import GraphExecutor
+
+    text = (TESTS_DIR / "filecheck" / "frontend" / "stack-slices.module").read_text()
+    ranged = "      x0 -> blocks[0:8]() @partition(0) -> x8 @checkpoint\n      x8 -> blocks[8:n]() -> out @partition(1) @checkpoint\n"
+    assert ranged in text
+    rng = np.random.default_rng(0)
+    weights = {"blocks.w": (np.eye(8) + 0.2 * rng.standard_normal((16, 8, 8))).astype(np.float32)}
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    outs = []
+    for source in (text, text.replace(ranged, "      x0 -> blocks() -> out\n")):
+        module = lower(source, name="pipeline.module")
+        SpecializePass.of(B=2).apply(Context(), module)
+        outs.append(GraphExecutor(module, weights, np.float32).run("forward", x)[0])
+    assert np.abs(outs[1]).max() > 0.1 and np.array_equal(outs[0], outs[1])
+    assert len([f for f in lower(text).walk() if f.name == "mdsl.graph.func" and f.sym_name.data == "blocks"]) == 1
+    ((code, line, _, message),) = errors(text.replace("blocks[0:8]()", "blocks[0]()"))
+    assert (code, line) == ("E004", 22) and "a range of its layers" in message
