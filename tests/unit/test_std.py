@@ -27,7 +27,7 @@ def test_the_std_tree_has_the_spec_layout():
 
 @pytest.mark.parametrize("path", STD_FILES, ids=lambda p: p.relative_to(STD_ROOT).as_posix())
 def test_every_declaration_lowers_and_verifies_or_agrees_with_its_primitive_op(path):
-    """Modules, blocks and models lower and verify; primitive declarations are
+    """Modules, blocks and models lower and verify without warnings; primitive declarations are
     checked against the op registry (they document ops, and do not lower)."""
     program = load(path)
     for decl in program.declarations:
@@ -36,8 +36,10 @@ def test_every_declaration_lowers_and_verifies_or_agrees_with_its_primitive_op(p
             check_primitive_decl(decl, sink)
             assert sink.diagnostics == [], "\n".join(d.render() for d in sink.diagnostics)
             continue
-        module = lower_program(program, decl.name)
+        sink = DiagnosticSink()
+        module = lower_program(program, decl.name, sink=sink)
         assert verify_module(module) == [], decl.name
+        assert sink.diagnostics == [], "\n".join(d.render() for d in sink.diagnostics)
 
 
 @pytest.mark.parametrize(
