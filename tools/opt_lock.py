@@ -50,9 +50,12 @@ def check_lock(program, module_path: str) -> None:
     """E039 for each import that differs from the lock file; E028 when there is none."""
     lock = lock_path(module_path)
     try:
+        if lock.exists() and not lock.is_file():  # a folder, FIFO or device: never read (a FIFO would block)
+            raise IsADirectoryError(0, "it is not a regular file")
         text = lock.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        reason = "it does not exist" if isinstance(err, FileNotFoundError) else str(err)
+        reason = ("it does not exist" if isinstance(err, FileNotFoundError)
+                  else getattr(err, "strerror", None) or str(err))
         raise DiagnosticError([Diagnostic("E028", f"--locked: cannot read the lock file '{lock}': {reason}", None,
                                           f"write it with mdsl-opt --lock {module_path}")]) from None
     locked = _entries(text)

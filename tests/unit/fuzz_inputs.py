@@ -53,10 +53,10 @@ FILECHECK = ROOT / "tests" / "filecheck"
 TINY_LLAMA = ROOT / "examples" / "tiny_llama"
 LLAMA = STD / "models" / "llama.module"
 
-OPT_KINDS = ("dsl", "mlir", "pipeline", "opt-hf")
+OPT_KINDS = ("dsl", "mlir", "pipeline", "opt-hf", "lock")
 DIR = object()  # a file replaced by a folder
 FIFO = object()  # a file replaced by a named pipe nobody writes to
-KINDS = ("dsl", "mlir", "checkpoint", "run-dsl", "pipeline", "run-flags", "opt-hf")
+KINDS = ("dsl", "mlir", "checkpoint", "run-dsl", "pipeline", "run-flags", "opt-hf", "lock")
 # and "values" (NaN/Inf weights and odd numeric config values only), "train" and "resume" (mdsl-run --train, slower)
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -76,7 +76,7 @@ class Seed:
         return str(self.path.relative_to(ROOT))
 
 
-SKIPPED_FLAGS = {"--verify-diagnostics", "--parsing-diagnostics", "--lock"}
+SKIPPED_FLAGS = {"--lock", "--locked"}
 
 
 def run_line_flags(text: str) -> tuple[str, ...]:
@@ -301,7 +301,8 @@ CONFIG_FIELDS = {"num_hidden_layers": [10**9, 0, -2, 1.5, 3], "intermediate_size
                  "model_type": ["qwen2", "gemma2", "", 7], "tie_word_embeddings": [True, "yes", 1],
                  "attention_bias": [True], "mlp_bias": [True], "hidden_act": ["gelu", "relu", 3],
                  "partial_rotary_factor": [0.5], "attn_logit_softcapping": [50.0], "torch_dtype": ["bfloat16", "int8"],
-                 "dtype": ["bfloat16", "float16", "int8", 3], "bos_token_id": [-1, 10**20], "eos_token_id": [[1, 2], 10**6]}
+                 "dtype": ["bfloat16", "float16", "int8", 3], "bos_token_id": [-1, 10**20],
+                 "eos_token_id": [[1, 2], 10**6]}
 
 
 def json_paths(value, prefix: tuple = ()) -> Iterator[tuple]:
@@ -535,7 +536,11 @@ OPT_FLAGS = [[], [], ["--split-input-file"], ["--emit=memory-report"], ["--emit=
              ["--verify-backward"], ["--verify-backward", "--verify-shapes", "B=1,T=2,d_model=8,n_layers=1"],
              ["--verify-shapes", "B=0"], ["--verify-backward", "--verify-tolerance", "nan"], ["--time-passes"],
              ["--print-debuginfo"], ["--no-implicit-module"], ["--disable-verify"], ["--hf", "/nonexistent"],
-             ["--hf", str(TINY_LLAMA)]]
+             ["--hf", str(TINY_LLAMA)], ["--print-ir-after-all"], ["--print-ir-before", "mdsl-plan-memory"],
+             ["--print-ir-after", "mdsl-lower-to-sched,nope"], ["--print-ir-after-change"], ["--mlir-timing"],
+             ["--list-passes"], ["-o", "{dir}/out.mlir"], ["-o", "{dir}"], ["-o", "{dir}/no/such/out.mlir"],
+             ["--version"], ["--verify-diagnostics"], ["--split-input-file", "--verify-diagnostics"],
+             ["--locked"], ["--emit=memory-plot", "{dir}/plot.png"]]
 
 
 def random_pass(rng: random.Random) -> str:
@@ -613,7 +618,8 @@ class Case:
 
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json")
-PROMPTS = ["hi", "Hello, world", "", " ", "\u00e9t\u00e9 \U0001f600", "a" * 300, "\x00\x01", "\udcff"]  # the last: byte 0xff of a non-UTF-8 argv
+# the last prompt is how Python passes byte 0xff of a non-UTF-8 argv
+PROMPTS = ["hi", "Hello, world", "", " ", "\u00e9t\u00e9 \U0001f600", "a" * 300, "\x00\x01", "\udcff"]
 
 
 class CaseMaker:
@@ -627,6 +633,7 @@ class CaseMaker:
         self.texts = [s.text for s in self.dsl + self.mlir]
         self.corpus = CORPUS.read_bytes()[:2000]
         self._trained: dict[str, bytes] | None = None
+        self._locks: dict[Path, str] = {}
 
     def case(self, index: int, kind: str | None = None) -> Case:
         rng = random.Random(f"{self.seed}:{index}")
@@ -665,9 +672,9 @@ class CaseMaker:
         name = rng.choice(["config.json", "config.json", "model.safetensors", "model.safetensors", "tokenizer.json"])
         how = self.mutate_checkpoint_file(rng, files, name)
         if rng.random() < 0.1:  # a second shard: the same tensors again, a mutant, nothing, a folder or a pipe
-            extra, what = rng.choice([(self.checkpoint["model.safetensors"], "copy"), (b"", "empty"), (DIR, "folder"),
-                                      (FIFO, "fifo"), (mutated_safetensors(rng, self.checkpoint["model.safetensors"])[0],
-                                                       "mutant")])
+            shard = self.checkpoint["model.safetensors"]
+            extra, what = rng.choice([(shard, "copy"), (b"", "empty"), (DIR, "folder"), (FIFO, "fifo"),
+                                      (mutated_safetensors(rng, shard)[0], "mutant")])
             files["ckpt/model-00002-of-00002.safetensors"] = extra
             how += f" + a second shard ({what})"
         return Case("checkpoint", index, f"{name}: {how}", files, self.run_argv(rng, str(LLAMA)))
@@ -719,6 +726,35 @@ class CaseMaker:
         return Case("pipeline", index, f"{seed.name} ({how}): -p '{pipeline}' {' '.join(flags)}",
                     {seed.path.name: data}, argv)
 
+    def lock_of(self, seed: Seed) -> str:
+        """The lock file ``mdsl-opt FILE --lock`` writes for ``seed`` (made once per seed, in process)."""
+        if seed.path not in self._locks:
+            folder = Path(tempfile.mkdtemp(prefix="mdsl-fuzz-"))
+            try:
+                (folder / seed.path.name).write_text(seed.text, encoding="utf-8")
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    tool_main("dsl")([str(folder / seed.path.name), "--lock"])
+                lock = folder / (seed.path.name + ".lock")
+                self._locks[seed.path] = lock.read_text(encoding="utf-8") if lock.is_file() else ""
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+        return self._locks[seed.path]
+
+    def case_lock(self, rng: random.Random, index: int) -> Case:
+        """``mdsl-opt FILE.module --locked`` with its lock file (or, sometimes, the module) mutated."""
+        seed = rng.choice([s for s in self.dsl if re.search(r"^(from|import) ", s.text, re.MULTILINE)])
+        lock = self.lock_of(seed)
+        files: dict[str, object] = {seed.path.name: seed.text.encode()}
+        if rng.random() < 0.2:
+            files[seed.path.name], how = mutated_text(rng, seed.text, DSL_WORDS, self.texts, most=1)
+            files[seed.path.name + ".lock"], how = lock.encode(), "module: " + how
+        elif rng.random() < 0.1:
+            how, files[seed.path.name + ".lock"] = rng.choice([("folder", DIR), ("fifo", FIFO), ("empty", b"")])
+        else:
+            words = ["std.", "latest", "std@", ":", "version:", "resolved_modules:", "000000000000", "local@", "- "]
+            files[seed.path.name + ".lock"], how = mutated_text(rng, lock, words, [lock])
+        return Case("lock", index, f"{seed.name} lock: {how}", files, ["{dir}/" + seed.path.name, "--locked"])
+
     def case_run_flags(self, rng: random.Random, index: int) -> Case:
         """The tiny checkpoint run with random mdsl-run flags."""
         files: dict[str, object] = {f"ckpt/{n}": d for n, d in self.checkpoint.items()}
@@ -757,7 +793,8 @@ class CaseMaker:
             try:
                 (folder / "data.txt").write_bytes(self.corpus)
                 argv = [str(LLAMA), "--hf", str(TINY_LLAMA), "--train", str(folder / "data.txt"), "--steps", "2",
-                        "--stop-after", "1", "--batch", "1", "--seq", "8", "--lr", "1e-3", "--save", str(folder / "out")]
+                        "--stop-after", "1", "--batch", "1", "--seq", "8", "--lr", "1e-3",
+                        "--save", str(folder / "out")]
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                     assert tool_main("train")(argv) == 0, "the run to resume failed"
                 self._trained = {f"out/{p.name}": p.read_bytes() for p in (folder / "out").iterdir()

@@ -20,13 +20,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from fuzz_inputs import (CHECKPOINT_FILES, CORPUS, DEEP_SENTINEL, DIR, FIFO, FILECHECK, HUGE_SENTINEL, KINDS, LLAMA, STD,
-                         TINY_LLAMA, Case, CaseMaker, campaign, dump_json, failures, join_safetensors, report, run_case,
-                         split_safetensors)
+from fuzz_inputs import (CHECKPOINT_FILES, CORPUS, DEEP_SENTINEL, DIR, FIFO, FILECHECK, HUGE_SENTINEL, KINDS,
+                         LLAMA, STD, TINY_LLAMA, Case, CaseMaker, campaign, dump_json, failures, join_safetensors,
+                         report, run_case, split_safetensors)
 
 SEED = 13
 COUNTS = {"dsl": 200, "mlir": 200, "checkpoint": 100, "run-dsl": 80, "pipeline": 200, "run-flags": 80,
-          "opt-hf": 60}
+          "opt-hf": 60, "lock": 60}
 TIMEOUT_S = 5.0
 
 
@@ -123,6 +123,9 @@ FOUND = {
                                              + ", 4], fp32>\n"),
     "buffer-dimension-past-i64": opt_case("x.mlir", "mdsl.sched.program @p {\n  %b = mdsl.sched.buffer "
                                           "\"activations\" 0 : !mdsl.sched.buffer<[18446744073709551616], bf16>\n}\n"),
+    "lock-file-fifo": Case("lock", 0, "llama.module.lock fifo", {"llama.module": LLAMA.read_bytes(),
+                                                                 "llama.module.lock": FIFO},
+                           ["{dir}/llama.module", "--locked"]),
     "pass-option-past-4300-digits": opt_case("autodiff.mlir", AUTODIFF_MLIR, "-p", f"mdsl-autodiff{{func={NINES}}}"),
     "non-utf8-mlir": opt_case("x.mlir", b"mdsl.graph.model @m {}\n// \xff\xfe\n"),
     "int-parameter-inf-default": opt_case("llama.module", llama_with("n_layers: int = 32", "n_layers: int = 1e309")),
