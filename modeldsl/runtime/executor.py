@@ -30,6 +30,7 @@ from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import DimsAttr, TensorType
 from modeldsl.primitives import STAR_REDUCTIONS, PrimitiveSignature, primitives, star_reduction
+from modeldsl.runtime.threads import blas_threads
 from modeldsl.symbolic import STAR, Expr
 
 NUMPY_DTYPES: dict[DType, np.dtype] = {
@@ -108,7 +109,8 @@ class GraphExecutor:
         self.cache = cache
         for arg, value in zip(func.body.block.args, args, strict=True):
             self.bind(arg.type, value, arg.name_hint or "argument")
-        return self.call(func, list(args), None)
+        with blas_threads(1):  # the oracle runs small models: one thread never waits on a busy machine
+            return self.call(func, list(args), None)
 
     def bind(self, ttype: TensorType, value: np.ndarray, what: str) -> None:
         """Bind the symbols of ``ttype`` from the shape of ``value`` (and check the rest)."""

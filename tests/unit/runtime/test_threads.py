@@ -97,3 +97,21 @@ def test_a_bad_thread_count_is_e029(value):
         threads.parse_thread_count(value, "--threads")
     (diagnostic,) = info.value.diagnostics
     assert diagnostic.code == "E029" and f"got '{value}'" in diagnostic.message and diagnostic.hint
+
+
+@needs_blas
+def test_the_graph_interpreter_runs_on_one_thread(tiny, pool, monkeypatch):
+    from modeldsl.runtime import executor
+
+    seen = []
+    call = executor.GraphExecutor.call
+
+    def recording_call(self, *args, **kwargs):
+        seen.extend(threads.blas_thread_counts())
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(executor.GraphExecutor, "call", recording_call)
+    with threads.blas_threads(3):
+        tiny.forward([5, 6, 7], engine="graph")
+        assert threads.blas_thread_counts() and set(threads.blas_thread_counts()) == {3}
+    assert seen and set(seen) == {1}
