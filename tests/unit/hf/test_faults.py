@@ -239,14 +239,15 @@ def test_non_finite_counts_nan_and_inf_in_every_float_dtype(dtype):
     assert non_finite(np.ones(10, kind)) == ""
 
 
-def test_training_arenas_that_do_not_fit_are_e038(monkeypatch):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_training_arenas_that_do_not_fit_are_e038(monkeypatch, dtype):
     import modeldsl.runtime.fits as fits
     from modeldsl.runtime.optim import AdamWConfig
     from modeldsl.runtime.train import Trainer
 
-    model = modeldsl.load(LLAMA, hf=cached_checkpoint("llama"))
+    model = modeldsl.load(LLAMA, hf=cached_checkpoint("llama"), dtype="fp32")
     monkeypatch.setattr(fits, "available_bytes", lambda: 4096)
     with pytest.raises(DiagnosticError) as info:
-        Trainer(model, AdamWConfig(lr=1e-3))
+        Trainer(model, AdamWConfig(lr=1e-3), dtype=dtype)
     (error,) = info.value.errors
     assert error.code == "E038" and "arena" in error.message
