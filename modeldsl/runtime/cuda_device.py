@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from modeldsl.kernels.cuda import NotCovered
+from modeldsl.runtime.fits import available_bytes
 
 if TYPE_CHECKING:  # the commands belong to the binding layer
     from modeldsl.runtime.cuda_executor import (
@@ -78,6 +79,8 @@ class Device(Protocol):
     replays: int
 
     def allocate(self, nbytes: int) -> int: ...  # a device pointer, ALIGNMENT-aligned
+
+    def free_bytes(self) -> int: ...  # device memory that can still be allocated
 
     def free(self, address: int) -> None: ...
 
@@ -248,6 +251,9 @@ class EmulatedDevice(DeviceBase):
     def free(self, address: int) -> None:
         self._untrack(address)
         del self._memory[address]
+
+    def free_bytes(self) -> int:
+        return available_bytes()  # emulated device memory is host memory
 
     def raw(self, address: int, nbytes: int) -> np.ndarray:
         """The bytes ``[address, address + nbytes)`` as a writable uint8 view."""
@@ -497,6 +503,10 @@ class CudaDevice(DeviceBase):
     def free(self, address: int) -> None:
         self._untrack(address)
         self._call("cuMemFree", address)
+
+    def free_bytes(self) -> int:
+        free, _total = self._call("cuMemGetInfo")
+        return int(free)
 
     def upload(self, address: int, data: np.ndarray) -> None:
         self._not_capturing("a host-to-device copy")

@@ -72,15 +72,16 @@ def parameter_bytes(model: ModelOp, values: dict[str, Any], itemsize: int) -> in
     return total
 
 
-def check_fits(needs: dict[str, int], hint: str, available: int | None = None) -> None:
-    """E038 when the parts of ``needs`` (what -> bytes) add up to more than is available."""
+def check_fits(needs: dict[str, int], hint: str, available: int | None = None, where: str = "memory") -> None:
+    """E038 when the parts of ``needs`` (what -> bytes) add up to more than is available
+    (``available`` bytes of ``where``; by default the host's :func:`available_bytes`)."""
     free = available_bytes() if available is None else available
     total = sum(needs.values())
     if total <= free:
         return
     parts = ", ".join(f"{what} {gib(size)}" for what, size in needs.items())
     raise DiagnosticError([Diagnostic("E038", f"the model needs {gib(total)} ({parts}), but only {gib(free)} "
-                                      "of memory is available", None, hint)])
+                                      f"of {where} is available", None, hint)])
 
 
 def gib(size: int) -> str:

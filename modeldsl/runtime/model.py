@@ -57,12 +57,15 @@ class CheckedProfiles(ProfiledForward):
 
     def executor(self, program: Any, state: dict[str, np.ndarray] | None = None,
                  arenas: dict[str, np.ndarray] | None = None) -> Any:
+        shared = set(arenas or {}) | ({"params"} if self.params is not None else set())
+        needs = {f"the {name} arena of @{program.sym_name.data}": size
+                 for name, size in program.arenas.items() if name not in shared and size}
         if self.device is None:
-            shared = set(arenas or {}) | ({"params"} if self.params is not None else set())
-            needs = {f"the {name} arena of @{program.sym_name.data}": size
-                     for name, size in program.arenas.items() if name not in shared and size}
             check_fits(needs, "run fewer tokens at once (a shorter prompt, a smaller batch), --dtype bf16, or a "
                        "machine with more memory")
+        else:
+            check_fits(needs, "run fewer tokens at once (a shorter prompt, a smaller batch), --dtype bf16, or a "
+                       "GPU with more memory", self.device.free_bytes(), f"{self.device.name} device memory")
         return super().executor(program, state, arenas)
 
 
@@ -396,6 +399,9 @@ def _check_parameters_fit(model: ModelOp, values: dict[str, Any], storage: np.dt
         needs["the schedule's copy of them"] = size
     check_fits(needs, "choose a smaller configuration, --dtype bf16 to halve the parameters, or a machine with "
                "more memory")
+    if device is not None:
+        check_fits({"parameters": size}, "choose a smaller configuration, --dtype bf16 to halve the parameters, "
+                   "or a GPU with more memory", device.free_bytes(), f"{device.name} device memory")
 
 
 def hf_config_values(program: Any, decl: Any, hf_config: dict[str, Any],

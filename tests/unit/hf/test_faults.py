@@ -251,3 +251,22 @@ def test_training_arenas_that_do_not_fit_are_e038(monkeypatch, dtype):
         Trainer(model, AdamWConfig(lr=1e-3), dtype=dtype)
     (error,) = info.value.errors
     assert error.code == "E038" and "arena" in error.message
+
+
+@pytest.mark.parametrize("free, arena", [(4096, "parameters"), (1 << 30, "activations arena of @forward")])
+def test_what_does_not_fit_in_device_memory_is_e038_before_it_is_allocated(monkeypatch, free, arena):
+    from modeldsl.runtime.cuda_device import EmulatedDevice
+
+    monkeypatch.setattr(EmulatedDevice, "free_bytes", lambda self: free)
+    if arena == "parameters":
+        with pytest.raises(DiagnosticError) as info:
+            modeldsl.load(LLAMA, hf=cached_checkpoint("llama"), device="emulated")
+    else:
+        model = modeldsl.load(LLAMA, hf=cached_checkpoint("llama"), device="emulated")
+        monkeypatch.setattr(EmulatedDevice, "free_bytes", lambda self: 4096)
+        allocated = model.schedule.device.allocated_bytes
+        with pytest.raises(DiagnosticError) as info:
+            model.forward(TOKENS)
+        assert model.schedule.device.allocated_bytes == allocated
+    (error,) = info.value.errors
+    assert error.code == "E038" and arena in error.message and "of emulated device memory" in error.message
