@@ -47,11 +47,13 @@ from typing import Any
 
 import numpy as np
 from tqdm import tqdm
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, StringAttr
+from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, StringAttr
 from xdsl.ir import Attribute
 
+from modeldsl.diagnostics import Diagnostic
 from modeldsl.dialects.graph import ModelOp, ParamOp
 from modeldsl.dialects.graph_types import TensorType
+from modeldsl.hf.compat import python_value, warn_python
 from modeldsl.hf.config import export_config
 from modeldsl.hf.safetensors_io import CheckpointError, SafetensorsFile, write_safetensors
 from modeldsl.symbolic import Expr, SymbolicError
@@ -85,7 +87,7 @@ class Rule:
 
     def arg(self, name: str, default: Any = None) -> Any:
         value = self.source.data.get(name) if isinstance(self.source, DictionaryAttr) else None
-        return _python(value) if value is not None else default
+        return python_value(value) if value is not None else default
 
     def names(self) -> list[str]:
         """The checkpoint name templates the rule reads."""
@@ -225,7 +227,7 @@ def ignored_tensors(model: ModelOp) -> list[str]:
     """The ``hf_config`` ``ignore_tensors`` patterns: checkpoint tensors the model declares it does
     not need (e.g. ``*.rotary_emb.inv_freq``, a buffer older transformers saved)."""
     section = model.hf_config.data if model.hf_config is not None else {}
-    value = _python(section["ignore_tensors"]) if "ignore_tensors" in section else []
+    value = python_value(section["ignore_tensors"]) if "ignore_tensors" in section else []
     return [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)]
 
 
@@ -254,9 +256,6 @@ def _warn(warn: Callable[[CheckpointError], None] | None, warning: CheckpointErr
     if warn is not None:
         warn(warning)
     else:
-        from modeldsl.diagnostics import Diagnostic
-        from modeldsl.hf.compat import warn_python
-
         warn_python(Diagnostic(warning.code, warning.message, None, warning.hint))
 
 
@@ -584,7 +583,7 @@ def _export_rules(model: ModelOp) -> dict[str, dict[str, Any]]:
     """``hf_export`` entries by the key of the rule they invert."""
     if model.hf_export is None:
         return {}
-    return {key.rstrip("?"): _python(value) for key, value in model.hf_export.data.items()}
+    return {key.rstrip("?"): python_value(value) for key, value in model.hf_export.data.items()}
 
 
 def _planned_reads(rule: Rule, export: dict[str, Any] | None, layer: int | None, value: np.ndarray,
@@ -636,18 +635,6 @@ def _concrete_shape(ptype: TensorType, rule: Rule) -> tuple[int, ...]:
         raise CheckpointError("E029", f"the shape of {rule.target} ({ptype}) is not concrete",
                               "specialize the model (mdsl-specialize) before loading weights")
     return tuple(dims)
-
-
-def _python(attr: Attribute) -> Any:
-    if isinstance(attr, StringAttr):
-        return attr.data
-    if isinstance(attr, IntegerAttr):
-        return attr.value.data
-    if isinstance(attr, ArrayAttr):
-        return [_python(a) for a in attr.data]
-    if isinstance(attr, DictionaryAttr):
-        return {k: _python(v) for k, v in attr.data.items()}
-    return getattr(attr, "data", attr)
 
 
 def _close(name: str, names: list[str]) -> str:

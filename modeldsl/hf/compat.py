@@ -183,7 +183,7 @@ def check_compatible(model: ModelOp, hf: Any, mapped: set[str], force_architectu
 def declarations(model: ModelOp) -> dict[str, Any]:
     """The model's ``hf_config`` as Python values (``architecture``, ``require``, ``ignore``, ...)."""
     section = model.hf_config.data if model.hf_config is not None else {}
-    return {name: _python(value) for name, value in section.items() if name != "param_mapping"}
+    return {name: python_value(value) for name, value in section.items() if name != "param_mapping"}
 
 
 def _names(value: Any) -> list[str]:
@@ -364,15 +364,14 @@ def _show(value: Any) -> str:
     return text if len(text) <= 80 else text[:80] + "..."
 
 
-def _python(attr: Attribute) -> Any:
+def python_value(attr: Attribute) -> Any:
+    """The Python value of an hf_config / hf_mapping attribute (strings, numbers, lists, dicts)."""
     if isinstance(attr, StringAttr):
         return attr.data
-    if isinstance(attr, IntegerAttr):
-        return attr.value.data
-    if isinstance(attr, FloatAttr):
+    if isinstance(attr, (IntegerAttr, FloatAttr)):
         return attr.value.data
     if isinstance(attr, ArrayAttr):
-        return [_python(a) for a in attr.data]
+        return [python_value(a) for a in attr.data]
     if isinstance(attr, DictionaryAttr):
-        return {k: _python(v) for k, v in attr.data.items()}
-    return None
+        return {k: python_value(v) for k, v in attr.data.items()}
+    return getattr(attr, "data", attr)
