@@ -126,6 +126,9 @@ FOUND = {
     "lock-file-fifo": Case("lock", 0, "llama.module.lock fifo", {"llama.module": LLAMA.read_bytes(),
                                                                  "llama.module.lock": FIFO},
                            ["{dir}/llama.module", "--locked"]),
+    "mlir-array-attribute-nested-deeply": opt_case("x.mlir", "builtin.module attributes {a = " + "[" * 500
+                                                   + "]" * 500 + "} {\n}\n"),
+    "mlir-regions-nested-deeply": opt_case("x.mlir", "builtin.module {\n" * 1000 + "}\n" * 1000),
     "pass-option-past-4300-digits": opt_case("autodiff.mlir", AUTODIFF_MLIR, "-p", f"mdsl-autodiff{{func={NINES}}}"),
     "non-utf8-mlir": opt_case("x.mlir", b"mdsl.graph.model @m {}\n// \xff\xfe\n"),
     "int-parameter-inf-default": opt_case("llama.module", llama_with("n_layers: int = 32", "n_layers: int = 1e309")),
@@ -166,6 +169,8 @@ FOUND = {
     "safetensors-header-nested-deeply": run_case_with("deep", safetensors_with("lm_head.weight", x=DEEP_SENTINEL)),
 }
 STILL_OPEN: dict[str, str] = {  # found kinds another engineer of issue 13 is fixing now
+    "mlir-array-attribute-nested-deeply": "IR parsing (modeldsl/ir.py: RecursionError in xDSL's parser)",
+    "mlir-regions-nested-deeply": "IR parsing (modeldsl/ir.py: RecursionError in xDSL's parser)",
     "pass-option-past-4300-digits": "mdsl-opt pipeline parsing",
     "int-parameter-fractional-default": "DSL frontend",
     "verify-backward-zero-dimension": "mdsl-opt --verify-backward",
