@@ -15,7 +15,8 @@ hung (``hang``), failed without a coded diagnostic (``uncoded``), let a numpy
 RuntimeWarning through (``leak``), failed with a coded diagnostic
 (``coded``) or succeeded (``ok``).
 
-Cases are determined by ``(seed, index)``; a campaign and a reproduction::
+Cases are determined by ``(seed, index)`` and the seed files of the tree (a
+new FileCheck input changes the draw); a campaign and a reproduction::
 
     nice -n 10 python tests/unit/fuzz_inputs.py --seed 1 --count 2000 --save /tmp/fuzz
     python tests/unit/fuzz_inputs.py --seed 1 --only 117 --save /tmp/fuzz
@@ -85,7 +86,10 @@ def run_line_flags(text: str) -> tuple[str, ...]:
         found = re.search(r"RUN:\s*(?:not\s+)?mdsl-opt %s(\s[^|]*)?", line)
         if not found or "%S" in line or "%t" in line:
             continue
-        words = shlex.split((found.group(1) or "").replace("2>&1", ""))
+        try:
+            words = shlex.split((found.group(1) or "").replace("2>&1", ""))
+        except ValueError:  # quotes that span lines
+            continue
         return tuple(w for w in words if w not in SKIPPED_FLAGS and not w.startswith("--emit=memory-plot"))
     return ()
 
