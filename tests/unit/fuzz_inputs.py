@@ -1,7 +1,8 @@
 """Mutation fuzzing of ``mdsl-opt`` and ``mdsl-run``, in process (issue 13 item 3).
 
 The seeds are the std models (``modeldsl/std/**/*.module``), the FileCheck
-inputs (``tests/filecheck/**/*.mlir`` and ``*.module``) and the tiny checkpoint
+inputs (``tests/filecheck/**/*.mlir`` and ``*.module``), the DSL blocks of
+the spec (``docs/spec/module-dsl.txt``) and the tiny checkpoint
 (``examples/tiny_llama``). A :class:`Case` is one seed with a few mutations
 (lines, characters, tokens, numbers, splices from other seeds, truncation,
 byte flips; for JSON: types, keys, values, nesting; for safetensors: the
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from spec_blocks import SPEC, spec_code_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 STD = ROOT / "modeldsl" / "std"
@@ -103,7 +105,13 @@ def read_seeds(paths: Iterator[Path]) -> list[Seed]:
 
 
 def dsl_seeds() -> list[Seed]:
+    """The std library and the FileCheck .module inputs."""
     return read_seeds(p for p in [*STD.rglob("*.module"), *FILECHECK.rglob("*.module")] if "Output" not in p.parts)
+
+
+def spec_seeds() -> list[Seed]:
+    """The fenced DSL blocks of the spec, each as a file named after its line."""
+    return [Seed(SPEC.parent / f"module-dsl-line{line}.module", text) for line, text in spec_code_blocks()]
 
 
 def mlir_seeds() -> list[Seed]:
@@ -634,7 +642,8 @@ class CaseMaker:
         self.dsl = dsl_seeds()
         self.mlir = mlir_seeds()
         self.checkpoint = {name: (TINY_LLAMA / name).read_bytes() for name in CHECKPOINT_FILES}
-        self.texts = [s.text for s in self.dsl + self.mlir]
+        self.spec = spec_seeds()
+        self.texts = [s.text for s in self.dsl + self.mlir + self.spec]
         self.corpus = CORPUS.read_bytes()[:2000]
         self._trained: dict[str, bytes] | None = None
         self._locks: dict[Path, str] = {}
@@ -645,7 +654,7 @@ class CaseMaker:
         return getattr(self, "case_" + kind.replace("-", "_"))(rng, index)
 
     def case_dsl(self, rng: random.Random, index: int) -> Case:
-        seed = rng.choice(self.dsl)
+        seed = rng.choice(self.spec if self.spec and rng.random() < 0.3 else self.dsl)
         data, how = mutated_text(rng, seed.text, DSL_WORDS, self.texts)
         flags = list(seed.flags)
         if not flags and rng.random() < 0.3:  # further down: specialize, schedule, plan
