@@ -127,6 +127,13 @@ class VerifyBackwardMixin:
         from modeldsl.dialects.graph import ParamOp
         from modeldsl.verify_backward import forward_of
 
+        for param in (p for p in model.body.block.ops if isinstance(p, ParamOp)):
+            dims = [d.evaluate({}) for d in param.param_type.shape if d is not STAR]
+            if any(d < 1 for d in dims):
+                raise flag_error(f"--verify-backward: parameter {param.sym_name.data} of @{model.sym_name.data} "
+                                 f"has the shape {dims} under these sizes: every extent must be at least 1",
+                                 "choose sizes whose derived dimensions stay positive (e.g. d_model a multiple of "
+                                 "num_heads), with --verify-shapes")
         types_ = [p.param_type for p in model.body.block.ops if isinstance(p, ParamOp)]
         forward = forward_of(model)
         types_ += [a.type for a in forward.body.block.args] if forward is not None else []

@@ -278,3 +278,30 @@ def test_a_nan_error_fails_wherever_it_is_in_the_table():
     checks = [GradientCheck("a", 1.0, 1.0), GradientCheck("b", float("nan"), 1.0), GradientCheck("c", 2.0, 2.0)]
     text, ok = report(checks, 1e-3)
     assert not ok and "max relative error nan (above" in text and text.count("FAIL") == 1
+
+
+def test_a_zero_gradient_is_held_to_the_rounding_noise_not_to_a_relative_error():
+    from modeldsl.verify_backward import GradientCheck, report
+
+    noise = 1e-6
+    zero = GradientCheck("zero", 4.7e-16, 2.8e-8, noise=noise)  # both zero up to rounding
+    wrong = GradientCheck("wrong", 0.0, 5e-6, noise=noise)      # a gradient the backward misses
+    sized = GradientCheck("sized", 1.0, 1.0 + 3e-3, noise=noise)  # off by 3e-3 relative
+    text, ok = report([zero, GradientCheck("w", 2.0, 2.0, noise=noise)], 1e-3)
+    assert ok and "(zero: rounding noise)" in text and "max relative error 0.00e+00 (within" in text
+    assert not report([zero, wrong], 1e-3)[1] and not report([sized], 1e-3)[1]
+
+
+def test_qwen3_qk_norm_gradients_that_are_zero_pass(capsys):
+    """At d_model=8 the std Qwen3's head_dim is 1: RMS-normalizing one value gives ±1 whatever
+    its weight, so the q/k norm weights get no gradient, and the finite difference sees noise."""
+    code, out, err = run(capsys, str(STD_ROOT / "models" / "qwen.module"), "--verify-backward",
+                         "--verify-shapes", "B=1,T=2,d_model=8,n_layers=1")
+    assert code == 0, err
+    assert "blocks.attention.q_norm" in out and "FAIL" not in out and "rounding noise" in out
+
+
+def test_sizes_that_make_a_parameter_empty_are_e029(capsys):
+    code, out, err = run(capsys, str(STD_ROOT / "models" / "llama.module"), "--verify-backward",
+                         "--verify-shapes", "B=1,T=2,d_model=8,n_layers=1")
+    assert code == 1 and "error[E029]" in err and "qkv_weight" in err and "internal error" not in err
