@@ -85,11 +85,11 @@ SKIPPED_FLAGS = {"--lock", "--locked"}
 def run_line_flags(text: str) -> tuple[str, ...]:
     """The flags of the first ``mdsl-opt %s ...`` RUN line that names no other file."""
     for line in text.splitlines():
-        found = re.search(r"RUN:\s*(?:not\s+)?mdsl-opt %s(\s[^|]*)?", line)
+        found = re.search(r"RUN:\s*(?:not\s+)?mdsl-opt %s(\s[^|<>;&]*)?", line)  # up to a pipe or redirection
         if not found or "%S" in line or "%t" in line:
             continue
         try:
-            words = shlex.split((found.group(1) or "").replace("2>&1", ""))
+            words = shlex.split(re.sub(r"\s\d$", "", found.group(1) or ""))  # the 2 of 2>&1
         except ValueError:  # quotes that span lines
             continue
         return tuple(w for w in words if w not in SKIPPED_FLAGS and not w.startswith("--emit=memory-plot"))
