@@ -173,7 +173,6 @@ STILL_OPEN: dict[str, str] = {  # found kinds another engineer of issue 13 is fi
     "mlir-regions-nested-deeply": "IR parsing (modeldsl/ir.py: RecursionError in xDSL's parser)",
     "pass-option-past-4300-digits": "mdsl-opt pipeline parsing",
     "int-parameter-fractional-default": "DSL frontend",
-    "verify-backward-zero-dimension": "mdsl-opt --verify-backward",
 }
 
 
