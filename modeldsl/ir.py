@@ -135,6 +135,9 @@ class LocatingParser(Parser):
             return ModuleOp([])
         try:
             return super().parse_module(allow_implicit_module)
+        except RecursionError:
+            raise ParseError(self._current_token.span, "the IR nests too deeply to parse (regions, attributes "
+                             "or types more than about a hundred levels deep)") from None
         except ParseError as err:
             undefined = [n for n in self.forward_ssa_references if n in self.first_uses]
             if not err.msg.startswith("values used but not defined") or not undefined:

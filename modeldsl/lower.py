@@ -247,6 +247,10 @@ class Lowering(BackwardLowering):
                     value = evaluate(param.default, ConstEnv(dict(known)))
                 except (ConstError, NotConstant):
                     value = self.const(param.default, env)
+                if isinstance(value, float) and _type_name(param) == "int":
+                    self.sink.error("E003", f"'{param.name}' is an int parameter, but its default is the float "
+                                    f"{value!r}", param.default.span, "write an integer (or use // for division)")
+                    raise LoweringFailed()
             if value is not None and not isinstance(value, Expr):
                 known[param.name] = value
             if isinstance(value, bool):

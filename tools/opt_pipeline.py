@@ -107,6 +107,10 @@ def parse_pipeline_text(text: str, offset: int = 0, shown: str | None = None) ->
         message, where = _parse_error_at(err, len(text))
         raise pipeline_error(shown, (where[0] + offset, where[1] + offset), f"pass pipeline: {message}",
                              "write passes as 'a,b{option=value other=1}'", "E001") from None
+    except ValueError as err:  # an option value xDSL cannot convert (an integer past 4300 digits)
+        where = _at(lexer.tokens[-1], offset) if lexer.tokens else (offset, offset + len(text))
+        raise pipeline_error(shown, where, f"pass pipeline: {str(err).split(';')[0]}",
+                             "give option values of the option's type and of a sensible size", "E001") from None
     return specs
 
 

@@ -168,16 +168,9 @@ FOUND = {
     "safetensors-shape-fractional": run_case_with("shape", safetensors_with("lm_head.weight", shape=[383.5, 64])),
     "safetensors-header-nested-deeply": run_case_with("deep", safetensors_with("lm_head.weight", x=DEEP_SENTINEL)),
 }
-STILL_OPEN: dict[str, str] = {  # found kinds another engineer of issue 13 is fixing now
-    "mlir-array-attribute-nested-deeply": "IR parsing (modeldsl/ir.py: RecursionError in xDSL's parser)",
-    "mlir-regions-nested-deeply": "IR parsing (modeldsl/ir.py: RecursionError in xDSL's parser)",
-    "pass-option-past-4300-digits": "mdsl-opt pipeline parsing",
-    "int-parameter-fractional-default": "DSL frontend",
-}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=STILL_OPEN[n]))
-                                  if n in STILL_OPEN else n for n in FOUND])
+@pytest.mark.parametrize("name", FOUND)
 def test_found_inputs_get_coded_diagnostics(name, tmp_path):
     outcome = run_case(FOUND[name], tmp_path, TIMEOUT_S)
     assert outcome.status == "coded", outcome.summary() + "\n" + outcome.output[-2000:]
