@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Attribute
 from xdsl.passes import ModulePass
 from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
 from xdsl.xdsl_opt_main import xDSLOptMain
@@ -419,8 +420,8 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             return self.output_resulting_program(module)
 
     def parse_mlir_text(self, text: str, name: str, line_offset: int = 0) -> ModuleOp:
-        parser = LocatingParser(self.ctx, text, name, line_offset)
         try:
+            parser = LocatingParser(self.ctx, text, name, line_offset)  # lexes the first token: may fail too
             module = parser.parse_module(not self.args.no_implicit_module)
         except ParseError as err:
             span = err.span if not line_offset else _with_line_offset(err.span, line_offset)
@@ -595,6 +596,15 @@ def _is_parse_error(diagnostics: list[Diagnostic]) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    post_init = Attribute.__post_init__  # xDSL's --disable-verify replaces it for the whole process
+    try:
+        return run_tool(argv)
+    finally:
+        Attribute.__post_init__ = post_init
+
+
+def run_tool(argv: Sequence[str] | None) -> int:
+    """mdsl-opt on ``argv``: its exit code, every problem reported as a coded diagnostic."""
     tool = None
     try:
         tool = MdslOptMain(args=argv)

@@ -87,3 +87,12 @@ def test_widths_up_to_64_bits_parse(tmp_path, capsys):
     path.write_text("func.func @f(%a: i1, %b: i64, %c: si32, %d: ui8) {\n  func.return\n}\n")
     assert main([str(path)]) == 0
     assert "%b: i64" in capsys.readouterr().out
+
+
+def test_disable_verify_does_not_outlive_its_run(tmp_path, capsys):
+    """xDSL's --disable-verify turns attribute verification off for the whole process; a later
+    run in the same process (the fuzz test, an API user) still verifies."""
+    path = tmp_path / "odd.mlir"
+    path.write_text("func.func @f() attributes {n = 99999999999999999999999 : i64} {\n  func.return\n}\n")
+    assert main([str(path), "--disable-verify"]) == 0
+    assert main([str(path)]) == 1 and "out of range for type i64" in capsys.readouterr().err
