@@ -176,6 +176,11 @@ def test_found_inputs_get_coded_diagnostics(name, tmp_path):
     assert outcome.status == "coded", outcome.summary() + "\n" + outcome.output[-2000:]
 
 
+def test_a_parse_error_on_the_first_token_is_located(tmp_path):
+    outcome = run_case(opt_case("x.mlir", "! = !mdsl.graph.tensor<[2], bf16>\n"), tmp_path, TIMEOUT_S)
+    assert outcome.status == "coded" and "x.mlir:1:1: error[E001]" in outcome.output, outcome.output
+
+
 def saved_state_with(trained: dict[str, bytes], edit) -> dict[str, bytes]:
     """The saved run's files with ``edit(header, arrays)`` applied to its training_state.npz."""
     with np.load(io.BytesIO(trained["out/training_state.npz"]), allow_pickle=False) as npz:
