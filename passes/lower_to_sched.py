@@ -486,7 +486,7 @@ class ScheduleBuilder:
             view.result.name_hint = f"{weight.name_hint}_rows{start}" if weight.name_hint else None
             self.block.add_op(view)
             return view.result
-        offset = start * btype.nbytes // count
+        offset = start * btype.nbytes // count if count else 0  # no rows (a size bound to 0): nothing to offset
         op = BufferOp(weight.owner.arena.data, btype, offset, btype.nbytes, weight)
         op.result.name_hint = f"{weight.name_hint}_rows{start}" if weight.name_hint else None
         self.buffers.append(op)

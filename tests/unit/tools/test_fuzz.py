@@ -136,6 +136,9 @@ FOUND = {
                                                                             "n_layers: int = 1.5")),
     "verify-backward-zero-dimension": opt_case("mistral.module", (STD / "models" / "mistral.module").read_bytes(),
                                                "--verify-backward", "--verify-shapes", "B=1,T=2,d_model=8,n_layers=1"),
+    "lower-to-sched-zero-rows": opt_case("mistral.module", (STD / "models" / "mistral.module").read_bytes(), "-p",
+                                         "mdsl-lower-to-sched", "--verify-backward", "--verify-shapes",
+                                         "B=1,T=2,d_model=8,n_layers=1"),
     "input-of-2-tib": run_case_with("freqs 4294967296", {"llama.module": llama_with(
         "freqs: [T, head_dim // 2, 2, fp32]", "freqs: [T, head_dim // 2, 4294967296, fp32]")},
         model="{dir}/llama.module"),
