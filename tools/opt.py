@@ -308,6 +308,24 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             if not diagnostics:
                 raise
             raise DiagnosticError(self.after_pipeline_diagnostics(diagnostics)) from None
+        except Exception as err:
+            if not self.args.disable_verify:
+                raise
+            diagnostics = verify_module(prog, self._op_spans)
+            if not diagnostics:
+                raise
+            raise DiagnosticError(self.unverified_input_diagnostics(diagnostics, err)) from None
+
+    @staticmethod
+    def unverified_input_diagnostics(diagnostics, err: Exception) -> list[Diagnostic]:
+        """What a pass failed on when --disable-verify let IR that does not verify into it."""
+        out = []
+        for d in diagnostics:
+            diag = d.diagnostic()
+            diag.hint = (f"--disable-verify let this invalid IR into the pipeline, and a pass failed on it "
+                         f"({type(err).__name__}: {err}); fix the IR, or drop --disable-verify to see every problem")
+            out.append(diag)
+        return out
 
     def run_pipeline(self, prog: ModuleOp) -> None:
         if not self.args.print_between_passes:

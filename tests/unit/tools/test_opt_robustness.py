@@ -96,3 +96,12 @@ def test_disable_verify_does_not_outlive_its_run(tmp_path, capsys):
     path.write_text("func.func @f() attributes {n = 99999999999999999999999 : i64} {\n  func.return\n}\n")
     assert main([str(path), "--disable-verify"]) == 0
     assert main([str(path)]) == 1 and "out of range for type i64" in capsys.readouterr().err
+
+
+def test_a_pass_that_fails_on_ir_let_in_by_disable_verify_reports_the_ir(tmp_path, capsys):
+    path = tmp_path / "empty-model.mlir"
+    path.write_text("mdsl.graph.model @m {\n}\n")
+    assert main([str(path), "-p", "mdsl-autodiff", "--disable-verify"]) == 1
+    err = capsys.readouterr().err
+    assert "empty-model.mlir:1:1: error[E041]" in err and "expected a single block" in err
+    assert "--disable-verify let this invalid IR" in err and "internal error" not in err
