@@ -288,9 +288,9 @@ def _read(rule: Rule, layer: int | None, checkpoint: Checkpoint, record: ImportR
     for name, part in zip(names, parts):
         problem = non_finite(part)
         if problem:
-            _warn(warn, CheckpointError("W011", f"checkpoint tensor '{name}' holds {problem} "
-                                        f"({rule.written})", "the logits will be NaN or infinite; the checkpoint "
-                                        "is corrupt or was saved after a diverged training step", tensor=name))
+            _warn(warn, CheckpointError("W011", f"checkpoint tensor '{name}' holds {problem} (hf_mapping: "
+                                        f"{rule.written})", "the logits will be NaN or infinite; the checkpoint is "
+                                        "corrupt or was saved after a diverged training step", tensor=name))
     return value.astype(dtype, copy=False)
 
 
