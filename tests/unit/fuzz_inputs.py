@@ -870,7 +870,7 @@ class Outcome:
 def project_frame(tb) -> str:
     """The innermost frame of modeldsl or xDSL in a traceback, as ``path:line in function``."""
     frames = traceback.extract_tb(tb)
-    mine = [f for f in frames if ("/work/main/" in f.filename and "/tests/" not in f.filename)
+    mine = [f for f in frames if (f.filename.startswith(str(ROOT) + "/") and "/tests/" not in f.filename)
             or "/xdsl/" in f.filename or "/lark/" in f.filename]
     frame = (mine or frames)[-1]
     where = frame.filename.replace(str(ROOT) + "/", "")
