@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
-import stat
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyExcepti
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, render_all
+from modeldsl.files import read_regular_file
 from modeldsl.ir import (
     LocatedParseError,
     LocatingParser,
@@ -586,21 +586,6 @@ def add_alias(parser: argparse.ArgumentParser, action: argparse.Action, option: 
     """Let ``option`` (an mlir-opt spelling) set what ``action`` sets."""
     action.option_strings.append(option)
     parser._option_string_actions[option] = action  # noqa: SLF001 - argparse has no public alias API
-
-
-def read_regular_file(path: str) -> bytes:
-    """A file's bytes; E028 for a missing path, a folder, a FIFO or a device (never read)."""
-    try:
-        mode = os.stat(path).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
-            raise IsADirectoryError(0, f"it is {kind}")
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as err:
-        reason = err.strerror if err.strerror else str(err)
-        raise DiagnosticError([Diagnostic("E028", f"cannot read '{path}': {reason}", None,
-                                          "check the path of the input file")]) from None
 
 
 def _with_line_offset(span, line_offset: int):

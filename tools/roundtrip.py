@@ -54,8 +54,8 @@ def _expect_equal(expected: str, got: str, what: str) -> None:
 
 def _read_text(path: str) -> str:
     """The file's text: E028 when it cannot be read, E001 for bytes that are not UTF-8."""
+    from modeldsl.files import read_regular_file
     from modeldsl.frontend.text.parser import decode_source
-    from modeldsl.tools.opt import read_regular_file
 
     return decode_source(read_regular_file(path), path)
 

@@ -26,6 +26,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from lark.indenter import DedentError, Indenter
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
+from modeldsl.files import read_regular_file
 
 GRAMMAR = Path(__file__).with_name("grammar.lark")
 OPEN = {"LPAR", "LSQB", "LBRACE"}
@@ -295,21 +296,7 @@ def decode_source(data: bytes, name: str) -> str:
 def read_source(path) -> str:
     """The UTF-8 text of a ``.module`` file; E028 when it cannot be read (a folder, a
     missing file; a FIFO or device is refused rather than read), E001 for non-UTF-8 bytes."""
-    import os
-    import stat
-
-    try:
-        mode = os.stat(path).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
-            raise IsADirectoryError(0, f"it is {kind}")
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as err:
-        reason = err.strerror if err.strerror else str(err)
-        raise DiagnosticError([Diagnostic("E028", f"cannot read '{path}': {reason}", None,
-                                          "check the path of the .module file")]) from None
-    return decode_source(data, str(path))
+    return decode_source(read_regular_file(path, "check the path of the .module file"), str(path))
 
 
 def parse_file(path) -> "object":
