@@ -482,8 +482,7 @@ class Lowering(BackwardLowering):
         dtype = DEFAULT_DTYPE
         if items and isinstance(items[-1], ast.Name) and items[-1].id in DTYPE_SPELLINGS:
             dtype = items.pop().id
-        elif items and isinstance(items[-1], ast.Name) and DTYPE_LIKE.match(items[-1].id) \
-                and not env.lookup(items[-1].id)[0]:
+        elif items and _dtype_typo(items[-1], env):
             self.unknown_dtype(items[-1])
         dims: list[Any] = []
         for item in items:
@@ -825,7 +824,7 @@ class Lowering(BackwardLowering):
         if self.backward is None:
             return None
         names = destination.items if isinstance(destination, ast.TupleExpr) else [destination]
-        names = [n.value if isinstance(n, ast.Annotated) else n for n in names]
+        names = [_unannotated(n) for n in names]
         types = [self.backward.gradient_types.get(n.id) if isinstance(n, ast.Name) else None for n in names]
         return None if None in types else types
 
@@ -1080,8 +1079,7 @@ class Lowering(BackwardLowering):
                 (a is STAR) != (b is STAR) or a is not STAR and Expr.of(a) != Expr.of(b) for a, b in zip(stated, computed)):
             self.sink.error("E004", f"the value is {inputs[0].type}, not the stated {declared}", stage.span)
             raise LoweringFailed()
-        explicit = stage.items and isinstance(stage.items[-1], ast.Name) and stage.items[-1].id in DTYPE_SPELLINGS
-        if explicit and declared.dtype != inputs[0].type.dtype:
+        if _has_dtype(stage) and declared.dtype != inputs[0].type.dtype:
             self.sink.error("E003", f"the value is {inputs[0].type.dtype.value}, not {declared.dtype.value}", stage.span)
             raise LoweringFailed()
         return inputs
