@@ -643,7 +643,7 @@ def _close(name: str, names: list[str]) -> str:
     ``v_proj`` for ``gate_proj``), or at the same name under another prefix; else no guess."""
     close = [n for n in names if _nested(name, n)] or [n for n in names if _one_typo_apart(name, n)]
     if close:
-        return f"did you mean '{min(close, key=lambda n: (-_similarity(name, n), n))}'?"
+        return f"did you mean '{min(close, key=lambda n: (-_ratio(name, n), n))}'?"
     return "check the checkpoint's tensor names against hf_mapping"
 
 
@@ -673,7 +673,3 @@ def _ratio(a: str, b: str) -> float:
     import difflib
 
     return difflib.SequenceMatcher(None, a, b).ratio()
-
-
-def _similarity(name: str, other: str) -> float:
-    return _ratio(name, other)
