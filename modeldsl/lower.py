@@ -649,6 +649,7 @@ class Lowering(BackwardLowering):
         inputs: list[tuple[str, TensorType, Span]] = []
         outputs: list[tuple[str, TensorType | None, Span]] = []
         optional: set[str] = set()
+        tuples: dict[str, int] = {}
         for entry in forward.body:
             if not isinstance(entry, ast.Section) or entry.name not in ("in", "inputs", "out", "outputs"):
                 continue
@@ -656,7 +657,10 @@ class Lowering(BackwardLowering):
             for bad in unnamed_entries(entry):
                 self.sink.error("E001", "a signature entry is `name: [shape]`", bad.key.span,
                                 "name the tensor with a plain name")
-            for name, expr, span in _expand_tuples(typed_entries(entry)):
+            entries = typed_entries(entry)
+            if not is_input:
+                tuples.update((e.name, len(e.type.items)) for e in entries if isinstance(e.type, ast.TupleExpr))
+            for name, expr, span in _expand_tuples(entries):
                 if isinstance(expr, ast.Optional_):
                     expr = expr.base
                     optional.add(name)
@@ -675,8 +679,7 @@ class Lowering(BackwardLowering):
                         self.failed_inputs.setdefault(id(forward), []).append((name, span))
                     continue
         self.optional_inputs[id(forward)] = optional
-        self.tuple_outputs[id(forward)] = {e.name: len(e.type.items) for e in _typed(forward, "out", "outputs")
-                                           if isinstance(e.type, ast.TupleExpr)}
+        self.tuple_outputs[id(forward)] = tuples
         return inputs, outputs or [("out", None, forward.span)]
 
     def scalar_input(self, name: str, expr: ast.Name, env: ConstEnv) -> None:
@@ -1567,10 +1570,6 @@ def _qualified(func: ast.Expr, namespace: dict[str, ast.Decl]) -> ast.Expr:
     path = qualified_path(func) if isinstance(func, ast.Attribute) else None
     dotted = ".".join(path) if path else None
     return ast.Name(func.span, dotted) if dotted in namespace else func
-
-
-def _typed(forward: ast.Section, *keys: str) -> list:
-    return [e for s in forward.body if isinstance(s, ast.Section) and s.name in keys for e in typed_entries(s)]
 
 
 def _absent_discards(names: list[ast.Expr], values: list[SSAValue], ops: list[Operation]) -> list[ast.Expr]:
