@@ -22,11 +22,11 @@ from typing import Any
 
 from modeldsl.diagnostics import DiagnosticSink, Span
 from modeldsl.frontend.text import ast
+from modeldsl.frontend.text.ast import I64_MAX
 from modeldsl.primitives import lookup_primitive
 from modeldsl.symbolic import Expr, SymbolicError
 
 Value = Any  # int | float | bool | str | None | Expr (symbolic integer)
-I64_MAX = 2**63 - 1
 
 
 class ConstError(Exception):
