@@ -130,8 +130,7 @@ class Resolver:
         """``models.llama.Attention(...)`` in a declaration (spec 4.7.1's qualified names):
         each dotted callee that names a declaration of a findable file, by its dotted name."""
         found: dict[str, ast.Decl] = {}
-        for call in _qualified_calls(program):
-            path = qualified_path(call.func)
+        for call, path in _qualified_calls(program):
             dotted = ".".join(path)
             if dotted in found or self.find_file(path[:-1], base) is None:
                 continue  # not a module path: the lowering reports the callee
@@ -369,13 +368,15 @@ def qualified_path(node: ast.Expr) -> list[str] | None:
     return [node.id, *reversed(parts)]
 
 
-def _qualified_calls(program: ast.Program) -> list[ast.Call]:
-    """Calls with a dotted callee anywhere in the program's declarations (walked without recursion)."""
+def _qualified_calls(program: ast.Program) -> list[tuple[ast.Call, list[str]]]:
+    """Calls with a dotted callee anywhere in the program's declarations, with the callee's
+    path (walked without recursion)."""
     calls, stack = [], list(program.declarations)
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.Call) and qualified_path(node.func) is not None and len(qualified_path(node.func)) > 1:
-            calls.append(node)
+        path = qualified_path(node.func) if isinstance(node, ast.Call) else None
+        if path is not None:
+            calls.append((node, path))
         for value in vars(node).values():
             for item in value if isinstance(value, list) else [value]:
                 if isinstance(item, ast.Node):
