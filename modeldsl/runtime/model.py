@@ -60,12 +60,8 @@ class CheckedProfiles(ProfiledForward):
         shared = set(arenas or {}) | ({"params"} if self.params is not None else set())
         needs = {f"the {name} arena of @{program.sym_name.data}": size
                  for name, size in program.arenas.items() if name not in shared and size}
-        if self.device is None:
-            check_fits(needs, "run fewer tokens at once (a shorter prompt, a smaller batch), --dtype bf16, or a "
-                       "machine with more memory")
-        else:
-            check_fits(needs, "run fewer tokens at once (a shorter prompt, a smaller batch), --dtype bf16, or a "
-                       "GPU with more memory", self.device.free_bytes(), f"{self.device.name} device memory")
+        _check_fits_on(self.device, needs, "run fewer tokens at once (a shorter prompt, a smaller batch), "
+                       "--dtype bf16")
         return super().executor(program, state, arenas)
 
 
@@ -394,14 +390,21 @@ def _check_parameters_fit(model: ModelOp, values: dict[str, Any], storage: np.dt
     size = parameter_bytes(model, values, storage.itemsize)
     if size is None:
         return
+    advice = "choose a smaller configuration, --dtype bf16 to halve the parameters"
     needs = {"parameters": size}
     if device is None:
         needs["the schedule's copy of them"] = size
-    check_fits(needs, "choose a smaller configuration, --dtype bf16 to halve the parameters, or a machine with "
-               "more memory")
+    _check_fits_on(None, needs, advice)
     if device is not None:
-        check_fits({"parameters": size}, "choose a smaller configuration, --dtype bf16 to halve the parameters, "
-                   "or a GPU with more memory", device.free_bytes(), f"{device.name} device memory")
+        _check_fits_on(device, {"parameters": size}, advice)
+
+
+def _check_fits_on(device: Any, needs: dict[str, int], advice: str) -> None:
+    """E038 when ``needs`` exceed the memory available on ``device`` (None: the host)."""
+    if device is None:
+        check_fits(needs, f"{advice}, or a machine with more memory")
+    else:
+        check_fits(needs, f"{advice}, or a GPU with more memory", device.free_bytes(), f"{device.name} device memory")
 
 
 def hf_config_values(program: Any, decl: Any, hf_config: dict[str, Any],
