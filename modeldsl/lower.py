@@ -1327,6 +1327,7 @@ class Lowering(BackwardLowering):
         spans: dict[str, Span] = {}
         positional_params = [*INFERENCE_PARAMS.get(sig.name, ()), *(p.name for p in sig.params)]
         keyword_tensors: dict[str, SSAValue] = {}
+        env: ConstEnv | None = None  # the graph's constants, built for the first parameter
         for arg in args:
             if _dtype_typo(arg.value, instance.env) and not self.is_tensor(arg.value, instance, scope):
                 self.unknown_dtype(arg.value)  # cast(dtype=fp31)
@@ -1340,7 +1341,8 @@ class Lowering(BackwardLowering):
                 if not remaining:
                     self.sink.error("E012", f"too many arguments to {sig.name}", arg.span)
                     raise LoweringFailed()
-                params[remaining[0]] = self.param_value(arg.value, self.graph_env(instance, scope))
+                env = env if env is not None else self.graph_env(instance, scope)
+                params[remaining[0]] = self.param_value(arg.value, env)
                 spans[remaining[0]] = arg.span
             elif arg.name in {slot.name for slot in sig.keyword_inputs}:
                 if not isinstance(arg.value, ast.NoneLit):  # a tensor parameter (alibi_slopes=slopes)
@@ -1353,7 +1355,8 @@ class Lowering(BackwardLowering):
                     self.sink.error("E012", f"{sig.name} has no parameter '{arg.name}'", arg.span,
                                     f"its parameters are: {known}")
                     raise LoweringFailed()
-                params[arg.name] = self.param_value(arg.value, self.graph_env(instance, scope))
+                env = env if env is not None else self.graph_env(instance, scope)
+                params[arg.name] = self.param_value(arg.value, env)
                 spans[arg.name] = arg.span
         operands += [keyword_tensors[slot.name] for slot in sig.keyword_inputs if slot.name in keyword_tensors]
         width = self.star_width.get(operands[0]) if operands and sig.name in STAR_REDUCTIONS else None
