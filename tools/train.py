@@ -342,8 +342,8 @@ def run_training(args) -> int:
     tokenizer = Tokenizer(source)
     sink = DiagnosticSink()
     model = modeldsl.load(args.model, hf=source, dtype="fp32", top=args.top, progress=True, sink=sink,
-                          device=args.device, force_architecture=getattr(args, "force_architecture", False),
-                          allow_unused_tensors=getattr(args, "allow_unused_tensors", False))
+                          device=args.device, force_architecture=args.force_architecture,
+                          allow_unused_tensors=args.allow_unused_tensors)
     _warn(args, sink.diagnostics)
     limit = model.max_positions
     if limit is not None and args.seq > limit:
