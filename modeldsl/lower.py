@@ -850,18 +850,19 @@ class Lowering(BackwardLowering):
             if stage_annotations and last_ops:  # x -> blocks() @partition(0) -> y: on that stage's op
                 self.attach_annotations(last_ops[-1], stage_annotations, instance)
         self.bind(flow.chain[-1], values, scope, last_ops, flow)
-        annotations, user = split_user(self.annotations(flow.annotations, instance.env, instance.namespace))
-        if last_ops:
-            _add_annotations(last_ops[-1], "annotations", annotations)
-            _add_annotations(last_ops[-1], "user_annotations", user)
+        annotations = self.attach_annotations(last_ops[-1] if last_ops else None, flow.annotations, instance)
         self.check_flow_annotations(instance, flow, annotations, self.performed_since(before))
         if last_ops and self.backward is None:
             self.record_memory_policy(instance, flow.chain[-1], last_ops[-1], annotations)
 
-    def attach_annotations(self, op: Operation, nodes: list[ast.Annotation], instance: Instance) -> None:
+    def attach_annotations(self, op: Operation | None, nodes: list[ast.Annotation],
+                           instance: Instance) -> list[Attribute]:
+        """Add the annotations ``nodes`` to ``op`` (when there is one); the built-in ones."""
         annotations, user = split_user(self.annotations(nodes, instance.env, instance.namespace))
-        _add_annotations(op, "annotations", annotations)
-        _add_annotations(op, "user_annotations", user)
+        if op is not None:
+            _add_annotations(op, "annotations", annotations)
+            _add_annotations(op, "user_annotations", user)
+        return annotations
 
     def check_derived_backward(self, instance: Instance, forward: ForwardResult) -> None:
         """W003 (spec 5.12.6): a module whose backward is derived and whose save: list leaves
