@@ -52,6 +52,7 @@ from modeldsl.ir import (
     LocatedParseError,
     LocatingParser,
     load_dialects,
+    print_ir,
     remember_source,
     source_span,
     verify_module,
@@ -63,7 +64,6 @@ from modeldsl.tools.opt_pipeline import (
     normalize_pipeline,
     pass_list,
     pass_names_flag,
-    printed,
     timing_report,
 )
 from modeldsl.tools.opt_verify_backward import VerifyBackwardMixin, flag_error, verify_options
@@ -282,8 +282,7 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         )
 
     def print_for_dump(self, module: ModuleOp) -> str:
-        return printed(module, print_generic_format=self.args.print_op_generic,
-                       print_debuginfo=self.args.print_debuginfo)
+        return print_ir(module, generic=self.args.print_op_generic, debuginfo=self.args.print_debuginfo)
 
     def verify_after_pass(self, module: ModuleOp, pass_: ModulePass) -> None:
         """After each pass: the IR still verifies (raises the failures as located diagnostics)."""

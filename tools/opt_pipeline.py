@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import io
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +23,6 @@ from typing import IO, get_type_hints
 
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
-from xdsl.printer import Printer
 from xdsl.utils.arg_spec import (
     ArgSpec,
     ArgSpecConvertible,
@@ -336,13 +334,6 @@ class PipelineObserver:
         if not text.endswith("\n"):
             self.stream.write("\n")
         self.stream.write("\n")
-
-
-def printed(module: ModuleOp, **printer_options) -> str:
-    stream = io.StringIO()
-    Printer(stream=stream, **printer_options).print_op(module)
-    stream.write("\n")
-    return stream.getvalue()
 
 
 def timing_report(steps: list[TimedStep]) -> str:
