@@ -84,6 +84,15 @@ def check_fits(needs: dict[str, int], hint: str, available: int | None = None, w
                                       f"of {where} is available", None, hint)])
 
 
+def check_fits_on(device: Any, needs: dict[str, int], advice: str) -> None:
+    """E038 when ``needs`` exceed the memory available on ``device`` (a CUDA executor's device; None:
+    the host), with ``advice`` in the hint."""
+    if device is None:
+        check_fits(needs, f"{advice}, or a machine with more memory")
+    else:
+        check_fits(needs, f"{advice}, or a GPU with more memory", device.free_bytes(), f"{device.name} device memory")
+
+
 def gib(size: int) -> str:
     value = size / GIB
     if value >= 1e6:

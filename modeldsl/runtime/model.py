@@ -43,26 +43,12 @@ from modeldsl.ir import verify_module
 from modeldsl.lower import choose_top, lower_program
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.executor import NUMPY_DTYPES, GraphExecutor, KVCache
-from modeldsl.runtime.fits import check_fits, parameter_bytes
+from modeldsl.runtime.fits import check_fits_on, parameter_bytes
 from modeldsl.runtime.profiles import ProfiledForward
 from modeldsl.runtime.rope import SUPPORTED, RopeFrequencies, RopeScalingError, rope_frequencies
 from modeldsl.symbolic import STAR
 
 STORAGE = {"fp32": np.dtype(np.float32), "bf16": NUMPY_DTYPES[DType.BF16]}
-
-
-class CheckedProfiles(ProfiledForward):
-    """Profiles whose planned arenas are checked against the memory available (E038, with the
-    arenas the memory planner sized at compile time) before an executor allocates them."""
-
-    def executor(self, program: Any, state: dict[str, np.ndarray] | None = None,
-                 arenas: dict[str, np.ndarray] | None = None) -> Any:
-        shared = set(arenas or {}) | ({"params"} if self.params is not None else set())
-        needs = {f"the {name} arena of @{program.sym_name.data}": size
-                 for name, size in program.arenas.items() if name not in shared and size}
-        _check_fits_on(self.device, needs, "run fewer tokens at once (a shorter prompt, a smaller batch), "
-                       "--dtype bf16")
-        return super().executor(program, state, arenas)
 
 
 def _quiet_numpy(method: Callable) -> Callable:
@@ -93,7 +79,7 @@ class Model:
         self.executor = GraphExecutor(self.model, self.weights, float_dtype)
         self.forward_func = self.executor.funcs["forward"]
         self.rope = self._rope()
-        self.schedule = CheckedProfiles(self.model, self.weights, storage="fp32" if self.dtype == "fp32" else None,
+        self.schedule = ProfiledForward(self.model, self.weights, storage="fp32" if self.dtype == "fp32" else None,
                                         max_tokens=self.max_positions, device=self.device)
 
     # ------------------------------------------------------------------ config
@@ -394,17 +380,9 @@ def _check_parameters_fit(model: ModelOp, values: dict[str, Any], storage: np.dt
     needs = {"parameters": size}
     if device is None:
         needs["the schedule's copy of them"] = size
-    _check_fits_on(None, needs, advice)
+    check_fits_on(None, needs, advice)
     if device is not None:
-        _check_fits_on(device, {"parameters": size}, advice)
-
-
-def _check_fits_on(device: Any, needs: dict[str, int], advice: str) -> None:
-    """E038 when ``needs`` exceed the memory available on ``device`` (None: the host)."""
-    if device is None:
-        check_fits(needs, f"{advice}, or a machine with more memory")
-    else:
-        check_fits(needs, f"{advice}, or a GPU with more memory", device.free_bytes(), f"{device.name} device memory")
+        check_fits_on(device, {"parameters": size}, advice)
 
 
 def hf_config_values(program: Any, decl: Any, hf_config: dict[str, Any],

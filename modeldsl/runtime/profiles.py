@@ -31,6 +31,7 @@ from modeldsl.passes.lower_to_sched import lower_function
 from modeldsl.passes.registry import PASSES
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.executor import ExecutionError
+from modeldsl.runtime.fits import check_fits_on
 from modeldsl.runtime.sched_executor import ScheduleExecutor, tagged_layout
 
 DEFAULT_BUCKETS = (1, 16, 64, 256, 1024, 4096)
@@ -90,14 +91,19 @@ class ProfiledForward:
                  arenas: dict[str, np.ndarray] | None = None) -> ScheduleExecutor:
         """An executor of one of the model's programs (with any other ``arenas`` it shares) on the
         shared params arena: the first one copies the weights in, and the weights become views of
-        it. ExecutionError when the program lays out the parameters differently."""
+        it. E038 before anything is allocated when the arenas the planner sized do not fit in the
+        memory available (the host's, or the device's); ExecutionError when the program lays out
+        the parameters differently."""
+        shared = {**(arenas or {}), **({"params": self.params} if self.params is not None else {})}
+        needs = {f"the {name} arena of @{program.sym_name.data}": size
+                 for name, size in program.arenas.items() if name not in shared and size}
+        check_fits_on(self.device, needs, "run fewer tokens at once (a shorter prompt, a smaller batch), --dtype bf16")
         layout = tagged_layout(program, "param")
         if self.param_layout is None:
             self.param_layout = layout
         elif layout != self.param_layout:
             raise ExecutionError(f"@{program.sym_name.data} lays out the parameters unlike the model's other "
                                  "programs (a different storage dtype?)")
-        shared = {**(arenas or {}), **({"params": self.params} if self.params is not None else {})}
         weights = None if self.params is not None else self.weights
         if self.device is None:
             executor = ScheduleExecutor(program, weights, shared, state)

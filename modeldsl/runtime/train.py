@@ -142,8 +142,7 @@ class Trainer:
         in mixed precision)."""
         if self.dtype == "fp32" and self.model.schedule.device is self.device:
             return self.model.schedule
-        profiles = type(self.model.schedule)  # the model's kind of profiles: its arenas are checked as its own are
-        return profiles(self.model.model, dict(self.model.weights), storage=self.storage, device=self.device)
+        return ProfiledForward(self.model.model, dict(self.model.weights), storage=self.storage, device=self.device)
 
     def executor(self, batch: int, tokens: int) -> ScheduleExecutor:
         """The training step of ``[batch, tokens]`` micro-batches (compiled on first use)."""
