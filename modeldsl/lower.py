@@ -520,9 +520,10 @@ class Lowering(BackwardLowering):
         """The built-in annotations of ``nodes`` as attributes, then the uses of annotations
         the program declares (``annotation @name:``) as dictionaries (see :func:`split_user`)."""
         result, user = [], []
+        namespace = namespace or self.decls
         for node in nodes:
             args, kwargs = [], {}
-            declared = (namespace or self.decls).get(f"@{node.name}")
+            declared = namespace.get(f"@{node.name}")
             try:
                 for arg in node.args:
                     value = self.annotation_value(arg.value, env)
@@ -535,7 +536,7 @@ class Lowering(BackwardLowering):
                     continue
                 attr = make_annotation(node.name, args, kwargs)
                 if isinstance(attr, RecipeAttr):
-                    self.check_recipe(attr, node, namespace or self.decls)
+                    self.check_recipe(attr, node, namespace)
                 result.append(attr)
             except AnnotationError as err:
                 self.sink.error("E008", err.message, node.span, self.annotation_hint(node.name, err, namespace))
@@ -549,11 +550,11 @@ class Lowering(BackwardLowering):
                 return user
         return result + user
 
-    def annotation_hint(self, name: str, err: AnnotationError, namespace: dict[str, ast.Decl] | None) -> str:
+    def annotation_hint(self, name: str, err: AnnotationError, namespace: dict[str, ast.Decl]) -> str:
         """For an unknown annotation: the closest built-in or declared one."""
-        if name in ANNOTATION_BY_NAME or f"@{name}" in (namespace or self.decls):
+        if name in ANNOTATION_BY_NAME or f"@{name}" in namespace:
             return err.hint
-        known = [*ANNOTATION_BY_NAME, *(k[1:] for k in (namespace or self.decls) if k.startswith("@"))]
+        known = [*ANNOTATION_BY_NAME, *(k[1:] for k in namespace if k.startswith("@"))]
         close = difflib.get_close_matches(name, known, n=1)
         return f"did you mean @{close[0]}? {err.hint}" if close else err.hint
 
