@@ -33,7 +33,6 @@ model's backward against finite differences
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sys
 from collections.abc import Sequence
@@ -64,6 +63,7 @@ from modeldsl.tools.opt_pipeline import (
     normalize_pipeline,
     pass_list,
     pass_names_flag,
+    suggestion,
     timing_report,
 )
 from modeldsl.tools.opt_verify_backward import VerifyBackwardMixin, flag_error, verify_options
@@ -81,8 +81,7 @@ class FlagParser(argparse.ArgumentParser):
         hint = "mdsl-opt --help lists the options"
         if message.startswith("unrecognized arguments:"):
             unknown = message.split(":", 1)[1].split()[0].split("=")[0]
-            close = difflib.get_close_matches(unknown, list(self._option_string_actions), n=1, cutoff=0.6)
-            hint = f"did you mean '{close[0]}'?" if close else hint
+            hint = suggestion(unknown, list(self._option_string_actions), hint)
         raise flag_error(message, hint)
 
 

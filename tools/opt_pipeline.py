@@ -153,7 +153,7 @@ def build_pipeline(available: dict[str, PassFactory], text: str, offset: int = 0
         name = element.spec.name
         if name not in available:
             raise pipeline_error(shown, element.name_at, f"unknown pass '{name}'",
-                                 _suggestion(name, list(available), "mdsl-opt --list-passes lists the passes"))
+                                 suggestion(name, list(available), "mdsl-opt --list-passes lists the passes"))
         cls = available[name]()
         _check_options(cls, element, shown)
         try:
@@ -189,14 +189,15 @@ def _check_options(cls: type[ModulePass], element: PassSpec, shown: str) -> None
         if key not in known:
             listed = ", ".join(known) if known else "none"
             raise pipeline_error(shown, where, f"{cls.name} has no option '{key}'",
-                                 _suggestion(key, known, f"its options: {listed}"))
+                                 suggestion(key, known, f"its options: {listed}"))
 
 
 def _reads_own_options(cls: type[ModulePass]) -> bool:
     return getattr(cls.from_spec, "__func__", None) is not ArgSpecConvertible.from_spec.__func__
 
 
-def _suggestion(word: str, choices: list[str], otherwise: str) -> str:
+def suggestion(word: str, choices: list[str], otherwise: str) -> str:
+    """"did you mean '...'?" for the choice closest to ``word``, else ``otherwise``."""
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return f"did you mean '{close[0]}'?" if close else otherwise
 
@@ -221,7 +222,7 @@ def pass_names_flag(available: dict[str, PassFactory], flag: str, value: str | N
     for name in sorted(names):
         if name not in available:
             raise DiagnosticError([Diagnostic("E029", f"{flag}: unknown pass '{name}'", None,
-                                              _suggestion(name, list(available),
+                                              suggestion(name, list(available),
                                                           "mdsl-opt --list-passes lists the passes"))])
     return names
 
