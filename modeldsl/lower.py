@@ -920,7 +920,7 @@ class Lowering(BackwardLowering):
             marked = partition_of(stage.annotations) if isinstance(stage, ast.Annotated) else None
             if marked is not None:
                 stages.setdefault(marked, f"'{_unannotated(stage).span.text}'")
-        for name, stage in stage_names([_unannotated(s) for s in flow.chain]):
+        for name in stage_names([_unannotated(s) for s in flow.chain]):
             declared = declared_partition(instance.decl, name)
             if declared is not None:
                 stages.setdefault(declared, f"'{name}'")

@@ -98,13 +98,13 @@ def partition_of(annotations: Iterable[ast.Annotation]) -> int | None:
     return None
 
 
-def stage_names(chain: Sequence[ast.Expr]) -> list[tuple[str, ast.Expr]]:
+def stage_names(chain: Sequence[ast.Expr]) -> list[str]:
     """The instance names a flow's stages call (``attn`` of ``x -> attn() -> y``)."""
     names = []
     for stage in chain[1:-1]:
         func = stage.func if isinstance(stage, ast.Call) else stage
         if isinstance(func, ast.Name):
-            names.append((func.id, stage))
+            names.append(func.id)
     return names
 
 
