@@ -235,19 +235,15 @@ def source_span(span: Span) -> SourceSpan:
     return SourceSpan(Source(span.input.name, padded), location.line, location.col, end_line, end_column)
 
 
-def render_located(span: Span, message: str, code: str = "E001") -> str:
-    """``file:line:col: error[EXXX]: message``, then the source line and a caret under the span."""
-    return Diagnostic(code, message, source_span(span)).render()
-
-
 class LocatedParseError(ParseError):
-    """A parse error printed the way compilers print them (see :func:`render_located`)."""
+    """A parse error printed the way compilers print them: ``file:line:col: error[E001]:
+    message``, then the source line and a caret under the span."""
 
     def diagnostic(self) -> Diagnostic:
         return Diagnostic("E001", self.msg, source_span(self.span))
 
     def __str__(self) -> str:
-        return render_located(self.span, self.msg)
+        return self.diagnostic().render()
 
 
 # ----------------------------------------------------------------------------- source locations
