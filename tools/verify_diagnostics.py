@@ -39,8 +39,7 @@ class Produced:
 
     severity: str
     message: str
-    file: str | None
-    line: int | None
+    span: Span | None
     diagnostic: Diagnostic
 
 
@@ -67,14 +66,10 @@ def produced(diagnostics: list[Diagnostic]) -> list[Produced]:
     """The diagnostics and their notes, flattened."""
     out = []
     for diag in diagnostics:
-        out.append(Produced(diag.severity, diag.message, *_where(diag.span), diag))
+        out.append(Produced(diag.severity, diag.message, diag.span, diag))
         for note, span in diag.notes:
-            out.append(Produced("note", note, *_where(span), diag))
+            out.append(Produced("note", note, span, diag))
     return out
-
-
-def _where(span: Span | None) -> tuple[str | None, int | None]:
-    return (span.source.name, span.line) if span is not None else (None, None)
 
 
 def check(expected: list[Expected], diagnostics: list[Diagnostic], file: str) -> list[Diagnostic]:
@@ -96,15 +91,14 @@ def check(expected: list[Expected], diagnostics: list[Diagnostic], file: str) ->
 
 
 def _matches(expected: Expected, item: Produced, file: str) -> bool:
-    return (expected.severity == item.severity and item.file == file and item.line == expected.line
-            and expected.text in item.message)
+    return (expected.severity == item.severity and item.span is not None and item.span.source.name == file
+            and item.span.line == expected.line and expected.text in item.message)
 
 
 def _unexpected(item: Produced) -> Diagnostic:
     diag = item.diagnostic
-    span = diag.span if item.severity != "note" else next(s for n, s in diag.notes if n == item.message)
     return Diagnostic(diag.code if diag.code.startswith("E") else "E029",
-                      f"unexpected {item.severity}: {item.message}", span,
+                      f"unexpected {item.severity}: {item.message}", item.span,
                       "add an expected-" + item.severity + " {{...}} annotation on that line, or fix the input")
 
 
