@@ -114,6 +114,7 @@ class LocatingParser(Parser):
         super().__init__(ctx, text, name)
         self.line_offset = line_offset
         self._location_ends_at = -1  # where the last loc(...) parsed ends
+        self._line_mark = (0, 1)  # a position and its line, for _line_and_column
         self.op_spans: dict[Operation, Span] = {}
         self.first_uses: dict[str, Span] = {}  # values used before any definition
 
@@ -148,14 +149,26 @@ class LocatingParser(Parser):
 
     def parse_operation(self) -> Operation:
         start = self._current_token.span
+        line, column = self._line_and_column(start.start)  # before the nested ops: in text order
         with self._failures_located_from(start.start):
             op = super().parse_operation()
         self.op_spans[op] = _through_op_name(start, op.name)
         if self._location_ends_at != self.pos:  # the op has no loc(...) of its own
-            where = start.get_location()
-            op.location = FileLineColLoc(StringAttr(where.file), IntAttr(where.line + self.line_offset),
-                                         IntAttr(where.col))
+            op.location = FileLineColLoc(StringAttr(self.lexer.input.name), IntAttr(line + self.line_offset),
+                                         IntAttr(column))
         return op
+
+    def _line_and_column(self, pos: int) -> tuple[int, int]:
+        """What ``Span.get_location`` gives for ``pos``, counting newlines only from the
+        position asked last (it counts from the start of the text: quadratic over a file)."""
+        text, newline = self.lexer.input.content, self.lexer.input.newline
+        last_pos, last_line = self._line_mark
+        if pos >= last_pos:
+            line = last_line + text.count(newline, last_pos, pos)
+        else:
+            line = last_line - text.count(newline, pos, last_pos)
+        self._line_mark = (pos, line)
+        return line, pos - (text.rfind(newline, 0, pos) + 1) + 1
 
     def parse_optional_attribute(self):
         with self._failures_located_from(self.pos):
