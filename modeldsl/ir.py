@@ -15,7 +15,9 @@ locations (:func:`located`) that diagnostics point back at.
 from __future__ import annotations
 
 import io
+import os
 import re
+import stat
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -303,8 +305,12 @@ def remember_source(name: str, text: str) -> None:
 
 
 def _file_text(name: str) -> str:
+    """The text of the file a ``loc(...)`` names, to show its line ("" when it is not a readable
+    regular file: a FIFO or device named there is never opened, so nothing blocks)."""
     if name not in _SOURCES:
         try:
+            if not stat.S_ISREG(os.stat(name).st_mode):
+                return ""
             with open(name, "rb") as f:
                 _SOURCES[name] = f.read(1 << 24).decode("utf-8", "replace")
         except OSError:

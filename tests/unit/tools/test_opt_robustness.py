@@ -105,3 +105,28 @@ def test_a_pass_that_fails_on_ir_let_in_by_disable_verify_reports_the_ir(tmp_pat
     err = capsys.readouterr().err
     assert "empty-model.mlir:1:1: error[E041]" in err and "expected a single block" in err
     assert "--disable-verify let this invalid IR" in err and "internal error" not in err
+
+
+def test_a_location_naming_a_fifo_is_never_opened(tmp_path, capsys):
+    """A verifier error after a pass is shown at the op's loc(...) with that file's line; a FIFO
+    named there would block the read."""
+    import os
+    import re
+    import signal
+
+    from modeldsl.resolve.imports import STD_ROOT
+
+    lowered = tmp_path / "llama.mlir"
+    assert main([str(STD_ROOT / "models" / "llama.module"), "--print-debuginfo", "-o", str(lowered)]) == 0
+    fifo = tmp_path / "attention.module"
+    os.mkfifo(fifo)
+    lowered.write_text(re.sub(r'loc\("[^"]*attention\.module"', f'loc("{fifo}"', lowered.read_text()))
+    capsys.readouterr()
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("reading the FIFO blocked"))
+    signal.alarm(20)
+    try:
+        assert main([str(lowered), "-p", "mdsl-specialize{num_kv_heads=3}"]) == 1
+    finally:
+        signal.alarm(0)
+    err = capsys.readouterr().err
+    assert f"{fifo}:" in err and "error[E004]" in err and "internal error" not in err
