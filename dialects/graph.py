@@ -27,6 +27,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     SymbolNameConstraint,
     SymbolRefAttr,
+    UnitAttr,
 )
 from xdsl.dialects.utils import parse_func_op_like, print_func_op_like
 from xdsl.ir import Attribute, Block, Dialect, Operation, Region, SSAValue
@@ -359,7 +360,8 @@ class StackSymbolUser(SymbolUserOpInterface):
             func.function_type.inputs.data,
             [*op.carried.types, *op.shared.types, *slice_types],
         )
-        _check_types("block body result", func.function_type.outputs.data, op.res.types)
+        collected = [op.layer_slice_type(v.type) for v in op.collected]
+        _check_types("block body result", func.function_type.outputs.data, [*op.carried.types, *collected])
 
 
 @irdl_op_definition
@@ -368,11 +370,15 @@ class StackOp(IRDLOperation):
 
     ``mdsl.graph.stack @block count #mdsl.graph.expr<n_layers> (%h : !t) shared(%freqs : !f) layers(%wq, %wk : !w, !w) -> !t``
     calls ``@block(carried..., shared..., per_layer[l]...)`` for ``l`` in
-    ``0..count``: carried values are threaded from layer to layer, shared
-    values are the same for every layer (RoPE tables, masks), and each
-    per-layer operand has the layer count as its leading dimension, the body
-    receiving the slice of layer ``l``. The results are the carried values
-    after the last layer.
+    ``0..count`` (from the last layer down with ``reverse``): carried values
+    are threaded from layer to layer, shared values are the same for every
+    layer (RoPE tables, masks), and each per-layer operand has the layer count
+    as its leading dimension, the body receiving the slice of layer ``l``.
+    The results are the carried values after the last layer, then the
+    *collected* results: the body returns, after its carried values, one
+    value per collected result, and layer ``l``'s value is slice ``l`` of it
+    (the saved activations of a forward stack, the parameter gradients of a
+    backward one).
     """
 
     name = "mdsl.graph.stack"
@@ -383,12 +389,13 @@ class StackOp(IRDLOperation):
     shared = var_operand_def(TensorType)
     per_layer = var_operand_def(TensorType)
     res = var_result_def(TensorType)
+    reverse = opt_prop_def(UnitAttr)
 
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     traits = traits_def(StackSymbolUser())
 
     assembly_format = (
-        "$body `count` qualified($count) `(` $carried `:` type($carried) `)` "
+        "$body `count` qualified($count) (`reverse` $reverse^)? `(` $carried `:` type($carried) `)` "
         "(`shared` `(` $shared^ `:` type($shared) `)`)? "
         "(`layers` `(` $per_layer^ `:` type($per_layer) `)`)? attr-dict `->` type($res)"
     )
@@ -400,12 +407,30 @@ class StackOp(IRDLOperation):
         carried: Sequence[SSAValue],
         per_layer: Sequence[SSAValue],
         shared: Sequence[SSAValue] = (),
+        collected: Sequence[Attribute] = (),
+        reverse: bool = False,
     ):
         super().__init__(
             operands=[carried, shared, per_layer],
-            result_types=[[v.type for v in carried]],
-            properties={"body": FlatSymbolRefAttr(body), "count": count},
+            result_types=[[*(v.type for v in carried), *collected]],
+            properties={"body": FlatSymbolRefAttr(body), "count": count,
+                        **({"reverse": UnitAttr()} if reverse else {})},
         )
+
+    @property
+    def carried_results(self) -> Sequence[SSAValue]:
+        return self.res[:len(self.carried)]
+
+    @property
+    def collected(self) -> Sequence[SSAValue]:
+        """The stacked per-layer results (after the carried ones)."""
+        return self.res[len(self.carried):]
+
+    @staticmethod
+    def stacked_type(count: Attribute, layer_type: Attribute) -> Attribute:
+        """The type of a collected result whose layers have ``layer_type``."""
+        assert isinstance(count, ExprAttr) and isinstance(layer_type, TensorType)
+        return layer_type.with_shape([count.data, *layer_type.shape])
 
     @staticmethod
     def layer_slice_type(stacked: Attribute) -> Attribute:
@@ -413,16 +438,25 @@ class StackOp(IRDLOperation):
         return stacked.with_shape(list(stacked.shape[1:]))
 
     def verify_(self) -> None:
-        _check_types("result", self.carried.types, self.res.types)
-        for i, value in enumerate(self.per_layer):
+        if len(self.res) < len(self.carried):
+            raise VerifyException(f"result: expected at least {len(self.carried)} (the carried values), "
+                                  f"got {len(self.res)}")
+        _check_types("result", self.carried.types, [r.type for r in self.carried_results])
+        for i, value in enumerate([*self.per_layer, *self.collected]):
             t = value.type
             assert isinstance(t, TensorType)
             if t.rank == 0 or t.is_variadic:
-                raise VerifyException(f"per-layer operand #{i} needs a leading layer dimension")
+                raise VerifyException(f"{_stacked_what(self, i)} needs a leading layer dimension")
             if definitely_different(t.shape[0], self.count.data):
                 raise VerifyException(
-                    f"per-layer operand #{i} has {t.shape[0]} layers, the stack runs {self.count.data}"
+                    f"{_stacked_what(self, i)} has {t.shape[0]} layers, the stack runs {self.count.data}"
                 )
+
+
+def _stacked_what(stack: "StackOp", index: int) -> str:
+    """How a verifier message names the ``index``-th stacked value (per-layer operands, then collected results)."""
+    layers = len(stack.per_layer)
+    return f"per-layer operand #{index}" if index < layers else f"collected result #{index - layers}"
 
 
 STRUCTURE_OPS: tuple[type[Operation], ...] = (

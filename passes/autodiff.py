@@ -24,10 +24,23 @@ slices) it was called with. Frozen parameters and integer operands still get
 no gradient; inputs marked ``@gradient(skip)`` get none from the written
 backward.
 
-This first version unrolls ``stack`` calls layer by layer (the per-layer
-slices of stacked parameters become split + view, whose VJPs concatenate the
-per-layer gradients back), so the function grows with depth; a stacked
-backward loop comes with the training schedule.
+A ``stack`` stays a stack: its block body ``@<body>`` gets a gradient of
+its own, split in two functions. ``@<body>_fwd`` (kind ``block``) is the body
+returning, after its carried values, the values its backward reads (the
+block's saved tensors: forward results, and the carried inputs where the
+backward reads them); the forward runs it in a ``stack`` whose collected
+results hold them layer by layer. ``@<body>_bwd`` (kind ``block_backward``,
+``forward = @<body>_fwd``) takes the gradients of the carried values, the
+shared values, the layer's slices and its saved tensors, and returns the
+gradients of the carried inputs, then of each differentiable slice (its
+``grads`` attribute names the per-layer operands by index); the reverse
+sweep runs it in a ``stack ... reverse`` whose collected results are the
+per-layer parameter gradients. ``mdsl-recompute`` then decides what of the
+saved is recomputed instead. A stack whose body reads a parameter of its own,
+holds another stack, or whose shared values or integer carried values a
+gradient reaches is unrolled layer by layer (the per-layer slices become
+split + view, whose VJPs concatenate the per-layer gradients back); so is
+every stack with ``loop=false``.
 """
 
 from __future__ import annotations
@@ -56,23 +69,24 @@ class AutodiffPass(ModulePass):
     name = "mdsl-autodiff"
 
     func: str = "forward"
+    loop: bool = True
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for model in [m for m in op.walk() if isinstance(m, ModelOp)]:
             try:
-                gradient_function(model, self.func)
+                gradient_function(model, self.func, self.loop)
             except AutodiffError as err:
                 hint = "run mdsl-specialize first" if "mdsl-specialize" in str(err) else \
                     "write a backward: section for the module that uses it"
                 raise DiagnosticError([Diagnostic("E014", f"mdsl-autodiff: {err}", None, hint)]) from None
 
 
-def gradient_function(model: ModelOp, func_name: str = "forward") -> FuncOp:
-    """Build ``@<func_name>_grad`` in ``model`` and return it."""
+def gradient_function(model: ModelOp, func_name: str = "forward", loop: bool = True) -> FuncOp:
+    """Build ``@<func_name>_grad`` in ``model`` and return it (stacks looped unless ``loop`` is false)."""
     funcs = {f.sym_name.data: f for f in model.body.block.ops if isinstance(f, FuncOp)}
     if func_name not in funcs:
         raise AutodiffError(f"@{model.sym_name.data} has no function @{func_name}")
-    return GradientBuilder(model, funcs).build(funcs[func_name])
+    return GradientBuilder(model, funcs, loop).build(funcs[func_name])
 
 
 def is_float(value: SSAValue) -> bool:
@@ -93,14 +107,40 @@ class WrittenBackward:
     grad_args: list[int]
 
 
+@dataclass
+class LoopedStack:
+    """A stack run as a loop in both directions: in the reverse sweep, ``stack @<bwd> reverse``
+    on the gradients of ``forward``'s carried results, its shared values, its per-layer
+    operands and its collected (saved) results; its collected results are the gradients of
+    the per-layer operands numbered in ``differentiable``."""
+
+    forward: StackOp
+    backward: FuncOp
+    differentiable: list[int]
+
+
+class NotLoopable(Exception):
+    """A stack the looped backward does not cover (it is unrolled instead)."""
+
+
 class GradientBuilder:
-    def __init__(self, model: ModelOp, funcs: dict[str, FuncOp]):
-        self.model, self.funcs = model, funcs
-        self.forward_ops: list[Operation] = []
+    def __init__(self, model: ModelOp, funcs: dict[str, FuncOp], loop: bool = True,
+                 nondifferentiable: set[SSAValue] | None = None):
+        self.model, self.funcs, self.loop = model, funcs, loop
+        self.forward_ops: list[Operation | WrittenBackward | LoopedStack] = []
         self.grads: dict[SSAValue, SSAValue] = {}
+        self.nondifferentiable = nondifferentiable or set()
 
     # ------------------------------------------------------------------ forward
     def build(self, func: FuncOp) -> FuncOp:
+        grad_func, backward_start, args = self.derive(func)
+        saved = self.saved(backward_start, args)
+        grad_func.attributes["saved"] = ArrayAttr([StringAttr(n) for n in saved])
+        self.model.body.block.add_op(grad_func)
+        return grad_func
+
+    def derive(self, func: FuncOp, arg_map: list[SSAValue] | None = None) -> tuple[FuncOp, int, list[SSAValue]]:
+        """``@<func>_grad`` (not yet added to the model), where its backward starts and its inputs."""
         inputs = list(func.function_type.inputs.data)
         outputs = list(func.function_type.outputs.data)
         seeds = [t for t in outputs if isinstance(t, TensorType) and t.dtype.is_float]
@@ -110,6 +150,7 @@ class GradientBuilder:
         args = list(self.block.args)
         for arg, old in zip(args, func.body.block.args):
             arg.name_hint = old.name_hint
+        self.nondifferentiable |= {args[i] for i in (arg_map or [])}
         results = self.inline(func.body.block, dict(zip(func.body.block.args, args)))
         seed_args = iter(args[len(inputs):])
         for value in results:
@@ -127,10 +168,7 @@ class GradientBuilder:
             [a.type for a in args], [v.type for v in returned])
         grad_func.attributes["grads"] = ArrayAttr([StringAttr(name) for name, _ in params])
         grad_func.attributes["input_grads"] = ArrayAttr([StringAttr(a.name_hint or "?") for a in differentiated])
-        saved = self.saved(backward_start, args[:len(inputs)])
-        grad_func.attributes["saved"] = ArrayAttr([StringAttr(n) for n in saved])
-        self.model.body.block.add_op(grad_func)
-        return grad_func
+        return grad_func, backward_start, args[:len(inputs)]
 
     def inline(self, block: Block, values: dict[SSAValue, SSAValue]) -> list[SSAValue]:
         """Clone a function body's ops (stacks unrolled); the values it returns."""
@@ -138,7 +176,8 @@ class GradientBuilder:
             if isinstance(op, ReturnOp):
                 return [values[v] for v in op.values]
             if isinstance(op, StackOp):
-                for result, value in zip(op.res, self.unroll(op, values)):
+                results = self.looped(op, values) if self.loop else None
+                for result, value in zip(op.res, results or self.unroll(op, values)):
                     values[result] = value
             elif isinstance(op, CallOp):
                 callee = self.funcs[op.callee.root_reference.data]
@@ -196,6 +235,37 @@ class GradientBuilder:
             carried = self.inline(body.body.block, inner)
         return carried
 
+    def looped(self, op: StackOp, values: dict[SSAValue, SSAValue]) -> list[SSAValue] | None:
+        """The carried results of ``stack @<body>_fwd`` (recorded for the reverse sweep), or None
+        where the stack is unrolled instead."""
+        if op.collected or op.reverse is not None:
+            return None  # a stack autodiff itself made: differentiate it layer by layer
+        frozen = self.frozen_params()
+        per_layer = [values[v] for v in op.per_layer]
+        fixed = [i for i, v in enumerate(per_layer)
+                 if not is_float(v) or v in self.nondifferentiable or
+                 (isinstance(v.owner, ParamRefOp) and v.owner.param.root_reference.data in frozen)]
+        try:
+            split = BlockGradient(self, self.funcs[op.body.root_reference.data], len(op.carried),
+                                  len(op.shared), fixed).split()
+        except NotLoopable:
+            return None
+        forward_func, backward_func, differentiable = split
+        forward = StackOp(forward_func.sym_name.data, op.count, [values[v] for v in op.carried], per_layer,
+                          [values[v] for v in op.shared],
+                          [StackOp.stacked_type(op.count, t) for t in
+                           forward_func.function_type.outputs.data[len(op.carried):]])
+        if "annotations" in op.attributes:
+            forward.attributes["annotations"] = op.attributes["annotations"]
+        self.block.add_op(forward)
+        for result, old in zip(forward.carried_results, op.carried_results):
+            result.name_hint = old.name_hint
+        body = op.body.root_reference.data
+        for result, value in zip(forward.collected, forward_func.body.block.last_op.operands[len(op.carried):]):
+            result.name_hint = f"{body}_{value.name_hint}" if value.name_hint else None
+        self.forward_ops.append(LoopedStack(forward, backward_func, differentiable))
+        return list(forward.carried_results)
+
     def layer_slices(self, stacked: SSAValue, layers: int) -> list[SSAValue]:
         """``stacked[l]`` for each layer: one split along the layer dim, then a view per layer."""
         start = len(self.block.ops)
@@ -218,6 +288,9 @@ class GradientBuilder:
             if isinstance(op, WrittenBackward):
                 self.call_backward(op, frozen)
                 continue
+            if isinstance(op, LoopedStack):
+                self.stack_backward(op, frozen)
+                continue
             result_grads = [self.grads.get(r) for r in op.results]
             if all(g is None for g in result_grads):
                 continue
@@ -234,7 +307,7 @@ class GradientBuilder:
 
     def accumulate_operand(self, operand: SSAValue, grad: SSAValue | None, frozen: set[str]) -> None:
         """Add an operand's gradient (none for integer tensors and frozen parameters)."""
-        if grad is None or not is_float(operand):
+        if grad is None or not is_float(operand) or operand in self.nondifferentiable:
             return
         owner = operand.owner
         if isinstance(owner, ParamRefOp) and owner.param.root_reference.data in frozen:
@@ -261,6 +334,26 @@ class GradientBuilder:
         for index, grad in zip(record.grad_args, call.res, strict=True):
             operand = record.operands[index]
             self.accumulate_operand(operand, self.cast(grad, operand.type), frozen)
+
+    def stack_backward(self, record: LoopedStack, frozen: set[str]) -> None:
+        """``stack @<body>_bwd reverse``: the gradients of the forward stack's carried inputs and
+        of its differentiable per-layer operands, added in."""
+        forward = record.forward
+        if all(self.grads.get(r) is None for r in forward.carried_results):
+            return  # no gradient reaches the stack
+        d_carried = [self.grads.get(r) or self.zeros(r) for r in forward.carried_results]
+        collected = list(record.backward.function_type.outputs.data[len(d_carried):])
+        stack = StackOp(record.backward.sym_name.data, forward.count, d_carried,
+                        [*forward.per_layer, *forward.collected], list(forward.shared),
+                        [StackOp.stacked_type(forward.count, t) for t in collected], reverse=True)
+        self.block.add_op(stack)
+        for carried, grad in zip(forward.carried, stack.carried_results):
+            grad.name_hint = f"d_{carried.name_hint}" if carried.name_hint else None
+            self.accumulate_operand(carried, grad, frozen)
+        for index, grad in zip(record.differentiable, stack.collected, strict=True):
+            operand = forward.per_layer[index]
+            grad.name_hint = f"d_{operand.name_hint}" if operand.name_hint else None
+            self.accumulate_operand(operand, grad, frozen)
 
     def cast(self, value: SSAValue, wanted) -> SSAValue:
         """``value`` in the dtype of type ``wanted`` (a cast where they differ)."""
@@ -295,16 +388,125 @@ class GradientBuilder:
         return self.builder.one("zeros", shape=list(like.type.shape), dtype=like.type.dtype)
 
     def saved(self, backward_start: int, inputs: list[SSAValue]) -> list[str]:
+        names: list[str] = []
+        for i, value in enumerate(self.saved_values(backward_start, inputs)):
+            name = value.name_hint or f"v{i}"
+            if name not in names:
+                names.append(name)
+        return names
+
+    def saved_values(self, backward_start: int, inputs: list[SSAValue]) -> list[SSAValue]:
         """Names of the forward values (and inputs) the backward ops read (not the output
         gradients, nor the outputs the function only returns)."""
         forward = set(inputs) | {r for op in list(self.block.ops)[:backward_start] for r in op.results}
-        names: list[str] = []
+        found: list[SSAValue] = []
         for op in list(self.block.ops)[backward_start:]:
             if isinstance(op, ReturnOp):
                 continue
             for operand in op.operands:
-                if operand in forward and not isinstance(operand.owner, ParamRefOp):
-                    name = operand.name_hint or f"v{len(names)}"
-                    if name not in names:
-                        names.append(name)
-        return names
+                if operand in forward and not isinstance(operand.owner, ParamRefOp) and operand not in found:
+                    found.append(operand)
+        return found
+
+
+class BlockGradient:
+    """The gradient of a block body split into ``@<body>_fwd`` and ``@<body>_bwd`` (see the module)."""
+
+    def __init__(self, outer: GradientBuilder, body: FuncOp, carried: int, shared: int, fixed: list[int]):
+        self.outer, self.body = outer, body
+        self.carried, self.shared, self.fixed = carried, shared, fixed
+
+    def split(self) -> tuple[FuncOp, FuncOp, list[int]]:
+        self.check_loopable()
+        inner = GradientBuilder(self.outer.model, self.outer.funcs, loop=False)
+        first_slice = self.carried + self.shared
+        grad, backward_start, args = inner.derive(self.body, [first_slice + i for i in self.fixed])
+        ops = list(grad.body.block.ops)
+        ret = ops[-1]
+        carried_args, shared_args, slice_args = args[:self.carried], args[self.carried:first_slice], args[first_slice:]
+        if any(a in inner.grads for a in shared_args):
+            raise NotLoopable("a gradient reaches a shared value")
+        saved = [v for v in inner.saved_values(backward_start, args) if v not in shared_args and v not in slice_args]
+        outputs = list(ret.operands[:self.carried])
+        forward = self.forward_function(args, ops[:backward_start], outputs, saved)
+        differentiable = [i for i, a in enumerate(slice_args) if i not in self.fixed and is_float(a)]
+        seeds = list(grad.body.block.args[len(args):])
+        gradients = [(inner.grads.get(a), seed) for a, seed in zip(carried_args, seeds)] + \
+            [(inner.grads.get(slice_args[i]), slice_args[i]) for i in differentiable]
+        backward = self.backward_function(seeds, shared_args, slice_args, saved, ops[backward_start:-1],
+                                          gradients, forward)
+        ret.detach()
+        ret.erase()
+        for func in (forward, backward):
+            self.outer.model.body.block.add_op(func)
+            self.outer.funcs[func.sym_name.data] = func
+        return forward, backward, differentiable
+
+    def check_loopable(self) -> None:
+        outputs = self.body.function_type.outputs.data
+        if not all(isinstance(t, TensorType) and t.dtype.is_float for t in outputs):
+            raise NotLoopable("a carried value is not a float tensor")
+        for op in self.body.walk():
+            if isinstance(op, (ParamRefOp, StackOp)):
+                raise NotLoopable(f"the block body holds {op.name}")
+            if isinstance(op, CallOp):
+                callee = self.outer.funcs.get(op.callee.root_reference.data)
+                if callee is None or any(isinstance(o, (ParamRefOp, StackOp)) for o in callee.walk()):
+                    raise NotLoopable("the block body calls a function with parameters or stacks")
+
+    def unique_name(self, suffix: str) -> str:
+        name = f"{self.body.sym_name.data}_{suffix}"
+        taken, n = set(self.outer.funcs), 1
+        while name in taken:
+            name, n = f"{self.body.sym_name.data}_{suffix}_{n}", n + 1
+        return name
+
+    def forward_function(self, args: list[SSAValue], ops: list[Operation], outputs: list[SSAValue],
+                         saved: list[SSAValue]) -> FuncOp:
+        """``@<body>_fwd(carried..., shared..., slices...) -> (carried..., saved...)``."""
+        func = FuncOp(self.unique_name("fwd"), [a.type for a in args],
+                      [*(v.type for v in outputs), *(v.type for v in saved)], kind="block")
+        mapping = dict(zip(args, func.body.block.args))
+        for old, new in mapping.items():
+            new.name_hint = old.name_hint
+        move_ops(ops, func.body.block, mapping)
+        func.body.block.add_op(ReturnOp(*(mapping.get(v, v) for v in [*outputs, *saved])))
+        func.attributes["saved"] = ArrayAttr([StringAttr(v.name_hint or f"v{i}") for i, v in enumerate(saved)])
+        return func
+
+    def backward_function(self, seeds: list[SSAValue], shared: list[SSAValue], slices: list[SSAValue],
+                          saved: list[SSAValue], ops: list[Operation],
+                          gradients: list[tuple[SSAValue | None, SSAValue]], forward: FuncOp) -> FuncOp:
+        """``@<body>_bwd(d_carried..., shared..., slices..., saved...) -> (d_carried_in..., d_slices...)``:
+        ``gradients`` pairs each result (None: no gradient reaches it) with the value it is shaped like."""
+        inputs = [*seeds, *shared, *slices, *saved]
+        func = FuncOp(self.unique_name("bwd"), [v.type for v in inputs], [], kind="block_backward")
+        block = func.body.block
+        mapping = dict(zip(inputs, block.args))
+        for old, new in mapping.items():
+            new.name_hint = f"saved_{old.name_hint}" if old in saved and old.name_hint else old.name_hint
+        move_ops(ops, block, mapping)
+        builder = GraphBuilder(block)
+        returned = []
+        for grad, like in gradients:
+            grad = mapping.get(grad, grad) if grad is not None else \
+                builder.one("zeros", shape=list(like.type.shape), dtype=like.type.dtype)
+            returned.append(grad)
+        for value, like in zip(returned[:len(seeds)], seeds):
+            if value.type != like.type:
+                raise NotLoopable("a carried gradient changes type")
+        block.add_op(ReturnOp(*returned))
+        func.function_type = type(func.function_type).from_lists([a.type for a in block.args],
+                                                                  [v.type for v in returned])
+        func.attributes["forward"] = SymbolRefAttr(forward.sym_name.data)
+        return func
+
+
+def move_ops(ops: list[Operation], block: Block, mapping: dict[SSAValue, SSAValue]) -> None:
+    """Move ``ops`` to the end of ``block``, reading ``mapping[v]`` for each operand ``v`` it maps."""
+    for op in ops:
+        op.detach()
+        for i, operand in enumerate(op.operands):
+            if operand in mapping:
+                op.operands[i] = mapping[operand]
+        block.add_op(op)

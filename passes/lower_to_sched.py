@@ -179,6 +179,7 @@ class ScheduleBuilder:
         self.deferred: dict[SSAValue, Operation] = {}  # transposes not (yet) materialized
         self.split_gemms: dict[Operation, tuple[SSAValue, SSAValue, float]] = {}  # split -> (x, W, alpha)
         self.outputs: dict[SSAValue, int] = {}
+        self.in_loop_grads: dict[SSAValue, SSAValue] = {}  # collected parameter gradient -> its grads buffer
         self.signatures = {sig.op.name: sig for sig in primitives().values()}
 
     # ------------------------------------------------------------------ program
@@ -199,9 +200,11 @@ class ScheduleBuilder:
         for index, (_, value) in enumerate(returned):
             if value not in self.outputs and isinstance(value.owner, Operation) and value not in func.body.block.args:
                 self.outputs[value] = index
+        self.in_loop_grads = {ret.values[p]: t for p, t in accumulated.items() if _collected_once(ret.values[p])}
         self.run_body(func.body.block, self.values)
         for position, target in accumulated.items():
-            self.accumulate(ret.values[position], target)
+            if ret.values[position] not in self.in_loop_grads:
+                self.accumulate(ret.values[position], target)
         for index, (_, value) in enumerate(returned):
             source = self.buffer(value)
             if not _is_output(source, index):  # an argument, a view, loop state or a repeated value
@@ -251,6 +254,7 @@ class ScheduleBuilder:
                     self.accumulate(term, target)
                 return
             if producer.name == "mdsl.graph.concat" and _is_outermost(producer) and \
+                    all(_sliceable(target, self.shape(piece)) for piece in producer.operands) and \
                     self.drop_launch(source, "concat"):
                 self.discard(source.owner)
                 offset = 0
@@ -260,6 +264,7 @@ class ScheduleBuilder:
                     offset += piece_target.type.nbytes
                 return
             if producer.name == "mdsl.graph.view" and isinstance(source.owner, BufferOp) and \
+                    _sliceable(target, self.shape(producer.operands[0])) and \
                     source.owner.alias_of is not None and source.owner.offset.value.data == 0 and not list(source.uses):
                 self.discard(source.owner)
                 piece = producer.operands[0]
@@ -280,21 +285,44 @@ class ScheduleBuilder:
                 return
         self.block.add_op(LaunchOp("add", [target, source], [target], inplace=True))
 
-    def slice_of(self, target: SSAValue, offset: int, shape: tuple[int, ...]) -> SSAValue:
-        """A view of ``shape`` (in the gradient's fp32) at byte ``offset`` of a ``grads`` buffer."""
+    def slice_of(self, target: SSAValue, offset: int, shape: tuple[int, ...]) -> SSAValue | None:
+        """A view of ``shape`` (in the gradient's fp32) at byte ``offset`` of a ``grads`` buffer or of a
+        layer's slice of one (there only whole rows: None otherwise)."""
         btype = BufferType(shape, target.type.dtype)
         if offset == 0 and target.type == btype:
             return target
+        if isinstance(target.owner, LayerViewOp):
+            return self.layer_rows(target.owner, offset, btype)
         op = BufferOp("grads", btype, offset, btype.nbytes, target)
         op.result.name_hint = target.name_hint
         self.buffers.append(op)
         return op.result
 
+    def layer_rows(self, view: LayerViewOp, offset: int, btype: BufferType) -> SSAValue | None:
+        """Rows of a layer view starting ``offset`` bytes into it, shaped ``btype`` (None where that is no row range)."""
+        shape = view.result.type.shape
+        row_bytes = view.result.type.nbytes // shape[0] if shape and shape[0] else 0
+        if not row_bytes or offset % row_bytes or btype.shape[1:] != shape[1:] or btype.dtype != view.result.type.dtype:
+            return None
+        start = offset // row_bytes + (view.row_range[0] if view.row_range else 0)
+        rows = LayerViewOp(view.stacked, view.layer, (start, btype.shape[0]))
+        rows.result.name_hint = view.result.name_hint
+        self.at_body_start(rows)
+        return rows.result
+
+    def at_body_start(self, op: Operation) -> None:
+        """Insert a view op first in the block being built (before any op that may use it)."""
+        if self.block.first_op is None:
+            self.block.add_op(op)
+        else:
+            self.block.insert_op_before(op, self.block.first_op)
+
     def writer(self, buf: SSAValue, kind: type) -> Operation | None:
         """The one op of ``kind`` (top level) that writes ``buf``, when it is a root buffer no other op touches."""
         if not isinstance(buf.owner, BufferOp) or buf.owner.alias_of is not None or buf.owner.arena.data != "activations":
             return None
-        users = [op for op in self.block.ops if buf in op.operands]
+        users = list({id(u.operation): u.operation for u in buf.uses
+                      if u.operation.parent_block() is self.block and not isinstance(u.operation, BufferOp)}.values())
         if len(users) != 1 or not isinstance(users[0], kind):
             return None
         op = users[0]
@@ -493,11 +521,21 @@ class ScheduleBuilder:
         return op.result
 
     def flat(self, buf: SSAValue) -> SSAValue | None:
-        """A 2-d view ``[rows, cols]`` of a buffer (None for a layer view)."""
+        """A 2-d view ``[rows, cols]`` of a buffer or of a whole layer's slice (None for a row range)."""
         shape = self.shape(buf)
-        if not isinstance(buf.owner, BufferOp):
-            return None
         btype = BufferType([math.prod(shape[:-1]), shape[-1]], buf.type.dtype)
+        owner = buf.owner
+        if isinstance(owner, LayerViewOp) and owner.rows is None and isinstance(owner.stacked.owner, BufferOp):
+            stacked = owner.stacked.type
+            flat = BufferOp(owner.stacked.owner.arena.data, BufferType([stacked.shape[0], *btype.shape], btype.dtype),
+                            0, stacked.nbytes, owner.stacked)
+            flat.result.name_hint = f"{owner.stacked.name_hint}_2d" if owner.stacked.name_hint else None
+            self.buffers.append(flat)
+            view = LayerViewOp(flat.result, owner.layer)
+            self.at_body_start(view)
+            return view.result
+        if not isinstance(owner, BufferOp):
+            return None
         op = BufferOp(buf.owner.arena.data, btype, 0, btype.nbytes, buf)
         op.result.name_hint = f"{buf.name_hint}_2d" if buf.name_hint else None
         self.buffers.append(op)
@@ -544,27 +582,56 @@ class ScheduleBuilder:
 
     # stacks --------------------------------------------------------------
     def layer_loop(self, op: StackOp) -> None:
+        """A ``layer_loop`` (``reverse`` for a reverse stack); a collected result is a stacked
+        ``activations`` buffer the body writes layer by layer, or, for a parameter gradient,
+        added into the layer's slice of its ``grads`` buffer."""
         body = self.funcs[op.body.root_reference.data]
         count = op.count.data.evaluate({})
         state = [self.state_buffer(v, op) for v in op.carried]
         shared = [self.buffer(v) for v in op.shared]
         stacked = [self.buffer(v) for v in op.per_layer]
-        loop = LayerLoopOp(0, count)
+        collected = [self.in_loop_grads.get(r) or self.new_buffer(r, "activations") for r in op.collected]
+        loop = LayerLoopOp(0, count, reverse=op.reverse is not None)
         outer, self.block = self.block, loop.body.block
         self.loops.append((loop, count))
         views = [LayerViewOp(s, loop.index) for s in stacked]
         self.block.add_ops(views)
         for arg, buf in zip(body.body.block.args, [*state, *shared, *(v.result for v in views)]):
             self.values[arg] = buf
-        for value, target in zip(self.run_body(body.body.block, self.values), state):
+        returned = self.run_body(body.body.block, self.values)
+        for value, result, target in zip(returned[len(state):], op.collected, collected, strict=True):
+            layer = LayerViewOp(target, loop.index)
+            self.at_body_start(layer)
+            if result in self.in_loop_grads:
+                self.accumulate(value, layer.result)
+            else:
+                self.write_layer(value, layer.result, state)
+        for value, target in zip(returned, state):  # after the collected: they may read a carried input
             source = self.buffer(value)
             if source is not target:
                 self.block.add_op(CopyOp(source, target))
         self.loops.pop()
         self.block = outer
         self.block.add_op(loop)
-        for result, buf in zip(op.res, state):
+        for result, buf in zip([*op.carried_results, *op.collected], [*state, *collected]):
             self.values[result] = buf
+
+    def write_layer(self, value: SSAValue, layer: SSAValue, state: list[SSAValue]) -> None:
+        """Make the layer's slice of a collected result hold ``value``: its buffer becomes that slice
+        where only ops of this loop body touch it, else a copy."""
+        source = self.buffer(value)
+        owner = source.owner
+        users = [u.operation for u in source.uses]
+        if (isinstance(owner, BufferOp) and owner.alias_of is None and owner.arena.data == "activations"
+                and source not in state and users
+                and all(not isinstance(u, BufferOp) and self.block.is_ancestor(u) for u in users)):
+            source.replace_all_uses_with(layer)
+            for key, buf in list(self.values.items()):
+                if buf is source:
+                    self.values[key] = layer
+            self.discard(owner)
+            return
+        self.block.add_op(CopyOp(source, layer))
 
     def state_buffer(self, value: SSAValue, stack: StackOp) -> SSAValue:
         """The buffer a loop carries a value in: the value's own when the stack is its last use."""
@@ -590,6 +657,17 @@ def _only_user_splits_last_dim(value: SSAValue) -> Operation | None:
     rank = len(value.type.shape)
     dim = split.attributes["dim"].value.data if "dim" in split.attributes else -1
     return split if dim % rank == rank - 1 else None
+
+
+def _sliceable(target: SSAValue, shape: tuple[int, ...]) -> bool:
+    """Whether a piece shaped ``shape`` of a gradient target has a view of its own: any piece of a
+    ``grads`` buffer, whole rows of a layer's slice of one."""
+    return not isinstance(target.owner, LayerViewOp) or tuple(shape[1:]) == tuple(target.type.shape[1:])
+
+
+def _collected_once(value: SSAValue) -> bool:
+    """Whether ``value`` is a stack's collected result that only the function's return reads."""
+    return isinstance(value.owner, StackOp) and value in value.owner.collected and len(list(value.uses)) == 1
 
 
 def _is_outermost(concat: Operation) -> bool:

@@ -170,9 +170,17 @@ class GraphExecutor:
         carried = [frame.values[v] for v in op.carried]
         shared = [frame.values[v] for v in op.shared]
         stacked = [frame.values[v] for v in op.per_layer]
-        for layer in range(op.count.data.evaluate(self.symbols)):
-            carried = self.call(body, [*carried, *shared, *(w[layer] for w in stacked)], layer)
-        return carried
+        count = op.count.data.evaluate(self.symbols)
+        collected = [np.empty(self.shape_of(r.type), self.numpy_dtype(r.type.dtype)) for r in op.collected]
+        for layer in reversed(range(count)) if op.reverse is not None else range(count):
+            results = self.call(body, [*carried, *shared, *(w[layer] for w in stacked)], layer)
+            carried = results[:len(carried)]
+            for out, value in zip(collected, results[len(carried):]):
+                out[layer] = value
+        return [*carried, *collected]
+
+    def shape_of(self, ttype: TensorType) -> tuple[int, ...]:
+        return tuple(d.evaluate(self.symbols) for d in ttype.shape)
 
     def operands(self, op: Operation, sig: PrimitiveSignature, frame: Frame) -> list[np.ndarray | None]:
         inputs: list[np.ndarray | None] = []

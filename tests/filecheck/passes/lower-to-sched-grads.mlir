@@ -2,10 +2,10 @@
 // are added into the grads arena (one fp32 buffer per trainable parameter, after the
 // parameters, in the model's order; @frozen @f gets none) and are no outputs. A weight
 // gradient computed by a GEMM becomes that GEMM with beta = 1 on its gradient buffer; the
-// per-layer gradients of the stacked @blocks.w (split + view in the unrolled forward,
+// per-layer gradients of the stacked @blocks.w (split + view in the unrolled forward of loop=false,
 // view + concat in the backward) go to their layer's slice; @n's gradient (rmsnorm's) is
 // added by an in-place add. The output o and d_x stay outputs 0 and 1.
-// RUN: mdsl-opt %s -p 'mdsl-autodiff,mdsl-lower-to-sched{func=forward_grad grads_arena=true}' | filecheck %s
+// RUN: mdsl-opt %s -p 'mdsl-autodiff{loop=false},mdsl-lower-to-sched{func=forward_grad grads_arena=true}' | filecheck %s
 // RUN: not mdsl-opt %s -p 'mdsl-lower-to-sched{grads_arena=true}' 2>&1 | filecheck %s --check-prefix=NOGRAD
 
 !x = !mdsl.graph.tensor<[2, 4, 8], fp32>

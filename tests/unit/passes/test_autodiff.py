@@ -107,10 +107,13 @@ def test_the_written_backward_of_a_std_module_equals_the_derived_one(file, top, 
 
 
 def test_unspecialized_models_are_refused_with_a_hint(capsys):
+    """The looped backward needs no layer count; unrolling it (loop=false) and lowering do."""
     from modeldsl.tools.opt import main
 
     path = str(STD_ROOT / "models" / "llama.module")
-    assert main([path, "-p", "mdsl-autodiff"]) == 1
+    assert main([path, "-p", "mdsl-autodiff"]) == 0
+    assert "mdsl.graph.stack @blocks_bwd count #mdsl.graph.expr<n_layers> reverse" in capsys.readouterr().out
+    assert main([path, "-p", "mdsl-autodiff{loop=false}"]) == 1
     err = capsys.readouterr().err
     assert "error[E014]: mdsl-autodiff: the layer count n_layers of @blocks is not known" in err
     assert "hint: run mdsl-specialize first" in err

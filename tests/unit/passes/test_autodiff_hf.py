@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import modeldsl
-from modeldsl.dialects.graph import CallOp
+from modeldsl.dialects.graph import CallOp, StackOp
 from modeldsl.hf.checkpoint import ImportRecord, hf_tensors
 from modeldsl.passes.autodiff import gradient_function
 from modeldsl.resolve.imports import STD_ROOT
@@ -43,10 +43,13 @@ def derived_gradients(module: str, path, tokens: np.ndarray, d_logits: np.ndarra
     """(logits, {HF tensor name: gradient}) of the derived ``@forward_grad`` in fp32."""
     model = modeldsl.load(STD_ROOT / "models" / module, hf=path, dtype="fp32")
     grad_func = gradient_function(model.model, "forward")
-    # SwiGLU_MLP's written backward computes the MLP's gradients, in every layer
-    backward_calls = [op for op in grad_func.body.block.ops if isinstance(op, CallOp)]
-    assert [op.callee.root_reference.data for op in backward_calls] == ["blocks_mlp_backward"] * len(backward_calls)
-    assert len(backward_calls) == model.config("n_layers")
+    # SwiGLU_MLP's written backward computes the MLP's gradients, once in the block backward
+    # that a reverse stack runs for every layer
+    (stack,) = [op for op in grad_func.body.block.ops if isinstance(op, StackOp) and op.reverse is not None]
+    block_backward = model.model.lookup(stack.body.root_reference.data)
+    backward_calls = [op.callee.root_reference.data for op in block_backward.walk() if isinstance(op, CallOp)]
+    assert backward_calls == ["blocks_mlp_backward"]
+    assert stack.count.data.evaluate({}) == model.config("n_layers")
     executor = GraphExecutor(model.model, model.weights, np.float32)
     results = executor.run(grad_func.sym_name.data, *model.inputs(tokens, 0), d_logits)
     names = [a.data for a in grad_func.attributes["grads"].data]
