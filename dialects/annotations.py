@@ -448,6 +448,8 @@ def _only_for(cls: type[AnnotationAttr], values: Mapping[str, Any], selector: st
 # ----------------------------------------------------------------------------
 
 MEMORY_MODES = ("save", "recompute", "temporary", "pin", "offload", "stream")
+# seed 002: always recompute; lora_only: only while adapters are trained (full fine-tuning saves); never
+RECOMPUTE_POLICIES = ("always", "lora_only", "never")
 OFFLOAD_MODES = ("offload", "stream")
 PARAMETER_MEMORY_MODES = ("save", "pin", "offload", "stream")
 CHECKPOINT_GRANULARITIES = ("full", "selective", "none")
@@ -495,7 +497,8 @@ GRADIENT_MODES = ("compute", "skip", "accumulate", "checkpoint")
 
 @irdl_attr_definition
 class MemoryAttr(AnnotationAttr):
-    """``@memory(mode, priority=0, prefetch=true, async=true)``: spec 7.2.1."""
+    """``@memory(mode, priority=0, prefetch=true, async=true, policy=always)``: spec 7.2.1 (``policy``:
+    seed 002's recompute policy)."""
 
     name = "mdsl.graph.memory"
     DSL_NAME = "memory"
@@ -504,10 +507,14 @@ class MemoryAttr(AnnotationAttr):
         optional("priority", "int", 0, minimum=0),
         optional("prefetch", "bool", True),
         optional("async", "bool", True),
+        enum("policy", RECOMPUTE_POLICIES, default="always"),
     )
 
     @classmethod
     def check_values(cls, values: dict[str, Any]) -> None:
+        if values["policy"] != "always" and values["mode"] not in ("recompute", "temporary"):
+            raise AnnotationError(f"@memory({values['mode']}) takes no recompute policy",
+                                  "policy=lora_only or policy=never applies to recompute")
         stray = _changed(cls, values, ("priority", "prefetch"))
         if stray and values["mode"] not in OFFLOAD_MODES:
             raise AnnotationError(

@@ -628,6 +628,7 @@ class Lowering(BackwardLowering):
             scope.define(name, arg, span, "optional" if name in optional else "input")
         for name, span in self.failed_inputs.get(id(forward), []):
             scope.define(name, None, span, "poisoned")  # reported; its uses stay quiet
+        _record_input_memory(func, instance.decl, [name for name, _, _ in inputs])
         results = self.run_graph(instance, forward, scope, outputs)
         self.block.add_op(ReturnOp(*results))
         func.function_type = type(func.function_type).from_lists(
@@ -855,6 +856,17 @@ class Lowering(BackwardLowering):
         self.check_flow_annotations(instance, flow, annotations, self.performed_since(before))
         if last_ops and self.backward is None:
             self.record_memory_policy(instance, flow.chain[-1], last_ops[-1], annotations)
+            self.mark_checkpoint_region(before, annotations)
+
+    def mark_checkpoint_region(self, before: Operation | None, annotations: list[Attribute]) -> None:
+        """A flow ``@checkpoint``: every op the flow made (the region ``mdsl-recompute`` replays)
+        carries it as its ``checkpoint`` attribute (a stack carries it in its annotations)."""
+        checkpoint = next((a for a in annotations if isinstance(a, CheckpointAttr)), None)
+        op = before.next_op if before is not None else self.block.first_op
+        while checkpoint is not None and op is not None:
+            if not isinstance(op, StackOp):
+                op.attributes["checkpoint"] = checkpoint
+            op = op.next_op
 
     def attach_annotations(self, op: Operation | None, nodes: list[ast.Annotation],
                            instance: Instance) -> list[Attribute]:
@@ -933,17 +945,20 @@ class Lowering(BackwardLowering):
                              annotations: list[Attribute]) -> None:
         """The memory mode of each named result by the precedence ladder of spec 7.2.0,
         as ``memory = [...]`` on the op (``auto`` where only the default rule applies,
-        which the autodiff pass decides once it knows what the backward needs)."""
+        which ``mdsl-recompute`` decides once it knows what the backward needs). A module
+        with a ``save:`` list saves what it lists: the tensors it leaves out are recomputed
+        (spec 7.2.1: ``save: [in]`` "only save input; recompute intermediates"; W003 says so)."""
         names = destination.items if isinstance(destination, ast.TupleExpr) else [destination]
         save, recompute = _tensor_list(instance.decl, "save"), _tensor_list(instance.decl, "recompute")
         modes = []
         for target in names:
             target = target.value if isinstance(target, ast.Annotated) else target
             name = target.id if isinstance(target, ast.Name) else "_"
+            listed = _matches(name, save)
             policy = effective_memory_policy(
                 name, annotations=[a for a in annotations if isinstance(a, AnnotationAttr)],
-                save=[name] if _matches(name, save) else [],
-                recompute=[name] if _matches(name, recompute) else [],
+                save=[name] if listed else [],
+                recompute=[name] if _matches(name, recompute) or (save and not listed) else [],
             )
             modes.append(policy.mode if policy.source != "default" else "auto")
         if len(modes) == len(op.results) and any(m != "auto" for m in modes):
@@ -1290,6 +1305,7 @@ class Lowering(BackwardLowering):
         for (n, _, s), arg in zip(inner_inputs, args):
             arg.name_hint = n
             scope.define(n, arg, s, "input")
+        _record_input_memory(func, body.decl, [n for n, _, _ in inner_inputs])
         try:
             results = self.run_graph(body, forward, scope, outputs)
             self.block.add_op(ReturnOp(*results))
@@ -1771,13 +1787,32 @@ def _naming_hint(ops: list[Operation], values: list[SSAValue]) -> str | None:
 
 def _tensor_list(decl: ast.Decl, name: str) -> list[str]:
     """The names (or wildcard patterns such as ``ln*_out``) of a forward ``save:`` or ``recompute:`` list."""
-    patterns: list[str] = []
+    return [pattern for pattern, _ in _listed(decl, name)]
+
+
+def _record_input_memory(func: FuncOp, decl: ast.Decl, names: list[str]) -> None:
+    """``input_memory = {x = "recompute"}`` for the inputs a block's ``save:`` or ``recompute:`` list
+    names (``mdsl-recompute`` reads it), with where the list says so (``input_memory_at``)."""
+    modes, places = {}, {}
+    for section in ("recompute", "save"):  # save: is the higher rung of the ladder: it wins
+        for name, span in _listed(decl, section):
+            for n in names:
+                if fnmatch.fnmatchcase(n, name):
+                    modes[n], places[n] = StringAttr(section), StringAttr(span.location)
+    if modes:
+        func.attributes["input_memory"] = DictionaryAttr(modes)
+        func.attributes["input_memory_at"] = DictionaryAttr(places)
+
+
+def _listed(decl: ast.Decl, name: str) -> list[tuple[str, Span]]:
+    """(name or pattern, its span) of each entry of a forward ``save:`` or ``recompute:`` list."""
+    found = []
     for forward in decl.sections("forward"):
         for entry in forward.body:
             if isinstance(entry, ast.Section) and entry.name == name and entry.value is not None:
                 items = entry.value.expr.items if isinstance(entry.value.expr, ast.ListExpr) else []
-                patterns += [source_text(item).replace(" ", "") for item in items]
-    return patterns
+                found += [(source_text(item).replace(" ", ""), item.span) for item in items]
+    return found
 
 
 def _matches(name: str, patterns: list[str]) -> bool:

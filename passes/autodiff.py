@@ -8,7 +8,8 @@ primitive's VJP rule (:mod:`modeldsl.vjp`). Gradients of a value used more
 than once are added; ``@frozen`` parameters get none, nor do integer tensors
 (token ids, labels). The function records the parameters its gradients
 belong to (``grads``) and the forward values the backward ops read
-(``saved``: what a training schedule must keep, or recompute).
+(``saved``: what a training schedule must keep, or recompute) and how many of
+its first ops are the forward's (``forward_ops``).
 
 Calls are inlined. A call of a module's forward helper that names its
 written backward (``backward = @<path>_backward``, see :mod:`modeldsl.lower`;
@@ -48,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import ArrayAttr, ModuleOp, StringAttr, SymbolRefAttr
+from xdsl.dialects.builtin import ArrayAttr, IntegerAttr, ModuleOp, StringAttr, SymbolRefAttr, i64
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -136,6 +137,7 @@ class GradientBuilder:
         grad_func, backward_start, args = self.derive(func)
         saved = self.saved(backward_start, args)
         grad_func.attributes["saved"] = ArrayAttr([StringAttr(n) for n in saved])
+        grad_func.attributes["forward_ops"] = IntegerAttr(backward_start, i64)
         self.model.body.block.add_op(grad_func)
         return grad_func
 
@@ -472,6 +474,9 @@ class BlockGradient:
         move_ops(ops, func.body.block, mapping)
         func.body.block.add_op(ReturnOp(*(mapping.get(v, v) for v in [*outputs, *saved])))
         func.attributes["saved"] = ArrayAttr([StringAttr(v.name_hint or f"v{i}") for i, v in enumerate(saved)])
+        for name in ("input_memory", "input_memory_at"):  # the block's own save:/recompute: of its inputs
+            if name in self.body.attributes:
+                func.attributes[name] = self.body.attributes[name]
         return func
 
     def backward_function(self, seeds: list[SSAValue], shared: list[SSAValue], slices: list[SSAValue],

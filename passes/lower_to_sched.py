@@ -76,6 +76,7 @@ from modeldsl.dialects.sched import (
     LayerLoopOp,
     LayerViewOp,
     ProgramOp,
+    RecomputeSegmentOp,
 )
 from modeldsl.graph_builder import op_attr
 from modeldsl.kernels.registry import entry
@@ -202,6 +203,7 @@ class ScheduleBuilder:
                 self.outputs[value] = index
         self.in_loop_grads = {ret.values[p]: t for p, t in accumulated.items() if _collected_once(ret.values[p])}
         self.run_body(func.body.block, self.values)
+        self.mark_saved(func)
         for position, target in accumulated.items():
             if ret.values[position] not in self.in_loop_grads:
                 self.accumulate(ret.values[position], target)
@@ -220,6 +222,20 @@ class ScheduleBuilder:
             op.detach()
             body.add_op(op)
         return program
+
+    def mark_saved(self, func: FuncOp) -> None:
+        """Mark ``saved`` the buffers of the forward values a gradient function's backward reads."""
+        if "forward_ops" not in func.attributes:
+            return
+        ops = list(func.body.block.ops)
+        forward = {r for op in ops[:func.attributes["forward_ops"].value.data] for r in op.results}
+        for op in ops[func.attributes["forward_ops"].value.data:]:
+            for value in op.operands:
+                buf = self.values.get(value) if value in forward else None
+                while buf is not None and isinstance(buf.owner, BufferOp) and buf.owner.alias_of is not None:
+                    buf = buf.owner.alias_of
+                if buf is not None and isinstance(buf.owner, BufferOp) and buf.owner.arena.data == "activations":
+                    buf.owner.attributes["saved"] = UnitAttr()
 
     # ------------------------------------------------------------------ gradients
     def gradient_results(self, func: FuncOp, ret: ReturnOp) -> dict[int, SSAValue]:
@@ -345,11 +361,26 @@ class ScheduleBuilder:
         buffer.erase()
 
     def run_body(self, block: Block, values: dict[SSAValue, SSAValue]) -> list[SSAValue]:
-        """Lower a function body; the values it returns."""
+        """Lower a function body; the values it returns. Consecutive ops marked ``recompute``
+        (by ``mdsl-recompute``, or a written backward's ``recompute:`` section) go into one
+        ``recompute_segment``."""
+        segment: RecomputeSegmentOp | None = None
         for op in block.ops:
             if isinstance(op, ReturnOp):
                 return list(op.values)
-            self.lower_op(op)
+            name = _segment_name(op)
+            if name is None:
+                segment = None
+                self.lower_op(op)
+                continue
+            if segment is None or segment.segment.data != name or segment is not self.block.last_op:
+                segment = RecomputeSegmentOp(name, layer=self.loops[-1][0].index if self.loops else None)
+                self.block.add_op(segment)
+            outer, self.block = self.block, segment.body.block
+            try:
+                self.lower_op(op)
+            finally:
+                self.block = outer
         raise AssertionError("a function without return")
 
     # ------------------------------------------------------------------ buffers
@@ -590,7 +621,7 @@ class ScheduleBuilder:
         state = [self.state_buffer(v, op) for v in op.carried]
         shared = [self.buffer(v) for v in op.shared]
         stacked = [self.buffer(v) for v in op.per_layer]
-        collected = [self.in_loop_grads.get(r) or self.new_buffer(r, "activations") for r in op.collected]
+        collected = [self.in_loop_grads.get(r) or self.saved_buffer(r) for r in op.collected]
         loop = LayerLoopOp(0, count, reverse=op.reverse is not None)
         outer, self.block = self.block, loop.body.block
         self.loops.append((loop, count))
@@ -615,6 +646,12 @@ class ScheduleBuilder:
         self.block.add_op(loop)
         for result, buf in zip([*op.carried_results, *op.collected], [*state, *collected]):
             self.values[result] = buf
+
+    def saved_buffer(self, value: SSAValue) -> SSAValue:
+        """A stacked ``activations`` buffer of saved tensors (marked ``saved`` for the memory report)."""
+        buf = self.new_buffer(value, "activations")
+        buf.owner.attributes["saved"] = UnitAttr()
+        return buf
 
     def write_layer(self, value: SSAValue, layer: SSAValue, state: list[SSAValue]) -> None:
         """Make the layer's slice of a collected result hold ``value``: its buffer becomes that slice
@@ -657,6 +694,17 @@ def _only_user_splits_last_dim(value: SSAValue) -> Operation | None:
     rank = len(value.type.shape)
     dim = split.attributes["dim"].value.data if "dim" in split.attributes else -1
     return split if dim % rank == rank - 1 else None
+
+
+def _segment_name(op: Operation) -> str | None:
+    """The recompute segment an op belongs to: ``recompute = "name"``; a written backward's
+    ``recompute`` unit attribute names it after the op's first result."""
+    mark = op.attributes.get("recompute")
+    if isinstance(mark, StringAttr):
+        return mark.data
+    if isinstance(mark, UnitAttr):
+        return op.results[0].name_hint or "recompute" if op.results else "recompute"
+    return None
 
 
 def _sliceable(target: SSAValue, shape: tuple[int, ...]) -> bool:

@@ -68,6 +68,12 @@ def _autodiff() -> type[ModulePass]:
     return AutodiffPass
 
 
+def _recompute() -> type[ModulePass]:
+    from modeldsl.passes.recompute import RecomputePass
+
+    return RecomputePass
+
+
 def _optimizer_step() -> type[ModulePass]:
     from modeldsl.passes.optimizer_step import OptimizerStepPass
 
@@ -80,6 +86,7 @@ PROJECT_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "mdsl-plan-memory": _plan_memory,
     "mdsl-lower-to-sched": _lower_to_sched,
     "mdsl-autodiff": _autodiff,
+    "mdsl-recompute": _recompute,
     "mdsl-optimizer-step": _optimizer_step,
 }
 

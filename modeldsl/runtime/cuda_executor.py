@@ -894,6 +894,10 @@ class Binder:
             return self.compile_loop(op, refs)
         if isinstance(op, RecomputeSegmentOp):
             return [c for inner in op.body.block.ops for c in self.compile(inner, refs)]
+        if isinstance(op, LayerViewOp):  # the layer is the enclosing loop's (compile_loop binds its index)
+            view, rows = refs[op.stacked].layer(refs[op.layer]), op.row_range
+            refs[op.result] = view if rows is None else view.rows(*rows)
+            return []
         if isinstance(op, LaunchOp):
             return bind_launch(op, refs)
         if isinstance(op, GemmOp):
@@ -912,13 +916,9 @@ class Binder:
         commands: list[Command] = []
         for layer in reversed(layers) if loop.reverse is not None else layers:
             local = dict(refs)
+            local[loop.index] = layer
             for op in loop.body.block.ops:
-                if isinstance(op, LayerViewOp):
-                    view = local[op.stacked].layer(layer)
-                    rows = op.row_range
-                    local[op.result] = view if rows is None else view.rows(*rows)
-                else:
-                    commands += self.compile(op, local)
+                commands += self.compile(op, local)
         return commands
 
 

@@ -140,6 +140,11 @@ class ScheduleExecutor:
             return self.compile_loop(op, views)
         if isinstance(op, RecomputeSegmentOp):
             return [step for inner in op.body.block.ops for step in self.compile(inner, views)]
+        if isinstance(op, LayerViewOp):  # the layer is the enclosing loop's (compile_loop binds its index)
+            rows, layer = op.row_range, views[op.layer]
+            views[op.result] = views[op.stacked][layer] if rows is None else \
+                views[op.stacked][layer][rows[0]:rows[0] + rows[1]]
+            return []
         if isinstance(op, LaunchOp):
             return [self.launch(op, views)]
         if isinstance(op, GemmOp):
@@ -159,13 +164,9 @@ class ScheduleExecutor:
         steps: list[Step] = []
         for layer in reversed(layers) if loop.reverse is not None else layers:
             local = dict(views)
+            local[loop.index] = layer
             for op in loop.body.block.ops:
-                if isinstance(op, LayerViewOp):
-                    rows = op.row_range
-                    local[op.result] = local[op.stacked][layer] if rows is None else \
-                        local[op.stacked][layer][rows[0]:rows[0] + rows[1]]
-                else:
-                    steps += self.compile(op, local)
+                steps += self.compile(op, local)
         return steps
 
     def launch(self, op: LaunchOp, views: dict[SSAValue, np.ndarray]) -> Step:

@@ -45,6 +45,7 @@ from modeldsl.graph_builder import GraphBuilder
 from modeldsl.passes.autodiff import gradient_function
 from modeldsl.passes.lower_to_sched import lower_function
 from modeldsl.passes.optimizer_step import optimizer_program
+from modeldsl.passes.recompute import RecomputePass
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.executor import ExecutionError
 from modeldsl.runtime.optim import AdamWConfig
@@ -90,13 +91,27 @@ def specialized(model: ModelOp, batch: int, tokens: int) -> ModelOp:
     return next(op for op in module.body.block.ops if isinstance(op, ModelOp))
 
 
-def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str | None = "fp32") -> ProgramOp:
+def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str | None = "fp32",
+                          recompute: str = "annotated") -> ProgramOp:
     """The planned schedule of ``@train_loss_grad`` for ``[batch, tokens]`` micro-batches: inputs
-    (forward inputs..., labels, d_loss), output the loss; parameter gradients added into ``grads``."""
+    (forward inputs..., labels, d_loss), output the loss; parameter gradients added into ``grads``.
+    ``recompute`` is ``mdsl-recompute``'s mode: ``none``, ``annotated``, ``full``, or ``auto:BYTES``
+    / ``auto`` (the automatic mode under that activation budget)."""
     model = specialized(model, batch, tokens)
     add_loss_function(model)
     gradient_function(model, "train_loss")
+    RecomputePass(**recompute_options(recompute)).apply(Context(), model.parent_op())
     return plan(lower_function(model, "train_loss_grad", storage, grads_arena=True))
+
+
+def recompute_options(spelling: str) -> dict[str, str]:
+    """``mdsl-recompute``'s options for ``none|annotated|full|auto[:BYTES]`` (``auto``: the device's free memory)."""
+    mode, _, budget = spelling.partition(":")
+    if mode == "auto":
+        return {"budget": budget or "auto"}
+    if budget:
+        raise ExecutionError(f"--recompute {spelling}: only auto takes a budget (auto:2GiB)")
+    return {"mode": mode}
 
 
 def compile_optimizer_step(model: ModelOp, config: AdamWConfig, storage: str | None = "fp32") -> ProgramOp:
@@ -121,6 +136,7 @@ class Trainer:
     step: int = 0
     dtype: str = "fp32"
     device: Any = None  # a modeldsl.runtime.cuda_device.Device the programs run on; None: the CPU
+    recompute: str = "annotated"  # mdsl-recompute's mode (see compile_training_step)
 
     def __post_init__(self) -> None:
         if self.model.dtype != "fp32":
@@ -148,7 +164,7 @@ class Trainer:
         """The training step of ``[batch, tokens]`` micro-batches (compiled on first use)."""
         key = (batch, tokens)
         if key not in self.programs:
-            program = compile_training_step(self.model.model, batch, tokens, self.storage)
+            program = compile_training_step(self.model.model, batch, tokens, self.storage, self.recompute)
             if tagged_layout(program, "grad") != tagged_layout(self.optimizer.program, "grad"):
                 raise ExecutionError("the training step lays out the gradients unlike the optimizer step")
             self.programs[key] = self.schedule.executor(program, arenas={"grads": self.optimizer.arenas["grads"]})

@@ -278,7 +278,7 @@ def test_make_annotation_maps_dsl_arguments(ctx, name, args, kwargs, printed):
 
 def test_values_include_defaults():
     attr = make_annotation("memory", ["offload"], {})
-    assert attr.values == {"mode": "offload", "priority": 0, "prefetch": True, "async": True}
+    assert attr.values == {"mode": "offload", "priority": 0, "prefetch": True, "async": True, "policy": "always"}
     assert attr["mode"] == "offload"
     assert MemoryAttr.of(mode="offload") == attr
     assert make_annotation("lifetime", [], {})["start"] is None
