@@ -230,7 +230,7 @@ class ScheduleBuilder:
         ops = list(func.body.block.ops)
         forward = {r for op in ops[:func.attributes["forward_ops"].value.data] for r in op.results}
         for op in ops[func.attributes["forward_ops"].value.data:]:
-            for value in op.operands:
+            for value in [] if isinstance(op, ReturnOp) else op.operands:
                 buf = self.values.get(value) if value in forward else None
                 while buf is not None and isinstance(buf.owner, BufferOp) and buf.owner.alias_of is not None:
                     buf = buf.owner.alias_of

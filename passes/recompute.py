@@ -268,23 +268,24 @@ class Planner:
 
     def not_derivable(self, value: SSAValue, target: SSAValue, region: Region) -> None:
         _, where = region.input_modes[value]
-        name, wanted = value.name_hint or "?", target.name_hint or "?"
+        name = value.name_hint or "?"
+        needs = f"the backward reads the input '{name}'" if value is target else \
+            f"recomputing '{target.name_hint or '?'}' needs the input '{name}'"
         if value in region.carried:
             raise DiagnosticError([Diagnostic(
-                "E022", f"recomputing '{wanted}' needs the block input '{name}', which is marked recompute: "
-                f"it is the previous layer's output, whose recompute starts from '{name}' again", _span(where, name),
-                f"save the block input (drop '{name}' from recompute:, or list it in save:)")])
+                "E022", f"{needs} of a stacked block, which is marked recompute: it is the previous layer's "
+                f"output, whose recompute would start from '{name}' again (a cycle through the layer loop)",
+                _span(where, name), f"save the block input (drop '{name}' from recompute:, or list it in save:)")])
         raise DiagnosticError([Diagnostic(
-            "E021", f"'{wanted}' is not derivable from saved tensors: it needs the input '{name}', which is "
-            "marked recompute, and nothing computes an input", _span(where, name),
-            f"save '{name}' (drop it from recompute:)")])
+            "E021", f"{needs}, which is marked recompute, but nothing computes an input: it is not derivable "
+            "from saved tensors", _span(where, name), f"save '{name}' (drop it from recompute:)")])
 
     # ------------------------------------------------------------------ automatic mode
     def choose_automatically(self) -> None:
         """Recompute the cheapest tensors per byte until the saved ones fit the budget."""
         regions = [r for r in (layer_region(self.model, s, False) for s in backward_stacks(self.model)) if r]
         self.budget_bytes = self.settings.budget if isinstance(self.settings.budget, int) else auto_budget(self.model)
-        candidates = []
+        candidates, bound = [], set()
         for region in regions:
             for value in region.needed:
                 if not isinstance(value.owner, Operation):
@@ -292,22 +293,24 @@ class Planner:
                 memory = next((a for a in annotations_of(value.owner) if isinstance(a, MemoryAttr)), None)
                 if memory is not None:  # rung 1 binds in every mode
                     self.forced[value] = memory["mode"] in NOT_KEPT and self.policy_allows(value)
+                    bound.add(value)
                     continue
-                flops = self.replay_flops(value, region)
-                candidates.append((flops / max(_nbytes(value), 1), value, region, flops))
+                self.forced[value] = False
+                candidates.append((self.replay_flops(value, region) / max(_nbytes(value), 1), value, region))
         candidates.sort(key=lambda c: (c[0], -_nbytes(c[1])))
-        for value, region in ((c[1], c[2]) for c in candidates):
-            self.forced[value] = False
-        total = self.saved_bytes(regions)
-        for _, value, region, flops in candidates:
-            if total <= self.budget_bytes:
+        self.saved_total = self.saved_bytes(regions)
+        for _, value, region in candidates:
+            if self.saved_total <= self.budget_bytes:
                 break
             self.forced[value] = True
-            total = self.saved_bytes(regions)
-        for _, value, region, flops in sorted(candidates, key=lambda c: region_order(c[1], c[2])):
-            self.rows.append(TableRow(f"{region.name}.{value.name_hint or '?'}", _nbytes(value), self.replay_flops(value, region),
-                                      region.layers, "recompute" if self.forced[value] else "save"))
-        self.saved_total = total
+            self.saved_total = self.saved_bytes(regions)
+        for region in regions:
+            for value in region.needed:
+                decision = "save (block input)" if not isinstance(value.owner, Operation) else \
+                    ("recompute" if self.forced[value] else "save") + (" (@memory)" if value in bound else "")
+                self.rows.append(TableRow(f"{region.name}.{value.name_hint or '?'}", _nbytes(value),
+                                          self.replay_flops(value, region) if isinstance(value.owner, Operation)
+                                          else 0, region.layers, decision))
 
     def replay_flops(self, value: SSAValue, region: Region) -> int:
         """FLOPs of recomputing ``value`` alone (everything else the backward reads saved)."""
@@ -331,21 +334,27 @@ class Planner:
         return "\n".join(lines)
 
 
-def region_order(value: SSAValue, region: Region) -> tuple[int, int]:
-    return (id(region), region.needed.index(value))
-
-
 def auto_budget(model: ModelOp) -> int:
     """The device's free memory (the host's without CUDA) less parameters, gradients and AdamW state."""
-    from modeldsl.runtime.fits import free_memory_bytes
-
     state = 0
     for param in model.params():
         numel = math.prod(_dims(param.param_type))
         state += param.param_type.dtype.byte_size(numel)
         if not is_frozen(param):
-            state += 12 * numel + (4 * numel if param.param_type.dtype.itemsize < 4 else 0)
+            state += 12 * numel + (4 * numel if param.param_type.dtype.bits < 32 else 0)
     return max(int(0.8 * (free_memory_bytes() - state)), 0)
+
+
+def free_memory_bytes() -> int:
+    """Free memory of the GPU where one is usable, else what the host can still allocate."""
+    from modeldsl.runtime.fits import available_bytes
+
+    try:
+        from modeldsl.runtime.cuda_device import make_device
+
+        return make_device("cuda").free_bytes()
+    except (RuntimeError, ImportError):
+        return available_bytes()
 
 
 def _dims(t: TensorType) -> list[int]:

@@ -32,7 +32,7 @@ builtin.module {
 // CHECK-LABEL: mdsl.graph.func @forward_grad(
 // CHECK-SAME:    %x: !mdsl.graph.tensor<[B, T, d], fp32>, %d_y: !mdsl.graph.tensor<[B, T, d], fp32>)
 // CHECK-SAME:    -> (!mdsl.graph.tensor<[B, T, d], fp32>, !mdsl.graph.tensor<[d, d], fp32>, !mdsl.graph.tensor<[d, d], fp32>, !mdsl.graph.tensor<[B, T, d], fp32>)
-// CHECK-SAME:    attributes {kind = "helper", grads = ["w", "v"], input_grads = ["x"], saved = ["g", "a", "h", "x"]}
+// CHECK-SAME:    attributes {kind = "helper", grads = ["w", "v"], input_grads = ["x"], saved = ["g", "a", "h", "x"], forward_ops = 6 : i64}
 
 // The forward, cloned (one param_ref of @w, read twice).
 // CHECK-NEXT:  %w = mdsl.graph.param_ref @w
