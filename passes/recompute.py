@@ -563,7 +563,7 @@ class RecomputeLayerTensors(RewritePattern):
         forward = StackOp(pair.fwd.sym_name.data, count, list(old_forward.carried), list(old_forward.per_layer),
                           list(old_forward.shared), [StackOp.stacked_type(count, v.type) for v in new_saved])
         forward.attributes |= {k: v for k, v in old_forward.attributes.items()}
-        rewriter.insert_op(forward, InsertPoint.before(old_forward))
+        rewriter.insert(forward, InsertPoint.before(old_forward))
         body = old_forward.body.root_reference.data
         for new, old in zip(forward.carried_results, old_forward.carried_results):
             new.name_hint = old.name_hint
@@ -576,10 +576,10 @@ class RecomputeLayerTensors(RewritePattern):
                            [r.type for r in old_backward.collected], reverse=True)
         backward.attributes |= {k: v for k, v in old_backward.attributes.items()}
         backward.attributes["recompute_planned"] = StringAttr(self.planner.settings.mode)
-        rewriter.replace_op(old_backward, backward)
+        rewriter.replace(old_backward, backward)
         for new, old in zip(backward.res, old_backward.res):
             new.name_hint = old.name_hint
-        rewriter.erase_op(old_forward)
+        rewriter.erase(old_forward)
 
 
 def _segment_name(anchor: Operation, choice: Choice, needed: dict[SSAValue, SSAValue]) -> str:
