@@ -47,7 +47,7 @@ SETTINGS = {
 DEFAULTS = {"grad_accum": 1, "warmup": 0, "weight_decay": 0.01, "clip": 1.0, "min_lr_ratio": 0.0, "seed": 0,
             "dtype": "fp32"}
 TRAIN_ONLY = ("steps", "batch", "seq", "lr", "grad_accum", "warmup", "weight_decay", "clip", "min_lr_ratio",
-              "save", "resume", "stop_after", "loss_plot")
+              "save", "resume", "stop_after", "loss_plot", "recompute")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,6 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop-after", type=int, metavar="K", help="stop after step K of --steps (and save)")
     g.add_argument("--loss-plot", metavar="FILE.png", help="where to draw the loss curve (default OUT/loss.png "
                    "with --save, else ./loss.png)")
+    g.add_argument("--recompute", metavar="MODE", help="what the backward recomputes instead of saving "
+                   "(mdsl-recompute): none, annotated (the model's own @memory/@checkpoint/save:/recompute:; the "
+                   "default), full (every stacked block checkpointed), auto[:BYTES] (the cheapest recomputes until "
+                   "the saved activations fit BYTES, e.g. auto:2GiB; auto alone: the free memory)")
 
 
 def _flag_error(message: str, hint: str = "see mdsl-run --help") -> DiagnosticError:
@@ -195,8 +199,26 @@ def _check_values(args) -> None:
     number("weight_decay")
     number("clip")
     number("min_lr_ratio", high=1.0)
+    if args.recompute is not None:
+        problems += _recompute_problems(args.recompute)
     if problems:
         raise DiagnosticError([Diagnostic("E029", f"mdsl-run: {p}", None, "see mdsl-run --help") for p in problems])
+
+
+def _recompute_problems(spelling: str) -> list[str]:
+    """What is wrong with a --recompute MODE (nothing: [])."""
+    from modeldsl.passes.recompute import parse_budget
+
+    mode, _, budget = spelling.partition(":")
+    if mode not in ("none", "annotated", "full", "auto"):
+        return [f"--recompute {spelling}: the mode is none, annotated, full or auto[:BYTES]"]
+    if budget and mode != "auto":
+        return [f"--recompute {spelling}: only auto takes a budget (auto:2GiB)"]
+    try:
+        parse_budget(budget) if budget else None
+    except DiagnosticError:
+        return [f"--recompute {spelling}: '{budget}' is no byte count (auto:268435456, auto:256MiB, auto:2GiB)"]
+    return []
 
 
 def _check_resume(args) -> None:
@@ -377,11 +399,12 @@ def run_training(args) -> int:
                              total_steps=args.steps, min_lr_ratio=args.min_lr_ratio, clip_norm=args.clip)
         batches = PackedBatches(tokens, args.seq)
     if model.device is None:
-        trainer = Trainer(model, config, dtype=args.dtype)
+        trainer = Trainer(model, config, dtype=args.dtype, recompute=args.recompute or "annotated")
     else:
         from modeldsl.runtime.cuda_train import CudaTrainer
 
-        trainer = CudaTrainer(model, config, dtype=args.dtype, device=model.device)
+        trainer = CudaTrainer(model, config, dtype=args.dtype, device=model.device,
+                              recompute=args.recompute or "annotated")
     if state is not None:
         try:
             trainer.restore(state.step, state.moments)

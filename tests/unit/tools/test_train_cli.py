@@ -304,3 +304,22 @@ def test_the_readme_training_commands_run_as_written(tmp_path, monkeypatch, caps
     claim = re.search(r"takes the loss from ([\d.]+) to ([\d.]+) in 60 steps", " ".join(readme.split()))
     assert losses[1] == pytest.approx(float(claim[1]), abs=0.01)
     assert losses[60] == pytest.approx(float(claim[2]), abs=0.05)
+
+
+# ------------------------------------------------------------------ recompute modes
+def test_every_recompute_mode_trains_to_the_same_losses(capsys, straight):
+    expected = losses_of(straight[0])
+    for mode in ("none", "full", "auto:4KiB"):
+        out = train(capsys, "--recompute", mode)
+        assert losses_of(out) == expected, mode
+
+
+@pytest.mark.parametrize("spelling, message", [
+    ("sometimes", "--recompute sometimes: the mode is none, annotated, full or auto[:BYTES]"),
+    ("full:2GiB", "--recompute full:2GiB: only auto takes a budget"),
+    ("auto:lots", "--recompute auto:lots: 'lots' is no byte count"),
+])
+def test_a_bad_recompute_mode_is_a_coded_error(capsys, spelling, message):
+    assert main([*RUN, "--recompute", spelling]) == 1
+    err = capsys.readouterr().err
+    assert "error[E029]: mdsl-run: " + message in err and "Traceback" not in err
