@@ -4,6 +4,15 @@ Both read a planned ``mdsl.sched`` program (after ``mdsl-plan-memory``, or any
 IR whose buffers all have offsets): the offsets come from the IR, the live
 steps from the planner's liveness analysis of the same IR (in-place outputs
 are aliases by then, so each memory root's interval covers them).
+
+A training step (a program with a ``grads`` arena) gets a training section
+too (:func:`training_memory`, :class:`TrainingMemory`): params, grads, the
+AdamW state the optimizer will need (computed: two fp32 moments per trainable
+parameter and an fp32 master copy of each 16-bit trainable parameter; the
+step program itself holds no optimizer arena), the saved activations (the
+buffers marked ``saved``: forward values the backward reads), the transient
+rest of the activations arena, the workspace and their total, and how many of
+the step's FLOPs (:mod:`modeldsl.flops`) recompute forward work.
 """
 
 from __future__ import annotations
@@ -12,7 +21,8 @@ from dataclasses import dataclass
 
 from xdsl.ir import Operation
 
-from modeldsl.dialects.sched import ARENAS, LaunchOp, ProgramOp
+from modeldsl.dialects.sched import ARENAS, BufferOp, LaunchOp, ProgramOp, buffer_type
+from modeldsl.flops import FlopsUnknown, ProgramFlops, program_flops
 from modeldsl.passes.plan_memory import (
     FIXED_ARENAS,
     REUSED_ARENAS,
@@ -135,7 +145,166 @@ def format_report(memory: ProgramMemory, top: int = 10) -> str:
 
 def memory_report(module: Operation, top: int = 10) -> str:
     """The report of every program of a module (``--emit=memory-report``)."""
-    return "\n".join(format_report(program_memory(p), top) for p in _programs_of(module))
+    return "\n".join(program_report(p, top) for p in _programs_of(module))
+
+
+def program_report(program: ProgramOp, top: int = 10) -> str:
+    """The memory plan of one program, and for a training step its training section."""
+    text = format_report(program_memory(program), top)
+    if is_training_step(program):
+        text += format_training(training_memory(program))
+    return text
+
+
+# ----------------------------------------------------------------------------
+# Training steps
+# ----------------------------------------------------------------------------
+
+FP32_BYTES = 4
+ADAMW_MOMENTS = 2  # exp_avg and exp_avg_sq, fp32 each
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """The memory of one training step in bytes, and its FLOPs.
+
+    ``optimizer`` is computed (AdamW: two fp32 moments per trainable parameter,
+    an fp32 master copy of each 16-bit trainable parameter), not read from the
+    program: a step program holds no optimizer arena (``optimizer_arena`` is
+    what it does hold). ``transient`` is the activations arena less the saved
+    activations, floored at 0. ``flops`` is None where the cost model cannot
+    price some op of the program (``flops_unknown`` says which).
+    """
+
+    name: str
+    params: int
+    grads: int
+    optimizer: int
+    saved: int
+    transient: int
+    workspace: int
+    trainable_parameters: int
+    optimizer_arena: int
+    flops: ProgramFlops | None
+    flops_unknown: str = ""
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.saved + self.transient + self.workspace
+
+
+def is_training_step(program: ProgramOp) -> bool:
+    """A program with a ``grads`` arena."""
+    return program.arenas["grads"] > 0
+
+
+def _memory_roots(program: ProgramOp) -> list[BufferOp]:
+    """The buffers of a planned program that own memory (not aliases)."""
+    roots = [op for op in program.body.block.ops if isinstance(op, BufferOp) and op.alias_of is None]
+    for op in roots:
+        if op.offset is None:
+            raise NotPlanned(
+                f"buffer %{op.result.name_hint or '?'} of @{program.sym_name.data} has no offset: "
+                "run mdsl-plan-memory first (-p mdsl-plan-memory)"
+            )
+    return roots
+
+
+def _root_of(op: BufferOp) -> BufferOp:
+    while op.alias_of is not None:
+        op = op.alias_of.owner
+    return op
+
+
+def _is_saved(op: BufferOp) -> bool:
+    """Marked ``saved``: a forward value the backward reads (a unit attribute or property)."""
+    return "saved" in op.attributes or "saved" in op.properties
+
+
+def _tag(op: BufferOp, name: str) -> str | None:
+    """The ``param``/``grad`` name a buffer is tagged with."""
+    attr = op.attributes.get(name)
+    return getattr(attr, "data", None) if attr is not None else None
+
+
+def saved_activation_bytes(program: ProgramOp) -> int:
+    """The bytes of the activations-arena memory that ``saved`` buffers (or their aliases) occupy."""
+    saved = {_root_of(op) for op in program.body.block.ops if isinstance(op, BufferOp) and _is_saved(op)}
+    return sum(op.bytes.value.data for op in saved if op.arena.data == "activations")
+
+
+def adamw_state(program: ProgramOp) -> tuple[int, int]:
+    """(trainable parameter count, AdamW state bytes): two fp32 moments per element of every
+    ``grad``-tagged buffer, and an fp32 master copy of each trainable parameter stored in 16 bits."""
+    roots = _memory_roots(program)
+    params = {_tag(op, "param"): op for op in roots if op.arena.data == "params" and _tag(op, "param")}
+    trainable, state = 0, 0
+    for op in roots:
+        name = _tag(op, "grad")
+        if name is None:
+            continue
+        count = buffer_type(op.result).numel
+        trainable += count
+        state += ADAMW_MOMENTS * FP32_BYTES * count
+        param = params.get(name)
+        if param is not None and buffer_type(param.result).dtype.bits == 16:
+            state += FP32_BYTES * buffer_type(param.result).numel
+    return trainable, state
+
+
+def training_memory(program: ProgramOp) -> TrainingMemory:
+    """The training breakdown of a planned program (see :class:`TrainingMemory`)."""
+    arenas = program.arenas
+    trainable, optimizer = adamw_state(program)
+    saved = saved_activation_bytes(program)
+    try:
+        flops, unknown = program_flops(program), ""
+    except FlopsUnknown as err:
+        flops, unknown = None, str(err)
+    return TrainingMemory(
+        name=program.sym_name.data,
+        params=arenas["params"],
+        grads=arenas["grads"],
+        optimizer=optimizer,
+        saved=saved,
+        transient=max(arenas["activations"] - saved, 0),
+        workspace=arenas["workspace"],
+        trainable_parameters=trainable,
+        optimizer_arena=arenas["optimizer"],
+        flops=flops,
+        flops_unknown=unknown,
+    )
+
+
+def _size_line(label: str, nbytes: int, note: str = "") -> str:
+    return f"  {label:<22} {nbytes / GIB:>9.3f} GiB {nbytes:>14} bytes{note}"
+
+
+def format_recompute(memory: TrainingMemory) -> str:
+    if memory.flops is None:
+        return f"recompute: FLOPs unknown ({memory.flops_unknown})"
+    f = memory.flops
+    return f"recompute: {f.recompute} FLOPs of {f.total} ({100 * f.recompute_fraction:.1f}% of the step)"
+
+
+def format_training(memory: TrainingMemory) -> str:
+    """The training section of the report: one line per memory class in GiB and bytes, then recompute."""
+    holds = ("the step program holds no optimizer arena" if memory.optimizer_arena == 0
+             else f"the program's own optimizer arena holds {memory.optimizer_arena} bytes")
+    lines = [
+        f"training step @{memory.name}: {memory.trainable_parameters} trainable parameters",
+        _size_line("params", memory.params),
+        _size_line("grads", memory.grads),
+        _size_line("optimizer (AdamW)", memory.optimizer, f"  computed: 2 fp32 moments per trainable parameter "
+                                                          f"+ fp32 masters of 16-bit ones; {holds}"),
+        _size_line("saved activations", memory.saved),
+        _size_line("transient activations", memory.transient),
+        _size_line("workspace", memory.workspace),
+        _size_line("total", memory.total),
+        format_recompute(memory),
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _human(n: float) -> str:
