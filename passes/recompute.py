@@ -285,6 +285,7 @@ class Planner:
         """Recompute the cheapest tensors per byte until the saved ones fit the budget."""
         regions = [r for r in (layer_region(self.model, s, False) for s in backward_stacks(self.model)) if r]
         self.budget_bytes = self.settings.budget if isinstance(self.settings.budget, int) else auto_budget(self.model)
+        self.fixed = sum(self.top_level_saved_bytes(top) for top in self.top_level_regions())
         candidates, bound = [], set()
         for region in regions:
             for value in region.needed:
@@ -322,15 +323,30 @@ class Planner:
         return sum(graph_op_flops(op) for op in replay)
 
     def saved_bytes(self, regions: list[Region]) -> int:
-        return sum(region.layers * sum(_nbytes(v) for v in self.choose(region).keep) for region in regions)
+        """The saved bytes of the layer loops (all layers) and, fixed, of the tensors outside them."""
+        return self.fixed + sum(region.layers * sum(_nbytes(v) for v in self.choose(region).keep)
+                                for region in regions)
+
+    def top_level_saved_bytes(self, region: Region) -> int:
+        """What the forward part of a gradient function keeps for its backward: the forward values
+        it saves, and the carried results of its stacks the backward reads (not its inputs)."""
+        kept = [v for v in self.choose(region).keep if isinstance(v.owner, Operation)]
+        carried = [r for op in region.ops if isinstance(op, StackOp) for r in op.carried_results
+                   if any(u.operation not in region.ops for u in r.uses)]
+        return sum(_nbytes(v) for v in [*kept, *carried])
+
+    def top_level_regions(self) -> list[Region]:
+        """The forward part of each gradient function (outside its stacks)."""
+        funcs = [f for f in self.model.funcs() if "forward_ops" in f.attributes]
+        return [top_level_region(self.model, f) for f in funcs]
 
     def table(self) -> str:
         lines = [f"mdsl-recompute: automatic mode, {_human(self.budget_bytes)} for saved activations",
                  f"{'tensor':<24} {'bytes/layer':>12} {'recompute FLOPs/layer':>22}  decision"]
         for row in self.rows:
             lines.append(f"{row.tensor:<24} {row.bytes_per_layer:>12} {row.flops_per_layer:>22}  {row.decision}")
-        lines.append(f"saved activations: {_human(self.saved_total)} "
-                     f"({'fits' if self.saved_total <= self.budget_bytes else 'over the budget'})")
+        lines.append(f"saved activations: {_human(self.saved_total)}, {_human(self.fixed)} of them outside "
+                     f"the layer loops ({'fits' if self.saved_total <= self.budget_bytes else 'over the budget'})")
         return "\n".join(lines)
 
 
@@ -604,10 +620,8 @@ class RecomputeTopLevelTensors(RewritePattern):
             return
         op.attributes["recompute_planned"] = StringAttr(self.planner.settings.mode)
         block = op.body.block
-        ops = list(block.ops)
-        count = op.attributes["forward_ops"].value.data
-        forward, backward = ops[:count], ops[count:]
-        region = self.region(op, forward, backward)
+        backward = list(block.ops)[op.attributes["forward_ops"].value.data:]
+        region = top_level_region(self.planner.model, op)
         choice = self.planner.choose(region)
         if not choice.replay:
             return
@@ -623,26 +637,31 @@ class RecomputeTopLevelTensors(RewritePattern):
         for stand_in in needed.values():
             stand_in.owner.erase()
 
-    def region(self, func: FuncOp, forward: list[Operation], backward: list[Operation]) -> Region:
-        produced = {r for o in forward for r in o.results}
-        args = list(func.body.block.args)
-        needed: list[SSAValue] = []
-        for o in backward:
-            for operand in o.operands:
-                if (operand in produced or operand in args) and operand not in needed and \
-                        not isinstance(operand.owner, ParamRefOp):
-                    needed.append(operand)
-        available = {r: None for o in forward if isinstance(o, ParamRefOp) for r in o.results}
-        available |= {a: None for a in args}
-        forward_func = self.planner.model.lookup("forward")
-        modes = {}
-        if isinstance(forward_func, FuncOp):
-            by_name = _input_modes(forward_func, list(forward_func.body.block.args))
-            names = {a.name_hint: m for a, m in by_name.items()}
-            modes = {a: names[a.name_hint] for a in args if a.name_hint in names}
-        for arg in modes:
-            available.pop(arg, None)  # an input marked recompute: not there for the backward
-        stacks = {r for o in forward if isinstance(o, StackOp) for r in o.res}
-        needed = [v for v in needed if v not in stacks]  # a stack's results belong to its loops
-        available |= {r: None for r in stacks}
-        return Region(forward, needed, available, [], modes, None)
+
+def top_level_region(model: ModelOp, func: FuncOp) -> Region:
+    """The forward part of a gradient function: its first ``forward_ops`` ops."""
+    ops = list(func.body.block.ops)
+    count = func.attributes["forward_ops"].value.data
+    forward, backward = ops[:count], ops[count:]
+    produced = {r for o in forward for r in o.results}
+    args = list(func.body.block.args)
+    needed: list[SSAValue] = []
+    for o in backward:
+        for operand in o.operands:
+            if (operand in produced or operand in args) and operand not in needed and \
+                    not isinstance(operand.owner, ParamRefOp):
+                needed.append(operand)
+    available = {r: None for o in forward if isinstance(o, ParamRefOp) for r in o.results}
+    available |= {a: None for a in args}
+    forward_func = model.lookup("forward")
+    modes = {}
+    if isinstance(forward_func, FuncOp):
+        by_name = _input_modes(forward_func, list(forward_func.body.block.args))
+        names = {a.name_hint: m for a, m in by_name.items()}
+        modes = {a: names[a.name_hint] for a in args if a.name_hint in names}
+    for arg in modes:
+        available.pop(arg, None)  # an input marked recompute: not there for the backward
+    stacks = {r for o in forward if isinstance(o, StackOp) for r in o.res}
+    needed = [v for v in needed if v not in stacks]  # a stack's results belong to its loops
+    available |= {r: None for r in stacks}
+    return Region(forward, needed, available, [], modes, None)
