@@ -179,6 +179,18 @@ class Diagnostic:
         }
 
 
+class PassOptionError(ValueError):
+    """A pass option whose value the pass refuses (raised while the pass is made, so ``mdsl-opt``
+    points at the option in the pipeline text); ``diagnostic()`` is the E029 without a place."""
+
+    def __init__(self, message: str, option: str, hint: str = ""):
+        super().__init__(message)
+        self.option, self.hint = option, hint
+
+    def diagnostic(self) -> Diagnostic:
+        return Diagnostic("E029", str(self), None, self.hint)
+
+
 class DiagnosticError(Exception):
     """One or more error diagnostics (warnings may ride along)."""
 

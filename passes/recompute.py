@@ -72,7 +72,7 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from modeldsl.diagnostics import Diagnostic, DiagnosticError
+from modeldsl.diagnostics import Diagnostic, DiagnosticError, PassOptionError
 from modeldsl.dialects.annotations import (
     CheckpointAttr,
     MemoryAttr,
@@ -98,6 +98,9 @@ class RecomputePass(ModulePass):
     budget: str | int = ""
     finetune: str = "auto"
 
+    def __post_init__(self) -> None:
+        self.settings()  # refuse bad options where the pass is made (mdsl-opt points at them)
+
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         settings = self.settings()
         for model in [m for m in op.walk() if isinstance(m, ModelOp)]:
@@ -109,15 +112,20 @@ class RecomputePass(ModulePass):
                 print(planner.table(), file=sys.stderr)
 
     def settings(self) -> "Settings":
-        mode = "auto" if self.budget != "" else self.mode
-        if mode not in MODES:
-            raise _option_error(f"mdsl-recompute: mode={self.mode} is not one of {', '.join(MODES)}",
-                                "mode=annotated, or budget=BYTES for the automatic mode")
+        """The options checked (PassOptionError, E029, for a bad one)."""
+        budget = str(self.budget)
+        if self.mode not in MODES:
+            raise PassOptionError(f"mdsl-recompute: mode={self.mode} is not one of {', '.join(MODES)}", "mode",
+                                  "mode=annotated, or budget=BYTES for the automatic mode")
+        if budget and self.mode not in ("annotated", "auto"):
+            raise PassOptionError(f"mdsl-recompute: budget={budget} is for the automatic mode, not mode={self.mode}",
+                                  "budget", "leave out mode= (a budget implies mode=auto)")
+        if self.mode == "auto" and not budget:
+            raise PassOptionError("mdsl-recompute: mode=auto needs a budget", "mode", "budget=2GiB, or budget=auto")
         if self.finetune not in FINETUNE:
-            raise _option_error(f"mdsl-recompute: finetune={self.finetune} is not one of {', '.join(FINETUNE)}")
-        if mode == "auto" and self.budget == "":
-            raise _option_error("mdsl-recompute: mode=auto needs a budget", "budget=2GiB, or budget=auto")
-        return Settings(mode, parse_budget(str(self.budget)) if self.budget != "" else None, self.finetune)
+            raise PassOptionError(f"mdsl-recompute: finetune={self.finetune} is not one of {', '.join(FINETUNE)}",
+                                  "finetune", "finetune=auto: lora where the model has @frozen parameters")
+        return Settings("auto" if budget else self.mode, parse_budget(budget) if budget else None, self.finetune)
 
 
 @dataclass(frozen=True)
@@ -133,13 +141,9 @@ def parse_budget(text: str) -> int | str:
         return text
     match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
     if match is None or match.group(2).lower() not in UNITS:
-        raise _option_error(f"mdsl-recompute: budget={text} is no byte count",
-                            "budget=268435456, budget=256MiB, budget=2GiB or budget=auto")
+        raise PassOptionError(f"mdsl-recompute: budget={text} is no byte count", "budget",
+                              "budget=268435456, budget=256MiB, budget=2GiB or budget=auto")
     return int(float(match.group(1)) * UNITS[match.group(2).lower()])
-
-
-def _option_error(message: str, hint: str = "") -> DiagnosticError:
-    return DiagnosticError([Diagnostic("E029", message, None, hint)])
 
 
 # ---------------------------------------------------------------------------- the decisions

@@ -34,7 +34,7 @@ from xdsl.utils.arg_spec import (
 )
 from xdsl.utils.exceptions import ArgSpecParseError
 
-from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
+from modeldsl.diagnostics import Diagnostic, DiagnosticError, PassOptionError, Source, Span
 from modeldsl.passes.registry import OPTION_NOTES, PassFactory, describe_pass
 
 PIPELINE_NAME = "<pipeline>"
@@ -164,8 +164,10 @@ def build_pipeline(available: dict[str, PassFactory], text: str, offset: int = 0
 
 
 def _option_value_error(cls: type[ModulePass], element: PassSpec, shown: str, err: ValueError) -> DiagnosticError:
-    """E029 at the option whose value does not convert to its field's type."""
+    """E029 at the option whose value does not convert to its field's type, or that the pass refuses."""
     hint = f"mdsl-opt --list-passes shows the options of {cls.name}"
+    if isinstance(err, PassOptionError):
+        return pipeline_error(shown, element.option_at.get(err.option, element.name_at), str(err), err.hint or hint)
     types = get_type_hints(cls)
     for key, values in element.spec.normalize_parameter_names().parameters.items():
         try:

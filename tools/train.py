@@ -205,8 +205,24 @@ def _check_values(args) -> None:
         raise DiagnosticError([Diagnostic("E029", f"mdsl-run: {p}", None, "see mdsl-run --help") for p in problems])
 
 
+def step_memory_line(program, recompute: str) -> str:
+    """What the compiled training step holds: its activations arena (saved for the backward and
+    transient) and its recompute share of the FLOPs, under ``--recompute``."""
+    from modeldsl.memory_report import training_memory
+
+    memory = training_memory(program)
+    share = f", recompute {memory.flops.recompute_fraction:.1%} of its FLOPs" if memory.flops is not None else ""
+    return (f"training step (--recompute {recompute}): activations {_mib(memory.saved + memory.transient)} "
+            f"(saved {_mib(memory.saved)}, transient {_mib(memory.transient)}){share}")
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"
+
+
 def _recompute_problems(spelling: str) -> list[str]:
     """What is wrong with a --recompute MODE (nothing: [])."""
+    from modeldsl.diagnostics import PassOptionError
     from modeldsl.passes.recompute import parse_budget
 
     mode, _, budget = spelling.partition(":")
@@ -216,7 +232,7 @@ def _recompute_problems(spelling: str) -> list[str]:
         return [f"--recompute {spelling}: only auto takes a budget (auto:2GiB)"]
     try:
         parse_budget(budget) if budget else None
-    except DiagnosticError:
+    except PassOptionError:
         return [f"--recompute {spelling}: '{budget}' is no byte count (auto:268435456, auto:256MiB, auto:2GiB)"]
     return []
 
@@ -421,6 +437,7 @@ def run_training(args) -> int:
           f"{'s' if len(documents) != 1 else ''}, {how.split(':')[0]}): steps {first + 1}..{last} of {args.steps}, "
           f"{args.grad_accum} x {args.batch} sequences of {args.seq} tokens per step"
           + (", bf16 mixed precision" if args.dtype == "bf16" else "") + f", on {args.device}")
+    print(step_memory_line(trainer.executor(args.batch, args.seq).program, args.recompute or "annotated"))
     started = time.perf_counter()
     interrupted = False
     with _Interrupt() as interrupt, tqdm(total=args.steps, initial=first, unit="step", desc="training",

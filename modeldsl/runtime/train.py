@@ -37,6 +37,7 @@ import numpy as np
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
+from modeldsl.diagnostics import DiagnosticError, PassOptionError
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ReturnOp
 from modeldsl.dialects.graph_types import TensorType
@@ -100,7 +101,11 @@ def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str 
     model = specialized(model, batch, tokens)
     add_loss_function(model)
     gradient_function(model, "train_loss")
-    RecomputePass(**recompute_options(recompute)).apply(Context(), model.parent_op())
+    try:
+        recompute_pass = RecomputePass(**recompute_options(recompute))
+    except PassOptionError as err:
+        raise DiagnosticError([err.diagnostic()]) from None
+    recompute_pass.apply(Context(), model.parent_op())
     return plan(lower_function(model, "train_loss_grad", storage, grads_arena=True))
 
 

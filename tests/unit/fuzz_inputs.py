@@ -532,7 +532,11 @@ OPTION_VALUES = ["0", "-1", "1", "2", "8", "64", "3.5", "true", "false", "x", ""
                  "nan", "forward", "forward_grad", "fp32", "bf16", "first-fit", "best-fit", HUGE_DIGITS[:30]]
 INT_VALUES = ["1", "2", "8", "16", "64", "0", "-1", "3"]
 PASS_OPTIONS = {  # each option with values of its type (the pipeline also draws OPTION_VALUES, of any type)
-    "canonicalize": {}, "cse": {}, "dce": {}, "mdsl-autodiff": {"func": ["forward", "forward_grad", "nope"]},
+    "canonicalize": {}, "cse": {}, "dce": {},
+    "mdsl-autodiff": {"func": ["forward", "forward_grad", "nope"], "loop": ["true", "false"]},
+    "mdsl-recompute": {"mode": ["none", "annotated", "full", "auto", "x"], "budget": ["auto", "1", "0", "64MiB",
+                                                                                      "1.5GB", "-1", "lots", "1e309"],
+                       "finetune": ["auto", "full", "lora", "x"]},
     "mdsl-specialize": {k: INT_VALUES for k in ("B", "T", "d", "n", "d_model", "n_layers", "vocab_size", "Q")}
     | {"hf": [str(TINY_LLAMA), "/nonexistent", str(LLAMA)]},
     "mdsl-lower-to-sched": {"func": ["forward", "forward_grad"], "storage": ["fp32", "bf16", "fp16", "x"],
@@ -569,7 +573,8 @@ def random_pipeline(rng: random.Random) -> str:
     if rng.random() < 0.2:
         text, _ = TextMutator(rng, sorted(PASS_OPTIONS), [text]).mutate(text, 1)
     elif rng.random() < 0.2:
-        text = rng.choice(["mdsl-lower-to-sched", "mdsl-autodiff,mdsl-lower-to-sched{func=forward_grad}"]) + \
+        text = rng.choice(["mdsl-lower-to-sched", "mdsl-autodiff,mdsl-lower-to-sched{func=forward_grad}",
+                           "mdsl-autodiff,mdsl-recompute{mode=full},mdsl-lower-to-sched{func=forward_grad}"]) + \
             ",mdsl-plan-memory" + ("," + text if rng.random() < 0.5 else "")
     return text
 
@@ -592,7 +597,8 @@ TRAIN_FLAGS = [[flag, v] for flag, values in {
     "--clip": ["1.0", "0", "-1", "inf"], "--min-lr-ratio": ["0.1", "0", "2", "-1", "nan"],
     "--stop-after": ["1", "0", "-1"], "--save": ["{dir}/out", "{dir}", "{dir}/data.txt", "/proc/nope"],
     "--resume": ["{dir}/out", "{dir}/ckpt", "{dir}/missing"], "--loss-plot": ["{dir}/loss.png", "{dir}"],
-    "--dtype": ["bf16"], "--max-new-tokens": ["3"], "--prompt": ["hi"]}.items() for v in values]
+    "--dtype": ["bf16"], "--max-new-tokens": ["3"], "--prompt": ["hi"],
+    "--recompute": ["none", "full", "auto", "auto:1", "auto:64MiB", "auto:", "full:1", "x", ""]}.items() for v in values]
 CORPUS = ROOT / "examples" / "tiny_corpus.txt"
 DEFAULT_TRAIN = {"--steps": "1", "--batch": "1", "--seq": "8", "--lr": "1e-3"}
 
