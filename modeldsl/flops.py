@@ -171,26 +171,15 @@ def kv_cache_attention(s: OpShapes) -> int:
     return attention_flops(b, h, tq, capacity, d, causal=False)
 
 
-def _lm_head_loss_rule(gemms: int) -> Rule:
-    """``logits = x @ W^T`` (``x: [N, C]``, ``W: [V, C]``) ``gemms`` times, and 5 per logit for the
-    softmax cross-entropy; the backward recomputes the logits, then forms ``d_x`` and ``d_W``."""
+def _projection_softmax_rule(gemms: int) -> Rule:
+    """``logits = x @ W^T`` (``x: [N, C]``, ``W: [V, C]``: the LM head's loss, a MoE router's
+    gate) ``gemms`` times, and 5 per logit for the softmax (and its cross-entropy or top-k); a
+    backward (``gemms > 1``, its gradient first) recomputes the logits, then forms ``d_x`` and ``d_W``."""
 
     def rule(s: OpShapes) -> int:
         x_at = 0 if gemms == 1 else 1
         (n, c), v = s.inputs[x_at], s.inputs[x_at + 1][0]
         return gemms * matmul_flops(1, n, v, c) + 5 * n * v
-
-    return rule
-
-
-def _router_rule(gemms: int) -> Rule:
-    """``logits = x @ gate^T`` (``x: [N, C]``, ``gate: [E, C]``) ``gemms`` times, and 5 per logit
-    for the softmax and top-k."""
-
-    def rule(s: OpShapes) -> int:
-        x_at = 0 if gemms == 1 else 1
-        (n, c), e = s.inputs[x_at], s.inputs[x_at + 1][0]
-        return gemms * matmul_flops(1, n, e, c) + 5 * n * e
 
     return rule
 
@@ -286,8 +275,8 @@ FLOP_RULES: dict[str, Rule] = {
     "embedding": free,
     "embedding_backward": per_input_element(1, 0),
     # 6.9 MoE
-    "moe_router": _router_rule(gemms=1),
-    "moe_router_backward": _router_rule(gemms=2),
+    "moe_router": _projection_softmax_rule(gemms=1),
+    "moe_router_backward": _projection_softmax_rule(gemms=2),
     "moe_permute": free,
     "moe_unpermute": per_input_element(2, 0),
     "moe_unpermute_backward": per_input_element(4, 1),
@@ -305,8 +294,8 @@ FLOP_RULES: dict[str, Rule] = {
     # losses
     "cross_entropy": per_input_element(SOFTMAX, 0),
     "cross_entropy_backward": per_input_element(SOFTMAX, 1),
-    "fused_lm_head_loss": _lm_head_loss_rule(gemms=1),
-    "fused_lm_head_loss_backward": _lm_head_loss_rule(gemms=3),
+    "fused_lm_head_loss": _projection_softmax_rule(gemms=1),
+    "fused_lm_head_loss_backward": _projection_softmax_rule(gemms=3),
     # optimizer kernels (registry only)
     "adamw": per_input_element(12, 0),
     "global_norm": lambda s: 2 * sum(numel(i) for i in s.inputs),

@@ -82,7 +82,9 @@ from modeldsl.dialects.annotations import (
 )
 from modeldsl.dialects.graph import FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
+from modeldsl.flops import FlopsUnknown, graph_op_flops
 from modeldsl.ir import span_of_location
+from modeldsl.symbolic import SymbolicError
 
 MODES = ("none", "annotated", "full", "auto")
 FINETUNE = ("auto", "full", "lora")
@@ -197,7 +199,12 @@ class Planner:
         self.forced: dict[SSAValue, bool] = {}  # auto mode: value -> recomputed
         self.full = settings.mode == "full"
         if settings.mode == "auto":
-            self.choose_automatically()
+            try:
+                self.choose_automatically()
+            except (SymbolicError, FlopsUnknown) as err:
+                raise DiagnosticError([Diagnostic(
+                    "E029", f"mdsl-recompute: the automatic mode weighs bytes and FLOPs of concrete shapes ({err})",
+                    None, "bind the sizes first: mdsl-specialize{B=1 T=64}, before mdsl-autodiff")]) from None
 
     # ------------------------------------------------------------------ modes
     def mode(self, value: SSAValue, region: Region) -> tuple[str, str]:
@@ -322,8 +329,6 @@ class Planner:
         keep = [v for v in region.needed if v is not value]
         replay: set[Operation] = set()
         self.derive(value, region, keep, replay, value, {value})
-        from modeldsl.flops import graph_op_flops
-
         return sum(graph_op_flops(op) for op in replay)
 
     def saved_bytes(self, regions: list[Region]) -> int:

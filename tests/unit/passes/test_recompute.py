@@ -84,3 +84,14 @@ def test_recompute_spellings():
         compile_training_step(model.model, 1, 4, recompute="sometimes")
     with pytest.raises(DiagnosticError, match="budget=lots is no byte count"):
         compile_training_step(model.model, 1, 4, recompute="auto:lots")
+
+
+def test_the_automatic_mode_needs_concrete_shapes(capsys):
+    from modeldsl.tools.opt import main
+
+    assert main([str(STD_ROOT / "models" / "llama.module"), "-p", "mdsl-autodiff,mdsl-recompute{budget=1GiB}"]) == 1
+    err = capsys.readouterr().err
+    assert "error[E029]: mdsl-recompute: the automatic mode weighs bytes and FLOPs of concrete shapes" in err
+    assert "internal error" not in err
+    # the annotated and full modes need none: they read no sizes
+    assert main([str(STD_ROOT / "models" / "llama.module"), "-p", "mdsl-autodiff,mdsl-recompute{mode=full}"]) == 0
