@@ -341,7 +341,7 @@ class Planner:
         it saves, and the carried results of its stacks the backward reads (not its inputs)."""
         kept = [v for v in self.choose(region).keep if isinstance(v.owner, Operation)]
         carried = [r for op in region.ops if isinstance(op, StackOp) for r in op.carried_results
-                   if any(u.operation not in region.ops for u in r.uses)]
+                   if any(u.operation not in region.ops and not isinstance(u.operation, ReturnOp) for u in r.uses)]
         return sum(_nbytes(v) for v in [*kept, *carried])
 
     def top_level_regions(self) -> list[Region]:
