@@ -151,6 +151,7 @@ class Lowering(BackwardLowering):
         self.untyped_outputs: set[tuple[int, str]] = set()  # (forward: section, output) written without dtype
         self.tuple_outputs: dict[int, dict[str, int]] = {}  # by forward: section, `out: ([..], [..])` sizes
         self.graph_outputs: list[dict[str, int]] = []  # tuple outputs of the graphs being lowered, innermost last
+        self.unlisted: set[tuple[Operation, int]] = set()  # results recompute only because save: leaves them out
 
     # ------------------------------------------------------------------ entry
     def lower(self, top: ast.Decl, config: dict[str, Any] | None = None) -> ModuleOp:
@@ -717,7 +718,25 @@ class Lowering(BackwardLowering):
                 untyped = (id(forward), name) in self.untyped_outputs
                 value = self.check_declared(name, declared, value, span, untyped)
             results.append(value)
+        self.keep_outputs_unlisted(results)
         return results
+
+    def keep_outputs_unlisted(self, results: list[SSAValue]) -> None:
+        """A module's outputs are its consumers' to save or recompute: its ``save:`` list, which
+        leaves them out, does not make them ``recompute`` (spec 7.2.1: "only save input and output")."""
+        for value in results:
+            owner = value.owner
+            if not isinstance(owner, Operation) or (owner, value.index) not in self.unlisted:
+                continue
+            self.unlisted.discard((owner, value.index))
+            if "memory" not in owner.attributes:  # recorded only where every result was named
+                continue
+            modes = [a.data for a in owner.attributes["memory"].data]
+            modes[value.index] = "auto"
+            if all(m == "auto" for m in modes):
+                del owner.attributes["memory"]
+            else:
+                owner.attributes["memory"] = ArrayAttr([StringAttr(m) for m in modes])
 
     def check_declared(self, name: str, declared: TensorType, value: SSAValue, span: Span,
                        untyped: bool = False) -> SSAValue:
@@ -860,13 +879,19 @@ class Lowering(BackwardLowering):
 
     def mark_checkpoint_region(self, before: Operation | None, annotations: list[Attribute]) -> None:
         """A flow ``@checkpoint``: every op the flow made (the region ``mdsl-recompute`` replays)
-        carries it as its ``checkpoint`` attribute (a stack carries it in its annotations)."""
+        carries it as its ``checkpoint`` attribute; a flow through a stack leaves it on the stack
+        (in its annotations: the stack's layers are the region)."""
         checkpoint = next((a for a in annotations if isinstance(a, CheckpointAttr)), None)
-        op = before.next_op if before is not None else self.block.first_op
-        while checkpoint is not None and op is not None:
-            if not isinstance(op, StackOp):
+        first = before.next_op if before is not None else self.block.first_op
+        made = []
+        while checkpoint is not None and first is not None:
+            made.append(first)
+            first = first.next_op
+        if any(isinstance(op, StackOp) for op in made):
+            return
+        for op in made:
+            if not isinstance(op, ParamRefOp):
                 op.attributes["checkpoint"] = checkpoint
-            op = op.next_op
 
     def attach_annotations(self, op: Operation | None, nodes: list[ast.Annotation],
                            instance: Instance) -> list[Attribute]:
@@ -946,20 +971,23 @@ class Lowering(BackwardLowering):
         """The memory mode of each named result by the precedence ladder of spec 7.2.0,
         as ``memory = [...]`` on the op (``auto`` where only the default rule applies,
         which ``mdsl-recompute`` decides once it knows what the backward needs). A module
-        with a ``save:`` list saves what it lists: the tensors it leaves out are recomputed
-        (spec 7.2.1: ``save: [in]`` "only save input; recompute intermediates"; W003 says so)."""
+        with a ``save:`` list saves what it lists: the intermediate tensors it leaves out are
+        recomputed (spec 7.2.1: ``save: [in]``, "only save input and output; recompute
+        intermediates"; W003 says so), its outputs are left to its consumers."""
         names = destination.items if isinstance(destination, ast.TupleExpr) else [destination]
         save, recompute = _tensor_list(instance.decl, "save"), _tensor_list(instance.decl, "recompute")
         modes = []
         for target in names:
             target = target.value if isinstance(target, ast.Annotated) else target
             name = target.id if isinstance(target, ast.Name) else "_"
-            listed = _matches(name, save)
+            listed, unlisted = _matches(name, save), save and not _matches(name, save + recompute)
             policy = effective_memory_policy(
                 name, annotations=[a for a in annotations if isinstance(a, AnnotationAttr)],
                 save=[name] if listed else [],
-                recompute=[name] if _matches(name, recompute) or (save and not listed) else [],
+                recompute=[name] if _matches(name, recompute) or unlisted else [],
             )
+            if unlisted and policy.source == "recompute_list":
+                self.unlisted.add((op, len(modes)))
             modes.append(policy.mode if policy.source != "default" else "auto")
         if len(modes) == len(op.results) and any(m != "auto" for m in modes):
             op.attributes["memory"] = ArrayAttr([StringAttr(m) for m in modes])

@@ -1,4 +1,5 @@
-// The std attention module and dense block lower to mdsl.graph.
+// The std attention module and dense block lower to mdsl.graph. The save: list keeps x, q_rot,
+// k_rot, v, att and lse; the intermediates it leaves out are recompute, the output is not.
 // RUN: mdsl-opt %S/../../../modeldsl/std/modules/attention.module --top CausalSelfAttention | filecheck %s --check-prefix=ATTN
 // RUN: mdsl-opt %S/../../../modeldsl/std/blocks/dense.module --top DenseTransformerBlock | filecheck %s --check-prefix=BLOCK
 
@@ -6,14 +7,14 @@
 // ATTN-NEXT: mdsl.graph.param @qkv_weight : !mdsl.graph.tensor<[head_dim*num_heads + 2*head_dim*num_kv_heads, d_model], bf16>
 // ATTN-NEXT: mdsl.graph.param @out_weight : !mdsl.graph.tensor<[d_model, head_dim*num_heads], bf16>
 // ATTN: mdsl.graph.func @forward(%x: !mdsl.graph.tensor<[B, T, d_model], bf16>, %freqs: !mdsl.graph.tensor<[T, head_dim floordiv 2, 2], fp32>)
-// ATTN: %qkv_proj = mdsl.graph.matmul %x, %qkv_weight {transpose = "NT"}
-// ATTN-NEXT: %q_flat, %k_flat, %v_flat = mdsl.graph.split %qkv_proj {sizes = #mdsl.graph.dims<[head_dim*num_heads, head_dim*num_kv_heads, head_dim*num_kv_heads]>}
+// ATTN: %qkv_proj = mdsl.graph.matmul %x, %qkv_weight {transpose = "NT", memory = ["recompute"]}
+// ATTN-NEXT: %q_flat, %k_flat, %v_flat = mdsl.graph.split %qkv_proj {sizes = #mdsl.graph.dims<[head_dim*num_heads, head_dim*num_kv_heads, head_dim*num_kv_heads]>, memory = ["recompute", "recompute", "recompute"]}
 // ATTN: %q_heads = mdsl.graph.transpose {{.*}} -> !mdsl.graph.tensor<[B, num_heads, T, head_dim], bf16>
 // ATTN: %k_heads = mdsl.graph.transpose {{.*}} -> !mdsl.graph.tensor<[B, num_kv_heads, T, head_dim], bf16>
 // ATTN: %q_rot, %k_rot = mdsl.graph.rope %q_heads, %k_heads, %freqs {annotations = [#mdsl.graph.hook<BeforeAttention>], memory = ["save", "save"]}
 // ATTN-NEXT: %att, %lse = mdsl.graph.flash_attention %q_rot, %k_rot, %v {memory = ["save", "save"]} :
 // ATTN: %att_flat = mdsl.graph.view {{.*}} -> !mdsl.graph.tensor<[B, T, head_dim*num_heads], bf16>
-// ATTN: %out = mdsl.graph.matmul %att_flat, %out_weight {transpose = "NT"}
+// ATTN: %out = mdsl.graph.matmul %att_flat, %out_weight {transpose = "NT"} :
 // ATTN-NOT: qk_norm
 
 // BLOCK: mdsl.graph.model @DenseTransformerBlock
