@@ -33,8 +33,7 @@ backward reads them); the forward runs it in a ``stack`` whose collected
 results hold them layer by layer. ``@<body>_bwd`` (kind ``block_backward``,
 ``forward = @<body>_fwd``) takes the gradients of the carried values, the
 shared values, the layer's slices and its saved tensors, and returns the
-gradients of the carried inputs, then of each differentiable slice (its
-``grads`` attribute names the per-layer operands by index); the reverse
+gradients of the carried inputs, then of each differentiable slice; the reverse
 sweep runs it in a ``stack ... reverse`` whose collected results are the
 per-layer parameter gradients. ``mdsl-recompute`` then decides what of the
 saved is recomputed instead. A stack whose body reads a parameter of its own,
@@ -125,12 +124,11 @@ class NotLoopable(Exception):
 
 
 class GradientBuilder:
-    def __init__(self, model: ModelOp, funcs: dict[str, FuncOp], loop: bool = True,
-                 nondifferentiable: set[SSAValue] | None = None):
+    def __init__(self, model: ModelOp, funcs: dict[str, FuncOp], loop: bool = True):
         self.model, self.funcs, self.loop = model, funcs, loop
         self.forward_ops: list[Operation | WrittenBackward | LoopedStack] = []
         self.grads: dict[SSAValue, SSAValue] = {}
-        self.nondifferentiable = nondifferentiable or set()
+        self.nondifferentiable: set[SSAValue] = set()  # arguments that get no gradient (frozen slices)
 
     # ------------------------------------------------------------------ forward
     def build(self, func: FuncOp) -> FuncOp:
@@ -141,8 +139,9 @@ class GradientBuilder:
         self.model.body.block.add_op(grad_func)
         return grad_func
 
-    def derive(self, func: FuncOp, arg_map: list[SSAValue] | None = None) -> tuple[FuncOp, int, list[SSAValue]]:
-        """``@<func>_grad`` (not yet added to the model), where its backward starts and its inputs."""
+    def derive(self, func: FuncOp, fixed_args: list[int] = ()) -> tuple[FuncOp, int, list[SSAValue]]:
+        """``@<func>_grad`` (not yet added to the model; the arguments numbered in ``fixed_args`` get
+        no gradient), where its backward starts, and its inputs."""
         inputs = list(func.function_type.inputs.data)
         outputs = list(func.function_type.outputs.data)
         seeds = [t for t in outputs if isinstance(t, TensorType) and t.dtype.is_float]
@@ -152,7 +151,7 @@ class GradientBuilder:
         args = list(self.block.args)
         for arg, old in zip(args, func.body.block.args):
             arg.name_hint = old.name_hint
-        self.nondifferentiable |= {args[i] for i in (arg_map or [])}
+        self.nondifferentiable |= {args[i] for i in fixed_args}
         results = self.inline(func.body.block, dict(zip(func.body.block.args, args)))
         seed_args = iter(args[len(inputs):])
         for value in results:
@@ -173,7 +172,7 @@ class GradientBuilder:
         return grad_func, backward_start, args[:len(inputs)]
 
     def inline(self, block: Block, values: dict[SSAValue, SSAValue]) -> list[SSAValue]:
-        """Clone a function body's ops (stacks unrolled); the values it returns."""
+        """Clone a function body's ops (stacks looped or unrolled); the values it returns."""
         for op in block.ops:
             if isinstance(op, ReturnOp):
                 return [values[v] for v in op.values]

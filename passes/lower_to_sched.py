@@ -38,9 +38,17 @@ Each primitive becomes a launch of its registry kernel, except:
 * ``flash_attention`` (without ALiBi) becomes ``attention``;
 * ``view``, ``contiguous`` and splits along the outermost non-unit dim become
   aliases of their input at a byte offset: no copy.
-A ``stack`` becomes a ``layer_loop``: the body reads layer ``l`` of each
-stacked parameter through ``layer_view`` and carries its state in buffers
-that the loop updates. Ops run in the graph's (topological) order.
+A ``stack`` becomes a ``layer_loop`` (``reverse`` for a reverse stack): the
+body reads layer ``l`` of each stacked parameter through ``layer_view`` and
+carries its state in buffers that the loop updates. A collected result is a
+stacked ``activations`` buffer (marked ``saved``: the forward values a
+gradient function's backward reads are, in loops and outside) that the body
+writes layer by layer, its value's buffer becoming the layer's slice where
+only the body touches it; a collected parameter gradient is added into its
+layer's slice of the ``grads`` buffer as above. Consecutive ops marked
+``recompute`` (by ``mdsl-recompute``, or a written backward's ``recompute:``
+section) go into one ``recompute_segment`` (``layer(%l)`` inside a loop).
+Ops run in the graph's (topological) order.
 
 Options: ``func`` (default ``forward``), ``storage=fp32`` to hold 16-bit
 floats as fp32 (an fp32 run of a bf16 model, as the graph interpreter's
