@@ -195,6 +195,24 @@ mdsl.graph.model @m {
 // -----
 
 !x = !mdsl.graph.tensor<[B, T, 64], bf16>
+!s = !mdsl.graph.tensor<[4, 64, 64], bf16>
+!w = !mdsl.graph.tensor<[64, 64], bf16>
+mdsl.graph.model @m {
+  mdsl.graph.param @blocks.w : !s
+  mdsl.graph.func @block(%h: !x, %w: !w) -> (!x, !x) {
+    mdsl.graph.return %h, %h : !x, !x
+  }
+  mdsl.graph.func @f(%x: !x) -> !x {
+    %w = mdsl.graph.param_ref @blocks.w : !s
+    %y, %saved = mdsl.graph.stack @block count #mdsl.graph.expr<4> (%x : !x) layers(%w : !s) -> !x, !mdsl.graph.tensor<[3, B, T, 64], bf16>
+    mdsl.graph.return %y : !x
+  }
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.graph.stack' op collected result #0 has 3 layers, the stack runs 4
+
+// -----
+
+!x = !mdsl.graph.tensor<[B, T, 64], bf16>
 mdsl.graph.model @m {
   mdsl.graph.func @f(%x: !x) -> !x {
     %y = mdsl.graph.call @nothere(%x) : (!x) -> !x

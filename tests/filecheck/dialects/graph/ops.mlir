@@ -40,6 +40,13 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     mdsl.graph.return %y : !x
   }
 
+  // A body with a collected result (after its carried one): a stack holds it layer by layer.
+  // CHECK: mdsl.graph.func @block_saving(%h: !mdsl.graph.tensor<[B, T, C], bf16>, %w: !mdsl.graph.tensor<[C, C], bf16>) -> (!mdsl.graph.tensor<[B, T, C], bf16>, !mdsl.graph.tensor<[B, T, C], bf16>)
+  mdsl.graph.func @block_saving(%h: !x, %w: !w) -> (!x, !x) attributes {kind = "block"} {
+    %y = mdsl.graph.matmul %h, %w {transpose = "NT"} : (!x, !w) -> !x
+    mdsl.graph.return %y, %h : !x, !x
+  }
+
   // CHECK: mdsl.graph.func @forward
   mdsl.graph.func @forward(%x: !x, %r: !x, %w: !w, %ids: !ids, %q: !q, %k: !kv, %v: !kv, %freqs: !freqs, %labels: !flatids) -> !x attributes {kind = "forward"} {
     // CHECK: mdsl.graph.param_ref @embed : !mdsl.graph.tensor<[V, C], bf16>
@@ -50,6 +57,8 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %s = mdsl.graph.stack @block count #mdsl.graph.expr<n_layers> (%x : !x) layers(%sw : !stacked) -> !x
     // CHECK: mdsl.graph.stack @block count #mdsl.graph.expr<n_layers>(%x : !mdsl.graph.tensor<[B, T, C], bf16>) shared(%w : !mdsl.graph.tensor<[C, C], bf16>) -> !mdsl.graph.tensor<[B, T, C], bf16>
     %s0 = mdsl.graph.stack @block count #mdsl.graph.expr<n_layers> (%x : !x) shared(%w : !w) -> !x
+    // CHECK: %{{.+}}, %{{.+}} = mdsl.graph.stack @block_saving count #mdsl.graph.expr<n_layers> reverse(%x : !mdsl.graph.tensor<[B, T, C], bf16>) layers(%sw : !mdsl.graph.tensor<[n_layers, C, C], bf16>) -> !mdsl.graph.tensor<[B, T, C], bf16>, !mdsl.graph.tensor<[n_layers, B, T, C], bf16>
+    %sr, %saved = mdsl.graph.stack @block_saving count #mdsl.graph.expr<n_layers> reverse (%x : !x) layers(%sw : !stacked) -> !x, !mdsl.graph.tensor<[n_layers, B, T, C], bf16>
     // CHECK: mdsl.graph.call @block(%s, %w) : (!mdsl.graph.tensor<[B, T, C], bf16>, !mdsl.graph.tensor<[C, C], bf16>) -> !mdsl.graph.tensor<[B, T, C], bf16>
     %c = mdsl.graph.call @block(%s, %w) : (!x, !w) -> !x
 
