@@ -100,6 +100,14 @@ DESCRIPTIONS: dict[str, str] = {
 }
 
 OPTION_NOTES: dict[str, tuple[tuple[str, str], ...]] = {
+    "mdsl-recompute": (
+        ("mode=annotated", "the model's @memory/@checkpoint/save:/recompute:; none, full (every stack "
+         "checkpointed), or auto with a budget"),
+        ("budget=BYTES", "the automatic mode: recompute the cheapest tensors until the saved ones fit "
+         "(268435456, 256MiB, 2GiB; auto: the free memory)"),
+        ("finetune=auto", "lora: policy=lora_only tensors recompute (auto: where the model has @frozen "
+         "parameters); full"),
+    ),
     "mdsl-specialize": (
         ("NAME=INT", "bind a symbol (B, T) or an integer config value (e.g. d_model=64)"),
         ("hf=DIR", "bind the config values of a HuggingFace checkpoint's config.json (default: none)"),
