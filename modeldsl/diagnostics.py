@@ -64,6 +64,7 @@ CODES: dict[str, str] = {
     "E039": "Lock file mismatch",
     "E040": "Unexpected checkpoint tensor",
     "E041": "IR does not verify",
+    "E042": "@lifetime names an op that does not run where the tensor lives",
     "W001": "User definition shadows primitive",
     "W002": "Local definition shadows import",
     "W003": "Suboptimal auto-derived backward",

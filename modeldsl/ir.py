@@ -296,6 +296,27 @@ def span_of_location(location: object, word: str = "") -> SourceSpan | None:
     return SourceSpan(source, line, column, line, end)
 
 
+def span_of_annotation(location: object, annotation: str) -> SourceSpan | None:
+    """The span of ``annotation`` (``@lifetime``, with its arguments) on the line of a ``loc(...)``
+    at or after its column; the location's own span where the line has no such annotation."""
+    span = span_of_location(location)
+    if span is None:
+        return None
+    text = span.source.line(span.line)
+    start = text.find(annotation, span.column - 1)
+    if start < 0:
+        return span
+    end = start + len(annotation)
+    if text[end:end + 1] == "(":
+        depth = 0
+        for end in range(end, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            if depth == 0:
+                end += 1
+                break
+    return SourceSpan(span.source, span.line, start + 1, span.line, end + 1)
+
+
 _SOURCES: dict[str, str] = {}
 
 

@@ -15,7 +15,11 @@ always gets the same offsets):
    used outside the loop, when a byte of it is read in the body before the
    body writes it (carried from the previous layer), or when it is a stacked
    buffer read through ``layer_view``; a group used only within one iteration
-   keeps its in-body interval and is reused every layer.
+   keeps its in-body interval and is reused every layer. A buffer whose tensor
+   has a ``@lifetime`` (copied onto it by ``mdsl-lower-to-sched``) grows its
+   group's interval to what it declares (:class:`Lifetime`; never shrinks it):
+   ``global`` the whole program, ``layer``/``block`` its loop iteration,
+   ``start``/``end`` the ops of those names around it (E042 where none runs).
 3. **In-place reuse** (``inplace=true``), walking launches in order: output
    ``o`` of a launch whose registry entry has ``reuse[o] = i`` takes over the
    memory of input ``i`` when input ``i`` is (at offset 0) the whole of its
@@ -107,6 +111,27 @@ Interval = tuple[int, int]
 
 
 @dataclass(frozen=True)
+class Lifetime:
+    """A ``@lifetime`` (spec 7.2.3) of the tensor a buffer holds: ``scope`` ``layer`` or ``block``
+    keeps it for its whole layer-loop iteration (the whole program outside loops), ``global`` for
+    the whole program, ``operation`` and ``sublayer`` until its last use (as without one); ``start``
+    and ``end`` name ops (primitive names: ``matmul``, ``silu``, ...) it lives from and until, where
+    they run later than its last use (or earlier than its first)."""
+
+    scope: str = "operation"
+    start: str | None = None
+    end: str | None = None
+
+
+class LifetimeError(ValueError):
+    """A ``@lifetime`` naming an op that does not run where the tensor lives (buffer index, message)."""
+
+    def __init__(self, buffer: int, message: str):
+        super().__init__(message)
+        self.buffer = buffer
+
+
+@dataclass(frozen=True)
 class Buf:
     """One ``buffer`` op: an arena and a byte size, or an alias ``offset`` bytes into ``alias_of``."""
 
@@ -115,6 +140,7 @@ class Buf:
     nbytes: int
     alias_of: int | None = None
     offset: int = 0
+    lifetime: Lifetime | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +169,7 @@ class Step:
     accesses: tuple[Access, ...]
     loops: tuple[int, ...] = ()
     reuse: tuple[tuple[int, int], ...] = ()
+    name: str = ""  # the primitive it runs (``matmul`` for a gemm), for @lifetime's start and end
 
 
 @dataclass(frozen=True)
@@ -331,10 +358,39 @@ def liveness(program: Program) -> Liveness:
         for lid in loop_live[r]:
             lo, hi = min(lo, loops[lid].first), max(hi, loops[lid].last)
         interval[r] = (lo, hi)
+    for b, buf in enumerate(buffers):
+        r = root[b]
+        if buf.lifetime is not None and interval[r] is not None:
+            interval[r] = declared_lifetime(program, b, buf.lifetime, interval[r], first[r], last[r])
     return Liveness(
         tuple(root), tuple(root_offset), tuple(first), tuple(interval),
         tuple(frozenset(x) for x in loop_live), tuple(has_view),
     )
+
+
+def declared_lifetime(program: Program, b: int, lifetime: Lifetime, span: Interval, first: int, last: int) -> Interval:
+    """A live interval grown to cover what ``@lifetime`` declares (it never shrinks: a tensor lives
+    until its last use whatever the annotation says)."""
+    steps, lo, hi = program.steps, span[0], span[1]
+    if lifetime.scope == "global":
+        return (0, len(steps) - 1)
+    if lifetime.scope in ("layer", "block"):
+        loop = steps[first].loops[-1] if steps[first].loops else None
+        whole = (program.loops[loop].first, program.loops[loop].last) if loop is not None else (0, len(steps) - 1)
+        return (min(lo, whole[0]), max(hi, whole[1]))
+    if lifetime.end is not None:
+        ends = [s for s in range(first, len(steps)) if steps[s].name == lifetime.end]
+        if not ends:
+            raise LifetimeError(b, f"@lifetime(end={lifetime.end}): no {lifetime.end} runs after "
+                                f"%{program.buffers[b].name} is made")
+        hi = max(hi, next((s for s in ends if s >= last), ends[-1]))
+    if lifetime.start is not None:
+        starts = [s for s in range(0, first + 1) if steps[s].name == lifetime.start]
+        if not starts:
+            raise LifetimeError(b, f"@lifetime(start={lifetime.start}): no {lifetime.start} runs before "
+                                f"%{program.buffers[b].name} is made")
+        lo = min(lo, starts[-1])
+    return (lo, hi)
 
 
 # ----------------------------------------------------------------------------
@@ -631,7 +687,7 @@ def build_program(program_op: ProgramOp, *, inplace: bool = True) -> ProgramMode
             alias = index[op.alias_of]
         name = op.result.name_hint or f"buf{len(buffers)}"
         off = op.offset.value.data if (alias is not None and op.offset is not None) else 0
-        buffers.append(Buf(name, op.arena.data, op.bytes.value.data, alias, off))
+        buffers.append(Buf(name, op.arena.data, op.bytes.value.data, alias, off, _lifetime_of(op)))
         buffer_ops.append(op)
         index[op.result] = len(buffers) - 1
 
@@ -682,11 +738,31 @@ def build_program(program_op: ProgramOp, *, inplace: bool = True) -> ProgramMode
                 reuse: tuple[tuple[int, int], ...] = ()
                 if reuse_of is not None and isinstance(op, LaunchOp):
                     reuse = _launch_reuse(op, reuse_of)
-                steps.append(Step(accesses, stack, reuse))
+                steps.append(Step(accesses, stack, reuse, _step_name(op)))
                 step_ops.append(op)
 
     walk(program_op.body.block, ())
     return ProgramModel(program_op, Program(tuple(buffers), tuple(steps), tuple(loops)), buffer_ops, step_ops, loop_ops)
+
+
+def _lifetime_of(op: BufferOp) -> Lifetime | None:
+    """The ``@lifetime`` lowering copied onto a buffer (``lifetime`` attribute), if any."""
+    attr = op.attributes.get("lifetime")
+    if attr is None or not hasattr(attr, "values"):
+        return None
+    values = attr.values
+    return Lifetime(values["scope"], values["start"], values["end"])
+
+
+STEP_NAMES = {GemmOp: "matmul", AttentionOp: "flash_attention", AttentionBackwardOp: "flash_attention_backward",
+              CopyOp: "copy", MemsetOp: "fill"}
+
+
+def _step_name(op: Operation) -> str:
+    """The primitive a step runs: a launch's kernel, ``matmul`` for a gemm, ``flash_attention`` for attention."""
+    if isinstance(op, LaunchOp):
+        return op.kernel.data
+    return STEP_NAMES.get(type(op), op.name.removeprefix("mdsl.sched."))
 
 
 def _has_buffer_operand(op: Operation) -> bool:
@@ -780,6 +856,7 @@ class PlanMemoryPass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         from modeldsl.diagnostics import Diagnostic, DiagnosticError
+        from modeldsl.ir import span_of_annotation
 
         if self.strategy not in STRATEGIES:
             raise DiagnosticError([Diagnostic(
@@ -790,4 +867,11 @@ class PlanMemoryPass(ModulePass):
                 "E029", f"mdsl-plan-memory: alignment must be a positive integer, got {self.alignment}", None,
                 "alignment is in bytes, e.g. alignment=256")])
         for program in programs(op):
-            plan_program(program, strategy=self.strategy, alignment=self.alignment, inplace=self.inplace)
+            try:
+                plan_program(program, strategy=self.strategy, alignment=self.alignment, inplace=self.inplace)
+            except LifetimeError as err:
+                buffer = build_program(program, inplace=False).buffer_ops[err.buffer]
+                raise DiagnosticError([Diagnostic(
+                    "E042", f"mdsl-plan-memory: {err}", span_of_annotation(buffer.location, "@lifetime"),
+                    "name an op that runs after the tensor is made (end) or before it (start), or give a scope"
+                )]) from None

@@ -41,6 +41,8 @@ from modeldsl.passes.plan_memory import (
     REUSED_ARENAS,
     Access,
     Buf,
+    Lifetime,
+    LifetimeError,
     Loop,
     PlanMemoryPass,
     Program,
@@ -480,6 +482,34 @@ def test_liveness_of_loops():
     assert live.loop_live[0] == {0} and live.loop_live[1] == set() and live.loop_live[2] == {0}
     # written in the body and never read: per-layer, a one-step interval
     assert live.loop_live[4] == set()
+
+
+def test_a_declared_lifetime_grows_the_interval_and_never_shrinks_it():
+    # step 0 outside; a loop over steps 1..3 (3 layers); step 4 outside. h is made at step 1 and
+    # read at step 2; the steps are named for @lifetime's start and end.
+    t = 256
+    names = ("embedding", "matmul", "silu", "add", "matmul")
+    steps = (
+        Step((Access(0, write=True),), (), (), names[0]),
+        Step((Access(0, read=True), Access(1, write=True)), (0,), (), names[1]),
+        Step((Access(1, read=True), Access(2, write=True)), (0,), (), names[2]),
+        Step((Access(2, read=True), Access(0, write=True)), (0,), (), names[3]),
+        Step((Access(0, read=True), Access(3, write=True)), (), (), names[4]),
+    )
+
+    def interval_of_h(lifetime: Lifetime | None) -> tuple[int, int]:
+        bufs = (Buf("x", "activations", t), Buf("h", "activations", t, lifetime=lifetime),
+                Buf("a", "activations", t), Buf("y", "activations", t))
+        return liveness(Program(bufs, steps, (Loop(1, 3, 3),))).interval[1]
+
+    assert interval_of_h(None) == interval_of_h(Lifetime("operation")) == interval_of_h(Lifetime("sublayer")) == (1, 2)
+    assert interval_of_h(Lifetime("layer")) == interval_of_h(Lifetime("block")) == (1, 3)  # its layer iteration
+    assert interval_of_h(Lifetime("global")) == (0, 4)
+    assert interval_of_h(Lifetime(start="matmul", end="add")) == (1, 3)
+    assert interval_of_h(Lifetime(start="embedding", end="matmul")) == (0, 4)  # the first matmul after h's last use
+    assert interval_of_h(Lifetime(start="matmul", end="silu")) == (1, 2)  # never shrinks
+    with pytest.raises(LifetimeError, match="no softmax runs after %h is made"):
+        interval_of_h(Lifetime(start="matmul", end="softmax"))
 
 
 # ----------------------------------------------------------------------------
