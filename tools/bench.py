@@ -152,10 +152,12 @@ def dsl_model(shape: str):
     return modeldsl.load(path, config=hf_config_values(program, choose_top(program), hf))
 
 
-def run_modeldsl(shape: str, settings: Settings) -> Row:
+def run_modeldsl(shape: str, settings: Settings, recompute: str = "annotated") -> Row:
+    """The modeldsl runner's row, training with ``recompute`` (mdsl-recompute's mode; a mode other
+    than the default names the row ``modeldsl[MODE]``)."""
     from modeldsl.runtime.optim import AdamWConfig
 
-    row = Row(shape, "modeldsl")
+    row = Row(shape, "modeldsl" if recompute == "annotated" else f"modeldsl[{recompute}]")
     config = AdamWConfig(lr=settings.lr, weight_decay=0.01, clip_norm=1.0)
     if settings.device == "cuda":
         try:
@@ -163,12 +165,12 @@ def run_modeldsl(shape: str, settings: Settings) -> Row:
         except ImportError as err:
             row.note = f"no CUDA executor yet ({err})"
             return row
-        trainer = CudaTrainer(dsl_model(shape), config, dtype=settings.dtype)
+        trainer = CudaTrainer(dsl_model(shape), config, dtype=settings.dtype, recompute=recompute)
         synchronize, peak = trainer.synchronize, trainer.peak_bytes
     else:
         from modeldsl.runtime.train import Trainer
 
-        trainer = Trainer(dsl_model(shape), config, dtype=settings.dtype)
+        trainer = Trainer(dsl_model(shape), config, dtype=settings.dtype, recompute=recompute)
         synchronize = lambda: None  # noqa: E731
 
         def peak() -> int:
@@ -187,7 +189,7 @@ def run_modeldsl(shape: str, settings: Settings) -> Row:
 
 # ---------------------------------------------------------------------------- the table
 def table(rows: list[Row]) -> str:
-    lines = [f"{'shape':<11} {'runner':<9} {'tokens/s':>11} {'x peer':>7} {'peak GiB':>9} {'x peer':>7}  note"]
+    lines = [f"{'shape':<11} {'runner':<16} {'tokens/s':>11} {'x peer':>7} {'peak GiB':>9} {'x peer':>7}  note"]
     for shape in dict.fromkeys(r.shape for r in rows):
         group = {r.runner: r for r in rows if r.shape == shape}
         peer = group.get("compile") if group.get("compile") and group["compile"].tokens_per_s else group.get("eager")
@@ -196,7 +198,7 @@ def table(rows: list[Row]) -> str:
             memory = "-" if row.peak_bytes is None else f"{row.peak_bytes / GiB:.2f}"
             speed_ratio = _ratio(row.tokens_per_s, peer.tokens_per_s if peer else None)
             memory_ratio = _ratio(row.peak_bytes, peer.peak_bytes if peer else None)
-            lines.append(f"{shape:<11} {row.runner:<9} {speed:>11} {speed_ratio:>7} {memory:>9} {memory_ratio:>7}  "
+            lines.append(f"{shape:<11} {row.runner:<16} {speed:>11} {speed_ratio:>7} {memory:>9} {memory_ratio:>7}  "
                          f"{row.note}")
         if peer is not None:
             lines.append(f"{'':<11} (ratios against {peer.runner})")
@@ -217,8 +219,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--recompute", default="annotated", help="comma-separated recompute modes of the modeldsl "
+                   "runner, one row each: none, annotated, full, auto[:BYTES] (see mdsl-run --recompute)")
     p.add_argument("--json", type=Path, help="write the rows (and the settings) to this file")
     args = p.parse_args(argv)
+    from modeldsl.tools.train import recompute_problems
+
+    for mode in args.recompute.split(","):
+        for problem in recompute_problems(mode):
+            p.error(problem)
     for name, values, known in (("--shapes", args.shapes, SHAPES), ("--runners", args.runners, RUNNERS)):
         unknown = [v for v in values.split(",") if v not in known]
         if unknown:
@@ -257,21 +266,28 @@ def run(argv: list[str] | None) -> int:
     rows = []
     for shape in args.shapes.split(","):
         for runner in args.runners.split(","):
-            try:
-                row = run_modeldsl(shape, settings) if runner == "modeldsl" else \
-                    run_torch(shape, runner == "compile", settings)
-            except Exception as err:  # a runner that fails is a row that says so; the others still run
-                row = Row(shape, runner, note=f"failed: {type(err).__name__}: {err}".splitlines()[0][:200])
-            finite = all(math.isfinite(x) for x in row.losses)
-            if row.losses and not finite:
-                row.note = (row.note + " non-finite loss").strip()
-            rows.append(row)
-            print(f"  {shape} {runner}: "
-                  + (f"{row.tokens_per_s:,.0f} tokens/s" if row.tokens_per_s else row.note), flush=True)
+            for mode in args.recompute.split(",") if runner == "modeldsl" else [None]:
+                row = run_row(shape, runner, settings, mode)
+                rows.append(row)
+                print(f"  {shape} {row.runner}: "
+                      + (f"{row.tokens_per_s:,.0f} tokens/s" if row.tokens_per_s else row.note), flush=True)
     print(table(rows))
     if args.json is not None:
         args.json.write_text(json.dumps({"settings": asdict(settings), "rows": [asdict(r) for r in rows]}, indent=1))
     return 0
+
+
+def run_row(shape: str, runner: str, settings: Settings, recompute: str | None) -> Row:
+    """One runner's row (a runner that fails is a row that says so; the others still run)."""
+    try:
+        row = run_modeldsl(shape, settings, recompute) if runner == "modeldsl" else \
+            run_torch(shape, runner == "compile", settings)
+    except Exception as err:  # noqa: BLE001
+        label = runner if recompute in (None, "annotated") else f"{runner}[{recompute}]"
+        row = Row(shape, label, note=f"failed: {type(err).__name__}: {err}".splitlines()[0][:200])
+    if row.losses and not all(math.isfinite(x) for x in row.losses):
+        row.note = (row.note + " non-finite loss").strip()
+    return row
 
 
 if __name__ == "__main__":

@@ -200,7 +200,7 @@ def _check_values(args) -> None:
     number("clip")
     number("min_lr_ratio", high=1.0)
     if args.recompute is not None:
-        problems += _recompute_problems(args.recompute)
+        problems += recompute_problems(args.recompute)
     if problems:
         raise DiagnosticError([Diagnostic("E029", f"mdsl-run: {p}", None, "see mdsl-run --help") for p in problems])
 
@@ -220,7 +220,7 @@ def _mib(size: int) -> str:
     return f"{size / 2**20:.1f} MiB"
 
 
-def _recompute_problems(spelling: str) -> list[str]:
+def recompute_problems(spelling: str) -> list[str]:
     """What is wrong with a --recompute MODE (nothing: [])."""
     from modeldsl.diagnostics import PassOptionError
     from modeldsl.passes.recompute import parse_budget

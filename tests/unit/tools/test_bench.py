@@ -23,6 +23,16 @@ def test_the_tiny_cpu_run_prints_the_table_and_writes_the_rows(tmp_path, capsys)
     assert rows[0]["peak_bytes"] > 0  # modeldsl's planned arenas
 
 
+def test_each_recompute_mode_is_a_row_with_the_same_losses(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["--device", "cpu", "--shapes", "tiny", "--runners", "modeldsl", "--batch", "2", "--seq", "16",
+                 "--steps", "2", "--warmup", "1", "--recompute", "annotated,full", "--json", str(out)]) == 0
+    assert "tiny        modeldsl[full] " in capsys.readouterr().out
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["runner"] for r in rows] == ["modeldsl", "modeldsl[full]"]
+    assert rows[0]["losses"] == rows[1]["losses"] and len(rows[0]["losses"]) == 3
+
+
 def test_ratios_are_against_torch_compile_and_missing_runs_say_why():
     rows = [Row("s", "modeldsl", 150.0, 10 << 30), Row("s", "eager", 50.0, 30 << 30),
             Row("s", "compile", 100.0, 20 << 30), Row("t", "modeldsl", note="no CUDA executor yet")]
@@ -35,6 +45,7 @@ def test_ratios_are_against_torch_compile_and_missing_runs_say_why():
     (["--shapes", "gpt5"], "--shapes: unknown gpt5"),
     (["--runners", "jax"], "--runners: unknown jax"),
     (["--steps", "0"], "--steps must be at least 1"),
+    (["--recompute", "full,fast"], "--recompute fast: the mode is none, annotated, full or auto[:BYTES]"),
 ])
 def test_bad_flags_are_usage_errors(flags, words, capsys):
     with pytest.raises(SystemExit) as info:
