@@ -25,7 +25,9 @@ mlir-opt users expect:
 
 After the pipeline, ``--emit=memory-report`` prints the memory plan of each
 ``mdsl.sched.program`` instead of the IR and ``--emit=memory-plot FILE.png``
-draws it (:mod:`modeldsl.memory_report`); ``--verify-backward`` checks the
+draws it (:mod:`modeldsl.memory_report`); ``--emit=cost-report`` prints each
+program's roofline cost estimate (:mod:`modeldsl.cost`; the device's peaks
+from ``--cost-bandwidth`` and ``--cost-flops``); ``--verify-backward`` checks the
 model's backward against finite differences
 (:mod:`modeldsl.tools.opt_verify_backward`).
 """
@@ -66,7 +68,7 @@ from modeldsl.tools.opt_pipeline import (
     suggestion,
     timing_report,
 )
-from modeldsl.tools.opt_verify_backward import VerifyBackwardMixin, flag_error, verify_options
+from modeldsl.tools.opt_verify_backward import VerifyBackwardMixin, flag_error, positive_float, verify_options
 from modeldsl.tools.version import modeldsl_version
 
 
@@ -144,6 +146,7 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         if self.args.emit == "memory-plot" and not self.args.plot_file:
             raise UserError("--emit=memory-plot needs the PNG file to write: --emit=memory-plot FILE.png")
         self.verify = verify_options(self.args)
+        self.roofline = cost_roofline(self.args)
 
     # ------------------------------------------------------------------ registration
 
@@ -216,10 +219,18 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         arg_parser.add_argument("--print-ir-after-change", action="store_true",
                                 help="print the IR to stderr after every pass that changed it")
         arg_parser.add_argument(
-            "--emit", choices=("ir", "ast", "memory-report", "memory-plot"), default="ir",
+            "--emit", choices=("ir", "ast", "memory-report", "memory-plot", "cost-report"), default="ir",
             help="for Module DSL input (.module): 'ast' prints the parsed AST; after the pipeline, "
-            "'memory-report' prints each program's arena sizes, peak and largest buffers, and "
-            "'memory-plot FILE.png' draws its buffers over the schedule steps (planned programs only)")
+            "'memory-report' prints each program's arena sizes, peak and largest buffers, "
+            "'memory-plot FILE.png' draws its buffers over the schedule steps (planned programs only), and "
+            "'cost-report' estimates each mdsl.sched program's time per op kind: launches, bytes read and "
+            "written, FLOPs and roofline time (max(bytes / bandwidth, FLOPs / peak) per op, summed)")
+        arg_parser.add_argument("--cost-bandwidth", default=None, metavar="BYTES/S",
+                                help="for --emit=cost-report: the memory bandwidth in bytes/s (default 3.35e12, "
+                                "an H100 SXM)")
+        arg_parser.add_argument("--cost-flops", default=None, metavar="FLOP/S",
+                                help="for --emit=cost-report: the peak FLOP/s (default 989e12, an H100 SXM's "
+                                "dense bf16)")
         arg_parser.add_argument("--plot-file", default=None, metavar="FILE.png",
                                 help="where --emit=memory-plot writes its PNG (also given as --emit=memory-plot FILE.png)")
         arg_parser.add_argument("--diagnostics-format", choices=("text", "json"), default="text",
@@ -553,10 +564,13 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
     # ------------------------------------------------------------------ output
 
     def output_resulting_program(self, prog: ModuleOp) -> str:
-        """The IR, or with ``--emit=memory-report`` the memory report, or with
-        ``--emit=memory-plot`` nothing (the plot goes to its file)."""
+        """The IR, or with ``--emit=memory-report`` the memory report, with
+        ``--emit=cost-report`` the cost report, or with ``--emit=memory-plot``
+        nothing (the plot goes to its file)."""
         if self.verify is not None:
             return self.verify_backward_report(prog)
+        if self.args.emit == "cost-report":
+            return self.cost_report(prog)
         if self.args.emit not in ("memory-report", "memory-plot"):
             return super().output_resulting_program(prog)
         from modeldsl.memory_report import NotPlanned, memory_report, plot_memory
@@ -569,6 +583,32 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             raise UserError(str(err)) from None
         print(f"mdsl-opt: wrote {self.args.plot_file}", file=sys.stderr)
         return ""
+
+    def cost_report(self, prog: ModuleOp) -> str:
+        """``--emit=cost-report``: the roofline estimate of every mdsl.sched program."""
+        from modeldsl.cost import NoSchedProgram, cost_report
+
+        try:
+            return cost_report(prog, self.roofline)
+        except NoSchedProgram as err:
+            raise flag_error(f"--emit=cost-report: {err}",
+                             "lower to mdsl.sched first: -p '...,mdsl-lower-to-sched,mdsl-plan-memory'") from None
+
+
+def cost_roofline(args: argparse.Namespace):
+    """The device of ``--emit=cost-report`` from ``--cost-bandwidth``/``--cost-flops``
+    (E029 for a value that is not a finite number above 0, or a flag without the report)."""
+    from modeldsl.cost import H100_SXM, Roofline
+
+    given = [f for f, v in (("--cost-bandwidth", args.cost_bandwidth), ("--cost-flops", args.cost_flops))
+             if v is not None]
+    if not given:
+        return H100_SXM
+    if args.emit != "cost-report":
+        raise flag_error(f"{given[0]} is an option of --emit=cost-report", "add --emit=cost-report")
+    return Roofline(positive_float("--cost-bandwidth", args.cost_bandwidth, H100_SXM.bandwidth),
+                    positive_float("--cost-flops", args.cost_flops, H100_SXM.peak_flops),
+                    name="given peaks")
 
 
 class InvalidAfterPass(Exception):
