@@ -74,6 +74,12 @@ def _recompute() -> type[ModulePass]:
     return RecomputePass
 
 
+def _fuse() -> type[ModulePass]:
+    from modeldsl.passes.fuse import FusePass
+
+    return FusePass
+
+
 def _optimizer_step() -> type[ModulePass]:
     from modeldsl.passes.optimizer_step import OptimizerStepPass
 
@@ -87,6 +93,7 @@ PROJECT_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "mdsl-lower-to-sched": _lower_to_sched,
     "mdsl-autodiff": _autodiff,
     "mdsl-recompute": _recompute,
+    "mdsl-fuse": _fuse,
     "mdsl-optimizer-step": _optimizer_step,
 }
 

@@ -29,6 +29,7 @@ from modeldsl.dialects.graph import ModelOp
 from modeldsl.dialects.sched import ProgramOp
 from modeldsl.passes.lower_to_sched import lower_function
 from modeldsl.passes.registry import PASSES
+from modeldsl.passes.fuse import FusePass
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.executor import ExecutionError
 from modeldsl.runtime.fits import check_fits_on
@@ -48,9 +49,11 @@ def plan(program: ProgramOp) -> ProgramOp:
 def compile_profile(model: ModelOp, batch: int, tokens: int, storage: str | None, kv_cache: int = 0,
                     split_gemms: bool = True) -> ProgramOp:
     """The planned forward schedule of ``model`` for ``[batch, tokens]`` inputs (with a KV
-    cache of ``kv_cache`` positions when it is positive; see ``mdsl-lower-to-sched``)."""
+    cache of ``kv_cache`` positions when it is positive; see ``mdsl-lower-to-sched``), every
+    ``mdsl-fuse`` pattern applied."""
     module = ModuleOp([model.clone()])
     SpecializePass.of(B=batch, T=tokens).apply(Context(), module)
+    FusePass().apply(Context(), module)
     specialized = next(op for op in module.body.block.ops if isinstance(op, ModelOp))
     return plan(lower_function(specialized, "forward", storage, kv_cache, split_gemms))
 

@@ -46,6 +46,7 @@ from modeldsl.graph_builder import GraphBuilder
 from modeldsl.passes.autodiff import gradient_function
 from modeldsl.passes.lower_to_sched import lower_function
 from modeldsl.passes.optimizer_step import optimizer_program
+from modeldsl.passes.fuse import FusePass
 from modeldsl.passes.recompute import RecomputePass
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.executor import ExecutionError
@@ -93,11 +94,12 @@ def specialized(model: ModelOp, batch: int, tokens: int) -> ModelOp:
 
 
 def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str | None = "fp32",
-                          recompute: str = "annotated") -> ProgramOp:
+                          recompute: str = "annotated", fuse: bool = True) -> ProgramOp:
     """The planned schedule of ``@train_loss_grad`` for ``[batch, tokens]`` micro-batches: inputs
     (forward inputs..., labels, d_loss), output the loss; parameter gradients added into ``grads``.
     ``recompute`` is ``mdsl-recompute``'s mode: ``none``, ``annotated``, ``full``, or ``auto:BYTES``
-    / ``auto`` (the automatic mode under that activation budget)."""
+    / ``auto`` (the automatic mode under that activation budget). ``fuse``: ``mdsl-fuse`` runs
+    after them, every pattern on."""
     model = specialized(model, batch, tokens)
     add_loss_function(model)
     gradient_function(model, "train_loss")
@@ -106,6 +108,8 @@ def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str 
     except PassOptionError as err:
         raise DiagnosticError([err.diagnostic()]) from None
     recompute_pass.apply(Context(), model.parent_op())
+    if fuse:
+        FusePass().apply(Context(), model.parent_op())
     return plan(lower_function(model, "train_loss_grad", storage, grads_arena=True))
 
 

@@ -537,6 +537,7 @@ PASS_OPTIONS = {  # each option with values of its type (the pipeline also draws
     "mdsl-recompute": {"mode": ["none", "annotated", "full", "auto", "x"], "budget": ["auto", "1", "0", "64MiB",
                                                                                       "1.5GB", "-1", "lots", "1e309"],
                        "finetune": ["auto", "full", "lora", "x"]},
+    "mdsl-fuse": {"disable": ["residual_norm", "scalar_alpha", "residual_norm,scalar_alpha", "nope", ""]},
     "mdsl-specialize": {k: INT_VALUES for k in ("B", "T", "d", "n", "d_model", "n_layers", "vocab_size", "Q")}
     | {"hf": [str(TINY_LLAMA), "/nonexistent", str(LLAMA)]},
     "mdsl-lower-to-sched": {"func": ["forward", "forward_grad"], "storage": ["fp32", "bf16", "fp16", "x"],

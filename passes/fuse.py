@@ -1,0 +1,77 @@
+"""``mdsl-fuse``: fusion as rewrite patterns on ``mdsl.graph``.
+
+Each pattern is a ``RewritePattern`` of its own (``passes/fuse_<family>.py``),
+named as spec 7.5.1's pattern table names it where it is there, and switched
+off by ``mdsl-fuse{disable=residual_norm,scalar_alpha}``:
+
+* ``residual_norm`` (:mod:`modeldsl.passes.fuse_norm`): a residual ``add``
+  feeding ``rmsnorm`` becomes ``fused_residual_rmsnorm``;
+* ``scalar_alpha`` (:mod:`modeldsl.passes.fuse_gemm`): a ``scale`` before or
+  after a ``matmul`` goes into the GEMM's ``alpha``.
+
+Patterns apply in every function of the module (block bodies included), so
+they run after ``mdsl-autodiff`` and ``mdsl-recompute`` on the training step's
+forward too; the replayed ops of a recompute segment, and ops with ``@nofuse``,
+a ``@hook`` or a ``@probe``, are barriers (:mod:`modeldsl.passes.fuse_common`).
+A gradient function's ``forward_ops`` count is kept true as ops merge.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
+from xdsl.passes import ModulePass
+from xdsl.pattern_rewriter import GreedyRewritePatternApplier, PatternRewriteWalker, RewritePattern
+
+from modeldsl.diagnostics import PassOptionError
+from modeldsl.dialects.graph import FuncOp
+from modeldsl.passes.fuse_gemm import AlphaFromScale, ScaleIntoAlpha
+from modeldsl.passes.fuse_norm import ResidualNorm
+
+PATTERNS: dict[str, tuple[type[RewritePattern], ...]] = {
+    "residual_norm": (ResidualNorm,),
+    "scalar_alpha": (ScaleIntoAlpha, AlphaFromScale),
+}
+
+
+@dataclass(frozen=True)
+class FusePass(ModulePass):
+    name = "mdsl-fuse"
+
+    disable: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.disabled()  # refuse an unknown pattern where the pass is made
+
+    def disabled(self) -> set[str]:
+        given = [self.disable] if isinstance(self.disable, str) else list(self.disable)
+        names = {n.strip() for item in given for n in item.split(",") if n.strip()}
+        for name in sorted(names - set(PATTERNS)):
+            close = difflib.get_close_matches(name, PATTERNS, n=1)
+            raise PassOptionError(f"mdsl-fuse: no fusion pattern '{name}'", "disable",
+                                  (f"did you mean '{close[0]}'? " if close else "")
+                                  + f"the patterns: {', '.join(PATTERNS)}")
+        return names
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        off = self.disabled()
+        patterns = [cls() for name, classes in PATTERNS.items() if name not in off for cls in classes]
+        if not patterns:
+            return
+        boundaries = _backward_starts(op)
+        PatternRewriteWalker(GreedyRewritePatternApplier(patterns)).rewrite_module(op)
+        for func, first in boundaries.items():
+            func.attributes["forward_ops"] = IntegerAttr(list(func.body.block.ops).index(first), i64)
+
+
+def _backward_starts(module: ModuleOp) -> dict[FuncOp, object]:
+    """The first backward op of each gradient function (fusion merges forward ops only)."""
+    found = {}
+    for func in module.walk():
+        if isinstance(func, FuncOp) and "forward_ops" in func.attributes:
+            ops = list(func.body.block.ops)
+            found[func] = ops[func.attributes["forward_ops"].value.data]
+    return found
