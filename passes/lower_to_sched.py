@@ -71,7 +71,7 @@ from xdsl.passes import ModulePass
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError
 from modeldsl.dialects.dtypes import DType
-from modeldsl.dialects.annotations import LifetimeAttr, annotations_of, is_frozen
+from modeldsl.dialects.annotations import LifetimeAttr, find_annotation, is_frozen
 from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.dialects.sched import (
@@ -410,7 +410,7 @@ class ScheduleBuilder:
     def result_buffer(self, value: SSAValue) -> SSAValue:
         buf = self.new_buffer(value, "activations")
         self.values[value] = buf
-        lifetime = next((a for a in annotations_of(value.owner) if isinstance(a, LifetimeAttr)), None) \
+        lifetime = find_annotation(value.owner, LifetimeAttr) \
             if isinstance(value.owner, Operation) else None
         if lifetime is not None:  # for mdsl-plan-memory, with where the annotation is
             buf.owner.attributes["lifetime"] = lifetime

@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ArrayAttr, FileLineColLoc, IntAttr, ModuleOp, StringAttr
@@ -76,11 +76,11 @@ from modeldsl.diagnostics import Diagnostic, DiagnosticError, PassOptionError
 from modeldsl.dialects.annotations import (
     CheckpointAttr,
     MemoryAttr,
-    annotations_of,
     effective_memory_policy,
+    find_annotation,
     is_frozen,
 )
-from modeldsl.dialects.graph import FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
+from modeldsl.dialects.graph import FuncOp, ModelOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.flops import FlopsUnknown, graph_op_flops
 from modeldsl.ir import span_of_location
@@ -218,7 +218,7 @@ class Planner:
         if not isinstance(owner, Operation):
             return ("save", "default")
         name = value.name_hint or ""
-        memory = next((a for a in annotations_of(owner) if isinstance(a, MemoryAttr)), None)
+        memory = find_annotation(owner, MemoryAttr)
         listed = _memory_entry(owner, value)
         instance = owner.attributes.get("checkpoint")
         policy = effective_memory_policy(
@@ -240,7 +240,7 @@ class Planner:
 
     def policy_allows(self, value: SSAValue) -> bool:
         owner = value.owner
-        memory = next((a for a in annotations_of(owner) if isinstance(a, MemoryAttr)), None) \
+        memory = find_annotation(owner, MemoryAttr) \
             if isinstance(owner, Operation) else None
         policy = memory["policy"] if memory is not None else "always"
         return policy == "always" or (policy == "lora_only" and self.lora)
@@ -302,7 +302,7 @@ class Planner:
             for value in region.needed:
                 if not isinstance(value.owner, Operation):
                     continue
-                memory = next((a for a in annotations_of(value.owner) if isinstance(a, MemoryAttr)), None)
+                memory = find_annotation(value.owner, MemoryAttr)
                 if memory is not None:  # rung 1 binds in every mode
                     self.forced[value] = memory["mode"] in NOT_KEPT and self.policy_allows(value)
                     bound.add(value)
@@ -480,7 +480,7 @@ def pair_region(pair: LoopedPair, full: bool) -> Region:
     bwd_args = list(pair.bwd.body.block.args)
     available: dict[SSAValue, SSAValue | None] = {a: b for a, b in zip(args[pair.carried:],
                                                                        bwd_args[pair.carried:pair.inputs])}
-    checkpoint = next((a for a in annotations_of(pair.forward_stack) if isinstance(a, CheckpointAttr)), None)
+    checkpoint = find_annotation(pair.forward_stack, CheckpointAttr)
     return Region([op for op in block.ops if not isinstance(op, ReturnOp)], pair.saved, available, carried,
                   _input_modes(pair.fwd, args), CheckpointAttr.of() if full else checkpoint,
                   pair.forward_stack.count.data.evaluate({}) if pair.forward_stack.count.data.is_const() else 1,
