@@ -223,10 +223,10 @@ def _mib(size: int) -> str:
 def recompute_problems(spelling: str) -> list[str]:
     """What is wrong with a --recompute MODE (nothing: [])."""
     from modeldsl.diagnostics import PassOptionError
-    from modeldsl.passes.recompute import parse_budget
+    from modeldsl.passes.recompute import MODES, parse_budget
 
     mode, _, budget = spelling.partition(":")
-    if mode not in ("none", "annotated", "full", "auto"):
+    if mode not in MODES:
         return [f"--recompute {spelling}: the mode is none, annotated, full or auto[:BYTES]"]
     if budget and mode != "auto":
         return [f"--recompute {spelling}: only auto takes a budget (auto:2GiB)"]
