@@ -24,14 +24,18 @@ from dataclasses import dataclass
 from xdsl.context import Context
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
 from xdsl.passes import ModulePass
-from xdsl.pattern_rewriter import GreedyRewritePatternApplier, PatternRewriteWalker, RewritePattern
+from xdsl.ir import Operation
+from xdsl.pattern_rewriter import GreedyRewritePatternApplier, PatternRewriteWalker
 
-from modeldsl.diagnostics import PassOptionError
+from modeldsl.diagnostics import Diagnostic, DiagnosticError, PassOptionError
+from modeldsl.dialects.annotations import FuseRequiredAttr, find_annotation
 from modeldsl.dialects.graph import FuncOp
+from modeldsl.ir import span_of_annotation
+from modeldsl.passes.fuse_common import FusionPattern, FusionSwitch, requests_pattern
 from modeldsl.passes.fuse_gemm import AlphaFromScale, ScaleIntoAlpha
 from modeldsl.passes.fuse_norm import ResidualNorm
 
-PATTERNS: dict[str, tuple[type[RewritePattern], ...]] = {
+PATTERNS: dict[str, tuple[type[FusionPattern], ...]] = {
     "residual_norm": (ResidualNorm,),
     "scalar_alpha": (ScaleIntoAlpha, AlphaFromScale),
 }
@@ -42,6 +46,7 @@ class FusePass(ModulePass):
     name = "mdsl-fuse"
 
     disable: tuple[str, ...] = ()
+    auto: bool = True
 
     def __post_init__(self) -> None:
         self.disabled()  # refuse an unknown pattern where the pass is made
@@ -57,14 +62,44 @@ class FusePass(ModulePass):
         return names
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        off = self.disabled()
-        patterns = [cls() for name, classes in PATTERNS.items() if name not in off for cls in classes]
-        if not patterns:
-            return
+        on = frozenset(PATTERNS) - self.disabled() if self.auto else frozenset()
+        switch = FusionSwitch(on)
+        required = _required_fusions(op)
         boundaries = _backward_starts(op)
+        patterns = [cls(switch) for classes in PATTERNS.values() for cls in classes]
         PatternRewriteWalker(GreedyRewritePatternApplier(patterns)).rewrite_module(op)
         for func, first in boundaries.items():
             func.attributes["forward_ops"] = IntegerAttr(list(func.body.block.ops).index(first), i64)
+        _check_required(required, switch)
+
+
+def _required_fusions(module: ModuleOp) -> list[tuple[Operation, list[str]]]:
+    """Each op with ``@fuse_required``, and the patterns it asks for."""
+    found = []
+    for op in module.walk():
+        annotation = find_annotation(op, FuseRequiredAttr)
+        if annotation is not None:
+            names = [name for name, classes in PATTERNS.items()
+                     if requests_pattern(annotation, name, classes[0].primitives)]
+            found.append((op, names))
+    return found
+
+
+def _check_required(required: list[tuple[Operation, list[str]]], switch: FusionSwitch) -> None:
+    """E013 for each ``@fuse_required`` flow that no requested pattern merged."""
+    errors = []
+    for op, names in required:
+        if any(op in switch.merged.get(name, ()) for name in names):
+            continue
+        annotation = find_annotation(op, FuseRequiredAttr)
+        asked = ", ".join(names) or "no pattern mdsl-fuse implements"
+        errors.append(Diagnostic(
+            "E013", f"@fuse_required: the flow was not fused ({asked})",
+            span_of_annotation(op.location, "@fuse_required"),
+            "a fusion fails on a barrier (@nofuse, @hook, @probe), an intermediate another op also reads, "
+            f"or operands of other shapes or dtypes; the patterns: {', '.join(PATTERNS)}"))
+    if errors:
+        raise DiagnosticError(errors)
 
 
 def _backward_starts(module: ModuleOp) -> dict[FuncOp, object]:

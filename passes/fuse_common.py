@@ -1,17 +1,34 @@
-"""What every ``mdsl-fuse`` pattern checks before it merges ops: the fusion barriers.
+"""What every ``mdsl-fuse`` pattern shares: the fusion barriers, the requests of ``@fuse``, the log.
 
-An op is a barrier when it carries ``@nofuse`` (spec 7.5.2), a ``@hook`` or a
-``@probe`` (the executors observe its result: fusing it away would lose the
-observation), or when it is a replay ``mdsl-recompute`` marked (its segment is
-kept as it is). An intermediate value can be fused away only when nothing but
-the fusing op reads it.
+Every pattern is a :class:`FusionPattern` with the ``name`` a ``disable=`` option and a
+``@fuse(name)`` annotation use. Before it merges ops it asks :meth:`FusionPattern.may_fuse`:
+
+* no op is a barrier: ``@nofuse`` (spec 7.5.2), a ``@hook`` or a ``@probe`` (the executors
+  observe its result: fusing it away would lose the observation), or a replay that
+  ``mdsl-recompute`` marked (its segment is kept as it is);
+* the pattern is on: on by default unless ``disable=`` names it, and on regardless for ops
+  a flow's ``@fuse(pattern)``, ``@fuse(ops=[...])``, ``@fuse(scope=global)`` or
+  ``@fuse_required(...)`` requests it for (spec 7.5.1; the annotation sits on the last
+  op of its flow, which every pattern's match includes).
+
+After it merges them it calls :meth:`FusionPattern.fused`, so the pass can tell a
+``@fuse_required`` flow whose fusion did not happen (E013). An intermediate value can be
+fused away only when nothing but the fusing op reads it (:func:`only_use`).
 """
 
 from __future__ import annotations
 
-from xdsl.ir import Operation, SSAValue
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import ClassVar
 
-from modeldsl.dialects.annotations import HookAttr, NofuseAttr, ProbeAttr, annotations_of
+from xdsl.ir import Operation, SSAValue
+from xdsl.pattern_rewriter import RewritePattern
+
+from modeldsl.dialects.annotations import (
+    AnnotationAttr, FuseAttr, FuseRequiredAttr, HookAttr, NofuseAttr, ProbeAttr, annotations_of,
+)
+from modeldsl.resolve.annotation_checks import PATTERN_OPS, fusion_problem
 
 BARRIERS = (NofuseAttr, HookAttr, ProbeAttr)
 
@@ -29,3 +46,54 @@ def only_use(value: SSAValue) -> Operation | None:
 
 def same_types(*values: SSAValue) -> bool:
     return len({v.type for v in values}) == 1
+
+
+def fusion_requests(op: Operation) -> list[AnnotationAttr]:
+    """The ``@fuse`` and ``@fuse_required`` annotations on ``op``."""
+    return [a for a in annotations_of(op) if isinstance(a, (FuseAttr, FuseRequiredAttr))]
+
+
+def requests_pattern(annotation: AnnotationAttr, pattern: str, primitives: tuple[str, ...]) -> bool:
+    """Whether a ``@fuse``/``@fuse_required`` asks for ``pattern`` (whose ops are ``primitives``):
+    by name, by ``scope=global``, or by an ``ops=[...]`` list that performs its operations."""
+    values = annotation.values
+    if values.get("pattern") is not None:
+        return values["pattern"] == pattern
+    if values.get("ops") is not None:
+        ops = list(values["ops"])
+        if pattern in PATTERN_OPS:
+            return fusion_problem(pattern, None, ops) is None or fusion_problem(None, primitives, ops) is None
+        return bool(primitives) and fusion_problem(None, primitives, ops) is None
+    return values.get("scope") == "global"
+
+
+@dataclass
+class FusionSwitch:
+    """Which patterns are on (by the pass's options), and the log of what each merged."""
+
+    enabled: frozenset[str] = frozenset()
+    merged: dict[str, set[Operation]] = field(default_factory=dict)
+
+
+class FusionPattern(RewritePattern):
+    """A rewrite pattern of ``mdsl-fuse``: ``name`` as ``disable=`` and ``@fuse`` spell it,
+    ``primitives`` the ops it merges (for ``@fuse(ops=[...])``)."""
+
+    name: ClassVar[str]
+    primitives: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, switch: FusionSwitch | None = None):
+        self.switch = switch if switch is not None else FusionSwitch(frozenset({self.name}))
+
+    def may_fuse(self, *ops: Operation) -> bool:
+        """No barrier among ``ops``, and the pattern on for them (by option or by a request)."""
+        if any(is_barrier(op) for op in ops):
+            return False
+        return self.name in self.switch.enabled or any(self.requested_by(op) for op in ops)
+
+    def requested_by(self, op: Operation) -> bool:
+        return any(requests_pattern(a, self.name, self.primitives) for a in fusion_requests(op))
+
+    def fused(self, ops: Iterable[Operation]) -> None:
+        """Record that this pattern merged ``ops`` (before they are erased)."""
+        self.switch.merged.setdefault(self.name, set()).update(ops)

@@ -12,11 +12,11 @@ so results may differ from the unfused graph in the last bit.
 from __future__ import annotations
 
 from xdsl.dialects.builtin import FloatAttr, f64
-from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewrite_pattern
+from xdsl.pattern_rewriter import PatternRewriter, op_type_rewrite_pattern
 
 from modeldsl.dialects.graph_primitives import MatmulOp, ScaleOp
 from modeldsl.graph_builder import op_attr
-from modeldsl.passes.fuse_common import is_barrier, only_use
+from modeldsl.passes.fuse_common import FusionPattern, is_barrier, only_use
 
 
 def fusable_matmul(op) -> bool:
@@ -28,10 +28,11 @@ def scaled_alpha(matmul: MatmulOp, scale: ScaleOp) -> FloatAttr:
     return FloatAttr(op_attr(matmul, "alpha", 1.0) * op_attr(scale, "factor", 1.0), f64)
 
 
-class ScaleIntoAlpha(RewritePattern):
+class ScaleIntoAlpha(FusionPattern):
     """``matmul(scale(a, s), b)`` or ``matmul(a, scale(b, s))``."""
 
     name = "scalar_alpha"
+    primitives = ("scale", "matmul")
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: MatmulOp, rewriter: PatternRewriter) -> None:
@@ -39,27 +40,30 @@ class ScaleIntoAlpha(RewritePattern):
             return
         for index, operand in enumerate(op.operands):
             scale = operand.owner
-            if isinstance(scale, ScaleOp) and not is_barrier(scale) and only_use(operand) is op:
+            if isinstance(scale, ScaleOp) and only_use(operand) is op and self.may_fuse(scale, op):
                 op.attributes["alpha"] = scaled_alpha(op, scale)
                 op.operands[index] = scale.operands[0]
+                self.fused((scale, op))
                 rewriter.erase(scale)
                 rewriter.notify_op_modified(op)
                 return
 
 
-class AlphaFromScale(RewritePattern):
+class AlphaFromScale(FusionPattern):
     """``scale(matmul(a, b), s)``: the scale's result is the matmul's, with alpha scaled."""
 
     name = "scalar_alpha"
+    primitives = ("scale", "matmul")
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: ScaleOp, rewriter: PatternRewriter) -> None:
         matmul = op.operands[0].owner
-        if is_barrier(op) or not fusable_matmul(matmul) or only_use(op.operands[0]) is not op:
+        if not fusable_matmul(matmul) or only_use(op.operands[0]) is not op or not self.may_fuse(matmul, op):
             return
         if op.results[0].type != matmul.results[0].type:
             return
         matmul.attributes["alpha"] = scaled_alpha(matmul, op)
         matmul.results[0].name_hint = op.results[0].name_hint or matmul.results[0].name_hint
         rewriter.notify_op_modified(matmul)
+        self.fused((matmul, op))
         rewriter.replace(op, [], [matmul.results[0]])

@@ -11,24 +11,25 @@ or a barrier on either op (``@nofuse``, a hook or probe, a recompute replay).
 
 from __future__ import annotations
 
-from xdsl.pattern_rewriter import PatternRewriter, RewritePattern, op_type_rewrite_pattern
+from xdsl.pattern_rewriter import PatternRewriter, op_type_rewrite_pattern
 
 from xdsl.dialects.builtin import ArrayAttr, StringAttr
 from xdsl.ir import Operation
 
 from modeldsl.dialects.graph_primitives import AddOp, RmsnormOp
 from modeldsl.graph_builder import GraphBuilder, op_attr
-from modeldsl.passes.fuse_common import is_barrier, same_types
+from modeldsl.passes.fuse_common import FusionPattern, same_types
 
 
-class ResidualNorm(RewritePattern):
+class ResidualNorm(FusionPattern):
     name = "residual_norm"
+    primitives = ("add", "rmsnorm")
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: RmsnormOp, rewriter: PatternRewriter) -> None:
         residual = op.operands[0]
         add = residual.owner
-        if not isinstance(add, AddOp) or is_barrier(op) or is_barrier(add):
+        if not isinstance(add, AddOp) or not self.may_fuse(add, op):
             return
         a, b = add.operands
         if not same_types(a, b, residual):
@@ -47,6 +48,7 @@ class ResidualNorm(RewritePattern):
             if "checkpoint" in source.attributes:
                 fused.attributes["checkpoint"] = source.attributes["checkpoint"]
         residual_out.name_hint, y.name_hint, rstd.name_hint = residual.name_hint, *(r.name_hint for r in op.results)
+        self.fused((add, op))
         rewriter.replace(op, [], [y, rstd])
         rewriter.replace(add, [], [residual_out])
 
