@@ -1827,6 +1827,11 @@ class CrossEntropyBackwardOp(PrimitiveOp):
         check_loss_outputs(self, logits.shape[0], tensor(self.d_loss), tensor(self.lse))
 
 
+def check_chunk(op: Operation) -> None:
+    if op.chunk.value.data < 0:
+        raise VerifyException(f"chunk must be 0 (all rows) or a positive row count, got {op.chunk.value.data}")
+
+
 @irdl_op_definition
 class FusedLmHeadLossOp(PrimitiveOp):
     """LM head and cross-entropy without materializing all logits: ``(x [N, C], weight [V, C], labels [N]) -> (loss, lse [N])``."""
@@ -1842,8 +1847,10 @@ class FusedLmHeadLossOp(PrimitiveOp):
     ignore_index = int_param(-100)
     reduction = enum_param("mean")
     compute_accuracy = bool_param(False)
+    chunk = int_param(0)  # rows of x per chunk of logits (0: all rows at once)
 
     def verify_shapes(self) -> None:
+        check_chunk(self)
         x, w, labels = tensor(self.x), tensor(self.weight), tensor(self.labels)
         check_rank("x", x, 2)
         check_rank("weight", w, 2)
@@ -1870,8 +1877,10 @@ class FusedLmHeadLossBackwardOp(PrimitiveOp):
     d_weight = result_def(TensorType)
     ignore_index = int_param(-100)
     reduction = enum_param("mean")
+    chunk = int_param(0)  # rows of x per chunk of logits (0: all rows at once)
 
     def verify_shapes(self) -> None:
+        check_chunk(self)
         x, w = tensor(self.x), tensor(self.weight)
         check_rank("x", x, 2)
         check_rank("weight", w, 2)

@@ -940,18 +940,40 @@ def cross_entropy_backward(d_loss, logits, labels, lse, *, ignore_index=-100, re
     return grad * _row_grad_scale(d_loss, valid, reduction)[:, None]
 
 
-def fused_lm_head_loss(x, weight, labels, *, ignore_index=-100, reduction="mean", compute_accuracy=False):
-    """cross_entropy(x @ weight^T, labels); compute_accuracy has no result here and is ignored."""
+def row_chunks(rows: int, chunk: int) -> list[slice]:
+    """The row ranges of ``rows`` rows taken ``chunk`` at a time (0: all at once)."""
+    step = chunk if chunk > 0 else max(rows, 1)
+    return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def fused_lm_head_loss(x, weight, labels, *, ignore_index=-100, reduction="mean", compute_accuracy=False, chunk=0):
+    """cross_entropy(x @ weight^T, labels), the logits computed ``chunk`` rows at a time and never
+    all held; compute_accuracy has no result here and is ignored."""
     x, weight = _prep(x, weight)
-    return cross_entropy(x @ weight.T, labels, ignore_index=ignore_index, reduction=reduction)
+    labels = np.asarray(labels)
+    valid = labels != ignore_index
+    per_row = np.zeros(x.shape[0], dtype=x.dtype)
+    lse = np.zeros(x.shape[0], dtype=x.dtype)
+    for rows in row_chunks(x.shape[0], chunk):
+        per_row[rows], lse[rows] = cross_entropy(x[rows] @ weight.T, labels[rows], ignore_index=ignore_index,
+                                                 reduction="none")
+    return _reduce_loss(per_row, valid, reduction), lse
 
 
-def fused_lm_head_loss_backward(d_loss, x, weight, labels, lse, *, ignore_index=-100, reduction="mean"):
-    """d_logits of cross_entropy at x @ weight^T; d_x = d_logits @ weight, d_weight = d_logits^T @ x."""
+def fused_lm_head_loss_backward(d_loss, x, weight, labels, lse, *, ignore_index=-100, reduction="mean", chunk=0):
+    """d_logits of cross_entropy at x @ weight^T, one chunk of rows at a time: d_x[rows] = d_logits @ weight,
+    d_weight = sum over the chunks of d_logits^T @ x[rows]."""
     d_loss, x, weight, lse = _prep(d_loss, x, weight, lse)
-    d_logits = cross_entropy_backward(d_loss, x @ weight.T, labels, lse, ignore_index=ignore_index,
-                                      reduction=reduction)
-    return d_logits @ weight, d_logits.T @ x
+    labels = np.asarray(labels)
+    scale = _row_grad_scale(d_loss, labels != ignore_index, reduction)
+    d_x = np.zeros_like(x)
+    d_weight = np.zeros_like(weight)
+    for rows in row_chunks(x.shape[0], chunk):
+        d_logits = cross_entropy_backward(np.ones((), x.dtype), x[rows] @ weight.T, labels[rows], lse[rows],
+                                          ignore_index=ignore_index, reduction="none") * scale[rows, None]
+        d_x[rows] = d_logits @ weight
+        d_weight += d_logits.T @ x[rows]
+    return d_x, d_weight
 
 
 # ----------------------------------------------------------------------------

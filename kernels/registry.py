@@ -13,15 +13,16 @@ Later issues add each entry's CUDA kernel and launch configuration here.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from modeldsl.kernels.reference import REFERENCES
 
 Shape = tuple[int, ...]
-# (input shapes, output shapes) -> bytes of scratch for one launch
-ScratchRule = Callable[[Sequence[Shape], Sequence[Shape]], int]
+# (input shapes, output shapes, the launch's parameters) -> bytes of scratch for one launch
+ScratchRule = Callable[[Sequence[Shape], Sequence[Shape], Mapping[str, Any]], int]
 
 
 @dataclass(frozen=True)
@@ -37,24 +38,36 @@ class KernelEntry:
     # the kernel can add its result into its one output (a launch marked ``accumulate``)
     accumulates: bool = False
 
-    def scratch_bytes(self, inputs: Sequence[Shape], outputs: Sequence[Shape]) -> int:
-        return 0 if self.scratch is None else int(self.scratch(inputs, outputs))
+    def scratch_bytes(self, inputs: Sequence[Shape], outputs: Sequence[Shape],
+                      params: Mapping[str, Any] | None = None) -> int:
+        return 0 if self.scratch is None else int(self.scratch(inputs, outputs, params or {}))
 
 
-def _attention_scores(inputs: Sequence[Shape], outputs: Sequence[Shape]) -> int:
+def _attention_scores(inputs: Sequence[Shape], outputs: Sequence[Shape], params: Mapping[str, Any]) -> int:
     """fp32 scores of every (batch, head) row block: the S x S matrix of a non-flash kernel."""
     q, k = inputs[0], inputs[1]
     return 4 * math.prod(q[:-1]) * k[-2]
 
 
-def _per_row_stats(inputs: Sequence[Shape], outputs: Sequence[Shape]) -> int:
+def _per_row_stats(inputs: Sequence[Shape], outputs: Sequence[Shape], params: Mapping[str, Any]) -> int:
     """Two fp32 values (running max and sum) per row of the logits."""
     return 8 * math.prod(inputs[0][:-1])
+
+
+def _chunk_logits(inputs: Sequence[Shape], outputs: Sequence[Shape], params: Mapping[str, Any]) -> int:
+    """The fp32 logits of one chunk of rows (``x`` is the first input of the forward, the second of
+    the backward: the one of rank 2 before the ``[V, C]`` weight)."""
+    x = next(i for i, shape in enumerate(inputs) if len(shape) == 2)
+    rows, vocab = inputs[x][0], inputs[x + 1][0]
+    chunk = int(params.get("chunk", 0)) or rows
+    return 4 * min(chunk, rows) * vocab
 
 
 SCRATCH: dict[str, ScratchRule] = {
     "flash_attention": _attention_scores,
     "cross_entropy": _per_row_stats,
+    "fused_lm_head_loss": _chunk_logits,
+    "fused_lm_head_loss_backward": _chunk_logits,
 }
 REUSE: dict[str, dict[int, int]] = {
     **{name: {0: 0} for name in ("silu", "relu", "relu2", "gelu", "scale", "softmax", "add", "mul",

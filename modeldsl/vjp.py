@@ -354,6 +354,6 @@ def _cross_entropy(b, op, grads):
 @rule("fused_lm_head_loss")
 def _fused_lm_head_loss(b, op, grads):
     x, weight, labels = op.operands
-    params = forward_params(op, "ignore_index", "reduction")
+    params = forward_params(op, "ignore_index", "reduction", "chunk")
     d_x, d_w = b.op("fused_lm_head_loss_backward", grads[0], x, weight, labels, op.results[1], **params)
     return [d_x, d_w, None]

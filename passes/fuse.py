@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
+from xdsl.dialects.test import TestOp
 from xdsl.passes import ModulePass
 from xdsl.ir import Operation
 from xdsl.pattern_rewriter import GreedyRewritePatternApplier, PatternRewriteWalker
@@ -33,11 +34,13 @@ from modeldsl.dialects.graph import FuncOp
 from modeldsl.ir import span_of_annotation
 from modeldsl.passes.fuse_common import FusionPattern, FusionSwitch, requests_pattern
 from modeldsl.passes.fuse_gemm import AlphaFromScale, ScaleIntoAlpha
+from modeldsl.passes.fuse_loss import LmHeadLoss, LmHeadLossBackward
 from modeldsl.passes.fuse_norm import ResidualNorm
 
 PATTERNS: dict[str, tuple[type[FusionPattern], ...]] = {
     "residual_norm": (ResidualNorm,),
     "scalar_alpha": (ScaleIntoAlpha, AlphaFromScale),
+    "lm_head_loss": (LmHeadLossBackward, LmHeadLoss),
 }
 
 
@@ -47,9 +50,13 @@ class FusePass(ModulePass):
 
     disable: tuple[str, ...] = ()
     auto: bool = True
+    lm_head_chunk: int = 0
 
     def __post_init__(self) -> None:
-        self.disabled()  # refuse an unknown pattern where the pass is made
+        self.disabled()  # refuse an unknown pattern or a bad chunk where the pass is made
+        if self.lm_head_chunk < 0:
+            raise PassOptionError(f"mdsl-fuse: lm_head_chunk={self.lm_head_chunk} is negative", "lm_head_chunk",
+                                  "give the rows of logits per chunk, or 0 to let the pass choose")
 
     def disabled(self) -> set[str]:
         given = [self.disable] if isinstance(self.disable, str) else list(self.disable)
@@ -63,13 +70,15 @@ class FusePass(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         on = frozenset(PATTERNS) - self.disabled() if self.auto else frozenset()
-        switch = FusionSwitch(on)
+        switch = FusionSwitch(on, lm_head_chunk=self.lm_head_chunk)
         required = _required_fusions(op)
-        boundaries = _backward_starts(op)
+        boundaries = _mark_backward_starts(op)
         patterns = [cls(switch) for classes in PATTERNS.values() for cls in classes]
         PatternRewriteWalker(GreedyRewritePatternApplier(patterns)).rewrite_module(op)
-        for func, first in boundaries.items():
-            func.attributes["forward_ops"] = IntegerAttr(list(func.body.block.ops).index(first), i64)
+        for func, marker in boundaries.items():
+            func.attributes["forward_ops"] = IntegerAttr(list(func.body.block.ops).index(marker), i64)
+            marker.detach()
+            marker.erase()
         _check_required(required, switch)
 
 
@@ -102,11 +111,13 @@ def _check_required(required: list[tuple[Operation, list[str]]], switch: FusionS
         raise DiagnosticError(errors)
 
 
-def _backward_starts(module: ModuleOp) -> dict[FuncOp, object]:
-    """The first backward op of each gradient function (fusion merges forward ops only)."""
+def _mark_backward_starts(module: ModuleOp) -> dict[FuncOp, TestOp]:
+    """A marker op before the first backward op of each gradient function, so its ``forward_ops``
+    count stays true as patterns merge, replace and erase ops on either side."""
     found = {}
     for func in module.walk():
         if isinstance(func, FuncOp) and "forward_ops" in func.attributes:
-            ops = list(func.body.block.ops)
-            found[func] = ops[func.attributes["forward_ops"].value.data]
+            marker = TestOp()
+            func.body.block.insert_op_before(marker, list(func.body.block.ops)[func.attributes["forward_ops"].value.data])
+            found[func] = marker
     return found

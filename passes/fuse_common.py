@@ -73,6 +73,7 @@ class FusionSwitch:
 
     enabled: frozenset[str] = frozenset()
     merged: dict[str, set[Operation]] = field(default_factory=dict)
+    lm_head_chunk: int = 0  # rows per chunk of the fused LM-head loss (0: chosen by size)
 
 
 class FusionPattern(RewritePattern):

@@ -460,7 +460,9 @@ class ScheduleBuilder:
         outputs = [self.result_buffer(r) for r in op.results]
         attrs = {k: v for k, v in op.attributes.items() if k not in NOT_PARAMS}
         kernel = entry(sig.name)
-        scratch = kernel.scratch_bytes([self.shape(v) for v in inputs], [self.shape(v) for v in outputs])
+        scratch = kernel.scratch_bytes([self.shape(v) for v in inputs], [self.shape(v) for v in outputs],
+                                       {k: op_attr(op, k) for k, v in attrs.items()
+                                        if isinstance(v, (IntegerAttr, FloatAttr, StringAttr))})
         if scratch:
             btype = BufferType([scratch], DType.INT8)
             space = BufferOp("workspace", btype)

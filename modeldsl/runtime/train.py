@@ -94,12 +94,12 @@ def specialized(model: ModelOp, batch: int, tokens: int) -> ModelOp:
 
 
 def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str | None = "fp32",
-                          recompute: str = "annotated", fuse: bool = True) -> ProgramOp:
+                          recompute: str = "annotated", fuse: bool | FusePass = True) -> ProgramOp:
     """The planned schedule of ``@train_loss_grad`` for ``[batch, tokens]`` micro-batches: inputs
     (forward inputs..., labels, d_loss), output the loss; parameter gradients added into ``grads``.
     ``recompute`` is ``mdsl-recompute``'s mode: ``none``, ``annotated``, ``full``, or ``auto:BYTES``
     / ``auto`` (the automatic mode under that activation budget). ``fuse``: ``mdsl-fuse`` runs
-    after them, every pattern on."""
+    after them, every pattern on (or the given ``FusePass``, with its options; False: none)."""
     model = specialized(model, batch, tokens)
     add_loss_function(model)
     gradient_function(model, "train_loss")
@@ -109,7 +109,7 @@ def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str 
         raise DiagnosticError([err.diagnostic()]) from None
     recompute_pass.apply(Context(), model.parent_op())
     if fuse:
-        FusePass().apply(Context(), model.parent_op())
+        (fuse if isinstance(fuse, FusePass) else FusePass()).apply(Context(), model.parent_op())
     return plan(lower_function(model, "train_loss_grad", storage, grads_arena=True))
 
 

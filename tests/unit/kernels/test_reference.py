@@ -973,14 +973,17 @@ def torch_lm_head_loss(x, weight, labels, reduction):
 @covers("fused_lm_head_loss", "fused_lm_head_loss_backward")
 @pytest.mark.parametrize("rows, vocab, ignored, label_dtype", LOSS_CASES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_fused_lm_head_loss(rows, vocab, ignored, label_dtype, reduction):
+@pytest.mark.parametrize("chunk", [0, 1, 3])
+def test_fused_lm_head_loss(rows, vocab, ignored, label_dtype, reduction, chunk):
+    """Chunk by chunk (0: all rows at once; 3 leaves a short last chunk) as PyTorch does it whole."""
     x, w = randn(140, (rows, 6), (vocab, 6))
     labels = labels_for(141, rows, vocab, ignored, label_dtype)
-    loss, lse = ref("fused_lm_head_loss", x, w, labels, reduction=reduction, compute_accuracy=True)
+    loss, lse = ref("fused_lm_head_loss", x, w, labels, reduction=reduction, compute_accuracy=True, chunk=chunk)
     check_all((loss, lse), torch_lm_head_loss(tt(x), tt(w), tt(labels), reduction))
     d_loss = d_loss_for(142, rows, reduction)
     expected = vjp(lambda x_, w_: torch_lm_head_loss(x_, w_, tt(labels), reduction)[0], [x, w], [d_loss])
-    check_all(ref("fused_lm_head_loss_backward", d_loss, x, w, labels, lse, reduction=reduction), expected)
+    check_all(ref("fused_lm_head_loss_backward", d_loss, x, w, labels, lse, reduction=reduction, chunk=chunk),
+              expected)
 
 
 # ----------------------------------------------------------------------------

@@ -1,14 +1,16 @@
-"""mdsl-fuse changes launches, not results: a training step of the std Llama, Qwen3 and Mistral
-models with every pattern on gives bitwise the gradients of fusion off, with recompute on or off,
-on the CPU schedule executor; and the forward with fusion (what modeldsl.load runs) runs the
-fused kernel."""
+"""mdsl-fuse changes launches, not what a step learns: a training step of the std Llama, Qwen3 and
+Mistral models with every pattern on gives the gradients of fusion off within fp32 rounding (the
+chunked LM-head loss sums its weight gradient chunk by chunk), bitwise the same gradients with
+recompute on as with it off, and the loss and logits never leave the fused program as a
+``[B*T, vocab]`` buffer; the forward with fusion (what modeldsl.load runs) runs the fused kernel."""
 
 import numpy as np
 import pytest
 
 import modeldsl
 from hf_checkpoints import cached_checkpoint
-from modeldsl.dialects.sched import LaunchOp
+from modeldsl.dialects.sched import BufferOp, LaunchOp
+from modeldsl.passes.fuse import FusePass
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime.profiles import compile_profile
 from modeldsl.runtime.train import compile_training_step
@@ -17,6 +19,7 @@ pytest.importorskip("transformers")
 
 FAMILIES = [("llama", "llama.module", {}), ("qwen3", "qwen.module", {"head_dim": 16}),
             ("mistral", "mistral.module", {"sliding_window": 5})]
+BATCH, TOKENS = 2, 8
 
 
 def kernels(program) -> set[str]:
@@ -28,25 +31,63 @@ def gradients(model, program) -> tuple[float, np.ndarray]:
     executor.arenas["grads"][:] = 0
     rng = np.random.default_rng(0)
     vocab = model.config("vocab_size")
-    tokens = rng.integers(0, vocab, size=(2, 8)).astype(np.int32)
-    labels = rng.integers(0, vocab, size=(2, 8)).astype(np.int64)
+    tokens = rng.integers(0, vocab, size=(BATCH, TOKENS)).astype(np.int32)
+    labels = rng.integers(0, vocab, size=(BATCH, TOKENS)).astype(np.int64)
+    labels[0, :3] = -100
     (loss, *_) = executor.execute(*model.inputs(tokens, 0), labels, np.array(1.0, dtype=np.float32))
-    return float(loss), executor.arenas["grads"].copy()
+    return float(loss), executor.arenas["grads"].copy().view(np.float32)
+
+
+def load(arch: str, module: str, config: dict):
+    return modeldsl.load(STD_ROOT / "models" / module, hf=cached_checkpoint(arch, **config), dtype="fp32")
 
 
 @pytest.mark.parametrize("arch, module, config", FAMILIES, ids=[f[0] for f in FAMILIES])
-def test_fusion_leaves_the_gradients_bitwise_equal(arch, module, config):
-    model = modeldsl.load(STD_ROOT / "models" / module, hf=cached_checkpoint(arch, **config), dtype="fp32")
-    loss, grads = gradients(model, compile_training_step(model.model, 2, 8, fuse=False))
+def test_fusion_keeps_the_gradients_and_recompute_stays_bitwise(arch, module, config):
+    model = load(arch, module, config)
+    loss, grads = gradients(model, compile_training_step(model.model, BATCH, TOKENS, fuse=False))
+    fused_loss, fused_grads = gradients(model, compile_training_step(model.model, BATCH, TOKENS, recompute="none"))
+    np.testing.assert_allclose(fused_loss, loss, rtol=1e-6)
+    np.testing.assert_allclose(fused_grads, grads, rtol=1e-5, atol=1e-7)
     for recompute in ("annotated", "full"):
-        program = compile_training_step(model.model, 2, 8, recompute=recompute, fuse=True)
-        assert "fused_residual_rmsnorm" in kernels(program)
-        fused_loss, fused_grads = gradients(model, program)
-        assert fused_loss == loss and np.array_equal(fused_grads, grads), recompute
+        program = compile_training_step(model.model, BATCH, TOKENS, recompute=recompute)
+        assert {"fused_residual_rmsnorm", "fused_lm_head_loss", "fused_lm_head_loss_backward"} <= kernels(program)
+        again_loss, again_grads = gradients(model, program)
+        assert again_loss == fused_loss and np.array_equal(again_grads, fused_grads), recompute
+
+
+def test_arithmetic_preserving_patterns_are_bitwise():
+    """residual_norm does the same sum and norm: with the rounding-changing patterns off, bitwise."""
+    model = load("llama", "llama.module", {})
+    off = compile_training_step(model.model, BATCH, TOKENS, fuse=False)
+    norm_only = compile_training_step(model.model, BATCH, TOKENS,
+                                      fuse=FusePass(disable=("scalar_alpha", "lm_head_loss")))
+    assert "fused_residual_rmsnorm" in kernels(norm_only)
+    (loss, grads), (fused_loss, fused_grads) = gradients(model, off), gradients(model, norm_only)
+    assert fused_loss == loss and np.array_equal(fused_grads, grads)
+
+
+@pytest.mark.parametrize("chunk", [3, 5, 16])
+def test_the_chunked_lm_head_loss_never_holds_the_logits(chunk):
+    """No GEMM computes logits and no cross-entropy reads them: the fused launches read the LM head,
+    each with a scratch of one chunk's fp32 logits."""
+    model = load("llama", "llama.module", {})
+    vocab = model.config("vocab_size")
+    unfused = compile_training_step(model.model, BATCH, TOKENS, fuse=False)
+    program = compile_training_step(model.model, BATCH, TOKENS, fuse=FusePass(lm_head_chunk=chunk))
+    assert not kernels(program) & {"cross_entropy", "cross_entropy_backward"}
+    head = next(op.result for op in program.walk() if isinstance(op, BufferOp) and op.result.name_hint == "lm_head")
+    readers = [use.operation for use in head.uses]
+    assert sorted(op.kernel.data for op in readers) == ["fused_lm_head_loss", "fused_lm_head_loss_backward"]
+    for launch in readers:
+        assert launch.outputs[-1].type.shape[0] == 4 * chunk * vocab  # the scratch
+    (loss, grads), (fused_loss, fused_grads) = gradients(model, unfused), gradients(model, program)
+    np.testing.assert_allclose(fused_loss, loss, rtol=1e-6)
+    np.testing.assert_allclose(fused_grads, grads, rtol=1e-5, atol=1e-7)
 
 
 def test_the_forward_profile_runs_the_fused_residual_norm():
-    model = modeldsl.load(STD_ROOT / "models" / "llama.module", hf=cached_checkpoint("llama"), dtype="fp32")
+    model = load("llama", "llama.module", {})
     program = compile_profile(model.model, 1, 8, "fp32")
     assert "fused_residual_rmsnorm" in kernels(program)
     assert sum(op.kernel.data == "add" for op in program.walk() if isinstance(op, LaunchOp)) == 1  # per layer
