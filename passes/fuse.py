@@ -27,6 +27,7 @@ from xdsl.dialects.test import TestOp
 from xdsl.passes import ModulePass
 from xdsl.ir import Operation
 from xdsl.pattern_rewriter import GreedyRewritePatternApplier, PatternRewriteWalker
+from xdsl.transforms.common_subexpression_elimination import CommonSubexpressionElimination
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, PassOptionError
 from modeldsl.dialects.annotations import FuseRequiredAttr, find_annotation
@@ -75,6 +76,7 @@ class FusePass(ModulePass):
         boundaries = _mark_backward_starts(op)
         patterns = [cls(switch) for classes in PATTERNS.values() for cls in classes]
         PatternRewriteWalker(GreedyRewritePatternApplier(patterns)).rewrite_module(op)
+        CommonSubexpressionElimination().apply(ctx, op)
         for func, marker in boundaries.items():
             func.attributes["forward_ops"] = IntegerAttr(list(func.body.block.ops).index(marker), i64)
             marker.detach()

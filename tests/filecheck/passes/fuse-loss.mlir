@@ -2,7 +2,8 @@
 // cross_entropy_backward and the d_x / d_W GEMMs become fused_lm_head_loss(_backward), which hold
 // `chunk` rows of logits at a time (lm_head_chunk=, else the most rows whose fp32 logits fit in
 // 128 MiB). Each sed variant breaks one condition: logits another op reads, a GEMM with alpha, a
-// @nofuse on the GEMM; disable= turns it off and a negative chunk is E029.
+// @nofuse on the GEMM; disable= turns it off and a negative chunk is E029. CSE (after the
+// patterns) leaves one view of x to rows for both.
 // RUN: mdsl-opt %s -p 'mdsl-fuse{lm_head_chunk=4}' | filecheck %s --check-prefix=FUSED
 // RUN: mdsl-opt %s -p 'mdsl-fuse' | filecheck %s --check-prefix=AUTO
 // RUN: mdsl-opt %s -p 'mdsl-fuse{disable=lm_head_loss}' | filecheck %s --check-prefix=OFF
@@ -35,8 +36,7 @@ builtin.module {
 // FUSED-NEXT:   %head = mdsl.graph.param_ref @head
 // FUSED-NEXT:   %[[X:.*]] = mdsl.graph.view %x : {{.*}} -> !mdsl.graph.tensor<[16, 32], fp32>
 // FUSED-NEXT:   %loss, %lse = mdsl.graph.fused_lm_head_loss %[[X]], %head, %labels {chunk = 4 : i64}
-// FUSED-NEXT:   %[[X2:.*]] = mdsl.graph.view %x
-// FUSED-NEXT:   %[[DX:.*]], %d_w = mdsl.graph.fused_lm_head_loss_backward %d, %[[X2]], %head, %labels, %lse {chunk = 4 : i64}
+// FUSED-NEXT:   %[[DX:.*]], %d_w = mdsl.graph.fused_lm_head_loss_backward %d, %[[X]], %head, %labels, %lse {chunk = 4 : i64}
 // FUSED-NEXT:   %d_x = mdsl.graph.view %[[DX]] : {{.*}} -> !mdsl.graph.tensor<[2, 8, 32], fp32>
 // FUSED-NEXT:   mdsl.graph.return %loss, %d_x, %d_w
 // FUSED-NOT:  cross_entropy
