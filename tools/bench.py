@@ -152,12 +152,18 @@ def dsl_model(shape: str):
     return modeldsl.load(path, config=hf_config_values(program, choose_top(program), hf))
 
 
-def run_modeldsl(shape: str, settings: Settings, recompute: str = "annotated") -> Row:
-    """The modeldsl runner's row, training with ``recompute`` (mdsl-recompute's mode; a mode other
-    than the default names the row ``modeldsl[MODE]``)."""
+def modeldsl_label(recompute: str, fuse: bool) -> str:
+    """``modeldsl``, with the settings that differ from the defaults: ``modeldsl[full,nofuse]``."""
+    settings = [*([recompute] if recompute != "annotated" else []), *([] if fuse else ["nofuse"])]
+    return f"modeldsl[{','.join(settings)}]" if settings else "modeldsl"
+
+
+def run_modeldsl(shape: str, settings: Settings, recompute: str = "annotated", fuse: bool = True) -> Row:
+    """The modeldsl runner's row, training with ``recompute`` (mdsl-recompute's mode) and ``fuse``
+    (mdsl-fuse, every pattern, or none)."""
     from modeldsl.runtime.optim import AdamWConfig
 
-    row = Row(shape, "modeldsl" if recompute == "annotated" else f"modeldsl[{recompute}]")
+    row = Row(shape, modeldsl_label(recompute, fuse))
     config = AdamWConfig(lr=settings.lr, weight_decay=0.01, clip_norm=1.0)
     if settings.device == "cuda":
         try:
@@ -165,12 +171,12 @@ def run_modeldsl(shape: str, settings: Settings, recompute: str = "annotated") -
         except ImportError as err:
             row.note = f"no CUDA executor yet ({err})"
             return row
-        trainer = CudaTrainer(dsl_model(shape), config, dtype=settings.dtype, recompute=recompute)
+        trainer = CudaTrainer(dsl_model(shape), config, dtype=settings.dtype, recompute=recompute, fuse=fuse)
         synchronize, peak = trainer.synchronize, trainer.peak_bytes
     else:
         from modeldsl.runtime.train import Trainer
 
-        trainer = Trainer(dsl_model(shape), config, dtype=settings.dtype, recompute=recompute)
+        trainer = Trainer(dsl_model(shape), config, dtype=settings.dtype, recompute=recompute, fuse=fuse)
         synchronize = lambda: None  # noqa: E731
 
         def peak() -> int:
@@ -221,6 +227,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--recompute", default="annotated", help="comma-separated recompute modes of the modeldsl "
                    "runner, one row each: none, annotated, full, auto[:BYTES] (see mdsl-run --recompute)")
+    p.add_argument("--fuse", default="on", help="comma-separated: on (mdsl-fuse, every pattern), off; one modeldsl "
+                   "row each (with each --recompute mode)")
     p.add_argument("--json", type=Path, help="write the rows (and the settings) to this file")
     args = p.parse_args(argv)
     from modeldsl.tools.train import recompute_problems
@@ -228,7 +236,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for mode in args.recompute.split(","):
         for problem in recompute_problems(mode):
             p.error(problem)
-    for name, values, known in (("--shapes", args.shapes, SHAPES), ("--runners", args.runners, RUNNERS)):
+    for name, values, known in (("--shapes", args.shapes, SHAPES), ("--runners", args.runners, RUNNERS),
+                                ("--fuse", args.fuse, ("on", "off"))):
         unknown = [v for v in values.split(",") if v not in known]
         if unknown:
             p.error(f"{name}: unknown {', '.join(unknown)} (choose from {', '.join(known)})")
@@ -266,8 +275,9 @@ def run(argv: list[str] | None) -> int:
     rows = []
     for shape in args.shapes.split(","):
         for runner in args.runners.split(","):
-            for mode in args.recompute.split(",") if runner == "modeldsl" else [None]:
-                row = run_row(shape, runner, settings, mode)
+            variants = [(mode, fuse == "on") for mode in args.recompute.split(",") for fuse in args.fuse.split(",")]
+            for mode, fuse in variants if runner == "modeldsl" else [(None, True)]:
+                row = run_row(shape, runner, settings, mode, fuse)
                 rows.append(row)
                 print(f"  {shape} {row.runner}: "
                       + (f"{row.tokens_per_s:,.0f} tokens/s" if row.tokens_per_s else row.note), flush=True)
@@ -277,13 +287,13 @@ def run(argv: list[str] | None) -> int:
     return 0
 
 
-def run_row(shape: str, runner: str, settings: Settings, recompute: str | None) -> Row:
+def run_row(shape: str, runner: str, settings: Settings, recompute: str | None, fuse: bool = True) -> Row:
     """One runner's row (a runner that fails is a row that says so; the others still run)."""
     try:
-        row = run_modeldsl(shape, settings, recompute) if runner == "modeldsl" else \
+        row = run_modeldsl(shape, settings, recompute, fuse) if runner == "modeldsl" else \
             run_torch(shape, runner == "compile", settings)
     except Exception as err:  # noqa: BLE001
-        label = runner if recompute in (None, "annotated") else f"{runner}[{recompute}]"
+        label = modeldsl_label(recompute, fuse) if runner == "modeldsl" else runner
         row = Row(shape, label, note=f"failed: {type(err).__name__}: {err}".splitlines()[0][:200])
     if row.losses and not all(math.isfinite(x) for x in row.losses):
         row.note = (row.note + " non-finite loss").strip()

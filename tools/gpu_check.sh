@@ -69,7 +69,7 @@ step nvidia-smi nvidia-smi.txt nvidia-smi
 step install install.log install
 step build-kernels build.log "$PYTHON" -m modeldsl.tools.build_kernels --jobs 16
 step pytest-gpu pytest_gpu.log "$PYTHON" -m pytest -m gpu -q -rs tests/gpu --junitxml="$OUT/pytest_gpu.xml"
-step bench bench.log "$PYTHON" -m modeldsl.tools.bench --device cuda --recompute annotated,full --json "$OUT/bench.json"
+step bench bench.log "$PYTHON" -m modeldsl.tools.bench --device cuda --recompute annotated,full --fuse on,off --json "$OUT/bench.json"
 
 "$PYTHON" - "$OUT" <<'EOF'
 import json, sys

@@ -146,6 +146,7 @@ class Trainer:
     dtype: str = "fp32"
     device: Any = None  # a modeldsl.runtime.cuda_device.Device the programs run on; None: the CPU
     recompute: str = "annotated"  # mdsl-recompute's mode (see compile_training_step)
+    fuse: bool = True  # mdsl-fuse, every pattern on (False: none)
 
     def __post_init__(self) -> None:
         if self.model.dtype != "fp32":
@@ -173,7 +174,7 @@ class Trainer:
         """The training step of ``[batch, tokens]`` micro-batches (compiled on first use)."""
         key = (batch, tokens)
         if key not in self.programs:
-            program = compile_training_step(self.model.model, batch, tokens, self.storage, self.recompute)
+            program = compile_training_step(self.model.model, batch, tokens, self.storage, self.recompute, self.fuse)
             if tagged_layout(program, "grad") != tagged_layout(self.optimizer.program, "grad"):
                 raise ExecutionError("the training step lays out the gradients unlike the optimizer step")
             self.programs[key] = self.schedule.executor(program, arenas={"grads": self.optimizer.arenas["grads"]})

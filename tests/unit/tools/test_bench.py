@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from modeldsl.tools.bench import Row, main, table
@@ -23,14 +24,17 @@ def test_the_tiny_cpu_run_prints_the_table_and_writes_the_rows(tmp_path, capsys)
     assert rows[0]["peak_bytes"] > 0  # modeldsl's planned arenas
 
 
-def test_each_recompute_mode_is_a_row_with_the_same_losses(tmp_path, capsys):
+def test_each_recompute_mode_and_fusion_setting_is_a_row_with_the_same_losses(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["--device", "cpu", "--shapes", "tiny", "--runners", "modeldsl", "--batch", "2", "--seq", "16",
-                 "--steps", "2", "--warmup", "1", "--recompute", "annotated,full", "--json", str(out)]) == 0
-    assert "tiny        modeldsl[full] " in capsys.readouterr().out
+                 "--steps", "2", "--warmup", "1", "--recompute", "annotated,full", "--fuse", "on,off",
+                 "--json", str(out)]) == 0
+    assert "tiny        modeldsl[full,nofuse] " in capsys.readouterr().out
     rows = json.loads(out.read_text())["rows"]
-    assert [r["runner"] for r in rows] == ["modeldsl", "modeldsl[full]"]
-    assert rows[0]["losses"] == rows[1]["losses"] and len(rows[0]["losses"]) == 3
+    assert [r["runner"] for r in rows] == ["modeldsl", "modeldsl[nofuse]", "modeldsl[full]", "modeldsl[full,nofuse]"]
+    assert rows[0]["losses"] == rows[2]["losses"] and len(rows[0]["losses"]) == 3  # recompute: bitwise
+    assert rows[1]["losses"] == rows[3]["losses"]
+    np.testing.assert_allclose(rows[0]["losses"], rows[1]["losses"], rtol=1e-2)  # bf16: fusion rounds otherwise
 
 
 def test_ratios_are_against_torch_compile_and_missing_runs_say_why():
@@ -46,6 +50,7 @@ def test_ratios_are_against_torch_compile_and_missing_runs_say_why():
     (["--runners", "jax"], "--runners: unknown jax"),
     (["--steps", "0"], "--steps must be at least 1"),
     (["--recompute", "full,fast"], "--recompute fast: the mode is none, annotated, full or auto[:BYTES]"),
+    (["--fuse", "maybe"], "--fuse: unknown maybe"),
 ])
 def test_bad_flags_are_usage_errors(flags, words, capsys):
     with pytest.raises(SystemExit) as info:
