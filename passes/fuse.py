@@ -34,13 +34,14 @@ from modeldsl.dialects.annotations import FuseRequiredAttr, find_annotation
 from modeldsl.dialects.graph import FuncOp
 from modeldsl.ir import span_of_annotation
 from modeldsl.passes.fuse_common import FusionPattern, FusionSwitch, requests_pattern
-from modeldsl.passes.fuse_gemm import AlphaFromScale, ScaleIntoAlpha
+from modeldsl.passes.fuse_gemm import AlphaFromScale, ScaleIntoAlpha, TransposeIntoFlags
 from modeldsl.passes.fuse_loss import LmHeadLoss, LmHeadLossBackward
 from modeldsl.passes.fuse_norm import ResidualNorm
 
 PATTERNS: dict[str, tuple[type[FusionPattern], ...]] = {
     "residual_norm": (ResidualNorm,),
     "scalar_alpha": (ScaleIntoAlpha, AlphaFromScale),
+    "transpose_flag": (TransposeIntoFlags,),
     "lm_head_loss": (LmHeadLossBackward, LmHeadLoss),
 }
 

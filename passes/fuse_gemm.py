@@ -1,20 +1,25 @@
-"""``mdsl-fuse`` pattern ``scalar_alpha`` (seed 004): a scalar multiply around a GEMM goes into its alpha.
+"""``mdsl-fuse`` patterns on GEMMs (seed 004): ``scalar_alpha`` and ``transpose_flag``.
 
 ``matmul(scale(a, s), b)`` and ``scale(matmul(a, b), s)`` become one
 ``matmul(a, b) {alpha = alpha * s}``: the GEMM scales its product, and the
-scaled tensor is never written. (``mdsl-lower-to-sched`` already folds a
-transpose of the last two dims into the GEMM's flags.) Not fused: a scaled
-tensor another op also reads, an accumulating matmul (``accumulate`` or
-``beta``), a barrier on either op. The product is rounded once instead of twice,
-so results may differ from the unfused graph in the last bit.
+scaled tensor is never written. Not fused: a scaled tensor another op also reads, an
+accumulating matmul (``accumulate`` or ``beta``), a barrier on either op. The
+product is rounded once instead of twice, so results may differ from the
+unfused graph in the last bit.
+
+``transpose_flag``: a transpose of the last two dims feeding a ``matmul`` or
+``batched_matmul`` (and read by nothing else) becomes the GEMM's transpose flag,
+where the op takes the flipped mode; the arithmetic is the same. (Lowering folds
+such transposes too, but only this makes the flag visible in ``mdsl.graph``.)
 """
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import FloatAttr, f64
+from xdsl.dialects.builtin import FloatAttr, StringAttr, f64
 from xdsl.pattern_rewriter import PatternRewriter, op_type_rewrite_pattern
+from xdsl.utils.exceptions import VerifyException
 
-from modeldsl.dialects.graph_primitives import MatmulOp, ScaleOp
+from modeldsl.dialects.graph_primitives import BatchedMatmulOp, MatmulOp, ScaleOp, TransposeOp
 from modeldsl.graph_builder import op_attr
 from modeldsl.passes.fuse_common import FusionPattern, is_barrier, only_use
 
@@ -67,3 +72,50 @@ class AlphaFromScale(FusionPattern):
         rewriter.notify_op_modified(matmul)
         self.fused((matmul, op))
         rewriter.replace(op, [], [matmul.results[0]])
+
+
+def swaps_last_two(op) -> bool:
+    """Whether ``op`` is a transpose of the last two dims of its operand."""
+    if not isinstance(op, TransposeOp):
+        return False
+    rank = len(op.operands[0].type.shape)
+    dims = {d % rank for d in (op.dim0.value.data, op.dim1.value.data)} if rank >= 2 else set()
+    return dims == {rank - 2, rank - 1}
+
+
+def flipped(mode: str, index: int) -> str:
+    letters = list(mode)
+    letters[index] = "N" if letters[index] == "T" else "T"
+    return "".join(letters)
+
+
+class TransposeIntoFlags(FusionPattern):
+    """``matmul(transpose(a), b)`` / ``matmul(a, transpose(b))`` (and ``batched_matmul``): the
+    transpose of the last two dims becomes the GEMM's transpose flag (seed 004: absorbed before
+    anything folds the transpose away), where the flipped mode is one the op takes."""
+
+    name = "transpose_flag"
+    primitives = ("transpose", "matmul")
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: MatmulOp | BatchedMatmulOp, rewriter: PatternRewriter) -> None:
+        if op_attr(op, "accumulate", False):
+            return
+        for index, operand in enumerate(op.operands):
+            transpose = operand.owner
+            if not swaps_last_two(transpose) or only_use(operand) is not op or not self.may_fuse(transpose, op):
+                continue
+            mode = op_attr(op, "transpose", "NN")
+            candidate = op.clone()
+            candidate.operands[index] = transpose.operands[0]
+            candidate.attributes["transpose"] = StringAttr(flipped(mode, index))
+            try:
+                candidate.verify_()
+            except VerifyException:
+                candidate.erase()
+                continue
+            self.fused((transpose, op))
+            candidate.results[0].name_hint = op.results[0].name_hint
+            rewriter.replace(op, candidate)
+            rewriter.erase(transpose)
+            return
