@@ -35,6 +35,7 @@ from modeldsl.dialects.graph import FuncOp
 from modeldsl.ir import span_of_annotation
 from modeldsl.passes.fuse_common import FusionPattern, FusionSwitch, requests_pattern
 from modeldsl.passes.fuse_gemm import AlphaFromScale, ScaleIntoAlpha, TransposeIntoFlags
+from modeldsl.passes.fuse_layout import AttentionLayout
 from modeldsl.passes.fuse_loss import LmHeadLoss, LmHeadLossBackward
 from modeldsl.passes.fuse_norm import ResidualNorm
 
@@ -43,6 +44,7 @@ PATTERNS: dict[str, tuple[type[FusionPattern], ...]] = {
     "scalar_alpha": (ScaleIntoAlpha, AlphaFromScale),
     "transpose_flag": (TransposeIntoFlags,),
     "lm_head_loss": (LmHeadLossBackward, LmHeadLoss),
+    "attention_layout": (AttentionLayout,),
 }
 
 
@@ -91,8 +93,7 @@ def _required_fusions(module: ModuleOp) -> list[tuple[Operation, list[str]]]:
     for op in module.walk():
         annotation = find_annotation(op, FuseRequiredAttr)
         if annotation is not None:
-            names = [name for name, classes in PATTERNS.items()
-                     if requests_pattern(annotation, name, classes[0].primitives)]
+            names = [name for name in PATTERNS if requests_pattern(annotation, name)]
             found.append((op, names))
     return found
 

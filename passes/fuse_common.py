@@ -28,7 +28,7 @@ from xdsl.pattern_rewriter import RewritePattern
 from modeldsl.dialects.annotations import (
     AnnotationAttr, FuseAttr, FuseRequiredAttr, HookAttr, NofuseAttr, ProbeAttr, annotations_of,
 )
-from modeldsl.resolve.annotation_checks import PATTERN_OPS, fusion_problem
+from modeldsl.resolve.annotation_checks import fusion_problem
 
 BARRIERS = (NofuseAttr, HookAttr, ProbeAttr)
 
@@ -53,17 +53,14 @@ def fusion_requests(op: Operation) -> list[AnnotationAttr]:
     return [a for a in annotations_of(op) if isinstance(a, (FuseAttr, FuseRequiredAttr))]
 
 
-def requests_pattern(annotation: AnnotationAttr, pattern: str, primitives: tuple[str, ...]) -> bool:
-    """Whether a ``@fuse``/``@fuse_required`` asks for ``pattern`` (whose ops are ``primitives``):
-    by name, by ``scope=global``, or by an ``ops=[...]`` list that performs its operations."""
+def requests_pattern(annotation: AnnotationAttr, pattern: str) -> bool:
+    """Whether a ``@fuse``/``@fuse_required`` asks for ``pattern``: by name, by ``scope=global``, or
+    by an ``ops=[...]`` list that performs its operations."""
     values = annotation.values
     if values.get("pattern") is not None:
         return values["pattern"] == pattern
     if values.get("ops") is not None:
-        ops = list(values["ops"])
-        if pattern in PATTERN_OPS:
-            return fusion_problem(pattern, None, ops) is None or fusion_problem(None, primitives, ops) is None
-        return bool(primitives) and fusion_problem(None, primitives, ops) is None
+        return fusion_problem(pattern, None, list(values["ops"])) is None
     return values.get("scope") == "global"
 
 
@@ -93,7 +90,7 @@ class FusionPattern(RewritePattern):
         return self.name in self.switch.enabled or any(self.requested_by(op) for op in ops)
 
     def requested_by(self, op: Operation) -> bool:
-        return any(requests_pattern(a, self.name, self.primitives) for a in fusion_requests(op))
+        return any(requests_pattern(a, self.name) for a in fusion_requests(op))
 
     def fused(self, ops: Iterable[Operation]) -> None:
         """Record that this pattern merged ``ops`` (before they are erased)."""

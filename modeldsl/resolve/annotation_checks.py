@@ -49,14 +49,31 @@ KINDS: dict[str, tuple[str, ...]] = {
 VIEW_OPS = frozenset({"view", "transpose", "permute", "split", "contiguous", "copy"})
 
 
+def pass_patterns() -> dict[str, tuple[str, ...]]:
+    """``mdsl-fuse``'s own patterns and the primitives each merges."""
+    from modeldsl.passes.fuse import PATTERNS  # here, not at the top: the fusion passes import this module
+
+    return {name: classes[0].primitives for name, classes in PATTERNS.items()}
+
+
 def fusion_problem(pattern: str | None, ops: Sequence[str] | None, performed: Sequence[str]) -> tuple[str, str] | None:
     """(message, hint) of an E013 for ``@fuse(pattern)``/``@fuse(ops=[...])`` on a flow that
-    performs the primitives ``performed`` in order; None when the annotation fits."""
+    performs the primitives ``performed`` in order; None when the annotation fits. A pattern is
+    one of spec 7.5.1's table (its operations by kind, in order) or one ``mdsl-fuse`` implements
+    (its primitives, in any order: a scale may stand before or after its matmul)."""
     if pattern is not None:
+        own = pass_patterns()
+        if pattern not in PATTERN_OPS and pattern in own:
+            missing = [p for p in own[pattern] if p not in performed]
+            if missing:
+                return (f"the flow does not perform the operations of fusion pattern '{pattern}' "
+                        f"({' + '.join(own[pattern])})", f"the flow performs: {', '.join(performed) or 'nothing'}")
+            return None
         if pattern not in PATTERN_OPS:
-            close = difflib.get_close_matches(pattern, PATTERN_OPS, n=1)
+            known = [*PATTERN_OPS, *(p for p in own if p not in PATTERN_OPS)]
+            close = difflib.get_close_matches(pattern, known, n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
-            return f"unknown fusion pattern '{pattern}'", f"{hint}the patterns are {', '.join(PATTERN_OPS)}"
+            return f"unknown fusion pattern '{pattern}'", f"{hint}the patterns are {', '.join(known)}"
         wanted = PATTERN_OPS[pattern]
         if not _in_order(wanted, [kind for op in performed for kind in KINDS.get(op, ())]):
             return (f"the flow does not perform the operations of fusion pattern '{pattern}' "
