@@ -677,6 +677,68 @@ class GegluBackwardOp(GatedBackwardOp):
     name = "mdsl.graph.geglu_backward"
 
 
+def check_packed_halves(packed: TensorType, half: TensorType) -> None:
+    """``packed`` is ``[*, 2 F]`` (gate then up along the last dim) where ``half`` is ``[*, F]``."""
+    check_same_dtype("gate_up", packed, half)
+    check_dim("last dim of gate_up (twice the gated width)", dim_at(packed, -1), 2 * dim_at(half, -1))
+    n = resolve_axis("dim", -1, packed)
+    if n is not None:
+        check_all_but_axis("gate_up", packed, half, n)
+
+
+class FusedSplitGatedOp(PrimitiveOp):
+    """``gate_up [*, 2 F] -> out [*, F]``: the gated activation of the two halves of the packed
+    gate/up projection, read in place (no split)."""
+
+    gate_up = operand_def(TensorType)
+    out = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        check_packed_halves(tensor(self.gate_up), tensor(self.out))
+
+
+class FusedSplitGatedBackwardOp(PrimitiveOp):
+    """``(d_out [*, F], gate_up [*, 2 F]) -> d_gate_up [*, 2 F]``: both halves' gradients
+    written packed (no concat)."""
+
+    d_out = operand_def(TensorType)
+    gate_up = operand_def(TensorType)
+    d_gate_up = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        packed = tensor(self.gate_up)
+        check_packed_halves(packed, tensor(self.d_out))
+        check_same_shape("d_gate_up", packed, tensor(self.d_gate_up))
+
+
+@irdl_op_definition
+class FusedSplitSwigluOp(FusedSplitGatedOp):
+    """``split(gate_up, [F, F], dim=-1) -> (gate, up); swiglu(gate, up)`` in one op."""
+
+    name = "mdsl.graph.fused_split_swiglu"
+
+
+@irdl_op_definition
+class FusedSplitSwigluBackwardOp(FusedSplitGatedBackwardOp):
+    """``concat(swiglu_backward(d_out, gate, up), dim=-1)`` with gate, up the halves of gate_up."""
+
+    name = "mdsl.graph.fused_split_swiglu_backward"
+
+
+@irdl_op_definition
+class FusedSplitGegluOp(FusedSplitGatedOp):
+    """``split(gate_up, [F, F], dim=-1) -> (gate, up); geglu(gate, up)`` (exact GELU) in one op."""
+
+    name = "mdsl.graph.fused_split_geglu"
+
+
+@irdl_op_definition
+class FusedSplitGegluBackwardOp(FusedSplitGatedBackwardOp):
+    """``concat(geglu_backward(d_out, gate, up), dim=-1)`` with gate, up the halves of gate_up."""
+
+    name = "mdsl.graph.fused_split_geglu_backward"
+
+
 @irdl_op_definition
 class SiluOp(UnaryElementwiseOp):
     """``x * sigmoid(x)``."""
@@ -777,6 +839,19 @@ def check_heads(q: TensorType, k: TensorType, v: TensorType | None = None) -> No
         check_same_shape("k and v", k, v)
 
 
+ATTENTION_LAYOUTS = ("bhtd", "bthd")
+
+
+def heads_first(t: TensorType, layout: StringAttr) -> TensorType:
+    """``t`` as ``[B, H, T, D]``: a ``bthd`` tensor (``[B, T, H, D]``, mdsl-fuse's attention_layout)
+    with its dims 1 and 2 swapped, so the checks of the ``bhtd`` form apply to both layouts."""
+    if layout.data != "bthd" or t.is_variadic or len(t.shape) != 4:
+        return t
+    shape = list(t.shape)
+    shape[1], shape[2] = shape[2], shape[1]
+    return t.with_shape(shape)
+
+
 @irdl_op_definition
 class FlashAttentionOp(PrimitiveOp):
     """Fused attention, GQA by head broadcast: ``(q, k, v, alibi_slopes?) -> (out, lse)``.
@@ -786,10 +861,12 @@ class FlashAttentionOp(PrimitiveOp):
     sliding window (Mistral). Tq may be shorter than Tk (decoding with a KV
     cache: the queries are the last Tq positions). ``alibi_slopes: [Hq]`` is
     a parameter in spec 6.4.1 (``flash_attention(alibi_slopes=slopes)``).
+    ``layout = "bthd"`` takes q, k, v and gives out as ``[B, T, H, D]`` (lse stays ``[B, Hq, Tq]``).
     """
 
     name = "mdsl.graph.flash_attention"
     KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("alibi_slopes",)
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ATTENTION_LAYOUTS}
 
     q = operand_def(TensorType)
     k = operand_def(TensorType)
@@ -800,11 +877,12 @@ class FlashAttentionOp(PrimitiveOp):
     causal = bool_param(True)
     softmax_scale = opt_attr_def(FloatAttr)
     window_size = opt_attr_def(IntegerAttr)
+    layout = enum_param("bhtd")
 
     def verify_shapes(self) -> None:
-        q, k, v = tensor(self.q), tensor(self.k), tensor(self.v)
+        q, k, v = (heads_first(tensor(x), self.layout) for x in (self.q, self.k, self.v))
         check_heads(q, k, v)
-        check_same_shape("out", q, tensor(self.out))
+        check_same_shape("out", q, heads_first(tensor(self.out), self.layout))
         check_row_stat("lse", q, tensor(self.lse))
         check_attention_attrs(self, q, k)
         check_alibi_slopes(self.alibi_slopes, q)
@@ -832,10 +910,11 @@ def check_attention_attrs(op: Operation, q: TensorType, k: TensorType) -> None:
 @irdl_op_definition
 class FlashAttentionBackwardOp(PrimitiveOp):
     """``(d_out, q, k, v, out, lse, alibi_slopes?) -> (d_q, d_k, d_v)``; the slopes of the forward
-    (a parameter, as there) shift the scores and get no gradient."""
+    (a parameter, as there) shift the scores and get no gradient; ``layout`` as the forward's."""
 
     name = "mdsl.graph.flash_attention_backward"
     KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("alibi_slopes",)
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ATTENTION_LAYOUTS}
 
     d_out = operand_def(TensorType)
     q = operand_def(TensorType)
@@ -850,14 +929,15 @@ class FlashAttentionBackwardOp(PrimitiveOp):
     causal = bool_param(True)
     softmax_scale = opt_attr_def(FloatAttr)
     window_size = opt_attr_def(IntegerAttr)
+    layout = enum_param("bhtd")
 
     def verify_shapes(self) -> None:
-        q, k, v = tensor(self.q), tensor(self.k), tensor(self.v)
+        q, k, v = (heads_first(tensor(x), self.layout) for x in (self.q, self.k, self.v))
         check_heads(q, k, v)
         for what, t in (("d_out", self.d_out), ("out", self.out), ("d_q", self.d_q)):
-            check_same_shape(what, q, tensor(t))
-        check_same_shape("d_k", k, tensor(self.d_k))
-        check_same_shape("d_v", v, tensor(self.d_v))
+            check_same_shape(what, q, heads_first(tensor(t), self.layout))
+        check_same_shape("d_k", k, heads_first(tensor(self.d_k), self.layout))
+        check_same_shape("d_v", v, heads_first(tensor(self.d_v), self.layout))
         check_row_stat("lse", q, tensor(self.lse))
         check_attention_attrs(self, q, k)
         check_alibi_slopes(self.alibi_slopes, q)
@@ -879,10 +959,12 @@ class RopeOp(PrimitiveOp):
     """Rotary embedding of q and k: ``(q, k, freqs) -> (q_rot, k_rot)``.
 
     ``interleaved`` pairs ``(x[2i], x[2i+1])``; otherwise ``(x[i], x[i+D/2])``
-    (the HuggingFace layout).
+    (the HuggingFace layout). ``layout = "bthd"`` takes q and k as ``[B, T, H, D]``
+    (the position is then dim 1).
     """
 
     name = "mdsl.graph.rope"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ATTENTION_LAYOUTS}
 
     q = operand_def(TensorType)
     k = operand_def(TensorType)
@@ -890,20 +972,22 @@ class RopeOp(PrimitiveOp):
     q_rot = result_def(TensorType)
     k_rot = result_def(TensorType)
     interleaved = bool_param(False)
+    layout = enum_param("bhtd")
 
     def verify_shapes(self) -> None:
-        q, k = tensor(self.q), tensor(self.k)
+        q, k = heads_first(tensor(self.q), self.layout), heads_first(tensor(self.k), self.layout)
         check_heads(q, k)
-        check_same_shape("q_rot", q, tensor(self.q_rot))
-        check_same_shape("k_rot", k, tensor(self.k_rot))
+        check_same_shape("q_rot", q, heads_first(tensor(self.q_rot), self.layout))
+        check_same_shape("k_rot", k, heads_first(tensor(self.k_rot), self.layout))
         check_rope_freqs(q, tensor(self.freqs))
 
 
 @irdl_op_definition
 class RopeBackwardOp(PrimitiveOp):
-    """``(d_q_rot, d_k_rot, freqs) -> (d_q, d_k)``: the inverse rotation."""
+    """``(d_q_rot, d_k_rot, freqs) -> (d_q, d_k)``: the inverse rotation; ``layout`` as rope's."""
 
     name = "mdsl.graph.rope_backward"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ATTENTION_LAYOUTS}
 
     d_q_rot = operand_def(TensorType)
     d_k_rot = operand_def(TensorType)
@@ -911,12 +995,13 @@ class RopeBackwardOp(PrimitiveOp):
     d_q = result_def(TensorType)
     d_k = result_def(TensorType)
     interleaved = bool_param(False)
+    layout = enum_param("bhtd")
 
     def verify_shapes(self) -> None:
-        q, k = tensor(self.d_q_rot), tensor(self.d_k_rot)
+        q, k = heads_first(tensor(self.d_q_rot), self.layout), heads_first(tensor(self.d_k_rot), self.layout)
         check_heads(q, k)
-        check_same_shape("d_q", q, tensor(self.d_q))
-        check_same_shape("d_k", k, tensor(self.d_k))
+        check_same_shape("d_q", q, heads_first(tensor(self.d_q), self.layout))
+        check_same_shape("d_k", k, heads_first(tensor(self.d_k), self.layout))
         check_rope_freqs(q, tensor(self.freqs))
 
 
@@ -1181,6 +1266,20 @@ class MulOp(BinaryElementwiseOp):
     name = "mdsl.graph.mul"
 
 
+@irdl_op_definition
+class SubOp(BinaryElementwiseOp):
+    """``a - b`` with NumPy broadcasting."""
+
+    name = "mdsl.graph.sub"
+
+
+@irdl_op_definition
+class DivOp(BinaryElementwiseOp):
+    """``a / b`` with NumPy broadcasting."""
+
+    name = "mdsl.graph.div"
+
+
 def check_broadcasts_to(what: str, a: TensorType, b: TensorType, out: TensorType) -> None:
     """``a`` and ``b`` broadcast (NumPy rules) to the shape of ``out``."""
     shape = broadcast_shape(what, a, b)
@@ -1250,6 +1349,42 @@ class ScaleOp(UnaryElementwiseOp):
 
     name = "mdsl.graph.scale"
     factor = attr_def(FloatAttr)
+
+
+@irdl_op_definition
+class AddScalarOp(UnaryElementwiseOp):
+    """``x + value`` (the ``+ eps`` of a written-out norm, the ``1 +`` of a written-out GELU)."""
+
+    name = "mdsl.graph.add_scalar"
+    value = attr_def(FloatAttr)
+
+
+@irdl_op_definition
+class ExpOp(UnaryElementwiseOp):
+    """``exp(x)``."""
+
+    name = "mdsl.graph.exp"
+
+
+@irdl_op_definition
+class TanhOp(UnaryElementwiseOp):
+    """``tanh(x)``."""
+
+    name = "mdsl.graph.tanh"
+
+
+@irdl_op_definition
+class SigmoidOp(UnaryElementwiseOp):
+    """``1 / (1 + exp(-x))``."""
+
+    name = "mdsl.graph.sigmoid"
+
+
+@irdl_op_definition
+class RsqrtOp(UnaryElementwiseOp):
+    """``1 / sqrt(x)``."""
+
+    name = "mdsl.graph.rsqrt"
 
 
 @irdl_op_definition
@@ -1896,11 +2031,13 @@ PRIMITIVE_OPS: tuple[type[Operation], ...] = (
     RmsnormOp, RmsnormBackwardOp, FusedResidualRmsnormOp, FusedResidualRmsnormBackwardOp,
     LayernormOp, LayernormBackwardOp,
     SwigluOp, SwigluBackwardOp, GegluOp, GegluBackwardOp, SiluOp, SiluBackwardOp,
+    FusedSplitSwigluOp, FusedSplitSwigluBackwardOp, FusedSplitGegluOp, FusedSplitGegluBackwardOp,
     ReluOp, ReluBackwardOp, Relu2Op, Relu2BackwardOp, GeluOp, GeluBackwardOp,
     SoftmaxOp, SoftmaxBackwardOp,
     FlashAttentionOp, FlashAttentionBackwardOp, RopeOp, RopeBackwardOp, QkNormOp, QkNormBackwardOp,
     SplitOp, ConcatOp, ViewOp, TransposeOp, PermuteOp, ContiguousOp,
     AddOp, AddBackwardOp, MulOp, MulBackwardOp, BiasAddOp, ScaleOp, Add3Op,
+    SubOp, DivOp, AddScalarOp, ExpOp, TanhOp, SigmoidOp, RsqrtOp,
     ReduceSumOp, ReduceMeanOp, ReduceMaxOp, ReduceMaxBackwardOp,
     EmbeddingOp, EmbeddingBackwardOp,
     MoeRouterOp, MoeRouterBackwardOp, MoePermuteOp, MoeUnpermuteOp, MoeUnpermuteBackwardOp,

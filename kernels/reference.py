@@ -267,6 +267,32 @@ def geglu_backward(d_out, gate, up):
     return d_out * up * _gelu_grad(gate, False), d_out * _gelu(gate, False)
 
 
+def _halves(gate_up):
+    """(gate, up): the two halves of the last dim of a packed gate/up projection (views)."""
+    width = np.shape(gate_up)[-1] // 2
+    return gate_up[..., :width], gate_up[..., width:]
+
+
+def fused_split_swiglu(gate_up):
+    """swiglu of the two halves of ``gate_up`` (the unfused split then swiglu, bit for bit)."""
+    return swiglu(*_halves(gate_up))
+
+
+def fused_split_swiglu_backward(d_out, gate_up):
+    """The gradients of both halves, packed along the last dim as ``gate_up`` is."""
+    return np.concatenate(swiglu_backward(d_out, *_halves(gate_up)), axis=-1)
+
+
+def fused_split_geglu(gate_up):
+    """geglu (exact GELU) of the two halves of ``gate_up``."""
+    return geglu(*_halves(gate_up))
+
+
+def fused_split_geglu_backward(d_out, gate_up):
+    """The gradients of both halves, packed along the last dim as ``gate_up`` is."""
+    return np.concatenate(geglu_backward(d_out, *_halves(gate_up)), axis=-1)
+
+
 def silu(x):
     """x * sigmoid(x)."""
     (x,) = _prep(x)
@@ -353,6 +379,16 @@ def _reduce_kv(t: np.ndarray, hkv: int) -> np.ndarray:
     return t.reshape(b, hkv, hq // hkv, *t.shape[2:]).sum(axis=2)
 
 
+def _heads_first(layout: str, *arrays):
+    """``[B, T, H, D]`` arrays of ``layout = "bthd"`` as contiguous ``[B, H, T, D]`` (the same values
+    in the order of the ``bhtd`` computation, so both layouts round alike); ``bhtd`` ones unchanged."""
+    if layout not in ("bhtd", "bthd"):
+        raise ValueError(f"attention layout '{layout}' (bhtd or bthd)")
+    if layout == "bhtd":
+        return arrays
+    return tuple(None if a is None else np.ascontiguousarray(np.swapaxes(a, 1, 2)) for a in arrays)
+
+
 def _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size):
     """scale * q k^T (+ ALiBi), masked keys at -inf: [B, Hq, Tq, Tk]."""
     tq, tk, d = q.shape[2], k.shape[2], q.shape[3]
@@ -364,28 +400,34 @@ def _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size):
     return np.where(_attention_allowed(tq, tk, causal, window_size), s, -np.inf), scale
 
 
-def flash_attention(q, k, v, alibi_slopes=None, *, causal=True, softmax_scale=None, window_size=None):
+def flash_attention(q, k, v, alibi_slopes=None, *, causal=True, softmax_scale=None, window_size=None, layout="bhtd"):
     """out = softmax(scale q k^T + mask) v, lse = logsumexp of the masked scores (GQA by head groups).
 
     q [B, Hq, Tq, D], k/v [B, Hkv, Tk, D]; query i sits at position i + Tk - Tq.
     causal: key j <= i. window_size w: causal keys with i - w < j (HF Mistral);
     non-causal keys with |i - j| < w (flash-attn's symmetric window).
     ALiBi adds -slope_h * |i - j| (flash-attn). softmax_scale defaults to 1/sqrt(D).
+    ``layout = "bthd"``: q, k, v and out are [B, T, H, D]; lse is [B, Hq, Tq] in both layouts.
     """
     q, k, v, alibi_slopes = _prep(q, k, v, alibi_slopes)
+    q, k, v = _heads_first(layout, q, k, v)
     s, _ = _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size)
     lse = _logsumexp(s, axis=-1)
     p = np.exp(s - lse[..., None])
-    return p @ _expand_kv(v, q.shape[1]), lse
+    (out,) = _heads_first(layout, p @ _expand_kv(v, q.shape[1]))
+    return out, lse
 
 
-def kv_cache_attention(q, k, v, k_cache, v_cache, position, *, causal=True, softmax_scale=None, window_size=None):
+def kv_cache_attention(q, k, v, k_cache, v_cache, position, *, causal=True, softmax_scale=None, window_size=None,
+                       layout="bhtd"):
     """Attention of the queries at positions p .. p+T-1 (p = ``position[0]``) over a KV cache.
 
     Writes k and v ([B, Hkv, T, D]) into the caches ([B, Hkv, capacity, D]) at p .. p+T-1,
     then returns ``flash_attention(q, cache[:p+T])`` as (out, lse) and the two caches,
     updated in place (a schedule-level kernel: decoding without growing arrays).
+    ``layout = "bthd"``: q, k, v and out are [B, T, H, D]; the caches stay [B, Hkv, capacity, D].
     """
+    q, k, v = _heads_first(layout, q, k, v)
     start = int(np.asarray(position).reshape(-1)[0])
     end = start + k.shape[-2]
     if end > k_cache.shape[-2]:
@@ -394,17 +436,19 @@ def kv_cache_attention(q, k, v, k_cache, v_cache, position, *, causal=True, soft
     v_cache[..., start:end, :] = v
     out, lse = flash_attention(q, k_cache[..., :end, :], v_cache[..., :end, :], causal=causal,
                                softmax_scale=softmax_scale, window_size=window_size)
+    (out,) = _heads_first(layout, out)
     return out, lse, k_cache, v_cache
 
 
 def flash_attention_backward(d_out, q, k, v, out, lse, alibi_slopes=None, *, causal=True, softmax_scale=None,
-                             window_size=None):
+                             window_size=None, layout="bhtd"):
     """(d_q, d_k, d_v) of flash_attention, from the saved out and lse.
 
     P = exp(S - lse); dV = P^T dO; dS = P * (dO V^T - rowsum(dO * O)); dQ = scale dS K; dK = scale dS^T Q;
     d_k and d_v sum the query heads of each kv group. ALiBi only shifts S (the slopes get no gradient).
     """
     d_out, q, k, v, out, lse, alibi_slopes = _prep(d_out, q, k, v, out, lse, alibi_slopes)
+    d_out, q, k, v, out = _heads_first(layout, d_out, q, k, v, out)
     hkv = k.shape[1]
     s, scale = _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size)
     p = np.exp(s - lse[..., None])
@@ -413,7 +457,7 @@ def flash_attention_backward(d_out, q, k, v, out, lse, alibi_slopes=None, *, cau
     d_s = p * (d_p - np.sum(d_out * out, axis=-1, keepdims=True))
     d_q = scale * (d_s @ _expand_kv(k, q.shape[1]))
     d_k = scale * (np.swapaxes(d_s, -1, -2) @ q)
-    return d_q, _reduce_kv(d_k, hkv), _reduce_kv(d_v, hkv)
+    return _heads_first(layout, d_q, _reduce_kv(d_k, hkv), _reduce_kv(d_v, hkv))
 
 
 def _rotate(x, cos, sin, interleaved):
@@ -429,21 +473,29 @@ def _rotate(x, cos, sin, interleaved):
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def rope(q, k, freqs, *, interleaved=False):
+def rope(q, k, freqs, *, interleaved=False, layout="bhtd"):
     """Rotate q and k ([B, H, T, D]) by freqs [T, D/2, 2] = (cos, sin) per position and pair.
 
     Pairs are (x[i], x[i + D/2]) (HF rotate_half) or, interleaved, (x[2i], x[2i+1]) (GPT-J):
-    (a, b) -> (a cos - b sin, b cos + a sin).
+    (a, b) -> (a cos - b sin, b cos + a sin). ``layout = "bthd"``: q and k are [B, T, H, D].
     """
     q, k, freqs = _prep(q, k, freqs)
-    cos, sin = freqs[..., 0], freqs[..., 1]
+    cos, sin = _position_angles(freqs, 1.0, layout)
     return _rotate(q, cos, sin, interleaved), _rotate(k, cos, sin, interleaved)
 
 
-def rope_backward(d_q_rot, d_k_rot, freqs, *, interleaved=False):
+def _position_angles(freqs, sign, layout):
+    """cos and sign * sin of freqs, broadcast over the heads: [T, D/2] (bhtd) or [T, 1, D/2] (bthd)."""
+    if layout not in ("bhtd", "bthd"):
+        raise ValueError(f"rope layout '{layout}' (bhtd or bthd)")
+    cos, sin = freqs[..., 0], sign * freqs[..., 1]
+    return (cos[:, None, :], sin[:, None, :]) if layout == "bthd" else (cos, sin)
+
+
+def rope_backward(d_q_rot, d_k_rot, freqs, *, interleaved=False, layout="bhtd"):
     """The inverse rotation (sin negated) of the incoming gradients."""
     d_q, d_k, freqs = _prep(d_q_rot, d_k_rot, freqs)
-    cos, sin = freqs[..., 0], -freqs[..., 1]
+    cos, sin = _position_angles(freqs, -1.0, layout)
     return _rotate(d_q, cos, sin, interleaved), _rotate(d_k, cos, sin, interleaved)
 
 
@@ -553,6 +605,48 @@ def scale(x, *, factor):
     """x * factor."""
     (x,) = _prep(x)
     return x * factor
+
+
+def add_scalar(x, *, value):
+    """x + value."""
+    (x,) = _prep(x)
+    return x + x.dtype.type(value)
+
+
+def sub(a, b):
+    """a - b with NumPy broadcasting."""
+    a, b = _prep(a, b)
+    return a - b
+
+
+def div(a, b):
+    """a / b with NumPy broadcasting."""
+    a, b = _prep(a, b)
+    return a / b
+
+
+def exp(x):
+    """exp(x)."""
+    (x,) = _prep(x)
+    return np.exp(x)
+
+
+def tanh(x):
+    """tanh(x)."""
+    (x,) = _prep(x)
+    return np.tanh(x)
+
+
+def sigmoid(x):
+    """1 / (1 + exp(-x)), without overflow for large |x|."""
+    (x,) = _prep(x)
+    return _sigmoid(x)
+
+
+def rsqrt(x):
+    """1 / sqrt(x)."""
+    (x,) = _prep(x)
+    return x.dtype.type(1) / np.sqrt(x)
 
 
 def add3(a, b, c):
@@ -1030,11 +1124,13 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         rmsnorm, rmsnorm_backward, fused_residual_rmsnorm, fused_residual_rmsnorm_backward,
         layernorm, layernorm_backward,
         swiglu, swiglu_backward, geglu, geglu_backward, silu, silu_backward,
+        fused_split_swiglu, fused_split_swiglu_backward, fused_split_geglu, fused_split_geglu_backward,
         relu, relu_backward, relu2, relu2_backward, gelu, gelu_backward,
         softmax, softmax_backward,
         flash_attention, flash_attention_backward, kv_cache_attention, rope, rope_backward, qk_norm, qk_norm_backward,
         split, concat, view, transpose, permute, contiguous,
         add, add_backward, mul, mul_backward, bias_add, scale, add3,
+        add_scalar, sub, div, exp, tanh, sigmoid, rsqrt,
         reduce_sum, reduce_mean, reduce_max, reduce_max_backward,
         embedding, embedding_backward,
         moe_router, moe_router_backward, moe_permute, moe_unpermute, moe_unpermute_backward,

@@ -159,15 +159,23 @@ def _attention_rule(q_at: int, factor: float) -> Rule:
     """``q: [B, Hq, Tq, D]`` at input ``q_at``, ``k: [B, Hkv, Tk, D]`` right after it."""
 
     def rule(s: OpShapes) -> int:
-        (b, h, tq, d), tk = s.inputs[q_at], s.inputs[q_at + 1][2]
+        (b, h, tq, d), (_, _, tk, _) = (_heads_first(s, s.inputs[at]) for at in (q_at, q_at + 1))
         return round(factor * attention_flops(b, h, tq, tk, d, s.flag("causal", True)))
 
     return rule
 
 
+def _heads_first(s: OpShapes, shape: Shape) -> Shape:
+    """An attention operand's ``[B, H, T, D]``, also where ``layout = "bthd"`` stores ``[B, T, H, D]``."""
+    if s.text("layout", "bhtd") == "bthd":
+        b, t, h, d = shape
+        return (b, h, t, d)
+    return tuple(shape)
+
+
 def kv_cache_attention(s: OpShapes) -> int:
     """Queries over the whole cache capacity (the filled length is a runtime value): an upper bound."""
-    (b, h, tq, d), capacity = s.inputs[0], s.inputs[3][2]
+    (b, h, tq, d), capacity = _heads_first(s, s.inputs[0]), s.inputs[3][2]
     return attention_flops(b, h, tq, capacity, d, causal=False)
 
 
@@ -234,6 +242,10 @@ FLOP_RULES: dict[str, Rule] = {
     "swiglu_backward": per_output_element(6),
     "geglu": per_output_element(9),
     "geglu_backward": per_output_element(10),
+    "fused_split_swiglu": per_output_element(5),
+    "fused_split_swiglu_backward": per_output_element(6),  # d_gate_up packs d_gate and d_up
+    "fused_split_geglu": per_output_element(9),
+    "fused_split_geglu_backward": per_output_element(10),
     "silu": per_output_element(4),
     "silu_backward": per_output_element(8),
     "relu": per_output_element(1),
@@ -266,6 +278,13 @@ FLOP_RULES: dict[str, Rule] = {
     "mul_backward": per_output_element(1),
     "bias_add": per_output_element(1),
     "scale": per_output_element(1),
+    "add_scalar": per_output_element(1),
+    "sub": per_output_element(1),
+    "div": per_output_element(1),
+    "exp": per_output_element(1),
+    "tanh": per_output_element(1),
+    "sigmoid": per_output_element(4),  # negate, exp, add, divide
+    "rsqrt": per_output_element(1),
     "add3": per_output_element(2),
     "reduce_sum": per_input_element(1, 0),
     "reduce_mean": per_input_element(1, 0),

@@ -38,6 +38,11 @@ def _rows(t: TensorType) -> TensorType:
     return TensorType(list(t.shape[:-1]), FP32)
 
 
+def _half_last(t: TensorType) -> TensorType:
+    """``[*, 2 F]`` -> ``[*, F]``: one half of a packed gate/up projection."""
+    return t.with_shape([*t.shape[:-1], t.shape[-1] // 2])
+
+
 def _same(*indices: int) -> Rule:
     return lambda ts, p: [ts[i] for i in indices]
 
@@ -86,8 +91,12 @@ def _layernorm_backward(ts, p):
 
 
 def _attention(ts, p):
+    """(out, lse): lse is ``[B, H, T]`` in both layouts (q ``[B, H, T, D]`` or, ``bthd``, ``[B, T, H, D]``)."""
     q = ts[0]
-    return [q, TensorType(list(q.shape[:3]), FP32)]
+    rows = list(q.shape[:3])
+    if p.get("layout") == "bthd" and len(rows) == 3:
+        rows[1], rows[2] = rows[2], rows[1]
+    return [q, TensorType(rows, FP32)]
 
 
 def _qk_norm(ts, p):
@@ -253,6 +262,10 @@ RULES: dict[str, Rule] = {
     "swiglu_backward": _same(1, 2),
     "geglu": _same(0),
     "geglu_backward": _same(1, 2),
+    "fused_split_swiglu": lambda ts, p: [_half_last(ts[0])],
+    "fused_split_swiglu_backward": _same(1),
+    "fused_split_geglu": lambda ts, p: [_half_last(ts[0])],
+    "fused_split_geglu_backward": _same(1),
     "silu": _same(0),
     "silu_backward": _same(1),
     "relu": _same(0),
@@ -281,6 +294,13 @@ RULES: dict[str, Rule] = {
     "mul_backward": _same(1, 2),
     "bias_add": _same(0),
     "scale": _same(0),
+    "add_scalar": _same(0),
+    "sub": _broadcast,
+    "div": _broadcast,
+    "exp": _same(0),
+    "tanh": _same(0),
+    "sigmoid": _same(0),
+    "rsqrt": _same(0),
     "add3": _same(0),
     "reduce_sum": _reduce,
     "reduce_mean": _reduce,

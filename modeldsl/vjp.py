@@ -189,6 +189,12 @@ def _gated(b, op, grads):
     return b.op(f"{name}_backward", grads[0], *op.operands, **forward_params(op, "approximate"))
 
 
+@rule("fused_split_swiglu", "fused_split_geglu")
+def _fused_split_gated(b, op, grads):
+    name = op.name.removeprefix("mdsl.graph.")
+    return [b.one(f"{name}_backward", grads[0], op.operands[0])]
+
+
 @rule("softmax")
 def _softmax(b, op, grads):
     return [b.one("softmax_backward", grads[0], op.results[0], **forward_params(op, "dim"))]
@@ -198,7 +204,7 @@ def _softmax(b, op, grads):
 def _flash_attention(b, op, grads):
     """ALiBi slopes (a parameter of the primitive) shift the scores and are not differentiated."""
     q, k, v, *slopes = op.operands
-    params = forward_params(op, "causal", "softmax_scale", "window_size")
+    params = forward_params(op, "causal", "softmax_scale", "window_size", "layout")
     d_q, d_k, d_v = b.op("flash_attention_backward", grads[0], q, k, v, op.results[0], op.results[1], *slopes,
                          **params)
     return [d_q, d_k, d_v, *[None for _ in slopes]]
@@ -208,7 +214,7 @@ def _flash_attention(b, op, grads):
 def _rope(b, op, grads):
     q_rot, k_rot = op.results
     d_q, d_k = b.op("rope_backward", or_zeros(b, grads[0], q_rot), or_zeros(b, grads[1], k_rot), op.operands[2],
-                    **forward_params(op, "interleaved"))
+                    **forward_params(op, "interleaved", "layout"))
     return [d_q, d_k, None]
 
 
@@ -297,6 +303,57 @@ def _mul(b, op, grads):
 @rule("scale")
 def _scale(b, op, grads):
     return [b.one("scale", grads[0], factor=op_attr(op, "factor"))]
+
+
+@rule("add_scalar")
+def _add_scalar(b, op, grads):
+    return [grads[0]]
+
+
+@rule("sub")
+def _sub(b, op, grads):
+    x, y = op.operands
+    return [unbroadcast(b, grads[0], x), unbroadcast(b, b.one("scale", grads[0], factor=-1.0), y)]
+
+
+@rule("div")
+def _div(b, op, grads):
+    """d_a = g / b; d_b = -g a / b^2 = -(g / b) * out."""
+    x, y = op.operands
+    g_over_y = b.one("div", grads[0], y)
+    d_y = b.one("scale", b.one("mul", g_over_y, op.results[0]), factor=-1.0)
+    return [unbroadcast(b, g_over_y, x), unbroadcast(b, d_y, y)]
+
+
+@rule("exp")
+def _exp(b, op, grads):
+    return [b.one("mul", grads[0], op.results[0])]
+
+
+@rule("tanh")
+def _tanh(b, op, grads):
+    """g * (1 - out^2)."""
+    out = op.results[0]
+    return [b.one("mul", grads[0], _one_minus(b, b.one("mul", out, out)))]
+
+
+@rule("sigmoid")
+def _sigmoid(b, op, grads):
+    """g * out * (1 - out)."""
+    out = op.results[0]
+    return [b.one("mul", b.one("mul", grads[0], out), _one_minus(b, out))]
+
+
+@rule("rsqrt")
+def _rsqrt(b, op, grads):
+    """g * -0.5 * out^3."""
+    out = op.results[0]
+    cube = b.one("mul", b.one("mul", out, out), out)
+    return [b.one("mul", grads[0], b.one("scale", cube, factor=-0.5))]
+
+
+def _one_minus(b: GraphBuilder, value: SSAValue) -> SSAValue:
+    return b.one("add_scalar", b.one("scale", value, factor=-1.0), value=1.0)
 
 
 @rule("bias_add")

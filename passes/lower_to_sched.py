@@ -85,8 +85,11 @@ from modeldsl.dialects.sched import (
     LayerViewOp,
     ProgramOp,
     RecomputeSegmentOp,
+    SchedOp,
+    kernel_choice_attributes,
 )
 from modeldsl.graph_builder import op_attr
+from modeldsl.kernel_choice import KernelChoice, kernel_choice
 from modeldsl.kernels.registry import entry
 from modeldsl.primitives import PrimitiveSignature, primitives
 from modeldsl.symbolic import SymbolicError
@@ -451,9 +454,22 @@ class ScheduleBuilder:
             sig = self.signatures.get(op.name)
             if sig is None:
                 raise _error(f"mdsl-lower-to-sched cannot lower {op.name}")
+            choice = kernel_choice(op, sig.name)  # @kernel: E043 where a binding choice cannot run it
+            before = self.block.last_op
             lower = getattr(self, f"lower_{sig.name}", None)
             if lower is None or not lower(op):
                 self.launch(sig, op)
+            if choice is not None:
+                self.record_choice(choice, sig.name, before)
+
+    def record_choice(self, choice: KernelChoice, primitive: str, before: Operation | None) -> None:
+        """Put an op's ``@kernel`` choice on the work ops after ``before`` that run its primitive."""
+        op = before.next_op if before is not None else self.block.first_op
+        while op is not None:
+            runs = op.primitive if isinstance(op, SchedOp) else None
+            if runs == primitive or (isinstance(op, GemmOp) and primitive in ("matmul", "batched_matmul")):
+                op.attributes |= kernel_choice_attributes(choice.name, choice.fallback, choice.workspace)
+            op = op.next_op
 
     def launch(self, sig: PrimitiveSignature, op: Operation) -> None:
         inputs = [self.buffer(v) for v in op.operands]
@@ -595,21 +611,25 @@ class ScheduleBuilder:
         out, lse = (self.result_buffer(r) for r in op.results)
         window = op.attributes.get("window_size")
         scale = op.attributes.get("softmax_scale")
+        layout = op_attr(op, "layout", "bhtd")
         if self.kv_cache:
-            caches = [self.cache_buffer(k, name) for name in ("k", "v")]
-            attrs = {name: op.attributes[name] for name in ("causal", "softmax_scale", "window_size")
+            caches = [self.cache_buffer(k, name, layout) for name in ("k", "v")]
+            attrs = {name: op.attributes[name] for name in ("causal", "softmax_scale", "window_size", "layout")
                      if name in op.attributes}
             self.block.add_op(LaunchOp("kv_cache_attention", [q, k, v, *caches, self.position],
                                        [out, lse, *caches], attrs, inplace=True))
             return True
         self.block.add_op(AttentionOp(q, k, v, out, lse, causal=op_attr(op, "causal", True),
                                       window=window.value.data if window is not None else 0,
-                                      scale=scale.value.data if scale is not None else None))
+                                      scale=scale.value.data if scale is not None else None, layout=layout))
         return True
 
-    def cache_buffer(self, like: SSAValue, role: str) -> SSAValue:
-        """The cache of ``like``'s keys or values: ``[B, Hkv, capacity, D]``, stacked per layer in a loop."""
+    def cache_buffer(self, like: SSAValue, role: str, layout: str = "bhtd") -> SSAValue:
+        """The cache of ``like``'s keys or values: ``[B, Hkv, capacity, D]`` (whatever ``like``'s
+        attention layout), stacked per layer in a loop."""
         b, h, _, d = self.shape(like)
+        if layout == "bthd":
+            b, _, h, d = self.shape(like)
         shape = [b, h, self.kv_cache, d]
         if len(self.loops) > 1:
             raise _error("mdsl-lower-to-sched: a KV cache inside nested layer loops is not supported")
