@@ -121,6 +121,63 @@ def batched_matmul(a, b, *, transpose="NN", accumulate=False):
     return _op(a, transpose[0]) @ _op(b, transpose[1])
 
 
+def _activate(pre: np.ndarray, activation: str) -> np.ndarray:
+    """A GEMM epilogue's activation of ``pre`` (GELU in its tanh form, as cuBLASLt's)."""
+    if activation == "relu":
+        return np.maximum(pre, 0)
+    if activation == "gelu":
+        return _gelu(pre, True)
+    return pre
+
+
+def linear_bias_act(x, weight, bias, *, transpose="NT", activation="none", alpha=1.0):
+    """(out, pre): ``pre = alpha * x @ op(weight) + bias`` (the matmul, then the bias_add) and
+    ``out = activation(pre)`` (none, relu, or the tanh GELU): one GEMM with a bias epilogue."""
+    pre = bias_add(matmul(x, weight, transpose=transpose, alpha=alpha), bias)
+    return _activate(pre, activation), pre
+
+
+def gemm_epilogue(name: str, pre: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None,
+                  aux: np.ndarray | None, mode: str) -> np.ndarray:
+    """cuBLASLt's epilogue ``name`` (``mdsl.sched``'s EPILOGUES) on the GEMM result ``pre``: the
+    bias it reads, the pre-activation it saves in ``aux`` (``*_aux*``), the activation, the GELU
+    gradient through ``aux`` (``dgelu*``) and the bias gradients it writes into ``bias``
+    (``*bgrad*``: row sums of op(A), column sums of op(B) or of the result). Returns C."""
+    if name == "bias" or name.endswith("_bias"):
+        pre = pre + bias.reshape(-1).astype(pre.dtype)
+    if "_aux" in name:
+        np.copyto(aux, pre, casting="unsafe")
+    if name.startswith(("relu", "gelu")):
+        return _activate(pre, name.split("_")[0])
+    if name.startswith("dgelu"):
+        pre = gelu_backward(pre, aux, approximate=True)
+        if name == "dgelu_bgrad":
+            np.copyto(bias.reshape(-1), pre.reshape(-1, pre.shape[-1]).sum(axis=0), casting="unsafe")
+        return pre
+    if name in ("bgrada", "bgradb"):
+        np.copyto(bias.reshape(-1), _operand_sums(name, a, b, mode), casting="unsafe")
+    return pre
+
+
+def _operand_sums(name: str, a: np.ndarray, b: np.ndarray, mode: str) -> np.ndarray:
+    """``bgrada``: the row sums of op(A) [M, K] (M values); ``bgradb``: the column sums of
+    op(B) [K, N] (N values); summed over a batch as well."""
+    first = name == "bgrada"
+    matrix = _op(a if first else b, mode[0] if first else mode[1])
+    sums = matrix.astype(np.float32).sum(axis=-1 if first else -2)
+    return sums.reshape(-1, sums.shape[-1]).sum(axis=0)
+
+
+def gemm(a, b, c, bias=None, aux=None, *, transpose="NN", alpha=1.0, beta=0.0, epilogue="none"):
+    """``mdsl.sched.gemm`` in place: ``C = epilogue(alpha * op(A) @ op(B) + beta * C)``, writing
+    ``aux`` and a bias gradient where the epilogue does. What both executors run on the CPU."""
+    product = matmul(a, b, transpose=transpose, alpha=alpha)
+    pre = product + beta * c.astype(product.dtype) if beta else product
+    if epilogue != "none":
+        pre = gemm_epilogue(epilogue, pre, a, b, bias, aux, transpose)
+    np.copyto(c, pre, casting="unsafe")
+
+
 def grouped_gemm(input, weights, offsets, *, transpose="TN"):
     """out[o_g:o_g+1] = input_g @ op(W_g); rows outside every group 0.
 
@@ -1120,7 +1177,7 @@ def clip_factor(norm, *, max_norm):
 REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
     fn.__name__: fn
     for fn in (
-        matmul, batched_matmul, grouped_gemm, grouped_gemm_weight_grad,
+        matmul, batched_matmul, grouped_gemm, grouped_gemm_weight_grad, linear_bias_act,
         rmsnorm, rmsnorm_backward, fused_residual_rmsnorm, fused_residual_rmsnorm_backward,
         layernorm, layernorm_backward,
         swiglu, swiglu_backward, geglu, geglu_backward, silu, silu_backward,

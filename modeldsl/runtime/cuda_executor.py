@@ -18,7 +18,11 @@ Two layers:
   ``flash_attention``/``flash_attention_backward`` launches attention commands. A ``gemm``
   is a :class:`GemmCommand`, ``attention``/``attention_backward`` attention commands (which
   also carry the plan of the plain CUDA attention kernel, for where cuDNN cannot run them),
-  ``memset``/``copy`` memory commands.
+  ``memset``/``copy`` memory commands. A kernel choice mdsl-lower-to-sched recorded from ``@kernel``
+  (``implementation``, ``fallback = false``, ``workspace_bytes``) rides on the command
+  (:attr:`Command.choice`): the device runs attention with the chosen implementation, and a
+  binding choice that cannot run (no plan, cuDNN refusing it) is :class:`KernelUnavailable` (E043)
+  instead of a fallback.
 - **Device** (:mod:`modeldsl.runtime.cuda_device`): runs the commands. :class:`CudaExecutor`
   allocates its arenas once (or shares the ones it is given), binds, lets the device prepare
   every command (GEMM plans, attention graphs, kernel modules), and then ``execute`` copies the
@@ -61,10 +65,11 @@ from modeldsl.dialects.sched import (
     SyncOp,
 )
 from modeldsl.kernels import cuda
-from modeldsl.kernels.reference import flash_attention, flash_attention_backward, gelu, gelu_backward, matmul
+from modeldsl.kernels.reference import flash_attention, flash_attention_backward, gemm
 from modeldsl.kernels.registry import entry
 from modeldsl.primitives import lookup_primitive
-from modeldsl.runtime.cuda_device import Device, aligned, fill_pattern
+from modeldsl.kernel_choice import KernelChoice
+from modeldsl.runtime.cuda_device import Device, KernelUnavailable, aligned, fill_pattern
 from modeldsl.runtime.executor import DTYPE_KEYWORDS, SHAPE_KEYWORDS, SHAPES_KEYWORDS, ExecutionError, attribute_value
 from modeldsl.runtime.sched_executor import LAUNCH_ATTRIBUTES, numpy_dtype, root_offset, write_results
 
@@ -147,7 +152,13 @@ class Command:
     fallback run it); ``fallback`` says why it runs on host copies (None: on the device)."""
 
     fallback: str | None = field(default=None, init=False)
+    choice: KernelChoice | None = field(default=None, kw_only=True)  # the op's @kernel, recorded by lowering
     kind = "command"  # what fallbacks call it
+
+    @property
+    def binding(self) -> bool:
+        """Whether only the chosen kernel may run it (``@kernel(..., fallback=false)``)."""
+        return self.choice is not None and not self.choice.fallback
 
     @property
     def label(self) -> str:
@@ -323,43 +334,12 @@ class GemmCommand(Command):
         return ("T" if self.transa else "N") + ("T" if self.transb else "N")
 
     def compute(self, arrays: list[np.ndarray | None]) -> None:
+        """The CPU's run of this GEMM and its epilogue (the kernels' reference)."""
         a, b, c, bias, aux = arrays
-        product = matmul(a, b, transpose=self.mode, alpha=self.alpha)
-        if self.epilogue == "none":  # the CPU executor's GEMM step
-            np.copyto(c, product + self.beta * c.astype(product.dtype) if self.beta else product, casting="unsafe")
-            return
-        pre = product + self.beta * c.astype(product.dtype) if self.beta else product
-        np.copyto(c, gemm_epilogue(self.epilogue, pre, a, b, bias, aux, self.mode), casting="unsafe")
+        gemm(a, b, c, bias, aux, transpose=self.mode, alpha=self.alpha, beta=self.beta, epilogue=self.epilogue)
 
     def dispatch(self, device: Device) -> None:
         device.gemm(self)
-
-
-def gemm_epilogue(name: str, pre: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None,
-                  aux: np.ndarray | None, mode: str) -> np.ndarray:
-    """cuBLASLt's epilogues on the GEMM result ``pre`` (GELU in its tanh form): bias, activation,
-    the saved pre-activation (``aux``), the GELU gradient and the bias gradients."""
-    if EPILOGUES[name].bias == "read":
-        pre = pre + bias.reshape(-1).astype(pre.dtype)
-    if name.endswith(("_aux", "_aux_bias")):
-        np.copyto(aux, pre, casting="unsafe")
-    if name.startswith("relu"):
-        return np.maximum(pre, 0)
-    if name.startswith("gelu"):
-        return gelu(pre, approximate=True)
-    if name.startswith("dgelu"):
-        pre = gelu_backward(pre, aux, approximate=True)
-        if name == "dgelu_bgrad":
-            np.copyto(bias.reshape(-1), pre.reshape(-1, pre.shape[-1]).sum(axis=0), casting="unsafe")
-        return pre
-    if name in ("bgrada", "bgradb"):
-        operand = a if name == "bgrada" else b
-        transposed = (mode[0] if name == "bgrada" else mode[1]) == "T"
-        matrix = np.swapaxes(operand, -1, -2) if transposed else operand  # op(A) [M, K] or op(B) [K, N]
-        axis = -1 if name == "bgrada" else -2
-        sums = matrix.astype(np.float32).sum(axis=axis)
-        np.copyto(bias.reshape(-1), sums.reshape(-1, sums.shape[-1]).sum(axis=0), casting="unsafe")
-    return pre
 
 
 @dataclass(eq=False)
@@ -530,6 +510,54 @@ class StridedCopyCommand(Command):
         device.strided_copy(self)
 
 
+@dataclass(eq=False)
+class CompositeCommand(Command):
+    """One launch of a fused primitive run as several device commands (GEMMs and kernel launches,
+    ``parts``, in order; e.g. the chunked LM-head loss). It runs on the device only when every part
+    does; ``compute`` runs the parts' host semantics in order, on the same buffers."""
+
+    kernel: str = ""  # the primitive it runs
+    parts: tuple[Command, ...] = ()
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return self.kernel
+
+    @property
+    def label(self) -> str:
+        return f"launch '{self.kernel}' ({len(self.parts)} device commands)"
+
+    @property
+    def refs(self) -> tuple[TensorRef | None, ...]:
+        return tuple(ref for part in self.parts for ref in part.refs)
+
+    @property
+    def written(self) -> tuple[TensorRef | None, ...]:
+        return tuple(ref for part in self.parts for ref in part.written)
+
+    @property
+    def kernels(self) -> list[KernelCommand]:
+        return [part for part in self.parts if isinstance(part, KernelCommand)]
+
+    def plan_steps(self) -> tuple[BoundLaunch | BoundMemset, ...]:
+        """Every part's steps; NotCovered when a part cannot run on the device (the whole launch
+        then falls back)."""
+        blocked = next((part for part in self.parts if part.fallback is not None), None)
+        if blocked is not None:
+            raise cuda.NotCovered(f"{blocked.label}: {blocked.fallback}")
+        return tuple(step for part in self.parts for step in part.plan_steps())
+
+    def compute(self, arrays: list[np.ndarray | None]) -> None:
+        at = 0
+        for part in self.parts:
+            part.compute(arrays[at:at + len(part.refs)])
+            at += len(part.refs)
+
+    def dispatch(self, device: Device) -> None:
+        for part in self.parts:
+            part.dispatch(device)
+
+
 @dataclass(frozen=True)
 class Fallback:
     """A command that runs through its numpy reference on host copies, and why."""
@@ -661,10 +689,10 @@ def with_kernel(command: AttentionCommand) -> AttentionCommand:
 
 
 def attention_launch(name: str, arguments: list[TensorRef | None], outputs: list[TensorRef],
-                     params: dict[str, Any]) -> Command | None:
+                     params: dict[str, Any], choice: KernelChoice | None = None) -> Command | None:
     """A ``flash_attention`` (without ALiBi) or ``flash_attention_backward`` launch as an attention command."""
     options = {"causal": bool(params.get("causal", True)), "window": int(params.get("window_size") or 0),
-               "softmax_scale": params.get("softmax_scale")}
+               "softmax_scale": params.get("softmax_scale"), "choice": choice}
     if name == "flash_attention" and len(arguments) >= 3 and all(a is None for a in arguments[3:]):
         q, k, v = arguments[:3]
         return with_kernel(AttentionCommand(q=q, k=k, v=v, out=outputs[0], lse=outputs[1], **options))
@@ -803,19 +831,38 @@ def bind_launch(op: LaunchOp, refs: dict[SSAValue, TensorRef]) -> list[Command]:
     except KeyError as err:
         raise ExecutionError(str(err)) from None
     inputs, outputs = [refs[v] for v in op.inputs], [refs[v] for v in op.outputs]
-    if "scratch" in op.attributes:
-        outputs = outputs[:-1]  # the executor's workspace holds the plans' scratch
+    # the executor's workspace holds the plans' scratch; a composite works in the planned one
+    scratch = outputs.pop() if "scratch" in op.attributes else None
     arguments, params = reference_call(name, op, inputs, outputs)
-    special = attention_launch(name, arguments, outputs, params) or fill_launch(name, outputs, params)
+    choice = recorded_choice(op)
+    special = attention_launch(name, arguments, outputs, params, choice) or fill_launch(name, outputs, params)
     if special is not None:
         return [special]
     copies = layout_launch(name, arguments, outputs, params)
     if copies is not None:
         return copies
     command = KernelCommand(kernel=name, arguments=tuple(arguments), outputs=tuple(outputs), params=params,
-                            reference=reference, accumulate=op.accumulate is not None)
+                            reference=reference, accumulate=op.accumulate is not None, choice=choice)
+    composite = composite_launch(command, scratch)
+    if composite is not None:
+        return [composite]
     plan_kernel(command)
     return [command]
+
+
+def composite_launch(command: KernelCommand, scratch: TensorRef | None) -> Command | None:
+    """A launch of a fused primitive that runs as several device commands (:data:`COMPOSITES`), None
+    for the others; where its parts cannot be built, the launch itself with the reason it falls back."""
+    from modeldsl.runtime.cuda_composites import COMPOSITES  # they are built of this module's commands
+
+    lower = COMPOSITES.get(command.kernel)
+    if lower is None:
+        return None
+    try:
+        return lower(command, scratch)
+    except cuda.NotCovered as err:
+        command.fallback = str(err)
+        return command
 
 
 # ----------------------------------------------------------------------------
@@ -836,8 +883,9 @@ class BoundProgram:
 
     @property
     def kernels(self) -> list[KernelCommand]:
-        """Every launch with a CUDA plan: the kernel commands and the attention kernels."""
+        """Every launch with a CUDA plan: the kernel commands, the attention kernels and the composites' launches."""
         launches = [c.kernel if isinstance(c, AttentionCommand) else c for c in self.commands]
+        launches = [k for c in launches for k in (c.kernels if isinstance(c, CompositeCommand) else [c])]
         return [c for c in launches if isinstance(c, KernelCommand) and c.plan is not None]
 
     @property
@@ -926,12 +974,24 @@ def bind_gemm(op: GemmOp, refs: dict[SSAValue, TensorRef]) -> GemmCommand:
     optional = lambda value: refs[value] if value is not None else None
     return GemmCommand(a=refs[op.a], b=refs[op.b], c=refs[op.c], bias=optional(op.bias), aux=optional(op.aux),
                        transa=bool(op.transa.value.data), transb=bool(op.transb.value.data),
-                       alpha=op.alpha.value.data, beta=op.beta.value.data, epilogue=op.epilogue.data)
+                       alpha=op.alpha.value.data, beta=op.beta.value.data, epilogue=op.epilogue.data,
+                       choice=recorded_choice(op))
+
+
+def recorded_choice(op: Operation) -> KernelChoice | None:
+    """The ``@kernel`` choice mdsl-lower-to-sched recorded on a work op (``implementation``, ...)."""
+    implementation = op.attributes.get("implementation")
+    if not isinstance(implementation, StringAttr):
+        return None
+    fallback, workspace = op.attributes.get("fallback"), op.attributes.get("workspace_bytes")
+    return KernelChoice(implementation.data, fallback is None or bool(fallback.value.data),
+                        workspace.value.data if isinstance(workspace, IntegerAttr) else None)
 
 
 def bind_attention(op: AttentionOp | AttentionBackwardOp, refs: dict[SSAValue, TensorRef]) -> AttentionCommand:
     options = {"causal": bool(op.causal.value.data), "window": op.window.value.data,
-               "softmax_scale": op.scale.value.data if op.scale is not None else None, "layout": op.layout.data}
+               "softmax_scale": op.scale.value.data if op.scale is not None else None, "layout": op.layout.data,
+               "choice": recorded_choice(op)}
     if isinstance(op, AttentionOp):
         return with_kernel(AttentionCommand(q=refs[op.q], k=refs[op.k], v=refs[op.v], out=refs[op.out],
                                             lse=refs[op.lse], **options))
@@ -947,6 +1007,11 @@ def bind_copy(op: CopyOp, refs: dict[SSAValue, TensorRef]) -> Command:
         return CopyCommand(dst=dst.address, src=src.address, nbytes=op.nbytes.value.data)
     if np.dtype(src.dtype) == np.dtype(dst.dtype):
         return CopyCommand(dst=dst.address, src=src.address, nbytes=src.nbytes)
+    return cast_command(src, dst)
+
+
+def cast_command(src: TensorRef, dst: TensorRef) -> KernelCommand:
+    """``dst`` = ``src`` in ``dst``'s dtype (a launch of the cast kernel)."""
     command = KernelCommand(kernel="cast", arguments=(src,), outputs=(dst,), params={"dtype": dst.dtype},
                             reference=entry("cast").reference)
     plan_kernel(command)
@@ -1086,7 +1151,8 @@ class CudaExecutor:
 
     def _prepare(self) -> list[Fallback]:
         """Let the device prepare every command; collect (and warn once per primitive about) those
-        that run on host copies."""
+        that run on host copies. A command whose ``@kernel`` choice is binding (``fallback = false``)
+        and cannot run as chosen is KernelUnavailable (E043) instead."""
         fallbacks = []
         for command in self.commands:
             if command.fallback is None:
@@ -1094,6 +1160,9 @@ class CudaExecutor:
                     self.device.prepare(command)
                 except cuda.NotCovered as err:
                     command.fallback = str(err)
+            if command.fallback is not None and command.binding:
+                raise KernelUnavailable(f"@kernel(\"{command.choice.name}\", fallback=false): {command.label} cannot "
+                                        f"run as chosen: {command.fallback}")
             if command.fallback is not None:
                 fallbacks.append(Fallback(command.kind, command.fallback))
                 warn_fallback(command.kind, command.fallback)

@@ -7,7 +7,10 @@ constructor turns the program into a flat list of steps, layer loops
 unrolled, with every view made in advance, so :meth:`ScheduleExecutor.execute`
 allocates nothing that outlives a kernel call: kernels are the numpy
 references of the kernel registry, and their results are copied into the
-planned output views. BLAS threads are set per product
+planned output views. The reference stands for every implementation of a
+primitive: a kernel choice recorded from ``@kernel`` (``implementation``,
+``fallback``, ``workspace_bytes``: cuDNN's SDPA or the own attention kernel,
+...) changes nothing here, only which kernel the CUDA executor runs. BLAS threads are set per product
 (:mod:`modeldsl.runtime.threads`): small GEMMs and attention products run on
 one thread, large ones on a pool sized to the cores the process may use.
 """
@@ -35,8 +38,9 @@ from modeldsl.dialects.sched import (
     RecomputeSegmentOp,
     StreamOp,
     SyncOp,
+    KERNEL_CHOICE_ATTRIBUTES,
 )
-from modeldsl.kernels.reference import flash_attention, matmul
+from modeldsl.kernels.reference import flash_attention, gemm
 from modeldsl.kernels.registry import entry
 from modeldsl.primitives import lookup_primitive
 from modeldsl.runtime.executor import (
@@ -46,7 +50,7 @@ from modeldsl.runtime.threads import blas_threads, pool_size, threads_for
 
 Step = Callable[[], None]
 # launch attributes that are not kernel parameters
-LAUNCH_ATTRIBUTES = {"grid", "block", "inplace", "accumulate", "stream", "scratch"}
+LAUNCH_ATTRIBUTES = {"grid", "block", "inplace", "accumulate", "stream", "scratch", *KERNEL_CHOICE_ATTRIBUTES}
 
 
 class ScheduleExecutor:
@@ -203,15 +207,15 @@ class ScheduleExecutor:
         return step
 
     def gemm(self, op: GemmOp, views: dict[SSAValue, np.ndarray]) -> Step:
-        if op.epilogue.data != "none":
-            raise ExecutionError(f"the CPU executor runs no GEMM epilogue ('{op.epilogue.data}')")
+        """``C = epilogue(alpha op(A) op(B) + beta C)`` with the reference's cuBLASLt epilogues."""
         a, b, c = views[op.a], views[op.b], views[op.c]
+        bias, aux = (views[v] if v is not None else None for v in (op.bias, op.aux))
         mode = ("T" if op.transa.value.data else "N") + ("T" if op.transb.value.data else "N")
-        alpha, beta = op.alpha.value.data, op.beta.value.data
+        params = {"transpose": mode, "alpha": op.alpha.value.data, "beta": op.beta.value.data,
+                  "epilogue": op.epilogue.data}
 
         def step() -> None:
-            product = matmul(a, b, transpose=mode, alpha=alpha)
-            np.copyto(c, product + beta * c.astype(product.dtype) if beta else product, casting="unsafe")
+            gemm(a, b, c, bias, aux, **params)
 
         return self.threaded(step, gemm_call_macs(a.shape, c.shape, mode))
 
