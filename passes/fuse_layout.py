@@ -145,10 +145,11 @@ class AttentionLayout(FusionPattern):
             return
         self.fused(ops)
         for entry in chain.entries:
-            rewriter.replace_op(entry, [], [entry.x])
+            rewriter.replace(entry, [], [entry.x])
         for middle in [*chain.middle, op]:
-            rewriter.replace_op(middle, _in_bthd(middle))
-        rewriter.replace_op(exit_, [], [exit_.x])
+            new = _in_bthd(middle)
+            rewriter.replace(middle, [new], new.results)
+        rewriter.replace(exit_, [], [exit_.x])
 
 
 def _in_bthd(op: Operation) -> Operation:

@@ -614,8 +614,10 @@ class ScheduleBuilder:
         layout = op_attr(op, "layout", "bhtd")
         if self.kv_cache:
             caches = [self.cache_buffer(k, name, layout) for name in ("k", "v")]
-            attrs = {name: op.attributes[name] for name in ("causal", "softmax_scale", "window_size", "layout")
+            attrs = {name: op.attributes[name] for name in ("causal", "softmax_scale", "window_size")
                      if name in op.attributes}
+            if layout != "bhtd":
+                attrs["layout"] = op.attributes["layout"]
             self.block.add_op(LaunchOp("kv_cache_attention", [q, k, v, *caches, self.position],
                                        [out, lse, *caches], attrs, inplace=True))
             return True
