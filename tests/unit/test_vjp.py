@@ -136,6 +136,17 @@ for mode, a_shape, b_shape, c_shape in [
             f"-> {t(*c_shape)}"),
          {"a": a_shape, "b": b_shape}, [("c", c_shape)])
 
+# linear_bias_act: pre = alpha * x @ op(w) + bias, out = act(pre); pre returned too in some cases
+for activation in ("none", "relu", "gelu"):
+    for mode, w_shape, alpha, with_pre in [("NT", (5, 4), None, False), ("NN", (4, 5), 0.5, True)]:
+        extra = f'{{transpose = "{mode}", activation = "{activation}"' + ("" if alpha is None else
+                                                                          f", alpha = {alpha} : f64") + "}"
+        case(f"linear_bias_act-{activation}-{mode}" + ("-pre" if with_pre else ""),
+             op(f"%out, %pre = mdsl.graph.linear_bias_act %x, %w, %bias {extra} : ({t(2, 3, 4)}, {t(*w_shape)}, "
+                f"{t(5)}) -> ({t(2, 3, 5)}, {t(2, 3, 5)})"),
+             {"x": (2, 3, 4)}, [("out", (2, 3, 5))] + ([("pre", (2, 3, 5))] if with_pre else []),
+             params={"w": w_shape, "bias": (5,)})
+
 # grouped_gemm: tokens 0:2 and 2:6 of 7 in two groups (token 6 in none), in each layout
 for mode in ("TN", "NN", "NT", "TT"):
     x_shape = (4, 7) if mode[1] == "T" else (7, 4)
@@ -174,6 +185,23 @@ case("bias_add",
 case("scale",
      op(f"%c = mdsl.graph.scale %x {{factor = -0.75 : f64}} : ({t(2, 3)}) -> {t(2, 3)}"),
      {"x": (2, 3)}, [("c", (2, 3))])
+for name in ("sub", "div"):
+    for a_shape, b_shape, c_shape in [
+        ((2, 3, 4), (2, 3, 4), (2, 3, 4)),
+        ((2, 3, 4), (2, 3, 1), (2, 3, 4)),  # a row statistic, as a written-out softmax divides by
+        ((4,), (2, 3, 4), (2, 3, 4)),
+    ]:
+        away = {"b": 1.5 + np.abs(np.random.default_rng(1).standard_normal(b_shape))} if name == "div" else {}
+        case(f"{name}-{'x'.join(map(str, a_shape))}-{'x'.join(map(str, b_shape))}",
+             op(f"%c = mdsl.graph.{name} %a, %b : ({t(*a_shape)}, {t(*b_shape)}) -> {t(*c_shape)}"),
+             {"a": a_shape, "b": b_shape}, [("c", c_shape)], init=away)
+case("add_scalar",
+     op(f"%c = mdsl.graph.add_scalar %x {{value = 1.0e-05 : f64}} : ({t(2, 3)}) -> {t(2, 3)}"),
+     {"x": (2, 3)}, [("c", (2, 3))])
+for name in ("exp", "tanh", "sigmoid", "rsqrt"):
+    positive = {"x": 0.5 + np.abs(np.random.default_rng(2).standard_normal((3, 4)))} if name == "rsqrt" else {}
+    case(name, op(f"%y = mdsl.graph.{name} %x : ({t(3, 4)}) -> {t(3, 4)}"),
+         {"x": (3, 4)}, [("y", (3, 4))], init=positive)
 case("add3",
      op(f"%c = mdsl.graph.add3 %x, %y, %z : ({t(2, 3)}, {t(2, 3)}, {t(2, 3)}) -> {t(2, 3)}"),
      {"x": (2, 3), "y": (2, 3), "z": (2, 3)}, [("c", (2, 3))])
@@ -271,6 +299,8 @@ for approximate in ("true", "false"):
 for name in ("swiglu", "geglu"):
     case(name, op(f"%y = mdsl.graph.{name} %g, %u : ({t(3, 4)}, {t(3, 4)}) -> {t(3, 4)}"),
          {"g": (3, 4), "u": (3, 4)}, [("y", (3, 4))])
+    case(f"fused_split_{name}", op(f"%y = mdsl.graph.fused_split_{name} %gu : ({t(2, 3, 8)}) -> {t(2, 3, 4)}"),
+         {"gu": (2, 3, 8)}, [("y", (2, 3, 4))])
 for dim in (-1, 0, 1, 2):
     case(f"softmax-dim{dim}",
          op(f"%y = mdsl.graph.softmax %x {{dim = {dim} : i64}} : ({t(2, 3, 4)}) -> {t(2, 3, 4)}"),
@@ -312,6 +342,14 @@ for interleaved in ("false", "true"):
         case(f"rope-interleaved-{interleaved}-{'+'.join(used)}",
              op(ROPE.format(attrs=f" {{interleaved = {interleaved}}}", q=t(*q), k=t(*k), f=t(3, 2, 2))),
              {"q": q, "k": k, "freqs": (3, 2, 2)}, [(u, shapes[u]) for u in used], init={"freqs": FREQS})
+# layout = "bthd" (mdsl-fuse attention_layout): q, k, v as [B, T, H, D]; the position of rope is dim 1
+case("rope-bthd", op(ROPE.format(attrs=' {layout = "bthd"}', q=t(1, 3, 2, 4), k=t(1, 3, 1, 4), f=t(3, 2, 2))),
+     {"q": (1, 3, 2, 4), "k": (1, 3, 1, 4), "freqs": (3, 2, 2)}, [("qr", (1, 3, 2, 4)), ("kr", (1, 3, 1, 4))],
+     init={"freqs": FREQS})
+case("flash_attention-bthd-gqa-window",
+     op(f'%o, %lse = mdsl.graph.flash_attention %q, %k, %v {{window_size = 2 : i64, layout = "bthd"}} : '
+        f"({t(1, 4, 2, 4)}, {t(1, 4, 1, 4)}, {t(1, 4, 1, 4)}) -> ({t(1, 4, 2, 4)}, {t(1, 2, 4)})"),
+     {"q": (1, 4, 2, 4), "k": (1, 4, 1, 4), "v": (1, 4, 1, 4)}, [("o", (1, 4, 2, 4))])
 
 QK_NORM = (f"%qn, %kn, %qs, %ks = mdsl.graph.qk_norm %q, %k, %qw, %kw : "
            f"({t(1, 2, 3, 4)}, {t(1, 1, 3, 4)}, {t(4)}, {t(4)}) -> ({t(1, 2, 3, 4)}, {t(1, 1, 3, 4)}, {t(1, 2, 3)}, "

@@ -15,7 +15,9 @@ from hf_checkpoints import cached_checkpoint
 from modeldsl.dialects.annotations import HookAttr, annotations_of
 from modeldsl.dialects.graph import ModelOp
 from modeldsl.dialects.graph_primitives import FlashAttentionOp, RopeOp, TransposeOp
+from modeldsl.dialects.graph_types import TensorType
 from modeldsl.dialects.sched import AttentionOp, LaunchOp
+from modeldsl.infer import RULES
 from modeldsl.kernels import reference as ref
 from modeldsl.passes.fuse import FusePass
 from modeldsl.passes.lower_to_sched import lower_function
@@ -146,3 +148,13 @@ def test_the_training_step_keeps_its_saved_layout():
     for source in (model.model, without_hooks(model.model)):
         program = compile_training_step(source, BATCH, TOKENS)
         assert set(layouts(program)) == {"bhtd"}
+
+
+def test_shape_inference_keeps_lse_heads_first_in_bthd():
+    def tensor(*dims, dtype="bf16"):
+        return TensorType([str(d) for d in dims], dtype)
+
+    q, kv = tensor("B", "T", 8, 16), tensor("B", "T", 2, 16)
+    out, lse = RULES["flash_attention"]([q, kv, kv], {"layout": "bthd"})
+    assert out == q and lse == tensor("B", 8, "T", dtype="fp32")
+    assert RULES["flash_attention"]([q, kv, kv], {})[1] == tensor("B", "T", 8, dtype="fp32")
