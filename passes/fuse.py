@@ -5,9 +5,15 @@ named as spec 7.5.1's pattern table names it where it is there, and switched
 off by ``mdsl-fuse{disable=residual_norm,scalar_alpha}``:
 
 * ``residual_norm`` (:mod:`modeldsl.passes.fuse_norm`): a residual ``add``
-  feeding ``rmsnorm`` becomes ``fused_residual_rmsnorm``;
+  feeding ``rmsnorm`` becomes ``fused_residual_rmsnorm``, and ``rmsnorm_backward`` + the add of
+  the residual gradient becomes ``fused_residual_rmsnorm_backward``;
 * ``scalar_alpha`` (:mod:`modeldsl.passes.fuse_gemm`): a ``scale`` before or
-  after a ``matmul`` goes into the GEMM's ``alpha``.
+  after a ``matmul`` goes into the GEMM's ``alpha``;
+* ``dag_gelu``, ``dag_silu``, ``dag_softmax``, ``dag_rmsnorm``
+  (:mod:`modeldsl.passes.fuse_dag`): hand-written math becomes the primitive it spells.
+* ``gated_mlp`` (:mod:`modeldsl.passes.fuse_mlp`): ``split`` + ``swiglu``/``geglu`` of the
+  packed gate/up projection becomes ``fused_split_swiglu``/``_geglu``, and the backward's
+  gated backward + ``concat`` becomes ``fused_split_*_backward`` writing ``d_gate_up`` packed.
 
 Patterns apply in every function of the module (block bodies included), so
 they run after ``mdsl-autodiff`` and ``mdsl-recompute`` on the training step's
@@ -34,17 +40,24 @@ from modeldsl.dialects.annotations import FuseRequiredAttr, find_annotation
 from modeldsl.dialects.graph import FuncOp
 from modeldsl.ir import span_of_annotation
 from modeldsl.passes.fuse_common import FusionPattern, FusionSwitch, requests_pattern
+from modeldsl.passes.fuse_dag import DagGelu, DagRmsnorm, DagSilu, DagSoftmax
 from modeldsl.passes.fuse_gemm import AlphaFromScale, ScaleIntoAlpha, TransposeIntoFlags
 from modeldsl.passes.fuse_layout import AttentionLayout
 from modeldsl.passes.fuse_loss import LmHeadLoss, LmHeadLossBackward
-from modeldsl.passes.fuse_norm import ResidualNorm
+from modeldsl.passes.fuse_mlp import SplitGated, SplitGatedBackward
+from modeldsl.passes.fuse_norm import ResidualNorm, ResidualNormBackward
 
 PATTERNS: dict[str, tuple[type[FusionPattern], ...]] = {
-    "residual_norm": (ResidualNorm,),
+    "residual_norm": (ResidualNorm, ResidualNormBackward),
     "scalar_alpha": (ScaleIntoAlpha, AlphaFromScale),
     "transpose_flag": (TransposeIntoFlags,),
     "lm_head_loss": (LmHeadLossBackward, LmHeadLoss),
+    "gated_mlp": (SplitGated, SplitGatedBackward),
     "attention_layout": (AttentionLayout,),
+    "dag_gelu": (DagGelu,),
+    "dag_silu": (DagSilu,),
+    "dag_softmax": (DagSoftmax,),
+    "dag_rmsnorm": (DagRmsnorm,),
 }
 
 

@@ -57,12 +57,14 @@ def test_fusion_keeps_the_gradients_and_recompute_stays_bitwise(arch, module, co
 
 
 def test_arithmetic_preserving_patterns_are_bitwise():
-    """residual_norm does the same sum and norm: with the rounding-changing patterns off, bitwise."""
+    """residual_norm does the same sum and norm (forward) and the same norm gradient plus residual
+    gradient (backward): with the rounding-changing patterns off, bitwise."""
     model = load("llama", "llama.module", {})
     off = compile_training_step(model.model, BATCH, TOKENS, fuse=False)
     norm_only = compile_training_step(model.model, BATCH, TOKENS,
                                       fuse=FusePass(disable=("scalar_alpha", "lm_head_loss")))
-    assert "fused_residual_rmsnorm" in kernels(norm_only)
+    assert {"fused_residual_rmsnorm", "fused_residual_rmsnorm_backward"} <= kernels(norm_only)
+    assert "rmsnorm_backward" in kernels(norm_only)  # the final norm's: no residual gradient joins it
     (loss, grads), (fused_loss, fused_grads) = gradients(model, off), gradients(model, norm_only)
     assert fused_loss == loss and np.array_equal(fused_grads, grads)
 
