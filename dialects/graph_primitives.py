@@ -346,7 +346,8 @@ class MatmulOp(PrimitiveOp):
 
 @irdl_op_definition
 class BatchedMatmulOp(PrimitiveOp):
-    """``C[b] = op(A[b]) @ op(B[b])`` over leading dims; a matrix B broadcasts."""
+    """``C[b] = alpha * op(A[b]) @ op(B[b])`` over leading dims; a matrix B broadcasts. ``alpha``
+    is the GEMM's (mdsl-fuse's attention_softmax puts the attention scale there)."""
 
     name = "mdsl.graph.batched_matmul"
     ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"transpose": TRANSPOSE_MODES}
@@ -356,9 +357,37 @@ class BatchedMatmulOp(PrimitiveOp):
     c = result_def(TensorType)
     transpose = enum_param("NN")
     accumulate = bool_param(False)
+    alpha = float_param(1.0)
 
     def verify_shapes(self) -> None:
         check_matmul(self.transpose.data, tensor(self.a), tensor(self.b), tensor(self.c), batched=True)
+
+
+@irdl_op_definition
+class LinearBiasActOp(PrimitiveOp):
+    """``pre = alpha * x @ op(weight) + bias; out = activation(pre)``: one GEMM with a cuBLASLt
+    epilogue (bias, bias + ReLU, bias + tanh GELU). ``x: [*, K]``, ``weight`` ``[K, N]`` (NN) or
+    ``[N, K]`` (NT), ``bias: [N]``; ``pre`` is the pre-activation the backward reads (the GEMM's
+    ``aux`` output; ``out`` itself when ``activation = none``)."""
+
+    name = "mdsl.graph.linear_bias_act"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"transpose": ("NN", "NT"), "activation": ("none", "relu", "gelu")}
+
+    x = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    bias = operand_def(TensorType)
+    out = result_def(TensorType)
+    pre = result_def(TensorType)
+    transpose = enum_param("NT")
+    activation = enum_param("none")
+    alpha = float_param(1.0)
+
+    def verify_shapes(self) -> None:
+        x, out = tensor(self.x), tensor(self.out)
+        check_matmul(self.transpose.data, x, tensor(self.weight), out, batched=False)
+        check_norm_weight("bias", out, tensor(self.bias))
+        check_same_shape("pre", out, tensor(self.pre))
+        check_same_dtype("operands and results", x, tensor(self.weight), tensor(self.bias), out, tensor(self.pre))
 
 
 def grouped_gemm_layout(transpose: str) -> tuple[int, int, int]:
@@ -2027,7 +2056,7 @@ class FusedLmHeadLossBackwardOp(PrimitiveOp):
 
 
 PRIMITIVE_OPS: tuple[type[Operation], ...] = (
-    MatmulOp, BatchedMatmulOp, GroupedGemmOp, GroupedGemmWeightGradOp,
+    MatmulOp, BatchedMatmulOp, LinearBiasActOp, GroupedGemmOp, GroupedGemmWeightGradOp,
     RmsnormOp, RmsnormBackwardOp, FusedResidualRmsnormOp, FusedResidualRmsnormBackwardOp,
     LayernormOp, LayernormBackwardOp,
     SwigluOp, SwigluBackwardOp, GegluOp, GegluBackwardOp, SiluOp, SiluBackwardOp,

@@ -72,7 +72,11 @@ SCRATCH: dict[str, ScratchRule] = {
 REUSE: dict[str, dict[int, int]] = {
     **{name: {0: 0} for name in ("silu", "relu", "relu2", "gelu", "scale", "softmax", "add", "mul",
                                  "add3", "bias_add", "swiglu", "geglu")},
+    **{name: {0: 0} for name in ("add_scalar", "exp", "tanh", "sigmoid", "rsqrt", "sub", "div")},
     "rope": {0: 0, 1: 1},
+    # each thread reads its gate and up elements before writing their gradients at the same places
+    "fused_split_swiglu_backward": {0: 1},
+    "fused_split_geglu_backward": {0: 1},
     # one pass over each row of the logits, reading each element before writing its gradient
     "cross_entropy_backward": {0: 1},
 }
@@ -97,3 +101,33 @@ def entry(name: str) -> KernelEntry:
         return registry()[name]
     except KeyError:
         raise KeyError(f"no kernel '{name}' in the registry (known: {', '.join(sorted(registry()))})") from None
+
+
+# ----------------------------------------------------------------------------
+# Implementations: what ``@kernel(name)`` (spec 7.5.3) may choose
+# ----------------------------------------------------------------------------
+
+# primitive -> its implementations, the default first; a primitive not listed has one, its own kernel
+# (attention: cuDNN's SDPA through the cuDNN frontend where it runs the attention, else the own
+# CUDA kernels, ``flash_attention`` in both directions, so one choice names forward and backward;
+# the GEMMs: cuBLASLt)
+IMPLEMENTATIONS: dict[str, tuple[str, ...]] = {
+    "flash_attention": ("cudnn_sdpa", "flash_attention"),
+    "flash_attention_backward": ("cudnn_sdpa", "flash_attention"),
+    "matmul": ("cublaslt",),
+    "linear_bias_act": ("cublaslt",),
+    "batched_matmul": ("cublaslt",),
+}
+
+
+def implementations(primitive: str) -> tuple[str, ...]:
+    """The kernels that can run ``primitive``, the default first."""
+    return IMPLEMENTATIONS.get(primitive, (primitive,))
+
+
+def unavailable_kernel(primitive: str, name: str) -> str | None:
+    """Why ``@kernel(name)`` cannot run ``primitive`` (None when it can)."""
+    known = implementations(primitive)
+    if name in known:
+        return None
+    return f"no kernel '{name}' implements {primitive} (its kernels: {', '.join(known)})"

@@ -133,6 +133,15 @@ def _matmul_rule(batched: bool) -> Rule:
     return rule
 
 
+def linear_bias_act(s: OpShapes) -> int:
+    """The GEMM (``NN``/``NT``), one add per element for the bias and the activation's work
+    (ReLU 1, tanh GELU 8, as the epilogues count them)."""
+    attrs = {"transpose": StringAttr(s.text("transpose", "NT"))}
+    gemm = _matmul_rule(batched=False)(OpShapes(s.inputs[:2], s.outputs[:1], attrs))
+    per_element = 1 + {"none": 0, "relu": 1, "gelu": 8}[s.text("activation", "none")]
+    return gemm + per_element * numel(s.outputs[0])
+
+
 def grouped_gemm(s: OpShapes) -> int:
     """Every token row meets one group's weights: ``2 * tokens * N * K`` (``output: [tokens, N]``)."""
     x, w = s.inputs[0], s.inputs[1]
@@ -228,6 +237,7 @@ FLOP_RULES: dict[str, Rule] = {
     # 6.1 linear algebra
     "matmul": _matmul_rule(batched=False),
     "batched_matmul": _matmul_rule(batched=True),
+    "linear_bias_act": linear_bias_act,
     "grouped_gemm": grouped_gemm,
     "grouped_gemm_weight_grad": grouped_gemm_weight_grad,
     # 6.2 normalization: about 5 per element of the normalized input (the backward's d_y)

@@ -55,6 +55,12 @@ def _matmul(ts, p):
     return [TensorType([*a.shape[:-2], m, n], a.dtype)]
 
 
+def _linear_bias_act(ts, p):
+    """(out, pre): the matmul's result, twice."""
+    (c,) = _matmul(ts, {"transpose": p.get("transpose", "NT")})
+    return [c, c]
+
+
 def _batched_matmul(ts, p):
     """op(A[b]) @ op(B[b]) per batch: TN keeps the batch dims (no weight-gradient form)."""
     a, b = ts[0], ts[1]
@@ -250,6 +256,7 @@ def _cast(ts, p):
 RULES: dict[str, Rule] = {
     "matmul": _matmul,
     "batched_matmul": _batched_matmul,
+    "linear_bias_act": _linear_bias_act,
     "grouped_gemm": _grouped_gemm,
     "grouped_gemm_weight_grad": _grouped_gemm_weight_grad,
     "rmsnorm": _norm,

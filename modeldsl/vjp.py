@@ -96,7 +96,7 @@ def _matmul(b: GraphBuilder, op: Operation, grads: list[Grad]) -> list[Grad]:
     a, w = op.operands
     name = op.name.removeprefix("mdsl.graph.")
     alpha = op_attr(op, "alpha", 1.0)
-    extra = {"alpha": alpha} if name == "matmul" and alpha != 1.0 else {}
+    extra = {"alpha": alpha} if alpha != 1.0 else {}
     mode = op_attr(op, "transpose", "NN")
     # (operands, mode) of d_A and d_B for each forward mode: C = op(A) @ op(B)
     plans = {
@@ -107,26 +107,57 @@ def _matmul(b: GraphBuilder, op: Operation, grads: list[Grad]) -> list[Grad]:
     }
     (x1, y1, m1), (x2, y2, m2) = plans[mode]
     if name == "batched_matmul" and w.type.rank == 2 and a.type.rank > 2:
-        return _batched_matmul_matrix_b(b, a, g, w, mode, (x2, y2, m2))
+        return _batched_matmul_matrix_b(b, a, g, w, mode, (x2, y2, m2), extra)
     d_a = b.one(name, x1, y1, transpose=m1, **extra)
     d_b = b.one(name, x2, y2, transpose=m2, **extra)
     return [d_a, d_b]
 
 
+@rule("linear_bias_act")
+def _linear_bias_act(b: GraphBuilder, op: Operation, grads: list[Grad]) -> list[Grad]:
+    """The activation's gradient (GELU's through the saved ``pre``, ReLU's mask from ``out``: the
+    same mask, so the GEMM need not save ``pre``), plus a gradient of ``pre`` itself; then matmul's
+    and bias_add's rules. Lowering runs the GELU gradient and the bias sum as GEMM epilogues."""
+    x, w, bias = op.operands
+    g = _pre_activation_grad(b, op, *grads)
+    if g is None:
+        return [None, None, None]
+    alpha = op_attr(op, "alpha", 1.0)
+    extra = {"alpha": alpha} if alpha != 1.0 else {}
+    if op_attr(op, "transpose", "NT") == "NT":
+        d_x, d_w = b.one("matmul", g, w, transpose="NN", **extra), b.one("matmul", g, x, transpose="TN", **extra)
+    else:
+        d_x, d_w = b.one("matmul", g, w, transpose="NT", **extra), b.one("matmul", x, g, transpose="TN", **extra)
+    return [d_x, d_w, unbroadcast(b, g, bias)]
+
+
+def _pre_activation_grad(b: GraphBuilder, op: Operation, g_out: Grad, g_pre: Grad) -> Grad:
+    out, pre = op.results
+    activation = op_attr(op, "activation", "none")
+    g = g_out
+    if g_out is not None and activation == "relu":
+        g = b.one("relu_backward", g_out, out)
+    elif g_out is not None and activation == "gelu":
+        g = b.one("gelu_backward", g_out, pre, approximate=True)
+    if g_pre is not None:
+        g = g_pre if g is None else b.one("add", g, g_pre)
+    return g
+
+
 def _batched_matmul_matrix_b(b: GraphBuilder, a: SSAValue, g: SSAValue, w: SSAValue, mode: str,
-                             plan_b: tuple) -> list[Grad]:
+                             plan_b: tuple, extra: dict) -> list[Grad]:
     """batched_matmul with a matrix B broadcast over A's batch dims: a matrix cannot be the first
     operand of a batched product (d_A of TN/TT is the transpose of G op(B)), and d_B sums the
     per-batch products over the batch dims."""
     if a.type.is_variadic:
         raise NotImplementedError("the gradient of a batched_matmul of a variadic A and a matrix B")
     if mode[0] == "N":  # d_A = G op(B)^T
-        d_a = b.one("batched_matmul", g, w, transpose="NT" if mode == "NN" else "NN")
+        d_a = b.one("batched_matmul", g, w, transpose="NT" if mode == "NN" else "NN", **extra)
     else:  # TN: d_A = B G^T = (G B^T)^T; TT: d_A = B^T G^T = (G B)^T
-        d_a = b.one("transpose", b.one("batched_matmul", g, w, transpose="NT" if mode == "TN" else "NN"),
+        d_a = b.one("transpose", b.one("batched_matmul", g, w, transpose="NT" if mode == "TN" else "NN", **extra),
                     dim0=-2, dim1=-1)
     x2, y2, m2 = plan_b
-    d_b = b.one("reduce_sum", b.one("batched_matmul", x2, y2, transpose=m2),
+    d_b = b.one("reduce_sum", b.one("batched_matmul", x2, y2, transpose=m2, **extra),
                 dims=list(range(a.type.rank - 2)), keepdim=False)
     return [d_a, d_b]
 

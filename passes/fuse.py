@@ -41,6 +41,7 @@ from modeldsl.dialects.graph import FuncOp
 from modeldsl.ir import span_of_annotation
 from modeldsl.passes.fuse_common import FusionPattern, FusionSwitch, requests_pattern
 from modeldsl.passes.fuse_dag import DagGelu, DagRmsnorm, DagSilu, DagSoftmax
+from modeldsl.passes.fuse_epilogue import BiasActivation, LinearBiasAct
 from modeldsl.passes.fuse_gemm import AlphaFromScale, ScaleIntoAlpha, TransposeIntoFlags
 from modeldsl.passes.fuse_layout import AttentionLayout
 from modeldsl.passes.fuse_loss import LmHeadLoss, LmHeadLossBackward
@@ -51,6 +52,8 @@ PATTERNS: dict[str, tuple[type[FusionPattern], ...]] = {
     "residual_norm": (ResidualNorm, ResidualNormBackward),
     "scalar_alpha": (ScaleIntoAlpha, AlphaFromScale),
     "transpose_flag": (TransposeIntoFlags,),
+    "linear_bias_act": (LinearBiasAct,),
+    "bias_activation": (BiasActivation,),
     "lm_head_loss": (LmHeadLossBackward, LmHeadLoss),
     "gated_mlp": (SplitGated, SplitGatedBackward),
     "attention_layout": (AttentionLayout,),

@@ -91,6 +91,7 @@ from modeldsl.dialects.sched import (
 from modeldsl.graph_builder import op_attr
 from modeldsl.kernel_choice import KernelChoice, kernel_choice
 from modeldsl.kernels.registry import entry
+from modeldsl.passes import lower_gemm_epilogues as epilogues
 from modeldsl.primitives import PrimitiveSignature, primitives
 from modeldsl.symbolic import SymbolicError
 
@@ -467,7 +468,8 @@ class ScheduleBuilder:
         op = before.next_op if before is not None else self.block.first_op
         while op is not None:
             runs = op.primitive if isinstance(op, SchedOp) else None
-            if runs == primitive or (isinstance(op, GemmOp) and primitive in ("matmul", "batched_matmul")):
+            if runs == primitive or (isinstance(op, GemmOp) and primitive in ("matmul", "batched_matmul",
+                                                                               "linear_bias_act")):
                 op.attributes |= kernel_choice_attributes(choice.name, choice.fallback, choice.workspace)
             op = op.next_op
 
@@ -551,9 +553,21 @@ class ScheduleBuilder:
                 return False
         elif len(self.shape(b)) > 2:
             return False
+        bias, epilogue = epilogues.bias_gradient_epilogue(self, op, transa, transb)
         c = self.result_buffer(op.results[0])
-        self.block.add_op(GemmOp(a, b, c, transa=transa, transb=transb, alpha=op_attr(op, "alpha", 1.0)))
+        self.block.add_op(GemmOp(a, b, c, bias, transa=transa, transb=transb, alpha=op_attr(op, "alpha", 1.0),
+                                 epilogue=epilogue))
         return True
+
+    # GEMM epilogues (passes/lower_gemm_epilogues.py) ----------------------
+    def lower_linear_bias_act(self, op: Operation) -> bool:
+        return epilogues.lower_linear_bias_act(self, op)
+
+    def lower_gelu_backward(self, op: Operation) -> bool:
+        return epilogues.lower_gelu_backward(self, op)
+
+    def lower_reduce_sum(self, op: Operation) -> bool:
+        return epilogues.lower_reduce_sum(self, op)
 
     def lower_batched_matmul(self, op: Operation) -> bool:
         if op_attr(op, "accumulate", False):
@@ -564,7 +578,7 @@ class ScheduleBuilder:
         if self.shape(a)[:-2] != self.shape(b)[:-2]:
             return False
         c = self.result_buffer(op.results[0])
-        self.block.add_op(GemmOp(a, b, c, transa=transa, transb=transb))
+        self.block.add_op(GemmOp(a, b, c, transa=transa, transb=transb, alpha=op_attr(op, "alpha", 1.0)))
         return True
 
     def weight_rows(self, weight: SSAValue, start: int, count: int) -> SSAValue:

@@ -53,6 +53,7 @@ GRAPH_BODY = """
     %dw = mdsl.graph.matmul %d_f, %x {transpose = "TN"} : (!f, !x) -> !wf
     %tn = mdsl.graph.matmul %m3_in, %m3_in2 {transpose = "TN"} : (!m1, !m3) -> !mo
     %tt = mdsl.graph.matmul %m3_in, %m4 {transpose = "TT"} : (!m1, !m4) -> !mo
+    %lba, %lbp = mdsl.graph.linear_bias_act %m3_in2, %m4, %g {transpose = "NN", activation = "gelu"} : (!m3, !m4, !vec) -> (!flat, !flat)
     %scores = mdsl.graph.batched_matmul %q, %q {transpose = "NT"} : (!q, !q) -> !q
     %bt = mdsl.graph.batched_matmul %qt, %q {transpose = "TN"} : (!qt, !q) -> !qto
     %o, %lse = mdsl.graph.flash_attention %q, %k, %v : (!q, !kv, !kv) -> (!q, !qs)
@@ -95,6 +96,7 @@ GRAPH_EXPECTED = {
     "dw": 2 * 24 * 16 * (2 * 8),  # dY^T X over all 16 tokens: [24, 16]
     "tn": 2 * 24 * 32 * 16,  # [16, 24]^T @ [16, 32]
     "tt": 2 * 24 * 32 * 16,  # [16, 24]^T @ [32, 16]^T
+    "lba": 2 * 16 * 16 * 32 + 9 * 256,  # [16, 32] @ [32, 16], then the bias and the tanh GELU
     "scores": 2 * (2 * 4) * 8 * 8 * 8,
     "bt": 2 * (2 * 4) * 16 * 8 * 8,  # A[b]^T [16, 8] @ B[b] [8, 8]
     # 4 * B * H * Tq * Tk * D, halved when causal; the backward 2.5x

@@ -131,10 +131,12 @@ for mode, a_shape, b_shape, c_shape in [
     ("TT", (2, 4, 3), (5, 4), (2, 3, 5)),
 ]:
     kind = "matrixB" if len(b_shape) == 2 else f"rank{len(a_shape)}"
-    case(f"batched_matmul-{mode}-{kind}",
-         op(f'%c = mdsl.graph.batched_matmul %a, %b {{transpose = "{mode}"}} : ({t(*a_shape)}, {t(*b_shape)}) '
-            f"-> {t(*c_shape)}"),
-         {"a": a_shape, "b": b_shape}, [("c", c_shape)])
+    for alpha in (None, 0.5):
+        extra = "" if alpha is None else f", alpha = {alpha} : f64"
+        case(f"batched_matmul-{mode}-{kind}" + ("" if alpha is None else "-alpha"),
+             op(f'%c = mdsl.graph.batched_matmul %a, %b {{transpose = "{mode}"{extra}}} : ({t(*a_shape)}, '
+                f"{t(*b_shape)}) -> {t(*c_shape)}"),
+             {"a": a_shape, "b": b_shape}, [("c", c_shape)])
 
 # linear_bias_act: pre = alpha * x @ op(w) + bias, out = act(pre); pre returned too in some cases
 for activation in ("none", "relu", "gelu"):

@@ -109,6 +109,20 @@ def test_matmul(transpose, m, k, n, alpha):
     check(ref("matmul", a, b, transpose=transpose, alpha=alpha), expected)
 
 
+@covers("linear_bias_act")
+@pytest.mark.parametrize("transpose", ["NN", "NT"])
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
+def test_linear_bias_act(transpose, activation):
+    """torch's linear, bias and activation (tanh GELU); pre is the biased product."""
+    x, w, bias = randn(5, (2, 3, 7), operand_shape(transpose[1], 7, 5), (5,))
+    pre = 0.5 * (tt(x) @ mt(tt(w), transpose[1])) + tt(bias)
+    act = {"none": lambda t: t, "relu": torch.relu,
+           "gelu": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[activation]
+    out, got_pre = ref("linear_bias_act", x, w, bias, transpose=transpose, activation=activation, alpha=0.5)
+    check(out, act(pre))
+    check(got_pre, pre)
+
+
 @pytest.mark.parametrize("accumulate, beta", [(True, 0.0), (True, 1.0), (False, 0.5)])
 def test_matmul_returns_the_product_only(accumulate, beta):
     """accumulate/beta add into the existing buffer in the executor; the reference returns alpha A B."""
@@ -136,6 +150,12 @@ def test_matmul_tn_contracts_shared_leading_dims(lead):
 def test_batched_matmul(transpose, batch, m, k, n):
     a, b = randn(5, (*batch, *operand_shape(transpose[0], m, k)), (*batch, *operand_shape(transpose[1], k, n)))
     check(ref("batched_matmul", a, b, transpose=transpose), mt(tt(a), transpose[0]) @ mt(tt(b), transpose[1]))
+
+
+@pytest.mark.parametrize("transpose", ["NN", "NT"])
+def test_batched_matmul_alpha_scales_the_product(transpose):
+    a, b = randn(8, (2, 3, 7, 5), (2, 3, *operand_shape(transpose[1], 5, 4)))
+    check(ref("batched_matmul", a, b, transpose=transpose, alpha=0.125), 0.125 * (tt(a) @ mt(tt(b), transpose[1])))
 
 
 @pytest.mark.parametrize("transpose", MODES)
@@ -302,6 +322,27 @@ def test_gated_activation(case, shape):
     gate, (up, d_out) = activation_input(22, shape), randn(23, shape, shape)
     check(ref(name, gate, up, **params), fn(tt(gate), tt(up)))
     check_all(ref(f"{name}_backward", d_out, gate, up, **params), vjp(fn, [gate, up], [d_out]))
+
+
+@covers("fused_split_swiglu", "fused_split_swiglu_backward", "fused_split_geglu", "fused_split_geglu_backward")
+@pytest.mark.parametrize("shape", ACT_SHAPES)
+@pytest.mark.parametrize("case", sorted(GATED))
+def test_fused_split_gated_activation(case, shape):
+    """The packed forms against torch on the halves of gate_up, and bit for bit the unfused
+    split -> gated -> (backward) -> concat composition in fp32."""
+    name, _, fn = GATED[case]
+    packed = (*shape[:-1], 2 * shape[-1])
+    gate_up, (d_out,) = activation_input(25, packed), randn(26, shape)
+    halves = lambda gu: fn(*torch.chunk(gu, 2, dim=-1))  # noqa: E731
+    check(ref(f"fused_split_{name}", gate_up), halves(tt(gate_up)))
+    (expected,) = vjp(halves, [gate_up], [d_out])
+    check(ref(f"fused_split_{name}_backward", d_out, gate_up), expected)
+    gate_up32, d_out32 = gate_up.astype(np.float32), d_out.astype(np.float32)
+    gate, up = ref("split", gate_up32, sizes=[shape[-1]] * 2, dim=-1)
+    assert np.array_equal(ref(f"fused_split_{name}", gate_up32), ref(name, gate, up))
+    unfused = ref("concat", *ref(f"{name}_backward", d_out32, gate, up), dim=-1)
+    fused = ref(f"fused_split_{name}_backward", d_out32, gate_up32)
+    assert fused.dtype == np.float32 and np.array_equal(fused, unfused)
 
 
 @covers("softmax", "softmax_backward")
@@ -598,6 +639,41 @@ def test_bias_add(shape):
 def test_scale(shape, factor):
     (x,) = randn(62, shape)
     check(ref("scale", x, factor=factor), torch.mul(tt(x), factor))
+
+
+@covers("sub", "div")
+@pytest.mark.parametrize("name, fn", [("sub", torch.sub), ("div", torch.div)])
+@pytest.mark.parametrize("a_shape, b_shape", [*BROADCASTS, ((2, 3, 8), (2, 3, 1))])
+def test_sub_div_broadcast(name, fn, a_shape, b_shape):
+    a, b = randn(65, a_shape, b_shape)
+    check(ref(name, a, b), fn(tt(a), tt(b)))
+
+
+@covers("add_scalar")
+@pytest.mark.parametrize("shape, value", [((7, 33), 1e-6), ((2, 3, 5), -2.5)])
+def test_add_scalar(shape, value):
+    (x,) = randn(66, shape)
+    check(ref("add_scalar", x, value=value), torch.add(tt(x), value))
+
+
+MATH = {"exp": torch.exp, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "rsqrt": torch.rsqrt}
+
+
+@covers(*MATH)
+@pytest.mark.parametrize("shape", [(7, 33), (2, 3, 5)])
+@pytest.mark.parametrize("name", sorted(MATH))
+def test_elementwise_math(name, shape):
+    """Against torch over +-12 (sigmoid's both tails), rsqrt over positive values."""
+    x = activation_input(67, shape)
+    x = np.abs(x) + 0.1 if name == "rsqrt" else x
+    check(ref(name, x), MATH[name](tt(x)))
+
+
+def test_elementwise_math_keeps_float32():
+    x = np.linspace(-30, 30, 13, dtype=np.float32)
+    for name in MATH:
+        assert ref(name, np.abs(x) + 1 if name == "rsqrt" else x).dtype == np.float32, name
+    assert ref("add_scalar", x, value=1e-6).dtype == np.float32
 
 
 @covers("add3")

@@ -67,6 +67,8 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %mm = mdsl.graph.matmul %w, %w {transpose = "TT", accumulate = true, alpha = 0.5 : f64, beta = 1.0 : f64} : (!w, !w) -> !w
     // CHECK: mdsl.graph.batched_matmul %q, %q {transpose = "NT"} : (!mdsl.graph.tensor<[B, H, T, D], bf16>, !mdsl.graph.tensor<[B, H, T, D], bf16>) -> !mdsl.graph.tensor<[B, H, T, T], bf16>
     %bmm = mdsl.graph.batched_matmul %q, %q {transpose = "NT"} : (!q, !q) -> !mdsl.graph.tensor<[B, H, T, T], bf16>
+    // CHECK: mdsl.graph.batched_matmul %q, %q {transpose = "NT", alpha = 1.250000e-01 : f64} :
+    %bmm_scaled = mdsl.graph.batched_matmul %q, %q {transpose = "NT", alpha = 0.125 : f64} : (!q, !q) -> !mdsl.graph.tensor<[B, H, T, T], bf16>
     // CHECK: mdsl.graph.grouped_gemm %{{.*}}, %{{.*}}, %{{.*}} : (!mdsl.graph.tensor<[N, C], bf16>, !mdsl.graph.tensor<[E, F, C], bf16>, !mdsl.graph.tensor<[E + 1], int32>) -> !mdsl.graph.tensor<[N, F], bf16>
     %gx = mdsl.graph.zeros : !mdsl.graph.tensor<[N, C], bf16>
     %gw = mdsl.graph.zeros : !mdsl.graph.tensor<[E, F, C], bf16>
@@ -83,6 +85,10 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %gytt = mdsl.graph.grouped_gemm %gxt, %gw, %goff {transpose = "TT"} : (!mdsl.graph.tensor<[C, N], bf16>, !mdsl.graph.tensor<[E, F, C], bf16>, !mdsl.graph.tensor<[E + 1], int32>) -> !mdsl.graph.tensor<[N, F], bf16>
     // CHECK: mdsl.graph.grouped_gemm_weight_grad
     %gdw = mdsl.graph.grouped_gemm_weight_grad %gx, %gy, %goff : (!mdsl.graph.tensor<[N, C], bf16>, !mdsl.graph.tensor<[N, F], bf16>, !mdsl.graph.tensor<[E + 1], int32>) -> !mdsl.graph.tensor<[E, F, C], bf16>
+
+    // linear_bias_act: one GEMM with the bias (+ activation) epilogue; out and the pre-activation
+    // CHECK: %lo, %lpre = mdsl.graph.linear_bias_act %x, %w, %g {activation = "gelu", alpha = 5.000000e-01 : f64} : (!mdsl.graph.tensor<[B, T, C], bf16>, !mdsl.graph.tensor<[C, C], bf16>, !mdsl.graph.tensor<[C], bf16>) -> (!mdsl.graph.tensor<[B, T, C], bf16>, !mdsl.graph.tensor<[B, T, C], bf16>)
+    %lo, %lpre = mdsl.graph.linear_bias_act %x, %w, %g {activation = "gelu", alpha = 0.5 : f64} : (!x, !w, !vec) -> (!x, !x)
 
     // 6.2 normalization
     // CHECK: mdsl.graph.rmsnorm %x, %g {eps = 1.000000e-05 : f64} : (!mdsl.graph.tensor<[B, T, C], bf16>, !mdsl.graph.tensor<[C], bf16>) -> (!mdsl.graph.tensor<[B, T, C], bf16>, !mdsl.graph.tensor<[B, T], fp32>)
@@ -111,6 +117,15 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %gg = mdsl.graph.geglu %x, %r : (!x, !x) -> !x
     // CHECK: mdsl.graph.geglu_backward %x, %x, %r :
     %gg1, %gg2 = mdsl.graph.geglu_backward %x, %x, %r : (!x, !x, !x) -> (!x, !x)
+    // CHECK: mdsl.graph.fused_split_swiglu %fgu : (!mdsl.graph.tensor<[B, T, 2*C], bf16>) -> !mdsl.graph.tensor<[B, T, C], bf16>
+    %fgu = mdsl.graph.concat %x, %r : (!x, !x) -> !mdsl.graph.tensor<[B, T, 2 * C], bf16>
+    %fsg = mdsl.graph.fused_split_swiglu %fgu : (!mdsl.graph.tensor<[B, T, 2 * C], bf16>) -> !x
+    // CHECK: mdsl.graph.fused_split_swiglu_backward %x, %fgu :
+    %fsg1 = mdsl.graph.fused_split_swiglu_backward %x, %fgu : (!x, !mdsl.graph.tensor<[B, T, 2 * C], bf16>) -> !mdsl.graph.tensor<[B, T, 2 * C], bf16>
+    // CHECK: mdsl.graph.fused_split_geglu %fgu :
+    %fgg = mdsl.graph.fused_split_geglu %fgu : (!mdsl.graph.tensor<[B, T, 2 * C], bf16>) -> !x
+    // CHECK: mdsl.graph.fused_split_geglu_backward %x, %fgu :
+    %fgg1 = mdsl.graph.fused_split_geglu_backward %x, %fgu : (!x, !mdsl.graph.tensor<[B, T, 2 * C], bf16>) -> !mdsl.graph.tensor<[B, T, 2 * C], bf16>
     // CHECK: mdsl.graph.silu %x {annotations = [#mdsl.graph.memory<recompute>, #mdsl.graph.hook<AfterMLPActivation, mode = modify>]} :
     %a1 = mdsl.graph.silu %x {annotations = [#mdsl.graph.memory<recompute>, #mdsl.graph.hook<AfterMLPActivation, mode = modify>]} : (!x) -> !x
     // CHECK: mdsl.graph.silu_backward %x, %x :
@@ -185,6 +200,20 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %sc = mdsl.graph.scale %x {factor = 0.125 : f64} : (!x) -> !x
     // CHECK: mdsl.graph.add3 %x, %r, %c :
     %a3x = mdsl.graph.add3 %x, %r, %c : (!x, !x, !x) -> !x
+    // CHECK: mdsl.graph.sub %x, %g : (!mdsl.graph.tensor<[B, T, C], bf16>, !mdsl.graph.tensor<[C], bf16>) -> !mdsl.graph.tensor<[B, T, C], bf16>
+    %sub = mdsl.graph.sub %x, %g : (!x, !vec) -> !x
+    // CHECK: mdsl.graph.div %x, %g :
+    %div = mdsl.graph.div %x, %g : (!x, !vec) -> !x
+    // CHECK: mdsl.graph.add_scalar %x {value = 1.000000e-06 : f64} :
+    %as = mdsl.graph.add_scalar %x {value = 1.0e-06 : f64} : (!x) -> !x
+    // CHECK: mdsl.graph.exp %x : (!mdsl.graph.tensor<[B, T, C], bf16>) -> !mdsl.graph.tensor<[B, T, C], bf16>
+    %exp = mdsl.graph.exp %x : (!x) -> !x
+    // CHECK: mdsl.graph.tanh %x :
+    %tanh = mdsl.graph.tanh %x : (!x) -> !x
+    // CHECK: mdsl.graph.sigmoid %x :
+    %sig = mdsl.graph.sigmoid %x : (!x) -> !x
+    // CHECK: mdsl.graph.rsqrt %x :
+    %rsq = mdsl.graph.rsqrt %x : (!x) -> !x
 
     // 6.7 reductions
     // CHECK: mdsl.graph.reduce_sum %x {dims = array<i64: 0, 1>} : (!mdsl.graph.tensor<[B, T, C], bf16>) -> !mdsl.graph.tensor<[C], bf16>
