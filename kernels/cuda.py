@@ -138,12 +138,17 @@ _kernel("activation", "swiglu_fwd", "ptr gate, ptr up, ptr out, i64 n")
 _kernel("activation", "swiglu_bwd", "ptr d_out, ptr gate, ptr up, ptr d_gate, ptr d_up, i64 n")
 _kernel("activation", "geglu_fwd", "ptr gate, ptr up, ptr out, i64 n, i32 approximate")
 _kernel("activation", "geglu_bwd", "ptr d_out, ptr gate, ptr up, ptr d_gate, ptr d_up, i64 n, i32 approximate")
+for _name in ("split_swiglu", "split_geglu"):
+    _kernel("activation", f"{_name}_fwd", "ptr gate_up, ptr out, i64 rows, i64 width")
+    _kernel("activation", f"{_name}_bwd", "ptr d_out, ptr gate_up, ptr d_gate_up, i64 rows, i64 width")
 for _name in ("silu", "relu", "relu2"):
     _kernel("activation", f"{_name}_fwd", "ptr x, ptr out, i64 n")
     _kernel("activation", f"{_name}_bwd", "ptr d_out, ptr x, ptr d_x, i64 n")
+for _name in ("exp", "tanh", "sigmoid", "rsqrt"):
+    _kernel("activation", f"{_name}_fwd", "ptr x, ptr out, i64 n")
 _kernel("activation", "gelu_fwd", "ptr x, ptr out, i64 n, i32 approximate")
 _kernel("activation", "gelu_bwd", "ptr d_out, ptr x, ptr d_x, i64 n, i32 approximate")
-_ROPE = "i64 rows_q, i64 rows_k, i64 T, i64 D, i32 interleaved"
+_ROPE = "i64 rows_q, i64 rows_k, i64 T, i64 D, i32 interleaved, i64 heads_q, i64 heads_k"
 _kernel("rope", "rope_fwd", f"ptr q, ptr k, ptr freqs, ptr q_rot, ptr k_rot, {_ROPE}")
 _kernel("rope", "rope_bwd", f"ptr d_q_rot, ptr d_k_rot, ptr freqs, ptr d_q, ptr d_k, {_ROPE}")
 _kernel("rope", "qk_norm_fwd", "ptr q, ptr k, ptr q_weight, ptr k_weight, ptr q_norm, ptr k_norm, ptr q_rstd, "
@@ -167,6 +172,9 @@ _kernel("elementwise", "add", "ptr a, ptr b, ptr out, i64 n, i64 b_n, i64 b_inne
 _kernel("elementwise", "mul", "ptr a, ptr b, ptr out, i64 n, i64 b_n, i64 b_inner")
 _kernel("elementwise", "bias_add", "ptr x, ptr bias, ptr out, i64 n, i64 N")
 _kernel("elementwise", "scale", "ptr x, ptr out, i64 n, f32 factor")
+_kernel("elementwise", "sub", "ptr a, ptr b, ptr out, i64 n, i64 b_n, i64 b_inner")
+_kernel("elementwise", "div", "ptr a, ptr b, ptr out, i64 n, i64 b_n, i64 b_inner")
+_kernel("elementwise", "add_scalar", "ptr x, ptr out, i64 n, f32 value")
 _kernel("elementwise", "add3", "ptr a, ptr b, ptr c, ptr out, i64 n")
 _kernel("elementwise", "add_inplace", "ptr acc, ptr x, i64 n", ("bf16", "fp32", "f32_bf16"))
 _kernel("reduction", "reduce_sum_rows", "ptr x, ptr out, i64 rows, i64 R, f32 divisor")
@@ -517,17 +525,43 @@ for _name, _ins, _outs, _approx in (
     ("relu", "x", "out", False), ("relu_backward", "d_out x", "d_x", False),
     ("relu2", "x", "out", False), ("relu2_backward", "d_out x", "d_x", False),
     ("gelu", "x", "out", True), ("gelu_backward", "d_out x", "d_x", True),
+    ("exp", "x", "out", False), ("tanh", "x", "out", False), ("sigmoid", "x", "out", False),
+    ("rsqrt", "x", "out", False),
 ):
     _kname = _name.replace("_backward", "_bwd") if _name.endswith("_backward") else f"{_name}_fwd"
     _primitive(_name, "activation", _ins, _outs, _kname)(_elementwise(_kname, _ins.split(), _outs.split(), _approx))
+
+
+def _packed_gated(kernel: str, ins: Sequence[str], outs: Sequence[str]):
+    """fused_split_*: elementwise over the [rows, F] halves of the packed [rows, 2F] gate_up (vectors
+    when F is a multiple of the vector width)."""
+    def rule(p: Problem) -> Plan:
+        rows, packed = _rows(p.inputs[ins.index("gate_up")])
+        if packed % 2:
+            raise NotCovered(f"gate_up's last dim {packed} is odd: no two halves")
+        width = packed // 2
+        vec = vector_width(p.itemsize) if width % vector_width(p.itemsize) == 0 else 1
+        grid, block = elementwise_config(rows * width, vec)
+        return Plan((_launch(kernel, p.variant, grid, block, *(ptr(f"in:{b}") for b in ins),
+                             *(ptr(f"out:{b}") for b in outs), i64(rows), i64(width)),))
+    return rule
+
+
+for _name in ("swiglu", "geglu"):
+    _primitive(f"fused_split_{_name}", "activation", "gate_up", "out", f"split_{_name}_fwd")(
+        _packed_gated(f"split_{_name}_fwd", ("gate_up",), ("out",)))
+    _primitive(f"fused_split_{_name}_backward", "activation", "d_out gate_up", "d_gate_up", f"split_{_name}_bwd")(
+        _packed_gated(f"split_{_name}_bwd", ("d_out", "gate_up"), ("d_gate_up",)))
 
 
 def _rope_rule(kernel: str, ins: Sequence[str], outs: Sequence[str]):
     def rule(p: Problem) -> Plan:
         q, k = p.inputs[0], p.inputs[1]
         if len(q) != 4 or len(k) != 4:
-            raise NotCovered("rope takes q and k of rank 4 ([B, H, T, D])")
-        rows_q, rows_k, t, d = math.prod(q[:3]), math.prod(k[:3]), q[2], q[3]
+            raise NotCovered("rope takes q and k of rank 4 ([B, H, T, D] or, layout bthd, [B, T, H, D])")
+        bthd = p.attr("layout", "bhtd") == "bthd"
+        rows_q, rows_k, t, d = math.prod(q[:3]), math.prod(k[:3]), q[1 if bthd else 2], q[3]
+        heads_q, heads_k = (q[2], k[2]) if bthd else (1, 1)  # rows of one position (rope.cu)
         interleaved = bool(p.attr("interleaved", False))
         vec = vector_width(p.itemsize)
         if interleaved:
@@ -538,7 +572,7 @@ def _rope_rule(kernel: str, ins: Sequence[str], outs: Sequence[str]):
         grid, block = elementwise_config(units, 1)
         return Plan((_launch(kernel, p.variant, grid, block, *(ptr(f"in:{b}") for b in ins),
                              *(ptr(f"out:{b}") for b in outs), i64(rows_q), i64(rows_k), i64(t), i64(d),
-                             i32(interleaved)),))
+                             i32(interleaved), i64(heads_q), i64(heads_k)),))
     return rule
 
 
@@ -626,9 +660,23 @@ def _cross_entropy(p: Problem) -> Plan:
                      ptr("out:lse"), i64(rows), i64(vocab), i64(ignore), i32(p.idx64))]
     if reduction == "none":
         return Plan(tuple(steps))
-    steps.append(_launch("cross_entropy_reduce", "fp32", *SINGLE, ptr("scratch:loss_rows"), ptr("in:labels"),
-                         ptr("out:loss"), i64(rows), i64(ignore), i32(p.idx64), i32(reduction == "mean")))
+    steps.append(cross_entropy_reduce_launch(rows, ignore, p.idx64, reduction == "mean"))
     return Plan(tuple(steps), scratch={"loss_rows": 4 * rows})
+
+
+def cross_entropy_reduce_launch(rows: int, ignore_index: int, idx64: int, mean: bool,
+                                loss_rows: str = "scratch:loss_rows") -> Launch:
+    """``out:loss`` = the sum of ``rows`` fp32 per-row losses (``mean``: over the rows whose
+    ``in:labels`` are not ``ignore_index``); one block, a fixed summation order."""
+    return _launch("cross_entropy_reduce", "fp32", *SINGLE, ptr(loss_rows), ptr("in:labels"), ptr("out:loss"),
+                   i64(rows), i64(ignore_index), i32(idx64), i32(mean))
+
+
+def cross_entropy_mean_scale_launch(rows: int, ignore_index: int, idx64: int,
+                                    d_scale: str = "scratch:d_scale") -> Launch:
+    """``d_scale`` = ``in:d_loss`` over the number of counted rows of ``in:labels`` (fp32, one value)."""
+    return _launch("cross_entropy_mean_scale", "fp32", *SINGLE, ptr("in:d_loss"), ptr("in:labels"), ptr(d_scale),
+                   i64(rows), i64(ignore_index), i32(idx64))
 
 
 @_primitive("cross_entropy_backward", "cross_entropy", "d_loss logits labels lse", "d_logits",
@@ -638,8 +686,7 @@ def _cross_entropy_backward(p: Problem) -> Plan:
     reduction, ignore = _reduction(p), int(p.attr("ignore_index", -100))
     steps, scratch, scale = [], {}, "in:d_loss"
     if reduction == "mean":
-        steps.append(_launch("cross_entropy_mean_scale", "fp32", *SINGLE, ptr("in:d_loss"), ptr("in:labels"),
-                             ptr("scratch:d_scale"), i64(rows), i64(ignore), i32(p.idx64)))
+        steps.append(cross_entropy_mean_scale_launch(rows, ignore, p.idx64))
         scratch, scale = {"d_scale": 4}, "scratch:d_scale"
     grid = (max(1, min(rows, GRID_CAP)), 1, 1)
     block = (row_threads(vocab, p.itemsize), 1, 1)
@@ -667,7 +714,8 @@ def broadcast_pattern(big: Shape, small: Shape) -> tuple[int, int]:
     return math.prod(big[first:last + 1]), math.prod(big[last + 1:])
 
 
-def _binary(kernel: str):
+def _binary(kernel: str, commutes: bool = True):
+    """``commutes``: the operands may swap so the broadcast one is second (add, mul; not sub, div)."""
     def rule(p: Problem) -> Plan:
         a, b = p.inputs
         out = p.outputs[0] if p.outputs and p.outputs[0] is not None else tuple(np.broadcast_shapes(a, b))
@@ -675,6 +723,8 @@ def _binary(kernel: str):
         if tuple(a) != tuple(out):
             if tuple(b) != tuple(out):
                 raise NotCovered(f"{kernel}: both operands ({a}, {b}) are broadcast")
+            if not commutes:
+                raise NotCovered(f"{kernel}: the first operand ({a}) is broadcast: the kernel broadcasts the second only")
             first, second, a, b = "in:b", "in:a", b, a  # add and mul commute
         n = _numel(out)
         b_n, b_inner = broadcast_pattern(tuple(out), tuple(b))
@@ -686,6 +736,8 @@ def _binary(kernel: str):
 
 _primitive("add", "elementwise", "a b", "out", "add")(_binary("add"))
 _primitive("mul", "elementwise", "a b", "out", "mul")(_binary("mul"))
+_primitive("sub", "elementwise", "a b", "out", "sub")(_binary("sub", commutes=False))
+_primitive("div", "elementwise", "a b", "out", "div")(_binary("div", commutes=False))
 
 
 @_primitive("bias_add", "elementwise", "x bias", "out", "bias_add")
@@ -702,6 +754,14 @@ def _scale(p: Problem) -> Plan:
     grid, block = elementwise_config(n, vector_width(p.itemsize))
     return Plan((_launch("scale", p.variant, grid, block, ptr("in:x"), ptr("out:out"), i64(n),
                          f32(p.attr("factor"))),))
+
+
+@_primitive("add_scalar", "elementwise", "x", "out", "add_scalar")
+def _add_scalar(p: Problem) -> Plan:
+    n = _numel(p.inputs[0])
+    grid, block = elementwise_config(n, vector_width(p.itemsize))
+    return Plan((_launch("add_scalar", p.variant, grid, block, ptr("in:x"), ptr("out:out"), i64(n),
+                         f32(p.attr("value"))),))
 
 
 @_primitive("add3", "elementwise", "a b c", "out", "add3")

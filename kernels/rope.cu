@@ -3,7 +3,8 @@
 //
 // q: [B, Hq, T, D], k: [B, Hk, T, D] (rows_q = B * Hq * T, rows_k = B * Hk * T rows
 // of D), freqs: [T, D / 2, 2] fp32 (cos, sin) per position and pair. One launch
-// handles q and k.
+// handles q and k. Rope also takes layout "bthd" (q: [B, T, Hq, D], k: [B, T, Hk, D]):
+// the position of row r is (r / heads) % T, heads_q = Hq and heads_k = Hk there, 1 in bhtd.
 #include "norm.cuh"
 
 using namespace mdsl;
@@ -66,7 +67,7 @@ __device__ __forceinline__ void rotate_unit(const T* x, T* out, const float* f, 
 
 template <typename T, int P, bool INTERLEAVED>
 __device__ void rope_units(const T* q, const T* k, const float* freqs, T* q_out, T* k_out, i64 rows_q, i64 rows_k,
-                           i64 T_, i64 D, float sign) {
+                           i64 T_, i64 D, i64 heads_q, i64 heads_k, float sign) {
   const i64 per_row = D / 2 / P;
   const i64 units_q = rows_q * per_row, total = units_q + rows_k * per_row;
   for (i64 u = (i64) blockIdx.x * blockDim.x + threadIdx.x; u < total; u += (i64) gridDim.x * blockDim.x) {
@@ -75,21 +76,26 @@ __device__ void rope_units(const T* q, const T* k, const float* freqs, T* q_out,
     const i64 row = local / per_row, c = local % per_row;
     const T* x = (is_q ? q : k) + row * D;
     T* out = (is_q ? q_out : k_out) + row * D;
-    rotate_unit<T, P, INTERLEAVED>(x, out, freqs + (row % T_) * D, c, D, sign);
+    const i64 position = (row / (is_q ? heads_q : heads_k)) % T_;
+    rotate_unit<T, P, INTERLEAVED>(x, out, freqs + position * D, c, D, sign);
   }
 }
 
 template <typename T>
 __device__ void rope(const T* q, const T* k, const float* freqs, T* q_out, T* k_out, i64 rows_q, i64 rows_k, i64 T_,
-                     i64 D, int interleaved, float sign) {
+                     i64 D, int interleaved, i64 heads_q, i64 heads_k, float sign) {
   constexpr int V = kVec<T>;
   const bool vec = aligned16(q) && aligned16(k) && aligned16(q_out) && aligned16(k_out) && aligned16(freqs);
   if (interleaved) {
-    if (vec && D % V == 0) rope_units<T, V / 2, true>(q, k, freqs, q_out, k_out, rows_q, rows_k, T_, D, sign);
-    else rope_units<T, 1, true>(q, k, freqs, q_out, k_out, rows_q, rows_k, T_, D, sign);
+    if (vec && D % V == 0) rope_units<T, V / 2, true>(q, k, freqs, q_out, k_out, rows_q, rows_k, T_, D,
+                                  heads_q, heads_k, sign);
+    else rope_units<T, 1, true>(q, k, freqs, q_out, k_out, rows_q, rows_k, T_, D,
+                                  heads_q, heads_k, sign);
   } else {
-    if (vec && (D / 2) % V == 0) rope_units<T, V, false>(q, k, freqs, q_out, k_out, rows_q, rows_k, T_, D, sign);
-    else rope_units<T, 1, false>(q, k, freqs, q_out, k_out, rows_q, rows_k, T_, D, sign);
+    if (vec && (D / 2) % V == 0) rope_units<T, V, false>(q, k, freqs, q_out, k_out, rows_q, rows_k, T_, D,
+                                  heads_q, heads_k, sign);
+    else rope_units<T, 1, false>(q, k, freqs, q_out, k_out, rows_q, rows_k, T_, D,
+                                  heads_q, heads_k, sign);
   }
 }
 
@@ -100,20 +106,24 @@ __device__ void rope(const T* q, const T* k, const float* freqs, T* q_out, T* k_
 // with units = (rows_q + rows_k) * D / 2 / P, P the pairs of one 16-byte vector
 // (8 bf16 or 4 fp32; interleaved 4 or 2). The outputs may alias the inputs.
 extern "C" __global__ void mdsl_rope_fwd_bf16(const bf16* q, const bf16* k, const float* freqs, bf16* q_rot, bf16* k_rot,
-                                              i64 rows_q, i64 rows_k, i64 T, i64 D, int interleaved) {
-  rope(q, k, freqs, q_rot, k_rot, rows_q, rows_k, T, D, interleaved, 1.f);
+                                              i64 rows_q, i64 rows_k, i64 T, i64 D, int interleaved,
+                                              i64 heads_q, i64 heads_k) {
+  rope(q, k, freqs, q_rot, k_rot, rows_q, rows_k, T, D, interleaved, heads_q, heads_k, 1.f);
 }
 extern "C" __global__ void mdsl_rope_fwd_f32(const float* q, const float* k, const float* freqs, float* q_rot,
-                                             float* k_rot, i64 rows_q, i64 rows_k, i64 T, i64 D, int interleaved) {
-  rope(q, k, freqs, q_rot, k_rot, rows_q, rows_k, T, D, interleaved, 1.f);
+                                             float* k_rot, i64 rows_q, i64 rows_k, i64 T, i64 D, int interleaved,
+                                             i64 heads_q, i64 heads_k) {
+  rope(q, k, freqs, q_rot, k_rot, rows_q, rows_k, T, D, interleaved, heads_q, heads_k, 1.f);
 }
 extern "C" __global__ void mdsl_rope_bwd_bf16(const bf16* d_q_rot, const bf16* d_k_rot, const float* freqs, bf16* d_q,
-                                              bf16* d_k, i64 rows_q, i64 rows_k, i64 T, i64 D, int interleaved) {
-  rope(d_q_rot, d_k_rot, freqs, d_q, d_k, rows_q, rows_k, T, D, interleaved, -1.f);
+                                              bf16* d_k, i64 rows_q, i64 rows_k, i64 T, i64 D, int interleaved,
+                                              i64 heads_q, i64 heads_k) {
+  rope(d_q_rot, d_k_rot, freqs, d_q, d_k, rows_q, rows_k, T, D, interleaved, heads_q, heads_k, -1.f);
 }
 extern "C" __global__ void mdsl_rope_bwd_f32(const float* d_q_rot, const float* d_k_rot, const float* freqs, float* d_q,
-                                             float* d_k, i64 rows_q, i64 rows_k, i64 T, i64 D, int interleaved) {
-  rope(d_q_rot, d_k_rot, freqs, d_q, d_k, rows_q, rows_k, T, D, interleaved, -1.f);
+                                             float* d_k, i64 rows_q, i64 rows_k, i64 T, i64 D, int interleaved,
+                                             i64 heads_q, i64 heads_k) {
+  rope(d_q_rot, d_k_rot, freqs, d_q, d_k, rows_q, rows_k, T, D, interleaved, heads_q, heads_k, -1.f);
 }
 
 // qk_norm(q, k, q_weight, k_weight; eps) -> (q_norm, k_norm, q_rstd, k_rstd): RMSNorm over D.

@@ -289,6 +289,20 @@ def test_rope(runner, shape, variant, interleaved):
     check(runner, "rope", [q, k, freqs], {"interleaved": interleaved}, variant, offset=MISALIGN[variant])
 
 
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape", HEADS, ids=ids(HEADS))
+def test_rope_bthd(runner, shape, variant, interleaved):
+    """layout = "bthd" (mdsl-fuse attention_layout): q and k as [B, T, H, D], the position on dim 1."""
+    rng = np.random.default_rng(13)
+    q, k, freqs = rope_inputs(rng, shape)
+    q, k = (np.ascontiguousarray(np.swapaxes(x, 1, 2)) for x in (q, k))
+    attrs = {"interleaved": interleaved, "layout": "bthd"}
+    check(runner, "rope", [q, k, freqs], attrs, variant)
+    check(runner, "rope_backward", [q, k, freqs], attrs, variant)
+    check(runner, "rope", [q, k, freqs], attrs, variant, offset=MISALIGN[variant])
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("shape", HEADS, ids=ids(HEADS))
 def test_qk_norm(runner, shape, variant):
@@ -328,6 +342,27 @@ def test_bias_add_scale_add3(runner, shape, variant):
     check(runner, "scale", [x], {"factor": 0.37}, variant)
     check(runner, "add3", [x, rng.standard_normal(shape), rng.standard_normal(shape)], {}, variant)
     check(runner, "add", [x, rng.standard_normal(shape)], {}, variant, offset=MISALIGN[variant])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("a_shape, b_shape", BINARY, ids=ids(BINARY))
+@pytest.mark.parametrize("name", ["sub", "div"])
+def test_sub_div(runner, name, a_shape, b_shape, variant):
+    """The second operand broadcast (the kernel does not swap operands that do not commute)."""
+    rng = np.random.default_rng(16)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    b = np.where(np.abs(b) < 0.25, 0.25, b) if name == "div" else b  # no division by near-zero
+    check(runner, name, [a, b], {}, variant)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape", ELEMENTS, ids=ids(ELEMENTS))
+@pytest.mark.parametrize("name", ["exp", "tanh", "sigmoid", "rsqrt", "add_scalar"])
+def test_elementwise_math(runner, name, shape, variant):
+    rng = np.random.default_rng(17)
+    x = 3 * rng.standard_normal(shape)
+    x = np.abs(x) + 0.1 if name == "rsqrt" else x
+    check(runner, name, [x], {"value": 1e-3} if name == "add_scalar" else {}, variant)
 
 
 @pytest.mark.parametrize("variant", ["fp32", "bf16", "f32_bf16"])
