@@ -1,5 +1,6 @@
 // Activations, forward and backward (kernels/reference.py: swiglu, geglu, silu,
-// relu, relu2, gelu and their *_backward), elementwise over n elements.
+// relu, relu2, gelu and their *_backward), and exp, tanh, sigmoid, rsqrt (forward
+// only), elementwise over n elements.
 //
 // Launch (kernels/cuda.py: elementwise_config): block (256, 1, 1), grid
 // (min(ceil(n / (256 * vector width)), 65536), 1, 1) with a grid-stride loop;
@@ -60,7 +61,107 @@ __device__ void geglu_bwd(const T* d_out, const T* gate, const T* up, T* d_gate,
   });
 }
 
+// Packed gate/up (fused_split_*): gate_up is [rows, 2F], gate then up along each row; out and
+// d_out are [rows, F], d_gate_up is packed as gate_up. Element (r, j) of a half is gate_up[r * 2F + j]
+// (gate) and gate_up[r * 2F + F + j] (up). Vectors of V elements when F % V == 0 and every pointer
+// is aligned (a vector never crosses a row), else one element at a time. Each thread reads its
+// gate and up elements before writing their gradients at the same places (d_gate_up may alias gate_up).
+template <typename T, int V, typename F>
+__device__ __forceinline__ void map_packed(const T* d_out, const T* gate_up, T* out, T* d_gate_up, i64 rows, i64 width,
+                                           F f) {
+  const i64 per_row = width / V;
+  const i64 stride = (i64) gridDim.x * blockDim.x;
+  for (i64 u = (i64) blockIdx.x * blockDim.x + threadIdx.x; u < rows * per_row; u += stride) {
+    const i64 r = u / per_row, j = (u - r * per_row) * V;
+    const i64 g = r * 2 * width + j, h = r * width + j;
+    float gate[V], up[V], d[V], y0[V], y1[V];
+    load<T, V>(gate_up + g, gate);
+    load<T, V>(gate_up + g + width, up);
+    if (d_out != nullptr) load<T, V>(d_out + h, d);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float a[3] = {d_out != nullptr ? d[k] : 0.f, gate[k], up[k]};
+      float y[2];
+      f(a, y);
+      y0[k] = y[0];
+      y1[k] = y[1];
+    }
+    if (d_out == nullptr) {
+      store<T, V>(out + h, y0);
+    } else {
+      store<T, V>(d_gate_up + g, y0);
+      store<T, V>(d_gate_up + g + width, y1);
+    }
+  }
+}
+
+// f(a = {d_out, gate, up}, y): the forward writes y[0]; the backward y[0] = d_gate, y[1] = d_up.
+template <typename T, typename F>
+__device__ void packed_gated(const T* d_out, const T* gate_up, T* out, T* d_gate_up, i64 rows, i64 width, F f) {
+  constexpr int V = kVec<T>;
+  const bool vec = width % V == 0 && aligned16(gate_up) && aligned16(d_out != nullptr ? (const void*) d_out : out) &&
+                   (d_gate_up == nullptr || aligned16(d_gate_up));
+  if (vec) map_packed<T, V>(d_out, gate_up, out, d_gate_up, rows, width, f);
+  else map_packed<T, 1>(d_out, gate_up, out, d_gate_up, rows, width, f);
+}
+
+template <typename T> __device__ void split_swiglu_fwd(const T* gate_up, T* out, i64 rows, i64 width) {
+  packed_gated<T>(nullptr, gate_up, out, nullptr, rows, width, [](const float* a, float* y) {
+    y[0] = silu(a[1]) * a[2];
+    y[1] = 0.f;
+  });
+}
+template <typename T> __device__ void split_swiglu_bwd(const T* d_out, const T* gate_up, T* d_gate_up, i64 rows, i64 width) {
+  packed_gated<T>(d_out, gate_up, nullptr, d_gate_up, rows, width, [](const float* a, float* y) {
+    y[0] = a[0] * a[2] * silu_grad(a[1]);
+    y[1] = a[0] * silu(a[1]);
+  });
+}
+template <typename T> __device__ void split_geglu_fwd(const T* gate_up, T* out, i64 rows, i64 width) {
+  packed_gated<T>(nullptr, gate_up, out, nullptr, rows, width, [](const float* a, float* y) {
+    y[0] = gelu(a[1], 0) * a[2];
+    y[1] = 0.f;
+  });
+}
+template <typename T> __device__ void split_geglu_bwd(const T* d_out, const T* gate_up, T* d_gate_up, i64 rows, i64 width) {
+  packed_gated<T>(d_out, gate_up, nullptr, d_gate_up, rows, width, [](const float* a, float* y) {
+    y[0] = a[0] * a[2] * gelu_grad(a[1], 0);
+    y[1] = a[0] * gelu(a[1], 0);
+  });
+}
+
 }  // namespace
+
+// fused_split_swiglu / fused_split_geglu (exact GELU): out = act(gate) * up of gate_up's halves;
+// their backwards write d_gate_up packed. width = F, the gated width (gate_up's last dim is 2F).
+extern "C" __global__ void mdsl_split_swiglu_fwd_bf16(const bf16* gate_up, bf16* out, i64 rows, i64 width) {
+  split_swiglu_fwd(gate_up, out, rows, width);
+}
+extern "C" __global__ void mdsl_split_swiglu_fwd_f32(const float* gate_up, float* out, i64 rows, i64 width) {
+  split_swiglu_fwd(gate_up, out, rows, width);
+}
+extern "C" __global__ void mdsl_split_swiglu_bwd_bf16(const bf16* d_out, const bf16* gate_up, bf16* d_gate_up, i64 rows,
+                                        i64 width) {
+  split_swiglu_bwd(d_out, gate_up, d_gate_up, rows, width);
+}
+extern "C" __global__ void mdsl_split_swiglu_bwd_f32(const float* d_out, const float* gate_up, float* d_gate_up, i64 rows,
+                                        i64 width) {
+  split_swiglu_bwd(d_out, gate_up, d_gate_up, rows, width);
+}
+extern "C" __global__ void mdsl_split_geglu_fwd_bf16(const bf16* gate_up, bf16* out, i64 rows, i64 width) {
+  split_geglu_fwd(gate_up, out, rows, width);
+}
+extern "C" __global__ void mdsl_split_geglu_fwd_f32(const float* gate_up, float* out, i64 rows, i64 width) {
+  split_geglu_fwd(gate_up, out, rows, width);
+}
+extern "C" __global__ void mdsl_split_geglu_bwd_bf16(const bf16* d_out, const bf16* gate_up, bf16* d_gate_up, i64 rows,
+                                        i64 width) {
+  split_geglu_bwd(d_out, gate_up, d_gate_up, rows, width);
+}
+extern "C" __global__ void mdsl_split_geglu_bwd_f32(const float* d_out, const float* gate_up, float* d_gate_up, i64 rows,
+                                        i64 width) {
+  split_geglu_bwd(d_out, gate_up, d_gate_up, rows, width);
+}
 
 // out = silu(gate) * up
 extern "C" __global__ void mdsl_swiglu_fwd_bf16(const bf16* gate, const bf16* up, bf16* out, i64 n) { swiglu_fwd(gate, up, out, n); }
@@ -106,6 +207,18 @@ MDSL_UNARY(relu, relu(x), x > 0.f ? d : 0.f)
 MDSL_UNARY(relu2, relu(x) * relu(x), d * 2.f * relu(x))
 #undef MDSL_UNARY
 
+// The elementwise math of hand-written functions (forward only: their VJPs are other primitives).
+#define MDSL_MATH(NAME, FWD)                                                                                 \
+  template <typename T> __device__ void NAME##_fwd(const T* x, T* out, i64 n) {                                \
+    map_elements<T, 1, 1>(n, {x}, {out}, [](const float* a, float* y) { const float x = a[0]; y[0] = (FWD); }); \
+  }
+
+MDSL_MATH(exp, expf(x))
+MDSL_MATH(tanh, tanhf(x))
+MDSL_MATH(sigmoid, sigmoid(x))
+MDSL_MATH(rsqrt, 1.f / sqrtf(x))  // as the reference (rsqrtf is an approximation on the device)
+#undef MDSL_MATH
+
 extern "C" __global__ void mdsl_silu_fwd_bf16(const bf16* x, bf16* out, i64 n) { silu_fwd(x, out, n); }
 extern "C" __global__ void mdsl_silu_fwd_f32(const float* x, float* out, i64 n) { silu_fwd(x, out, n); }
 extern "C" __global__ void mdsl_silu_bwd_bf16(const bf16* d_out, const bf16* x, bf16* d_x, i64 n) { silu_bwd(d_out, x, d_x, n); }
@@ -134,3 +247,12 @@ extern "C" __global__ void mdsl_gelu_bwd_bf16(const bf16* d_out, const bf16* x, 
 extern "C" __global__ void mdsl_gelu_bwd_f32(const float* d_out, const float* x, float* d_x, i64 n, int approximate) {
   gelu_bwd(d_out, x, d_x, n, approximate);
 }
+// out = exp(x), tanh(x), sigmoid(x), 1 / sqrt(x)
+extern "C" __global__ void mdsl_exp_fwd_bf16(const bf16* x, bf16* out, i64 n) { exp_fwd(x, out, n); }
+extern "C" __global__ void mdsl_exp_fwd_f32(const float* x, float* out, i64 n) { exp_fwd(x, out, n); }
+extern "C" __global__ void mdsl_tanh_fwd_bf16(const bf16* x, bf16* out, i64 n) { tanh_fwd(x, out, n); }
+extern "C" __global__ void mdsl_tanh_fwd_f32(const float* x, float* out, i64 n) { tanh_fwd(x, out, n); }
+extern "C" __global__ void mdsl_sigmoid_fwd_bf16(const bf16* x, bf16* out, i64 n) { sigmoid_fwd(x, out, n); }
+extern "C" __global__ void mdsl_sigmoid_fwd_f32(const float* x, float* out, i64 n) { sigmoid_fwd(x, out, n); }
+extern "C" __global__ void mdsl_rsqrt_fwd_bf16(const bf16* x, bf16* out, i64 n) { rsqrt_fwd(x, out, n); }
+extern "C" __global__ void mdsl_rsqrt_fwd_f32(const float* x, float* out, i64 n) { rsqrt_fwd(x, out, n); }

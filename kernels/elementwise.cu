@@ -1,4 +1,4 @@
-// Elementwise arithmetic (kernels/reference.py: add, mul, scale, add3, bias_add) and
+// Elementwise arithmetic (kernels/reference.py: add, mul, sub, div, scale, add_scalar, add3, bias_add) and
 // the in-place add that accumulates gradients (acc += x).
 //
 // Launch (kernels/cuda.py: elementwise_config): block (256, 1, 1), grid
@@ -50,9 +50,18 @@ struct Add {
 struct Mul {
   __device__ float operator()(float x, float y) const { return x * y; }
 };
+struct Sub {
+  __device__ float operator()(float x, float y) const { return x - y; }
+};
+struct Div {
+  __device__ float operator()(float x, float y) const { return x / y; }
+};
 
 template <typename T> __device__ void scale(const T* x, T* out, i64 n, float factor) {
   map_elements<T, 1, 1>(n, {x}, {out}, [=](const float* a, float* y) { y[0] = a[0] * factor; });
+}
+template <typename T> __device__ void add_scalar(const T* x, T* out, i64 n, float value) {
+  map_elements<T, 1, 1>(n, {x}, {out}, [=](const float* a, float* y) { y[0] = a[0] + value; });
 }
 template <typename T> __device__ void add3(const T* a, const T* b, const T* c, T* out, i64 n) {
   map_elements<T, 3, 1>(n, {a, b, c}, {out}, [](const float* x, float* y) { y[0] = x[0] + x[1] + x[2]; });
@@ -91,6 +100,19 @@ extern "C" __global__ void mdsl_mul_bf16(const bf16* a, const bf16* b, bf16* out
 extern "C" __global__ void mdsl_mul_f32(const float* a, const float* b, float* out, i64 n, i64 b_n, i64 b_inner) {
   binary(a, b, out, n, b_n, b_inner, Mul());
 }
+// out = a - b, out = a / b (b the same shape as a or broadcast along it; a never broadcast)
+extern "C" __global__ void mdsl_sub_bf16(const bf16* a, const bf16* b, bf16* out, i64 n, i64 b_n, i64 b_inner) {
+  binary(a, b, out, n, b_n, b_inner, Sub());
+}
+extern "C" __global__ void mdsl_sub_f32(const float* a, const float* b, float* out, i64 n, i64 b_n, i64 b_inner) {
+  binary(a, b, out, n, b_n, b_inner, Sub());
+}
+extern "C" __global__ void mdsl_div_bf16(const bf16* a, const bf16* b, bf16* out, i64 n, i64 b_n, i64 b_inner) {
+  binary(a, b, out, n, b_n, b_inner, Div());
+}
+extern "C" __global__ void mdsl_div_f32(const float* a, const float* b, float* out, i64 n, i64 b_n, i64 b_inner) {
+  binary(a, b, out, n, b_n, b_inner, Div());
+}
 // out = x + bias[i % N] (bias: [N] along the last dim of x)
 extern "C" __global__ void mdsl_bias_add_bf16(const bf16* x, const bf16* bias, bf16* out, i64 n, i64 N) {
   binary(x, bias, out, n, N, 1, Add());
@@ -101,6 +123,13 @@ extern "C" __global__ void mdsl_bias_add_f32(const float* x, const float* bias, 
 // out = x * factor
 extern "C" __global__ void mdsl_scale_bf16(const bf16* x, bf16* out, i64 n, float factor) { scale(x, out, n, factor); }
 extern "C" __global__ void mdsl_scale_f32(const float* x, float* out, i64 n, float factor) { scale(x, out, n, factor); }
+// out = x + value
+extern "C" __global__ void mdsl_add_scalar_bf16(const bf16* x, bf16* out, i64 n, float value) {
+  add_scalar(x, out, n, value);
+}
+extern "C" __global__ void mdsl_add_scalar_f32(const float* x, float* out, i64 n, float value) {
+  add_scalar(x, out, n, value);
+}
 // out = a + b + c (same shapes)
 extern "C" __global__ void mdsl_add3_bf16(const bf16* a, const bf16* b, const bf16* c, bf16* out, i64 n) {
   add3(a, b, c, out, n);

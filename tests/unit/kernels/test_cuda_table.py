@@ -173,12 +173,21 @@ def cases():
         for name in ("swiglu", "geglu"):
             yield name, [shape, shape], [shape], {}, variant, "int32"
             yield f"{name}_backward", [shape] * 3, [shape, shape], {}, variant, "int32"
+            packed = (*shape[:-1], 2 * shape[-1])
+            yield f"fused_split_{name}", [packed], [shape], {}, variant, "int32"
+            yield f"fused_split_{name}_backward", [shape, packed], [packed], {}, variant, "int32"
         for name in ("silu", "relu", "relu2", "gelu"):
             yield name, [shape], [shape], {}, variant, "int32"
             yield f"{name}_backward", [shape, shape], [shape], {}, variant, "int32"
         yield "add", [shape, shape], [shape], {}, variant, "int32"
         yield "mul", [(1,), shape], [shape], {}, variant, "int32"
         yield "scale", [shape], [shape], {"factor": 0.5}, variant, "int32"
+        yield "add_scalar", [shape], [shape], {"value": 1e-6}, variant, "int32"
+        for name in ("sub", "div"):
+            yield name, [shape, shape], [shape], {}, variant, "int32"
+            yield name, [shape, shape[:-1] + (1,)], [shape], {}, variant, "int32"
+        for name in ("exp", "tanh", "sigmoid", "rsqrt"):
+            yield name, [shape], [shape], {}, variant, "int32"
         yield "add3", [shape] * 3, [shape], {}, variant, "int32"
         yield "add_inplace", [shape, shape], [shape], {}, variant, "int32"
         yield "adamw", [shape, shape, shape, shape, (1,), (1,), None], [shape, shape, shape, None], \
@@ -314,6 +323,9 @@ def test_embedding_backward_zeroes_its_gradient_first():
     ("add3", [(4, 8), (4, 8), (8,)], {}),
     ("rope", [(2, 8, 16), (2, 8, 16), (8, 8, 2)], {}),
     ("scale", [(4,)], {}),
+    ("add_scalar", [(4,)], {}),
+    ("sub", [(1, 8), (4, 8)], {}),  # the first operand broadcast: sub and div do not commute
+    ("div", [(8,), (4, 8)], {}),
     ("flash_attention", [(1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64), (2,)], {}),  # ALiBi
     ("flash_attention", [(1, 2, 8, 256), (1, 2, 8, 256), (1, 2, 8, 256)], {}),  # D > 128
     ("flash_attention", [(1, 3, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)], {}),  # H not a multiple of Hkv
