@@ -122,13 +122,14 @@ def _linear_bias_act(b: GraphBuilder, op: Operation, grads: list[Grad]) -> list[
     g = _pre_activation_grad(b, op, *grads)
     if g is None:
         return [None, None, None]
+    d_bias = unbroadcast(b, g, bias)  # before the weight gradient's GEMM, which lowering gives the sum to
     alpha = op_attr(op, "alpha", 1.0)
     extra = {"alpha": alpha} if alpha != 1.0 else {}
     if op_attr(op, "transpose", "NT") == "NT":
         d_x, d_w = b.one("matmul", g, w, transpose="NN", **extra), b.one("matmul", g, x, transpose="TN", **extra)
     else:
         d_x, d_w = b.one("matmul", g, w, transpose="NT", **extra), b.one("matmul", x, g, transpose="TN", **extra)
-    return [d_x, d_w, unbroadcast(b, g, bias)]
+    return [d_x, d_w, d_bias]
 
 
 def _pre_activation_grad(b: GraphBuilder, op: Operation, g_out: Grad, g_pre: Grad) -> Grad:
