@@ -14,6 +14,9 @@ off by ``mdsl-fuse{disable=residual_norm,scalar_alpha}``:
 * ``gated_mlp`` (:mod:`modeldsl.passes.fuse_mlp`): ``split`` + ``swiglu``/``geglu`` of the
   packed gate/up projection becomes ``fused_split_swiglu``/``_geglu``, and the backward's
   gated backward + ``concat`` becomes ``fused_split_*_backward`` writing ``d_gate_up`` packed.
+* ``attention_softmax``, ``dag_attention`` (:mod:`modeldsl.passes.fuse_attention`): the scale of
+  the attention scores goes into their GEMM's ``alpha``; written-out (non-causal) attention
+  becomes ``flash_attention``.
 
 Patterns apply in every function of the module (block bodies included), so
 they run after ``mdsl-autodiff`` and ``mdsl-recompute`` on the training step's
@@ -40,6 +43,7 @@ from modeldsl.dialects.annotations import FuseRequiredAttr, find_annotation
 from modeldsl.dialects.graph import FuncOp
 from modeldsl.ir import span_of_annotation
 from modeldsl.passes.fuse_common import FusionPattern, FusionSwitch, requests_pattern
+from modeldsl.passes.fuse_attention import AttentionSoftmax, DagAttention
 from modeldsl.passes.fuse_dag import DagGelu, DagRmsnorm, DagSilu, DagSoftmax
 from modeldsl.passes.fuse_epilogue import BiasActivation, LinearBiasAct
 from modeldsl.passes.fuse_gemm import AlphaFromScale, ScaleIntoAlpha, TransposeIntoFlags
@@ -61,6 +65,8 @@ PATTERNS: dict[str, tuple[type[FusionPattern], ...]] = {
     "dag_silu": (DagSilu,),
     "dag_softmax": (DagSoftmax,),
     "dag_rmsnorm": (DagRmsnorm,),
+    "attention_softmax": (AttentionSoftmax,),
+    "dag_attention": (DagAttention,),
 }
 
 

@@ -23,7 +23,7 @@ from modeldsl.passes.fuse import FusePass
 from modeldsl.passes.lower_to_sched import lower_function
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.resolve.imports import STD_ROOT
-from modeldsl.runtime.profiles import plan
+from modeldsl.runtime.profiles import ProfiledForward, compile_profile, plan
 from modeldsl.runtime.train import compile_training_step
 
 FAMILIES = [("llama", "llama.module", {}), ("qwen3", "qwen.module", {"head_dim": 16}),
@@ -158,3 +158,15 @@ def test_shape_inference_keeps_lse_heads_first_in_bthd():
     out, lse = RULES["flash_attention"]([q, kv, kv], {"layout": "bthd"})
     assert out == q and lse == tensor("B", 8, "T", dtype="fp32")
     assert RULES["flash_attention"]([q, kv, kv], {})[1] == tensor("B", "T", 8, dtype="fp32")
+
+
+def test_kv_cache_decoding_in_bthd_gives_the_same_tokens():
+    """Without the hook the decoding profiles attend in bthd (the cache stays [B, Hkv, capacity, D])."""
+    model = load("llama", "llama.module", {})
+    expected = model.generate([1, 5, 9, 3], 5)
+    bare = without_hooks(model.model)
+    program = compile_profile(bare, 1, 4, "fp32", kv_cache=16)
+    cached = [op for op in program.walk() if isinstance(op, LaunchOp) and op.kernel.data == "kv_cache_attention"]
+    assert [op.attributes["layout"].data for op in cached] == ["bthd"]
+    model.schedule = ProfiledForward(bare, model.weights, storage="fp32")
+    assert model.generate([1, 5, 9, 3], 5) == expected
