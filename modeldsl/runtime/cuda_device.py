@@ -41,7 +41,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from modeldsl.diagnostics import Diagnostic
 from modeldsl.kernels.cuda import NotCovered
+from modeldsl.runtime.executor import ExecutionError
 from modeldsl.runtime.fits import available_bytes
 
 if TYPE_CHECKING:  # the commands belong to the binding layer
@@ -65,6 +67,17 @@ GEMM_WORKSPACE = 32 << 20  # bytes of the cuBLASLt workspace all GEMMs of a devi
 
 class DeviceError(RuntimeError):
     """A device operation failed (an address outside device memory, a CUDA error)."""
+
+
+class KernelUnavailable(ExecutionError):
+    """E043: the kernel a ``@kernel`` chose cannot run a command, and nothing else may (the choice
+    is binding: ``fallback = false``), or its ``workspace`` is smaller than the kernel needs."""
+
+    code = "E043"
+
+    def diagnostic(self) -> Diagnostic:
+        return Diagnostic(self.code, str(self), None,
+                          "allow another kernel with fallback=true, or choose one that runs here")
 
 
 class Device(Protocol):
@@ -414,6 +427,18 @@ MDSL_COPY(mdsl_strided_copy_8, unsigned long long)
 """
 
 
+def sdpa_workspace(command: AttentionCommand, needed: int) -> int:
+    """The bytes of cuDNN workspace an attention command gets: ``needed``, or the size its
+    ``@kernel(workspace=)`` gives when that is enough (KernelUnavailable, E043, when it is not)."""
+    given = command.choice.workspace if command.choice is not None else None
+    if given is None:
+        return needed
+    if given < needed:
+        raise KernelUnavailable(f"{command.label}: @kernel(workspace={given}) is less than the {needed} bytes "
+                                "cuDNN's SDPA needs")
+    return given
+
+
 @dataclass
 class CudaGraph:
     """A captured, instantiated CUDA graph."""
@@ -578,8 +603,9 @@ class CudaDevice(DeviceBase):
 
     # ------------------------------------------------------------------ preparing commands
     def prepare(self, command: Command) -> None:
-        """Load a launch's kernels, plan a GEMM, build an attention graph, compile the copy kernel:
-        all a command needs, before any capture. NotCovered when it cannot run here."""
+        """Load a launch's kernels, plan a GEMM, build an attention graph, compile the copy kernel
+        (each part of a composite): all a command needs, before any capture. NotCovered when it
+        cannot run here."""
         kind = type(command).__name__
         if kind == "KernelCommand":
             for step in command.launches:
@@ -590,6 +616,10 @@ class CudaDevice(DeviceBase):
             self._prepare_attention(command)
         elif kind == "StridedCopyCommand":
             self._copy_kernel(command.itemsize)
+        elif kind == "CompositeCommand":
+            command.plan_steps()  # NotCovered when a part cannot run here
+            for part in command.parts:
+                self.prepare(part)
 
     # ------------------------------------------------------------------ GEMMs (cuBLASLt)
     def _lt(self) -> tuple[Any, int, int]:
@@ -685,6 +715,8 @@ class CudaDevice(DeviceBase):
         return cudnn
 
     def _build_sdpa(self, command: AttentionCommand | AttentionBackwardCommand) -> tuple[Any, dict, int]:
+        """cuDNN's SDPA graph of an attention command, its variant pack and its workspace (the size
+        cuDNN asks for, or a ``@kernel(workspace=)`` at least that large: E043 where it is smaller)."""
         io = np.dtype(command.q.dtype).name
         if io not in ("bfloat16", "float16"):
             raise NotCovered(f"attention in {io}: cuDNN's SDPA takes bf16 or fp16")
@@ -703,17 +735,23 @@ class CudaDevice(DeviceBase):
             raise NotCovered(f"cuDNN cannot run {command.label}: {err}") from None
         # the frontend's execute takes a pointer only as an exact Python int (numpy ints go through dlpack)
         pack = {tensor: int(getattr(command, name).address) for name, tensor in tensors.items()}
-        workspace = self.allocate(max(1, int(graph.get_workspace_size())))
+        workspace = self.allocate(max(1, sdpa_workspace(command, int(graph.get_workspace_size()))))
         return graph, pack, workspace
 
     def _prepare_attention(self, command: AttentionCommand) -> None:
-        """cuDNN's SDPA where it runs the command (and is asked for), else the plain CUDA kernel."""
+        """cuDNN's SDPA where it runs the command (and is asked for), else the plain CUDA kernel.
+        A ``@kernel`` choice overrides the device's ``attention`` setting: ``cudnn_sdpa`` asks for
+        cuDNN, ``flash_attention`` for the plain kernel only; a binding ``cudnn_sdpa`` (``fallback =
+        false``) that cuDNN cannot run is NotCovered, which the executor makes E043."""
         reasons = []
-        if self.attention_backend == "cudnn":
+        chosen = command.choice.name if command.choice is not None else None
+        if chosen == "cudnn_sdpa" or (chosen is None and self.attention_backend == "cudnn"):
             try:
                 self._sdpa[id(command)] = self._build_sdpa(command)
                 return
             except NotCovered as err:
+                if command.binding:
+                    raise
                 reasons.append(str(err))
         kernel = command.kernel
         if kernel is not None and kernel.plan is not None:

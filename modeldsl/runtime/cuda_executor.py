@@ -15,7 +15,10 @@ Two layers:
   (counted in :attr:`CudaExecutor.fallbacks`, warned once per primitive). Launches of layout
   primitives (transpose, permute, concat, split, contiguous, copy, view) become device copies
   (:class:`StridedCopyCommand`, :class:`CopyCommand`), ``zeros``/``ones``/``fill`` memsets, and
-  ``flash_attention``/``flash_attention_backward`` launches attention commands. A ``gemm``
+  ``flash_attention``/``flash_attention_backward`` launches attention commands; a fused primitive
+  with a composite lowering (:mod:`modeldsl.runtime.cuda_composites`: the chunked LM-head loss)
+  becomes a :class:`CompositeCommand` of GEMMs and kernel launches working in the launch's
+  planned scratch. A ``gemm``
   is a :class:`GemmCommand`, ``attention``/``attention_backward`` attention commands (which
   also carry the plan of the plain CUDA attention kernel, for where cuDNN cannot run them),
   ``memset``/``copy`` memory commands. A kernel choice mdsl-lower-to-sched recorded from ``@kernel``

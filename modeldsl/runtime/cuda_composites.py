@@ -1,0 +1,246 @@
+"""Fused primitives the CUDA executor runs as several device commands (a :class:`CompositeCommand`).
+
+**The chunked LM-head loss** (mdsl-fuse's ``lm_head_loss`` pattern): ``fused_lm_head_loss(x [N, C],
+weight [V, C], labels [N]) -> (loss, lse [N])`` and ``fused_lm_head_loss_backward(d_loss, x, weight,
+labels, lse) -> (d_x, d_weight)`` never hold all ``N x V`` logits. For each chunk of rows of ``x``:
+
+- forward: a cuBLASLt GEMM of the chunk's logits (``x[rows] @ weight^T``, fp32 out of any input
+  dtype) into the scratch, the cross-entropy kernel (reduction none) writing the chunk's per-row
+  losses and ``lse[rows]``; after the last chunk one reduction of all ``N`` per-row losses (sum, or
+  the mean over every counted row: the same division as the unchunked loss);
+- backward: the same GEMM, the cross-entropy backward kernel turning the logits into d_logits in
+  place (scaled by ``d_loss``, per row for reduction none, or by ``d_loss`` over all counted rows,
+  computed once, for the mean), for 16-bit ``x`` a cast of d_logits to ``x``'s dtype (cuBLASLt
+  multiplies operands of one type), then ``d_x[rows] = d_logits @ weight`` and ``d_weight +=
+  d_logits^T @ x[rows]`` (beta 0 for the first chunk, 1 after: a 16-bit ``d_weight`` is rounded
+  once per chunk).
+
+The launch's planned scratch (its last output) holds, from its start, each segment aligned to 256
+bytes: ``logits`` (fp32 ``[m, V]``), ``operand`` (backward of 16-bit ``x``: ``x``'s dtype ``[m, V]``),
+``loss_rows`` (forward, reduction sum or mean: fp32 ``[N]``), ``d_scale`` (backward, mean: one fp32).
+``m``, the rows per chunk, is the launch's ``chunk`` (0: all ``N``), or the most rows whose segments
+fit where the scratch is smaller (the results do not depend on it beyond rounding). A launch these
+commands cannot run (no scratch, accumulate, mixed dtypes) falls back to the numpy reference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from modeldsl.kernels import cuda
+from modeldsl.kernels.registry import entry
+from modeldsl.runtime.cuda_executor import (
+    Command,
+    CompositeCommand,
+    GemmCommand,
+    KernelCommand,
+    TensorRef,
+    cast_command,
+    plan_kernel,
+)
+
+FP32 = np.dtype(np.float32)
+Segment = tuple[str, tuple[int, ...], np.dtype]  # name, shape, dtype of one piece of the scratch
+INDEX_DTYPES = {"int32": 0, "int64": 1}  # labels dtype -> the kernels' idx64
+
+
+# ----------------------------------------------------------------------------
+# The scratch
+# ----------------------------------------------------------------------------
+
+
+def placed(address: int, segments: Sequence[Segment]) -> tuple[dict[str, TensorRef], int]:
+    """The segments laid out from ``address``, each aligned to 256 bytes, and the bytes they span."""
+    at, refs = 0, {}
+    for name, shape, dtype in segments:
+        at = -(-at // cuda.SCRATCH_ALIGN) * cuda.SCRATCH_ALIGN
+        refs[name] = TensorRef(address + at, tuple(shape), np.dtype(dtype))
+        at += refs[name].nbytes
+    return refs, at
+
+
+def raw_bytes(segments: Sequence[Segment]) -> int:
+    return sum(math.prod(shape) * np.dtype(dtype).itemsize for _, shape, dtype in segments)
+
+
+def chunked_scratch(scratch: TensorRef | None, rows: int, chunk: int,
+                    segments_of: Callable[[int], list[Segment]]) -> tuple[int, dict[str, TensorRef]]:
+    """The rows per chunk (``chunk``, all ``rows`` for 0, or the most whose segments fit in the
+    scratch) and the segments in the scratch; NotCovered when not even one row fits."""
+    if scratch is None:
+        raise cuda.NotCovered("the launch has no scratch for the logits")
+    if rows < 1:
+        raise cuda.NotCovered("no rows")
+    per_row = raw_bytes(segments_of(1)) - raw_bytes(segments_of(0))
+    m = min(chunk if chunk > 0 else rows, rows, max(0, (scratch.nbytes - raw_bytes(segments_of(0))) // per_row))
+    while m > 0 and placed(scratch.address, segments_of(m))[1] > scratch.nbytes:
+        m -= 1
+    if m == 0:
+        raise cuda.NotCovered(f"the scratch of {scratch.nbytes} bytes holds no row of the {segments_of(1)[0][1][-1]} "
+                              "fp32 logits and what goes with them")
+    return m, placed(scratch.address, segments_of(m))[0]
+
+
+def row_chunks(rows: int, m: int) -> list[tuple[int, int]]:
+    """(first row, rows) of each chunk."""
+    return [(start, min(m, rows - start)) for start in range(0, rows, m)]
+
+
+# ----------------------------------------------------------------------------
+# The parts
+# ----------------------------------------------------------------------------
+
+
+def planned(name: str, arguments: Sequence[TensorRef], outputs: Sequence[TensorRef],
+            params: dict[str, Any]) -> KernelCommand:
+    """A launch of primitive ``name``'s CUDA plan (and its reference, for the host)."""
+    command = KernelCommand(kernel=name, arguments=tuple(arguments), outputs=tuple(outputs), params=params,
+                            reference=entry(name).reference)
+    plan_kernel(command)
+    return command
+
+
+def index_flag(labels: TensorRef) -> int:
+    try:
+        return INDEX_DTYPES[np.dtype(labels.dtype).name]
+    except KeyError:
+        raise cuda.NotCovered(f"labels of dtype {np.dtype(labels.dtype).name}") from None
+
+
+def require_fp32(*refs: TensorRef) -> None:
+    for ref in refs:
+        if np.dtype(ref.dtype) != FP32:
+            raise cuda.NotCovered(f"a {np.dtype(ref.dtype).name} {list(ref.shape)} where the kernel writes fp32")
+
+
+def summed_losses(loss_rows: np.ndarray, labels: np.ndarray, *, ignore_index: int, mean: bool) -> np.ndarray:
+    """The reduction kernel's result: the sum of the per-row losses, over the counted rows for the
+    mean (NaN when none counts)."""
+    total = np.sum(loss_rows)
+    if not mean:
+        return total
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return total / np.sum(labels != ignore_index)
+
+
+def mean_scale(d_loss: np.ndarray, labels: np.ndarray, *, ignore_index: int) -> np.ndarray:
+    """The mean's gradient scale: ``d_loss`` over the counted rows."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.float32(d_loss) / np.float32(np.sum(labels != ignore_index))
+
+
+def loss_reduction(loss_rows: TensorRef, labels: TensorRef, loss: TensorRef, ignore_index: int,
+                   mean: bool) -> KernelCommand:
+    """``loss`` = the sum (``mean``: the mean over the counted rows) of all per-row losses."""
+    require_fp32(loss)
+    launch = cuda.cross_entropy_reduce_launch(loss_rows.shape[0], ignore_index, index_flag(labels), mean,
+                                              "in:loss_rows")
+    return KernelCommand(kernel="cross_entropy_reduce", arguments=(loss_rows, labels), outputs=(loss,),
+                         params={"ignore_index": ignore_index, "mean": mean}, reference=summed_losses,
+                         primitive="cross_entropy", variant="fp32", plan=cuda.Plan((launch,)),
+                         names={"in:loss_rows": loss_rows, "in:labels": labels, "out:loss": loss})
+
+
+def scale_of_mean(d_loss: TensorRef, labels: TensorRef, d_scale: TensorRef, ignore_index: int) -> KernelCommand:
+    """``d_scale`` = ``d_loss`` over the counted rows of all ``labels``."""
+    require_fp32(d_loss)
+    launch = cuda.cross_entropy_mean_scale_launch(labels.shape[0], ignore_index, index_flag(labels), "out:d_scale")
+    return KernelCommand(kernel="cross_entropy_mean_scale", arguments=(d_loss, labels), outputs=(d_scale,),
+                         params={"ignore_index": ignore_index}, reference=mean_scale, primitive="cross_entropy",
+                         variant="fp32", plan=cuda.Plan((launch,)),
+                         names={"in:d_loss": d_loss, "in:labels": labels, "out:d_scale": d_scale})
+
+
+def chunk_logits(x_rows: TensorRef, weight: TensorRef, logits: TensorRef) -> GemmCommand:
+    """``logits = x[rows] @ weight^T`` (fp32)."""
+    return GemmCommand(a=x_rows, b=weight, c=logits, transb=True)
+
+
+# ----------------------------------------------------------------------------
+# The LM-head loss
+# ----------------------------------------------------------------------------
+
+
+def loss_options(launch: KernelCommand) -> tuple[int, str, int]:
+    """(ignore_index, reduction, chunk) of a launch; NotCovered for what the commands do not run."""
+    reduction = str(launch.params.get("reduction", "mean"))
+    if reduction not in ("none", "sum", "mean"):
+        raise cuda.NotCovered(f"reduction '{reduction}'")
+    if launch.accumulate:
+        raise cuda.NotCovered("an accumulating launch")
+    return int(launch.params.get("ignore_index", -100)), reduction, int(launch.params.get("chunk", 0) or 0)
+
+
+def same_dtype(x: TensorRef, weight: TensorRef) -> None:
+    if np.dtype(x.dtype) != np.dtype(weight.dtype):
+        raise cuda.NotCovered(f"x in {np.dtype(x.dtype).name} and the weight in {np.dtype(weight.dtype).name}")
+
+
+def lm_head_loss(launch: KernelCommand, scratch: TensorRef | None) -> CompositeCommand:
+    """``fused_lm_head_loss``: per chunk the logits GEMM and the per-row cross-entropy, then the reduction."""
+    x, weight, labels = launch.arguments[:3]
+    loss, lse = launch.outputs
+    ignore, reduction, chunk = loss_options(launch)
+    same_dtype(x, weight)
+    rows, vocab = x.shape[0], weight.shape[0]
+
+    def segments(m: int) -> list[Segment]:
+        return [("logits", (m, vocab), FP32)] + ([("loss_rows", (rows,), FP32)] if reduction != "none" else [])
+
+    m, work = chunked_scratch(scratch, rows, chunk, segments)
+    per_row = loss if reduction == "none" else work["loss_rows"]
+    parts: list[Command] = []
+    for start, n in row_chunks(rows, m):
+        logits = work["logits"].rows(0, n)
+        parts += [chunk_logits(x.rows(start, n), weight, logits),
+                  planned("cross_entropy", (logits, labels.rows(start, n)),
+                          (per_row.rows(start, n), lse.rows(start, n)), {"ignore_index": ignore, "reduction": "none"})]
+    if reduction != "none":
+        parts.append(loss_reduction(work["loss_rows"], labels, loss, ignore, reduction == "mean"))
+    return CompositeCommand(kernel=launch.kernel, parts=tuple(parts))
+
+
+def lm_head_loss_backward(launch: KernelCommand, scratch: TensorRef | None) -> CompositeCommand:
+    """``fused_lm_head_loss_backward``: per chunk the logits GEMM, d_logits in place, (a cast,) the
+    d_x and d_weight GEMMs."""
+    d_loss, x, weight, labels, lse = launch.arguments[:5]
+    d_x, d_weight = launch.outputs
+    ignore, reduction, chunk = loss_options(launch)
+    same_dtype(x, weight)
+    rows, vocab = x.shape[0], weight.shape[0]
+    cast = np.dtype(x.dtype) != FP32
+
+    def segments(m: int) -> list[Segment]:
+        return ([("logits", (m, vocab), FP32)] + ([("operand", (m, vocab), np.dtype(x.dtype))] if cast else [])
+                + ([("d_scale", (), FP32)] if reduction == "mean" else []))
+
+    m, work = chunked_scratch(scratch, rows, chunk, segments)
+    parts: list[Command] = []
+    scale, chunk_reduction = d_loss, ("none" if reduction == "none" else "sum")
+    if reduction == "mean":
+        parts.append(scale_of_mean(d_loss, labels, work["d_scale"], ignore))
+        scale = work["d_scale"]
+    for start, n in row_chunks(rows, m):
+        x_rows, logits = x.rows(start, n), work["logits"].rows(0, n)
+        row_scale = d_loss.rows(start, n) if reduction == "none" else scale
+        parts += [chunk_logits(x_rows, weight, logits),
+                  planned("cross_entropy_backward", (row_scale, logits, labels.rows(start, n), lse.rows(start, n)),
+                          (logits,), {"ignore_index": ignore, "reduction": chunk_reduction})]
+        operand = logits
+        if cast:
+            operand = work["operand"].rows(0, n)
+            parts.append(cast_command(logits, operand))
+        parts += [GemmCommand(a=operand, b=weight, c=d_x.rows(start, n)),
+                  GemmCommand(a=operand, b=x_rows, c=d_weight, transa=True, beta=0.0 if start == 0 else 1.0)]
+    return CompositeCommand(kernel=launch.kernel, parts=tuple(parts))
+
+
+# primitive -> its lowering: (the launch as one kernel command, the launch's planned scratch) -> composite
+COMPOSITES: dict[str, Callable[[KernelCommand, TensorRef | None], CompositeCommand]] = {
+    "fused_lm_head_loss": lm_head_loss,
+    "fused_lm_head_loss_backward": lm_head_loss_backward,
+}
