@@ -17,6 +17,8 @@ off by ``mdsl-fuse{disable=residual_norm,scalar_alpha}``:
 * ``attention_softmax``, ``dag_attention`` (:mod:`modeldsl.passes.fuse_attention`): the scale of
   the attention scores goes into their GEMM's ``alpha``; written-out (non-causal) attention
   becomes ``flash_attention``.
+* ``attention_layout`` (:mod:`modeldsl.passes.fuse_layout`): the head transposes around
+  ``qk_norm``/``rope``/``flash_attention`` go; those ops take ``[B, T, H, D]`` (``layout = "bthd"``).
 
 Patterns apply in every function of the module (block bodies included), so
 they run after ``mdsl-autodiff`` and ``mdsl-recompute`` on the training step's
