@@ -115,10 +115,10 @@ def matmul(a, b, *, transpose="NN", accumulate=False, alpha=1.0, beta=0.0):
     return alpha * (_op(a, transpose[0]) @ _op(b, transpose[1]))
 
 
-def batched_matmul(a, b, *, transpose="NN", accumulate=False):
-    """C[b] = op(A[b]) @ op(B[b]) over leading dims; a matrix B broadcasts (no accumulation here)."""
+def batched_matmul(a, b, *, transpose="NN", accumulate=False, alpha=1.0):
+    """C[b] = alpha * op(A[b]) @ op(B[b]) over leading dims; a matrix B broadcasts (no accumulation here)."""
     a, b = _prep(a, b)
-    return _op(a, transpose[0]) @ _op(b, transpose[1])
+    return alpha * (_op(a, transpose[0]) @ _op(b, transpose[1]))
 
 
 def _activate(pre: np.ndarray, activation: str) -> np.ndarray:
@@ -1064,7 +1064,7 @@ def _row_grad_scale(d_loss, valid, reduction):
     scale = np.broadcast_to(d_loss, valid.shape) * valid
     if reduction == "mean":
         with np.errstate(invalid="ignore", divide="ignore"):
-            scale = scale / np.sum(valid)
+            scale = scale / scale.dtype.type(np.sum(valid))  # the count in the loss's dtype, as a kernel divides
     return scale
 
 
@@ -1112,8 +1112,10 @@ def fused_lm_head_loss(x, weight, labels, *, ignore_index=-100, reduction="mean"
 
 
 def fused_lm_head_loss_backward(d_loss, x, weight, labels, lse, *, ignore_index=-100, reduction="mean", chunk=0):
-    """d_logits of cross_entropy at x @ weight^T, one chunk of rows at a time: d_x[rows] = d_logits @ weight,
-    d_weight = sum over the chunks of d_logits^T @ x[rows]."""
+    """d_logits of cross_entropy at x @ weight^T, one chunk of rows at a time, rounded to x's storage dtype
+    (as the unfused graph stores it): d_x[rows] = d_logits @ weight, d_weight = sum over the chunks of
+    d_logits^T @ x[rows]."""
+    storage = np.asarray(x).dtype
     d_loss, x, weight, lse = _prep(d_loss, x, weight, lse)
     labels = np.asarray(labels)
     scale = _row_grad_scale(d_loss, labels != ignore_index, reduction)
@@ -1122,6 +1124,7 @@ def fused_lm_head_loss_backward(d_loss, x, weight, labels, lse, *, ignore_index=
     for rows in row_chunks(x.shape[0], chunk):
         d_logits = cross_entropy_backward(np.ones((), x.dtype), x[rows] @ weight.T, labels[rows], lse[rows],
                                           ignore_index=ignore_index, reduction="none") * scale[rows, None]
+        d_logits = d_logits.astype(storage).astype(x.dtype)  # the GEMMs read it as x is stored (as unfused)
         d_x[rows] = d_logits @ weight
         d_weight += d_logits.T @ x[rows]
     return d_x, d_weight

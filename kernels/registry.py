@@ -54,20 +54,36 @@ def _per_row_stats(inputs: Sequence[Shape], outputs: Sequence[Shape], params: Ma
     return 8 * math.prod(inputs[0][:-1])
 
 
-def _chunk_logits(inputs: Sequence[Shape], outputs: Sequence[Shape], params: Mapping[str, Any]) -> int:
-    """The fp32 logits of one chunk of rows (``x`` is the first input of the forward, the second of
-    the backward: the one of rank 2 before the ``[V, C]`` weight)."""
+def _aligned(nbytes: int, alignment: int = 256) -> int:
+    return -(-nbytes // alignment) * alignment
+
+
+def _loss_chunk(inputs: Sequence[Shape], params: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(rows, rows per chunk, vocab) of a fused LM-head loss (``x [N, C]`` is the first 2-d input,
+    the ``[V, C]`` weight the next one)."""
     x = next(i for i, shape in enumerate(inputs) if len(shape) == 2)
     rows, vocab = inputs[x][0], inputs[x + 1][0]
-    chunk = int(params.get("chunk", 0)) or rows
-    return 4 * min(chunk, rows) * vocab
+    return rows, min(int(params.get("chunk", 0)) or rows, rows), vocab
+
+
+def _chunk_logits(inputs: Sequence[Shape], outputs: Sequence[Shape], params: Mapping[str, Any]) -> int:
+    """The fp32 logits of one chunk of rows and the fp32 loss of every row (before the mean)."""
+    rows, chunk, vocab = _loss_chunk(inputs, params)
+    return _aligned(4 * chunk * vocab) + 4 * rows
+
+
+def _chunk_logit_grads(inputs: Sequence[Shape], outputs: Sequence[Shape], params: Mapping[str, Any]) -> int:
+    """The fp32 logit gradients of one chunk, their 16-bit copy the GEMMs read (where x is 16-bit)
+    and the mean's scale."""
+    _, chunk, vocab = _loss_chunk(inputs, params)
+    return _aligned(4 * chunk * vocab) + _aligned(2 * chunk * vocab) + 4
 
 
 SCRATCH: dict[str, ScratchRule] = {
     "flash_attention": _attention_scores,
     "cross_entropy": _per_row_stats,
     "fused_lm_head_loss": _chunk_logits,
-    "fused_lm_head_loss_backward": _chunk_logits,
+    "fused_lm_head_loss_backward": _chunk_logit_grads,
 }
 REUSE: dict[str, dict[int, int]] = {
     **{name: {0: 0} for name in ("silu", "relu", "relu2", "gelu", "scale", "softmax", "add", "mul",

@@ -71,6 +71,10 @@ PATTERNS: dict[str, tuple[type[FusionPattern], ...]] = {
     "dag_attention": (DagAttention,),
 }
 
+# Patterns that recognize written-out functions: a training step runs them before mdsl-autodiff, so
+# the backward is the primitive's own (after it, the backward reads their intermediates).
+BEFORE_AUTODIFF = ("dag_gelu", "dag_silu", "dag_softmax", "dag_rmsnorm", "dag_attention")
+
 
 @dataclass(frozen=True)
 class FusePass(ModulePass):
@@ -79,29 +83,29 @@ class FusePass(ModulePass):
     disable: tuple[str, ...] = ()
     auto: bool = True
     lm_head_chunk: int = 0
+    only: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.disabled()  # refuse an unknown pattern or a bad chunk where the pass is made
+        self.running()
         if self.lm_head_chunk < 0:
             raise PassOptionError(f"mdsl-fuse: lm_head_chunk={self.lm_head_chunk} is negative", "lm_head_chunk",
                                   "give the rows of logits per chunk, or 0 to let the pass choose")
 
     def disabled(self) -> set[str]:
-        given = [self.disable] if isinstance(self.disable, str) else list(self.disable)
-        names = {n.strip() for item in given for n in item.split(",") if n.strip()}
-        for name in sorted(names - set(PATTERNS)):
-            close = difflib.get_close_matches(name, PATTERNS, n=1)
-            raise PassOptionError(f"mdsl-fuse: no fusion pattern '{name}'", "disable",
-                                  (f"did you mean '{close[0]}'? " if close else "")
-                                  + f"the patterns: {', '.join(PATTERNS)}")
-        return names
+        return _pattern_names(self.disable, "disable")
+
+    def running(self) -> set[str]:
+        """The patterns this run applies: those ``only`` names, else all of them."""
+        return _pattern_names(self.only, "only") or set(PATTERNS)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
-        on = frozenset(PATTERNS) - self.disabled() if self.auto else frozenset()
+        running = self.running()
+        on = frozenset(running - self.disabled()) if self.auto else frozenset()
         switch = FusionSwitch(on, lm_head_chunk=self.lm_head_chunk)
-        required = _required_fusions(op)
+        required = _required_fusions(op, running)
         boundaries = _mark_backward_starts(op)
-        patterns = [cls(switch) for classes in PATTERNS.values() for cls in classes]
+        patterns = [cls(switch) for name, classes in PATTERNS.items() if name in running for cls in classes]
         PatternRewriteWalker(GreedyRewritePatternApplier(patterns)).rewrite_module(op)
         CommonSubexpressionElimination().apply(ctx, op)
         for func, marker in boundaries.items():
@@ -111,14 +115,28 @@ class FusePass(ModulePass):
         _check_required(required, switch)
 
 
-def _required_fusions(module: ModuleOp) -> list[tuple[Operation, list[str]]]:
-    """Each op with ``@fuse_required``, and the patterns it asks for."""
+def _pattern_names(given: str | tuple[str, ...], option: str) -> set[str]:
+    """The pattern names of a ``disable=``/``only=`` option (PassOptionError for an unknown one)."""
+    items = [given] if isinstance(given, str) else list(given)
+    names = {n.strip() for item in items for n in item.split(",") if n.strip()}
+    for name in sorted(names - set(PATTERNS)):
+        close = difflib.get_close_matches(name, PATTERNS, n=1)
+        raise PassOptionError(f"mdsl-fuse: no fusion pattern '{name}'", option,
+                              (f"did you mean '{close[0]}'? " if close else "") + f"the patterns: {', '.join(PATTERNS)}")
+    return names
+
+
+def _required_fusions(module: ModuleOp, running: set[str]) -> list[tuple[Operation, list[str]]]:
+    """Each op with ``@fuse_required`` asking for a pattern of this run, and the patterns it asks
+    for (one asking only for others is checked by the run that applies them)."""
     found = []
     for op in module.walk():
         annotation = find_annotation(op, FuseRequiredAttr)
-        if annotation is not None:
-            names = [name for name in PATTERNS if requests_pattern(annotation, name)]
-            found.append((op, names))
+        if annotation is None:
+            continue
+        names = [name for name in PATTERNS if requests_pattern(annotation, name)]
+        if not names or set(names) & running:
+            found.append((op, [n for n in names if n in running]))
     return found
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 import zipfile
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from modeldsl.graph_builder import GraphBuilder
 from modeldsl.passes.autodiff import gradient_function
 from modeldsl.passes.lower_to_sched import lower_function
 from modeldsl.passes.optimizer_step import optimizer_program
-from modeldsl.passes.fuse import FusePass
+from modeldsl.passes.fuse import BEFORE_AUTODIFF, FusePass
 from modeldsl.passes.recompute import RecomputePass
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.executor import ExecutionError
@@ -99,17 +99,21 @@ def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str 
     (forward inputs..., labels, d_loss), output the loss; parameter gradients added into ``grads``.
     ``recompute`` is ``mdsl-recompute``'s mode: ``none``, ``annotated``, ``full``, or ``auto:BYTES``
     / ``auto`` (the automatic mode under that activation budget). ``fuse``: ``mdsl-fuse`` runs
-    after them, every pattern on (or the given ``FusePass``, with its options; False: none)."""
+    after them, every pattern on (or the given ``FusePass``, with its options; False: none); its
+    patterns of written-out functions run before autodiff too."""
     model = specialized(model, batch, tokens)
     add_loss_function(model)
+    fuse = (fuse if isinstance(fuse, FusePass) else FusePass()) if fuse else None
+    if fuse is not None:
+        replace(fuse, only=BEFORE_AUTODIFF).apply(Context(), model.parent_op())
     gradient_function(model, "train_loss")
     try:
         recompute_pass = RecomputePass(**recompute_options(recompute))
     except PassOptionError as err:
         raise DiagnosticError([err.diagnostic()]) from None
     recompute_pass.apply(Context(), model.parent_op())
-    if fuse:
-        (fuse if isinstance(fuse, FusePass) else FusePass()).apply(Context(), model.parent_op())
+    if fuse is not None:
+        fuse.apply(Context(), model.parent_op())
     return plan(lower_function(model, "train_loss_grad", storage, grads_arena=True))
 
 

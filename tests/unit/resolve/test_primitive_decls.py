@@ -104,6 +104,13 @@ SPEC_DISAGREEMENTS = {
     # in: (d_combined, weights, scatter_indices) cannot give d_weights = <d_combined, expert_outputs>:
     # the backward kernel takes expert_outputs too
     "moe_unpermute": [("E004", 3140, 9)],
+    # the spec's batched_matmul has no alpha; the GEMM has one (mdsl-fuse's attention_softmax puts the
+    # attention scale there, as scalar_alpha does for matmul)
+    "batched_matmul": [("E003", 1133, 3)],
+    # the spec's attention and rope take [B, H, T, D] only; mdsl-fuse's attention_layout gives them
+    # layout = bthd ([B, T, H, D]: no head transposes around them)
+    "flash_attention": [("E003", 1968, 3)],
+    "rope": [("E003", 2090, 3)],
 }
 
 
@@ -207,17 +214,17 @@ def test_required_optional_and_tensor_parameters():
     (found,) = check(router)
     assert found[:3] == ("E003", 3, 18) and "has a default here but the op requires it" in found[3]
     attention = ("primitive flash_attention:\n  params:\n    causal: bool = true\n    softmax_scale: float? = None\n"
-                 "    window_size: int? = None\n    alibi_slopes: [H]? = None\n"
+                 "    window_size: int? = None\n    layout: enum(bhtd, bthd) = bhtd\n    alibi_slopes: [H]? = None\n"
                  "  forward:\n    in: (q, k, v)\n    out: (out, lse)\n")
     assert check(attention) == []  # spec 6.4.1: the optional tensor alibi_slopes is a parameter
     found = check(attention.replace("softmax_scale: float? = None", "softmax_scale: float = 1.0"))
     assert [f[:3] for f in found] == [("E003", 4, 20)] and "is not optional here but optional in the op" in found[0][3]
     found = check(attention.replace("alibi_slopes: [H]? = None", "alibi_slopes: [H]"))
-    assert [f[:3] for f in found] == [("E003", 6, 19)] and "is not optional here but optional" in found[0][3], found
+    assert [f[:3] for f in found] == [("E003", 7, 19)] and "is not optional here but optional" in found[0][3], found
     found = check(attention.replace("in: (q, k, v)", "in: (q, k, v, alibi_slopes?)"))
-    assert [f[:3] for f in found] == [("E004", 8, 9)] and "declares 4 tensor input(s)" in found[0][3], found
+    assert [f[:3] for f in found] == [("E004", 9, 9)] and "declares 4 tensor input(s)" in found[0][3], found
     found = check(attention.replace("alibi_slopes: [H]? = None", "alibi_slopes: float? = None"))
-    assert [f[:3] for f in found] == [("E003", 6, 19)] and "is float here but a tensor in the op" in found[0][3], found
+    assert [f[:3] for f in found] == [("E003", 7, 19)] and "is float here but a tensor in the op" in found[0][3], found
 
 
 def test_backward_kernels_and_formulas_are_checked():
@@ -228,10 +235,10 @@ def test_backward_kernels_and_formulas_are_checked():
             "primitive transpose:\n  params:\n    dim0: int\n    dim1: int\n  forward:\n    in: x\n    out: y\n"
             "  backward:\n    d_x = transpose(d_out, dim0, dim1, dims=[0])\n"
             "primitive batched_matmul:\n  params:\n    transpose: enum(NN, NT, TN, TT) = NN\n"
-            "    accumulate: bool = false\n  forward:\n    in: (A, B)\n    out: C\n  backward:\n"
+            "    accumulate: bool = false\n    alpha: float = 1.0\n  forward:\n    in: (A, B)\n    out: C\n  backward:\n"
             "    d_A = batched_matmul(d_C, B, transpose=XT)\n    d_B = batched_matmul(A, d_C, transpose=TN)\n")
     found = check(text)
-    assert [f[:3] for f in found] == [("E014", 5, 3), ("E014", 15, 11), ("E003", 24, 40), ("E003", 33, 44)], found
+    assert [f[:3] for f in found] == [("E014", 5, 3), ("E014", 15, 11), ("E003", 24, 40), ("E003", 34, 44)], found
     assert "no kernel registered for primitive add3_backward" in found[0][3]
     assert "no kernel registered for primitive broadcast" in found[1][3]
     assert "transpose has no parameter 'dims'" in found[2][3]
