@@ -9,6 +9,9 @@ off by ``mdsl-fuse{disable=residual_norm,scalar_alpha}``:
   the residual gradient becomes ``fused_residual_rmsnorm_backward``;
 * ``scalar_alpha`` (:mod:`modeldsl.passes.fuse_gemm`): a ``scale`` before or
   after a ``matmul`` goes into the GEMM's ``alpha``;
+* ``linear_bias_act``, ``bias_activation`` (:mod:`modeldsl.passes.fuse_epilogue`): ``matmul`` +
+  bias (+ ReLU/tanh GELU) becomes ``linear_bias_act``, one GEMM with a cuBLASLt epilogue; an
+  activation of a ``linear_bias_act`` without one moves into its epilogue;
 * ``dag_gelu``, ``dag_silu``, ``dag_softmax``, ``dag_rmsnorm``
   (:mod:`modeldsl.passes.fuse_dag`): hand-written math becomes the primitive it spells.
 * ``gated_mlp`` (:mod:`modeldsl.passes.fuse_mlp`): ``split`` + ``swiglu``/``geglu`` of the

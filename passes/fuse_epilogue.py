@@ -145,12 +145,14 @@ class LinearBiasAct(FusionPattern):
             if not isinstance(matmul, MatmulOp) or only_use(y) is not op:
                 continue
             bias, operands = bias_operand(op, y), gemm_operands(matmul)
-            if bias is None or operands is None or not self.may_fuse(matmul, op):
+            if bias is None or operands is None:
                 continue
             h = op.results[0]
-            act = foldable_activation(h)
+            act = foldable_activation(h)  # a @fuse request sits on the flow's last op: the activation
             if act is not None and not self.may_fuse(matmul, op, act):
                 act = None
+            if act is None and not self.may_fuse(matmul, op):
+                continue
             x, w, mode = operands
             params = {"transpose": mode, "alpha": op_attr(matmul, "alpha", 1.0)}
             replaced = [act, op, matmul] if act is not None else [op, matmul]
