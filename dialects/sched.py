@@ -195,12 +195,58 @@ def check_stream(op: Operation) -> None:
         raise VerifyException(f"stream {stream} is not declared in the program")
 
 
+# the attributes of a kernel choice (``@kernel``, spec 7.5.3, recorded by mdsl-lower-to-sched):
+# ``implementation`` names one of the primitive's registry implementations, ``fallback = false``
+# makes it binding (no other kernel may run the op), ``workspace_bytes`` sizes its workspace
+KERNEL_CHOICE_ATTRIBUTES: tuple[str, ...] = ("implementation", "fallback", "workspace_bytes")
+
+
+def check_kernel_choice(op: Operation, primitive: str | None) -> None:
+    """The kernel choice attributes of an op that runs ``primitive`` (None: an op that takes none)."""
+    given = [name for name in KERNEL_CHOICE_ATTRIBUTES if name in op.attributes]
+    if not given:
+        return
+    if primitive is None:
+        raise VerifyException(f"{op.name} runs no primitive and takes no kernel choice ({', '.join(given)})")
+    implementation = op.attributes.get("implementation")
+    if not isinstance(implementation, StringAttr):
+        raise VerifyException(f"a kernel choice ({', '.join(given)}) needs an 'implementation' string")
+    from modeldsl.kernels.registry import implementations
+
+    if implementation.data not in implementations(primitive):
+        raise VerifyException(f"implementation '{implementation.data}' is no kernel of {primitive} "
+                              f"(its kernels: {', '.join(implementations(primitive))})")
+    fallback = op.attributes.get("fallback")
+    if fallback is not None and not (isinstance(fallback, IntegerAttr) and fallback.type.width.data == 1):
+        raise VerifyException("fallback must be a boolean (true or false)")
+    workspace = op.attributes.get("workspace_bytes")
+    if workspace is not None and not (isinstance(workspace, IntegerAttr) and workspace.value.data >= 0):
+        raise VerifyException("workspace_bytes must be a non-negative integer")
+
+
+def kernel_choice_attributes(implementation: str, fallback: bool = True,
+                             workspace: int | None = None) -> dict[str, Attribute]:
+    """The attributes recording a kernel choice (defaults left unset)."""
+    return _non_default(implementation=StringAttr(implementation),
+                        fallback=None if fallback else IntegerAttr.from_bool(False),
+                        workspace_bytes=None if workspace is None else IntegerAttr(workspace, i64))
+
+
 class SchedOp(IRDLOperation):
-    """Base of the body ops: checks the optional ``stream`` attribute."""
+    """Base of the body ops: checks the optional ``stream`` attribute and a kernel choice
+    (on the ops that run a primitive, ``PRIMITIVE``)."""
+
+    PRIMITIVE: ClassVar[str | None] = None
 
     def verify_(self) -> None:
         check_stream(self)
+        check_kernel_choice(self, self.primitive)
         self.verify_op()
+
+    @property
+    def primitive(self) -> str | None:
+        """The primitive the op runs, whose implementations a kernel choice names."""
+        return self.PRIMITIVE
 
     def verify_op(self) -> None:
         pass
@@ -457,6 +503,10 @@ class LaunchOp(SchedOp):
             attributes=attrs | (attributes or {}),
         )
 
+    @property
+    def primitive(self) -> str | None:
+        return self.kernel.data
+
     def verify_op(self) -> None:
         if not self.kernel.data:
             raise VerifyException("kernel name must not be empty")
@@ -527,6 +577,7 @@ class GemmOp(SchedOp):
     """
 
     name = "mdsl.sched.gemm"
+    PRIMITIVE: ClassVar[str] = "matmul"
 
     a = operand_def(BufferType)
     b = operand_def(BufferType)
@@ -669,6 +720,7 @@ class AttentionOp(SchedOp):
     """
 
     name = "mdsl.sched.attention"
+    PRIMITIVE: ClassVar[str] = "flash_attention"
 
     q = operand_def(BufferType)
     k = operand_def(BufferType)
@@ -705,6 +757,7 @@ class AttentionBackwardOp(SchedOp):
     """
 
     name = "mdsl.sched.attention_backward"
+    PRIMITIVE: ClassVar[str] = "flash_attention_backward"
 
     q = operand_def(BufferType)
     k = operand_def(BufferType)

@@ -1,7 +1,7 @@
 """Coded diagnostics for bad input of any kind: DSL source, checkpoints, configs, flags.
 
 A :class:`Diagnostic` has a code (E001-E027 and W001-W005 of spec 000
-Appendix C/D, plus project codes E028-E041 and W006-W011), a message, a
+Appendix C/D, plus project codes E028-E043 and W006-W012), a message, a
 hint and a location. It renders the way compilers print errors::
 
     model.module:12:5: error[E002]: undefined identifier 'wieght'
@@ -65,6 +65,7 @@ CODES: dict[str, str] = {
     "E040": "Unexpected checkpoint tensor",
     "E041": "IR does not verify",
     "E042": "@lifetime names an op that does not run where the tensor lives",
+    "E043": "Kernel not available",
     "W001": "User definition shadows primitive",
     "W002": "Local definition shadows import",
     "W003": "Suboptimal auto-derived backward",
@@ -76,6 +77,7 @@ CODES: dict[str, str] = {
     "W009": "Resumed training reads different data",
     "W010": "Safety check overridden",
     "W011": "Suspicious checkpoint value",
+    "W012": "Kernel not available; default kept",
 }
 
 

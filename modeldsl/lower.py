@@ -65,6 +65,7 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.diagnostics import DiagnosticError, DiagnosticSink, Span
+from modeldsl.kernel_choice import check_kernel_annotation
 from modeldsl.dialects.annotations import (
     ANNOTATION_BY_NAME,
     AnnotationAttr,
@@ -900,6 +901,9 @@ class Lowering(BackwardLowering):
         if op is not None:
             _add_annotations(op, "annotations", annotations)
             _add_annotations(op, "user_annotations", user)
+            kernel = next((n for n in nodes if n.name == "kernel"), None)
+            if kernel is not None and lookup_primitive(op.name.removeprefix("mdsl.graph.")) is not None:
+                check_kernel_annotation(op, kernel.span, self.sink)  # E043 or W012 (spec 7.5.3)
         return annotations
 
     def check_derived_backward(self, instance: Instance, forward: ForwardResult) -> None:

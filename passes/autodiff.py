@@ -54,6 +54,7 @@ from xdsl.passes import ModulePass
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError
 from modeldsl.dialects.annotations import annotations_of
+from modeldsl.kernel_choice import carry_to_backward
 from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.graph_builder import GraphBuilder, GraphBuildError
@@ -299,10 +300,12 @@ class GradientBuilder:
             rule = RULES.get(name)
             if rule is None:
                 raise AutodiffError(f"no VJP rule for {name}")
+            before = self.block.last_op
             try:
                 operand_grads = rule(self.builder, op, result_grads)
             except (GraphBuildError, NotImplementedError) as err:
                 raise AutodiffError(f"the gradient of {name}: {err}") from None
+            carry_to_backward(op, before, self.block)  # @kernel names the backward kernel too
             for operand, grad in zip(op.operands, operand_grads, strict=True):
                 self.accumulate_operand(operand, grad, frozen)
 
