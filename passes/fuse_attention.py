@@ -29,8 +29,9 @@ against PyTorch's ``scaled_dot_product_attention``).
 
 Not fused (either pattern): a barrier (``@nofuse``, a hook or probe, a recompute replay) on any
 merged op, an accumulating GEMM (``accumulate`` or ``beta``), an intermediate another op also
-reads (so a training graph, whose backward reads the probabilities, keeps the written-out
-attention: ``dag_attention`` is a forward/inference fusion), a ``@checkpoint`` or ``@memory``
+reads (so after autodiff, whose backward reads the probabilities, the written-out attention
+stays; a training step therefore runs ``dag_attention`` before autodiff too, ``BEFORE_AUTODIFF`` in
+:mod:`modeldsl.passes.fuse`, and differentiates flash_attention), a ``@checkpoint`` or ``@memory``
 mode on an intermediate. ``dag_attention`` also keeps: a non-positive scale (flash_attention's
 ``softmax_scale`` must be positive), a scale on the probabilities instead of the scores, a
 softmax over another dim than the last, a probability GEMM with a transpose or an alpha, and

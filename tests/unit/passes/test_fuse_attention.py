@@ -125,9 +125,9 @@ def test_the_gradient_of_the_fused_model_is_the_written_out_models(model):
             np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
-def test_a_training_step_keeps_the_written_out_attention_but_folds_its_scale(model):
-    """After autodiff the backward reads the probabilities: dag_attention keeps them, the scale of
-    the scores still goes into their GEMM's alpha."""
+def test_after_autodiff_the_written_out_attention_stays_but_its_scale_folds(model):
+    """After autodiff the backward reads the probabilities: dag_attention keeps them (a training
+    step runs it before autodiff), the scale of the scores still goes into their GEMM's alpha."""
     graph = specialized(model, None)
     grad = gradient_function(graph)
     FusePass().apply(Context(), graph.parent_op())
