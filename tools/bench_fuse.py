@@ -120,14 +120,14 @@ def tiny_rows(rounds: int) -> list[Row]:
 
 
 def table(rows: list[Row]) -> str:
-    head = (f"{'shape':<12} {'variant':<16} {'launches':>8} {'GB moved':>9} {'x off':>6} {'TFLOP':>8} "
+    head = (f"{'shape':<12} {'variant':<18} {'launches':>8} {'GB moved':>9} {'x off':>6} {'TFLOP':>8} "
             f"{'roofline ms':>11} {'x off':>6} {'arena GiB':>9} {'logits':>6} {'step ms':>8} {'x off':>6}")
     lines = [head, "-" * len(head)]
     off = None
     for row in rows:
         off = row if row.variant == "off" else off
         step = f"{row.step_ms:>8.2f} {row.step_ms / off.step_ms:>6.2f}" if row.step_ms else f"{'-':>8} {'-':>6}"
-        lines.append(f"{row.shape:<12} {row.variant:<16} {row.launches:>8} {row.bytes / 1e9:>9.3f} "
+        lines.append(f"{row.shape:<12} {row.variant:<18} {row.launches:>8} {row.bytes / 1e9:>9.3f} "
                      f"{row.bytes / off.bytes:>6.2f} {row.flops / 1e12:>8.3f} {row.seconds * 1e3:>11.3f} "
                      f"{row.seconds / off.seconds:>6.2f} {row.arena / GiB:>9.3f} "
                      f"{'yes' if row.logits_planned else 'no':>6} {step}")

@@ -58,20 +58,23 @@ class ExecutionError(Exception):
 
 @dataclass
 class KVCache:
-    """Keys and values of every attention op and layer seen so far."""
+    """Keys and values of every attention op and layer seen so far, each in its op's layout
+    (positions along axis -2 in ``bhtd``, axis 1 in ``bthd``)."""
 
-    entries: dict[tuple[int, int | None], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    entries: dict[tuple[int, int | None], tuple[np.ndarray, np.ndarray, int]] = field(default_factory=dict)
 
     @property
     def length(self) -> int:
         """Positions cached (the same for every attention op)."""
-        return next((k.shape[-2] for k, _ in self.entries.values()), 0)
+        return next((k.shape[axis] for k, _, axis in self.entries.values()), 0)
 
-    def extend(self, key: tuple[int, int | None], k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def extend(self, key: tuple[int, int | None], k: np.ndarray, v: np.ndarray,
+               layout: str = "bhtd") -> tuple[np.ndarray, np.ndarray]:
+        axis = 1 if layout == "bthd" else -2
         if key in self.entries:
-            old_k, old_v = self.entries[key]
-            k, v = np.concatenate([old_k, k], axis=-2), np.concatenate([old_v, v], axis=-2)
-        self.entries[key] = (k, v)
+            old_k, old_v, _ = self.entries[key]
+            k, v = np.concatenate([old_k, k], axis=axis), np.concatenate([old_v, v], axis=axis)
+        self.entries[key] = (k, v, axis)
         return k, v
 
 
@@ -159,7 +162,7 @@ class GraphExecutor:
             except ValueError as err:
                 raise ExecutionError(str(err)) from None
         if sig.name == "flash_attention" and self.cache is not None:
-            k, v = self.cache.extend((id(op), frame.layer), inputs[1], inputs[2])
+            k, v = self.cache.extend((id(op), frame.layer), inputs[1], inputs[2], params.get("layout", "bhtd"))
             inputs = [inputs[0], k, v, *inputs[3:]]
         out = sig.reference(*inputs, **params)
         outs = list(out) if isinstance(out, tuple) else [out]

@@ -1,9 +1,12 @@
 """mdsl-fuse attention_layout: the [B, T, H, D] ("bthd") attention computes the same values as the
 transposed [B, H, T, D] one, bitwise (references of rope, flash_attention and their backwards, the
-KV-cache attention); the std Llama/Qwen3/Mistral forward with the pattern on gives the logits of
-the pattern off, bitwise, once their @hook(BeforeAttention) is taken off (the hook observes the
-rotated q and k in [B, H, T, D]: with it the pattern must not fire, and does not); the training
-step keeps its transposes (the saved q, k, v and attention output are read by the backward)."""
+KV-cache attention). The std models attend in bthd as written; a copy of them written heads first
+([B, H, T, D], transposes around rope and attention) gives, with the pattern on, the logits of the
+pattern off, bitwise, once its @hook(BeforeAttention) is taken off (the hook observes the rotated q
+and k heads first: with it the pattern must not fire, and does not); its training step keeps its
+transposes (the saved q, k, v and attention output are read by the backward)."""
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,8 +86,32 @@ def test_kv_cache_attention_in_bthd_fills_the_same_bhtd_cache():
     assert np.array_equal(kc_t, kc) and np.array_equal(vc_t, vc)
 
 
-def load(arch: str, module: str, config: dict):
-    return modeldsl.load(STD_ROOT / "models" / module, hf=cached_checkpoint(arch, **config), dtype="fp32")
+def heads_first_models(root: Path) -> Path:
+    """The std models, block and attention copied under ``root``, the attention written heads first
+    (``transpose(1, 2)`` after the head views and before the output view, rope and attention in bhtd)."""
+    attention = (STD_ROOT / "modules" / "attention.module").read_text()
+    for head in ("q_heads", "k_heads", "v\n"):
+        attention = attention.replace(f"head_dim]) -> {head}", f"head_dim]) -> transpose(1, 2) -> {head}")
+    attention = attention.replace("rope(layout=bthd)", "rope()").replace(", layout=bthd)", ")")
+    attention = attention.replace("att -> view([B, T, q_dim])", "att -> transpose(1, 2) -> view([B, T, q_dim])")
+    assert attention.count("transpose(1, 2)") == 4 and "bthd" not in attention
+    (root / "modules").mkdir(parents=True, exist_ok=True)
+    (root / "modules" / "attention.module").write_text(attention)
+    dense = (STD_ROOT / "blocks" / "dense.module").read_text()
+    (root / "dense.module").write_text(dense.replace("std.modules.attention", "modules.attention"))
+    for _, module, _ in FAMILIES:
+        text = (STD_ROOT / "models" / module).read_text()
+        (root / module).write_text(text.replace("std.blocks.dense", "dense"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def heads_first(tmp_path_factory) -> Path:
+    return heads_first_models(tmp_path_factory.mktemp("heads_first"))
+
+
+def load(arch: str, module: str, config: dict, root: Path = STD_ROOT / "models"):
+    return modeldsl.load(root / module, hf=cached_checkpoint(arch, **config), dtype="fp32")
 
 
 def without_hooks(model: ModelOp) -> ModelOp:
@@ -123,8 +150,8 @@ def transposes(model: ModelOp) -> int:
 
 
 @pytest.mark.parametrize("arch, module, config", FAMILIES, ids=[f[0] for f in FAMILIES])
-def test_forward_logits_with_the_layout_pattern_are_bitwise_those_without(arch, module, config):
-    model = load(arch, module, config)
+def test_forward_logits_with_the_layout_pattern_are_bitwise_those_without(arch, module, config, heads_first):
+    model = load(arch, module, config, heads_first)
     bare = without_hooks(model.model)
     fused, on = fused_forward(bare, FusePass())
     unfused, off = fused_forward(bare, FusePass(disable=OFF))
@@ -135,16 +162,31 @@ def test_forward_logits_with_the_layout_pattern_are_bitwise_those_without(arch, 
     assert np.array_equal(logits(model, on), logits(model, off))
 
 
-def test_the_hook_on_rope_keeps_the_std_layout():
-    model = load("llama", "llama.module", {})
+def test_the_hook_on_rope_keeps_the_written_layout(heads_first):
+    model = load("llama", "llama.module", {}, heads_first)
     fused, program = fused_forward(model.model, FusePass())
     assert transposes(fused) == 4 and layouts(program) == ["bhtd"]
 
 
-def test_the_training_step_keeps_its_saved_layout():
+@pytest.mark.parametrize("arch, module, config", FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_the_std_models_attend_in_bthd_without_transposes(arch, module, config, heads_first):
+    """The std attention is written in bthd: forward and training step move no head transposes, and
+    give the logits of the heads-first copy bitwise."""
+    model = load(arch, module, config)
+    fused, program = fused_forward(model.model, FusePass(disable=OFF))
+    assert transposes(fused) == 0 and layouts(program) == ["bthd"]
+    step = compile_training_step(model.model, BATCH, TOKENS)
+    assert set(layouts(step)) == {"bthd"} and "transpose" not in {op.kernel.data for op in step.walk()
+                                                                    if isinstance(op, LaunchOp)}
+    copy = load(arch, module, config, heads_first)
+    _, heads_first_program = fused_forward(copy.model, FusePass(disable=OFF))
+    assert np.array_equal(logits(model, program), logits(copy, heads_first_program))
+
+
+def test_the_training_step_keeps_its_saved_layout(heads_first):
     """The backward reads the saved q, k, v and attention output in [B, H, T, D]: nothing fires,
     with the hook or without it, and the step compiles."""
-    model = load("llama", "llama.module", {})
+    model = load("llama", "llama.module", {}, heads_first)
     for source in (model.model, without_hooks(model.model)):
         program = compile_training_step(source, BATCH, TOKENS)
         assert set(layouts(program)) == {"bhtd"}
@@ -160,9 +202,9 @@ def test_shape_inference_keeps_lse_heads_first_in_bthd():
     assert RULES["flash_attention"]([q, kv, kv], {})[1] == tensor("B", "T", 8, dtype="fp32")
 
 
-def test_kv_cache_decoding_in_bthd_gives_the_same_tokens():
+def test_kv_cache_decoding_in_bthd_gives_the_same_tokens(heads_first):
     """Without the hook the decoding profiles attend in bthd (the cache stays [B, Hkv, capacity, D])."""
-    model = load("llama", "llama.module", {})
+    model = load("llama", "llama.module", {}, heads_first)
     expected = model.generate([1, 5, 9, 3], 5)
     bare = without_hooks(model.model)
     program = compile_profile(bare, 1, 4, "fp32", kv_cache=16)

@@ -32,13 +32,13 @@ def pool(monkeypatch):
 def gemm_thread_counts(monkeypatch, model) -> list[int]:
     """The BLAS thread count seen by every GEMM of one forward of ``model``'s T=4 profile."""
     seen = []
-    product = sched_executor.matmul
+    product = sched_executor.gemm
 
-    def recording_matmul(*args, **kwargs):
+    def recording_gemm(*args, **kwargs):
         seen.extend(threads.blas_thread_counts())
         return product(*args, **kwargs)
 
-    monkeypatch.setattr(sched_executor, "matmul", recording_matmul)
+    monkeypatch.setattr(sched_executor, "gemm", recording_gemm)
     executor = ScheduleExecutor(compile_profile(model.model, *TOKENS.shape, "fp32"), model.weights)
     executor.execute(*model.inputs(TOKENS, 0))
     return seen

@@ -8,7 +8,7 @@ from modeldsl.tools.bench_fuse import main
 def test_the_benchmark_prints_every_variant_and_its_verdicts(capsys):
     assert main(["--shapes", "tiny", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
-    rows = {line[13:29].strip(): line[29:].split() for line in out.splitlines() if line.startswith("tiny (CPU) ")}
+    rows = {line[13:31].strip(): line[31:].split() for line in out.splitlines() if line.startswith("tiny (CPU) ")}
     assert list(rows) == ["off", *PATTERNS, "all on"]
     assert rows["off"][-3] == "yes" and rows["all on"][-3] == "no"  # a logits GEMM in the plan
     assert int(rows["all on"][0]) < int(rows["off"][0])  # fewer launches
