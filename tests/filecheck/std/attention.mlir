@@ -1,5 +1,6 @@
 // The std attention module and dense block lower to mdsl.graph. The save: list keeps x, q_rot,
-// k_rot, v, att and lse; the intermediates it leaves out are recompute, the output is not.
+// k_rot, v, att and lse; the intermediates it leaves out are recompute, the output is not. The
+// heads stay [B, T, H, D] (rope and attention in layout bthd): no transposes.
 // RUN: mdsl-opt %S/../../../modeldsl/std/modules/attention.module --top CausalSelfAttention | filecheck %s --check-prefix=ATTN
 // RUN: mdsl-opt %S/../../../modeldsl/std/blocks/dense.module --top DenseTransformerBlock | filecheck %s --check-prefix=BLOCK
 
@@ -9,10 +10,11 @@
 // ATTN: mdsl.graph.func @forward(%x: !mdsl.graph.tensor<[B, T, d_model], bf16>, %freqs: !mdsl.graph.tensor<[T, head_dim floordiv 2, 2], fp32>)
 // ATTN: %qkv_proj = mdsl.graph.matmul %x, %qkv_weight {transpose = "NT", memory = ["recompute"]}
 // ATTN-NEXT: %q_flat, %k_flat, %v_flat = mdsl.graph.split %qkv_proj {sizes = #mdsl.graph.dims<[head_dim*num_heads, head_dim*num_kv_heads, head_dim*num_kv_heads]>, memory = ["recompute", "recompute", "recompute"]}
-// ATTN: %q_heads = mdsl.graph.transpose {{.*}} -> !mdsl.graph.tensor<[B, num_heads, T, head_dim], bf16>
-// ATTN: %k_heads = mdsl.graph.transpose {{.*}} -> !mdsl.graph.tensor<[B, num_kv_heads, T, head_dim], bf16>
-// ATTN: %q_rot, %k_rot = mdsl.graph.rope %q_heads, %k_heads, %freqs {annotations = [#mdsl.graph.hook<BeforeAttention>], memory = ["save", "save"]}
-// ATTN-NEXT: %att, %lse = mdsl.graph.flash_attention %q_rot, %k_rot, %v {memory = ["save", "save"]} :
+// ATTN: %q_heads = mdsl.graph.view {{.*}} -> !mdsl.graph.tensor<[B, T, num_heads, head_dim], bf16>
+// ATTN: %k_heads = mdsl.graph.view {{.*}} -> !mdsl.graph.tensor<[B, T, num_kv_heads, head_dim], bf16>
+// ATTN: %q_rot, %k_rot = mdsl.graph.rope %q_heads, %k_heads, %freqs {layout = "bthd", annotations = [#mdsl.graph.hook<BeforeAttention>], memory = ["save", "save"]}
+// ATTN-NEXT: %att, %lse = mdsl.graph.flash_attention %q_rot, %k_rot, %v {layout = "bthd", memory = ["save", "save"]} :
+// ATTN-NOT: mdsl.graph.transpose
 // ATTN: %att_flat = mdsl.graph.view {{.*}} -> !mdsl.graph.tensor<[B, T, head_dim*num_heads], bf16>
 // ATTN: %out = mdsl.graph.matmul %att_flat, %out_weight {transpose = "NT"} :
 // ATTN-NOT: qk_norm

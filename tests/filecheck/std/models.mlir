@@ -26,8 +26,8 @@
 // QWEN: %logits = mdsl.graph.matmul %xF, %embedding {transpose = "NT"}
 // CHECK: mdsl.graph.func @blocks(%x: !mdsl.graph.tensor<[B, T, d_model], bf16>, %freqs: !mdsl.graph.tensor<[T, head_dim floordiv 2, 2], fp32>, %ln1_weight
 // QWEN: mdsl.graph.qk_norm %q_heads, %k_heads, %attention_q_norm, %attention_k_norm
-// LLAMA: mdsl.graph.flash_attention %q_rot, %k_rot, %v {memory = ["save", "save"]} :
-// MISTRAL: mdsl.graph.flash_attention %q_rot, %k_rot, %v {window_size = 4096 : i64, memory = ["save", "save"]}
+// LLAMA: mdsl.graph.flash_attention %q_rot, %k_rot, %v {layout = "bthd", memory = ["save", "save"]} :
+// MISTRAL: mdsl.graph.flash_attention %q_rot, %k_rot, %v {window_size = 4096 : i64, layout = "bthd", memory = ["save", "save"]}
 // The block's SwiGLU_MLP has a written backward: called with the layer's MLP weights.
 // CHECK: %mlp_out, %{{.*}} = mdsl.graph.call @blocks_mlp_forward(%ln2_out, %mlp_up_weight, %mlp_down_weight)
 // CHECK: mdsl.graph.return %out

@@ -41,13 +41,13 @@
 // GRAPH-NEXT: hint: lower to mdsl.sched first: -p '...,mdsl-lower-to-sched,mdsl-plan-memory'
 
 // LLAMA:      cost estimate: roofline at 3350 GB/s
-// LLAMA-NEXT: @forward: {{.*}} ms, 41 launches
+// LLAMA-NEXT: @forward: {{.*}} ms, 33 launches
 // LLAMA-NEXT:   op kind
 // LLAMA-NEXT:   gemm             15
 // LLAMA-DAG:    attention         2
 // LLAMA-DAG:    rmsnorm           5
 // LLAMA-DAG:    embedding         1
-// LLAMA:        total            41 {{.*}} 100.0%
+// LLAMA:        total            33 {{.*}} 100.0%
 // LLAMA-NOT:    recompute
 
 !a = !mdsl.sched.buffer<[1024, 4096], bf16>
