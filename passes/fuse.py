@@ -1,33 +1,24 @@
 """``mdsl-fuse``: fusion as rewrite patterns on ``mdsl.graph``.
 
-Each pattern is a ``RewritePattern`` of its own (``passes/fuse_<family>.py``),
-named as spec 7.5.1's pattern table names it where it is there, and switched
-off by ``mdsl-fuse{disable=residual_norm,scalar_alpha}``:
+Each pattern is a :class:`~modeldsl.passes.fuse_common.FusionPattern` of its own, one family per
+file (``passes/fuse_<family>.py``), named as spec 7.5.1's pattern table names it where it is there;
+``PATTERNS`` lists them (docs/internals.md, "Fusion", says what each rewrites):
 
-* ``residual_norm`` (:mod:`modeldsl.passes.fuse_norm`): a residual ``add``
-  feeding ``rmsnorm`` becomes ``fused_residual_rmsnorm``, and ``rmsnorm_backward`` + the add of
-  the residual gradient becomes ``fused_residual_rmsnorm_backward``;
-* ``scalar_alpha`` (:mod:`modeldsl.passes.fuse_gemm`): a ``scale`` before or
-  after a ``matmul`` goes into the GEMM's ``alpha``;
-* ``linear_bias_act``, ``bias_activation`` (:mod:`modeldsl.passes.fuse_epilogue`): ``matmul`` +
-  bias (+ ReLU/tanh GELU) becomes ``linear_bias_act``, one GEMM with a cuBLASLt epilogue; an
-  activation of a ``linear_bias_act`` without one moves into its epilogue;
-* ``dag_gelu``, ``dag_silu``, ``dag_softmax``, ``dag_rmsnorm``
-  (:mod:`modeldsl.passes.fuse_dag`): hand-written math becomes the primitive it spells.
-* ``gated_mlp`` (:mod:`modeldsl.passes.fuse_mlp`): ``split`` + ``swiglu``/``geglu`` of the
-  packed gate/up projection becomes ``fused_split_swiglu``/``_geglu``, and the backward's
-  gated backward + ``concat`` becomes ``fused_split_*_backward`` writing ``d_gate_up`` packed.
-* ``attention_softmax``, ``dag_attention`` (:mod:`modeldsl.passes.fuse_attention`): the scale of
-  the attention scores goes into their GEMM's ``alpha``; written-out (non-causal) attention
-  becomes ``flash_attention``.
-* ``attention_layout`` (:mod:`modeldsl.passes.fuse_layout`): the head transposes around
-  ``qk_norm``/``rope``/``flash_attention`` go; those ops take ``[B, T, H, D]`` (``layout = "bthd"``).
+* ``residual_norm`` (fuse_norm): add + rmsnorm and its backward pair -> fused_residual_rmsnorm(_backward);
+* ``scalar_alpha``, ``transpose_flag`` (fuse_gemm): a scale, a transpose into the GEMM's alpha, flags;
+* ``linear_bias_act``, ``bias_activation`` (fuse_epilogue): bias and ReLU/GELU as GEMM epilogues;
+* ``lm_head_loss`` (fuse_loss): the LM head and cross-entropy, forward and backward, chunked;
+* ``gated_mlp`` (fuse_mlp): the packed gate/up split + swiglu/geglu and its backward concat;
+* ``attention_layout`` (fuse_layout): head transposes around rope/attention -> layout bthd;
+* ``attention_softmax``, ``dag_attention`` (fuse_attention): the scores' scale, written-out attention;
+* ``dag_gelu``, ``dag_silu``, ``dag_softmax``, ``dag_rmsnorm`` (fuse_dag): written-out functions.
 
-Patterns apply in every function of the module (block bodies included), so
-they run after ``mdsl-autodiff`` and ``mdsl-recompute`` on the training step's
-forward too; the replayed ops of a recompute segment, and ops with ``@nofuse``,
-a ``@hook`` or a ``@probe``, are barriers (:mod:`modeldsl.passes.fuse_common`).
-A gradient function's ``forward_ops`` count is kept true as ops merge.
+Options: ``disable=a,b`` turns patterns off, ``only=a,b`` runs just those, ``auto=false`` fuses only
+what ``@fuse``/``@fuse_required`` request, ``lm_head_chunk=N`` sets the fused loss's rows per chunk.
+Patterns apply in every function of the module (block bodies included), after ``mdsl-autodiff`` and
+``mdsl-recompute`` in a training step; barriers are in :mod:`modeldsl.passes.fuse_common`. CSE runs
+after the patterns; a gradient function's ``forward_ops`` count is kept true as ops merge, and a
+``@fuse_required`` flow that no requested pattern merged is E013.
 """
 
 from __future__ import annotations

@@ -7,19 +7,14 @@ recompute on as with it off, and the loss and logits never leave the fused progr
 import numpy as np
 import pytest
 
-import modeldsl
-from hf_checkpoints import cached_checkpoint
 from modeldsl.dialects.sched import BufferOp, LaunchOp
 from modeldsl.passes.fuse import FusePass
-from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime.profiles import compile_profile
 from modeldsl.runtime.train import compile_training_step
+from training_steps import BATCH, FAMILIES, FAMILY_IDS, TOKENS, load_std, step_gradients
 
 pytest.importorskip("transformers")
 
-FAMILIES = [("llama", "llama.module", {}), ("qwen3", "qwen.module", {"head_dim": 16}),
-            ("mistral", "mistral.module", {"sliding_window": 5})]
-BATCH, TOKENS = 2, 8
 
 
 def kernels(program) -> set[str]:
@@ -27,28 +22,16 @@ def kernels(program) -> set[str]:
 
 
 def gradients(model, program) -> tuple[float, np.ndarray]:
-    executor = model.schedule.executor(program)
-    executor.arenas["grads"][:] = 0
-    rng = np.random.default_rng(0)
-    vocab = model.config("vocab_size")
-    tokens = rng.integers(0, vocab, size=(BATCH, TOKENS)).astype(np.int32)
-    labels = rng.integers(0, vocab, size=(BATCH, TOKENS)).astype(np.int64)
-    labels[0, :3] = -100
-    (loss, *_) = executor.execute(*model.inputs(tokens, 0), labels, np.array(1.0, dtype=np.float32))
-    return float(loss), executor.arenas["grads"].copy().view(np.float32)
+    return step_gradients(model, program, ignored=3)
 
 
 def aligned(nbytes: int) -> int:
     return -(-nbytes // 256) * 256
 
 
-def load(arch: str, module: str, config: dict):
-    return modeldsl.load(STD_ROOT / "models" / module, hf=cached_checkpoint(arch, **config), dtype="fp32")
-
-
-@pytest.mark.parametrize("arch, module, config", FAMILIES, ids=[f[0] for f in FAMILIES])
+@pytest.mark.parametrize("arch, module, config", FAMILIES, ids=FAMILY_IDS)
 def test_fusion_keeps_the_gradients_and_recompute_stays_bitwise(arch, module, config):
-    model = load(arch, module, config)
+    model = load_std(arch, module, config)
     loss, grads = gradients(model, compile_training_step(model.model, BATCH, TOKENS, fuse=False))
     fused_loss, fused_grads = gradients(model, compile_training_step(model.model, BATCH, TOKENS, recompute="none"))
     np.testing.assert_allclose(fused_loss, loss, rtol=1e-6)
@@ -63,7 +46,7 @@ def test_fusion_keeps_the_gradients_and_recompute_stays_bitwise(arch, module, co
 def test_arithmetic_preserving_patterns_are_bitwise():
     """residual_norm does the same sum and norm (forward) and the same norm gradient plus residual
     gradient (backward): with the rounding-changing patterns off, bitwise."""
-    model = load("llama", "llama.module", {})
+    model = load_std("llama", "llama.module", {})
     off = compile_training_step(model.model, BATCH, TOKENS, fuse=False)
     norm_only = compile_training_step(model.model, BATCH, TOKENS,
                                       fuse=FusePass(disable=("scalar_alpha", "lm_head_loss")))
@@ -77,7 +60,7 @@ def test_arithmetic_preserving_patterns_are_bitwise():
 def test_the_chunked_lm_head_loss_never_holds_the_logits(chunk):
     """No GEMM computes logits and no cross-entropy reads them: the fused launches read the LM head,
     each with a scratch of one chunk's fp32 logits."""
-    model = load("llama", "llama.module", {})
+    model = load_std("llama", "llama.module", {})
     vocab = model.config("vocab_size")
     unfused = compile_training_step(model.model, BATCH, TOKENS, fuse=False)
     program = compile_training_step(model.model, BATCH, TOKENS, fuse=FusePass(lm_head_chunk=chunk))
@@ -95,7 +78,7 @@ def test_the_chunked_lm_head_loss_never_holds_the_logits(chunk):
 
 
 def test_the_forward_profile_runs_the_fused_residual_norm():
-    model = load("llama", "llama.module", {})
+    model = load_std("llama", "llama.module", {})
     program = compile_profile(model.model, 1, 8, "fp32")
     assert "fused_residual_rmsnorm" in kernels(program)
     assert sum(op.kernel.data == "add" for op in program.walk() if isinstance(op, LaunchOp)) == 1  # per layer

@@ -13,8 +13,6 @@ import pytest
 from xdsl.context import Context
 from xdsl.dialects.builtin import ArrayAttr, ModuleOp
 
-import modeldsl
-from hf_checkpoints import cached_checkpoint
 from modeldsl.dialects.annotations import HookAttr, annotations_of
 from modeldsl.dialects.graph import ModelOp
 from modeldsl.dialects.graph_primitives import FlashAttentionOp, RopeOp, TransposeOp
@@ -28,10 +26,8 @@ from modeldsl.passes.specialize import SpecializePass
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime.profiles import ProfiledForward, compile_profile, plan
 from modeldsl.runtime.train import compile_training_step
+from training_steps import BATCH, FAMILIES, FAMILY_IDS, TOKENS, load_std
 
-FAMILIES = [("llama", "llama.module", {}), ("qwen3", "qwen.module", {"head_dim": 16}),
-            ("mistral", "mistral.module", {"sliding_window": 5})]
-BATCH, TOKENS = 2, 8
 OFF = ("attention_layout",)
 
 
@@ -110,10 +106,6 @@ def heads_first(tmp_path_factory) -> Path:
     return heads_first_models(tmp_path_factory.mktemp("heads_first"))
 
 
-def load(arch: str, module: str, config: dict, root: Path = STD_ROOT / "models"):
-    return modeldsl.load(root / module, hf=cached_checkpoint(arch, **config), dtype="fp32")
-
-
 def without_hooks(model: ModelOp) -> ModelOp:
     """A copy of ``model`` with no @hook on any rope (the std models observe q and k there)."""
     copy = model.clone()
@@ -149,9 +141,9 @@ def transposes(model: ModelOp) -> int:
     return sum(isinstance(op, TransposeOp) for op in model.walk())
 
 
-@pytest.mark.parametrize("arch, module, config", FAMILIES, ids=[f[0] for f in FAMILIES])
+@pytest.mark.parametrize("arch, module, config", FAMILIES, ids=FAMILY_IDS)
 def test_forward_logits_with_the_layout_pattern_are_bitwise_those_without(arch, module, config, heads_first):
-    model = load(arch, module, config, heads_first)
+    model = load_std(arch, module, config, heads_first)
     bare = without_hooks(model.model)
     fused, on = fused_forward(bare, FusePass())
     unfused, off = fused_forward(bare, FusePass(disable=OFF))
@@ -163,22 +155,22 @@ def test_forward_logits_with_the_layout_pattern_are_bitwise_those_without(arch, 
 
 
 def test_the_hook_on_rope_keeps_the_written_layout(heads_first):
-    model = load("llama", "llama.module", {}, heads_first)
+    model = load_std("llama", "llama.module", {}, heads_first)
     fused, program = fused_forward(model.model, FusePass())
     assert transposes(fused) == 4 and layouts(program) == ["bhtd"]
 
 
-@pytest.mark.parametrize("arch, module, config", FAMILIES, ids=[f[0] for f in FAMILIES])
+@pytest.mark.parametrize("arch, module, config", FAMILIES, ids=FAMILY_IDS)
 def test_the_std_models_attend_in_bthd_without_transposes(arch, module, config, heads_first):
     """The std attention is written in bthd: forward and training step move no head transposes, and
     give the logits of the heads-first copy bitwise."""
-    model = load(arch, module, config)
+    model = load_std(arch, module, config)
     fused, program = fused_forward(model.model, FusePass(disable=OFF))
     assert transposes(fused) == 0 and layouts(program) == ["bthd"]
     step = compile_training_step(model.model, BATCH, TOKENS)
     assert set(layouts(step)) == {"bthd"} and "transpose" not in {op.kernel.data for op in step.walk()
                                                                     if isinstance(op, LaunchOp)}
-    copy = load(arch, module, config, heads_first)
+    copy = load_std(arch, module, config, heads_first)
     _, heads_first_program = fused_forward(copy.model, FusePass(disable=OFF))
     assert np.array_equal(logits(model, program), logits(copy, heads_first_program))
 
@@ -186,7 +178,7 @@ def test_the_std_models_attend_in_bthd_without_transposes(arch, module, config, 
 def test_the_training_step_keeps_its_saved_layout(heads_first):
     """The backward reads the saved q, k, v and attention output in [B, H, T, D]: nothing fires,
     with the hook or without it, and the step compiles."""
-    model = load("llama", "llama.module", {}, heads_first)
+    model = load_std("llama", "llama.module", {}, heads_first)
     for source in (model.model, without_hooks(model.model)):
         program = compile_training_step(source, BATCH, TOKENS)
         assert set(layouts(program)) == {"bhtd"}
@@ -204,7 +196,7 @@ def test_shape_inference_keeps_lse_heads_first_in_bthd():
 
 def test_kv_cache_decoding_in_bthd_gives_the_same_tokens(heads_first):
     """Without the hook the decoding profiles attend in bthd (the cache stays [B, Hkv, capacity, D])."""
-    model = load("llama", "llama.module", {}, heads_first)
+    model = load_std("llama", "llama.module", {}, heads_first)
     expected = model.generate([1, 5, 9, 3], 5)
     bare = without_hooks(model.model)
     program = compile_profile(bare, 1, 4, "fp32", kv_cache=16)

@@ -11,39 +11,20 @@ import pytest
 from xdsl.dialects import test as xdsl_test
 from xdsl.utils.exceptions import VerifyException
 
-import modeldsl
-from hf_checkpoints import cached_checkpoint
 from modeldsl.dialects.graph_primitives import FusedSplitSwigluOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.dialects.sched import GemmOp, LaunchOp
 from modeldsl.passes.fuse import PATTERNS, FusePass
-from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime.train import compile_training_step
+from training_steps import BATCH, FAMILIES, FAMILY_IDS, TOKENS, load_std, step_gradients
 
 pytest.importorskip("transformers")
-
-FAMILIES = [("llama", "llama.module", {}), ("qwen3", "qwen.module", {"head_dim": 16}),
-            ("mistral", "mistral.module", {"sliding_window": 5})]
-BATCH, TOKENS = 2, 8
 
 GATED_MLP_ONLY = FusePass(disable=tuple(name for name in PATTERNS if name != "gated_mlp"))
 
 
-def load(arch: str, module: str, config: dict):
-    return modeldsl.load(STD_ROOT / "models" / module, hf=cached_checkpoint(arch, **config), dtype="fp32")
-
-
 def gradients(model, program) -> tuple[float, np.ndarray]:
-    """The loss and the fp32 gradients arena of one step on fixed tokens (labels partly ignored)."""
-    executor = model.schedule.executor(program)
-    executor.arenas["grads"][:] = 0
-    rng = np.random.default_rng(0)
-    vocab = model.config("vocab_size")
-    tokens = rng.integers(0, vocab, size=(BATCH, TOKENS)).astype(np.int32)
-    labels = rng.integers(0, vocab, size=(BATCH, TOKENS)).astype(np.int64)
-    labels[0, :3] = -100
-    (loss, *_) = executor.execute(*model.inputs(tokens, 0), labels, np.array(1.0, dtype=np.float32))
-    return float(loss), executor.arenas["grads"].copy().view(np.float32)
+    return step_gradients(model, program, ignored=3)
 
 
 def launches(program) -> Counter:
@@ -54,9 +35,9 @@ def gemms(program) -> int:
     return sum(isinstance(op, GemmOp) for op in program.walk())
 
 
-@pytest.mark.parametrize("arch, module, config", FAMILIES, ids=[f[0] for f in FAMILIES])
+@pytest.mark.parametrize("arch, module, config", FAMILIES, ids=FAMILY_IDS)
 def test_gated_mlp_alone_is_bitwise_and_drops_the_concat(arch, module, config):
-    model = load(arch, module, config)
+    model = load_std(arch, module, config)
     off = compile_training_step(model.model, BATCH, TOKENS, fuse=False)
     fused = compile_training_step(model.model, BATCH, TOKENS, fuse=GATED_MLP_ONLY)
     before, after = launches(off), launches(fused)

@@ -13,26 +13,17 @@ from modeldsl.dialects.sched import LayerLoopOp, RecomputeSegmentOp
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime.executor import ExecutionError
 from modeldsl.runtime.train import compile_training_step, recompute_options
+from training_steps import BATCH, FAMILIES, TOKENS, step_gradients
 
 pytest.importorskip("transformers")
 
-FAMILIES = [("llama", "llama.module", {}), ("qwen3", "qwen.module", {"head_dim": 16}),
-            ("mistral", "mistral.module", {"sliding_window": 5})]
 MODES = ["annotated", "full", "auto:2000", "auto:6000"]
-BATCH, TOKENS = 2, 8
 
 
 def step(model, mode: str) -> tuple[float, np.ndarray, object]:
     """(loss, the grads arena, the program) of one fp32 training step in recompute ``mode``."""
     program = compile_training_step(model.model, BATCH, TOKENS, recompute=mode)
-    executor = model.schedule.executor(program)
-    executor.arenas["grads"][:] = 0
-    rng = np.random.default_rng(0)
-    vocab = model.config("vocab_size")
-    tokens = rng.integers(0, vocab, size=(BATCH, TOKENS)).astype(np.int32)
-    labels = rng.integers(0, vocab, size=(BATCH, TOKENS)).astype(np.int64)
-    (loss, *_) = executor.execute(*model.inputs(tokens, 0), labels, np.array(1.0, dtype=np.float32))
-    return float(loss), executor.arenas["grads"].copy(), program
+    return (*step_gradients(model, program), program)
 
 
 def saved_bytes(program) -> int:
