@@ -6,6 +6,7 @@ file (``passes/fuse_<family>.py``), named as spec 7.5.1's pattern table names it
 
 * ``residual_norm`` (fuse_norm): add + rmsnorm and its backward pair -> fused_residual_rmsnorm(_backward);
 * ``scalar_alpha``, ``transpose_flag`` (fuse_gemm): a scale, a transpose into the GEMM's alpha, flags;
+* ``fold`` (fuse_fold): identities, transpose pairs, view chains and scale chains folded;
 * ``linear_bias_act``, ``bias_activation`` (fuse_epilogue): bias and ReLU/GELU as GEMM epilogues;
 * ``lm_head_loss`` (fuse_loss): the LM head and cross-entropy, forward and backward, chunked;
 * ``gated_mlp`` (fuse_mlp): the packed gate/up split + swiglu/geglu and its backward concat;
@@ -42,6 +43,7 @@ from modeldsl.passes.fuse_common import FusionPattern, FusionSwitch, requests_pa
 from modeldsl.passes.fuse_attention import AttentionSoftmax, DagAttention
 from modeldsl.passes.fuse_dag import DagGelu, DagRmsnorm, DagSilu, DagSoftmax
 from modeldsl.passes.fuse_epilogue import BiasActivation, LinearBiasAct
+from modeldsl.passes.fuse_fold import FoldIdentity, FoldScales, FoldTransposes, FoldViews
 from modeldsl.passes.fuse_gemm import AlphaFromScale, ScaleIntoAlpha, TransposeIntoFlags
 from modeldsl.passes.fuse_layout import AttentionLayout
 from modeldsl.passes.fuse_loss import LmHeadLoss, LmHeadLossBackward
@@ -52,6 +54,7 @@ PATTERNS: dict[str, tuple[type[FusionPattern], ...]] = {
     "residual_norm": (ResidualNorm, ResidualNormBackward),
     "scalar_alpha": (ScaleIntoAlpha, AlphaFromScale),
     "transpose_flag": (TransposeIntoFlags,),
+    "fold": (FoldIdentity, FoldTransposes, FoldViews, FoldScales),
     "linear_bias_act": (LinearBiasAct,),
     "bias_activation": (BiasActivation,),
     "lm_head_loss": (LmHeadLossBackward, LmHeadLoss),
