@@ -8,7 +8,9 @@ collective) is priced by what it moves and what it computes:
   a gemm reads A, B, C when ``beta != 0`` and the bias/aux operands its
   epilogue reads, and writes C and the ones it writes; a copy moves its
   ``bytes`` or the whole buffer). A launch's trailing ``scratch`` output is
-  not counted; an ``accumulate`` launch reads its outputs as well as writing
+  not counted as a buffer, except the traffic through it that
+  :data:`SCRATCH_TRAFFIC` knows (the chunked LM-head loss writes and reads
+  every chunk's fp32 logits there); an ``accumulate`` launch reads its outputs as well as writing
   them (as a gemm with ``beta != 0`` does); an in-place launch's outputs are
   written although they alias its inputs;
   whole operands count, so a gather (``embedding``) reads its whole table;
@@ -153,6 +155,28 @@ def _accesses(op: Operation) -> list[tuple[SSAValue, bool, bool, int | None]]:
     return roles
 
 
+def _lm_head_loss_traffic(op: LaunchOp, backward: bool) -> tuple[int, int]:
+    """(read, written) through the scratch of the CUDA composite of the chunked LM-head loss
+    (modeldsl/runtime/cuda_composites.py), over all chunks: forward, the GEMM writes the fp32
+    logits and the cross-entropy reads them; backward, the GEMM writes them, the cross-entropy
+    backward reads and rewrites them as gradients, a 16-bit x gets a cast copy, and the d_x and
+    d_W GEMMs each read that operand."""
+    x = buffer_type(op.inputs[1 if backward else 0])
+    rows, vocab = x.shape[0], buffer_type(op.inputs[2 if backward else 1]).shape[0]
+    logits = 4 * rows * vocab
+    if not backward:
+        return logits, logits
+    operand = x.dtype.byte_size(rows * vocab)
+    cast = (logits, operand) if operand != logits else (0, 0)
+    return logits + cast[0] + 2 * operand, 2 * logits + cast[1]
+
+
+SCRATCH_TRAFFIC = {
+    "fused_lm_head_loss": lambda op: _lm_head_loss_traffic(op, backward=False),
+    "fused_lm_head_loss_backward": lambda op: _lm_head_loss_traffic(op, backward=True),
+}
+
+
 def op_bytes(op: Operation) -> tuple[int, int]:
     """(bytes read, bytes written) of one run of a work op."""
     read = written = 0
@@ -160,6 +184,10 @@ def op_bytes(op: Operation) -> tuple[int, int]:
         nbytes = buffer_type(value).nbytes if leading is None else leading
         read += nbytes if reads else 0
         written += nbytes if writes else 0
+    traffic = SCRATCH_TRAFFIC.get(op.kernel.data) if isinstance(op, LaunchOp) else None
+    if traffic is not None:
+        extra_read, extra_written = traffic(op)
+        read, written = read + extra_read, written + extra_written
     return read, written
 
 

@@ -31,6 +31,11 @@ TYPES = """
 !ws = !mdsl.sched.buffer<[100], int8>
 !q = !mdsl.sched.buffer<[1, 2, 16, 8], fp32>
 !lse = !mdsl.sched.buffer<[1, 2, 16], fp32>
+!a16 = !mdsl.sched.buffer<[64, 128], bf16>
+!w16 = !mdsl.sched.buffer<[256, 128], bf16>
+!labels = !mdsl.sched.buffer<[64], int64>
+!loss = !mdsl.sched.buffer<[], fp32>
+!rows = !mdsl.sched.buffer<[64], fp32>
 """
 
 BUFFERS = """
@@ -49,6 +54,13 @@ BUFFERS = """
   %v = mdsl.sched.buffer activations bytes 1024 : !q
   %o = mdsl.sched.buffer activations bytes 1024 : !q
   %lse = mdsl.sched.buffer activations bytes 128 : !lse
+  %a16 = mdsl.sched.buffer activations bytes 16384 : !a16
+  %w16 = mdsl.sched.buffer params bytes 65536 : !w16
+  %labels = mdsl.sched.buffer activations bytes 512 : !labels
+  %loss = mdsl.sched.buffer activations bytes 4 : !loss
+  %rows = mdsl.sched.buffer activations bytes 256 : !rows
+  %dx16 = mdsl.sched.buffer activations bytes 16384 : !a16
+  %dw16 = mdsl.sched.buffer grads bytes 65536 : !w16
 """
 
 X = 4096  # bytes of one !x buffer
@@ -90,6 +102,22 @@ def test_a_launchs_scratch_output_is_not_counted():
     assert op_bytes(launch) == (X, X)
     cost = program_cost(program('  mdsl.sched.launch "silu"(%x) -> (%y, %ws) {scratch} : (!x) -> (!x, !ws)\n'))
     assert cost.kinds["silu"].flops == 4 * 1024
+
+
+def test_the_chunked_lm_head_loss_counts_the_logits_it_moves_through_its_scratch():
+    """Every chunk's fp32 logits are written and read in the scratch (forward); the backward writes
+    them, rewrites them as gradients, casts them for 16-bit x and reads them in two GEMMs."""
+    logits = 4 * 64 * 256
+    forward = only_op('  mdsl.sched.launch "fused_lm_head_loss"(%a, %w, %labels) -> (%loss, %rows, %ws) '
+                      '{chunk = 16 : i64, scratch} : (!a, !w, !labels) -> (!loss, !rows, !ws)\n')
+    buffers = 64 * 128 * 4 + 256 * 128 * 4 + 64 * 8
+    assert op_bytes(forward) == (buffers + logits, 4 + 64 * 4 + logits)
+    backward = only_op('  mdsl.sched.launch "fused_lm_head_loss_backward"(%loss, %a16, %w16, %labels, %rows) -> '
+                       '(%dx16, %dw16, %ws) {scratch} : (!loss, !a16, !w16, !labels, !rows) -> (!a16, !w16, !ws)\n')
+    read, written = op_bytes(backward)
+    inputs, outputs = 4 + 64 * 128 * 2 + 256 * 128 * 2 + 64 * 8 + 64 * 4, 64 * 128 * 2 + 256 * 128 * 2
+    operand = logits // 2
+    assert (read, written) == (inputs + logits + logits + 2 * operand, outputs + 2 * logits + operand)
 
 
 def test_an_in_place_launch_writes_its_output_although_it_aliases_an_input():
