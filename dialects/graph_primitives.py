@@ -849,6 +849,33 @@ class SoftmaxBackwardOp(PrimitiveOp):
         check_same_shape("d_x", out, tensor(self.d_x))
 
 
+CAUSAL_MASK_FILLS = ("neg_inf", "zero")
+
+
+@irdl_op_definition
+class CausalMaskOp(UnaryElementwiseOp):
+    """Attention scores ``x [*, Tq, Tk]`` with the keys a query may not see set to ``fill``:
+    key ``j`` of query ``i`` where ``j > i + offset`` (PyTorch's
+    ``s.masked_fill(torch.ones(Tq, Tk).triu(offset + 1).bool(), -inf)``), and with a
+    ``window_size`` w also where ``j <= i + offset - w`` (a sliding window). ``fill = "zero"``
+    writes 0 instead of -inf: the op's own gradient."""
+
+    name = "mdsl.graph.causal_mask"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"fill": CAUSAL_MASK_FILLS}
+    offset = int_param(0)
+    window_size = opt_attr_def(IntegerAttr)
+    fill = enum_param("neg_inf")
+
+    def verify_shapes(self) -> None:
+        super().verify_shapes()
+        x = tensor(self.x)
+        if not x.is_variadic and x.rank < 2:
+            raise VerifyException(f"causal_mask needs scores of rank 2 or more, got {x}")
+        window = self.attributes.get("window_size")
+        if isinstance(window, IntegerAttr) and window.value.data <= 0:
+            raise VerifyException(f"window_size must be positive, got {window.value.data}")
+
+
 # ----------------------------------------------------------------------------
 # 6.4 Attention
 # ----------------------------------------------------------------------------
@@ -2062,7 +2089,7 @@ PRIMITIVE_OPS: tuple[type[Operation], ...] = (
     SwigluOp, SwigluBackwardOp, GegluOp, GegluBackwardOp, SiluOp, SiluBackwardOp,
     FusedSplitSwigluOp, FusedSplitSwigluBackwardOp, FusedSplitGegluOp, FusedSplitGegluBackwardOp,
     ReluOp, ReluBackwardOp, Relu2Op, Relu2BackwardOp, GeluOp, GeluBackwardOp,
-    SoftmaxOp, SoftmaxBackwardOp,
+    SoftmaxOp, SoftmaxBackwardOp, CausalMaskOp,
     FlashAttentionOp, FlashAttentionBackwardOp, RopeOp, RopeBackwardOp, QkNormOp, QkNormBackwardOp,
     SplitOp, ConcatOp, ViewOp, TransposeOp, PermuteOp, ContiguousOp,
     AddOp, AddBackwardOp, MulOp, MulBackwardOp, BiasAddOp, ScaleOp, Add3Op,

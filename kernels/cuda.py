@@ -175,6 +175,7 @@ _kernel("elementwise", "scale", "ptr x, ptr out, i64 n, f32 factor")
 _kernel("elementwise", "sub", "ptr a, ptr b, ptr out, i64 n, i64 b_n, i64 b_inner")
 _kernel("elementwise", "div", "ptr a, ptr b, ptr out, i64 n, i64 b_n, i64 b_inner")
 _kernel("elementwise", "add_scalar", "ptr x, ptr out, i64 n, f32 value")
+_kernel("elementwise", "causal_mask", "ptr x, ptr out, i64 n, i64 Tq, i64 Tk, i64 offset, i64 window, f32 fill")
 _kernel("elementwise", "add3", "ptr a, ptr b, ptr c, ptr out, i64 n")
 _kernel("elementwise", "add_inplace", "ptr acc, ptr x, i64 n", ("bf16", "fp32", "f32_bf16"))
 _kernel("reduction", "reduce_sum_rows", "ptr x, ptr out, i64 rows, i64 R, f32 divisor")
@@ -762,6 +763,18 @@ def _add_scalar(p: Problem) -> Plan:
     grid, block = elementwise_config(n, vector_width(p.itemsize))
     return Plan((_launch("add_scalar", p.variant, grid, block, ptr("in:x"), ptr("out:out"), i64(n),
                          f32(p.attr("value"))),))
+
+
+@_primitive("causal_mask", "elementwise", "x", "out", "causal_mask")
+def _causal_mask(p: Problem) -> Plan:
+    """One thread per score, scalar loads (the mask decides per element); window 0: none."""
+    shape = p.inputs[0]
+    n = _numel(shape)
+    grid, block = elementwise_config(n, 1)
+    window = p.attrs.get("window_size") or 0
+    fill = -math.inf if p.attr("fill", "neg_inf") == "neg_inf" else 0.0
+    return Plan((_launch("causal_mask", p.variant, grid, block, ptr("in:x"), ptr("out:out"), i64(n),
+                         i64(shape[-2]), i64(shape[-1]), i64(p.attr("offset", 0)), i64(window), f32(fill)),))
 
 
 @_primitive("add3", "elementwise", "a b c", "out", "add3")

@@ -1,4 +1,5 @@
-// Elementwise arithmetic (kernels/reference.py: add, mul, sub, div, scale, add_scalar, add3, bias_add) and
+// Elementwise arithmetic (kernels/reference.py: add, mul, sub, div, scale, add_scalar, add3, bias_add,
+// causal_mask) and
 // the in-place add that accumulates gradients (acc += x).
 //
 // Launch (kernels/cuda.py: elementwise_config): block (256, 1, 1), grid
@@ -62,6 +63,17 @@ template <typename T> __device__ void scale(const T* x, T* out, i64 n, float fac
 }
 template <typename T> __device__ void add_scalar(const T* x, T* out, i64 n, float value) {
   map_elements<T, 1, 1>(n, {x}, {out}, [=](const float* a, float* y) { y[0] = a[0] + value; });
+}
+// Element e of scores [*, Tq, Tk] is key j = e % Tk of query i = (e / Tk) % Tq: masked (set to fill)
+// where j > i + offset, or with a window (window > 0) where j <= i + offset - window.
+template <typename T>
+__device__ void causal_mask(const T* x, T* out, i64 n, i64 Tq, i64 Tk, i64 offset, i64 window, float fill) {
+  const i64 tid = (i64) blockIdx.x * blockDim.x + threadIdx.x, stride = (i64) gridDim.x * blockDim.x;
+  for (i64 e = tid; e < n; e += stride) {
+    const i64 j = e % Tk, last = (e / Tk) % Tq + offset;
+    const bool masked = j > last || (window > 0 && j <= last - window);
+    out[e] = masked ? from_f32<T>(fill) : x[e];
+  }
 }
 template <typename T> __device__ void add3(const T* a, const T* b, const T* c, T* out, i64 n) {
   map_elements<T, 3, 1>(n, {a, b, c}, {out}, [](const float* x, float* y) { y[0] = x[0] + x[1] + x[2]; });
@@ -129,6 +141,15 @@ extern "C" __global__ void mdsl_add_scalar_bf16(const bf16* x, bf16* out, i64 n,
 }
 extern "C" __global__ void mdsl_add_scalar_f32(const float* x, float* out, i64 n, float value) {
   add_scalar(x, out, n, value);
+}
+// out = x with the masked scores of causal attention set to fill (-inf, or 0 for the gradient)
+extern "C" __global__ void mdsl_causal_mask_bf16(const bf16* x, bf16* out, i64 n, i64 Tq, i64 Tk, i64 offset,
+                                                 i64 window, float fill) {
+  causal_mask(x, out, n, Tq, Tk, offset, window, fill);
+}
+extern "C" __global__ void mdsl_causal_mask_f32(const float* x, float* out, i64 n, i64 Tq, i64 Tk, i64 offset,
+                                                i64 window, float fill) {
+  causal_mask(x, out, n, Tq, Tk, offset, window, fill);
 }
 // out = a + b + c (same shapes)
 extern "C" __global__ void mdsl_add3_bf16(const bf16* a, const bf16* b, const bf16* c, bf16* out, i64 n) {

@@ -670,6 +670,16 @@ def add_scalar(x, *, value):
     return x + x.dtype.type(value)
 
 
+def causal_mask(x, *, offset=0, window_size=None, fill="neg_inf"):
+    """x [*, Tq, Tk] with key j of query i set to ``fill`` (-inf or 0) where j > i + offset, or
+    with a window w where j <= i + offset - w."""
+    (x,) = _prep(x)
+    i = np.arange(x.shape[-2])[:, None] + offset
+    j = np.arange(x.shape[-1])[None, :]
+    masked = j > i if window_size is None else (j > i) | (j <= i - window_size)
+    return np.where(masked, x.dtype.type(-np.inf if fill == "neg_inf" else 0.0), x)
+
+
 def sub(a, b):
     """a - b with NumPy broadcasting."""
     a, b = _prep(a, b)
@@ -1190,7 +1200,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         flash_attention, flash_attention_backward, kv_cache_attention, rope, rope_backward, qk_norm, qk_norm_backward,
         split, concat, view, transpose, permute, contiguous,
         add, add_backward, mul, mul_backward, bias_add, scale, add3,
-        add_scalar, sub, div, exp, tanh, sigmoid, rsqrt,
+        add_scalar, causal_mask, sub, div, exp, tanh, sigmoid, rsqrt,
         reduce_sum, reduce_mean, reduce_max, reduce_max_backward,
         embedding, embedding_backward,
         moe_router, moe_router_backward, moe_permute, moe_unpermute, moe_unpermute_backward,

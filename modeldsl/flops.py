@@ -289,6 +289,7 @@ FLOP_RULES: dict[str, Rule] = {
     "bias_add": per_output_element(1),
     "scale": per_output_element(1),
     "add_scalar": per_output_element(1),
+    "causal_mask": per_output_element(1),  # a compare and select per score
     "sub": per_output_element(1),
     "div": per_output_element(1),
     "exp": per_output_element(1),

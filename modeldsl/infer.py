@@ -283,6 +283,7 @@ RULES: dict[str, Rule] = {
     "gelu_backward": _same(1),
     "softmax": _same(0),
     "softmax_backward": _same(1),
+    "causal_mask": _same(0),
     "flash_attention": _attention,
     "flash_attention_backward": _same(1, 2, 3),
     "rope": _same(0, 1),

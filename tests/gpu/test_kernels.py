@@ -365,6 +365,19 @@ def test_elementwise_math(runner, name, shape, variant):
     check(runner, name, [x], {"value": 1e-3} if name == "add_scalar" else {}, variant)
 
 
+CAUSAL_MASKS = [((2, 3, 5, 5), {}), ((2, 3, 7), {"offset": 4}), ((6, 4), {"offset": -2}),
+                ((2, 5, 9), {"offset": 4, "window_size": 3}), ((3, 33, 257), {"offset": 224, "fill": "zero"})]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape, attrs", CAUSAL_MASKS, ids=[str(i) for i in range(len(CAUSAL_MASKS))])
+def test_causal_mask(runner, shape, attrs, variant):
+    """-inf (or 0) where the key is past the query + offset or out of the window, x elsewhere."""
+    x = np.random.default_rng(18).standard_normal(shape)
+    result = check(runner, "causal_mask", [x], {"offset": 0, **attrs}, variant)
+    assert np.isneginf(result.outputs["out"]).any() == (attrs.get("fill", "neg_inf") == "neg_inf")
+
+
 @pytest.mark.parametrize("variant", ["fp32", "bf16", "f32_bf16"])
 @pytest.mark.parametrize("shape", ELEMENTS, ids=ids(ELEMENTS))
 def test_add_inplace(runner, shape, variant):

@@ -49,6 +49,7 @@ CASES = {
     "gelu": ([X], {"approximate": False}),
     "gelu_backward": ([X, X], {}),
     "softmax": ([X], {"dim": -1}),
+    "causal_mask": ([T("B, 8, T, T")], {"offset": 0, "window_size": 4}),
     "softmax_backward": ([X, X], {}),
     "flash_attention": ([Q, KV, KV], {"window_size": 128}),
     "flash_attention_backward": ([Q, Q, KV, KV, Q, T("B, 8, T", "fp32")], {}),

@@ -307,6 +307,17 @@ for dim in (-1, 0, 1, 2):
     case(f"softmax-dim{dim}",
          op(f"%y = mdsl.graph.softmax %x {{dim = {dim} : i64}} : ({t(2, 3, 4)}) -> {t(2, 3, 4)}"),
          {"x": (2, 3, 4)}, [("y", (2, 3, 4))])
+for label, attrs in [
+    ("causal_mask", ""),  # the masked scores are -inf: softmax after it keeps the loss finite
+    ("causal_mask-offset", " {offset = 2 : i64}"),
+    ("causal_mask-window", " {offset = 1 : i64, window_size = 2 : i64}"),
+]:
+    case(label, op(f"%m = mdsl.graph.causal_mask %x{attrs} : ({t(2, 3, 5)}) -> {t(2, 3, 5)}\n"
+                   f"    %y = mdsl.graph.softmax %m : ({t(2, 3, 5)}) -> {t(2, 3, 5)}"),
+         {"x": (2, 3, 5)}, [("y", (2, 3, 5))])
+case("causal_mask-zero",
+     op(f'%y = mdsl.graph.causal_mask %x {{offset = -1 : i64, fill = "zero"}} : ({t(4, 3)}) -> {t(4, 3)}'),
+     {"x": (4, 3)}, [("y", (4, 3))])
 
 # ----------------------------------------------------------------------------
 # attention

@@ -3,7 +3,7 @@
 import re
 
 import pytest
-from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.dialects.builtin import IntegerAttr, ModuleOp, StringAttr, i64
 from xdsl.parser import Parser
 from xdsl.utils.exceptions import ParseError
 
@@ -22,6 +22,7 @@ from modeldsl.dialects.graph import (
 )
 from modeldsl.dialects.graph_primitives import (
     PRIMITIVE_OPS,
+    CausalMaskOp,
     MatmulOp,
     RmsnormOp,
     SplitOp,
@@ -153,7 +154,7 @@ def test_every_primitive_op_is_registered_once_with_a_docstring_or_base():
         "swiglu_backward", "geglu_backward", "flash_attention_backward", "rope_backward",
         "qk_norm_backward", "embedding_backward",
         "fused_split_swiglu", "fused_split_swiglu_backward", "fused_split_geglu", "fused_split_geglu_backward",
-        "linear_bias_act",
+        "linear_bias_act", "causal_mask",
     }
     assert required <= {n.removeprefix("mdsl.graph.") for n in names}
 
@@ -224,4 +225,17 @@ def test_symbolic_dims_that_may_be_equal_are_accepted():
     b = TensorType(["B", "T", "D"], "bf16")
     module, _ = _func_with(lambda args: SwigluOp.make(list(args), [a]), [a, b], [a])
     assert verify_module(module) == []
+
+
+@pytest.mark.parametrize("shape, attrs, message", [
+    ([8], {}, "rank 2 or more"),
+    (["B", "T", "T"], {"window_size": IntegerAttr(0, i64)}, "window_size must be positive, got 0"),
+    (["B", "T", "T"], {"fill": StringAttr("one")}, "fill"),
+    (["B", "T", "T"], {"offset": IntegerAttr(-3, i64), "window_size": IntegerAttr(2, i64)}, None),
+])
+def test_causal_mask_verifier(shape, attrs, message):
+    t = TensorType(shape, "fp32")
+    module, _ = _func_with(lambda args: CausalMaskOp.make([args[0]], [t], attrs), [t], [t])
+    diagnostics = verify_module(module)
+    assert [d.message for d in diagnostics if message in d.message] if message else not diagnostics, diagnostics
 

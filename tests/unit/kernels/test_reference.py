@@ -656,6 +656,32 @@ def test_add_scalar(shape, value):
     check(ref("add_scalar", x, value=value), torch.add(tt(x), value))
 
 
+def torch_causal_mask(x: np.ndarray, offset: int, window_size: int | None, fill: float) -> torch.Tensor:
+    """PyTorch's written-out mask: keys past ``query + offset`` (and, with a window, keys
+    ``window_size`` or more behind it) filled."""
+    tq, tk = x.shape[-2:]
+    masked = torch.ones(tq, tk).triu(offset + 1).bool()
+    if window_size is not None:
+        masked |= torch.ones(tq, tk).tril(offset - window_size).bool()
+    return tt(x).masked_fill(masked, fill)
+
+
+@covers("causal_mask")
+@pytest.mark.parametrize("shape, offset, window_size", [
+    ((2, 3, 5, 5), 0, None), ((2, 3, 7), 4, None), ((6, 4), -2, None), ((2, 5, 9), 4, 3), ((5, 5), 0, 1),
+])
+@pytest.mark.parametrize("fill", ["neg_inf", "zero"])
+def test_causal_mask(shape, offset, window_size, fill):
+    (x,) = randn(68, shape)
+    expected = torch_causal_mask(x, offset, window_size, float("-inf") if fill == "neg_inf" else 0.0)
+    check(ref("causal_mask", x, offset=offset, window_size=window_size, fill=fill), expected)
+
+
+def test_causal_mask_keeps_float32():
+    out = ref("causal_mask", np.ones((3, 3), dtype=np.float32))
+    assert out.dtype == np.float32 and np.isneginf(out[0, 1]) and out[1, 0] == 1.0
+
+
 MATH = {"exp": torch.exp, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "rsqrt": torch.rsqrt}
 
 

@@ -146,6 +146,10 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %sm = mdsl.graph.softmax %x {dim = 1 : i64} : (!x) -> !x
     // CHECK: mdsl.graph.softmax_backward %x, %sm :
     %smb = mdsl.graph.softmax_backward %x, %sm : (!x, !x) -> !x
+    // CHECK: mdsl.graph.causal_mask %x :
+    %cm = mdsl.graph.causal_mask %x : (!x) -> !x
+    // CHECK: mdsl.graph.causal_mask %q {offset = 3 : i64, window_size = 2 : i64, fill = "zero"} :
+    %cmw = mdsl.graph.causal_mask %q {offset = 3 : i64, window_size = 2 : i64, fill = "zero"} : (!q) -> !q
 
     // 6.4 attention
     // CHECK: mdsl.graph.flash_attention %q, %k, %v {window_size = 4096 : i64} : (!mdsl.graph.tensor<[B, H, T, D], bf16>, !mdsl.graph.tensor<[B, Hkv, T, D], bf16>, !mdsl.graph.tensor<[B, Hkv, T, D], bf16>) -> (!mdsl.graph.tensor<[B, H, T, D], bf16>, !mdsl.graph.tensor<[B, H, T], fp32>)
