@@ -345,9 +345,8 @@ def _add_scalar(b, op, grads):
 @rule("causal_mask")
 def _causal_mask(b, op, grads):
     """The gradient where the score was kept, 0 where it was masked."""
-    window = op.attributes.get("window_size")
-    extra = {} if window is None else {"window_size": op_attr(op, "window_size")}
-    return [b.one("causal_mask", grads[0], offset=op_attr(op, "offset", 0), fill="zero", **extra)]
+    return [b.one("causal_mask", grads[0], offset=op_attr(op, "offset", 0), window_size=op_attr(op, "window_size"),
+                  fill="zero")]
 
 
 @rule("sub")

@@ -11,16 +11,22 @@ table lists dropout too: ``mdsl.graph`` has no dropout primitive, so there is no
 
 ``dag_attention`` (:class:`DagAttention`): attention written out op by op,
 ``s = batched_matmul(q, k, NT)`` (or ``NN`` on a ``transpose`` of ``k``'s last two dims),
-``[scale(s, c)]``, ``p = softmax(s, -1)``, ``o = batched_matmul(p, v)``, becomes
-``o, lse = flash_attention(q, k, v) {causal = false, softmax_scale = c * alpha}``: the ``[T,
+``[scale(s, c)]``, ``[causal_mask(s)]``, ``p = softmax(s, -1)``, ``o = batched_matmul(p, v)``,
+becomes ``o, lse = flash_attention(q, k, v) {causal, softmax_scale = c * alpha}``: the ``[T,
 T]`` scores and probabilities are never written. The scale may stand as a ``scale`` op or as
 the scores GEMM's ``alpha`` (after ``attention_softmax``); without either it is 1. ``q``, ``k``,
 ``v`` are ``[B, H, T, D]`` (flash_attention's ``bhtd`` layout, spec 6.4.1), or ``[N, T, D]``
 with the heads folded into the batch: views to ``[1, N, T, D]`` (aliases, no copies) go around
-the fused op. Causal masking is not matched: no primitive of ``mdsl.graph`` writes a mask out
-(no ``where``, ``tril`` or ``masked_fill``; an ``add`` of a mask tensor cannot be told causal
-from its type), so the written-out form is the non-causal one. GQA needs no match either: a
-written-out ``batched_matmul`` requires ``q`` and ``k`` of the same heads.
+the fused op. GQA needs no match: a written-out ``batched_matmul`` requires ``q`` and ``k`` of
+the same heads.
+
+Causal attention: a ``causal_mask`` (PyTorch's ``masked_fill`` of ``triu(offset + 1)`` with
+``-inf``) before or after the scale makes it ``flash_attention {causal = true}``, its
+``window_size`` the flash_attention's (a causal sliding window, as Mistral's). flash_attention
+puts the queries at the last positions (query ``i`` sees keys ``j <= i + Tk - Tq``), so the
+mask's ``offset`` must be ``Tk - Tq`` (0 with as many queries as keys); another offset, a
+symbolic ``Tk - Tq`` that is no constant, or ``fill = "zero"`` (the mask's gradient form) keeps
+the written-out attention.
 
 Numerics of ``dag_attention``: flash_attention's reference normalizes with the log-sum-exp
 (``exp(s - lse)``) where softmax divides by the sum of ``exp(s - max)``, so the result differs
@@ -34,7 +40,7 @@ stays; a training step therefore runs ``dag_attention`` before autodiff too, ``B
 :mod:`modeldsl.passes.fuse`, and differentiates flash_attention), a ``@checkpoint`` or ``@memory``
 mode on an intermediate. ``dag_attention`` also keeps: a non-positive scale (flash_attention's
 ``softmax_scale`` must be positive), a scale on the probabilities instead of the scores, a
-softmax over another dim than the last, a probability GEMM with a transpose or an alpha, and
+softmax over another dim than the last, a second scale or mask, a probability GEMM with a transpose or an alpha, and
 ``q``/``k``/``v`` whose shapes or dtypes are not attention's (``v`` must have ``k``'s shape, and
 there may not be more queries than keys).
 """
@@ -47,7 +53,7 @@ from xdsl.dialects.builtin import ArrayAttr, FloatAttr, StringAttr, f64
 from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter, op_type_rewrite_pattern
 
-from modeldsl.dialects.graph_primitives import BatchedMatmulOp, MatmulOp, ScaleOp, SoftmaxOp
+from modeldsl.dialects.graph_primitives import BatchedMatmulOp, CausalMaskOp, MatmulOp, ScaleOp, SoftmaxOp
 from modeldsl.graph_builder import GraphBuilder, op_attr
 from modeldsl.passes.fuse_common import FusionPattern, only_use
 from modeldsl.passes.fuse_gemm import swaps_last_two
@@ -101,6 +107,7 @@ class WrittenAttention:
     k: SSAValue
     v: SSAValue
     scale: float
+    mask: CausalMaskOp | None = None
 
 
 def written_attention(root: BatchedMatmulOp) -> WrittenAttention | None:
@@ -111,18 +118,29 @@ def written_attention(root: BatchedMatmulOp) -> WrittenAttention | None:
     softmax = p.owner
     if not isinstance(softmax, SoftmaxOp) or only_use(p) is not root or not softmax_over_last_dim(softmax):
         return None
-    ops, factor, scores = [softmax, root], 1.0, softmax.operands[0]
-    if isinstance(scores.owner, ScaleOp):
-        if only_use(scores) is not softmax:
+    ops, scores = [softmax, root], softmax.operands[0]
+    while isinstance(scores.owner, (ScaleOp, CausalMaskOp)) and not any(type(o) is type(scores.owner) for o in ops):
+        if only_use(scores) is not ops[0]:
             return None
         ops.insert(0, scores.owner)
-        factor, scores = op_attr(scores.owner, "factor"), scores.owner.operands[0]
+        scores = scores.owner.operands[0]
     found = query_key_product(scores, ops[0])
     if found is None:
         return None
     gemm_ops, q, k = found
-    scale = factor * op_attr(gemm_ops[-1], "alpha", 1.0)
-    return WrittenAttention([*gemm_ops, *ops], q, k, v, scale)
+    scale = op_attr(gemm_ops[-1], "alpha", 1.0)
+    scale *= next((op_attr(o, "factor") for o in ops if isinstance(o, ScaleOp)), 1.0)
+    mask = next((o for o in ops if isinstance(o, CausalMaskOp)), None)
+    return WrittenAttention([*gemm_ops, *ops], q, k, v, scale, mask)
+
+
+def flash_causal(mask: CausalMaskOp | None, q: SSAValue, k: SSAValue) -> bool:
+    """Whether ``mask`` (or its absence) is what flash_attention's ``causal`` computes: -inf past
+    query ``i``'s position ``i + Tk - Tq``, so ``offset`` must be the constant ``Tk - Tq``."""
+    if mask is None:
+        return True
+    extra_keys = (k.type.shape[-2] - q.type.shape[-2]).const_value()
+    return op_attr(mask, "fill", "neg_inf") == "neg_inf" and extra_keys == op_attr(mask, "offset", 0)
 
 
 def softmax_over_last_dim(softmax: SoftmaxOp) -> bool:
@@ -161,7 +179,7 @@ def attention_shapes(q: SSAValue, k: SSAValue, v: SSAValue, out: SSAValue) -> bo
 
 
 class DagAttention(FusionPattern):
-    """Written-out non-causal attention -> ``flash_attention`` (module docstring)."""
+    """Written-out attention, causal (``causal_mask``) or not -> ``flash_attention`` (module docstring)."""
 
     name = "dag_attention"
     primitives = ("batched_matmul", "softmax")
@@ -170,6 +188,8 @@ class DagAttention(FusionPattern):
     def match_and_rewrite(self, op: BatchedMatmulOp, rewriter: PatternRewriter) -> None:
         found = written_attention(op)
         if found is None or not found.scale > 0 or not attention_shapes(found.q, found.k, found.v, op.results[0]):
+            return
+        if not flash_causal(found.mask, found.q, found.k):
             return
         if not all(keeps_no_mode(o) for o in found.ops[:-1]) or not self.may_fuse(*found.ops):
             return
@@ -186,7 +206,9 @@ class DagAttention(FusionPattern):
         folded = len(q.type.shape) == 3
         if folded:
             q, k, v = (builder.one("view", x, shape=[1, *x.type.shape]) for x in (q, k, v))
-        out, lse = builder.op("flash_attention", q, k, v, causal=False, softmax_scale=found.scale)
+        window = None if found.mask is None else op_attr(found.mask, "window_size")
+        out, lse = builder.op("flash_attention", q, k, v, causal=found.mask is not None, softmax_scale=found.scale,
+                              window_size=window)
         fused = out.owner
         fused.location = root.location
         if "checkpoint" in root.attributes:
