@@ -1122,6 +1122,81 @@ class QkNormBackwardOp(PrimitiveOp):
         check_row_stat("k_rstd", k, tensor(self.k_rstd))
 
 
+def check_qk_norm_rope(op: Operation, q: TensorType, k: TensorType) -> None:
+    """Operands of a fused qk_norm + rope: q and k as ``layout`` says, weights ``[D]``, the
+    statistics ``[*q.shape[:3]]`` as qk_norm's (per row of D, in the operands' own order)."""
+    check_heads(heads_first(q, op.layout), heads_first(k, op.layout))
+    check_norm_weight("q_weight", q, tensor(op.q_weight))
+    check_norm_weight("k_weight", k, tensor(op.k_weight))
+    check_row_stat("q_rstd", q, tensor(op.q_rstd))
+    check_row_stat("k_rstd", k, tensor(op.k_rstd))
+    check_rope_freqs(heads_first(q, op.layout), tensor(op.freqs))
+
+
+@irdl_op_definition
+class FusedQkNormRopeOp(PrimitiveOp):
+    """qk_norm then rope in one pass (``mdsl-fuse`` pattern ``qk_norm_rope``):
+    ``(q, k, q_weight, k_weight, freqs) -> (q_rot, k_rot, q_rstd, k_rstd)``; ``eps`` as
+    qk_norm's, ``interleaved`` and ``layout`` as rope's."""
+
+    name = "mdsl.graph.fused_qk_norm_rope"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ATTENTION_LAYOUTS}
+
+    q = operand_def(TensorType)
+    k = operand_def(TensorType)
+    q_weight = operand_def(TensorType)
+    k_weight = operand_def(TensorType)
+    freqs = operand_def(TensorType)
+    q_rot = result_def(TensorType)
+    k_rot = result_def(TensorType)
+    q_rstd = result_def(TensorType)
+    k_rstd = result_def(TensorType)
+    eps = float_param(1e-6)
+    interleaved = bool_param(False)
+    layout = enum_param("bhtd")
+
+    def verify_shapes(self) -> None:
+        q, k = tensor(self.q), tensor(self.k)
+        check_qk_norm_rope(self, q, k)
+        check_same_shape("q_rot", q, tensor(self.q_rot))
+        check_same_shape("k_rot", k, tensor(self.k_rot))
+
+
+@irdl_op_definition
+class FusedQkNormRopeBackwardOp(PrimitiveOp):
+    """``(d_q_rot, d_k_rot, q, k, q_weight, k_weight, q_rstd, k_rstd, freqs) -> (d_q, d_k,
+    d_q_weight, d_k_weight)``: rope_backward then qk_norm_backward in one pass."""
+
+    name = "mdsl.graph.fused_qk_norm_rope_backward"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ATTENTION_LAYOUTS}
+
+    d_q_rot = operand_def(TensorType)
+    d_k_rot = operand_def(TensorType)
+    q = operand_def(TensorType)
+    k = operand_def(TensorType)
+    q_weight = operand_def(TensorType)
+    k_weight = operand_def(TensorType)
+    q_rstd = operand_def(TensorType)
+    k_rstd = operand_def(TensorType)
+    freqs = operand_def(TensorType)
+    d_q = result_def(TensorType)
+    d_k = result_def(TensorType)
+    d_q_weight = result_def(TensorType)
+    d_k_weight = result_def(TensorType)
+    interleaved = bool_param(False)
+    layout = enum_param("bhtd")
+
+    def verify_shapes(self) -> None:
+        q, k = tensor(self.q), tensor(self.k)
+        check_qk_norm_rope(self, q, k)
+        for what, t in (("d_q_rot", self.d_q_rot), ("d_q", self.d_q)):
+            check_same_shape(what, q, tensor(t))
+        for what, t in (("d_k_rot", self.d_k_rot), ("d_k", self.d_k)):
+            check_same_shape(what, k, tensor(t))
+        check_same_shape("d_q_weight", tensor(self.q_weight), tensor(self.d_q_weight))
+        check_same_shape("d_k_weight", tensor(self.k_weight), tensor(self.d_k_weight))
+
+
 # ----------------------------------------------------------------------------
 # 6.5 Tensor manipulation
 # ----------------------------------------------------------------------------
@@ -2082,6 +2157,51 @@ class FusedLmHeadLossBackwardOp(PrimitiveOp):
         check_loss_outputs(self, x.shape[0], tensor(self.d_loss), tensor(self.lse))
 
 
+def check_loss_value(op: Operation, rows: Dim, loss: TensorType) -> None:
+    """An fp32 loss: a scalar, or one per row for reduction none."""
+    check_dtype_in("loss", loss, (DType.FP32,))
+    if op.reduction.data == "none":
+        check_rank("per-token loss", loss, 1)
+        check_dim("loss rows", loss.shape[0], rows)
+    else:
+        check_rank("loss", loss, 0)
+
+
+@irdl_op_definition
+class FusedLmHeadLossGradOp(PrimitiveOp):
+    """The fused LM-head loss and its gradient in one chunked pass (``d_loss`` known beforehand):
+    ``(d_loss, x [N, C], weight [V, C], labels [N]) -> (loss, d_x, d_weight)``."""
+
+    name = "mdsl.graph.fused_lm_head_loss_grad"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"reduction": REDUCTIONS}
+
+    d_loss = operand_def(TensorType)
+    x = operand_def(TensorType)
+    weight = operand_def(TensorType)
+    labels = operand_def(TensorType)
+    loss = result_def(TensorType)
+    d_x = result_def(TensorType)
+    d_weight = result_def(TensorType)
+    ignore_index = int_param(-100)
+    reduction = enum_param("mean")
+    chunk = int_param(0)  # rows of x per chunk of logits (0: all rows at once)
+
+    def verify_shapes(self) -> None:
+        check_chunk(self)
+        x, w, labels = tensor(self.x), tensor(self.weight), tensor(self.labels)
+        check_rank("x", x, 2)
+        check_rank("weight", w, 2)
+        check_rank("labels", labels, 1)
+        check_dtype_in("labels", labels, INDEX_DTYPES)
+        check_dim("hidden size of x and weight", x.shape[1], w.shape[1])
+        check_dim("rows of x and labels", x.shape[0], labels.shape[0])
+        check_same_shape("d_x", x, tensor(self.d_x))
+        check_same_shape("d_weight", w, tensor(self.d_weight))
+        check_same_shape("loss", tensor(self.d_loss), tensor(self.loss))
+        check_dtype_in("d_loss", tensor(self.d_loss), (DType.FP32,))
+        check_loss_value(self, x.shape[0], tensor(self.loss))
+
+
 PRIMITIVE_OPS: tuple[type[Operation], ...] = (
     MatmulOp, BatchedMatmulOp, LinearBiasActOp, GroupedGemmOp, GroupedGemmWeightGradOp,
     RmsnormOp, RmsnormBackwardOp, FusedResidualRmsnormOp, FusedResidualRmsnormBackwardOp,
@@ -2091,6 +2211,7 @@ PRIMITIVE_OPS: tuple[type[Operation], ...] = (
     ReluOp, ReluBackwardOp, Relu2Op, Relu2BackwardOp, GeluOp, GeluBackwardOp,
     SoftmaxOp, SoftmaxBackwardOp, CausalMaskOp,
     FlashAttentionOp, FlashAttentionBackwardOp, RopeOp, RopeBackwardOp, QkNormOp, QkNormBackwardOp,
+    FusedQkNormRopeOp, FusedQkNormRopeBackwardOp,
     SplitOp, ConcatOp, ViewOp, TransposeOp, PermuteOp, ContiguousOp,
     AddOp, AddBackwardOp, MulOp, MulBackwardOp, BiasAddOp, ScaleOp, Add3Op,
     SubOp, DivOp, AddScalarOp, ExpOp, TanhOp, SigmoidOp, RsqrtOp,
@@ -2100,4 +2221,5 @@ PRIMITIVE_OPS: tuple[type[Operation], ...] = (
     MambaConv1dOp, MambaConv1dBackwardOp, MambaSelectiveScanOp, MambaSelectiveScanBackwardOp,
     ZerosOp, OnesOp, FillOp, CopyOp, CastOp,
     CrossEntropyOp, CrossEntropyBackwardOp, FusedLmHeadLossOp, FusedLmHeadLossBackwardOp,
+    FusedLmHeadLossGradOp,
 )

@@ -170,8 +170,11 @@ def _operand_sums(name: str, a: np.ndarray, b: np.ndarray, mode: str) -> np.ndar
 
 def gemm(a, b, c, bias=None, aux=None, *, transpose="NN", alpha=1.0, beta=0.0, epilogue="none"):
     """``mdsl.sched.gemm`` in place: ``C = epilogue(alpha * op(A) @ op(B) + beta * C)``, writing
-    ``aux`` and a bias gradient where the epilogue does. What both executors run on the CPU."""
-    product = matmul(a, b, transpose=transpose, alpha=alpha)
+    ``aux`` and a bias gradient where the epilogue does. What both executors run on the CPU.
+    A ``C`` with leading dims is a batched GEMM (``TN`` transposes each matrix, as
+    ``batched_matmul``); a matrix ``C`` from stacked ``TN`` operands contracts their rows (``matmul``)."""
+    batched = c.ndim > 2 and np.ndim(a) > 2 and np.ndim(b) > 2
+    product = (batched_matmul if batched else matmul)(a, b, transpose=transpose, alpha=alpha)
     pre = product + beta * c.astype(product.dtype) if beta else product
     if epilogue != "none":
         pre = gemm_epilogue(epilogue, pre, a, b, bias, aux, transpose)
@@ -571,6 +574,24 @@ def qk_norm_backward(d_q_norm, d_k_norm, q, k, q_weight, k_weight, q_rstd, k_rst
     d_q, d_qw = rmsnorm_backward(d_q_norm, q, q_weight, q_rstd)
     d_k, d_kw = rmsnorm_backward(d_k_norm, k, k_weight, k_rstd)
     return d_q, d_k, d_qw, d_kw
+
+
+def fused_qk_norm_rope(q, k, q_weight, k_weight, freqs, *, eps=1e-6, interleaved=False, layout="bhtd"):
+    """qk_norm then rope (mdsl-fuse ``qk_norm_rope``): (q_rot, k_rot, q_rstd, k_rstd). The normed q and
+    k stay in the compute dtype between the two (the unfused pair rounds them to their dtype)."""
+    q, k, q_weight, k_weight, freqs = _prep(q, k, q_weight, k_weight, freqs)
+    q_norm, k_norm, q_rstd, k_rstd = qk_norm(q, k, q_weight, k_weight, eps=eps)
+    q_rot, k_rot = rope(q_norm, k_norm, freqs, interleaved=interleaved, layout=layout)
+    return q_rot, k_rot, q_rstd, k_rstd
+
+
+def fused_qk_norm_rope_backward(d_q_rot, d_k_rot, q, k, q_weight, k_weight, q_rstd, k_rstd, freqs, *,
+                                interleaved=False, layout="bhtd"):
+    """rope_backward then qk_norm_backward: (d_q, d_k, d_q_weight, d_k_weight)."""
+    d_q_rot, d_k_rot, q, k, q_weight, k_weight, q_rstd, k_rstd, freqs = _prep(
+        d_q_rot, d_k_rot, q, k, q_weight, k_weight, q_rstd, k_rstd, freqs)
+    d_q_norm, d_k_norm = rope_backward(d_q_rot, d_k_rot, freqs, interleaved=interleaved, layout=layout)
+    return qk_norm_backward(d_q_norm, d_k_norm, q, k, q_weight, k_weight, q_rstd, k_rstd)
 
 
 # ----------------------------------------------------------------------------
@@ -1132,12 +1153,37 @@ def fused_lm_head_loss_backward(d_loss, x, weight, labels, lse, *, ignore_index=
     d_x = np.zeros_like(x)
     d_weight = np.zeros_like(weight)
     for rows in row_chunks(x.shape[0], chunk):
-        d_logits = cross_entropy_backward(np.ones((), x.dtype), x[rows] @ weight.T, labels[rows], lse[rows],
-                                          ignore_index=ignore_index, reduction="none") * scale[rows, None]
-        d_logits = d_logits.astype(storage).astype(x.dtype)  # the GEMMs read it as x is stored (as unfused)
-        d_x[rows] = d_logits @ weight
-        d_weight += d_logits.T @ x[rows]
+        _chunk_grads(x[rows] @ weight.T, x, weight, labels, lse[rows], scale, rows, storage,
+                     ignore_index, d_x, d_weight)
     return d_x, d_weight
+
+
+def _chunk_grads(logits, x, weight, labels, lse_rows, scale, rows, storage, ignore_index, d_x, d_weight):
+    """One chunk's d_logits from its ``logits``, rounded to x's storage dtype (as the unfused graph
+    stores it), into ``d_x[rows]`` and added to ``d_weight``."""
+    d_logits = cross_entropy_backward(np.ones((), x.dtype), logits, labels[rows], lse_rows,
+                                      ignore_index=ignore_index, reduction="none") * scale[rows, None]
+    d_logits = d_logits.astype(storage).astype(x.dtype)  # the GEMMs read it as x is stored (as unfused)
+    d_x[rows] = d_logits @ weight
+    d_weight += d_logits.T @ x[rows]
+
+
+def fused_lm_head_loss_grad(d_loss, x, weight, labels, *, ignore_index=-100, reduction="mean", chunk=0):
+    """fused_lm_head_loss and its backward in one pass: each chunk's logits computed once give the
+    chunk's per-row losses and lse, then its gradients (the mean's count is known up front); the
+    loss is fused_lm_head_loss's, d_x and d_weight fused_lm_head_loss_backward's."""
+    storage = np.asarray(x).dtype
+    d_loss, x, weight = _prep(d_loss, x, weight)
+    labels = np.asarray(labels)
+    valid = labels != ignore_index
+    scale = _row_grad_scale(d_loss, valid, reduction)
+    per_row = np.zeros(x.shape[0], dtype=x.dtype)
+    d_x, d_weight = np.zeros_like(x), np.zeros_like(weight)
+    for rows in row_chunks(x.shape[0], chunk):
+        logits = x[rows] @ weight.T
+        per_row[rows], lse = cross_entropy(logits, labels[rows], ignore_index=ignore_index, reduction="none")
+        _chunk_grads(logits, x, weight, labels, lse, scale, rows, storage, ignore_index, d_x, d_weight)
+    return _reduce_loss(per_row, valid, reduction), d_x, d_weight
 
 
 # ----------------------------------------------------------------------------
@@ -1198,6 +1244,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         relu, relu_backward, relu2, relu2_backward, gelu, gelu_backward,
         softmax, softmax_backward,
         flash_attention, flash_attention_backward, kv_cache_attention, rope, rope_backward, qk_norm, qk_norm_backward,
+        fused_qk_norm_rope, fused_qk_norm_rope_backward,
         split, concat, view, transpose, permute, contiguous,
         add, add_backward, mul, mul_backward, bias_add, scale, add3,
         add_scalar, causal_mask, sub, div, exp, tanh, sigmoid, rsqrt,
@@ -1207,6 +1254,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         mamba_conv1d, mamba_conv1d_backward, mamba_selective_scan, mamba_selective_scan_backward,
         zeros, ones, fill, copy, cast, adamw, global_norm, clip_factor,
         cross_entropy, cross_entropy_backward, fused_lm_head_loss, fused_lm_head_loss_backward,
+        fused_lm_head_loss_grad,
     )
 }
 

@@ -274,6 +274,8 @@ FLOP_RULES: dict[str, Rule] = {
     "rope_backward": per_output_element(ROPE),
     "qk_norm": per_input_element(NORM, 0, 1),
     "qk_norm_backward": per_input_element(NORM, 0, 1),
+    "fused_qk_norm_rope": per_input_element(NORM + ROPE, 0, 1),
+    "fused_qk_norm_rope_backward": per_input_element(NORM + ROPE, 0, 1),
     # 6.5 tensor manipulation: memory only
     "split": free,
     "concat": free,
@@ -326,6 +328,7 @@ FLOP_RULES: dict[str, Rule] = {
     "cross_entropy_backward": per_input_element(SOFTMAX, 1),
     "fused_lm_head_loss": _projection_softmax_rule(gemms=1),
     "fused_lm_head_loss_backward": _projection_softmax_rule(gemms=3),
+    "fused_lm_head_loss_grad": _projection_softmax_rule(gemms=3),  # one logits GEMM, the two gradient GEMMs
     # optimizer kernels (registry only)
     "adamw": per_input_element(12, 0),
     "global_norm": lambda s: 2 * sum(numel(i) for i in s.inputs),

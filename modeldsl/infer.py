@@ -290,6 +290,8 @@ RULES: dict[str, Rule] = {
     "rope_backward": _same(0, 1),
     "qk_norm": _qk_norm,
     "qk_norm_backward": _same(2, 3, 4, 5),
+    "fused_qk_norm_rope": _qk_norm,
+    "fused_qk_norm_rope_backward": _same(2, 3, 4, 5),
     "split": _split,
     "concat": _concat,
     "view": _view,
@@ -334,6 +336,7 @@ RULES: dict[str, Rule] = {
     "cross_entropy_backward": _same(1),
     "fused_lm_head_loss": _loss,
     "fused_lm_head_loss_backward": _same(1, 2),
+    "fused_lm_head_loss_grad": lambda ts, p: [_loss(ts[1:], p)[0], ts[1], ts[2]],
 }
 
 

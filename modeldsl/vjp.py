@@ -257,6 +257,15 @@ def _qk_norm(b, op, grads):
                 *op.operands, q_rstd, k_rstd)
 
 
+@rule("fused_qk_norm_rope")
+def _fused_qk_norm_rope(b, op, grads):
+    q_rot, k_rot, q_rstd, k_rstd = op.results
+    q, k, q_weight, k_weight, freqs = op.operands
+    d_q, d_k, d_qw, d_kw = b.op("fused_qk_norm_rope_backward", or_zeros(b, grads[0], q_rot),
+                                or_zeros(b, grads[1], k_rot), q, k, q_weight, k_weight, q_rstd, k_rstd, freqs,
+                                **forward_params(op, "interleaved", "layout"))
+    return [d_q, d_k, d_qw, d_kw, None]
+
 # ----------------------------------------------------------------------------
 # tensor manipulation
 # ----------------------------------------------------------------------------

@@ -372,6 +372,17 @@ for used in (("qn", "kn"), ("qn",), ("kn",)):
     case(f"qk_norm-{'+'.join(used)}", op(QK_NORM), {"q": (1, 2, 3, 4), "k": (1, 1, 3, 4)},
          [(u, shapes[u]) for u in used], params={"qw": (4,), "kw": (4,)})
 
+QK_NORM_ROPE = ("%qr, %kr, %qs, %ks = mdsl.graph.fused_qk_norm_rope %q, %k, %qw, %kw, %freqs{attrs} : "
+                "({q}, {k}, {w}, {w}, {f}) -> ({q}, {k}, {qs}, {ks})")
+for layout, q, k in (("bhtd", (1, 2, 3, 4), (1, 1, 3, 4)), ("bthd", (1, 3, 2, 4), (1, 3, 1, 4))):
+    for interleaved in ("false", "true"):
+        for used in (("qr", "kr"), ("qr",), ("kr",)):
+            text = QK_NORM_ROPE.format(attrs=f' {{interleaved = {interleaved}, layout = "{layout}"}}', q=t(*q),
+                                       k=t(*k), w=t(4), f=t(3, 2, 2), qs=t(*q[:3]), ks=t(*k[:3]))
+            case(f"fused_qk_norm_rope-{layout}-interleaved-{interleaved}-{'+'.join(used)}", op(text),
+                 {"q": q, "k": k, "freqs": (3, 2, 2)}, [(u, {"qr": q, "kr": k}[u]) for u in used],
+                 params={"qw": (4,), "kw": (4,)}, init={"freqs": FREQS})
+
 # ----------------------------------------------------------------------------
 # reductions, embedding, losses
 # ----------------------------------------------------------------------------

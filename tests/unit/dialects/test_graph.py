@@ -154,7 +154,7 @@ def test_every_primitive_op_is_registered_once_with_a_docstring_or_base():
         "swiglu_backward", "geglu_backward", "flash_attention_backward", "rope_backward",
         "qk_norm_backward", "embedding_backward",
         "fused_split_swiglu", "fused_split_swiglu_backward", "fused_split_geglu", "fused_split_geglu_backward",
-        "linear_bias_act", "causal_mask",
+        "linear_bias_act", "causal_mask", "fused_qk_norm_rope", "fused_qk_norm_rope_backward",
     }
     assert required <= {n.removeprefix("mdsl.graph.") for n in names}
 

@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from modeldsl.kernels.reference import REFERENCES
+from modeldsl.kernels.reference import REFERENCES, gemm
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -539,6 +539,46 @@ def test_qk_norm(b, hq, hkv, t, d):
     check_all(ref("qk_norm_backward", d_qn, d_kn, q, k, qw, kw, q_rstd, k_rstd), (d_q, d_k, d_qw, d_kw))
 
 
+
+@covers("fused_qk_norm_rope", "fused_qk_norm_rope_backward")
+@pytest.mark.parametrize("layout", ["bhtd", "bthd"])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_fused_qk_norm_rope(layout, interleaved):
+    """Bitwise the unfused qk_norm + rope pair in fp32 (same arithmetic), and PyTorch's RMSNorm + rope."""
+    b, hq, hkv, t, d = 2, 4, 2, 5, 8
+    q_shape, k_shape = ((b, t, hq, d), (b, t, hkv, d)) if layout == "bthd" else ((b, hq, t, d), (b, hkv, t, d))
+    inputs = randn(45, q_shape, k_shape, (d,), (d,), q_shape, k_shape)
+    freqs, angles = rope_freqs(46, t, d)
+    params = {"interleaved": interleaved, "layout": layout}
+    check_same_as_unfused_fp32(*(a.astype(np.float32) for a in (*inputs, freqs)), params)
+    q, k, qw, kw, d_qr, d_kr = inputs
+    fused = ref("fused_qk_norm_rope", q, k, qw, kw, freqs, eps=1e-6, **params)
+    heads_first = (lambda x: x.transpose(1, 2)) if layout == "bthd" else (lambda x: x)
+    torch_rope = rope_interleaved_complex if interleaved else rope_half_split_hf
+
+    def fn(q_, k_, qw_, kw_):
+        rotated = torch_rope(torch_rmsnorm(heads_first(q_), qw_, 1e-6), torch_rmsnorm(heads_first(k_), kw_, 1e-6),
+                             tt(angles))
+        return tuple(heads_first(x) for x in rotated)
+
+    check_all(fused[:2], fn(tt(q), tt(k), tt(qw), tt(kw)))
+    grads = ref("fused_qk_norm_rope_backward", d_qr, d_kr, q, k, qw, kw, fused[2], fused[3], freqs, **params)
+    check_all(grads, vjp(fn, [q, k, qw, kw], [d_qr, d_kr]))
+
+
+def check_same_as_unfused_fp32(q, k, qw, kw, d_qr, d_kr, freqs, params):
+    """fused_qk_norm_rope and its backward bitwise the qk_norm/rope references composed."""
+    fused = ref("fused_qk_norm_rope", q, k, qw, kw, freqs, eps=1e-6, **params)
+    q_norm, k_norm, q_rstd, k_rstd = ref("qk_norm", q, k, qw, kw, eps=1e-6)
+    for got, want in zip(fused, (*ref("rope", q_norm, k_norm, freqs, **params), q_rstd, k_rstd)):
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, want)
+    d_q_norm, d_k_norm = ref("rope_backward", d_qr, d_kr, freqs, **params)
+    unfused = ref("qk_norm_backward", d_q_norm, d_k_norm, q, k, qw, kw, q_rstd, k_rstd)
+    fused_grads = ref("fused_qk_norm_rope_backward", d_qr, d_kr, q, k, qw, kw, q_rstd, k_rstd, freqs, **params)
+    for got, want in zip(fused_grads, unfused):
+        np.testing.assert_array_equal(got, want)
+
 # ----------------------------------------------------------------------------
 # 6.5 Tensor manipulation
 # ----------------------------------------------------------------------------
@@ -654,6 +694,19 @@ def test_sub_div_broadcast(name, fn, a_shape, b_shape):
 def test_add_scalar(shape, value):
     (x,) = randn(66, shape)
     check(ref("add_scalar", x, value=value), torch.add(tt(x), value))
+
+
+@pytest.mark.parametrize("a_shape, b_shape, c_shape, want", [
+    ((2, 3, 5, 4), (2, 3, 5, 6), (2, 3, 4, 6), lambda a, b: a.transpose(-1, -2) @ b),  # batched: d_v = p^T d_o
+    ((2, 5, 4), (2, 5, 6), (4, 6), lambda a, b: a.reshape(-1, 4).T @ b.reshape(-1, 6)),  # dW = dY^T X over rows
+])
+def test_sched_gemm_tn_is_batched_when_c_has_leading_dims(a_shape, b_shape, c_shape, want):
+    """The schedule's gemm (both CPU executors): a TN product into a batched C transposes each
+    matrix; into a matrix C it contracts the stacked rows."""
+    a, b = randn(69, a_shape, b_shape)
+    c = np.zeros(c_shape)
+    gemm(a, b, c, transpose="TN", alpha=0.5)
+    check(c, 0.5 * want(tt(a), tt(b)))
 
 
 def torch_causal_mask(x: np.ndarray, offset: int, window_size: int | None, fill: float) -> torch.Tensor:

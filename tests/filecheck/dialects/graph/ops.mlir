@@ -171,6 +171,10 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %qn, %kn, %qrs, %krs = mdsl.graph.qk_norm %q, %k, %hw, %hw : (!q, !kv, !hv, !hv) -> (!q, !kv, !qs, !ks)
     // CHECK: mdsl.graph.qk_norm_backward %qn, %kn, %q, %k, %hw, %hw, %qrs, %krs :
     %b1, %b2, %b3, %b4 = mdsl.graph.qk_norm_backward %qn, %kn, %q, %k, %hw, %hw, %qrs, %krs : (!q, !kv, !q, !kv, !hv, !hv, !qs, !ks) -> (!q, !kv, !hv, !hv)
+    // CHECK: mdsl.graph.fused_qk_norm_rope %q, %k, %hw, %hw, %freqs {eps = 1.000000e-05 : f64, interleaved = true} :
+    %fqr, %fkr, %fqs, %fks = mdsl.graph.fused_qk_norm_rope %q, %k, %hw, %hw, %freqs {eps = 1.0e-05 : f64, interleaved = true} : (!q, !kv, !hv, !hv, !freqs) -> (!q, !kv, !qs, !ks)
+    // CHECK: mdsl.graph.fused_qk_norm_rope_backward %fqr, %fkr, %q, %k, %hw, %hw, %fqs, %fks, %freqs :
+    %e1, %e2, %e3, %e4 = mdsl.graph.fused_qk_norm_rope_backward %fqr, %fkr, %q, %k, %hw, %hw, %fqs, %fks, %freqs : (!q, !kv, !q, !kv, !hv, !hv, !qs, !ks, !freqs) -> (!q, !kv, !hv, !hv)
 
     // 6.5 tensor manipulation
     %gu = mdsl.graph.zeros : !mdsl.graph.tensor<[B, T, 2*F], bf16>
