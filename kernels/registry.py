@@ -79,11 +79,20 @@ def _chunk_logit_grads(inputs: Sequence[Shape], outputs: Sequence[Shape], params
     return _aligned(4 * chunk * vocab) + _aligned(2 * chunk * vocab) + 4
 
 
+def _chunk_loss_and_grads(inputs: Sequence[Shape], outputs: Sequence[Shape], params: Mapping[str, Any]) -> int:
+    """The backward's scratch (:func:`_chunk_logit_grads`) with, between the 16-bit copy and the
+    mean's scale, the chunk's fp32 lse and the fp32 loss of every row (the CUDA composite's layout)."""
+    rows, chunk, vocab = _loss_chunk(inputs, params)
+    return (_aligned(4 * chunk * vocab) + _aligned(2 * chunk * vocab) + _aligned(4 * chunk) + _aligned(4 * rows)
+            + 4)
+
+
 SCRATCH: dict[str, ScratchRule] = {
     "flash_attention": _attention_scores,
     "cross_entropy": _per_row_stats,
     "fused_lm_head_loss": _chunk_logits,
     "fused_lm_head_loss_backward": _chunk_logit_grads,
+    "fused_lm_head_loss_grad": _chunk_loss_and_grads,
 }
 REUSE: dict[str, dict[int, int]] = {
     **{name: {0: 0} for name in ("silu", "relu", "relu2", "gelu", "scale", "softmax", "add", "mul",

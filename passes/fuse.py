@@ -8,7 +8,7 @@ file (``passes/fuse_<family>.py``), named as spec 7.5.1's pattern table names it
 * ``scalar_alpha``, ``transpose_flag`` (fuse_gemm): a scale, a transpose into the GEMM's alpha, flags;
 * ``fold`` (fuse_fold): identities, transpose pairs, view chains and scale chains folded;
 * ``linear_bias_act``, ``bias_activation`` (fuse_epilogue): bias and ReLU/GELU as GEMM epilogues;
-* ``lm_head_loss`` (fuse_loss): the LM head and cross-entropy, forward and backward, chunked;
+* ``lm_head_loss`` (fuse_loss): the LM head and cross-entropy, forward and backward, chunked (one pass when the loss gradient is known before the forward);
 * ``gated_mlp`` (fuse_mlp): the packed gate/up split + swiglu/geglu and its backward concat;
 * ``attention_layout`` (fuse_layout): head transposes around rope/attention -> layout bthd;
 * ``attention_softmax``, ``dag_attention`` (fuse_attention): the scores' scale, written-out attention;
@@ -46,7 +46,7 @@ from modeldsl.passes.fuse_epilogue import BiasActivation, LinearBiasAct
 from modeldsl.passes.fuse_fold import FoldIdentity, FoldScales, FoldTransposes, FoldViews
 from modeldsl.passes.fuse_gemm import AlphaFromScale, ScaleIntoAlpha, TransposeIntoFlags
 from modeldsl.passes.fuse_layout import AttentionLayout
-from modeldsl.passes.fuse_loss import LmHeadLoss, LmHeadLossBackward
+from modeldsl.passes.fuse_loss import LmHeadLoss, LmHeadLossBackward, LmHeadLossGrad
 from modeldsl.passes.fuse_mlp import SplitGated, SplitGatedBackward
 from modeldsl.passes.fuse_norm import ResidualNorm, ResidualNormBackward
 
@@ -57,7 +57,7 @@ PATTERNS: dict[str, tuple[type[FusionPattern], ...]] = {
     "fold": (FoldIdentity, FoldTransposes, FoldViews, FoldScales),
     "linear_bias_act": (LinearBiasAct,),
     "bias_activation": (BiasActivation,),
-    "lm_head_loss": (LmHeadLossBackward, LmHeadLoss),
+    "lm_head_loss": (LmHeadLossBackward, LmHeadLoss, LmHeadLossGrad),
     "gated_mlp": (SplitGated, SplitGatedBackward),
     "attention_layout": (AttentionLayout,),
     "dag_gelu": (DagGelu,),

@@ -11,7 +11,14 @@ logits out of the program:
 * :class:`LmHeadLoss`: then the forward ``cross_entropy`` reading those logits (now its only
   reader) becomes ``fused_lm_head_loss(x, weight, labels) -> (loss, lse)``.
 
-Both carry ``chunk``, the rows of ``x`` whose logits are held at once: the option
+* :class:`LmHeadLossGrad`: then the two, where ``d_loss`` is known where the forward stands (an
+  argument, or defined before it: a training step's loss seed) and nothing but the backward reads
+  ``lse``, become ``fused_lm_head_loss_grad(d_loss, x, weight, labels) -> (loss, d_x, d_weight)``
+  at the forward: each chunk's logits are computed once (not again in backward). Its loss is the
+  forward's bit for bit, ``d_x``/``d_weight`` the backward's (the same arithmetic per chunk); they
+  are computed early and held until the backward reads them.
+
+All carry ``chunk``, the rows of ``x`` whose logits are held at once: the option
 ``lm_head_chunk`` of ``mdsl-fuse``, or (0, the default) the most rows, a power of two, whose fp32
 logits fit in :data:`CHUNK_BYTES`. ``x`` of rank 3 is viewed as rows. Not fused: logits another
 op also reads (a forward that returns them, a ``@probe``), a GEMM with alpha, beta or accumulation,
@@ -23,10 +30,12 @@ from __future__ import annotations
 
 import math
 
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Block, Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter, op_type_rewrite_pattern
 
-from modeldsl.dialects.graph_primitives import CrossEntropyBackwardOp, CrossEntropyOp, MatmulOp, ViewOp
+from modeldsl.dialects.graph_primitives import (
+    CrossEntropyBackwardOp, CrossEntropyOp, FusedLmHeadLossBackwardOp, FusedLmHeadLossOp, MatmulOp, ViewOp,
+)
 from modeldsl.graph_builder import GraphBuilder, op_attr
 from modeldsl.passes.fuse_common import FusionPattern, only_use
 from modeldsl.symbolic import Expr
@@ -160,3 +169,55 @@ class LmHeadLoss(FusionPattern):
         if view is not None:
             rewriter.erase(view)
         rewriter.erase(matmul)
+
+
+def known_before(value: SSAValue, op: Operation) -> bool:
+    """Whether ``value`` is there where ``op`` stands: an argument of its block, or the result of an
+    op before it in that block."""
+    block = op.parent_block()
+    if isinstance(value.owner, Block):
+        return value.owner is block
+    return value.owner.parent_block() is block and value.owner.is_before_in_block(op)
+
+
+def same_rows(a: SSAValue, b: SSAValue) -> bool:
+    """``a`` and ``b`` are one value, or the same view of one (each fusion views ``x`` to rows: CSE
+    merges the two views only after the patterns)."""
+    if a is b:
+        return True
+    return isinstance(a.owner, ViewOp) and isinstance(b.owner, ViewOp) and a.type == b.type \
+        and a.owner.operands[0] is b.owner.operands[0]
+
+
+def same_loss(forward: FusedLmHeadLossOp, backward: FusedLmHeadLossBackwardOp) -> bool:
+    """The backward differentiates exactly this forward: the same x, weight, labels and options."""
+    return (all(same_rows(a, b) for a, b in zip(forward.operands, backward.operands[1:4]))
+            and all(op_attr(forward, k, d) == op_attr(backward, k, d)
+                    for k, d in (("ignore_index", -100), ("reduction", "mean"), ("chunk", 0))))
+
+
+class LmHeadLossGrad(FusionPattern):
+    """``fused_lm_head_loss`` + its ``fused_lm_head_loss_backward`` with ``d_loss`` known before the forward."""
+
+    name = "lm_head_loss"
+    primitives = ("matmul", "cross_entropy")
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: FusedLmHeadLossBackwardOp, rewriter: PatternRewriter) -> None:
+        d_loss, lse = op.operands[0], op.operands[4]
+        forward = lse.owner
+        if not isinstance(forward, FusedLmHeadLossOp) or lse is not forward.results[1] or only_use(lse) is not op \
+                or not same_loss(forward, op) or not known_before(d_loss, forward):
+            return
+        if not self.may_fuse(forward, op):
+            return
+        x, weight, labels = forward.operands
+        params = loss_params(forward, op_attr(forward, "chunk", 0))
+        builder = GraphBuilder(forward.parent_block(), before=forward)
+        loss, d_x, d_weight = builder.op("fused_lm_head_loss_grad", d_loss, x, weight, labels, **params)
+        loss.owner.location = forward.location
+        loss.name_hint = forward.results[0].name_hint
+        d_x.name_hint, d_weight.name_hint = (r.name_hint for r in op.results)
+        self.fused([forward, op])
+        rewriter.replace(op, [], [d_x, d_weight])
+        rewriter.replace(forward, [], [loss, None])

@@ -14,10 +14,14 @@ labels, lse) -> (d_x, d_weight)`` never hold all ``N x V`` logits. For each chun
   multiplies operands of one type), then ``d_x[rows] = d_logits @ weight`` and ``d_weight +=
   d_logits^T @ x[rows]`` (beta 0 for the first chunk, 1 after: a 16-bit ``d_weight`` is rounded
   once per chunk).
+- ``fused_lm_head_loss_grad(d_loss, x, weight, labels) -> (loss, d_x, d_weight)`` (the two merged
+  where ``d_loss`` is known before the forward): per chunk the forward's GEMM and cross-entropy (the
+  chunk's lse into the scratch) and the backward's steps on those logits; one logits GEMM per chunk.
 
 The launch's planned scratch (its last output) holds, from its start, each segment aligned to 256
 bytes: ``logits`` (fp32 ``[m, V]``), ``operand`` (backward of 16-bit ``x``: ``x``'s dtype ``[m, V]``),
-``loss_rows`` (forward, reduction sum or mean: fp32 ``[N]``), ``d_scale`` (backward, mean: one fp32).
+``lse`` (merged: fp32 ``[m]``), ``loss_rows`` (forward and merged, reduction sum or mean: fp32 ``[N]``),
+``d_scale`` (backward and merged, mean: one fp32).
 ``m``, the rows per chunk, is the launch's ``chunk`` (0: all ``N``), or the most rows whose segments
 fit where the scratch is smaller (the results do not depend on it beyond rounding). A launch these
 commands cannot run (no scratch, accumulate, mixed dtypes) falls back to the numpy reference.
@@ -180,6 +184,47 @@ def same_dtype(x: TensorRef, weight: TensorRef) -> None:
         raise cuda.NotCovered(f"x in {np.dtype(x.dtype).name} and the weight in {np.dtype(weight.dtype).name}")
 
 
+def logits_and_losses(x: TensorRef, weight: TensorRef, labels: TensorRef, start: int, n: int, logits: TensorRef,
+                      per_row: TensorRef, lse: TensorRef, ignore: int) -> list[Command]:
+    """One chunk's logits GEMM and its per-row cross-entropy into ``per_row`` and ``lse`` (``n`` rows each)."""
+    return [chunk_logits(x.rows(start, n), weight, logits),
+            planned("cross_entropy", (logits, labels.rows(start, n)), (per_row, lse),
+                    {"ignore_index": ignore, "reduction": "none"})]
+
+
+def gradient_segments(m: int, vocab: int, x: TensorRef, reduction: str) -> list[Segment]:
+    """The backward's scratch: fp32 logits, their copy in ``x``'s 16-bit dtype, the mean's scale."""
+    cast = np.dtype(x.dtype) != FP32
+    return ([("logits", (m, vocab), FP32)] + ([("operand", (m, vocab), np.dtype(x.dtype))] if cast else [])
+            + ([("d_scale", (), FP32)] if reduction == "mean" else []))
+
+
+def gradient_scale(d_loss: TensorRef, labels: TensorRef, work: dict[str, TensorRef], ignore: int,
+                   reduction: str) -> tuple[list[Command], TensorRef, str]:
+    """(the commands before the chunks, what scales d_logits, the chunks' reduction): for the mean
+    ``d_loss`` over all counted rows, computed once; else ``d_loss`` (per row for none)."""
+    if reduction != "mean":
+        return [], d_loss, reduction
+    return [scale_of_mean(d_loss, labels, work["d_scale"], ignore)], work["d_scale"], "sum"
+
+
+def chunk_gradients(x: TensorRef, weight: TensorRef, labels: TensorRef, lse: TensorRef, scale: TensorRef,
+                    chunk_reduction: str, start: int, n: int, work: dict[str, TensorRef], d_x: TensorRef,
+                    d_weight: TensorRef, ignore: int) -> list[Command]:
+    """One chunk's d_logits in place of its logits (``work["logits"]``), (a cast,) ``d_x[rows]`` and
+    ``d_weight +=`` (beta 0 for the first chunk)."""
+    x_rows, logits = x.rows(start, n), work["logits"].rows(0, n)
+    row_scale = scale.rows(start, n) if chunk_reduction == "none" else scale
+    parts: list[Command] = [planned("cross_entropy_backward", (row_scale, logits, labels.rows(start, n), lse),
+                                    (logits,), {"ignore_index": ignore, "reduction": chunk_reduction})]
+    operand = logits
+    if "operand" in work:
+        operand = work["operand"].rows(0, n)
+        parts.append(cast_command(logits, operand))
+    return parts + [GemmCommand(a=operand, b=weight, c=d_x.rows(start, n)),
+                    GemmCommand(a=operand, b=x_rows, c=d_weight, transa=True, beta=0.0 if start == 0 else 1.0)]
+
+
 def lm_head_loss(launch: KernelCommand, scratch: TensorRef | None) -> CompositeCommand:
     """``fused_lm_head_loss``: per chunk the logits GEMM and the per-row cross-entropy, then the reduction."""
     x, weight, labels = launch.arguments[:3]
@@ -195,10 +240,8 @@ def lm_head_loss(launch: KernelCommand, scratch: TensorRef | None) -> CompositeC
     per_row = loss if reduction == "none" else work["loss_rows"]
     parts: list[Command] = []
     for start, n in row_chunks(rows, m):
-        logits = work["logits"].rows(0, n)
-        parts += [chunk_logits(x.rows(start, n), weight, logits),
-                  planned("cross_entropy", (logits, labels.rows(start, n)),
-                          (per_row.rows(start, n), lse.rows(start, n)), {"ignore_index": ignore, "reduction": "none"})]
+        parts += logits_and_losses(x, weight, labels, start, n, work["logits"].rows(0, n), per_row.rows(start, n),
+                                   lse.rows(start, n), ignore)
     if reduction != "none":
         parts.append(loss_reduction(work["loss_rows"], labels, loss, ignore, reduction == "mean"))
     return CompositeCommand(kernel=launch.kernel, parts=tuple(parts))
@@ -212,30 +255,41 @@ def lm_head_loss_backward(launch: KernelCommand, scratch: TensorRef | None) -> C
     ignore, reduction, chunk = loss_options(launch)
     same_dtype(x, weight)
     rows, vocab = x.shape[0], weight.shape[0]
-    cast = np.dtype(x.dtype) != FP32
+    m, work = chunked_scratch(scratch, rows, chunk, lambda m: gradient_segments(m, vocab, x, reduction))
+    parts, scale, chunk_reduction = gradient_scale(d_loss, labels, work, ignore, reduction)
+    for start, n in row_chunks(rows, m):
+        parts += [chunk_logits(x.rows(start, n), weight, work["logits"].rows(0, n)),
+                  *chunk_gradients(x, weight, labels, lse.rows(start, n), scale, chunk_reduction, start, n, work,
+                                   d_x, d_weight, ignore)]
+    return CompositeCommand(kernel=launch.kernel, parts=tuple(parts))
+
+
+def lm_head_loss_grad(launch: KernelCommand, scratch: TensorRef | None) -> CompositeCommand:
+    """``fused_lm_head_loss_grad``: per chunk the forward's logits GEMM and per-row cross-entropy (the
+    chunk's lse into the scratch), then the backward's steps on the same logits; the loss's reduction
+    after the last chunk. The mean's scale is computed before the first."""
+    d_loss, x, weight, labels = launch.arguments[:4]
+    loss, d_x, d_weight = launch.outputs
+    ignore, reduction, chunk = loss_options(launch)
+    same_dtype(x, weight)
+    rows, vocab = x.shape[0], weight.shape[0]
 
     def segments(m: int) -> list[Segment]:
-        return ([("logits", (m, vocab), FP32)] + ([("operand", (m, vocab), np.dtype(x.dtype))] if cast else [])
-                + ([("d_scale", (), FP32)] if reduction == "mean" else []))
+        grads = gradient_segments(m, vocab, x, reduction)
+        losses = [("lse", (m,), FP32)] + ([("loss_rows", (rows,), FP32)] if reduction != "none" else [])
+        return [s for s in grads if s[0] != "d_scale"] + losses + [s for s in grads if s[0] == "d_scale"]
 
     m, work = chunked_scratch(scratch, rows, chunk, segments)
-    parts: list[Command] = []
-    scale, chunk_reduction = d_loss, ("none" if reduction == "none" else "sum")
-    if reduction == "mean":
-        parts.append(scale_of_mean(d_loss, labels, work["d_scale"], ignore))
-        scale = work["d_scale"]
+    per_row = loss if reduction == "none" else work["loss_rows"]
+    parts, scale, chunk_reduction = gradient_scale(d_loss, labels, work, ignore, reduction)
     for start, n in row_chunks(rows, m):
-        x_rows, logits = x.rows(start, n), work["logits"].rows(0, n)
-        row_scale = d_loss.rows(start, n) if reduction == "none" else scale
-        parts += [chunk_logits(x_rows, weight, logits),
-                  planned("cross_entropy_backward", (row_scale, logits, labels.rows(start, n), lse.rows(start, n)),
-                          (logits,), {"ignore_index": ignore, "reduction": chunk_reduction})]
-        operand = logits
-        if cast:
-            operand = work["operand"].rows(0, n)
-            parts.append(cast_command(logits, operand))
-        parts += [GemmCommand(a=operand, b=weight, c=d_x.rows(start, n)),
-                  GemmCommand(a=operand, b=x_rows, c=d_weight, transa=True, beta=0.0 if start == 0 else 1.0)]
+        lse = work["lse"].rows(0, n)
+        parts += [*logits_and_losses(x, weight, labels, start, n, work["logits"].rows(0, n), per_row.rows(start, n),
+                                     lse, ignore),
+                  *chunk_gradients(x, weight, labels, lse, scale, chunk_reduction, start, n, work, d_x, d_weight,
+                                   ignore)]
+    if reduction != "none":
+        parts.append(loss_reduction(work["loss_rows"], labels, loss, ignore, reduction == "mean"))
     return CompositeCommand(kernel=launch.kernel, parts=tuple(parts))
 
 
@@ -243,4 +297,5 @@ def lm_head_loss_backward(launch: KernelCommand, scratch: TensorRef | None) -> C
 COMPOSITES: dict[str, Callable[[KernelCommand, TensorRef | None], CompositeCommand]] = {
     "fused_lm_head_loss": lm_head_loss,
     "fused_lm_head_loss_backward": lm_head_loss_backward,
+    "fused_lm_head_loss_grad": lm_head_loss_grad,
 }

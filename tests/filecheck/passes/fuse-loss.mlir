@@ -3,7 +3,10 @@
 // `chunk` rows of logits at a time (lm_head_chunk=, else the most rows whose fp32 logits fit in
 // 128 MiB). Each sed variant breaks one condition: logits another op reads, a GEMM with alpha, a
 // @nofuse on the GEMM; disable= turns it off and a negative chunk is E029. CSE (after the
-// patterns) leaves one view of x to rows for both.
+// patterns) leaves one view of x to rows for both. With the loss gradient %d an argument (known
+// where the forward stands) and lse read by the backward only, the two then merge into
+// fused_lm_head_loss_grad at the forward (FUSED, AUTO); they stay apart where the gradient is
+// computed after the forward (LATE) or another op reads lse (LSE).
 // RUN: mdsl-opt %s -p 'mdsl-fuse{lm_head_chunk=4}' | filecheck %s --check-prefix=FUSED
 // RUN: mdsl-opt %s -p 'mdsl-fuse' | filecheck %s --check-prefix=AUTO
 // RUN: mdsl-opt %s -p 'mdsl-fuse{disable=lm_head_loss}' | filecheck %s --check-prefix=OFF
@@ -13,6 +16,10 @@
 // RUN: mdsl-opt %t.alpha.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=OFF
 // RUN: sed 's/{transpose = "NT"}/{transpose = "NT", annotations = [#mdsl.graph.nofuse]}/' %s > %t.nofuse.mlir
 // RUN: mdsl-opt %t.nofuse.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=OFF
+// RUN: sed -e 's/cross_entropy_backward %d,/cross_entropy_backward %late,/' -e '/^ *%loss, %lse = mdsl.graph.cross_entropy/a\      %late = mdsl.graph.scale %d {factor = 0.5 : f64} : (!mdsl.graph.tensor<[], fp32>) -> !mdsl.graph.tensor<[], fp32>' %s > %t.late.mlir
+// RUN: mdsl-opt %t.late.mlir -p 'mdsl-fuse{lm_head_chunk=4}' | filecheck %s --check-prefix=LATE
+// RUN: sed -e 's/return %loss,/return %lse_too,/' -e '/^ *%loss, %lse = mdsl.graph.cross_entropy/a\      %lse_sum = mdsl.graph.reduce_sum %lse {dims = array<i64: 0>} : (!mdsl.graph.tensor<[16], fp32>) -> !mdsl.graph.tensor<[], fp32>\n      %lse_too = mdsl.graph.add %loss, %lse_sum : (!mdsl.graph.tensor<[], fp32>, !mdsl.graph.tensor<[], fp32>) -> !mdsl.graph.tensor<[], fp32>' %s > %t.lse.mlir
+// RUN: mdsl-opt %t.lse.mlir -p 'mdsl-fuse{lm_head_chunk=4}' | filecheck %s --check-prefix=LSE
 // RUN: not mdsl-opt %s -p 'mdsl-fuse{lm_head_chunk=-1}' 2>&1 | filecheck %s --check-prefix=BAD
 
 builtin.module {
@@ -35,14 +42,24 @@ builtin.module {
 // FUSED:      mdsl.graph.func @loss_grad({{.*}}forward_ops = 3 : i64
 // FUSED-NEXT:   %head = mdsl.graph.param_ref @head
 // FUSED-NEXT:   %[[X:.*]] = mdsl.graph.view %x : {{.*}} -> !mdsl.graph.tensor<[16, 32], fp32>
-// FUSED-NEXT:   %loss, %lse = mdsl.graph.fused_lm_head_loss %[[X]], %head, %labels {chunk = 4 : i64}
-// FUSED-NEXT:   %[[DX:.*]], %d_w = mdsl.graph.fused_lm_head_loss_backward %d, %[[X]], %head, %labels, %lse {chunk = 4 : i64}
+// FUSED-NEXT:   %loss, %[[DX:.*]], %d_w = mdsl.graph.fused_lm_head_loss_grad %d, %[[X]], %head, %labels {chunk = 4 : i64} : (!mdsl.graph.tensor<[], fp32>, !mdsl.graph.tensor<[16, 32], fp32>, {{.*}}) -> (!mdsl.graph.tensor<[], fp32>, !mdsl.graph.tensor<[16, 32], fp32>, !mdsl.graph.tensor<[64, 32], fp32>)
 // FUSED-NEXT:   %d_x = mdsl.graph.view %[[DX]] : {{.*}} -> !mdsl.graph.tensor<[2, 8, 32], fp32>
 // FUSED-NEXT:   mdsl.graph.return %loss, %d_x, %d_w
 // FUSED-NOT:  cross_entropy
+// FUSED-NOT:  fused_lm_head_loss_backward
 
-// AUTO: mdsl.graph.fused_lm_head_loss {{.*}} {chunk = 16 : i64}
-// AUTO: mdsl.graph.fused_lm_head_loss_backward {{.*}} {chunk = 16 : i64}
+// AUTO: mdsl.graph.fused_lm_head_loss_grad {{.*}} {chunk = 16 : i64}
+// AUTO-NOT: fused_lm_head_loss_backward
+
+// LATE:      %loss, %lse = mdsl.graph.fused_lm_head_loss %[[X:.*]], %head, %labels {chunk = 4 : i64}
+// LATE-NEXT: %late = mdsl.graph.scale %d
+// LATE-NEXT: %{{.*}}, %d_w = mdsl.graph.fused_lm_head_loss_backward %late, %[[X]], %head, %labels, %lse {chunk = 4 : i64}
+// LATE-NOT:  fused_lm_head_loss_grad
+
+// LSE:      %loss, %lse = mdsl.graph.fused_lm_head_loss %[[X:.*]], %head, %labels {chunk = 4 : i64}
+// LSE:      mdsl.graph.reduce_sum %lse
+// LSE:      mdsl.graph.fused_lm_head_loss_backward %d, %[[X]], %head, %labels, %lse {chunk = 4 : i64}
+// LSE-NOT:  fused_lm_head_loss_grad
 
 // OFF-NOT: fused_lm_head_loss
 // OFF:     mdsl.graph.cross_entropy %rows, %labels
