@@ -769,6 +769,8 @@ def _add_scalar(p: Problem) -> Plan:
 def _causal_mask(p: Problem) -> Plan:
     """One thread per score, scalar loads (the mask decides per element); window 0: none."""
     shape = p.inputs[0]
+    if len(shape) < 2:
+        raise NotCovered("causal_mask of a tensor without query and key dims")
     n = _numel(shape)
     grid, block = elementwise_config(n, 1)
     window = p.attrs.get("window_size") or 0

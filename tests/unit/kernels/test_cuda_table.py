@@ -183,6 +183,8 @@ def cases():
         yield "mul", [(1,), shape], [shape], {}, variant, "int32"
         yield "scale", [shape], [shape], {"factor": 0.5}, variant, "int32"
         yield "add_scalar", [shape], [shape], {"value": 1e-6}, variant, "int32"
+        if len(shape) >= 2:
+            yield "causal_mask", [shape], [shape], {"offset": 1, "window_size": 2, "fill": "zero"}, variant, "int32"
         for name in ("sub", "div"):
             yield name, [shape, shape], [shape], {}, variant, "int32"
             yield name, [shape, shape[:-1] + (1,)], [shape], {}, variant, "int32"
@@ -324,6 +326,7 @@ def test_embedding_backward_zeroes_its_gradient_first():
     ("rope", [(2, 8, 16), (2, 8, 16), (8, 8, 2)], {}),
     ("scale", [(4,)], {}),
     ("add_scalar", [(4,)], {}),
+    ("causal_mask", [(4,)], {}),  # scores have a query and a key dim
     ("sub", [(1, 8), (4, 8)], {}),  # the first operand broadcast: sub and div do not commute
     ("div", [(8,), (4, 8)], {}),
     ("flash_attention", [(1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64), (2,)], {}),  # ALiBi
