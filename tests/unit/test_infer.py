@@ -101,6 +101,7 @@ CASES = {
     "cross_entropy_backward": ([T("", "fp32"), LOGITS, IDS, T("N", "fp32")], {}),
     "fused_lm_head_loss": ([FLAT, T("V, 64"), IDS], {"reduction": "none"}),
     "fused_lm_head_loss_backward": ([T("", "fp32"), FLAT, T("V, 64"), IDS, T("N", "fp32")], {}),
+    "fused_lm_head_loss_grad": ([T("N", "fp32"), FLAT, T("V, 64"), IDS], {"reduction": "none"}),
 }
 
 

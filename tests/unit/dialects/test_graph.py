@@ -149,7 +149,7 @@ def test_every_primitive_op_is_registered_once_with_a_docstring_or_base():
         "qk_norm", "split", "concat", "view", "transpose", "permute", "contiguous", "add", "mul",
         "scale", "add3", "bias_add", "reduce_sum", "reduce_mean", "reduce_max", "embedding",
         "moe_router", "moe_permute", "moe_unpermute", "mamba_conv1d", "mamba_selective_scan",
-        "zeros", "ones", "fill", "copy", "cross_entropy", "fused_lm_head_loss",
+        "zeros", "ones", "fill", "copy", "cross_entropy", "fused_lm_head_loss", "fused_lm_head_loss_grad",
         "rmsnorm_backward", "fused_residual_rmsnorm_backward", "layernorm_backward",
         "swiglu_backward", "geglu_backward", "flash_attention_backward", "rope_backward",
         "qk_norm_backward", "embedding_backward",

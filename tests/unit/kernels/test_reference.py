@@ -1141,6 +1141,31 @@ def test_fused_lm_head_loss(rows, vocab, ignored, label_dtype, reduction, chunk)
               expected)
 
 
+@covers("fused_lm_head_loss_grad")
+@pytest.mark.parametrize("rows, vocab, ignored, label_dtype", LOSS_CASES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("chunk", [0, 1, 3])
+@pytest.mark.parametrize("storage", [np.float32, ml_dtypes.bfloat16], ids=["fp32", "bf16"])
+def test_fused_lm_head_loss_grad_is_the_forward_and_backward_in_one_pass(rows, vocab, ignored, label_dtype,
+                                                                        reduction, chunk, storage):
+    """Its loss is fused_lm_head_loss's and its gradients fused_lm_head_loss_backward's, bit for bit
+    (the same arithmetic per chunk, fp32 and bf16 storage); and PyTorch's."""
+    x64, w64 = randn(143, (rows, 6), (vocab, 6))
+    x, w = x64.astype(storage), w64.astype(storage)
+    labels = labels_for(144, rows, vocab, ignored, label_dtype)
+    d_loss64 = d_loss_for(145, rows, reduction)
+    d_loss = d_loss64.astype(np.float32)
+    params = {"reduction": reduction, "chunk": chunk}
+    loss, d_x, d_w = ref("fused_lm_head_loss_grad", d_loss, x, w, labels, **params)
+    separate_loss, lse = ref("fused_lm_head_loss", x, w, labels, **params)
+    separate = ref("fused_lm_head_loss_backward", d_loss, x, w, labels, lse, **params)
+    for got, want in zip((loss, d_x, d_w), (separate_loss, *separate)):
+        assert got.dtype == want.dtype == np.float32 and np.array_equal(got, want)
+    expected = vjp(lambda x_, w_: torch_lm_head_loss(x_, w_, tt(labels), reduction)[0], [x64, w64], [d_loss64])
+    check_all(ref("fused_lm_head_loss_grad", d_loss64, x64, w64, labels, **params),
+              (torch_lm_head_loss(tt(x64), tt(w64), tt(labels), reduction)[0], *expected))
+
+
 # ----------------------------------------------------------------------------
 # bf16 inputs are computed in fp32
 # ----------------------------------------------------------------------------

@@ -294,6 +294,8 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %fll, %flse = mdsl.graph.fused_lm_head_loss %flat, %e, %labels {compute_accuracy = true} : (!flat, !emb, !flatids) -> (!scalar, !tok)
     // CHECK: mdsl.graph.fused_lm_head_loss_backward %fll, %flat, %e, %labels, %flse :
     %fdx, %fdw = mdsl.graph.fused_lm_head_loss_backward %fll, %flat, %e, %labels, %flse : (!scalar, !flat, !emb, !flatids, !tok) -> (!flat, !emb)
+    // CHECK: mdsl.graph.fused_lm_head_loss_grad %fll, %flat, %e, %labels {chunk = 4 : i64} : (!mdsl.graph.tensor<[], fp32>, {{.*}}) -> (!mdsl.graph.tensor<[], fp32>, !mdsl.graph.tensor<[B*T, C], bf16>, !mdsl.graph.tensor<[V, C], bf16>)
+    %lgl, %lgdx, %lgdw = mdsl.graph.fused_lm_head_loss_grad %fll, %flat, %e, %labels {chunk = 4 : i64} : (!scalar, !flat, !emb, !flatids) -> (!scalar, !flat, !emb)
 
     mdsl.graph.return %c : !x
   }
