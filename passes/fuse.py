@@ -12,7 +12,8 @@ file (``passes/fuse_<family>.py``), named as spec 7.5.1's pattern table names it
 * ``gated_mlp`` (fuse_mlp): the packed gate/up split + swiglu/geglu and its backward concat;
 * ``attention_layout`` (fuse_layout): head transposes around rope/attention -> layout bthd;
 * ``attention_softmax``, ``dag_attention`` (fuse_attention): the scores' scale, written-out attention;
-* ``dag_gelu``, ``dag_silu``, ``dag_softmax``, ``dag_rmsnorm`` (fuse_dag): written-out functions.
+* ``dag_gelu``, ``dag_silu``, ``dag_softmax``, ``dag_rmsnorm`` (fuse_dag): written-out functions;
+* ``qk_norm_rope`` (fuse_rope): qk_norm + rope and their backward pair -> fused_qk_norm_rope(_backward).
 
 Options: ``disable=a,b`` turns patterns off, ``only=a,b`` runs just those, ``auto=false`` fuses only
 what ``@fuse``/``@fuse_required`` request, ``lm_head_chunk=N`` sets the fused loss's rows per chunk.
@@ -49,6 +50,7 @@ from modeldsl.passes.fuse_layout import AttentionLayout
 from modeldsl.passes.fuse_loss import LmHeadLoss, LmHeadLossBackward, LmHeadLossGrad
 from modeldsl.passes.fuse_mlp import SplitGated, SplitGatedBackward
 from modeldsl.passes.fuse_norm import ResidualNorm, ResidualNormBackward
+from modeldsl.passes.fuse_rope import QkNormRope, QkNormRopeBackward
 
 PATTERNS: dict[str, tuple[type[FusionPattern], ...]] = {
     "residual_norm": (ResidualNorm, ResidualNormBackward),
@@ -66,6 +68,7 @@ PATTERNS: dict[str, tuple[type[FusionPattern], ...]] = {
     "dag_rmsnorm": (DagRmsnorm,),
     "attention_softmax": (AttentionSoftmax,),
     "dag_attention": (DagAttention,),
+    "qk_norm_rope": (QkNormRope, QkNormRopeBackward),
 }
 
 # Patterns that recognize written-out functions: a training step runs them before mdsl-autodiff, so

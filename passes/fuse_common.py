@@ -6,6 +6,11 @@ Every pattern is a :class:`FusionPattern` with the ``name`` a ``disable=`` optio
 * no op is a barrier: ``@nofuse`` (spec 7.5.2), a ``@hook`` or a ``@probe`` (the executors
   observe its result: fusing it away would lose the observation), or a replay that
   ``mdsl-recompute`` marked (its segment is kept as it is);
+* except an ``observe`` hook (spec 5.11.3: observe hooks can be fused with surrounding ops, the
+  probe inserted post-fusion) on an op whose results the fused op yields unchanged, where the
+  pattern says so (``carries_hooks``, the ops named by ``may_fuse(..., carrying=...)``): the
+  pattern moves the hook onto the fused op (:func:`carry_hooks`). ``modify``/``replace`` hooks
+  stay barriers, and every hook does for the patterns that carry none;
 * the pattern is on: on by default unless ``disable=`` names it, and on regardless for ops
   a flow's ``@fuse(pattern)``, ``@fuse(ops=[...])``, ``@fuse(scope=global)`` or
   ``@fuse_required(...)`` requests it for (spec 7.5.1; the annotation sits on the last
@@ -25,17 +30,34 @@ from typing import ClassVar
 from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import RewritePattern
 
+from xdsl.dialects.builtin import ArrayAttr
+
 from modeldsl.dialects.annotations import (
-    AnnotationAttr, FuseAttr, FuseRequiredAttr, HookAttr, NofuseAttr, ProbeAttr, annotations_of,
+    ANNOTATIONS_ATTR_NAME, AnnotationAttr, FuseAttr, FuseRequiredAttr, HookAttr, NofuseAttr, ProbeAttr,
+    annotations_of,
 )
 from modeldsl.resolve.annotation_checks import fusion_problem
 
 BARRIERS = (NofuseAttr, HookAttr, ProbeAttr)
 
 
-def is_barrier(op: Operation) -> bool:
-    """Whether no pattern may merge ``op`` with another."""
-    return "recompute" in op.attributes or any(isinstance(a, BARRIERS) for a in annotations_of(op))
+def is_barrier(op: Operation, carried: bool = False) -> bool:
+    """Whether no pattern may merge ``op`` with another; ``carried``: the fused op yields ``op``'s
+    results unchanged and carries its observe hooks (those are then no barrier)."""
+    if "recompute" in op.attributes:
+        return True
+    return any(isinstance(a, BARRIERS) and not (carried and is_observe_hook(a)) for a in annotations_of(op))
+
+
+def is_observe_hook(annotation: AnnotationAttr) -> bool:
+    return isinstance(annotation, HookAttr) and annotation.values.get("mode", "observe") == "observe"
+
+
+def carry_hooks(fused: Operation, *sources: Operation) -> None:
+    """Move the observe hooks of ``sources`` (ops whose results ``fused`` yields unchanged) onto ``fused``."""
+    hooks = [a for op in sources for a in annotations_of(op) if is_observe_hook(a)]
+    if hooks:
+        fused.attributes[ANNOTATIONS_ATTR_NAME] = ArrayAttr([*annotations_of(fused), *hooks])
 
 
 def only_use(value: SSAValue) -> Operation | None:
@@ -79,13 +101,17 @@ class FusionPattern(RewritePattern):
 
     name: ClassVar[str]
     primitives: ClassVar[tuple[str, ...]] = ()
+    carries_hooks: ClassVar[bool] = False  # its fused op may yield a hooked op's results (see carry_hooks)
 
     def __init__(self, switch: FusionSwitch | None = None):
         self.switch = switch if switch is not None else FusionSwitch(frozenset({self.name}))
 
-    def may_fuse(self, *ops: Operation) -> bool:
-        """No barrier among ``ops``, and the pattern on for them (by option or by a request)."""
-        if any(is_barrier(op) for op in ops):
+    def may_fuse(self, *ops: Operation, carrying: Iterable[Operation] = ()) -> bool:
+        """No barrier among ``ops``, and the pattern on for them (by option or by a request);
+        ``carrying``: those of ``ops`` whose results the fused op yields unchanged (their observe
+        hooks are no barrier where the pattern ``carries_hooks``)."""
+        carried = set(carrying) if self.carries_hooks else set()
+        if any(is_barrier(op, op in carried) for op in ops):
             return False
         return self.name in self.switch.enabled or any(self.requested_by(op) for op in ops)
 
