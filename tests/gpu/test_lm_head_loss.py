@@ -9,6 +9,9 @@ one). Chunks that divide the rows, that do not, and 0 (all rows); ignored rows; 
 fp32 and bf16. fp32: the forward is the reference's bit for bit on the emulated device, the backward
 within 1e-5 (the reference scales d_logits in float64); bf16: the backward's d_logits are cast to
 bf16 for the GEMMs and a bf16 d_weight is rounded once per chunk (tolerance 2e-2).
+
+``fused_lm_head_loss_grad`` (the two merged: one logits GEMM per chunk) gives on the emulated device
+the loss, d_x and d_weight of the two launches bit for bit, fp32 and bf16, every reduction.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import pytest
 
 from modeldsl.dialects.sched import ProgramOp
 from modeldsl.ir import make_context, parse_module
-from modeldsl.kernels.reference import fused_lm_head_loss, fused_lm_head_loss_backward
+from modeldsl.kernels.reference import fused_lm_head_loss, fused_lm_head_loss_backward, fused_lm_head_loss_grad
 from modeldsl.kernels.registry import entry
 from modeldsl.runtime.cuda_composites import chunked_scratch
 from modeldsl.runtime.cuda_device import CudaDevice, EmulatedDevice
@@ -63,6 +66,39 @@ def lm_head_program(dtype: str, chunk: int, reduction: str, scratch: int | None 
     backward = scratch or entry("fused_lm_head_loss_backward").scratch_bytes(
         [tuple(loss_shape), (ROWS, WIDTH), (VOCAB, WIDTH), (ROWS,), (ROWS,)], [], params)
     shapes |= {"s_fwd": ([forward], "int8"), "s_bwd": ([backward], "int8")}
+    t = {name: buffer_type(*shape) for name, shape in shapes.items()}
+    attrs = f'ignore_index = -100 : i64, reduction = "{reduction}", chunk = {chunk} : i64'
+    return sched_program(shapes, roles, [
+        f'  mdsl.sched.launch "fused_lm_head_loss"(%x, %w, %labels) -> (%loss, %lse, %s_fwd) '
+        f'{{{attrs}, compute_accuracy = false, scratch}} : ({t["x"]}, {t["w"]}, {t["labels"]}) -> '
+        f'({t["loss"]}, {t["lse"]}, {t["s_fwd"]})',
+        f'  mdsl.sched.launch "fused_lm_head_loss_backward"(%d_loss, %x, %w, %labels, %lse) -> '
+        f'(%d_x, %d_w, %s_bwd) {{{attrs}, scratch}} : ({t["d_loss"]}, {t["x"]}, {t["w"]}, {t["labels"]}, '
+        f'{t["lse"]}) -> ({t["d_x"]}, {t["d_w"]}, {t["s_bwd"]})'])
+
+
+def merged_program(dtype: str, chunk: int, reduction: str, scratch: int | None = None) -> ProgramOp:
+    """x, weight, labels, d_loss -> loss, d_x, d_weight: one ``fused_lm_head_loss_grad`` launch with
+    the scratch the kernel registry gives it (or ``scratch`` bytes)."""
+    loss_shape = [ROWS] if reduction == "none" else []
+    shapes = {"x": ([ROWS, WIDTH], dtype), "w": ([VOCAB, WIDTH], dtype), "labels": ([ROWS], "int64"),
+              "d_loss": (loss_shape, "fp32"), "loss": (loss_shape, "fp32"), "d_x": ([ROWS, WIDTH], dtype),
+              "d_w": ([VOCAB, WIDTH], dtype)}
+    roles = {"x": "input = 0", "w": "input = 1", "labels": "input = 2", "d_loss": "input = 3", "loss": "output = 0",
+             "d_x": "output = 1", "d_w": "output = 2"}
+    size = scratch or entry("fused_lm_head_loss_grad").scratch_bytes(
+        [tuple(loss_shape), (ROWS, WIDTH), (VOCAB, WIDTH), (ROWS,)], [], {"chunk": chunk})
+    shapes["s"] = ([size], "int8")
+    t = {name: buffer_type(*shape) for name, shape in shapes.items()}
+    attrs = f'ignore_index = -100 : i64, reduction = "{reduction}", chunk = {chunk} : i64'
+    return sched_program(shapes, roles, [
+        f'  mdsl.sched.launch "fused_lm_head_loss_grad"(%d_loss, %x, %w, %labels) -> (%loss, %d_x, %d_w, %s) '
+        f'{{{attrs}, scratch}} : ({t["d_loss"]}, {t["x"]}, {t["w"]}, {t["labels"]}) -> '
+        f'({t["loss"]}, {t["d_x"]}, {t["d_w"]}, {t["s"]})'])
+
+
+def sched_program(shapes: dict, roles: dict[str, str], launches: list[str]) -> ProgramOp:
+    """A program of external buffers (``name: (shape, dtype)``, 256-byte aligned) and ``launches``."""
     lines, offset = [], 0
     itemsize = {"fp32": 4, "bf16": 2, "int64": 8, "int32": 4, "int8": 1}
     for name, (shape, kind) in shapes.items():
@@ -71,14 +107,7 @@ def lm_head_program(dtype: str, chunk: int, reduction: str, scratch: int | None 
         lines.append(f"  %{name} = mdsl.sched.buffer external offset {offset} bytes {size}{role} : "
                      f"{buffer_type(shape, kind)}")
         offset += -(-size // 256) * 256
-    t = {name: buffer_type(*shape) for name, shape in shapes.items()}
-    attrs = f'ignore_index = -100 : i64, reduction = "{reduction}", chunk = {chunk} : i64'
-    lines.append(f'  mdsl.sched.launch "fused_lm_head_loss"(%x, %w, %labels) -> (%loss, %lse, %s_fwd) '
-                 f'{{{attrs}, compute_accuracy = false, scratch}} : ({t["x"]}, {t["w"]}, {t["labels"]}) -> '
-                 f'({t["loss"]}, {t["lse"]}, {t["s_fwd"]})')
-    lines.append(f'  mdsl.sched.launch "fused_lm_head_loss_backward"(%d_loss, %x, %w, %labels, %lse) -> '
-                 f'(%d_x, %d_w, %s_bwd) {{{attrs}, scratch}} : ({t["d_loss"]}, {t["x"]}, {t["w"]}, {t["labels"]}, '
-                 f'{t["lse"]}) -> ({t["d_x"]}, {t["d_w"]}, {t["s_bwd"]})')
+    lines += launches
     arenas = f"params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = {offset}"
     module, _ = parse_module(make_context(), f"mdsl.sched.program @lm_head arenas({arenas}) {{\n"
                                              + "\n".join(lines) + "\n}\n")
@@ -202,6 +231,47 @@ def test_int32_labels_and_a_replayed_graph_give_the_same_results():
             np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("chunk", [4, 5, 0], ids=["divides", "ragged", "all"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_merged_composite_is_the_forward_and_backward_bit_for_bit(dtype, chunk, reduction):
+    """fused_lm_head_loss_grad runs the forward's and the backward's parts on one GEMM of logits per
+    chunk: its loss, d_x and d_weight are the two launches' bit for bit, and the merged reference's."""
+    merged = CudaExecutor(merged_program(dtype, chunk, reduction), device=EmulatedDevice(), graphs=False)
+    split = CudaExecutor(lm_head_program(dtype, chunk, reduction), device=EmulatedDevice(), graphs=False)
+    assert merged.fallbacks == []
+    (composite,) = composites(merged)
+    chunks = len(range(0, ROWS, chunk or ROWS))
+    assert composite.kernel == "fused_lm_head_loss_grad" and gemm_count(composite) == 3 * chunks
+    assert sum(gemm_count(c) for c in composites(split)) == 4 * chunks
+    inputs = problem(dtype, reduction, seed=3)
+    got = merged.execute(*inputs)
+    loss, _, d_x, d_w = split.execute(*inputs)
+    for value, want, name in zip(got, (loss, d_x, d_w), ("loss", "d_x", "d_weight")):
+        np.testing.assert_array_equal(value, want, err_msg=name)
+    x, w, labels, d_loss = inputs
+    expected = fused_lm_head_loss_grad(d_loss, x, w, labels, reduction=reduction, chunk=chunk)
+    np.testing.assert_array_equal(got[0], expected[0])
+    check([got[0], got[0], *got[1:]], [expected[0], expected[0], *expected[1:]], dtype)
+
+
+def test_the_merged_scratch_holds_the_chunks_lse_and_every_rows_loss():
+    """A scratch smaller than the registry's runs fewer rows per chunk, with the same results
+    within rounding; one too small for a row falls back to the reference."""
+    roomy = CudaExecutor(merged_program("bf16", 5, "mean"), device=EmulatedDevice())
+    tight = CudaExecutor(merged_program("bf16", 5, "mean", scratch=4 * 5 * VOCAB + 3 * 256), device=EmulatedDevice())
+    assert (gemm_count(composites(roomy)[0]), gemm_count(composites(tight)[0])) == (9, 12)
+    inputs = problem("bf16", "mean", seed=4)
+    expected = fused_lm_head_loss_grad(inputs[3], *inputs[:3], reduction="mean", chunk=5)
+    for executor in (roomy, tight):
+        got = executor.execute(*inputs)
+        check([got[0], got[0], *got[1:]], [expected[0], expected[0], *expected[1:]], "bf16", forward_tol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        starved = CudaExecutor(merged_program("fp32", 4, "mean", scratch=64), device=EmulatedDevice())
+    assert [f.kernel for f in starved.fallbacks] == ["fused_lm_head_loss_grad"]
+
+
 # ---------------------------------------------------------------------------- the kernel emulator
 class KernelEmulatorDevice(EmulatedDevice):
     """The emulated device whose kernel launches run the CUDA kernels themselves on the CPU (the g++
@@ -251,6 +321,20 @@ def test_the_cross_entropy_kernels_run_the_composites_launches(dtype, chunk, red
     check(outputs, reference(inputs, chunk, reduction), dtype, forward_tol=1e-5)
 
 
+@needs_gxx
+@pytest.mark.parametrize("dtype, chunk, reduction", [("fp32", 5, "mean"), ("bf16", 4, "none"), ("bf16", 0, "sum")])
+def test_the_cross_entropy_kernels_run_the_merged_composites_launches(dtype, chunk, reduction):
+    program = merged_program(dtype, chunk, reduction)
+    device = KernelEmulatorDevice()
+    executor = CudaExecutor(program, device=device, graphs=False)
+    assert executor.fallbacks == []
+    inputs = problem(dtype, reduction, seed=5)
+    got = executor.execute(*inputs)
+    assert device.kernel_launches == sum(len(part.launches) for part in composites(executor)[0].kernels) > 0
+    expected = fused_lm_head_loss_grad(inputs[3], *inputs[:3], reduction=reduction, chunk=chunk)
+    check([got[0], got[0], *got[1:]], [expected[0], expected[0], *expected[1:]], dtype, forward_tol=1e-5)
+
+
 # ---------------------------------------------------------------------------- a GPU
 @pytest.mark.gpu
 @pytest.mark.skipif(CudaDevice.unavailable() is not None, reason=str(CudaDevice.unavailable()))
@@ -264,3 +348,16 @@ def test_the_composite_on_a_gpu_gives_the_reference(dtype, chunk, reduction):
     runs = [executor.execute(*inputs) for _ in range(2)]  # eager, then captured as a CUDA graph
     for outputs in runs:
         check(outputs, reference(inputs, chunk, reduction), dtype, forward_tol=1e-4 if dtype == "fp32" else 2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(CudaDevice.unavailable() is not None, reason=str(CudaDevice.unavailable()))
+@pytest.mark.parametrize("dtype, chunk, reduction", [("fp32", 5, "mean"), ("bf16", 4, "mean"), ("bf16", 0, "none")])
+def test_the_merged_composite_on_a_gpu_gives_the_reference(dtype, chunk, reduction):
+    executor = CudaExecutor(merged_program(dtype, chunk, reduction), device=CudaDevice())
+    assert executor.fallbacks == []
+    inputs = problem(dtype, reduction, seed=3)
+    expected = fused_lm_head_loss_grad(inputs[3], *inputs[:3], reduction=reduction, chunk=chunk)
+    for got in [executor.execute(*inputs) for _ in range(2)]:  # eager, then captured as a CUDA graph
+        check([got[0], got[0], *got[1:]], [expected[0], expected[0], *expected[1:]], dtype,
+              forward_tol=1e-4 if dtype == "fp32" else 2e-2)
