@@ -171,9 +171,18 @@ def _lm_head_loss_traffic(op: LaunchOp, backward: bool) -> tuple[int, int]:
     return logits + cast[0] + 2 * operand, 2 * logits + cast[1]
 
 
+def _lm_head_loss_grad_traffic(op: LaunchOp) -> tuple[int, int]:
+    """The merged loss and gradient (its x and weight where the backward has them): the backward's
+    traffic and the forward cross-entropy's read of the logits (one GEMM writes them)."""
+    read, written = _lm_head_loss_traffic(op, backward=True)
+    x, weight = buffer_type(op.inputs[1]), buffer_type(op.inputs[2])
+    return read + 4 * x.shape[0] * weight.shape[0], written
+
+
 SCRATCH_TRAFFIC = {
     "fused_lm_head_loss": lambda op: _lm_head_loss_traffic(op, backward=False),
     "fused_lm_head_loss_backward": lambda op: _lm_head_loss_traffic(op, backward=True),
+    "fused_lm_head_loss_grad": _lm_head_loss_grad_traffic,
 }
 
 
