@@ -118,8 +118,9 @@ def test_the_chunked_lm_head_loss_counts_the_logits_it_moves_through_its_scratch
     inputs, outputs = 4 + 64 * 128 * 2 + 256 * 128 * 2 + 64 * 8 + 64 * 4, 64 * 128 * 2 + 256 * 128 * 2
     operand = logits // 2
     assert (read, written) == (inputs + logits + logits + 2 * operand, outputs + 2 * logits + operand)
-    merged = only_op('  mdsl.sched.launch "fused_lm_head_loss_grad"(%loss, %a16, %w16, %labels) -> '
-                     '(%total, %dx16, %dw16, %ws) {scratch} : (!loss, !a16, !w16, !labels) -> (!loss, !a16, !w16, !ws)\n')
+    merged = only_op('  %seed = mdsl.sched.buffer activations bytes 4 : !loss\n'
+                     '  mdsl.sched.launch "fused_lm_head_loss_grad"(%seed, %a16, %w16, %labels) -> '
+                     '(%loss, %dx16, %dw16, %ws) {scratch} : (!loss, !a16, !w16, !labels) -> (!loss, !a16, !w16, !ws)\n')
     inputs, outputs = 4 + 64 * 128 * 2 + 256 * 128 * 2 + 64 * 8, 4 + 64 * 128 * 2 + 256 * 128 * 2
     assert op_bytes(merged) == (inputs + 2 * logits + logits + 2 * operand, outputs + 2 * logits + operand)
 
