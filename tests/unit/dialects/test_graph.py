@@ -23,6 +23,7 @@ from modeldsl.dialects.graph import (
 from modeldsl.dialects.graph_primitives import (
     PRIMITIVE_OPS,
     CausalMaskOp,
+    FusedLmHeadLossGradOp,
     MatmulOp,
     RmsnormOp,
     SplitOp,
@@ -239,3 +240,19 @@ def test_causal_mask_verifier(shape, attrs, message):
     diagnostics = verify_module(module)
     assert [d.message for d in diagnostics if message in d.message] if message else not diagnostics, diagnostics
 
+
+@pytest.mark.parametrize("reduction, loss, d_x, labels, message", [
+    ("mean", [], ["N", 64], "int64", None),
+    ("none", ["N"], ["N", 64], "int32", None),
+    ("none", [], ["N", 64], "int64", "per-token loss"),
+    ("mean", [], ["N", 32], "int64", "d_x"),
+    ("mean", [], ["N", 64], "fp32", "labels"),
+])
+def test_fused_lm_head_loss_grad_verifier(reduction, loss, d_x, labels, message):
+    scalar, x, w = TensorType(loss, "fp32"), TensorType(["N", 64], "bf16"), TensorType(["V", 64], "bf16")
+    operands = [scalar, x, w, TensorType(["N"], labels)]
+    results = [scalar, TensorType(d_x, "bf16"), w]
+    attrs = {"reduction": StringAttr(reduction), "chunk": IntegerAttr(4, i64)}
+    module, _ = _func_with(lambda args: FusedLmHeadLossGradOp.make(list(args), results, attrs), operands, results)
+    diagnostics = verify_module(module)
+    assert [d.message for d in diagnostics if message in d.message] if message else not diagnostics, diagnostics
