@@ -158,6 +158,10 @@ _kernel("rope", "qk_norm_bwd", "ptr d_q_norm, ptr d_k_norm, ptr q, ptr k, ptr q_
                                "i64 rows_k, i64 D")
 _kernel("rope", "qk_norm_dw_reduce", "ptr dw_partial_q, ptr dw_partial_k, ptr d_q_weight, ptr d_k_weight, "
                                      "i64 parts, i64 D")
+_kernel("rope", "qk_norm_rope_fwd", "ptr q, ptr k, ptr q_weight, ptr k_weight, ptr freqs, ptr q_rot, ptr k_rot, "
+                                    f"ptr q_rstd, ptr k_rstd, {_ROPE}, f32 eps")
+_kernel("rope", "qk_norm_rope_bwd", "ptr d_q_rot, ptr d_k_rot, ptr q, ptr k, ptr q_weight, ptr k_weight, ptr q_rstd, "
+                                    f"ptr k_rstd, ptr freqs, ptr d_q, ptr d_k, ptr dw_partial_q, ptr dw_partial_k, {_ROPE}")
 _kernel("softmax", "softmax_fwd", "ptr x, ptr out, i64 rows, i64 C")
 _kernel("softmax", "softmax_bwd", "ptr d_out, ptr out, ptr d_x, i64 rows, i64 C")
 _CE = "i64 rows, i64 vocab, i64 ignore_index, i32 idx64"
@@ -610,6 +614,53 @@ def _qk_norm_backward(p: Problem) -> Plan:
                          ptr("in:k"), ptr("in:q_weight"), ptr("in:k_weight"), ptr("in:q_rstd"), ptr("in:k_rstd"),
                          ptr("out:d_q"), ptr("out:d_k"), ptr("scratch:dw_partial_q"), ptr("scratch:dw_partial_k"),
                          i64(rows_q), i64(rows_k), i64(d)),
+                 _launch("qk_norm_dw_reduce", p.variant, rgrid, rblock, ptr("scratch:dw_partial_q"),
+                         ptr("scratch:dw_partial_k"), ptr("out:d_q_weight"), ptr("out:d_k_weight"), i64(parts),
+                         i64(d))),
+                scratch={"dw_partial_q": 4 * parts * d, "dw_partial_k": 4 * parts * d})
+
+
+ROPE_PAIRS = 4  # pairs of a row one thread of the fused qk_norm + rope kernels holds (rope.cu: kRopePairs)
+
+
+def _qk_norm_rope_geometry(p: Problem, q_at: int) -> tuple[Dim3, tuple[Arg, ...], int]:
+    """(block, the launch's size arguments, rows) of fused_qk_norm_rope(_backward) (rope.cu)."""
+    q, k = p.inputs[q_at], p.inputs[q_at + 1]
+    if len(q) != 4 or len(k) != 4:
+        raise NotCovered("fused_qk_norm_rope takes q and k of rank 4 ([B, H, T, D] or, layout bthd, [B, T, H, D])")
+    bthd = p.attr("layout", "bhtd") == "bthd"
+    rows_q, rows_k, t, d = math.prod(q[:3]), math.prod(k[:3]), q[1 if bthd else 2], q[3]
+    g = _next_pow2(_cdiv(max(d // 2, 1), ROPE_PAIRS))
+    if g > MAX_GROUP:
+        raise NotCovered(f"fused_qk_norm_rope: head dim {d} over {2 * ROPE_PAIRS * MAX_GROUP}")
+    heads_q, heads_k = (q[2], k[2]) if bthd else (1, 1)
+    sizes = (i64(rows_q), i64(rows_k), i64(t), i64(d), i32(bool(p.attr("interleaved", False))), i64(heads_q),
+             i64(heads_k))
+    return (g, max(1, ROW_THREADS // g), 1), sizes, max(rows_q, rows_k)
+
+
+@_primitive("fused_qk_norm_rope", "rope", "q k q_weight k_weight freqs", "q_rot k_rot q_rstd k_rstd",
+            "qk_norm_rope_fwd", dtypes={"freqs": "fp32", "q_rstd": "fp32", "k_rstd": "fp32"})
+def _fused_qk_norm_rope(p: Problem) -> Plan:
+    block, sizes, rows = _qk_norm_rope_geometry(p, 0)
+    grid = (max(1, min(_cdiv(rows, block[1]), GRID_CAP)), 2, 1)
+    return Plan((_launch("qk_norm_rope_fwd", p.variant, grid, block, ptr("in:q"), ptr("in:k"), ptr("in:q_weight"),
+                         ptr("in:k_weight"), ptr("in:freqs"), ptr("out:q_rot"), ptr("out:k_rot"), ptr("out:q_rstd"),
+                         ptr("out:k_rstd"), *sizes, f32(p.attr("eps", 1e-6))),))
+
+
+@_primitive("fused_qk_norm_rope_backward", "rope", "d_q_rot d_k_rot q k q_weight k_weight q_rstd k_rstd freqs",
+            "d_q d_k d_q_weight d_k_weight", "qk_norm_rope_bwd qk_norm_dw_reduce",
+            dtypes={"freqs": "fp32", "q_rstd": "fp32", "k_rstd": "fp32"})
+def _fused_qk_norm_rope_backward(p: Problem) -> Plan:
+    block, sizes, rows = _qk_norm_rope_geometry(p, 2)
+    d = p.inputs[2][3]
+    parts = max(1, min(_cdiv(rows, block[1]), PARTIALS_CAP))
+    rgrid, rblock = column_config(1, d, zs=2)
+    return Plan((_launch("qk_norm_rope_bwd", p.variant, (parts, 2, 1), block, ptr("in:d_q_rot"), ptr("in:d_k_rot"),
+                         ptr("in:q"), ptr("in:k"), ptr("in:q_weight"), ptr("in:k_weight"), ptr("in:q_rstd"),
+                         ptr("in:k_rstd"), ptr("in:freqs"), ptr("out:d_q"), ptr("out:d_k"),
+                         ptr("scratch:dw_partial_q"), ptr("scratch:dw_partial_k"), *sizes),
                  _launch("qk_norm_dw_reduce", p.variant, rgrid, rblock, ptr("scratch:dw_partial_q"),
                          ptr("scratch:dw_partial_k"), ptr("out:d_q_weight"), ptr("out:d_k_weight"), i64(parts),
                          i64(d))),

@@ -184,3 +184,185 @@ extern "C" __global__ void mdsl_qk_norm_dw_reduce_f32(const float* dw_partial_q,
   if (blockIdx.z == 0) column_sum<float, float>(dw_partial_q, d_q_weight, 1, parts, D, 1.f);
   else column_sum<float, float>(dw_partial_k, d_k_weight, 1, parts, D, 1.f);
 }
+
+// ----------------------------------------------------------------------------
+// fused_qk_norm_rope: qk_norm then rope in one pass (mdsl-fuse pattern qk_norm_rope; reference:
+// fused_qk_norm_rope, fused_qk_norm_rope_backward). A row of D is normed and rotated in registers.
+// Launch (kernels/cuda.py: _qk_norm_rope_block): block (G, R, 1), G the smallest power of two with
+// ceil(D / 2 / G) <= kRopePairs (at most 512), R = max(1, 256 / G) rows per block; grid
+// (min(ceil(max(rows_q, rows_k) / R), cap), 2, 1): blockIdx.y 0 works on q, 1 on k. Lane l of a row
+// holds the pairs l + j G (j < kRopePairs): (x[i], x[i + D/2]) or, interleaved, (x[2i], x[2i + 1]).
+// Positions as rope's: (row / heads) % T, heads = H in bthd, 1 in bhtd.
+// ----------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kRopePairs = 4;
+
+struct PairAt {
+  i64 a, b;  // offsets of the pair's two elements in the row
+};
+
+__device__ __forceinline__ PairAt pair_at(i64 p, i64 D, int interleaved) {
+  return interleaved ? PairAt{2 * p, 2 * p + 1} : PairAt{p, p + D / 2};
+}
+
+template <typename T>
+__device__ void qk_norm_rope_fwd_rows(const T* x, const T* w, const float* freqs, T* out, float* rstd, i64 rows,
+                                      i64 T_, i64 D, int interleaved, i64 heads, float eps) {
+  const int G = blockDim.x, lane = threadIdx.x;
+  const i64 pairs = D / 2;
+  for (i64 base = (i64) blockIdx.x * blockDim.y; base < rows; base += (i64) gridDim.x * blockDim.y) {
+    const i64 row = base + threadIdx.y;
+    const bool valid = row < rows;
+    const T* xr = x + row * D;
+    float ca[kRopePairs], cb[kRopePairs];
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < kRopePairs; ++j) {
+      const i64 p = lane + (i64) j * G;
+      ca[j] = cb[j] = 0.f;
+      if (valid && p < pairs) {
+        const PairAt at = pair_at(p, D, interleaved);
+        ca[j] = to_f32(xr[at.a]);
+        cb[j] = to_f32(xr[at.b]);
+        ss += ca[j] * ca[j] + cb[j] * cb[j];
+      }
+    }
+    ss = group_sum(ss);
+    const float r = 1.f / sqrtf(ss / (float) D + eps);
+    if (!valid) continue;
+    if (lane == 0) rstd[row] = r;
+    const float* f = freqs + ((row / heads) % T_) * D;
+#pragma unroll
+    for (int j = 0; j < kRopePairs; ++j) {
+      const i64 p = lane + (i64) j * G;
+      if (p < pairs) {
+        const PairAt at = pair_at(p, D, interleaved);
+        const float a = ca[j] * r * to_f32(w[at.a]), b = cb[j] * r * to_f32(w[at.b]);
+        const float cos = f[2 * p], sin = f[2 * p + 1];
+        out[row * D + at.a] = from_f32<T>(a * cos - b * sin);
+        out[row * D + at.b] = from_f32<T>(b * cos + a * sin);
+      }
+    }
+  }
+}
+
+// d_norm = the inverse rotation of d_rot; then rmsnorm's backward: d_x = r (d_norm w) - x r^3 mean(d_norm w x),
+// per-block partials of d_w = sum_rows(d_norm x r) in partial[blockIdx.x, :] (a column sum reduces them).
+template <typename T>
+__device__ void qk_norm_rope_bwd_rows(const T* d_rot, const T* x, const T* w, const float* rstd, const float* freqs,
+                                      T* dx, float* partial, i64 rows, i64 T_, i64 D, int interleaved, i64 heads) {
+  const int G = blockDim.x, lane = threadIdx.x;
+  const i64 pairs = D / 2;
+  float dwa[kRopePairs], dwb[kRopePairs];
+#pragma unroll
+  for (int j = 0; j < kRopePairs; ++j) dwa[j] = dwb[j] = 0.f;
+  for (i64 base = (i64) blockIdx.x * blockDim.y; base < rows; base += (i64) gridDim.x * blockDim.y) {
+    const i64 row = base + threadIdx.y;
+    const bool valid = row < rows;
+    const float r = valid ? rstd[row] : 0.f;
+    const float* f = freqs + (valid ? ((row / heads) % T_) * D : 0);
+    float na[kRopePairs], nb[kRopePairs], xa[kRopePairs], xb[kRopePairs];
+    float dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < kRopePairs; ++j) {
+      const i64 p = lane + (i64) j * G;
+      na[j] = nb[j] = xa[j] = xb[j] = 0.f;
+      if (valid && p < pairs) {
+        const PairAt at = pair_at(p, D, interleaved);
+        const float da = to_f32(d_rot[row * D + at.a]), db = to_f32(d_rot[row * D + at.b]);
+        const float cos = f[2 * p], sin = -f[2 * p + 1];
+        na[j] = da * cos - db * sin;
+        nb[j] = db * cos + da * sin;
+        xa[j] = to_f32(x[row * D + at.a]);
+        xb[j] = to_f32(x[row * D + at.b]);
+        dot += na[j] * to_f32(w[at.a]) * xa[j] + nb[j] * to_f32(w[at.b]) * xb[j];
+      }
+    }
+    dot = group_sum(dot);
+    if (!valid) continue;
+    const float mean = dot / (float) D, r3 = r * r * r;
+#pragma unroll
+    for (int j = 0; j < kRopePairs; ++j) {
+      const i64 p = lane + (i64) j * G;
+      if (p < pairs) {
+        const PairAt at = pair_at(p, D, interleaved);
+        dx[row * D + at.a] = from_f32<T>(r * (na[j] * to_f32(w[at.a])) - xa[j] * r3 * mean);
+        dx[row * D + at.b] = from_f32<T>(r * (nb[j] * to_f32(w[at.b])) - xb[j] * r3 * mean);
+        dwa[j] += na[j] * xa[j] * r;
+        dwb[j] += nb[j] * xb[j] * r;
+      }
+    }
+  }
+  // The R row groups of the block add their register sums into the partial row in turn (deterministic).
+  float* part = partial + (i64) blockIdx.x * D;
+  for (int g = 0; g < (int) blockDim.y; ++g) {
+    if ((int) threadIdx.y == g) {
+#pragma unroll
+      for (int j = 0; j < kRopePairs; ++j) {
+        const i64 p = lane + (i64) j * G;
+        if (p < pairs) {
+          const PairAt at = pair_at(p, D, interleaved);
+          part[at.a] = (g == 0 ? 0.f : part[at.a]) + dwa[j];
+          part[at.b] = (g == 0 ? 0.f : part[at.b]) + dwb[j];
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+// fused_qk_norm_rope(q, k, q_weight, k_weight, freqs; eps, interleaved, layout) -> (q_rot, k_rot, q_rstd, k_rstd)
+template <typename T>
+__device__ void qk_norm_rope_fwd(const T* q, const T* k, const T* q_weight, const T* k_weight, const float* freqs,
+                                 T* q_rot, T* k_rot, float* q_rstd, float* k_rstd, i64 rows_q, i64 rows_k, i64 T_,
+                                 i64 D, int interleaved, i64 heads_q, i64 heads_k, float eps) {
+  if (blockIdx.y == 0) qk_norm_rope_fwd_rows<T>(q, q_weight, freqs, q_rot, q_rstd, rows_q, T_, D, interleaved, heads_q, eps);
+  else qk_norm_rope_fwd_rows<T>(k, k_weight, freqs, k_rot, k_rstd, rows_k, T_, D, interleaved, heads_k, eps);
+}
+extern "C" __global__ void __launch_bounds__(512)
+mdsl_qk_norm_rope_fwd_bf16(const bf16* q, const bf16* k, const bf16* q_weight, const bf16* k_weight,
+                           const float* freqs, bf16* q_rot, bf16* k_rot, float* q_rstd, float* k_rstd, i64 rows_q,
+                           i64 rows_k, i64 T, i64 D, int interleaved, i64 heads_q, i64 heads_k, float eps) {
+  qk_norm_rope_fwd(q, k, q_weight, k_weight, freqs, q_rot, k_rot, q_rstd, k_rstd, rows_q, rows_k, T, D, interleaved,
+                   heads_q, heads_k, eps);
+}
+extern "C" __global__ void __launch_bounds__(512)
+mdsl_qk_norm_rope_fwd_f32(const float* q, const float* k, const float* q_weight, const float* k_weight,
+                          const float* freqs, float* q_rot, float* k_rot, float* q_rstd, float* k_rstd, i64 rows_q,
+                          i64 rows_k, i64 T, i64 D, int interleaved, i64 heads_q, i64 heads_k, float eps) {
+  qk_norm_rope_fwd(q, k, q_weight, k_weight, freqs, q_rot, k_rot, q_rstd, k_rstd, rows_q, rows_k, T, D, interleaved,
+                   heads_q, heads_k, eps);
+}
+
+// fused_qk_norm_rope_backward(d_q_rot, d_k_rot, q, k, q_weight, k_weight, q_rstd, k_rstd, freqs) -> (d_q, d_k,
+// and the d_q_weight / d_k_weight partials, fp32 [gridDim.x, D] each); then mdsl_qk_norm_dw_reduce_*.
+template <typename T>
+__device__ void qk_norm_rope_bwd(const T* d_q_rot, const T* d_k_rot, const T* q, const T* k, const T* q_weight,
+                                 const T* k_weight, const float* q_rstd, const float* k_rstd, const float* freqs,
+                                 T* d_q, T* d_k, float* dw_partial_q, float* dw_partial_k, i64 rows_q, i64 rows_k,
+                                 i64 T_, i64 D, int interleaved, i64 heads_q, i64 heads_k) {
+  if (blockIdx.y == 0) qk_norm_rope_bwd_rows<T>(d_q_rot, q, q_weight, q_rstd, freqs, d_q, dw_partial_q, rows_q, T_, D,
+                                                interleaved, heads_q);
+  else qk_norm_rope_bwd_rows<T>(d_k_rot, k, k_weight, k_rstd, freqs, d_k, dw_partial_k, rows_k, T_, D, interleaved,
+                                heads_k);
+}
+extern "C" __global__ void __launch_bounds__(512)
+mdsl_qk_norm_rope_bwd_bf16(const bf16* d_q_rot, const bf16* d_k_rot, const bf16* q, const bf16* k,
+                           const bf16* q_weight, const bf16* k_weight, const float* q_rstd, const float* k_rstd,
+                           const float* freqs, bf16* d_q, bf16* d_k, float* dw_partial_q, float* dw_partial_k,
+                           i64 rows_q, i64 rows_k, i64 T, i64 D, int interleaved, i64 heads_q, i64 heads_k) {
+  qk_norm_rope_bwd(d_q_rot, d_k_rot, q, k, q_weight, k_weight, q_rstd, k_rstd, freqs, d_q, d_k, dw_partial_q,
+                   dw_partial_k, rows_q, rows_k, T, D, interleaved, heads_q, heads_k);
+}
+extern "C" __global__ void __launch_bounds__(512)
+mdsl_qk_norm_rope_bwd_f32(const float* d_q_rot, const float* d_k_rot, const float* q, const float* k,
+                          const float* q_weight, const float* k_weight, const float* q_rstd, const float* k_rstd,
+                          const float* freqs, float* d_q, float* d_k, float* dw_partial_q, float* dw_partial_k,
+                          i64 rows_q, i64 rows_k, i64 T, i64 D, int interleaved, i64 heads_q, i64 heads_k) {
+  qk_norm_rope_bwd(d_q_rot, d_k_rot, q, k, q_weight, k_weight, q_rstd, k_rstd, freqs, d_q, d_k, dw_partial_q,
+                   dw_partial_k, rows_q, rows_k, T, D, interleaved, heads_q, heads_k);
+}

@@ -206,6 +206,13 @@ def cases():
         yield "rope_backward", [q, k, freqs], [q, k], attrs, variant, "int32"
         yield "qk_norm", [q, k, (d,), (d,)], [q, k, q[:-1], k[:-1]], {}, variant, "int32"
         yield "qk_norm_backward", [q, k, q, k, (d,), (d,), q[:-1], k[:-1]], [q, k, (d,), (d,)], {}, variant, "int32"
+        for layout in ("bhtd", "bthd"):
+            qt, kt = (q, k) if layout == "bhtd" else ((b, t, h, d), (b, t, hk, d))
+            fused_attrs = {**attrs, "layout": layout}
+            yield "fused_qk_norm_rope", [qt, kt, (d,), (d,), freqs], [qt, kt, qt[:-1], kt[:-1]], fused_attrs, \
+                variant, "int32"
+            yield "fused_qk_norm_rope_backward", [qt, kt, qt, kt, (d,), (d,), qt[:-1], kt[:-1], freqs], \
+                [qt, kt, (d,), (d,)], fused_attrs, variant, "int32"
     for (b, h, hkv, t, s, d), variant, layout, (causal, window) in itertools.product(
             ATTENTION, cuda.VARIANTS, cuda.ATTENTION_LAYOUTS, ((True, None), (False, 8), (True, 16))):
         q, k = ((b, h, t, d), (b, hkv, s, d)) if layout == "bhtd" else ((b, t, h, d), (b, s, hkv, d))

@@ -1,0 +1,53 @@
+"""The fused qk_norm + rope kernels (fused_qk_norm_rope and its backward, kernels/rope.cu) against
+their numpy references, on a GPU or the CPU emulator (``MDSL_KERNEL_RUNNER=emulator``).
+
+As tests/gpu/test_kernels.py: inputs rounded to the variant's storage, every output and the
+scratch poisoned with NaN, rtol 1e-5 (fp32) / 1e-2 (bf16); both layouts, both pairings, head dims
+from 2 to 1024 (one pair per thread up to four, row groups of more than a warp), GQA, and rows that
+do not fill the last block. The backward reads the forward's statistics from the reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness import GPU, ids, rounded, skip_without_runner
+from modeldsl.kernels import cuda
+from modeldsl.kernels.reference import REFERENCES
+from test_kernels import check, rope_inputs, runner  # noqa: F401 - runner is a fixture
+
+pytestmark = pytest.mark.gpu
+
+skip_without_runner()
+SHAPES = [(1, 1, 1, 2), (2, 4, 7, 64), (1, 3, 5, 6), (2, 4, 9, 128), (1, 2, 3, 10), (2, 2, 37, 16), (1, 2, 3, 1024)]
+if GPU:
+    SHAPES += [(8, 16, 1024, 128)]
+
+
+@pytest.mark.parametrize("layout", ["bhtd", "bthd"])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("variant", ["fp32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=ids(SHAPES))
+def test_fused_qk_norm_rope(runner, shape, variant, interleaved, layout):  # noqa: F811
+    rng = np.random.default_rng(17)
+    q, k, freqs = rope_inputs(rng, shape)
+    if layout == "bthd":
+        q, k = (np.ascontiguousarray(np.swapaxes(x, 1, 2)) for x in (q, k))
+    qw, kw = 1 + 0.1 * rng.standard_normal(shape[-1]), 1 + 0.1 * rng.standard_normal(shape[-1])
+    attrs = {"interleaved": interleaved, "layout": layout}
+    check(runner, "fused_qk_norm_rope", [q, k, qw, kw, freqs], {"eps": 1e-6, **attrs}, variant)
+    _, _, q_rstd, k_rstd = REFERENCES["fused_qk_norm_rope"](*(rounded(a, variant) for a in (q, k, qw, kw)),
+                                                            rounded(freqs, "fp32"), **attrs)
+    d_q, d_k = rng.standard_normal(q.shape), rng.standard_normal(k.shape)
+    check(runner, "fused_qk_norm_rope_backward", [d_q, d_k, q, k, qw, kw, q_rstd, k_rstd, freqs], attrs, variant)
+
+
+def test_the_launch_gives_each_thread_at_most_four_pairs():
+    for d, group in ((2, 1), (8, 1), (64, 8), (128, 16), (1024, 128)):
+        step = cuda.plan("fused_qk_norm_rope", [(1, 2, 3, d), (1, 1, 3, d), (d,), (d,), (3, d // 2, 2)],
+                         [(1, 2, 3, d), (1, 1, 3, d), (1, 2, 3), (1, 1, 3)], {}, "fp32").steps[0]
+        assert step.block[0] == group and step.grid[1] == 2
+    with pytest.raises(cuda.NotCovered):
+        cuda.plan("fused_qk_norm_rope", [(1, 1, 1, 8192), (1, 1, 1, 8192), (8192,), (8192,), (1, 4096, 2)],
+                  [(1, 1, 1, 8192), (1, 1, 1, 8192), (1, 1, 1), (1, 1, 1)], {}, "fp32")
