@@ -1128,17 +1128,23 @@ def row_chunks(rows: int, chunk: int) -> list[slice]:
     return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
+def chunk_logits(x, weight, rows, storage):
+    """``x[rows] @ weight^T``, rounded to x's storage dtype (as a GEMM writes them, fused or not)."""
+    return (x[rows] @ weight.T).astype(storage).astype(x.dtype)
+
+
 def fused_lm_head_loss(x, weight, labels, *, ignore_index=-100, reduction="mean", compute_accuracy=False, chunk=0):
-    """cross_entropy(x @ weight^T, labels), the logits computed ``chunk`` rows at a time and never
-    all held; compute_accuracy has no result here and is ignored."""
+    """cross_entropy(x @ weight^T, labels), the logits (in x's dtype) computed ``chunk`` rows at a
+    time and never all held; compute_accuracy has no result here and is ignored."""
+    storage = np.asarray(x).dtype
     x, weight = _prep(x, weight)
     labels = np.asarray(labels)
     valid = labels != ignore_index
     per_row = np.zeros(x.shape[0], dtype=x.dtype)
     lse = np.zeros(x.shape[0], dtype=x.dtype)
     for rows in row_chunks(x.shape[0], chunk):
-        per_row[rows], lse[rows] = cross_entropy(x[rows] @ weight.T, labels[rows], ignore_index=ignore_index,
-                                                 reduction="none")
+        per_row[rows], lse[rows] = cross_entropy(chunk_logits(x, weight, rows, storage), labels[rows],
+                                                 ignore_index=ignore_index, reduction="none")
     return _reduce_loss(per_row, valid, reduction), lse
 
 
@@ -1153,7 +1159,7 @@ def fused_lm_head_loss_backward(d_loss, x, weight, labels, lse, *, ignore_index=
     d_x = np.zeros_like(x)
     d_weight = np.zeros_like(weight)
     for rows in row_chunks(x.shape[0], chunk):
-        _chunk_grads(x[rows] @ weight.T, x, weight, labels, lse[rows], scale, rows, storage,
+        _chunk_grads(chunk_logits(x, weight, rows, storage), x, weight, labels, lse[rows], scale, rows, storage,
                      ignore_index, d_x, d_weight)
     return d_x, d_weight
 
@@ -1180,7 +1186,7 @@ def fused_lm_head_loss_grad(d_loss, x, weight, labels, *, ignore_index=-100, red
     per_row = np.zeros(x.shape[0], dtype=x.dtype)
     d_x, d_weight = np.zeros_like(x), np.zeros_like(weight)
     for rows in row_chunks(x.shape[0], chunk):
-        logits = x[rows] @ weight.T
+        logits = chunk_logits(x, weight, rows, storage)
         per_row[rows], lse = cross_entropy(logits, labels[rows], ignore_index=ignore_index, reduction="none")
         _chunk_grads(logits, x, weight, labels, lse, scale, rows, storage, ignore_index, d_x, d_weight)
     return _reduce_loss(per_row, valid, reduction), d_x, d_weight

@@ -67,24 +67,23 @@ def _loss_chunk(inputs: Sequence[Shape], params: Mapping[str, Any]) -> tuple[int
 
 
 def _chunk_logits(inputs: Sequence[Shape], outputs: Sequence[Shape], params: Mapping[str, Any]) -> int:
-    """The fp32 logits of one chunk of rows and the fp32 loss of every row (before the mean)."""
+    """The logits of one chunk of rows (sized for fp32: they take x's dtype) and the fp32 loss of
+    every row (before the mean)."""
     rows, chunk, vocab = _loss_chunk(inputs, params)
     return _aligned(4 * chunk * vocab) + 4 * rows
 
 
 def _chunk_logit_grads(inputs: Sequence[Shape], outputs: Sequence[Shape], params: Mapping[str, Any]) -> int:
-    """The fp32 logit gradients of one chunk, their 16-bit copy the GEMMs read (where x is 16-bit)
-    and the mean's scale."""
+    """The logit gradients of one chunk (in place of its logits, sized for fp32) and the mean's scale."""
     _, chunk, vocab = _loss_chunk(inputs, params)
-    return _aligned(4 * chunk * vocab) + _aligned(2 * chunk * vocab) + 4
+    return _aligned(4 * chunk * vocab) + 4
 
 
 def _chunk_loss_and_grads(inputs: Sequence[Shape], outputs: Sequence[Shape], params: Mapping[str, Any]) -> int:
-    """The backward's scratch (:func:`_chunk_logit_grads`) with, between the 16-bit copy and the
-    mean's scale, the chunk's fp32 lse and the fp32 loss of every row (the CUDA composite's layout)."""
+    """The backward's scratch (:func:`_chunk_logit_grads`) with, before the mean's scale, the chunk's
+    fp32 lse and the fp32 loss of every row (the CUDA composite's layout)."""
     rows, chunk, vocab = _loss_chunk(inputs, params)
-    return (_aligned(4 * chunk * vocab) + _aligned(2 * chunk * vocab) + _aligned(4 * chunk) + _aligned(4 * rows)
-            + 4)
+    return _aligned(4 * chunk * vocab) + _aligned(4 * chunk) + _aligned(4 * rows) + 4
 
 
 SCRATCH: dict[str, ScratchRule] = {

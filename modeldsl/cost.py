@@ -10,7 +10,7 @@ collective) is priced by what it moves and what it computes:
   ``bytes`` or the whole buffer). A launch's trailing ``scratch`` output is
   not counted as a buffer, except the traffic through it that
   :data:`SCRATCH_TRAFFIC` knows (the chunked LM-head loss writes and reads
-  every chunk's fp32 logits there); an ``accumulate`` launch reads its outputs as well as writing
+  every chunk's logits there); an ``accumulate`` launch reads its outputs as well as writing
   them (as a gemm with ``beta != 0`` does); an in-place launch's outputs are
   written although they alias its inputs;
   whole operands count, so a gather (``embedding``) reads its whole table;
@@ -157,18 +157,13 @@ def _accesses(op: Operation) -> list[tuple[SSAValue, bool, bool, int | None]]:
 
 def _lm_head_loss_traffic(op: LaunchOp, backward: bool) -> tuple[int, int]:
     """(read, written) through the scratch of the CUDA composite of the chunked LM-head loss
-    (modeldsl/runtime/cuda_composites.py), over all chunks: forward, the GEMM writes the fp32
-    logits and the cross-entropy reads them; backward, the GEMM writes them, the cross-entropy
-    backward reads and rewrites them as gradients, a 16-bit x gets a cast copy, and the d_x and
-    d_W GEMMs each read that operand."""
+    (modeldsl/runtime/cuda_composites.py), over all chunks, the logits in x's dtype: forward, the
+    GEMM writes them and the cross-entropy reads them; backward, the GEMM writes them, the
+    cross-entropy backward reads them and writes their gradients in place, and the d_x and d_W
+    GEMMs each read those."""
     x = buffer_type(op.inputs[1 if backward else 0])
-    rows, vocab = x.shape[0], buffer_type(op.inputs[2 if backward else 1]).shape[0]
-    logits = 4 * rows * vocab
-    if not backward:
-        return logits, logits
-    operand = x.dtype.byte_size(rows * vocab)
-    cast = (logits, operand) if operand != logits else (0, 0)
-    return logits + cast[0] + 2 * operand, 2 * logits + cast[1]
+    logits = x.dtype.byte_size(x.shape[0] * buffer_type(op.inputs[2 if backward else 1]).shape[0])
+    return (3 * logits, 2 * logits) if backward else (logits, logits)
 
 
 def _lm_head_loss_grad_traffic(op: LaunchOp) -> tuple[int, int]:
@@ -176,7 +171,7 @@ def _lm_head_loss_grad_traffic(op: LaunchOp) -> tuple[int, int]:
     traffic and the forward cross-entropy's read of the logits (one GEMM writes them)."""
     read, written = _lm_head_loss_traffic(op, backward=True)
     x, weight = buffer_type(op.inputs[1]), buffer_type(op.inputs[2])
-    return read + 4 * x.shape[0] * weight.shape[0], written
+    return read + x.dtype.byte_size(x.shape[0] * weight.shape[0]), written
 
 
 SCRATCH_TRAFFIC = {

@@ -4,14 +4,13 @@
 weight [V, C], labels [N]) -> (loss, lse [N])`` and ``fused_lm_head_loss_backward(d_loss, x, weight,
 labels, lse) -> (d_x, d_weight)`` never hold all ``N x V`` logits. For each chunk of rows of ``x``:
 
-- forward: a cuBLASLt GEMM of the chunk's logits (``x[rows] @ weight^T``, fp32 out of any input
-  dtype) into the scratch, the cross-entropy kernel (reduction none) writing the chunk's per-row
+- forward: a cuBLASLt GEMM of the chunk's logits (``x[rows] @ weight^T``, in ``x``'s dtype, as the
+  unfused GEMM writes them) into the scratch, the cross-entropy kernel (reduction none) writing the chunk's per-row
   losses and ``lse[rows]``; after the last chunk one reduction of all ``N`` per-row losses (sum, or
   the mean over every counted row: the same division as the unchunked loss);
 - backward: the same GEMM, the cross-entropy backward kernel turning the logits into d_logits in
   place (scaled by ``d_loss``, per row for reduction none, or by ``d_loss`` over all counted rows,
-  computed once, for the mean), for 16-bit ``x`` a cast of d_logits to ``x``'s dtype (cuBLASLt
-  multiplies operands of one type), then ``d_x[rows] = d_logits @ weight`` and ``d_weight +=
+  computed once, for the mean), then ``d_x[rows] = d_logits @ weight`` and ``d_weight +=
   d_logits^T @ x[rows]`` (beta 0 for the first chunk, 1 after: a 16-bit ``d_weight`` is rounded
   once per chunk).
 - ``fused_lm_head_loss_grad(d_loss, x, weight, labels) -> (loss, d_x, d_weight)`` (the two merged
@@ -19,8 +18,7 @@ labels, lse) -> (d_x, d_weight)`` never hold all ``N x V`` logits. For each chun
   chunk's lse into the scratch) and the backward's steps on those logits; one logits GEMM per chunk.
 
 The launch's planned scratch (its last output) holds, from its start, each segment aligned to 256
-bytes: ``logits`` (fp32 ``[m, V]``), ``operand`` (backward of 16-bit ``x``: ``x``'s dtype ``[m, V]``),
-``lse`` (merged: fp32 ``[m]``), ``loss_rows`` (forward and merged, reduction sum or mean: fp32 ``[N]``),
+bytes: ``logits`` (``x``'s dtype ``[m, V]``; the planner sizes it for fp32), ``lse`` (merged: fp32 ``[m]``), ``loss_rows`` (forward and merged, reduction sum or mean: fp32 ``[N]``),
 ``d_scale`` (backward and merged, mean: one fp32).
 ``m``, the rows per chunk, is the launch's ``chunk`` (0: all ``N``), or the most rows whose segments
 fit where the scratch is smaller (the results do not depend on it beyond rounding). A launch these
@@ -43,7 +41,6 @@ from modeldsl.runtime.cuda_executor import (
     GemmCommand,
     KernelCommand,
     TensorRef,
-    cast_command,
     plan_kernel,
 )
 
@@ -85,7 +82,7 @@ def chunked_scratch(scratch: TensorRef | None, rows: int, chunk: int,
         m -= 1
     if m == 0:
         raise cuda.NotCovered(f"the scratch of {scratch.nbytes} bytes holds no row of the {segments_of(1)[0][1][-1]} "
-                              "fp32 logits and what goes with them")
+                              "logits and what goes with them")
     return m, placed(scratch.address, segments_of(m))[0]
 
 
@@ -160,7 +157,7 @@ def scale_of_mean(d_loss: TensorRef, labels: TensorRef, d_scale: TensorRef, igno
 
 
 def chunk_logits(x_rows: TensorRef, weight: TensorRef, logits: TensorRef) -> GemmCommand:
-    """``logits = x[rows] @ weight^T`` (fp32)."""
+    """``logits = x[rows] @ weight^T`` (in ``x``'s dtype)."""
     return GemmCommand(a=x_rows, b=weight, c=logits, transb=True)
 
 
@@ -192,11 +189,13 @@ def logits_and_losses(x: TensorRef, weight: TensorRef, labels: TensorRef, start:
                     {"ignore_index": ignore, "reduction": "none"})]
 
 
+def logits_segment(m: int, vocab: int, x: TensorRef) -> Segment:
+    return ("logits", (m, vocab), np.dtype(x.dtype))
+
+
 def gradient_segments(m: int, vocab: int, x: TensorRef, reduction: str) -> list[Segment]:
-    """The backward's scratch: fp32 logits, their copy in ``x``'s 16-bit dtype, the mean's scale."""
-    cast = np.dtype(x.dtype) != FP32
-    return ([("logits", (m, vocab), FP32)] + ([("operand", (m, vocab), np.dtype(x.dtype))] if cast else [])
-            + ([("d_scale", (), FP32)] if reduction == "mean" else []))
+    """The backward's scratch: the logits (their gradients in place) and the mean's scale."""
+    return [logits_segment(m, vocab, x)] + ([("d_scale", (), FP32)] if reduction == "mean" else [])
 
 
 def gradient_scale(d_loss: TensorRef, labels: TensorRef, work: dict[str, TensorRef], ignore: int,
@@ -211,18 +210,14 @@ def gradient_scale(d_loss: TensorRef, labels: TensorRef, work: dict[str, TensorR
 def chunk_gradients(x: TensorRef, weight: TensorRef, labels: TensorRef, lse: TensorRef, scale: TensorRef,
                     chunk_reduction: str, start: int, n: int, work: dict[str, TensorRef], d_x: TensorRef,
                     d_weight: TensorRef, ignore: int) -> list[Command]:
-    """One chunk's d_logits in place of its logits (``work["logits"]``), (a cast,) ``d_x[rows]`` and
+    """One chunk's d_logits in place of its logits (``work["logits"]``), ``d_x[rows]`` and
     ``d_weight +=`` (beta 0 for the first chunk)."""
     x_rows, logits = x.rows(start, n), work["logits"].rows(0, n)
     row_scale = scale.rows(start, n) if chunk_reduction == "none" else scale
     parts: list[Command] = [planned("cross_entropy_backward", (row_scale, logits, labels.rows(start, n), lse),
                                     (logits,), {"ignore_index": ignore, "reduction": chunk_reduction})]
-    operand = logits
-    if "operand" in work:
-        operand = work["operand"].rows(0, n)
-        parts.append(cast_command(logits, operand))
-    return parts + [GemmCommand(a=operand, b=weight, c=d_x.rows(start, n)),
-                    GemmCommand(a=operand, b=x_rows, c=d_weight, transa=True, beta=0.0 if start == 0 else 1.0)]
+    return parts + [GemmCommand(a=logits, b=weight, c=d_x.rows(start, n)),
+                    GemmCommand(a=logits, b=x_rows, c=d_weight, transa=True, beta=0.0 if start == 0 else 1.0)]
 
 
 def lm_head_loss(launch: KernelCommand, scratch: TensorRef | None) -> CompositeCommand:
@@ -234,7 +229,7 @@ def lm_head_loss(launch: KernelCommand, scratch: TensorRef | None) -> CompositeC
     rows, vocab = x.shape[0], weight.shape[0]
 
     def segments(m: int) -> list[Segment]:
-        return [("logits", (m, vocab), FP32)] + ([("loss_rows", (rows,), FP32)] if reduction != "none" else [])
+        return [logits_segment(m, vocab, x)] + ([("loss_rows", (rows,), FP32)] if reduction != "none" else [])
 
     m, work = chunked_scratch(scratch, rows, chunk, segments)
     per_row = loss if reduction == "none" else work["loss_rows"]
@@ -248,8 +243,8 @@ def lm_head_loss(launch: KernelCommand, scratch: TensorRef | None) -> CompositeC
 
 
 def lm_head_loss_backward(launch: KernelCommand, scratch: TensorRef | None) -> CompositeCommand:
-    """``fused_lm_head_loss_backward``: per chunk the logits GEMM, d_logits in place, (a cast,) the
-    d_x and d_weight GEMMs."""
+    """``fused_lm_head_loss_backward``: per chunk the logits GEMM, d_logits in place, the d_x and
+    d_weight GEMMs."""
     d_loss, x, weight, labels, lse = launch.arguments[:5]
     d_x, d_weight = launch.outputs
     ignore, reduction, chunk = loss_options(launch)

@@ -73,8 +73,8 @@ def split_lm_head_loss(monkeypatch):
 @pytest.mark.parametrize("chunk", [3, 5, 16])
 def test_the_chunked_lm_head_loss_never_holds_the_logits(chunk):
     """No GEMM computes logits and no cross-entropy reads them: one launch, the loss and its
-    gradients in one pass, reads the LM head, with a scratch of one chunk's fp32 logits, their
-    bf16 copy, the chunk's lse, every row's loss and the mean's scale."""
+    gradients in one pass, reads the LM head, with a scratch of one chunk's logits (sized for
+    fp32), the chunk's lse, every row's loss and the mean's scale."""
     model = load_std("llama", "llama.module", {})
     vocab = model.config("vocab_size")
     unfused = compile_training_step(model.model, BATCH, TOKENS, fuse=False)
@@ -83,8 +83,8 @@ def test_the_chunked_lm_head_loss_never_holds_the_logits(chunk):
     (merged,) = lm_head_readers(program)
     assert merged.kernel.data == "fused_lm_head_loss_grad"
     rows = BATCH * TOKENS
-    assert merged.outputs[-1].type.shape[0] == (aligned(4 * chunk * vocab) + aligned(2 * chunk * vocab)
-                                                + aligned(4 * chunk) + aligned(4 * rows) + 4)
+    assert merged.outputs[-1].type.shape[0] == (aligned(4 * chunk * vocab) + aligned(4 * chunk)
+                                                + aligned(4 * rows) + 4)
     (loss, grads), (fused_loss, fused_grads) = gradients(model, unfused), gradients(model, program)
     np.testing.assert_allclose(fused_loss, loss, rtol=1e-6)
     np.testing.assert_allclose(fused_grads, grads, rtol=1e-5, atol=1e-7)
@@ -93,7 +93,7 @@ def test_the_chunked_lm_head_loss_never_holds_the_logits(chunk):
 @pytest.mark.parametrize("chunk", [3, 16])
 def test_the_merged_lm_head_loss_is_the_split_one_bit_for_bit(chunk, split_lm_head_loss):
     """Without the merge the forward and backward launches read the LM head, each with its scratch
-    (the fp32 logits of one chunk; the backward also their bf16 copy); with it, the loss and every
+    (the logits of one chunk, sized for fp32); with it, the loss and every
     gradient of the step are theirs bit for bit (the same arithmetic per chunk)."""
     model = load_std("llama", "llama.module", {})
     vocab, rows = model.config("vocab_size"), BATCH * TOKENS
@@ -101,7 +101,7 @@ def test_the_merged_lm_head_loss_is_the_split_one_bit_for_bit(chunk, split_lm_he
     forward, backward = lm_head_readers(split)
     assert (forward.kernel.data, backward.kernel.data) == ("fused_lm_head_loss", "fused_lm_head_loss_backward")
     assert forward.outputs[-1].type.shape[0] == aligned(4 * chunk * vocab) + 4 * rows
-    assert backward.outputs[-1].type.shape[0] == aligned(4 * chunk * vocab) + aligned(2 * chunk * vocab) + 4
+    assert backward.outputs[-1].type.shape[0] == aligned(4 * chunk * vocab) + 4
     split_loss, split_grads = gradients(model, split)
     fuse.PATTERNS["lm_head_loss"] = (LmHeadLossBackward, LmHeadLoss, LmHeadLossGrad)
     merged = compile_training_step(model.model, BATCH, TOKENS, fuse=FusePass(lm_head_chunk=chunk))
