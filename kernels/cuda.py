@@ -161,7 +161,8 @@ _kernel("rope", "qk_norm_dw_reduce", "ptr dw_partial_q, ptr dw_partial_k, ptr d_
 _kernel("rope", "qk_norm_rope_fwd", "ptr q, ptr k, ptr q_weight, ptr k_weight, ptr freqs, ptr q_rot, ptr k_rot, "
                                     f"ptr q_rstd, ptr k_rstd, {_ROPE}, f32 eps")
 _kernel("rope", "qk_norm_rope_bwd", "ptr d_q_rot, ptr d_k_rot, ptr q, ptr k, ptr q_weight, ptr k_weight, ptr q_rstd, "
-                                    f"ptr k_rstd, ptr freqs, ptr d_q, ptr d_k, ptr dw_partial_q, ptr dw_partial_k, {_ROPE}")
+                                    "ptr k_rstd, ptr freqs, ptr d_q, ptr d_k, ptr dw_partial_q, ptr dw_partial_k, "
+                                    f"{_ROPE}")
 _kernel("softmax", "softmax_fwd", "ptr x, ptr out, i64 rows, i64 C")
 _kernel("softmax", "softmax_bwd", "ptr d_out, ptr out, ptr d_x, i64 rows, i64 C")
 _CE = "i64 rows, i64 vocab, i64 ignore_index, i32 idx64"

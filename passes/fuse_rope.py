@@ -80,9 +80,10 @@ class QkNormRope(FusionPattern):
         exit_ = only_use(attention.out)
         if attention.layout.data != "bhtd" or attention.alibi_slopes is not None or not is_head_transpose(exit_):
             return False
-        chain = head_chain(attention)
-        layout = AttentionLayout(self.switch)
-        return chain is not None and layout.name in self.switch.enabled and layout.may_fuse(*chain.ops(attention, exit_))
+        chain, layout = head_chain(attention), AttentionLayout(self.switch)
+        if chain is None or layout.name not in self.switch.enabled:
+            return False
+        return layout.may_fuse(*chain.ops(attention, exit_))
 
 
 class QkNormRopeBackward(FusionPattern):
