@@ -74,6 +74,9 @@ PATTERNS: dict[str, tuple[type[FusionPattern], ...]] = {
 # Patterns that recognize written-out functions: a training step runs them before mdsl-autodiff, so
 # the backward is the primitive's own (after it, the backward reads their intermediates).
 BEFORE_AUTODIFF = ("dag_gelu", "dag_silu", "dag_softmax", "dag_rmsnorm", "dag_attention")
+# The chunked LM-head loss takes the [B*T, vocab] logits out of what the backward saves: a training
+# step runs it before mdsl-recompute, whose budget would otherwise count them.
+BEFORE_RECOMPUTE = ("lm_head_loss",)
 
 
 @dataclass(frozen=True)

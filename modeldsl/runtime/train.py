@@ -46,7 +46,7 @@ from modeldsl.graph_builder import GraphBuilder
 from modeldsl.passes.autodiff import gradient_function
 from modeldsl.passes.lower_to_sched import lower_function
 from modeldsl.passes.optimizer_step import optimizer_program
-from modeldsl.passes.fuse import BEFORE_AUTODIFF, FusePass
+from modeldsl.passes.fuse import BEFORE_AUTODIFF, BEFORE_RECOMPUTE, FusePass
 from modeldsl.passes.recompute import RecomputePass
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.executor import ExecutionError
@@ -100,7 +100,8 @@ def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str 
     ``recompute`` is ``mdsl-recompute``'s mode: ``none``, ``annotated``, ``full``, or ``auto:BYTES``
     / ``auto`` (the automatic mode under that activation budget). ``fuse``: ``mdsl-fuse`` runs
     after them, every pattern on (or the given ``FusePass``, with its options; False: none); its
-    patterns of written-out functions run before autodiff too."""
+    patterns of written-out functions run before autodiff too, and the chunked LM-head loss before
+    recompute (so the recompute budget does not count the logits it takes out)."""
     model = specialized(model, batch, tokens)
     add_loss_function(model)
     fuse = (fuse if isinstance(fuse, FusePass) else FusePass()) if fuse else None
@@ -111,6 +112,8 @@ def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str 
         recompute_pass = RecomputePass(**recompute_options(recompute))
     except PassOptionError as err:
         raise DiagnosticError([err.diagnostic()]) from None
+    if fuse is not None:
+        replace(fuse, only=BEFORE_RECOMPUTE).apply(Context(), model.parent_op())
     recompute_pass.apply(Context(), model.parent_op())
     if fuse is not None:
         fuse.apply(Context(), model.parent_op())
