@@ -60,8 +60,15 @@ def _rows(a: np.ndarray) -> np.ndarray:
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype)
+    """``1 / (1 + e)`` where ``x >= 0`` and ``e / (1 + e)`` elsewhere, ``e = exp(-|x|)`` (no overflow),
+    in five passes over one temporary (the same values as computing both branches)."""
+    e = np.abs(x)
+    np.negative(e, out=e)
+    np.exp(e, out=e)
+    out = np.where(x >= 0, x.dtype.type(1), e)
+    np.add(e, x.dtype.type(1), out=e)
+    np.divide(out, e, out=out)
+    return out
 
 
 def _softplus(x: np.ndarray) -> np.ndarray:
@@ -111,14 +118,21 @@ def matmul(a, b, *, transpose="NN", accumulate=False, alpha=1.0, beta=0.0):
     """
     a, b = _prep(a, b)
     if transpose == "TN" and a.ndim > 2 and b.ndim > 2:
-        return alpha * (_rows(a).T @ _rows(b))
-    return alpha * (_op(a, transpose[0]) @ _op(b, transpose[1]))
+        return _scaled(_rows(a).T @ _rows(b), alpha)
+    return _scaled(_op(a, transpose[0]) @ _op(b, transpose[1]), alpha)
+
+
+def _scaled(product: np.ndarray, alpha: float) -> np.ndarray:
+    """``alpha * product``, in place, and no pass at all for the common ``alpha = 1``."""
+    if alpha != 1.0:
+        product *= product.dtype.type(alpha)
+    return product
 
 
 def batched_matmul(a, b, *, transpose="NN", accumulate=False, alpha=1.0):
     """C[b] = alpha * op(A[b]) @ op(B[b]) over leading dims; a matrix B broadcasts (no accumulation here)."""
     a, b = _prep(a, b)
-    return alpha * (_op(a, transpose[0]) @ _op(b, transpose[1]))
+    return _scaled(_op(a, transpose[0]) @ _op(b, transpose[1]), alpha)
 
 
 def _activate(pre: np.ndarray, activation: str) -> np.ndarray:
