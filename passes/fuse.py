@@ -149,7 +149,6 @@ def _check_required(required: list[tuple[Operation, list[str]]], switch: FusionS
     for op, names in required:
         if any(op in switch.merged.get(name, ()) for name in names):
             continue
-        annotation = find_annotation(op, FuseRequiredAttr)
         asked = ", ".join(names) or "no pattern mdsl-fuse implements"
         errors.append(Diagnostic(
             "E013", f"@fuse_required: the flow was not fused ({asked})",

@@ -55,7 +55,7 @@ from xdsl.pattern_rewriter import PatternRewriter, op_type_rewrite_pattern
 
 from modeldsl.dialects.graph_primitives import BatchedMatmulOp, CausalMaskOp, MatmulOp, ScaleOp, SoftmaxOp
 from modeldsl.graph_builder import GraphBuilder, op_attr
-from modeldsl.passes.fuse_common import FusionPattern, only_use
+from modeldsl.passes.fuse_common import FusionPattern, carry_checkpoint, keeps_no_mode, only_use
 from modeldsl.passes.fuse_gemm import swaps_last_two
 
 GEMMS = (MatmulOp, BatchedMatmulOp)
@@ -64,13 +64,6 @@ GEMMS = (MatmulOp, BatchedMatmulOp)
 def plain_gemm(op: Operation | None) -> bool:
     """A ``matmul``/``batched_matmul`` that overwrites its result (no ``accumulate``, no ``beta``)."""
     return isinstance(op, GEMMS) and not op_attr(op, "accumulate", False) and op_attr(op, "beta", 0.0) == 0.0
-
-
-def keeps_no_mode(op: Operation) -> bool:
-    """Whether nothing asks to keep ``op``'s result: no ``@checkpoint``, no ``@memory`` mode."""
-    memory = op.attributes.get("memory")
-    modes = [a.data for a in memory.data] if isinstance(memory, ArrayAttr) else []
-    return "checkpoint" not in op.attributes and all(m == "auto" for m in modes)
 
 
 class AttentionSoftmax(FusionPattern):
@@ -211,8 +204,7 @@ class DagAttention(FusionPattern):
                               window_size=window)
         fused = out.owner
         fused.location = root.location
-        if "checkpoint" in root.attributes:
-            fused.attributes["checkpoint"] = root.attributes["checkpoint"]
+        carry_checkpoint(fused, root)
         memory = root.attributes.get("memory")
         if isinstance(memory, ArrayAttr):
             fused.attributes["memory"] = ArrayAttr([*memory.data, StringAttr("auto")])

@@ -30,7 +30,7 @@ from typing import ClassVar
 from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import RewritePattern
 
-from xdsl.dialects.builtin import ArrayAttr
+from xdsl.dialects.builtin import ArrayAttr, StringAttr
 
 from modeldsl.dialects.annotations import (
     ANNOTATIONS_ATTR_NAME, AnnotationAttr, FuseAttr, FuseRequiredAttr, HookAttr, NofuseAttr, ProbeAttr,
@@ -58,6 +58,30 @@ def carry_hooks(fused: Operation, *sources: Operation) -> None:
     hooks = [a for op in sources for a in annotations_of(op) if is_observe_hook(a)]
     if hooks:
         fused.attributes[ANNOTATIONS_ATTR_NAME] = ArrayAttr([*annotations_of(fused), *hooks])
+
+
+def memory_modes(op: Operation) -> list[str]:
+    """An op's ``memory`` modes, ``auto`` for each result where it records none."""
+    memory = op.attributes.get("memory")
+    return [a.data for a in memory.data] if isinstance(memory, ArrayAttr) else ["auto"] * len(op.results)
+
+
+def keeps_no_mode(op: Operation) -> bool:
+    """Whether nothing asks to keep ``op``'s results: no ``@checkpoint``, no ``@memory`` mode."""
+    return "checkpoint" not in op.attributes and all(m == "auto" for m in memory_modes(op))
+
+
+def carry_memory_modes(fused: Operation, modes: list[str]) -> None:
+    """``fused`` records ``modes`` (one per result) where any is not ``auto``."""
+    if any(m != "auto" for m in modes):
+        fused.attributes["memory"] = ArrayAttr([StringAttr(m) for m in modes])
+
+
+def carry_checkpoint(fused: Operation, *sources: Operation) -> None:
+    """``fused`` takes the ``checkpoint`` of the ops it replaces (the last one's, where several have one)."""
+    for source in sources:
+        if "checkpoint" in source.attributes:
+            fused.attributes["checkpoint"] = source.attributes["checkpoint"]
 
 
 def only_use(value: SSAValue) -> Operation | None:

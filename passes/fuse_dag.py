@@ -44,7 +44,7 @@ from modeldsl.dialects.graph_primitives import (
 )
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.graph_builder import GraphBuilder, op_attr
-from modeldsl.passes.fuse_common import FusionPattern
+from modeldsl.passes.fuse_common import FusionPattern, carry_checkpoint, keeps_no_mode
 
 GELU_INNER = math.sqrt(2.0 / math.pi)
 GELU_CUBIC = 0.044715
@@ -107,12 +107,7 @@ def private(match: DagMatch) -> bool:
 
 def annotated_intermediate(match: DagMatch) -> bool:
     """An op of the DAG other than its root keeps a ``@checkpoint`` or a ``@memory`` mode."""
-    for op in match.ops:
-        memory = op.attributes.get("memory")
-        modes = [a.data for a in memory.data] if isinstance(memory, ArrayAttr) else []
-        if op is not match.root and ("checkpoint" in op.attributes or any(m != "auto" for m in modes)):
-            return True
-    return False
+    return any(op is not match.root and not keeps_no_mode(op) for op in match.ops)
 
 
 def cube_of(value: SSAValue, x: SSAValue) -> list[Operation] | None:
@@ -257,8 +252,7 @@ class DagPattern(FusionPattern):
         fused = results[0].owner
         fused.location = root.location
         results[0].name_hint = root.results[0].name_hint
-        if "checkpoint" in root.attributes:
-            fused.attributes["checkpoint"] = root.attributes["checkpoint"]
+        carry_checkpoint(fused, root)
         memory = root.attributes.get("memory")
         if isinstance(memory, ArrayAttr):
             fused.attributes["memory"] = ArrayAttr([*memory.data, *[StringAttr("auto")] * (len(results) - 1)])

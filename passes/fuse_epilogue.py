@@ -24,7 +24,6 @@ on the CPU are bitwise equal.
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import ArrayAttr, StringAttr
 from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter, op_type_rewrite_pattern
 
@@ -32,7 +31,9 @@ from modeldsl.dialects.graph_primitives import (
     AddOp, BiasAddOp, GeluOp, LinearBiasActOp, MatmulOp, ReluBackwardOp, ReluOp,
 )
 from modeldsl.graph_builder import GraphBuilder, op_attr
-from modeldsl.passes.fuse_common import FusionPattern, is_barrier, only_use
+from modeldsl.passes.fuse_common import (
+    FusionPattern, carry_checkpoint, carry_memory_modes, is_barrier, memory_modes, only_use,
+)
 from modeldsl.passes.fuse_gemm import fusable_matmul
 
 
@@ -98,9 +99,7 @@ def build_fused(rewriter: PatternRewriter, where: Operation, x: SSAValue, w: SSA
     fused = out.owner
     fused.location = (act or where).location
     copy_memory_modes(fused, act, h)
-    for source in replaced:
-        if "checkpoint" in source.attributes:
-            fused.attributes["checkpoint"] = source.attributes["checkpoint"]
+    carry_checkpoint(fused, *replaced)
     out.name_hint = (act.results[0] if act is not None else h).name_hint
     pre.name_hint = h.name_hint if act is not None else f"{h.name_hint}_pre" if h.name_hint else None
     if act is not None:
@@ -120,16 +119,11 @@ def build_fused(rewriter: PatternRewriter, where: Operation, x: SSAValue, w: SSA
 
 def copy_memory_modes(fused: Operation, act: Operation | None, h: SSAValue) -> None:
     """The ``memory`` modes of the values that ``out`` and ``pre`` stand for."""
-    modes = [mode_of(act.results[0]) if act is not None else mode_of(h), mode_of(h)]
-    if any(m != "auto" for m in modes):
-        fused.attributes["memory"] = ArrayAttr([StringAttr(m) for m in modes])
+    carry_memory_modes(fused, [mode_of(act.results[0]) if act is not None else mode_of(h), mode_of(h)])
 
 
 def mode_of(value: SSAValue) -> str:
-    memory = value.owner.attributes.get("memory") if isinstance(value.owner, Operation) else None
-    if not isinstance(memory, ArrayAttr):
-        return "auto"
-    return memory.data[value.index].data
+    return memory_modes(value.owner)[value.index] if isinstance(value.owner, Operation) else "auto"
 
 
 class LinearBiasAct(FusionPattern):

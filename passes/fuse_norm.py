@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from xdsl.pattern_rewriter import PatternRewriter, op_type_rewrite_pattern
 
-from xdsl.dialects.builtin import ArrayAttr, StringAttr
 from xdsl.ir import Operation
 
 from modeldsl.dialects.graph_primitives import AddOp, RmsnormBackwardOp, RmsnormOp
 from modeldsl.graph_builder import GraphBuilder, op_attr
-from modeldsl.passes.fuse_common import FusionPattern, only_use, same_types
+from modeldsl.passes.fuse_common import (
+    FusionPattern, carry_checkpoint, carry_memory_modes, memory_modes, only_use, same_types,
+)
 
 
 class ResidualNorm(FusionPattern):
@@ -53,12 +54,8 @@ class ResidualNorm(FusionPattern):
         residual_out, y, rstd = builder.op("fused_residual_rmsnorm", a, b, op.operands[1], eps=op_attr(op, "eps"))
         fused = residual_out.owner
         fused.location = op.location
-        modes = [*_modes(add), *_modes(op)]
-        if any(m != "auto" for m in modes):
-            fused.attributes["memory"] = ArrayAttr([StringAttr(m) for m in modes])
-        for source in (op, add):
-            if "checkpoint" in source.attributes:
-                fused.attributes["checkpoint"] = source.attributes["checkpoint"]
+        carry_memory_modes(fused, [*memory_modes(add), *memory_modes(op)])
+        carry_checkpoint(fused, op, add)
         residual_out.name_hint, y.name_hint, rstd.name_hint = residual.name_hint, *(r.name_hint for r in op.results)
         self.fused((add, op))
         rewriter.replace(op, [], [y, rstd])
@@ -87,9 +84,7 @@ class ResidualNormBackward(FusionPattern):
         builder = GraphBuilder(op.parent_block(), before=where)
         d_residual, d_input, d_weight = builder.op("fused_residual_rmsnorm_backward", d_y, d_next, residual, weight, rstd)
         d_residual.owner.location = op.location
-        for source in (backward, op):
-            if "checkpoint" in source.attributes:
-                d_residual.owner.attributes["checkpoint"] = source.attributes["checkpoint"]
+        carry_checkpoint(d_residual.owner, backward, op)
         d_residual.name_hint, d_weight.name_hint = op.results[0].name_hint, d_w.name_hint
         self.fused((backward, op))
         rewriter.replace(op, [], [d_residual])
@@ -132,8 +127,3 @@ def _insertion_point(add: AddOp, norm: RmsnormOp):
         return add
     return None
 
-
-def _modes(op) -> list[str]:
-    """An op's ``memory`` modes, ``auto`` for each result where it records none."""
-    memory = op.attributes.get("memory")
-    return [a.data for a in memory.data] if isinstance(memory, ArrayAttr) else ["auto"] * len(op.results)

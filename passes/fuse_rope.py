@@ -27,13 +27,14 @@ pattern rewrites qk_norm and rope, not the fused op), then fuses in ``bthd``.
 
 from __future__ import annotations
 
-from xdsl.dialects.builtin import ArrayAttr, StringAttr
 from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter, op_type_rewrite_pattern
 
 from modeldsl.dialects.graph_primitives import FlashAttentionOp, QkNormBackwardOp, QkNormOp, RopeBackwardOp, RopeOp
 from modeldsl.graph_builder import GraphBuilder, op_attr
-from modeldsl.passes.fuse_common import FusionPattern, carry_hooks, only_use
+from modeldsl.passes.fuse_common import (
+    FusionPattern, carry_checkpoint, carry_hooks, carry_memory_modes, memory_modes, only_use,
+)
 from modeldsl.passes.fuse_layout import AttentionLayout, head_chain, is_head_transpose
 
 
@@ -59,10 +60,8 @@ class QkNormRope(FusionPattern):
             interleaved=op_attr(op, "interleaved"), layout=op_attr(op, "layout"))
         fused = q_rot.owner
         fused.location = op.location
-        _copy_memory_modes(fused, [*_modes(op), *_modes(norm)[2:]])
-        for source in (norm, op):
-            if "checkpoint" in source.attributes:
-                fused.attributes["checkpoint"] = source.attributes["checkpoint"]
+        carry_memory_modes(fused, [*memory_modes(op), *memory_modes(norm)[2:]])
+        carry_checkpoint(fused, norm, op)
         carry_hooks(fused, op)
         for new, old in zip((q_rot, k_rot, q_rstd, k_rstd), (*op.results, *norm.results[2:])):
             new.name_hint = old.name_hint
@@ -138,13 +137,3 @@ def _defined_before(value: SSAValue, op: Operation) -> bool:
         return True
     return owner.parent_block() is not op.parent_block() or owner.is_before_in_block(op)
 
-
-def _copy_memory_modes(fused: Operation, modes: list[str]) -> None:
-    if any(m != "auto" for m in modes):
-        fused.attributes["memory"] = ArrayAttr([StringAttr(m) for m in modes])
-
-
-def _modes(op: Operation) -> list[str]:
-    """An op's ``memory`` modes, ``auto`` for each result where it records none."""
-    memory = op.attributes.get("memory")
-    return [a.data for a in memory.data] if isinstance(memory, ArrayAttr) else ["auto"] * len(op.results)
