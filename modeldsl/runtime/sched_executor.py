@@ -40,6 +40,9 @@ from modeldsl.dialects.sched import (
     SyncOp,
     KERNEL_CHOICE_ATTRIBUTES,
 )
+from modeldsl.kernels.cpu import cpu_kernel
+from modeldsl.kernels.cpu.gemm import gemm as cpu_gemm
+from modeldsl.kernels.cpu.pool import pool_of
 from modeldsl.kernels.reference import flash_attention, gemm
 from modeldsl.kernels.registry import entry
 from modeldsl.primitives import lookup_primitive
@@ -65,6 +68,7 @@ class ScheduleExecutor:
         self.arenas = {name: np.zeros(size, dtype=np.uint8) for name, size in program.arenas.items()
                        if name not in (arenas or {})}
         self.pool = pool_size()  # BLAS threads of a large product; everything else runs on one
+        self.threads = pool_of(self.pool)  # the CPU kernels' threads and scratch
         for name, arena in (arenas or {}).items():
             if arena.nbytes < program.arenas[name]:
                 raise ExecutionError(f"the shared {name} arena has {arena.nbytes} bytes, the program needs "
@@ -131,6 +135,7 @@ class ScheduleExecutor:
             if np.shape(value) != view.shape:
                 raise ExecutionError(f"input {index}: expected shape {view.shape}, got {np.shape(value)}")
             np.copyto(view, value, casting="unsafe")
+        self.threads.workspace.prepare()
         with blas_threads(1):
             for step in self.steps:
                 step()
@@ -199,6 +204,11 @@ class ScheduleExecutor:
                 params["shapes"] = tuple(o.shape for o in outputs)
 
         accumulate = op.accumulate is not None
+        fast = cpu_kernel(op.kernel.data)
+        if fast is not None and not accumulate:
+            step = fast(self.threads, outputs, arguments, params)
+            if step is not None:
+                return step
 
         def step() -> None:
             result = kernel(*arguments, **params)
@@ -213,6 +223,10 @@ class ScheduleExecutor:
         mode = ("T" if op.transa.value.data else "N") + ("T" if op.transb.value.data else "N")
         params = {"transpose": mode, "alpha": op.alpha.value.data, "beta": op.beta.value.data,
                   "epilogue": op.epilogue.data}
+
+        fast = cpu_gemm(self.threads, a, b, c, bias, aux, **params)
+        if fast is not None:
+            return fast
 
         def step() -> None:
             gemm(a, b, c, bias, aux, **params)

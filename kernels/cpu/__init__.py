@@ -1,0 +1,29 @@
+"""The CPU executor's fast kernels: numpy written into the planned buffers, over a thread pool.
+
+``CPU_KERNELS[name](pool, outputs, inputs, params)`` is called once, when the
+executor compiles a launch of primitive ``name``, with the launch's output
+views, its input views (in the reference's calling convention: optional
+operands None, variadic groups flattened) and its parameters; it returns the
+step that runs the launch, or None when it cannot run these operands (a dtype
+or layout it does not handle), and the executor then runs the numpy reference
+(:mod:`modeldsl.kernels.reference`, the oracle every kernel here is tested
+against) and copies its results in. :mod:`~modeldsl.kernels.cpu.pool` holds
+the threading model and the scratch memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from modeldsl.kernels.cpu import activation
+
+CpuKernel = Callable[..., Callable[[], None] | None]
+
+CPU_KERNELS: dict[str, CpuKernel] = {
+    **activation.KERNELS,
+}
+
+
+def cpu_kernel(name: str) -> CpuKernel | None:
+    """The fast CPU kernel of primitive ``name``, if it has one."""
+    return CPU_KERNELS.get(name)

@@ -1,0 +1,94 @@
+"""CPU kernels of the SiLU family: silu, swiglu and the packed gate/up split-swiglu, both directions.
+
+Each tile is a handful of in-cache passes: ``sigmoid(g) = 1 / (1 + exp(-g))``
+(an ``exp(-g)`` that overflows gives ``1 / inf = 0``, the right limit), and the
+backward reuses ``s = sigmoid(g)`` and ``silu = g s`` for
+``silu'(g) = s + silu (1 - s)``. Every tile reads all of its inputs before it
+writes an output, so an output may take over an input's buffer (the registry's
+in-place reuse).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from modeldsl.kernels.cpu.pool import Pool
+from modeldsl.kernels.cpu.tiles import Step, rowwise
+
+
+def _sigmoid_into(g: np.ndarray, s: np.ndarray) -> None:
+    np.negative(g, out=s)
+    np.exp(s, out=s)
+    s += 1
+    np.reciprocal(s, out=s)
+
+
+def _silu_tile(outs, ins, temps) -> None:
+    (out,), (g,), (s,) = outs, ins, temps
+    _sigmoid_into(g, s)
+    np.multiply(g, s, out=out)
+
+
+def _swiglu_tile(outs, ins, temps) -> None:
+    (out,), (g, u), (s,) = outs, ins, temps
+    _sigmoid_into(g, s)
+    s *= g
+    np.multiply(s, u, out=out)
+
+
+def _silu_grad_into(g: np.ndarray, s: np.ndarray, silu: np.ndarray, grad: np.ndarray) -> None:
+    """``s = sigmoid(g)``, ``silu = g s`` and ``grad = silu'(g) = s + silu (1 - s)``."""
+    _sigmoid_into(g, s)
+    np.multiply(g, s, out=silu)
+    np.multiply(silu, s, out=grad)
+    np.subtract(silu, grad, out=grad)
+    grad += s
+
+
+def _silu_backward_tile(outs, ins, temps) -> None:
+    (d_x,), (d_out, g), (s, silu, grad) = outs, ins, temps
+    _silu_grad_into(g, s, silu, grad)
+    np.multiply(d_out, grad, out=d_x)
+
+
+def _swiglu_backward_tile(outs, ins, temps) -> None:
+    (d_gate, d_up), (d_out, g, u), (s, silu, grad) = outs, ins, temps
+    _silu_grad_into(g, s, silu, grad)
+    grad *= u
+    grad *= d_out
+    np.multiply(d_out, silu, out=d_up)
+    np.copyto(d_gate, grad)
+
+
+def _halves(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    width = a.shape[-1] // 2
+    return a[..., :width], a[..., width:]
+
+
+def silu(pool: Pool, outputs, inputs, params) -> Step | None:
+    return rowwise(pool, _silu_tile, outputs, inputs, temps=1)
+
+
+def silu_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+    return rowwise(pool, _silu_backward_tile, outputs, inputs, temps=3)
+
+
+def swiglu(pool: Pool, outputs, inputs, params) -> Step | None:
+    return rowwise(pool, _swiglu_tile, outputs, inputs, temps=1)
+
+
+def swiglu_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+    return rowwise(pool, _swiglu_backward_tile, outputs, inputs, temps=3)
+
+
+def fused_split_swiglu(pool: Pool, outputs, inputs, params) -> Step | None:
+    return rowwise(pool, _swiglu_tile, outputs, _halves(inputs[0]), temps=1)
+
+
+def fused_split_swiglu_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+    d_out, gate_up = inputs
+    return rowwise(pool, _swiglu_backward_tile, _halves(outputs[0]), [d_out, *_halves(gate_up)], temps=3)
+
+
+KERNELS = {fn.__name__: fn for fn in (silu, silu_backward, swiglu, swiglu_backward, fused_split_swiglu,
+                                      fused_split_swiglu_backward)}

@@ -1,0 +1,135 @@
+"""The threads and the scratch memory of the CPU kernels.
+
+The threading model of the CPU executor: one :class:`Pool` of ``N`` threads
+(the calling thread and ``N - 1`` workers) runs every kernel that is large
+enough, each thread over its own contiguous block of the kernel's output rows;
+numpy releases the GIL inside its loops (ufuncs, reductions, BLAS), so the
+blocks run at once. BLAS itself always runs on one thread (the executor holds
+the BLAS libraries at one thread while it runs), so the two never fight: a
+matrix product is split by output rows over the pool like any other kernel. A
+kernel smaller than :data:`PARALLEL_ELEMENTS` runs on the calling thread
+alone (waking a worker costs more than it saves). The split of a kernel
+depends only on its shapes and ``N``, so a result is bitwise the same run to
+run.
+
+Temporaries come from a :class:`Workspace`: per thread one byte buffer, sized
+while the executor compiles its steps (each kernel reserves what one thread
+needs) and allocated at the first run, so a warmed-up ``execute`` allocates
+nothing. Kernels compute in tiles of at most :data:`TILE` elements, so the
+temporaries of a tile stay in the core's cache between the passes over it.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from functools import cache
+
+import numpy as np
+
+TILE = 16384  # elements of one tile: a few temporaries of it stay in L2
+PARALLEL_ELEMENTS = 1 << 15  # from this much work (elements, or multiply-adds / 64), kernels use the pool
+
+Task = Callable[[int, int, int], None]  # (start, stop, thread index)
+
+
+class Pool:
+    """``threads`` threads running the blocks of one kernel at a time."""
+
+    def __init__(self, threads: int):
+        self.threads = max(int(threads), 1)
+        self.workspace = Workspace(self.threads)
+        self._tasks = [queue.SimpleQueue() for _ in range(self.threads - 1)]
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        for index, tasks in enumerate(self._tasks, start=1):
+            threading.Thread(target=self._work, args=(index, tasks), daemon=True,
+                             name=f"mdsl-cpu-{index}").start()
+
+    def _work(self, index: int, tasks: queue.SimpleQueue) -> None:
+        while True:
+            task, start, stop = tasks.get()
+            try:
+                task(start, stop, index)
+                self._done.put(None)
+            except BaseException as err:  # re-raised on the calling thread
+                self._done.put(err)
+
+    def split(self, total: int, work: int) -> list[tuple[int, int]]:
+        """``[0, total)`` as contiguous ranges, one per thread that gets any (one range when
+        ``work``, the kernel's size, is below :data:`PARALLEL_ELEMENTS`)."""
+        parts = min(self.threads, total) if work >= PARALLEL_ELEMENTS else 1
+        bounds = [total * i // max(parts, 1) for i in range(parts + 1)]
+        return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+
+    def run(self, task: Task, ranges: list[tuple[int, int]]) -> None:
+        """``task(start, stop, thread)`` for each range, the first on the calling thread."""
+        for (start, stop), tasks in zip(ranges[1:], self._tasks):
+            tasks.put((task, start, stop))
+        error = None
+        try:
+            if ranges:
+                task(*ranges[0], 0)
+        finally:
+            for _ in ranges[1:]:
+                error = self._done.get() or error
+        if error is not None:
+            raise error
+
+    def blocks(self, task: Task, total: int, work: int) -> None:
+        """``task`` over ``[0, total)`` split by :meth:`split`."""
+        self.run(task, self.split(total, work))
+
+
+class Workspace:
+    """One scratch buffer per thread: reserved while steps compile, allocated at the first run."""
+
+    def __init__(self, threads: int):
+        self.need = 0
+        self.buffers: list[np.ndarray] = [np.empty(0, np.uint8) for _ in range(threads)]
+
+    def reserve(self, nbytes: int) -> None:
+        self.need = max(self.need, int(nbytes))
+
+    def prepare(self) -> None:
+        """Grow the buffers to what the compiled kernels reserved (a no-op once warmed up)."""
+        if self.buffers[0].nbytes < self.need:
+            self.buffers = [np.empty(self.need, np.uint8) for _ in self.buffers]
+
+    def arrays(self, thread: int, count: int, dtype: np.dtype, number: int) -> list[np.ndarray]:
+        """``number`` 1-d arrays of ``count`` elements of ``dtype`` in ``thread``'s buffer."""
+        dtype = np.dtype(dtype)
+        size = aligned(count * dtype.itemsize)
+        buffer = self.buffers[thread]
+        return [buffer[i * size:i * size + count * dtype.itemsize].view(dtype) for i in range(number)]
+
+
+def aligned(nbytes: int, alignment: int = 64) -> int:
+    return -(-nbytes // alignment) * alignment
+
+
+def scratch_bytes(count: int, dtype: np.dtype, number: int) -> int:
+    """What :meth:`Workspace.arrays` of ``number`` arrays of ``count`` elements needs."""
+    return number * aligned(count * np.dtype(dtype).itemsize)
+
+
+def tile_rows(columns: int, tile: int = TILE) -> int:
+    """Rows of ``columns`` elements in one tile (at least one)."""
+    return max(tile // max(columns, 1), 1)
+
+
+def row_tiles(start: int, stop: int, rows: int) -> Iterator[tuple[int, int]]:
+    """``[start, stop)`` in tiles of ``rows`` rows."""
+    for lo in range(start, stop, rows):
+        yield lo, min(lo + rows, stop)
+
+
+@cache
+def pool_of(threads: int) -> Pool:
+    """The process's pool of ``threads`` threads (created once, shared by every executor)."""
+    return Pool(threads)
+
+
+def elements(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
