@@ -60,15 +60,15 @@ def _rows(a: np.ndarray) -> np.ndarray:
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    """``1 / (1 + e)`` where ``x >= 0`` and ``e / (1 + e)`` elsewhere, ``e = exp(-|x|)`` (no overflow),
-    in five passes over one temporary (the same values as computing both branches)."""
-    e = np.abs(x)
-    np.negative(e, out=e)
-    np.exp(e, out=e)
-    out = np.where(x >= 0, x.dtype.type(1), e)
-    np.add(e, x.dtype.type(1), out=e)
-    np.divide(out, e, out=out)
-    return out
+    """``1 / (1 + exp(-x))`` in four passes over one temporary: an ``exp(-x)`` that overflows gives
+    ``1 / inf = 0``, the right limit, and the division keeps the relative precision everywhere
+    (the CPU and CUDA kernels compute it the same way)."""
+    with np.errstate(over="ignore"):
+        s = np.negative(x)
+        np.exp(s, out=s)
+    s += x.dtype.type(1)
+    np.reciprocal(s, out=s)
+    return s
 
 
 def _softplus(x: np.ndarray) -> np.ndarray:

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from modeldsl.kernels.cpu import activation
+from modeldsl.kernels.cpu import activation, attention, norm, optim
 
 CpuKernel = Callable[..., Callable[[], None] | None]
 
 CPU_KERNELS: dict[str, CpuKernel] = {
     **activation.KERNELS,
+    **attention.KERNELS,
+    **norm.KERNELS,
+    **optim.KERNELS,
 }
 
 

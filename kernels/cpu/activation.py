@@ -1,9 +1,8 @@
 """CPU kernels of the SiLU family: silu, swiglu and the packed gate/up split-swiglu, both directions.
 
-Each tile is a handful of in-cache passes: ``sigmoid(g) = 1 / (1 + exp(-g))``
-(an ``exp(-g)`` that overflows gives ``1 / inf = 0``, the right limit), and the
-backward reuses ``s = sigmoid(g)`` and ``silu = g s`` for
-``silu'(g) = s + silu (1 - s)``. Every tile reads all of its inputs before it
+Each tile is a handful of in-cache passes, in the order of operations of the
+numpy reference, so the results are bitwise the reference's:
+``sigmoid(g) = 1 / (1 + exp(-g))`` and ``silu'(g) = s (1 + g (1 - s))``. Every tile reads all of its inputs before it
 writes an output, so an output may take over an input's buffer (the registry's
 in-place reuse).
 """
@@ -18,7 +17,7 @@ from modeldsl.kernels.cpu.tiles import Step, rowwise
 
 def _sigmoid_into(g: np.ndarray, s: np.ndarray) -> None:
     np.negative(g, out=s)
-    np.exp(s, out=s)
+    np.exp(s, out=s)  # overflows to inf for g < -88 (the executor runs under np.errstate)
     s += 1
     np.reciprocal(s, out=s)
 
@@ -36,28 +35,30 @@ def _swiglu_tile(outs, ins, temps) -> None:
     np.multiply(s, u, out=out)
 
 
-def _silu_grad_into(g: np.ndarray, s: np.ndarray, silu: np.ndarray, grad: np.ndarray) -> None:
-    """``s = sigmoid(g)``, ``silu = g s`` and ``grad = silu'(g) = s + silu (1 - s)``."""
+def _silu_grad_into(g: np.ndarray, s: np.ndarray, grad: np.ndarray) -> None:
+    """``s = sigmoid(g)`` and ``grad = silu'(g) = s (1 + g (1 - s))``, in the reference's order."""
     _sigmoid_into(g, s)
-    np.multiply(g, s, out=silu)
-    np.multiply(silu, s, out=grad)
-    np.subtract(silu, grad, out=grad)
-    grad += s
+    np.subtract(1, s, out=grad)
+    grad *= g
+    grad += 1
+    grad *= s
 
 
 def _silu_backward_tile(outs, ins, temps) -> None:
-    (d_x,), (d_out, g), (s, silu, grad) = outs, ins, temps
-    _silu_grad_into(g, s, silu, grad)
+    (d_x,), (d_out, g), (s, grad) = outs, ins, temps
+    _silu_grad_into(g, s, grad)
     np.multiply(d_out, grad, out=d_x)
 
 
 def _swiglu_backward_tile(outs, ins, temps) -> None:
-    (d_gate, d_up), (d_out, g, u), (s, silu, grad) = outs, ins, temps
-    _silu_grad_into(g, s, silu, grad)
-    grad *= u
-    grad *= d_out
-    np.multiply(d_out, silu, out=d_up)
-    np.copyto(d_gate, grad)
+    """``d_gate = (d_out up) silu'(g)``, ``d_up = d_out silu(g)``: every input read before a write."""
+    (d_gate, d_up), (d_out, g, u), (s, grad, product) = outs, ins, temps
+    _silu_grad_into(g, s, grad)
+    np.multiply(d_out, u, out=product)
+    product *= grad
+    s *= g
+    np.multiply(d_out, s, out=d_up)
+    np.copyto(d_gate, product)
 
 
 def _halves(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -70,7 +71,7 @@ def silu(pool: Pool, outputs, inputs, params) -> Step | None:
 
 
 def silu_backward(pool: Pool, outputs, inputs, params) -> Step | None:
-    return rowwise(pool, _silu_backward_tile, outputs, inputs, temps=3)
+    return rowwise(pool, _silu_backward_tile, outputs, inputs, temps=2)
 
 
 def swiglu(pool: Pool, outputs, inputs, params) -> Step | None:

@@ -12,6 +12,11 @@ alone (waking a worker costs more than it saves). The split of a kernel
 depends only on its shapes and ``N``, so a result is bitwise the same run to
 run.
 
+numpy gives a ufunc over strided operands (the halves of a packed gate/up
+projection) a buffer of ``np.getbufsize()`` elements per call; the pool's
+threads, and the executor while it runs, use :data:`BUFSIZE`, so those
+buffers stay a few KB.
+
 Temporaries come from a :class:`Workspace`: per thread one byte buffer, sized
 while the executor compiles its steps (each kernel reserves what one thread
 needs) and allocated at the first run, so a warmed-up ``execute`` allocates
@@ -29,7 +34,8 @@ from functools import cache
 
 import numpy as np
 
-TILE = 16384  # elements of one tile: a few temporaries of it stay in L2
+TILE = 1 << 16  # elements of one tile: numpy calls cost ~1 us, so tiles are large; four of them fit L2
+BUFSIZE = 1024  # numpy's ufunc buffer (elements) while kernels run: strided operands allocate no 64 KB
 PARALLEL_ELEMENTS = 1 << 15  # from this much work (elements, or multiply-adds / 64), kernels use the pool
 
 Task = Callable[[int, int, int], None]  # (start, stop, thread index)
@@ -48,6 +54,8 @@ class Pool:
                              name=f"mdsl-cpu-{index}").start()
 
     def _work(self, index: int, tasks: queue.SimpleQueue) -> None:
+        np.setbufsize(BUFSIZE)
+        np.seterr(all="ignore")  # as the executor's thread runs its steps
         while True:
             task, start, stop = tasks.get()
             try:
@@ -99,19 +107,30 @@ class Workspace:
 
     def arrays(self, thread: int, count: int, dtype: np.dtype, number: int) -> list[np.ndarray]:
         """``number`` 1-d arrays of ``count`` elements of ``dtype`` in ``thread``'s buffer."""
+        return self.carve(thread, dtype, [count] * number)
+
+    def carve(self, thread: int, dtype: np.dtype, counts: list[int]) -> list[np.ndarray]:
+        """1-d arrays of ``dtype`` with the given element counts, one after another in ``thread``'s buffer."""
         dtype = np.dtype(dtype)
-        size = aligned(count * dtype.itemsize)
-        buffer = self.buffers[thread]
-        return [buffer[i * size:i * size + count * dtype.itemsize].view(dtype) for i in range(number)]
+        buffer, start, arrays = self.buffers[thread], 0, []
+        for count in counts:
+            arrays.append(buffer[start:start + count * dtype.itemsize].view(dtype))
+            start += aligned(count * dtype.itemsize)
+        return arrays
 
 
 def aligned(nbytes: int, alignment: int = 64) -> int:
     return -(-nbytes // alignment) * alignment
 
 
-def scratch_bytes(count: int, dtype: np.dtype, number: int) -> int:
+def scratch_bytes(count: int, dtype: np.dtype, number: int = 1) -> int:
     """What :meth:`Workspace.arrays` of ``number`` arrays of ``count`` elements needs."""
     return number * aligned(count * np.dtype(dtype).itemsize)
+
+
+def carved_bytes(dtype: np.dtype, counts: list[int]) -> int:
+    """What :meth:`Workspace.carve` of ``counts`` needs."""
+    return sum(scratch_bytes(count, dtype) for count in counts)
 
 
 def tile_rows(columns: int, tile: int = TILE) -> int:

@@ -42,7 +42,8 @@ from modeldsl.dialects.sched import (
 )
 from modeldsl.kernels.cpu import cpu_kernel
 from modeldsl.kernels.cpu.gemm import gemm as cpu_gemm
-from modeldsl.kernels.cpu.pool import pool_of
+from modeldsl.kernels.cpu.optim import fuse_optimizer_steps
+from modeldsl.kernels.cpu.pool import BUFSIZE, pool_of
 from modeldsl.kernels.reference import flash_attention, gemm
 from modeldsl.kernels.registry import entry
 from modeldsl.primitives import lookup_primitive
@@ -82,12 +83,13 @@ class ScheduleExecutor:
         self.moments: dict[str, np.ndarray] = {}  # tagged moment = "exp_avg.name"
         self.masters: dict[str, np.ndarray] = {}  # tagged master = "name": fp32 copies of 16-bit weights
         self.state: dict[str, np.ndarray] = dict(state or {})
-        self.steps: list[Step] = []
+        compiled: list[tuple[Operation, list[Step]]] = []
         for op in program.body.block.ops:
             if isinstance(op, BufferOp):
                 self.place(op)
             else:
-                self.steps += self.compile(op, self.views)
+                compiled.append((op, self.compile(op, self.views)))
+        self.steps: list[Step] = fuse_optimizer_steps(self.threads, compiled, self.views)
         if params is not None:
             self.bind_params(params)
 
@@ -136,9 +138,13 @@ class ScheduleExecutor:
                 raise ExecutionError(f"input {index}: expected shape {view.shape}, got {np.shape(value)}")
             np.copyto(view, value, casting="unsafe")
         self.threads.workspace.prepare()
-        with blas_threads(1):
-            for step in self.steps:
-                step()
+        buffer = np.setbufsize(BUFSIZE)
+        try:
+            with blas_threads(1), np.errstate(all="ignore"):
+                for step in self.steps:
+                    step()
+        finally:
+            np.setbufsize(buffer)
         return list(self.outputs)
 
     # ------------------------------------------------------------------ compiling steps

@@ -1,0 +1,157 @@
+"""CPU kernels of RMSNorm (plain and with the residual add), both directions.
+
+Each thread takes a block of rows and walks it in tiles; the statistics of a
+tile's rows (``rstd``, the mean of ``g x``) are written straight into the rstd
+output or a per-thread scratch row vector. The forward keeps the reference's
+order of operations, so its results are bitwise the reference's. The weight
+gradient is a sum over all rows: each thread adds its tiles' column sums into
+its own fp32 partial, and the partials are added in thread order after the
+threads join (deterministic for a given thread count; the reference sums the
+rows in one sweep, so the last bits may differ from it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from modeldsl.kernels.cpu.pool import Pool, carved_bytes, row_tiles, tile_rows
+from modeldsl.kernels.cpu.tiles import Step, as_rows, float_dtype
+
+
+class RowBlocks:
+    """The frame of a row kernel over ``[R, C]`` views: tiles, per-thread scratch (``temps`` tiles,
+    ``vectors`` row vectors of a tile, ``columns`` column vectors); a thread's first column vectors
+    may hold its column sums, added up in thread order after the threads join."""
+
+    def __init__(self, pool: Pool, rows: list[np.ndarray], temps: int, vectors: int = 0, columns: int = 0):
+        self.pool = pool
+        self.rows, self.width = rows[0].shape
+        self.dtype = rows[0].dtype
+        self.per_tile = tile_rows(self.width)
+        self.counts = [self.per_tile * self.width] * temps + [self.per_tile] * vectors + [self.width] * columns
+        self.shape = (temps, vectors, columns)
+        pool.workspace.reserve(carved_bytes(self.dtype, self.counts))
+
+    def scratch(self, thread: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+        """(tile temporaries, row vectors, column vectors) in ``thread``'s buffer."""
+        arrays = self.pool.workspace.carve(thread, self.dtype, self.counts)
+        temps, vectors, _ = self.shape
+        return arrays[:temps], arrays[temps:temps + vectors], arrays[temps + vectors:]
+
+    def tiles(self, start: int, stop: int, temps: list[np.ndarray]):
+        """``(lo, hi, tile temporaries shaped [hi - lo, C])`` over the rows ``[start, stop)``."""
+        for lo, hi in row_tiles(start, stop, self.per_tile):
+            yield lo, hi, [t[:(hi - lo) * self.width].reshape(hi - lo, self.width) for t in temps]
+
+    def run(self, block, totals: tuple[np.ndarray, ...] = ()) -> None:
+        """``block(start, stop, thread)`` over the rows; the threads' column sums into ``totals``."""
+        ranges = self.pool.split(self.rows, self.rows * self.width)
+        self.pool.run(block, ranges)
+        for index, total in enumerate(totals):
+            parts = [self.scratch(thread)[2][index] for thread in range(len(ranges))]
+            np.copyto(total, parts[0], casting="unsafe")
+            for part in parts[1:]:
+                np.add(total, part, out=total, casting="unsafe")
+
+
+def _view_rows(*arrays: np.ndarray) -> list[np.ndarray] | None:
+    rows = [as_rows(a) for a in arrays]
+    return None if any(r is None for r in rows) or len({r.shape for r in rows}) != 1 else rows
+
+
+def _rstd_into(x: np.ndarray, eps: float, square: np.ndarray, rstd: np.ndarray) -> None:
+    """``rstd = 1 / sqrt(mean(x^2) + eps)`` of each row of the tile, as the reference computes it."""
+    np.multiply(x, x, out=square)
+    np.add.reduce(square, axis=-1, out=rstd)
+    rstd /= x.shape[-1]
+    rstd += eps
+    np.sqrt(rstd, out=rstd)
+    np.reciprocal(rstd, out=rstd)
+
+
+def _forward(pool: Pool, y, rstd, x, weight, eps: float, residual=None, value=None) -> Step | None:
+    """``y = x rstd w`` with ``rstd`` of each row; with ``residual`` and ``value``, x is first
+    written as their sum (the fused residual add)."""
+    rows = _view_rows(y, x, *((residual, value) if residual is not None else ()))
+    if rows is None or float_dtype(y, rstd, x, weight, residual, value) is None:
+        return None
+    y2, x2, *summands = rows
+    r2 = rstd.reshape(-1)
+    frame = RowBlocks(pool, rows, temps=1)
+
+    def block(start: int, stop: int, thread: int) -> None:
+        temps, _, _ = frame.scratch(thread)
+        for lo, hi, (square,) in frame.tiles(start, stop, temps):
+            xs, r = x2[lo:hi], r2[lo:hi]
+            if summands:
+                np.add(summands[0][lo:hi], summands[1][lo:hi], out=xs)
+            _rstd_into(xs, eps, square, r)
+            np.multiply(xs, r[:, None], out=y2[lo:hi])
+            y2[lo:hi] *= weight
+
+    return lambda: frame.run(block)
+
+
+def rmsnorm(pool: Pool, outputs, inputs, params) -> Step | None:
+    (y, rstd), (x, weight) = outputs, inputs
+    return _forward(pool, y, rstd, x, weight, params.get("eps", 1e-6))
+
+
+def fused_residual_rmsnorm(pool: Pool, outputs, inputs, params) -> Step | None:
+    (out, y, rstd), (residual, value, weight) = outputs, inputs
+    return _forward(pool, y, rstd, out, weight, params.get("eps", 1e-6), residual, value)
+
+
+def _backward(pool: Pool, d_xs, d_weight, d_y, d_next, x, weight, rstd) -> Step | None:
+    """rmsnorm's backward, in the reference's order: ``d_x = r g - x r^3 mean(g x)`` with
+    ``g = d_y w`` (plus ``d_next``, the fused residual's gradient) into each of ``d_xs``, and
+    ``d_weight`` the column sums of ``d_y x r``."""
+    rows = _view_rows(*d_xs, d_y, x, *((d_next,) if d_next is not None else ()))
+    if rows is None or float_dtype(*d_xs, d_weight, d_y, d_next, x, weight, rstd) is None:
+        return None
+    outs, (dy2, x2), nexts = rows[:len(d_xs)], rows[len(d_xs):len(d_xs) + 2], rows[len(d_xs) + 2:]
+    r2, total, width = rstd.reshape(-1), d_weight.reshape(-1), x2.shape[-1]
+    frame = RowBlocks(pool, rows, temps=2, vectors=2, columns=2)
+
+    def block(start: int, stop: int, thread: int) -> None:
+        temps, (mean, cube), (partial, column_sum) = frame.scratch(thread)
+        partial.fill(0)
+        for lo, hi, (g, t) in frame.tiles(start, stop, temps):
+            dy, xs, r = dy2[lo:hi], x2[lo:hi], r2[lo:hi]
+            n = hi - lo
+            np.multiply(dy, xs, out=t)
+            t *= r[:, None]
+            np.add.reduce(t, axis=0, out=column_sum)
+            partial += column_sum
+            np.multiply(dy, weight, out=g)
+            np.multiply(g, xs, out=t)
+            np.add.reduce(t, axis=-1, out=mean[:n])
+            mean[:n] /= width
+            np.power(r, 3, out=cube[:n])
+            np.multiply(xs, cube[:n, None], out=t)
+            t *= mean[:n, None]
+            np.multiply(r[:, None], g, out=g)
+            first = outs[0][lo:hi]
+            if nexts:
+                np.subtract(g, t, out=g)
+                np.add(nexts[0][lo:hi], g, out=first)
+            else:
+                np.subtract(g, t, out=first)
+            for other in outs[1:]:
+                np.copyto(other[lo:hi], first)
+
+    return lambda: frame.run(block, (total,))
+
+
+def rmsnorm_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+    (d_x, d_weight), (d_y, x, weight, rstd) = outputs, inputs
+    return _backward(pool, [d_x], d_weight, d_y, None, x, weight, rstd)
+
+
+def fused_residual_rmsnorm_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+    (d_residual, d_input, d_weight), (d_y, d_next, residual_out, weight, rstd) = outputs, inputs
+    return _backward(pool, [d_residual, d_input], d_weight, d_y, d_next, residual_out, weight, rstd)
+
+
+KERNELS = {fn.__name__: fn for fn in (rmsnorm, fused_residual_rmsnorm, rmsnorm_backward,
+                                      fused_residual_rmsnorm_backward)}

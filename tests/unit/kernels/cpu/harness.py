@@ -1,0 +1,52 @@
+"""Running a fast CPU kernel the way the executor does, against its numpy reference."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+
+from modeldsl.kernels.cpu import cpu_kernel
+from modeldsl.kernels.cpu.pool import BUFSIZE, Pool
+from modeldsl.kernels.reference import REFERENCES
+
+FEW_KB = 16 * 1024  # what a warm call may allocate: Python objects and numpy's small ufunc buffers, no arrays
+
+
+def as_tuple(result) -> tuple[np.ndarray, ...]:
+    return result if isinstance(result, tuple) else (result,)
+
+
+def fast_and_reference(name: str, inputs: list, params: dict | None = None, threads: int = 1,
+                       outputs: list[np.ndarray] | None = None):
+    """(the fast kernel's outputs, the reference's) for ``inputs``; the outputs are fresh arrays
+    shaped and typed as the reference's unless given."""
+    params = params or {}
+    expected = as_tuple(REFERENCES[name](*inputs, **params))
+    if outputs is None:
+        outputs = [np.full(e.shape, np.nan, dtype=e.dtype) for e in expected]
+    pool = Pool(threads)
+    step = cpu_kernel(name)(pool, outputs, inputs, params)
+    assert step is not None, f"{name} gave no fast step"
+    pool.workspace.prepare()
+    step()
+    return outputs, expected, step
+
+
+def allocation_peak(step) -> int:
+    """The largest traced allocation peak of a warmed-up call of ``step`` (bytes)."""
+    buffer = np.setbufsize(BUFSIZE)  # as the executor runs its steps
+    step()
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        step()
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+        np.setbufsize(buffer)
+
+
+def random(shape, dtype, seed: int = 0, scale: float = 1.0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(dtype)

@@ -1,0 +1,62 @@
+"""The SiLU-family CPU kernels give bitwise their numpy references' results, in place too, allocating nothing."""
+
+import numpy as np
+import pytest
+
+from modeldsl.kernels.cpu import cpu_kernel
+from modeldsl.kernels.cpu.pool import Pool
+from modeldsl.kernels.reference import REFERENCES
+from tests.unit.kernels.cpu.harness import FEW_KB, allocation_peak, fast_and_reference, random
+
+SHAPES = [(5, 7), (3, 70, 700)]  # one tile, and several tiles of rows split over the threads
+
+
+def operands(name, shape, dtype):
+    width = shape[-1]
+    if name.startswith("fused_split"):
+        gate_up = random((*shape[:-1], 2 * width), dtype, 1, 4.0)
+        return [gate_up] if "backward" not in name else [random(shape, dtype, 2), gate_up]
+    count = {"silu": 1, "swiglu": 2, "silu_backward": 2, "swiglu_backward": 3}[name]
+    return [random(shape, dtype, seed, 4.0) for seed in range(count)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("name", ["silu", "silu_backward", "swiglu", "swiglu_backward", "fused_split_swiglu",
+                                  "fused_split_swiglu_backward"])
+def test_bitwise_the_reference(name, shape, dtype, threads):
+    outputs, expected, _ = fast_and_reference(name, operands(name, shape, dtype), threads=threads)
+    for got, want in zip(outputs, expected):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_overflowing_exp_gives_the_limits():
+    gate = np.array([[-1000.0, -90.0, 0.0, 90.0]], np.float32)
+    with np.errstate(over="ignore"):
+        outputs, expected, _ = fast_and_reference("silu", [gate])
+    np.testing.assert_array_equal(outputs[0], expected[0])
+    assert outputs[0][0, 0] == 0 and outputs[0][0, 3] == 90
+
+
+def test_the_split_backward_may_write_over_its_gate_up():
+    d_out, gate_up = operands("fused_split_swiglu_backward", (3, 70, 700), np.float32)
+    expected = REFERENCES["fused_split_swiglu_backward"](d_out, gate_up)
+    pool = Pool(2)
+    step = cpu_kernel("fused_split_swiglu_backward")(pool, [gate_up], [d_out, gate_up], {})
+    pool.workspace.prepare()
+    step()
+    np.testing.assert_array_equal(gate_up, expected)
+
+
+@pytest.mark.parametrize("name", ["swiglu_backward", "fused_split_swiglu"])
+def test_a_warm_call_allocates_nothing(name):
+    _, _, step = fast_and_reference(name, operands(name, (4, 128, 688), np.float32), threads=2)
+    assert allocation_peak(step) < FEW_KB
+
+
+def test_bf16_operands_get_no_fast_step():
+    import ml_dtypes
+
+    gate = np.zeros((2, 4), ml_dtypes.bfloat16)
+    assert cpu_kernel("silu")(Pool(1), [gate.copy()], [gate], {}) is None

@@ -1,0 +1,58 @@
+"""The RMSNorm CPU kernels against their numpy references: the forward bitwise, the backward within rounding."""
+
+import numpy as np
+import pytest
+
+from tests.unit.kernels.cpu.harness import FEW_KB, allocation_peak, fast_and_reference, random
+
+SHAPES = [(5, 7), (3, 70, 700)]
+
+
+def operands(name, shape, dtype):
+    rows, width = shape[:-1], shape[-1]
+    weight = random((width,), dtype, 9) + 1
+    rstd = np.abs(random(rows, dtype, 8)) + 0.5
+    return {
+        "rmsnorm": [random(shape, dtype, 1), weight],
+        "fused_residual_rmsnorm": [random(shape, dtype, 1), random(shape, dtype, 2), weight],
+        "rmsnorm_backward": [random(shape, dtype, 3), random(shape, dtype, 1), weight, rstd],
+        "fused_residual_rmsnorm_backward": [random(shape, dtype, 3), random(shape, dtype, 4), random(shape, dtype, 1),
+                                            weight, rstd],
+    }[name]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("name", ["rmsnorm", "fused_residual_rmsnorm"])
+def test_the_forward_is_bitwise_the_reference(name, shape, dtype, threads):
+    outputs, expected, _ = fast_and_reference(name, operands(name, shape, dtype), {"eps": 1e-5}, threads)
+    for got, want in zip(outputs, expected):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("name", ["rmsnorm_backward", "fused_residual_rmsnorm_backward"])
+def test_the_backward_is_the_reference(name, shape, dtype, threads):
+    outputs, expected, _ = fast_and_reference(name, operands(name, shape, dtype), threads=threads)
+    for got, want in zip(outputs[:-1], expected[:-1]):  # d_x: the reference's order, bitwise
+        np.testing.assert_array_equal(got, want)
+    tolerance = 1e-5 if dtype == np.float32 else 1e-12  # d_weight: its rows summed in another order
+    np.testing.assert_allclose(outputs[-1], expected[-1], rtol=tolerance, atol=tolerance)
+
+
+def test_the_backward_is_the_same_run_to_run():
+    inputs = operands("rmsnorm_backward", (3, 70, 700), np.float32)
+    first, _, step = fast_and_reference("rmsnorm_backward", inputs, threads=2)
+    copies = [o.copy() for o in first]
+    step()
+    for got, want in zip(first, copies):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["fused_residual_rmsnorm", "fused_residual_rmsnorm_backward"])
+def test_a_warm_call_allocates_nothing(name):
+    _, _, step = fast_and_reference(name, operands(name, (4, 128, 256), np.float32), threads=2)
+    assert allocation_peak(step) < FEW_KB
