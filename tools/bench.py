@@ -25,7 +25,8 @@ reported. The table gives every runner's ratio against ``compile`` (else ``eager
 writes the rows.
 
 Shapes: ``qwen3-0.6b`` (28 layers, d 1024, 16/8 heads, head_dim 128, d_ff 3072, vocab 151936,
-tied), ``llama-1b`` (16 layers, d 2048, 32/8 heads, d_ff 8192, vocab 128256, tied) and ``tiny``
+tied), ``llama-1b`` (16 layers, d 2048, 32/8 heads, d_ff 8192, vocab 128256, tied), ``small``
+(4 layers, d 256, 8/4 heads, d_ff 688, vocab 4096: the CPU benchmark's, ``bench_cpu``) and ``tiny``
 (the tests' 2-layer Llama, for a CPU run of the harness itself).
 """
 
@@ -54,6 +55,9 @@ SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
         vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
         num_key_value_heads=8, head_dim=64, tie_word_embeddings=True, max_position_embeddings=131072,
         rope_theta=500000.0, rms_norm_eps=1e-5)),
+    "small": ("LlamaConfig", "llama.module", dict(
+        vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=4, max_position_embeddings=2048)),
     "tiny": ("LlamaConfig", "llama.module", dict(
         vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=128)),
