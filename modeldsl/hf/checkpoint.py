@@ -24,7 +24,11 @@ parameter's row ``layer``) and possibly optional (``lm_head?``). Its value is
 - ``tied_to(other)``: nothing to load (the parameter is shared).
 
 Arrays are filled from memory-mapped files, one stacked buffer per parameter,
-so peak memory stays near one copy of the weights. What was read (names,
+so peak memory stays near one copy of the weights; given the arrays to fill
+(``into``: the views of the schedule's params arena), a tensor that a rule
+places whole (a tensor, a ``fuse`` along dim 0) is read from its file straight
+into its rows there, converted in bounded chunks, and only the other rules go
+through a per-tensor temporary. What was read (names,
 dtypes, part sizes, and the memory-mapped tensors themselves, which cost no
 memory) is kept in an :class:`ImportRecord`, from which
 :func:`save_checkpoint` writes the same tensors back. A parameter that still
@@ -178,11 +182,14 @@ def config_integers(model: ModelOp) -> dict[str, int]:
 
 def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
                     warn: Callable[[CheckpointError], None] | None = None,
-                    progress: bool = False, allow_unused: bool = False) -> tuple[dict[str, np.ndarray], ImportRecord]:
+                    progress: bool = False, allow_unused: bool = False,
+                    into: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], ImportRecord]:
     """Every parameter of a (specialized) model filled from the checkpoint (with a tqdm bar
     over the rules when ``progress``). A tensor no rule reads is E040 (W006 with
     ``allow_unused``); a tensor holding NaN or Inf is W011. Warnings go to ``warn``, else
-    to Python's ``warnings``."""
+    to Python's ``warnings``. ``into`` gives the arrays to fill (views of the schedule's
+    params arena, in ``dtype``): each tensor is read into its place there, the file never
+    mapped and no second copy of the weights made, and those arrays are the weights."""
     directory = Path(directory)
     checkpoint = Checkpoint(directory)
     params = {p.sym_name.data: p for p in model.walk() if isinstance(p, ParamOp)}
@@ -201,13 +208,13 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
             if absent is not None:
                 skipped[rule.target] = (rule, absent)
                 continue
-        if rule.var is None:
-            weights[rule.target] = _read(rule, None, checkpoint, record, shape, dtype, config, warn)
-            continue
-        stacked = np.empty(shape, dtype)
+        target = into.get(rule.target) if into is not None else None
+        fits = target is not None and target.shape == shape and target.dtype == dtype
+        value = target if fits else np.empty(shape, dtype)
         for layer in layers:
-            stacked[layer] = _read(rule, layer, checkpoint, record, shape[1:], dtype, config, warn)
-        weights[rule.target] = stacked
+            _read(rule, layer, checkpoint, record, shape if layer is None else shape[1:], dtype, config, warn,
+                  value if layer is None else value[layer])
+        weights[rule.target] = value
     missing = [p for p in params if p not in weights]
     if missing and missing[0] in skipped:
         rule, absent = skipped[missing[0]]
@@ -270,7 +277,10 @@ def _names(rule: Rule, layer: int | None, config: dict[str, int]) -> list[str]:
 
 def _read(rule: Rule, layer: int | None, checkpoint: Checkpoint, record: ImportRecord,
           shape: tuple[int, ...], dtype: np.dtype, config: dict[str, int],
-          warn: Callable[[CheckpointError], None] | None = None) -> np.ndarray:
+          warn: Callable[[CheckpointError], None] | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """One parameter (or one layer of a stacked one) through its rule, in ``dtype``; written
+    into ``out`` when it is given (straight from the files where the rule only places whole
+    tensors one after another: a tensor, or a ``fuse`` along dim 0)."""
     names = _names(rule, layer, config)
     parts = [checkpoint.get(n, rule) for n in names]
     for name, part in zip(names, parts):
@@ -279,6 +289,9 @@ def _read(rule: Rule, layer: int | None, checkpoint: Checkpoint, record: ImportR
                                   "parameter", tensor=name)
     record.reads[(rule.target, layer)] = [TensorRecord(n, p.dtype, tuple(p.shape)) for n, p in zip(names, parts)]
     record.arrays[(rule.target, layer)] = parts
+    if out is not None and out.shape == shape and _rows_in_order(rule, parts, out, config):
+        _read_rows(rule, names, checkpoint, out, warn)
+        return out
     value = _combine(rule, parts, names, config)
     if tuple(value.shape) != shape:
         what = names[0] if len(names) == 1 else " + ".join(names)
@@ -291,7 +304,42 @@ def _read(rule: Rule, layer: int | None, checkpoint: Checkpoint, record: ImportR
             _warn(warn, CheckpointError("W011", f"checkpoint tensor '{name}' holds {problem} (hf_mapping: "
                                         f"{rule.written})", "the logits will be NaN or infinite; the checkpoint is "
                                         "corrupt or was saved after a diverged training step", tensor=name))
-    return value.astype(dtype, copy=False)
+    if out is None:
+        return value.astype(dtype, copy=False)
+    np.copyto(out, value, casting="unsafe")
+    return out
+
+
+def _rows_in_order(rule: Rule, parts: list[np.ndarray], out: np.ndarray, config: dict[str, int]) -> bool:
+    """Whether ``parts``, one after another, are ``out``'s elements in order (a ``direct`` rule, or
+    a ``fuse`` along dim 0 of tensors of ``out``'s other dims), and ``out`` is C-contiguous."""
+    if not out.flags.c_contiguous or not parts or rule.op not in ("direct", "fuse"):
+        return False
+    if rule.op == "direct":
+        return tuple(parts[0].shape) == out.shape
+    if not all(p.ndim == out.ndim >= 1 for p in parts) or _axis(rule, out.ndim, config) != 0:
+        return False
+    rows = sum(p.shape[0] for p in parts)
+    return rows == out.shape[0] and all(tuple(p.shape[1:]) == out.shape[1:] for p in parts)
+
+
+def _read_rows(rule: Rule, names: list[str], checkpoint: Checkpoint, out: np.ndarray,
+               warn: Callable[[CheckpointError], None] | None) -> None:
+    """Read each tensor from its file into its rows of ``out`` (W011 for NaN or Inf values,
+    counted on the file's values as they are read)."""
+    row = 0
+    for name in names:
+        source = checkpoint.where[name]
+        rows = source.shape(name)[0] if out.ndim else 1
+        counts = [0, 0]
+        source.read_into(name, out[row:row + rows] if out.ndim else out,
+                         lambda chunk: _count_non_finite(chunk, counts))
+        row += rows
+        problem = _non_finite_text(*counts)
+        if problem:
+            _warn(warn, CheckpointError("W011", f"checkpoint tensor '{name}' holds {problem} (hf_mapping: "
+                                        f"{rule.written})", "the logits will be NaN or infinite; the checkpoint is "
+                                        "corrupt or was saved after a diverged training step", tensor=name))
 
 
 def non_finite(x: np.ndarray, chunk: int = 1 << 20) -> str:
@@ -300,20 +348,28 @@ def non_finite(x: np.ndarray, chunk: int = 1 << 20) -> str:
     if not _is_float(x.dtype):
         return ""
     flat = x.reshape(-1)
-    masks = EXPONENT_MASKS.get(x.dtype.name)
-    nans = infs = 0
+    counts = [0, 0]
     for begin in range(0, flat.size, chunk):
-        block = flat[begin:begin + chunk]
-        if masks is not None:
-            exponent, mantissa = masks
-            bits = block.view(np.uint16)
-            special = (bits & exponent) == exponent
-            if special.any():
-                nans += int((special & ((bits & mantissa) != 0)).sum())
-                infs += int((special & ((bits & mantissa) == 0)).sum())
-        elif not np.isfinite(block).all():
-            nans += int(np.isnan(block).sum())
-            infs += int(np.isinf(block).sum())
+        _count_non_finite(flat[begin:begin + chunk], counts)
+    return _non_finite_text(*counts)
+
+
+def _count_non_finite(block: np.ndarray, counts: list[int]) -> None:
+    """Add the NaN and Inf values of a 1-d float ``block`` to ``counts`` ([NaN, Inf])."""
+    masks = EXPONENT_MASKS.get(block.dtype.name)
+    if masks is not None:
+        exponent, mantissa = masks
+        bits = block.view(np.uint16)
+        special = (bits & exponent) == exponent
+        if special.any():
+            counts[0] += int((special & ((bits & mantissa) != 0)).sum())
+            counts[1] += int((special & ((bits & mantissa) == 0)).sum())
+    elif _is_float(block.dtype) and not np.isfinite(block).all():
+        counts[0] += int(np.isnan(block).sum())
+        counts[1] += int(np.isinf(block).sum())
+
+
+def _non_finite_text(nans: int, infs: int) -> str:
     counts = [f"{n} {kind}" for n, kind in ((nans, "NaN"), (infs, "Inf")) if n]
     return " and ".join(counts) + (" values" if counts else "")
 

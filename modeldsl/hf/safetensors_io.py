@@ -5,17 +5,21 @@ usual dtype of checkpoints, so tensors are read here straight from the
 documented format (an 8-byte little-endian header length, a JSON header of
 ``name -> {dtype, shape, data_offsets}``, then the raw data) with
 ``numpy.memmap`` and ``ml_dtypes.bfloat16``: no copy until a tensor is used,
-and nothing is ever unpickled. Every inconsistency (short file, bad header,
+and nothing is ever unpickled. :meth:`SafetensorsFile.read_into` reads a tensor
+straight into an array the caller owns (the model's params arena), converting
+its dtype in bounded chunks, without mapping the file. Every inconsistency (short file, bad header,
 offsets outside the data) is a :class:`CheckpointError` naming file and tensor.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import stat
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import ml_dtypes
@@ -37,6 +41,8 @@ DTYPES: dict[str, np.dtype] = {
 }
 NAMES = {v: k for k, v in DTYPES.items()}
 MAX_HEADER = 100 * 1024 * 1024
+READ_CHUNK = 64 * 1024 * 1024  # bytes of the file read (and converted) at a time
+MAX_READ = 1 << 30  # bytes one read call asks for (Linux returns at most 2 GiB - 4 KiB)
 
 
 class CheckpointError(Exception):
@@ -146,6 +152,40 @@ class SafetensorsFile:
         if self._map is None:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.data_start)
         return self._map[start:end].view(dtype).reshape(shape)
+
+    def read_into(self, name: str, out: np.ndarray, inspect: Callable[[np.ndarray], None] | None = None,
+                  chunk_bytes: int = READ_CHUNK) -> None:
+        """Read the tensor's bytes from the file straight into ``out`` (C-contiguous, as many
+        elements, any float dtype), converting to ``out``'s dtype in chunks of at most
+        ``chunk_bytes`` of the file, so no full-size temporary is made and the file is never
+        mapped (its pages stay in the page cache, outside the process's memory). ``inspect``
+        sees each chunk as the file stores it."""
+        dtype, shape, start, end = self.entries[name]
+        if not out.flags.c_contiguous or out.size != math.prod(shape):
+            raise ValueError(f"read_into '{name}': a C-contiguous array of {math.prod(shape)} elements is needed")
+        flat = out.reshape(-1)
+        step = max(chunk_bytes // dtype.itemsize, 1)
+        same = out.dtype == dtype
+        scratch = None if same else np.empty(min(step, flat.size), dtype)
+        with open(self.path, "rb", buffering=0) as f:
+            for begin in range(0, flat.size, step):
+                count = min(step, flat.size - begin)
+                target = flat[begin:begin + count] if same else scratch[:count]
+                self.read_bytes(f, self.data_start + start + begin * dtype.itemsize, target, name)
+                if inspect is not None:
+                    inspect(target)
+                if not same:
+                    np.copyto(flat[begin:begin + count], target, casting="unsafe")
+
+    def read_bytes(self, f: io.RawIOBase, offset: int, target: np.ndarray, name: str) -> None:
+        """Fill ``target`` with the file's bytes from ``offset`` (E034 if the file ends first)."""
+        view = memoryview(target.reshape(-1).view(np.uint8))
+        done = 0
+        while done < len(view):
+            read = os.preadv(f.fileno(), [view[done:done + MAX_READ]], offset + done)
+            if read <= 0:
+                raise self.corrupt(f"tensor '{name}' ends past the end of the file (was it truncated?)", name)
+            done += read
 
 
 def _naturals(value: object) -> bool:

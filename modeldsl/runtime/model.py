@@ -44,7 +44,7 @@ from modeldsl.lower import choose_top, lower_program
 from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.executor import NUMPY_DTYPES, GraphExecutor, KVCache
 from modeldsl.runtime.fits import check_fits_on, parameter_bytes
-from modeldsl.runtime.profiles import ProfiledForward
+from modeldsl.runtime.profiles import ParamsArena, ProfiledForward, params_arena
 from modeldsl.runtime.rope import SUPPORTED, RopeFrequencies, RopeScalingError, rope_frequencies
 from modeldsl.symbolic import STAR
 
@@ -73,6 +73,7 @@ class Model:
     hf_config: dict[str, Any] = field(default_factory=dict)
     record: ImportRecord = field(default_factory=ImportRecord)
     device: Any = None  # a modeldsl.runtime.cuda_device.Device the schedule runs on; None: the CPU
+    params: ParamsArena | None = None  # the schedule's params arena the weights are views of (the CPU)
 
     def __post_init__(self) -> None:
         float_dtype = np.float32 if self.dtype == "fp32" else None
@@ -80,7 +81,7 @@ class Model:
         self.forward_func = self.executor.funcs["forward"]
         self.rope = self._rope()
         self.schedule = ProfiledForward(self.model, self.weights, storage="fp32" if self.dtype == "fp32" else None,
-                                        max_tokens=self.max_positions, device=self.device)
+                                        max_tokens=self.max_positions, device=self.device, params=self.params)
 
     # ------------------------------------------------------------------ config
     def config(self, name: str, default: Any = None) -> Any:
@@ -344,11 +345,15 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
         _verify_specialized(module)
         model = _model_op(module)
         _check_parameters_fit(model, {}, storage, runs_on)
+        arena = params_arena(model, "fp32" if dtype == "fp32" else None) if runs_on is None else None
+        into = {n: v for n, v in arena.views.items() if v.dtype == storage} if arena is not None else None
         if hf is not None:
             weights, record = load_checkpoint(model, hf, storage, warn=lambda w: sink.add(_diagnostic(w, hf)),
-                                              progress=progress, allow_unused=allow_unused_tensors)
+                                              progress=progress, allow_unused=allow_unused_tensors, into=into)
         else:
-            weights, record = random_weights(model, storage), ImportRecord()
+            weights, record = random_weights(model, storage, into=into), ImportRecord()
+        if arena is not None:
+            _hold_once(weights, arena)
     except CheckpointError as err:
         raise DiagnosticError([_diagnostic(err, hf)]) from None
     except OSError as err:  # e.g. an unreadable file
@@ -357,7 +362,7 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
                                           "*.safetensors files")]) from None
     try:
         with np.errstate(all="ignore"):  # a nonsensical rope_theta is W011, not a numpy RuntimeWarning
-            return Model(module, model, weights, dtype, hf_config, record, runs_on)
+            return Model(module, model, weights, dtype, hf_config, record, runs_on, arena)
     except RopeScalingError as err:
         raise DiagnosticError([_rope_diagnostic(err, hf_config, hf)]) from None
 
@@ -370,17 +375,27 @@ def _verify_specialized(module: ModuleOp) -> None:
         raise DiagnosticError([p.diagnostic() for p in problems])
 
 
+def _hold_once(weights: dict[str, np.ndarray], arena: ParamsArena) -> None:
+    """Every weight in its place in the schedule's params arena, and a view of it where the dtypes
+    agree (a parameter the checkpoint filled elsewhere, through a rule that is no straight read or
+    in another dtype than the arena's, is copied in; the rest were read into it)."""
+    for name, view in arena.views.items():
+        weight = weights.get(name)
+        if weight is None or weight is view:
+            continue
+        np.copyto(view, np.asarray(weight).reshape(view.shape), casting="unsafe")
+        if weight.dtype == view.dtype and weight.shape == view.shape:
+            weights[name] = view
+
+
 def _check_parameters_fit(model: ModelOp, values: dict[str, Any], storage: np.dtype, device: Any) -> None:
-    """E038 before anything is allocated: the parameters, and on the CPU the schedule's params
-    arena they are copied into (both are held while it is filled)."""
+    """E038 before anything is allocated: the parameters (on the CPU they are read into the
+    schedule's params arena, so they are held once)."""
     size = parameter_bytes(model, values, storage.itemsize)
     if size is None:
         return
     advice = "choose a smaller configuration, --dtype bf16 to halve the parameters"
-    needs = {"parameters": size}
-    if device is None:
-        needs["the schedule's copy of them"] = size
-    check_fits_on(None, needs, advice)
+    check_fits_on(None, {"parameters": size}, advice)
     if device is not None:
         check_fits_on(device, {"parameters": size}, advice)
 
@@ -400,12 +415,21 @@ def _checkpoint_values(program: Any, decl: Any, hf_config: dict[str, Any], sink:
     return dsl_config(decl, default, hf_config, force_architecture, warn=sink.add), default
 
 
-def random_weights(model: ModelOp, dtype: np.dtype, seed: int = 0) -> dict[str, np.ndarray]:
+def random_weights(model: ModelOp, dtype: np.dtype, seed: int = 0,
+                   into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """normal(0, 0.02) weights in ``dtype``, written into the arrays of ``into`` where it has
+    one of the parameter's shape and dtype."""
     rng = np.random.default_rng(seed)
     weights = {}
     for param in (op for op in model.walk() if isinstance(op, ParamOp)):
+        name = param.sym_name.data
         shape = tuple(d.evaluate({}) for d in param.param_type.shape)
-        weights[param.sym_name.data] = (rng.standard_normal(shape) * 0.02).astype(dtype)
+        value = (rng.standard_normal(shape) * 0.02).astype(dtype)
+        target = (into or {}).get(name)
+        if target is not None and target.shape == shape and target.dtype == value.dtype:
+            np.copyto(target, value)
+            value = target
+        weights[name] = value
     return weights
 
 

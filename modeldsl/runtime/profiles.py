@@ -7,7 +7,11 @@ A run picks the smallest bucket that holds its tokens, pads the tokens at the
 end (causal attention keeps the padding from reaching the real positions) and
 returns the rows of the real positions. Each bucket is compiled on its first
 use and never again; every profile shares one ``params`` arena, so the
-weights are held once.
+weights are held once. :func:`params_arena` lays that arena out before any
+profile is compiled (the parameters come first in every program, in the
+model's order), so a loader can read the checkpoint straight into it and the
+model's weights are its views from the start; the first profile then binds
+nothing.
 
 Decoding runs profiles compiled with a KV cache of a bucketed capacity
 (``mdsl-lower-to-sched{kv_cache=C}``): the prompt's profile writes the cache
@@ -18,7 +22,9 @@ the real tokens is overwritten before any query can see it.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,7 +33,7 @@ from xdsl.dialects.builtin import ModuleOp
 
 from modeldsl.dialects.graph import ModelOp
 from modeldsl.dialects.sched import ProgramOp
-from modeldsl.passes.lower_to_sched import lower_function
+from modeldsl.passes.lower_to_sched import lower_function, parameter_buffers
 from modeldsl.passes.registry import PASSES
 from modeldsl.passes.fuse import FusePass
 from modeldsl.passes.specialize import SpecializePass
@@ -36,6 +42,7 @@ from modeldsl.runtime.fits import check_fits_on
 from modeldsl.runtime.sched_executor import ScheduleExecutor, tagged_layout
 
 DEFAULT_BUCKETS = (1, 16, 64, 256, 1024, 4096)
+HUGE_PAGE = 2 * 1024 * 1024
 
 
 def plan(program: ProgramOp) -> ProgramOp:
@@ -58,20 +65,55 @@ def compile_profile(model: ModelOp, batch: int, tokens: int, storage: str | None
     return plan(lower_function(specialized, "forward", storage, kv_cache, split_gemms))
 
 
+def zeroed_pages(nbytes: int) -> np.ndarray:
+    """``nbytes`` zero bytes in fresh pages, on Linux anonymous memory asking for transparent huge
+    pages: filling gigabytes of weights then faults in 2 MiB at a time, not 4 KiB (5x faster)."""
+    if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return np.zeros(nbytes, dtype=np.uint8)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    pages.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(pages, dtype=np.uint8)
+
+
+@dataclass
+class ParamsArena:
+    """The ``params`` arena of a model's programs: the bytes, each parameter's view of them,
+    and the layout (:func:`tagged_layout`) every program must agree on."""
+
+    arena: np.ndarray
+    views: dict[str, np.ndarray]
+    layout: dict[str, tuple[int, tuple[int, ...], str]]
+
+
+def params_arena(model: ModelOp, storage: str | None) -> ParamsArena:
+    """The ``params`` arena of every forward profile of a specialized ``model`` (allocated, its
+    pages untouched until written), planned from the parameter buffers alone: every program
+    declares them first, in the model's order."""
+    program = ProgramOp("params", {})
+    program.body.block.add_ops(parameter_buffers(model, storage == "fp32"))
+    plan(program)
+    arena = zeroed_pages(program.arenas["params"])
+    views = ScheduleExecutor(program, arenas={"params": arena}).params
+    return ParamsArena(arena, views, tagged_layout(program, "param"))
+
+
 class ProfiledForward:
     """Runs the forward function through the planned schedule of the smallest bucket that fits."""
 
     def __init__(self, model: ModelOp, weights: dict[str, np.ndarray], buckets: Sequence[int] = DEFAULT_BUCKETS,
-                 storage: str | None = None, max_tokens: int | None = None, device: Any = None):
+                 storage: str | None = None, max_tokens: int | None = None, device: Any = None,
+                 params: ParamsArena | None = None):
         """``device``: a :class:`modeldsl.runtime.cuda_device.Device` to run the programs on (with
-        CUDA executors); None: the CPU :class:`ScheduleExecutor`."""
+        CUDA executors); None: the CPU :class:`ScheduleExecutor`. ``params``: the arena of
+        :func:`params_arena` (on the CPU) the ``weights`` already are views of; the profiles run
+        on it and nothing is copied."""
         limit = max_tokens or max(buckets)
         self.buckets = sorted({b for b in buckets if b <= limit} | {limit})
         self.model, self.weights, self.storage = model, weights, storage
         self.profiles: dict[tuple[int, int, int], ScheduleExecutor] = {}
         self.device = device
-        self.params: Any = None  # the shared params arena (a numpy array, or a device arena)
-        self.param_layout: dict | None = None
+        self.params: Any = params.arena if params else None  # the shared arena (numpy, or a device arena)
+        self.param_layout: dict | None = params.layout if params else None
         self.caches: dict[tuple[int, int], dict[str, np.ndarray]] = {}
 
     def bucket(self, tokens: int) -> int:
