@@ -15,14 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from modeldsl.kernels.cpu import activation, attention, norm, optim
+from modeldsl.kernels.cpu import activation, attention, loss, norm, optim, rope, tensor
 
 CpuKernel = Callable[..., Callable[[], None] | None]
 
 CPU_KERNELS: dict[str, CpuKernel] = {
     **activation.KERNELS,
     **attention.KERNELS,
+    **loss.KERNELS,
     **norm.KERNELS,
+    **rope.KERNELS,
+    **tensor.KERNELS,
     **optim.KERNELS,
 }
 

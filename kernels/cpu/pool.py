@@ -35,7 +35,7 @@ from functools import cache
 import numpy as np
 
 TILE = 1 << 16  # elements of one tile: numpy calls cost ~1 us, so tiles are large; four of them fit L2
-BUFSIZE = 1024  # numpy's ufunc buffer (elements) while kernels run: strided operands allocate no 64 KB
+BUFSIZE = 256  # numpy's ufunc buffer (elements) while kernels run: strided operands allocate no 64 KB
 PARALLEL_ELEMENTS = 1 << 15  # from this much work (elements, or multiply-adds / 64), kernels use the pool
 
 Task = Callable[[int, int, int], None]  # (start, stop, thread index)

@@ -211,8 +211,8 @@ class ScheduleExecutor:
 
         accumulate = op.accumulate is not None
         fast = cpu_kernel(op.kernel.data)
-        if fast is not None and not accumulate:
-            step = fast(self.threads, outputs, arguments, params)
+        if fast is not None and (not accumulate or entry(op.kernel.data).accumulates):
+            step = fast(self.threads, outputs, arguments, {**params, **({"accumulate": True} if accumulate else {})})
             if step is not None:
                 return step
 

@@ -1,0 +1,48 @@
+"""The RoPE CPU kernels give bitwise the reference's rotations, in both layouts, in place too."""
+
+import numpy as np
+import pytest
+
+from modeldsl.kernels.cpu import cpu_kernel
+from modeldsl.kernels.cpu.pool import Pool
+from modeldsl.kernels.reference import REFERENCES
+from tests.unit.kernels.cpu.harness import FEW_KB, allocation_peak, fast_and_reference, random
+
+
+def operands(layout, dtype, batch=2, tokens=37, heads=(4, 2), dim=8):
+    shape = (lambda h: (batch, h, tokens, dim)) if layout == "bhtd" else (lambda h: (batch, tokens, h, dim))
+    freqs = random((tokens, dim // 2, 2), dtype, 7)
+    return [random(shape(heads[0]), dtype, 1), random(shape(heads[1]), dtype, 2), freqs]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("layout", ["bhtd", "bthd"])
+@pytest.mark.parametrize("name", ["rope", "rope_backward"])
+def test_bitwise_the_reference(name, layout, interleaved, dtype, threads):
+    params = {"layout": layout, "interleaved": interleaved}
+    outputs, expected, _ = fast_and_reference(name, operands(layout, dtype), params, threads)
+    for got, want in zip(outputs, expected):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_many_tiles_of_positions():
+    params = {"layout": "bthd"}
+    inputs = operands("bthd", np.float32, batch=3, tokens=1000, heads=(8, 4), dim=32)
+    outputs, expected, step = fast_and_reference("rope", inputs, params, threads=2)
+    for got, want in zip(outputs, expected):
+        np.testing.assert_array_equal(got, want)
+    assert allocation_peak(step) < FEW_KB
+
+
+@pytest.mark.parametrize("layout", ["bhtd", "bthd"])
+def test_in_place(layout):
+    q, k, freqs = operands(layout, np.float32)
+    expected = REFERENCES["rope"](q, k, freqs, layout=layout)
+    pool = Pool(2)
+    step = cpu_kernel("rope")(pool, [q, k], [q, k, freqs], {"layout": layout})
+    pool.workspace.prepare()
+    step()
+    np.testing.assert_array_equal(q, expected[0])
+    np.testing.assert_array_equal(k, expected[1])
