@@ -1,10 +1,10 @@
 """CPU kernels of the optimizer step: ``global_norm``, ``clip_factor`` and a multi-tensor ``adamw``.
 
-``global_norm`` sums the squares of all the gradients in tiles of at most
-:data:`~modeldsl.kernels.cpu.pool.TILE` elements (``np.dot`` of a contiguous
-tile with itself: BLAS, no temporary), the threads taking contiguous ranges of
-the tiles; each tile's partial sum lands in its own slot and the slots are
-added in tile order, so the norm does not depend on the thread count.
+``global_norm`` squares and sums the gradients in pieces of at most
+:data:`~modeldsl.kernels.cpu.pool.TILE` elements cut where numpy's pairwise
+summation halves a run, the threads taking contiguous ranges of the pieces;
+each piece's sum lands in its own slot and the slots are added in numpy's
+order, so the norm is bitwise the reference's whatever the thread count.
 
 ``adamw`` runs torch.optim.AdamW's single-tensor update exactly as the
 reference does, operation for operation in the same dtype (so the results are
@@ -51,8 +51,39 @@ def tiles_of(size: int, tile: int = TILE) -> list[tuple[int, int]]:
 
 
 # ---------------------------------------------------------------------------- global_norm, clip_factor
+def pairwise(size: int, leaf: int = TILE) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+    """numpy's pairwise summation of ``size`` elements cut into pieces of at most ``leaf``: the
+    pieces ``(lo, hi)`` (slot i: piece i's sum) and the additions ``(slot, left, right)`` in an
+    order that computes each sum before it is used; the last slot is the total. numpy halves a
+    run of more than 128 elements at ``n // 2`` rounded down to a multiple of 8, so summing the
+    pieces with ``np.sum`` and adding them up so gives bitwise ``np.sum`` of the whole."""
+    pieces: list[tuple[int, int]] = []
+    splits: list[tuple[int, int]] = []  # (start, count) of each run that is halved, post-order
+
+    def walk(lo: int, count: int) -> None:
+        if count <= leaf:
+            pieces.append((lo, lo + count))
+            return
+        half = count // 2
+        half -= half % 8
+        walk(lo, half)
+        walk(lo + half, count - half)
+        splits.append((lo, count))
+
+    walk(0, size)
+    slots = {(lo, hi - lo): index for index, (lo, hi) in enumerate(pieces)}
+    additions = []
+    for lo, count in splits:
+        half = count // 2 - (count // 2) % 8
+        slots[(lo, count)] = len(pieces) + len(additions)
+        additions.append((slots[(lo, count)], slots[(lo, half)], slots[(lo + half, count - half)]))
+    return pieces, additions
+
+
 def global_norm(pool: Pool, outputs, inputs, params) -> Step | None:
-    """``sqrt(sum of g^2)`` over all the gradients: per-tile dots, added in tile order."""
+    """``sqrt(sum of g^2)`` over all the gradients, bitwise the reference: each gradient's sum of
+    squares in numpy's pairwise order (pieces on the pool, their sums added as numpy would), the
+    gradients' sums added one after the other in the dtype."""
     (out,) = outputs
     grads = [flat(g) for g in inputs]
     dtypes = {g.dtype for g in inputs}
@@ -60,20 +91,35 @@ def global_norm(pool: Pool, outputs, inputs, params) -> Step | None:
             or out.dtype not in FLOATS:
         return None
     dtype = out.dtype.type
-    work = [(g, lo, hi) for g in grads for lo, hi in tiles_of(g.size)]
-    partials = np.zeros(len(work), np.float64)
-    target = out.reshape(())
-    elements = sum(g.size for g in grads)
+    work: list[tuple[np.ndarray, int, int, int]] = []  # (gradient, lo, hi, slot)
+    additions: list[tuple[int, int, int]] = []
+    totals: list[int] = []  # each gradient's slot of its sum
+    for g in grads:
+        pieces, adds = pairwise(g.size)
+        base = len(work) + len(additions)
+        for index, (lo, hi) in enumerate(pieces):
+            work.append((g, lo, hi, base + index))
+        additions += [(base + a, base + b, base + c) for a, b, c in adds]
+        totals.append(base + len(pieces) + len(adds) - 1)
+    slots = np.zeros(len(work) + len(additions), out.dtype)
+    target, elements = out.reshape(()), sum(g.size for g in grads)
+    pool.workspace.reserve(scratch_bytes(TILE, out.dtype, 1))
 
     def block(start: int, stop: int, thread: int) -> None:
+        (scratch,) = pool.workspace.arrays(thread, TILE, out.dtype, 1)
         for index in range(start, stop):
-            g, lo, hi = work[index]
-            tile = g[lo:hi]
-            partials[index] = np.dot(tile, tile)
+            g, lo, hi, slot = work[index]
+            square = np.square(g[lo:hi], out=scratch[:hi - lo])
+            slots[slot] = np.sum(square)
 
     def step() -> None:
         pool.blocks(block, len(work), elements)
-        target[()] = np.sqrt(dtype(partials.sum()))
+        for slot, left, right in additions:
+            slots[slot] = slots[left] + slots[right]
+        total = dtype(0)
+        for slot in totals:
+            total = total + slots[slot]
+        target[()] = np.sqrt(total)
 
     return step
 
