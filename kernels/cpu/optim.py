@@ -233,19 +233,19 @@ class AdamwLaunch:
 class AdamwGroup:
     """Consecutive ``adamw`` launches run as one step: all their tiles, one dispatch over the pool."""
 
-    def __init__(self, pool: Pool, launches: list[AdamwLaunch]):
-        self.pool, self.launches = pool, launches
+    def __init__(self, pool: Pool, launches: list[AdamwLaunch], tile: int = TILE):
+        self.pool, self.launches, self.tile = pool, launches, tile
         rows: dict[tuple, int] = {}  # launches with the same scalars share one row
         self.row_of = [rows.setdefault(scalar_key(launch), len(rows)) for launch in launches]
         self.leaders = [launches[self.row_of.index(r)] for r in range(len(rows))]
         self.rows = [np.zeros(8, launch.dtype) for launch in self.leaders]
-        self.work = [(index, lo, hi) for index, launch in enumerate(launches) for lo, hi in tiles_of(launch.param.size)]
+        self.work = [(index, lo, hi) for index, launch in enumerate(launches) for lo, hi in tiles_of(launch.param.size, tile)]
         self.elements = sum(launch.param.size for launch in launches)
         self.dtypes = sorted({launch.dtype for launch in launches}, key=lambda d: d.itemsize)
-        pool.workspace.reserve(scratch_bytes(TILE, self.dtypes[-1], 2))
+        pool.workspace.reserve(scratch_bytes(tile, self.dtypes[-1], 2))
 
     def block(self, start: int, stop: int, thread: int) -> None:
-        scratch = {dtype: self.pool.workspace.arrays(thread, TILE, dtype, 2) for dtype in self.dtypes}
+        scratch = {dtype: self.pool.workspace.arrays(thread, self.tile, dtype, 2) for dtype in self.dtypes}
         launches, rows, row_of = self.launches, self.rows, self.row_of
         for index in range(start, stop):
             which, lo, hi = self.work[index]
