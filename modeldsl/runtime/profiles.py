@@ -22,7 +22,6 @@ the real tokens is overwritten before any query can see it.
 
 from __future__ import annotations
 
-import mmap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +41,6 @@ from modeldsl.runtime.fits import check_fits_on
 from modeldsl.runtime.sched_executor import ScheduleExecutor, tagged_layout
 
 DEFAULT_BUCKETS = (1, 16, 64, 256, 1024, 4096)
-HUGE_PAGE = 2 * 1024 * 1024
 
 
 def plan(program: ProgramOp) -> ProgramOp:
@@ -65,16 +63,6 @@ def compile_profile(model: ModelOp, batch: int, tokens: int, storage: str | None
     return plan(lower_function(specialized, "forward", storage, kv_cache, split_gemms))
 
 
-def zeroed_pages(nbytes: int) -> np.ndarray:
-    """``nbytes`` zero bytes in fresh pages, on Linux anonymous memory asking for transparent huge
-    pages: filling gigabytes of weights then faults in 2 MiB at a time, not 4 KiB (5x faster)."""
-    if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return np.zeros(nbytes, dtype=np.uint8)
-    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    pages.madvise(mmap.MADV_HUGEPAGE)
-    return np.frombuffer(pages, dtype=np.uint8)
-
-
 @dataclass
 class ParamsArena:
     """The ``params`` arena of a model's programs: the bytes, each parameter's view of them,
@@ -92,7 +80,7 @@ def params_arena(model: ModelOp, storage: str | None) -> ParamsArena:
     program = ProgramOp("params", {})
     program.body.block.add_ops(parameter_buffers(model, storage == "fp32"))
     plan(program)
-    arena = zeroed_pages(program.arenas["params"])
+    arena = np.zeros(program.arenas["params"], dtype=np.uint8)
     views = ScheduleExecutor(program, arenas={"params": arena}).params
     return ParamsArena(arena, views, tagged_layout(program, "param"))
 

@@ -1,0 +1,92 @@
+"""Loading holds the weights once: the checkpoint is read straight into the schedule's params arena,
+the model's weights are views of it from the start, and the first forward copies nothing."""
+
+import tracemalloc
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import modeldsl
+from hf_checkpoints import cached_checkpoint, transformers_model
+from modeldsl.hf.safetensors_io import SafetensorsFile, write_safetensors
+from modeldsl.resolve.imports import STD_ROOT
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+LLAMA = STD_ROOT / "models" / "llama.module"
+TOKENS = [3, 17, 42, 5, 9, 33, 2, 61]
+# about 13 MB of fp32 weights: large against the IR and the activations of a short forward
+RANDOM = dict(vocab_size=64, d_model=32, n_layers=2, num_heads=4, num_kv_heads=2, d_ff=48, max_seq=128)
+SIZED = dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2)
+
+
+def weight_bytes(model) -> int:
+    return sum(w.nbytes for w in model.weights.values())
+
+
+def assert_views_of_the_arena(model):
+    arena = model.schedule.params
+    assert arena is not None
+    for name, weight in model.weights.items():
+        assert np.shares_memory(weight, arena), name
+
+
+@pytest.mark.parametrize("hf", [True, False], ids=["checkpoint", "random"])
+def test_the_weights_are_views_of_the_params_arena_before_and_after_the_first_forward(hf):
+    model = modeldsl.load(LLAMA, hf=cached_checkpoint("llama")) if hf else modeldsl.load(LLAMA, config=RANDOM)
+    assert_views_of_the_arena(model)
+    arena = model.schedule.params
+    model.forward(TOKENS)
+    (executor,) = model.schedule.profiles.values()
+    assert executor.arenas["params"] is arena
+    for name, view in executor.params.items():
+        assert view.ctypes.data == model.weights[name].ctypes.data, name
+
+
+def test_load_and_first_forward_allocate_about_one_copy_of_the_weights():
+    path = cached_checkpoint("llama", **SIZED)
+    modeldsl.load(LLAMA, hf=path).forward(TOKENS)  # imports and parser tables, outside the measurement
+    tracemalloc.start()
+    try:
+        model = modeldsl.load(LLAMA, hf=path)
+        model.forward(TOKENS)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= 1.3 * weight_bytes(model), f"peak {peak} for {weight_bytes(model)} bytes of weights"
+
+
+def test_fp32_logits_are_unchanged_by_reading_into_the_arena():
+    path = cached_checkpoint("llama")
+    with torch.no_grad():
+        expected = transformers_model(path)(torch.tensor([TOKENS])).logits[0].numpy()
+    assert np.abs(modeldsl.load(LLAMA, hf=path).forward(TOKENS) - expected).max() <= 1e-4
+
+
+def test_a_bf16_checkpoint_runs_in_bf16_held_once_and_matches_transformers(tmp_path):
+    reference = transformers_model(cached_checkpoint("llama")).to(torch.bfloat16)
+    reference.save_pretrained(tmp_path)
+    assert SafetensorsFile(tmp_path / "model.safetensors").dtype("lm_head.weight") == ml_dtypes.bfloat16
+    model = modeldsl.load(LLAMA, hf=tmp_path, dtype="bf16")
+    assert {w.dtype for w in model.weights.values()} == {np.dtype(ml_dtypes.bfloat16)}
+    assert_views_of_the_arena(model)
+    assert model.schedule.params.nbytes < 0.55 * modeldsl.load(LLAMA, hf=tmp_path).schedule.params.nbytes
+    logits = model.forward(TOKENS)
+    with torch.no_grad():
+        expected = reference(torch.tensor([TOKENS])).logits[0].float().numpy()
+    assert np.abs(logits - expected).max() <= 0.05 * np.abs(expected).max()
+
+
+def test_read_into_converts_in_chunks_and_shows_the_file_values(tmp_path):
+    values = np.linspace(-3, 3, 35, dtype=np.float32).reshape(5, 7).astype(ml_dtypes.bfloat16)
+    write_safetensors(tmp_path / "t.safetensors", {"x": values})
+    source = SafetensorsFile(tmp_path / "t.safetensors")
+    out, seen = np.zeros((5, 7), np.float32), []
+    source.read_into("x", out, seen.append, chunk_bytes=8)
+    np.testing.assert_array_equal(out, values.astype(np.float32))
+    assert [c.size for c in seen] == [4] * 8 + [3] and {c.dtype for c in seen} == {values.dtype}
+    same = np.zeros((5, 7), ml_dtypes.bfloat16)
+    source.read_into("x", same)
+    np.testing.assert_array_equal(same.view(np.uint16), values.view(np.uint16))
