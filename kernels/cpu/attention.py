@@ -1,0 +1,361 @@
+"""CPU attention: blocked causal/windowed/GQA attention, its backward, and attention over a KV cache.
+
+The queries go in blocks of ``rows`` rows (16 to 128, fewer the longer the
+keys, so a block's score strip ``[rows, keys]`` stays in cache); a block
+multiplies only the contiguous range of keys it can see (causal: up to its
+last query; a sliding window: from its first query's window on), so fully
+masked key blocks are never computed and the ``T x T`` score matrix never
+exists. The masked corner of a strip is set to ``-inf`` through a strided
+view of one 1-d mask over the query-key distance ``d = i - j`` (the element
+``[r, c]`` of a strip is ``mask[shift + r - c]``): no per-block mask arrays.
+ALiBi subtracts ``slope_h |d|`` the same way. Query head ``h`` reads kv head
+``h // (Hq / Hkv)`` directly, without repeating K and V.
+
+The forward computes a strip's scores, its row max ``m`` and
+``l = sum exp(s - m)`` exactly (the whole strip at once, no online rescale),
+writes ``out = exp(s - m) V / l`` and ``lse = m + log l`` straight into their
+views (``bthd`` operands are strided views of ``[B, T, H, D]``; no copies).
+Work items are the (batch, head, query block) triples, split over the pool.
+The backward recomputes ``P = exp(s - lse)`` per strip and runs over
+(batch, kv head) pairs: each thread sums ``dK`` and ``dV`` of its kv head over
+the group's query heads and query blocks, in a fixed order, in scratch
+accumulators, so no two threads write the same rows and the result is the
+same run to run. Every product is one ``np.matmul(out=)`` on a one-thread BLAS.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from modeldsl.kernels.cpu.pool import Pool, scratch_bytes
+from modeldsl.kernels.cpu.tiles import Step, float_dtype
+
+STRIP = 1 << 16  # elements of one block's score strip
+MIN_ROWS, MAX_ROWS = 16, 128
+LAYOUTS = ("bhtd", "bthd")
+
+
+def _heads_first(layout: str, *arrays: np.ndarray | None) -> tuple:
+    """``[B, H, T, D]`` views of ``layout``'s operands (``bthd``: swapped axes, no copy)."""
+    return tuple(a.swapaxes(1, 2) if a is not None and layout == "bthd" else a for a in arrays)
+
+
+def _block_rows(tk: int, window: int | None, causal: bool) -> int:
+    reach = tk if window is None else min(tk, MAX_ROWS + 2 * window)
+    return max(MIN_ROWS, min(MAX_ROWS, STRIP // max(reach, 1)))
+
+
+def _diagonal(line: np.ndarray, center: int, rows: int, cols: int) -> np.ndarray:
+    """The ``[rows, cols]`` view whose ``[r, c]`` is ``line[center + r - c]``."""
+    lo = center - (cols - 1)
+    step = line.strides[0]
+    return as_strided(line[lo:], shape=(rows, cols), strides=(step, step), writeable=False)[:, ::-1]
+
+
+class Attention:
+    """The shapes, masks and scratch of one attention launch; ``tk`` may change per run (a KV cache)."""
+
+    def __init__(self, pool: Pool, q, k, v, dtype: np.dtype, causal: bool, softmax_scale, window: int | None,
+                 alibi: bool):
+        self.pool, self.dtype = pool, dtype
+        self.batch, self.heads, self.tq, self.depth = q.shape
+        self.kv_heads, self.capacity = k.shape[1], k.shape[2]
+        self.group = self.heads // self.kv_heads
+        self.value_depth = v.shape[-1]
+        self.tk = self.capacity
+        self.causal, self.window = causal, window
+        self.scale = dtype.type(1.0 / math.sqrt(self.depth) if softmax_scale is None else softmax_scale)
+        self.rows = min(_block_rows(self.capacity, window, causal), max(self.tq, 1))
+        self.blocks = -(-self.tq // self.rows)
+        self.span = self.capacity if window is None else min(self.capacity, self.rows + 2 * window)
+        distance = np.arange(-(self.capacity - 1), self.capacity)  # d = i - j at index d + capacity - 1
+        self.masked = ~self._allowed(distance)
+        self.distance = np.abs(distance).astype(dtype) if alibi else None
+        self.minus_inf = np.array(-np.inf, dtype)
+
+    def _allowed(self, d: np.ndarray) -> np.ndarray:
+        allowed = d >= 0 if self.causal else np.ones(d.shape, bool)
+        if self.window is not None:
+            allowed &= (d < self.window) if self.causal else (np.abs(d) < self.window)
+        return allowed
+
+    def keys(self, i0: int, i1: int) -> tuple[int, int]:
+        """The keys ``[j_lo, j_hi)`` queries ``i0 .. i1 - 1`` see (positions ``i + tk - tq``)."""
+        first, last = i0 + self.tk - self.tq, i1 - 1 + self.tk - self.tq
+        hi = last + 1 if self.causal else self.tk
+        lo = 0
+        if self.window is not None:
+            lo = max(0, first - self.window + 1)
+            if not self.causal:
+                hi = min(self.tk, last + self.window)
+        return lo, hi
+
+    def scores(self, s: np.ndarray, wide: np.ndarray, q_block, k_span, i0: int, j_lo: int, alibi_line) -> None:
+        """``s = scale q k^T - slope |d|``, masked keys at ``-inf`` (``wide``: scratch of ``s``'s size)."""
+        np.matmul(q_block, k_span.T, out=s)
+        if self.scale != 1:
+            s *= self.scale
+        rows, span = s.shape
+        shift = i0 + self.tk - self.tq - j_lo  # d at [0, 0]
+        center = shift + self.capacity - 1
+        if alibi_line is not None:
+            bias = wide[:s.size].reshape(s.shape)
+            np.copyto(bias, _diagonal(alibi_line, center, rows, span))
+            s -= bias
+        right = shift + 1 if self.causal else (shift + self.window if self.window is not None else span)
+        left = shift + rows - self.window if self.window is not None else 0
+        if left > 0 and left >= right:
+            left, right = span, span  # the two masked corners meet: mask the whole strip once
+        for a, b in ((0, min(left, span)), (max(right, 0), span)):
+            if b > a:
+                np.copyto(s[:, a:b], self.minus_inf, where=_diagonal(self.masked, center, rows, span)[:, a:b])
+
+    def alibi_line(self, slopes, head: int, line: np.ndarray | None):
+        if slopes is None:
+            return None
+        np.multiply(self.distance, slopes[head], out=line)
+        return line
+
+    def work(self) -> int:
+        return self.batch * self.heads * self.tq * self.tk * self.depth // 64
+
+
+def _line(g: Attention, slopes) -> int:
+    """Elements of the ALiBi line ``slope |d|`` (none without slopes)."""
+    return 2 * g.capacity - 1 if slopes is not None else 0
+
+
+def _by_rows(ufunc: np.ufunc, a: np.ndarray, column: np.ndarray, wide: np.ndarray, into_wide: bool = False) -> None:
+    """``a = ufunc(a, column[:, None])`` (into ``wide`` with ``into_wide``) for a contiguous ``a``: the
+    column is spread into ``wide`` first, since a broadcasting ufunc call allocates iteration buffers."""
+    spread = wide[:a.size].reshape(a.shape)
+    np.copyto(spread, column[:, None])
+    ufunc(a, spread, out=spread if into_wide else a)
+
+
+def _reserve(g: Attention, sizes: list[tuple[int, int]]) -> None:
+    g.pool.workspace.reserve(sum(scratch_bytes(count, g.dtype, number) for count, number in sizes))
+
+
+def _carve(g: Attention, thread: int, sizes: list[tuple[int, int]]) -> list[np.ndarray]:
+    """``thread``'s scratch as ``number`` 1-d arrays of ``count`` elements for each ``(count, number)``."""
+    buffer, offset, arrays = g.pool.workspace.buffers[thread], 0, []
+    for count, number in sizes:
+        size = scratch_bytes(count, g.dtype, 1)
+        for _ in range(number):
+            arrays.append(buffer[offset:offset + count * g.dtype.itemsize].view(g.dtype))
+            offset += size
+    return arrays
+
+
+class Forward:
+    """``out, lse`` of one attention, written into their views."""
+
+    def __init__(self, geometry: Attention, q, k, v, out, lse, slopes):
+        self.g, self.q, self.k, self.v, self.out, self.lse, self.slopes = geometry, q, k, v, out, lse, slopes
+        g = geometry
+        self.sizes = [(g.rows * g.span, 2), (g.rows, 2), (_line(g, slopes), 1)]
+        _reserve(g, self.sizes)
+
+    def items(self, start: int, stop: int, thread: int) -> None:
+        g = self.g
+        strip, wide, m_all, l_all, line = _carve(g, thread, self.sizes)
+        for item in range(start, stop):
+            bh, block = divmod(item, g.blocks)
+            b, h = divmod(bh, g.heads)
+            kv = h // g.group
+            i0, i1 = block * g.rows, min(block * g.rows + g.rows, g.tq)
+            j_lo, j_hi = g.keys(i0, i1)
+            rows, span = i1 - i0, j_hi - j_lo
+            s = strip[:rows * span].reshape(rows, span)
+            g.scores(s, wide, self.q[b, h, i0:i1], self.k[b, kv, j_lo:j_hi], i0, j_lo,
+                     g.alibi_line(self.slopes, h, line))
+            m, lse = m_all[:rows], l_all[:rows]
+            np.max(s, axis=1, out=m)
+            _by_rows(np.subtract, s, m, wide, into_wide=True)
+            e = wide[:s.size].reshape(s.shape)
+            np.exp(e, out=e)
+            np.sum(e, axis=1, out=lse)
+            np.log(lse, out=lse)
+            lse += m
+            _by_rows(np.subtract, s, lse, wide)
+            np.exp(s, out=s)
+            np.matmul(s, self.v[b, kv, j_lo:j_hi], out=self.out[b, h, i0:i1])
+            np.copyto(self.lse[b, h, i0:i1], lse, casting="unsafe")
+
+    def __call__(self) -> None:
+        g = self.g
+        g.pool.blocks(self.items, g.batch * g.heads * g.blocks, g.work())
+
+
+class Backward:
+    """``d_q, d_k, d_v`` of one attention from its saved ``out`` and ``lse``."""
+
+    def __init__(self, geometry: Attention, d_out, q, k, v, out, lse, slopes, d_q, d_k, d_v):
+        self.g = geometry
+        self.d_out, self.q, self.k, self.v, self.out, self.lse, self.slopes = d_out, q, k, v, out, lse, slopes
+        self.d_q, self.d_k, self.d_v = d_q, d_k, d_v
+        g = geometry
+        self.sizes = [(g.rows * g.span, 3), (g.span * max(g.depth, g.value_depth), 1),
+                      (g.rows * max(g.depth, g.value_depth), 2), (g.rows, 2), (g.capacity * g.depth, 1),
+                      (g.capacity * g.value_depth, 1), (_line(g, slopes), 1)]
+        _reserve(g, self.sizes)
+
+    def pairs(self, start: int, stop: int, thread: int) -> None:
+        g = self.g
+        scratch = _carve(g, thread, self.sizes)
+        dk_all, dv_all, line = scratch[-3:]
+        dk = dk_all[:g.tk * g.depth].reshape(g.tk, g.depth)
+        dv = dv_all[:g.tk * g.value_depth].reshape(g.tk, g.value_depth)
+        for pair in range(start, stop):
+            b, kv = divmod(pair, g.kv_heads)
+            dk.fill(0)
+            dv.fill(0)
+            for h in range(kv * g.group, (kv + 1) * g.group):
+                alibi = g.alibi_line(self.slopes, h, line)
+                for block in range(g.blocks):
+                    self.block(b, h, kv, block, alibi, scratch[:-3], dk, dv)
+            np.copyto(self.d_k[b, kv], dk)
+            np.copyto(self.d_v[b, kv], dv)
+
+    def block(self, b, h, kv, block, alibi, scratch, dk, dv) -> None:
+        """One query block of head ``h``: its ``d_q`` rows, and its share of ``dk``, ``dv`` added in."""
+        g = self.g
+        p_all, dp_all, wide, part_all, od_all, out_all, di_all, lse_all = scratch
+        i0, i1 = block * g.rows, min(block * g.rows + g.rows, g.tq)
+        j_lo, j_hi = g.keys(i0, i1)
+        rows, span = i1 - i0, j_hi - j_lo
+        q, k_span, v_span = self.q[b, h, i0:i1], self.k[b, kv, j_lo:j_hi], self.v[b, kv, j_lo:j_hi]
+        d_out = self.d_out[b, h, i0:i1]
+        p = p_all[:rows * span].reshape(rows, span)
+        g.scores(p, wide, q, k_span, i0, j_lo, alibi)
+        lse = lse_all[:rows]
+        np.copyto(lse, self.lse[b, h, i0:i1], casting="unsafe")
+        _by_rows(np.subtract, p, lse, wide)
+        np.exp(p, out=p)
+        part = part_all[:span * g.value_depth].reshape(span, g.value_depth)
+        np.matmul(p.T, d_out, out=part)
+        dv[j_lo:j_hi] += part
+        d_s = dp_all[:rows * span].reshape(rows, span)
+        np.matmul(d_out, v_span.T, out=d_s)
+        od = od_all[:rows * g.value_depth].reshape(rows, g.value_depth)
+        out = out_all[:rows * g.value_depth].reshape(rows, g.value_depth)
+        np.copyto(od, d_out)
+        np.copyto(out, self.out[b, h, i0:i1])
+        od *= out
+        di = di_all[:rows]
+        np.sum(od, axis=1, out=di)
+        _by_rows(np.subtract, d_s, di, wide)
+        d_s *= p
+        part = part_all[:span * g.depth].reshape(span, g.depth)
+        np.matmul(d_s.T, q, out=part)
+        part *= g.scale
+        dk[j_lo:j_hi] += part
+        d_q = od_all[:rows * g.depth].reshape(rows, g.depth)
+        np.matmul(d_s, k_span, out=d_q)
+        d_q *= g.scale
+        np.copyto(self.d_q[b, h, i0:i1], d_q)
+
+    def __call__(self) -> None:
+        g = self.g
+        g.pool.blocks(self.pairs, g.batch * g.kv_heads, 3 * g.work())
+
+
+def _geometry(pool: Pool, q, k, v, operands, params, alibi: bool) -> Attention | None:
+    """The launch's :class:`Attention`, or None when the reference must run it."""
+    dtype = float_dtype(*operands)
+    window = params.get("window_size")
+    if dtype is None or q.ndim != 4 or k.ndim != 4 or v.shape[:3] != k.shape[:3]:
+        return None
+    if (window is not None and window <= 0) or k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        return None
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or q.shape[2] > k.shape[2]:
+        return None
+    scale = params.get("softmax_scale")
+    return Attention(pool, q, k, v, dtype, bool(params.get("causal", True)),
+                     None if scale is None else float(scale), window, alibi)
+
+
+def _slopes(slopes, heads: int):
+    if slopes is None:
+        return None
+    flat = slopes.reshape(-1)
+    return flat if flat.shape[0] == heads else False
+
+
+def flash_attention(pool: Pool, outputs, inputs, params) -> Step | None:
+    """``out, lse = flash_attention(q, k, v, alibi_slopes)``."""
+    layout = params.get("layout", "bhtd")
+    if layout not in LAYOUTS:
+        return None
+    q, k, v, slopes = (*inputs, None)[:4]
+    out, lse = outputs
+    q, k, v, out = _heads_first(layout, q, k, v, out)
+    if lse.dtype not in (np.float32, np.float64) or lse.shape != q.shape[:3] or out.shape[:3] != q.shape[:3]:
+        return None
+    slopes = _slopes(slopes, q.shape[1])
+    if slopes is False:
+        return None
+    geometry = _geometry(pool, q, k, v, (q, k, v, out, slopes), params, slopes is not None)
+    return None if geometry is None else Forward(geometry, q, k, v, out, lse, slopes)
+
+
+def flash_attention_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+    """``d_q, d_k, d_v = flash_attention_backward(d_out, q, k, v, out, lse, alibi_slopes)``."""
+    layout = params.get("layout", "bhtd")
+    if layout not in LAYOUTS:
+        return None
+    d_out, q, k, v, out, lse, slopes = (*inputs, None)[:7]
+    d_q, d_k, d_v = outputs
+    d_out, q, k, v, out, d_q, d_k, d_v = _heads_first(layout, d_out, q, k, v, out, d_q, d_k, d_v)
+    if lse.dtype not in (np.float32, np.float64) or lse.shape != q.shape[:3]:
+        return None
+    if d_q.shape != q.shape or d_k.shape != k.shape or d_v.shape != v.shape or d_out.shape != out.shape:
+        return None
+    slopes = _slopes(slopes, q.shape[1])
+    if slopes is False:
+        return None
+    geometry = _geometry(pool, q, k, v, (d_out, q, k, v, out, d_q, d_k, d_v, slopes), params, slopes is not None)
+    if geometry is None or out.shape != (*q.shape[:3], v.shape[3]):
+        return None
+    return Backward(geometry, d_out, q, k, v, out, lse, slopes, d_q, d_k, d_v)
+
+
+def kv_cache_attention(pool: Pool, outputs, inputs, params) -> Step | None:
+    """``out, lse, k_cache, v_cache = kv_cache_attention(q, k, v, k_cache, v_cache, position)``: k and v
+    written into the caches at the runtime ``position``, then attention over the cache up to them."""
+    layout = params.get("layout", "bhtd")
+    if layout not in LAYOUTS or len(inputs) != 6:
+        return None
+    q, k, v, k_cache, v_cache, position = inputs
+    out, lse = outputs[:2]
+    q, k, v, out = _heads_first(layout, q, k, v, out)
+    if k_cache.ndim != 4 or k_cache.shape[:2] != k.shape[:2] or v_cache.shape[:2] != v.shape[:2] \
+            or k_cache.shape[2] != v_cache.shape[2] or k.shape[2] != q.shape[2]:
+        return None
+    if lse.dtype not in (np.float32, np.float64) or lse.shape != q.shape[:3]:
+        return None
+    geometry = _geometry(pool, q, k_cache, v_cache, (q, k, v, k_cache, v_cache, out), params, False)
+    if geometry is None:
+        return None
+    forward = Forward(geometry, q, k_cache, v_cache, out, lse, None)
+    where = position.reshape(-1)
+    length, capacity = k.shape[2], k_cache.shape[2]
+
+    def step() -> None:
+        start = int(where[0])
+        end = start + length
+        if end > capacity:
+            raise ValueError(f"positions {start}..{end - 1} exceed the cache capacity {capacity}")
+        np.copyto(k_cache[:, :, start:end], k)
+        np.copyto(v_cache[:, :, start:end], v)
+        geometry.tk = end
+        forward()
+
+    return step
+
+
+KERNELS = {fn.__name__: fn for fn in (flash_attention, flash_attention_backward, kv_cache_attention)}
