@@ -1,0 +1,119 @@
+"""The loss CPU kernels (cross-entropy, the chunked LM-head loss) give their numpy references' results
+(bitwise on one thread; two threads sum d_weight's row blocks in another order), allocating nothing."""
+
+import numpy as np
+import pytest
+
+from modeldsl.kernels.cpu import cpu_kernel
+from modeldsl.kernels.cpu.pool import Pool
+from modeldsl.kernels.reference import REFERENCES
+from tests.unit.kernels.cpu.harness import FEW_KB, allocation_peak, fast_and_reference, random
+
+ROWS, WIDTH, VOCAB = 301, 40, 1000  # rows * vocab * width / 64 splits over two threads
+NAMES = ["cross_entropy", "cross_entropy_backward", "fused_lm_head_loss", "fused_lm_head_loss_backward",
+         "fused_lm_head_loss_grad"]
+REDUCTIONS = ["mean", "sum", "none"]
+
+
+def labels_of(rows: int, vocab: int, ignored: bool) -> np.ndarray:
+    labels = np.random.default_rng(7).integers(0, vocab, rows).astype(np.int32)
+    if ignored:
+        labels[::3] = -100
+    return labels
+
+
+def operands(name, dtype, reduction="mean", rows=ROWS, vocab=VOCAB, chunk=0, ignored=True):
+    """The reference's inputs of ``name`` (the lse as the forward gives it, in fp32 as a schedule holds it)."""
+    labels = labels_of(rows, vocab, ignored)
+    d_loss = random((rows,), np.float32, 5) if reduction == "none" else np.asarray(0.7, np.float32)
+    if name.startswith("cross_entropy"):
+        logits = random((rows, vocab), dtype, 4, 3.0)
+        if name == "cross_entropy":
+            return [logits, labels]
+        lse = REFERENCES["cross_entropy"](logits, labels, reduction="none")[1].astype(np.float32)
+        return [d_loss, logits, labels, lse]
+    x, weight = random((rows, WIDTH), dtype, 2), random((vocab, WIDTH), dtype, 3, 0.3)
+    if name == "fused_lm_head_loss":
+        return [x, weight, labels]
+    if name == "fused_lm_head_loss_grad":
+        return [d_loss, x, weight, labels]
+    lse = REFERENCES["fused_lm_head_loss"](x, weight, labels, reduction="none", chunk=chunk)[1]
+    return [d_loss, x, weight, labels, lse.astype(np.float32)]
+
+
+def params_of(name, reduction, chunk):
+    params = {"reduction": reduction, "ignore_index": -100}
+    return {**params, "chunk": chunk} if name.startswith("fused") else params
+
+
+def assert_matches(outputs, expected, bitwise: bool, dtype):
+    for got, want in zip(outputs, expected):
+        if bitwise:
+            np.testing.assert_array_equal(got, want)
+        else:
+            rtol = 1e-5 if dtype == np.float32 else 1e-12
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.max(np.abs(want)))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("name", NAMES)
+def test_the_reference(name, reduction, dtype, threads):
+    chunk = 77  # does not divide the rows
+    outputs, expected, _ = fast_and_reference(name, operands(name, dtype, reduction, chunk=chunk),
+                                              params_of(name, reduction, chunk), threads=threads)
+    assert_matches(outputs, expected, threads == 1 or "backward" not in name and "grad" not in name, dtype)
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 64, 300, 1000])
+@pytest.mark.parametrize("name", ["fused_lm_head_loss", "fused_lm_head_loss_grad"])
+def test_every_chunking_on_one_thread_is_bitwise(name, chunk):
+    outputs, expected, _ = fast_and_reference(name, operands(name, np.float32, chunk=chunk),
+                                              params_of(name, "mean", chunk))
+    assert_matches(outputs, expected, True, np.float32)
+
+
+def test_no_counted_row_gives_a_nan_mean_as_the_reference():
+    inputs = operands("fused_lm_head_loss_grad", np.float32, rows=20, vocab=50)
+    inputs[3][:] = -100
+    with np.errstate(invalid="ignore"):
+        outputs, expected, _ = fast_and_reference("fused_lm_head_loss_grad", inputs, {})
+    assert np.isnan(outputs[0]) and np.isnan(expected[0])
+    np.testing.assert_array_equal(outputs[1], expected[1])
+
+
+def test_two_threads_are_bitwise_the_same_run_to_run():
+    inputs = operands("fused_lm_head_loss_grad", np.float32, chunk=64)
+    first, _, step = fast_and_reference("fused_lm_head_loss_grad", inputs, {"chunk": 64}, threads=2)
+    again = [a.copy() for a in first]
+    step()
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_backward_may_write_over_its_logits():
+    d_loss, logits, labels, lse = operands("cross_entropy_backward", np.float32)
+    expected = REFERENCES["cross_entropy_backward"](d_loss, logits, labels, lse)
+    pool = Pool(2)
+    step = cpu_kernel("cross_entropy_backward")(pool, [logits], [d_loss, logits, labels, lse], {})
+    pool.workspace.prepare()
+    step()
+    np.testing.assert_array_equal(logits, expected)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_warm_call_allocates_nothing(name):
+    _, _, step = fast_and_reference(name, operands(name, np.float32, chunk=64), params_of(name, "mean", 64),
+                                    threads=2)
+    assert allocation_peak(step) < FEW_KB
+
+
+def test_bf16_operands_and_unknown_reductions_get_no_fast_step():
+    import ml_dtypes
+    x, weight, labels = operands("fused_lm_head_loss", np.float32)
+    outputs = [np.zeros((), np.float32), np.zeros(ROWS, np.float32)]
+    kernel = cpu_kernel("fused_lm_head_loss")
+    bf16 = [x.astype(ml_dtypes.bfloat16), weight.astype(ml_dtypes.bfloat16), labels]
+    assert kernel(Pool(1), outputs, bf16, {}) is None
+    assert kernel(Pool(1), outputs, [x, weight, labels], {"reduction": "max"}) is None
