@@ -349,7 +349,7 @@ def disjoint(launches: list[AdamwLaunch]) -> bool:
     for (first, _), (second, _) in zip(spans, spans[1:]):
         if second[0] < first[1]:
             return False
-    runtime = [span(r) for launch in launches for r in launch.runtime]
+    runtime = {span(r) for launch in launches for r in launch.runtime}
     return not any(lo < hi_t and lo_t < hi for lo, hi in runtime for (lo_t, hi_t), _ in spans)
 
 
