@@ -117,3 +117,16 @@ def test_bf16_operands_and_unknown_reductions_get_no_fast_step():
     bf16 = [x.astype(ml_dtypes.bfloat16), weight.astype(ml_dtypes.bfloat16), labels]
     assert kernel(Pool(1), outputs, bf16, {}) is None
     assert kernel(Pool(1), outputs, [x, weight, labels], {"reduction": "max"}) is None
+
+
+def test_d_weight_in_small_tiles_is_bitwise_the_whole_slices(monkeypatch):
+    """Two threads, several chunks: tiling the vocabulary slices changes no sum's order."""
+    from modeldsl.kernels.cpu import loss
+
+    inputs = operands("fused_lm_head_loss_grad", np.float32, chunk=64)
+    whole, expected, _ = fast_and_reference("fused_lm_head_loss_grad", inputs, {"chunk": 64}, threads=2)
+    monkeypatch.setattr(loss, "WEIGHT_TILE", 7 * WIDTH)
+    tiled, _, _ = fast_and_reference("fused_lm_head_loss_grad", inputs, {"chunk": 64}, threads=2)
+    for a, b in zip(whole, tiled):
+        np.testing.assert_array_equal(a, b)
+    assert_matches(tiled, expected, False, np.float32)
