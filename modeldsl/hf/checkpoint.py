@@ -60,6 +60,7 @@ from modeldsl.dialects.graph_types import TensorType
 from modeldsl.hf.compat import python_value, warn_python
 from modeldsl.hf.config import export_config
 from modeldsl.hf.safetensors_io import CheckpointError, SafetensorsFile, write_safetensors
+from modeldsl.runtime.threads import usable_cores
 from modeldsl.symbolic import Expr, SymbolicError
 
 KEY = re.compile(r"^(?P<stack>[A-Za-z_]\w*)\[\{(?P<var>\w+)\}\]\.(?P<rest>.+)$")
@@ -331,11 +332,10 @@ def _read_rows(rule: Rule, names: list[str], checkpoint: Checkpoint, out: np.nda
     for name in names:
         source = checkpoint.where[name]
         rows = source.shape(name)[0] if out.ndim else 1
-        counts = [0, 0]
-        source.read_into(name, out[row:row + rows] if out.ndim else out,
-                         lambda chunk: _count_non_finite(chunk, counts))
+        seen = source.read_into(name, out[row:row + rows] if out.ndim else out, _chunk_non_finite,
+                                threads=usable_cores())
         row += rows
-        problem = _non_finite_text(*counts)
+        problem = _non_finite_text(sum(s[0] for s in seen), sum(s[1] for s in seen))
         if problem:
             _warn(warn, CheckpointError("W011", f"checkpoint tensor '{name}' holds {problem} (hf_mapping: "
                                         f"{rule.written})", "the logits will be NaN or infinite; the checkpoint is "
@@ -354,8 +354,20 @@ def non_finite(x: np.ndarray, chunk: int = 1 << 20) -> str:
     return _non_finite_text(*counts)
 
 
+def _chunk_non_finite(block: np.ndarray) -> list[int]:
+    """[NaN values, Inf values] of a 1-d float ``block``."""
+    counts = [0, 0]
+    _count_non_finite(block, counts)
+    return counts
+
+
 def _count_non_finite(block: np.ndarray, counts: list[int]) -> None:
-    """Add the NaN and Inf values of a 1-d float ``block`` to ``counts`` ([NaN, Inf])."""
+    """Add the NaN and Inf values of a 1-d float ``block`` to ``counts`` ([NaN, Inf]); a block of
+    fp32 or fp64 whose sum is finite has none (one pass, no temporary)."""
+    if block.dtype in (np.float32, np.float64):
+        with np.errstate(invalid="ignore", over="ignore"):
+            if np.isfinite(np.add.reduce(block)):
+                return
     masks = EXPONENT_MASKS.get(block.dtype.name)
     if masks is not None:
         exponent, mantissa = masks

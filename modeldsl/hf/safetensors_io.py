@@ -20,7 +20,9 @@ import os
 import stat
 import struct
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -153,29 +155,35 @@ class SafetensorsFile:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.data_start)
         return self._map[start:end].view(dtype).reshape(shape)
 
-    def read_into(self, name: str, out: np.ndarray, inspect: Callable[[np.ndarray], None] | None = None,
-                  chunk_bytes: int = READ_CHUNK) -> None:
+    def read_into(self, name: str, out: np.ndarray, inspect: Callable[[np.ndarray], Any] | None = None,
+                  chunk_bytes: int = READ_CHUNK, threads: int = 1) -> list[Any]:
         """Read the tensor's bytes from the file straight into ``out`` (C-contiguous, as many
         elements, any float dtype), converting to ``out``'s dtype in chunks of at most
         ``chunk_bytes`` of the file, so no full-size temporary is made and the file is never
-        mapped (its pages stay in the page cache, outside the process's memory). ``inspect``
-        sees each chunk as the file stores it."""
+        mapped (its pages stay in the page cache, outside the process's memory). The chunks
+        are read on up to ``threads`` threads (the kernel copies and numpy converts without
+        the GIL). Returns what ``inspect`` gives for each chunk as the file stores it, in order."""
         dtype, shape, start, end = self.entries[name]
         if not out.flags.c_contiguous or out.size != math.prod(shape):
             raise ValueError(f"read_into '{name}': a C-contiguous array of {math.prod(shape)} elements is needed")
         flat = out.reshape(-1)
         step = max(chunk_bytes // dtype.itemsize, 1)
-        same = out.dtype == dtype
-        scratch = None if same else np.empty(min(step, flat.size), dtype)
+        convert = out.dtype != dtype
         with open(self.path, "rb", buffering=0) as f:
-            for begin in range(0, flat.size, step):
+            def chunk(begin: int) -> Any:
                 count = min(step, flat.size - begin)
-                target = flat[begin:begin + count] if same else scratch[:count]
+                target = np.empty(count, dtype) if convert else flat[begin:begin + count]
                 self.read_bytes(f, self.data_start + start + begin * dtype.itemsize, target, name)
-                if inspect is not None:
-                    inspect(target)
-                if not same:
+                seen = inspect(target) if inspect is not None else None
+                if convert:
                     np.copyto(flat[begin:begin + count], target, casting="unsafe")
+                return seen
+
+            begins = range(0, flat.size, step)
+            if threads <= 1 or len(begins) <= 1:
+                return [chunk(b) for b in begins]
+            with ThreadPoolExecutor(min(threads, len(begins))) as pool:
+                return list(pool.map(chunk, begins))
 
     def read_bytes(self, f: io.RawIOBase, offset: int, target: np.ndarray, name: str) -> None:
         """Fill ``target`` with the file's bytes from ``offset`` (E034 if the file ends first)."""
