@@ -2,12 +2,13 @@
 
 Cross-entropy runs over row tiles: per tile the row max ``m`` (0 where it is
 not finite), ``exp(l - m)`` in a scratch tile, its row sums, ``lse = log(sum)
-+ m`` and the loss of the label ``lse - l[label]``; its gradient is
-``(exp(l - lse) - onehot) * scale`` written over the tile in place, ``scale``
-being d loss / d row loss (0 on ignored rows). That is the reference's
-arithmetic operation for operation, so fp32 and fp64 results are the
-reference's bit for bit; the loss is reduced at the end in the reference's
-order (numpy's sum of the per-row losses, the mean's division in float64).
++ m`` and the loss of the label ``lse - l[label]``; its gradient is ``(exp(l -
+lse) - onehot) * scale`` written over the tile in place, ``scale`` being d
+loss / d row loss (0 on ignored rows). That is the reference's arithmetic
+operation for operation, so fp32 and fp64 results are the reference's bit for
+bit (also on several threads); the loss is reduced at the end in the
+reference's order (numpy's sum of the per-row losses, the mean's division in
+float64).
 
 The LM-head kernels go ``chunk`` rows of ``x`` at a time. Per chunk the
 threads split its rows: each computes its rows' logits ``x[rows] @ weight^T``
@@ -15,11 +16,13 @@ into its own workspace, the cross-entropy of each row tile in place, and
 ``d_x[rows] = d_logits @ weight``. Then the threads split the vocabulary: each
 owns a slice of ``d_weight``'s rows and adds into it ``d_logits^T @ x`` of
 every thread's row block, in the threads' order, in tiles that stay in cache
-(the first product of the first chunk is written straight over
-``d_weight``). Every product is one-thread BLAS ``matmul(out=)``; the split
-depends on the shapes and the thread count alone, so a result is bitwise the
-same run to run. Operands of another dtype than fp32/fp64, or not contiguous
-rows, get no step: the executor runs the reference.
+(the first product of the first chunk is written straight over ``d_weight``).
+Every product is one-thread BLAS ``matmul(out=)``. On one thread every result
+is the reference's bit for bit; on more, ``d_weight`` sums a chunk's rows as
+the threads' blocks (within fp32 rounding of the reference). The split depends
+on the shapes and the thread count alone, so a result is bitwise the same run
+to run. Operands of another dtype than fp32/fp64, or not contiguous rows, get
+no step: the executor runs the reference.
 """
 
 from __future__ import annotations
