@@ -48,11 +48,17 @@ def _block_rows(tk: int, window: int | None, causal: bool) -> int:
     return max(MIN_ROWS, min(MAX_ROWS, STRIP // max(reach, 1)))
 
 
-def _diagonal(line: np.ndarray, center: int, rows: int, cols: int) -> np.ndarray:
+def _windows(line: np.ndarray, rows: int) -> np.ndarray:
+    """The read-only view ``[rows, len(line)]`` whose ``[r, x]`` is ``line[r + x]`` (``line`` padded
+    at its end), made once: :func:`_diagonal` then only slices it."""
+    padded = np.concatenate([line, np.zeros(rows, line.dtype)])
+    step = padded.strides[0]
+    return as_strided(padded, shape=(rows, line.shape[0]), strides=(step, step), writeable=False)
+
+
+def _diagonal(windows: np.ndarray, center: int, rows: int, cols: int) -> np.ndarray:
     """The ``[rows, cols]`` view whose ``[r, c]`` is ``line[center + r - c]``."""
-    lo = center - (cols - 1)
-    step = line.strides[0]
-    return as_strided(line[lo:], shape=(rows, cols), strides=(step, step), writeable=False)[:, ::-1]
+    return windows[:rows, center - cols + 1:center + 1][:, ::-1]
 
 
 class Attention:
@@ -72,8 +78,8 @@ class Attention:
         self.blocks = -(-self.tq // self.rows)
         self.span = self.capacity if window is None else min(self.capacity, self.rows + 2 * window)
         distance = np.arange(-(self.capacity - 1), self.capacity)  # d = i - j at index d + capacity - 1
-        self.masked = ~self._allowed(distance)
-        self.distance = np.abs(distance).astype(dtype) if alibi else None
+        self.masked = _windows(~self._allowed(distance), self.rows)
+        self.distance = _windows(np.abs(distance).astype(dtype), self.rows) if alibi else None
         self.minus_inf = np.array(-np.inf, dtype)
 
     def _allowed(self, d: np.ndarray) -> np.ndarray:
@@ -93,7 +99,7 @@ class Attention:
                 hi = min(self.tk, last + self.window)
         return lo, hi
 
-    def scores(self, s: np.ndarray, wide: np.ndarray, q_block, k_span, i0: int, j_lo: int, alibi_line) -> None:
+    def scores(self, s: np.ndarray, wide: np.ndarray, q_block, k_span, i0: int, j_lo: int, slope) -> None:
         """``s = scale q k^T - slope |d|``, masked keys at ``-inf`` (``wide``: scratch of ``s``'s size)."""
         np.matmul(q_block, k_span.T, out=s)
         if self.scale != 1:
@@ -101,9 +107,10 @@ class Attention:
         rows, span = s.shape
         shift = i0 + self.tk - self.tq - j_lo  # d at [0, 0]
         center = shift + self.capacity - 1
-        if alibi_line is not None:
+        if slope is not None:
             bias = wide[:s.size].reshape(s.shape)
-            np.copyto(bias, _diagonal(alibi_line, center, rows, span))
+            np.copyto(bias, _diagonal(self.distance, center, rows, span))
+            bias *= slope
             s -= bias
         right = shift + 1 if self.causal else (shift + self.window if self.window is not None else span)
         left = shift + rows - self.window if self.window is not None else 0
@@ -113,19 +120,9 @@ class Attention:
             if b > a:
                 np.copyto(s[:, a:b], self.minus_inf, where=_diagonal(self.masked, center, rows, span)[:, a:b])
 
-    def alibi_line(self, slopes, head: int, line: np.ndarray | None):
-        if slopes is None:
-            return None
-        np.multiply(self.distance, slopes[head], out=line)
-        return line
 
     def work(self) -> int:
         return self.batch * self.heads * self.tq * self.tk * self.depth // 64
-
-
-def _line(g: Attention, slopes) -> int:
-    """Elements of the ALiBi line ``slope |d|`` (none without slopes)."""
-    return 2 * g.capacity - 1 if slopes is not None else 0
 
 
 def _by_rows(ufunc: np.ufunc, a: np.ndarray, column: np.ndarray, wide: np.ndarray, into_wide: bool = False) -> None:
@@ -157,12 +154,12 @@ class Forward:
     def __init__(self, geometry: Attention, q, k, v, out, lse, slopes):
         self.g, self.q, self.k, self.v, self.out, self.lse, self.slopes = geometry, q, k, v, out, lse, slopes
         g = geometry
-        self.sizes = [(g.rows * g.span, 2), (g.rows, 2), (_line(g, slopes), 1)]
+        self.sizes = [(g.rows * g.span, 2), (g.rows, 2)]
         _reserve(g, self.sizes)
 
     def items(self, start: int, stop: int, thread: int) -> None:
         g = self.g
-        strip, wide, m_all, l_all, line = _carve(g, thread, self.sizes)
+        strip, wide, m_all, l_all = _carve(g, thread, self.sizes)
         for item in range(start, stop):
             bh, block = divmod(item, g.blocks)
             b, h = divmod(bh, g.heads)
@@ -172,7 +169,7 @@ class Forward:
             rows, span = i1 - i0, j_hi - j_lo
             s = strip[:rows * span].reshape(rows, span)
             g.scores(s, wide, self.q[b, h, i0:i1], self.k[b, kv, j_lo:j_hi], i0, j_lo,
-                     g.alibi_line(self.slopes, h, line))
+                     None if self.slopes is None else self.slopes[h])
             m, lse = m_all[:rows], l_all[:rows]
             np.max(s, axis=1, out=m)
             _by_rows(np.subtract, s, m, wide, into_wide=True)
@@ -201,13 +198,13 @@ class Backward:
         g = geometry
         self.sizes = [(g.rows * g.span, 3), (g.span * max(g.depth, g.value_depth), 1),
                       (g.rows * max(g.depth, g.value_depth), 2), (g.rows, 2), (g.capacity * g.depth, 1),
-                      (g.capacity * g.value_depth, 1), (_line(g, slopes), 1)]
+                      (g.capacity * g.value_depth, 1)]
         _reserve(g, self.sizes)
 
     def pairs(self, start: int, stop: int, thread: int) -> None:
         g = self.g
         scratch = _carve(g, thread, self.sizes)
-        dk_all, dv_all, line = scratch[-3:]
+        dk_all, dv_all = scratch[-2:]
         dk = dk_all[:g.tk * g.depth].reshape(g.tk, g.depth)
         dv = dv_all[:g.tk * g.value_depth].reshape(g.tk, g.value_depth)
         for pair in range(start, stop):
@@ -215,9 +212,9 @@ class Backward:
             dk.fill(0)
             dv.fill(0)
             for h in range(kv * g.group, (kv + 1) * g.group):
-                alibi = g.alibi_line(self.slopes, h, line)
+                alibi = None if self.slopes is None else self.slopes[h]
                 for block in range(g.blocks):
-                    self.block(b, h, kv, block, alibi, scratch[:-3], dk, dv)
+                    self.block(b, h, kv, block, alibi, scratch[:-2], dk, dv)
             np.copyto(self.d_k[b, kv], dk)
             np.copyto(self.d_v[b, kv], dv)
 
