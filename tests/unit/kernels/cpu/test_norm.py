@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tests.unit.kernels.cpu.harness import FEW_KB, allocation_peak, fast_and_reference, random
+from cpu_kernel_harness import FEW_KB, allocation_peak, fast_and_reference, random
 
 SHAPES = [(5, 7), (3, 70, 700)]
 

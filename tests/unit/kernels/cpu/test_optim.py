@@ -17,7 +17,7 @@ from modeldsl.kernels.reference import REFERENCES
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime.optim import AdamWConfig
 from modeldsl.runtime.train import Trainer
-from kernels.cpu.harness import FEW_KB, allocation_peak, fast_and_reference, random
+from cpu_kernel_harness import FEW_KB, allocation_peak, fast_and_reference, random
 
 EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "tiny_llama"
 SIZES = [(7,), (3, 70, 700), (300, 257), (1000, 517)]  # one small piece; several, split over the threads

@@ -6,7 +6,7 @@ import pytest
 from modeldsl.kernels.cpu import cpu_kernel
 from modeldsl.kernels.cpu.pool import Pool
 from modeldsl.kernels.reference import REFERENCES
-from tests.unit.kernels.cpu.harness import FEW_KB, allocation_peak, fast_and_reference, random
+from cpu_kernel_harness import FEW_KB, allocation_peak, fast_and_reference, random
 
 
 def operands(layout, dtype, batch=2, tokens=37, heads=(4, 2), dim=8):
