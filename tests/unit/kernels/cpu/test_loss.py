@@ -7,7 +7,7 @@ import pytest
 from modeldsl.kernels.cpu import cpu_kernel
 from modeldsl.kernels.cpu.pool import Pool
 from modeldsl.kernels.reference import REFERENCES
-from tests.unit.kernels.cpu.harness import FEW_KB, allocation_peak, fast_and_reference, random
+from cpu_kernel_harness import FEW_KB, allocation_peak, fast_and_reference, random
 
 ROWS, WIDTH, VOCAB = 301, 40, 1000  # rows * vocab * width / 64 splits over two threads
 NAMES = ["cross_entropy", "cross_entropy_backward", "fused_lm_head_loss", "fused_lm_head_loss_backward",
