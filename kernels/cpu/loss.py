@@ -36,7 +36,6 @@ from modeldsl.kernels.cpu.tiles import Step, as_rows, float_dtype
 from modeldsl.kernels.reference import row_chunks
 
 WEIGHT_TILE = 1 << 18  # elements of one thread's d_weight tile (the product, then added: 128+ rows keep BLAS fast)
-ROW_TILE = TILE // 2  # elements of a cross-entropy tile: it and its scratch tile stay in L2 over seven passes
 REDUCTIONS = ("mean", "sum", "none")
 
 
@@ -205,7 +204,7 @@ def _row_kernel(pool: Pool, logits: np.ndarray, labels: np.ndarray, params: dict
     labels = integer_labels(labels, total)
     if labels is None:
         return None
-    per_tile = min(tile_rows(vocab, ROW_TILE), max(total, 1))
+    per_tile = min(tile_rows(vocab, TILE), max(total, 1))
     layout = Layout()
     tile_layout(layout, per_tile, vocab, dtype)
     pool.workspace.reserve(layout.nbytes)
@@ -280,7 +279,7 @@ class Head:
             blocks = [(chunk.start + lo, chunk.start + hi) for lo, hi in pool.split(size, size * vocab * width // 64)]
             self.chunks.append((blocks, pool.split(vocab, vocab * width * size // 64)))
         most = max((hi - lo for blocks, _ in self.chunks for lo, hi in blocks), default=1)
-        self.per_tile = min(tile_rows(vocab, ROW_TILE), most)
+        self.per_tile = min(tile_rows(vocab, TILE), most)
         self.vocab_tile = max(WEIGHT_TILE // max(width, 1), 1)
         self.layout = Layout()
         self.layout.add("logits", most * vocab, dtype)
