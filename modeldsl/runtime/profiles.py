@@ -22,6 +22,7 @@ the real tokens is overwritten before any query can see it.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,7 @@ from modeldsl.runtime.fits import check_fits_on
 from modeldsl.runtime.sched_executor import ScheduleExecutor, tagged_layout
 
 DEFAULT_BUCKETS = (1, 16, 64, 256, 1024, 4096)
+POPULATE_FROM = 1 << 24  # bytes: smaller arenas are plain numpy zeros
 
 
 def plan(program: ProgramOp) -> ProgramOp:
@@ -63,6 +65,16 @@ def compile_profile(model: ModelOp, batch: int, tokens: int, storage: str | None
     return plan(lower_function(specialized, "forward", storage, kv_cache, split_gemms))
 
 
+def populated_zeros(nbytes: int) -> np.ndarray:
+    """``nbytes`` zero bytes, on Linux in anonymous memory the kernel populates in one call
+    (``MAP_POPULATE``): filling gigabytes of weights then takes no page fault per 4 KiB page,
+    which is 4-5x faster where pages are fresh (a virtual machine's first touch of its memory)."""
+    if nbytes < POPULATE_FROM or not hasattr(mmap, "MAP_POPULATE"):
+        return np.zeros(nbytes, dtype=np.uint8)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
+    return np.frombuffer(pages, dtype=np.uint8)
+
+
 @dataclass
 class ParamsArena:
     """The ``params`` arena of a model's programs: the bytes, each parameter's view of them,
@@ -80,7 +92,7 @@ def params_arena(model: ModelOp, storage: str | None) -> ParamsArena:
     program = ProgramOp("params", {})
     program.body.block.add_ops(parameter_buffers(model, storage == "fp32"))
     plan(program)
-    arena = np.zeros(program.arenas["params"], dtype=np.uint8)
+    arena = populated_zeros(program.arenas["params"])
     views = ScheduleExecutor(program, arenas={"params": arena}).params
     return ParamsArena(arena, views, tagged_layout(program, "param"))
 
