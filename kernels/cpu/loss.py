@@ -60,7 +60,7 @@ class Layout:
 def tile_layout(layout: Layout, rows: int, vocab: int, dtype) -> None:
     """The scratch of one row tile of the cross-entropy (``rows`` rows of ``vocab`` logits)."""
     layout.add("temp", rows * vocab, dtype)
-    for name in ("top", "picked", "lse"):
+    for name in ("top", "picked"):
         layout.add(name, rows, dtype)
     layout.add("odd", rows, np.bool_)
     layout.add("index", rows, np.intp)
@@ -104,7 +104,7 @@ class Labels:
     def write(self, loss: np.ndarray, lse: np.ndarray | None, reduction: str, count: int) -> None:
         """The reduced loss (and the lse) into the outputs, as the reference reduces them."""
         if lse is not None:
-            np.copyto(lse, self.lse, casting="unsafe")
+            np.copyto(lse, self.lse.reshape(lse.shape), casting="unsafe")
         if reduction == "none":
             np.copyto(loss, self.per_row.reshape(loss.shape), casting="unsafe")
             return
@@ -175,10 +175,12 @@ def loss_params(params: dict) -> tuple[int, str] | None:
 
 def grad_input(d_loss: np.ndarray, dtype: np.dtype, rows: int) -> np.ndarray | None:
     """``d_loss`` broadcast over the rows (None when it would change the compute dtype)."""
-    if d_loss.dtype not in (np.dtype(np.float32), dtype):
+    d_loss = np.asarray(d_loss)
+    source = flat(d_loss) if d_loss.size == rows else d_loss
+    if d_loss.dtype not in (np.dtype(np.float32), dtype) or source is None:
         return None
     try:
-        return np.broadcast_to(d_loss.reshape(-1) if d_loss.size == rows else d_loss, (rows,))
+        return np.broadcast_to(source, (rows,))
     except ValueError:
         return None
 
