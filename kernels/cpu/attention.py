@@ -11,10 +11,11 @@ view of one 1-d mask over the query-key distance ``d = i - j`` (the element
 ALiBi subtracts ``slope_h |d|`` the same way. Query head ``h`` reads kv head
 ``h // (Hq / Hkv)`` directly, without repeating K and V.
 
-The forward computes a strip's scores, its row max ``m`` and
-``l = sum exp(s - m)`` exactly (the whole strip at once, no online rescale),
-writes ``out = exp(s - m) V / l`` and ``lse = m + log l`` straight into their
-views (``bthd`` operands are strided views of ``[B, T, H, D]``; no copies).
+The forward computes a strip's scores, its row max ``m``, ``lse = m + log sum
+exp(s - m)`` and ``P = exp(s - lse)`` (the whole strip at once, no online
+rescale; a strip of whole rows in the reference's very steps, so it gives its
+bits), and writes ``out = P V`` and ``lse`` straight into their views
+(``bthd`` operands are strided views of ``[B, T, H, D]``; no copies).
 Work items are the (batch, head, query block) triples, split over the pool.
 The backward recomputes ``P = exp(s - lse)`` per strip and runs over
 (batch, kv head) pairs: each thread sums ``dK`` and ``dV`` of its kv head over
@@ -33,7 +34,7 @@ from numpy.lib.stride_tricks import as_strided
 from modeldsl.kernels.cpu.pool import Pool, scratch_bytes
 from modeldsl.kernels.cpu.tiles import Step, float_dtype
 
-STRIP = 1 << 16  # elements of one block's score strip
+STRIP = 1 << 16  # elements of one block's score strip: the backward's three strips stay in a 1 MB L2
 MIN_ROWS, MAX_ROWS = 16, 128
 LAYOUTS = ("bhtd", "bthd")
 
@@ -154,12 +155,12 @@ class Forward:
     def __init__(self, geometry: Attention, q, k, v, out, lse, slopes):
         self.g, self.q, self.k, self.v, self.out, self.lse, self.slopes = geometry, q, k, v, out, lse, slopes
         g = geometry
-        self.sizes = [(g.rows * g.span, 2), (g.rows, 2)]
+        self.sizes = [(g.rows * g.span, 2), (g.rows, 3)]
         _reserve(g, self.sizes)
 
     def items(self, start: int, stop: int, thread: int) -> None:
         g = self.g
-        strip, wide, m_all, l_all = _carve(g, thread, self.sizes)
+        strip, wide, m_all, lse_all, inverse_all = _carve(g, thread, self.sizes)
         for item in range(start, stop):
             bh, block = divmod(item, g.blocks)
             b, h = divmod(bh, g.heads)
@@ -170,8 +171,18 @@ class Forward:
             s = strip[:rows * span].reshape(rows, span)
             g.scores(s, wide, self.q[b, h, i0:i1], self.k[b, kv, j_lo:j_hi], i0, j_lo,
                      None if self.slopes is None else self.slopes[h])
-            m, lse = m_all[:rows], l_all[:rows]
-            np.max(s, axis=1, out=m)
+            self.softmax(s, wide, m_all[:rows], lse_all[:rows], inverse_all[:rows], whole_rows=span == g.tk)
+            np.matmul(s, self.v[b, kv, j_lo:j_hi], out=self.out[b, h, i0:i1])
+            np.copyto(self.lse[b, h, i0:i1], lse_all[:rows], casting="unsafe")
+
+    @staticmethod
+    def softmax(s: np.ndarray, wide: np.ndarray, m: np.ndarray, lse: np.ndarray, inverse: np.ndarray,
+                whole_rows: bool) -> None:
+        """``s = exp(s - lse)``, ``lse = m + log(sum exp(s - m))``, ``m`` the row max. A strip of
+        whole rows takes the reference's steps (two exps: bitwise its values); a shorter one,
+        which sums its rows in another order anyway, one exp and a product by ``1 / l``."""
+        np.max(s, axis=1, out=m)
+        if whole_rows:
             _by_rows(np.subtract, s, m, wide, into_wide=True)
             e = wide[:s.size].reshape(s.shape)
             np.exp(e, out=e)
@@ -180,8 +191,14 @@ class Forward:
             lse += m
             _by_rows(np.subtract, s, lse, wide)
             np.exp(s, out=s)
-            np.matmul(s, self.v[b, kv, j_lo:j_hi], out=self.out[b, h, i0:i1])
-            np.copyto(self.lse[b, h, i0:i1], lse, casting="unsafe")
+            return
+        _by_rows(np.subtract, s, m, wide)
+        np.exp(s, out=s)
+        np.sum(s, axis=1, out=lse)
+        np.reciprocal(lse, out=inverse)
+        _by_rows(np.multiply, s, inverse, wide)
+        np.log(lse, out=lse)
+        lse += m
 
     def __call__(self) -> None:
         g = self.g
