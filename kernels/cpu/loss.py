@@ -14,15 +14,15 @@ The LM-head kernels go ``chunk`` rows of ``x`` at a time. Per chunk the
 threads split its rows: each computes its rows' logits ``x[rows] @ weight^T``
 into its own workspace, the cross-entropy of each row tile in place, and
 ``d_x[rows] = d_logits @ weight``. Then the threads split the vocabulary: each
-owns a slice of ``d_weight``'s rows and adds into it ``d_logits^T @ x`` of
-every thread's row block, in the threads' order, in tiles that stay in cache
-(the first product of the first chunk is written straight over ``d_weight``).
-Every product is one-thread BLAS ``matmul(out=)``. On one thread every result
-is the reference's bit for bit; on more, ``d_weight`` sums a chunk's rows as
-the threads' blocks (within fp32 rounding of the reference). The split depends
-on the shapes and the thread count alone, so a result is bitwise the same run
-to run. Operands of another dtype than fp32/fp64, or not contiguous rows, get
-no step: the executor runs the reference.
+owns a slice of ``d_weight``'s rows and, tile by tile, gathers that tile's
+columns of every thread's ``d_logits`` block side by side (when there are
+several) and adds ``d_logits^T @ x`` of the whole chunk into it (the first
+chunk's product is written straight over ``d_weight``), so every sum runs over
+the chunk's rows in the reference's order. Every product is one-thread BLAS
+``matmul(out=)``, and every result is the reference's bit for bit on any
+number of threads (BLAS sums each output element over K in the same order
+however the output is tiled). Operands of another dtype than fp32/fp64, or not
+contiguous rows, get no step: the executor runs the reference.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from modeldsl.kernels.cpu.pool import TILE, Pool, aligned, row_tiles, tile_rows
 from modeldsl.kernels.cpu.tiles import Step, as_rows, float_dtype
 from modeldsl.kernels.reference import row_chunks
 
-WEIGHT_TILE = 1 << 18  # elements of one thread's d_weight tile (the product, then added: 128+ rows keep BLAS fast)
+WEIGHT_TILE = 1 << 19  # elements of a d_weight tile's gathered d_logits (fewer, larger tiles pack x fewer times)
 REDUCTIONS = ("mean", "sum", "none")
 
 
@@ -282,12 +282,14 @@ class Head:
             self.chunks.append((blocks, pool.split(vocab, vocab * width * size // 64)))
         most = max((hi - lo for blocks, _ in self.chunks for lo, hi in blocks), default=1)
         self.per_tile = min(tile_rows(vocab, TILE), most)
-        self.vocab_tile = max(WEIGHT_TILE // max(width, 1), 1)
+        longest = max((blocks[-1][1] - blocks[0][0] for blocks, _ in self.chunks), default=1)
+        self.vocab_tile = max(WEIGHT_TILE // max(longest, 1), 1)
         self.layout = Layout()
         self.layout.add("logits", most * vocab, dtype)
         tile_layout(self.layout, self.per_tile, vocab, dtype)
         if grads:
-            self.layout.add("product", self.vocab_tile * width, dtype)
+            self.layout.add("product", self.vocab_tile * width if len(self.chunks) > 1 else 0, dtype)
+            self.layout.add("gathered", longest * self.vocab_tile if pool.threads > 1 else 0, dtype)
         pool.workspace.reserve(self.layout.nbytes)
         self.labels = Labels(labels, dtype, self.ignore_index, vocab, self.per_tile)
 
@@ -310,20 +312,22 @@ class Head:
             np.matmul(logits, self.weight, out=self.d_x[start:stop])
 
     def weight_block(self, first: bool, blocks: list, start: int, stop: int, thread: int) -> None:
-        """``d_weight[start:stop] += d_logits^T @ x`` over every thread's row block of the chunk
-        (``first``: the first chunk, whose first product is written, not added)."""
-        parts = [(self.logits(j, hi - lo), self.x[lo:hi]) for j, (lo, hi) in enumerate(blocks)]
+        """``d_weight[start:stop] += d_logits^T @ x`` of the chunk (``first``: the first chunk, whose
+        product is written, not added): one product over all the chunk's rows per tile, the
+        threads' blocks of ``d_logits`` gathered side by side when there are several."""
+        parts = [self.logits(j, hi - lo) for j, (lo, hi) in enumerate(blocks)]
+        x = self.x[blocks[0][0]:blocks[-1][1]]
+        ws = self.layout.arrays(self.pool, thread)
         whole = first and len(parts) == 1
-        product = self.layout.arrays(self.pool, thread)["product"]
         for lo, hi in row_tiles(start, stop, stop - start if whole else self.vocab_tile):
+            d_logits = parts[0][:, lo:hi] if len(parts) == 1 else gathered(parts, lo, hi, ws["gathered"])
             target = self.d_weight[lo:hi]
-            for j, (d_logits, x) in enumerate(parts):
-                if first and j == 0:
-                    np.matmul(d_logits[:, lo:hi].T, x, out=target)
-                else:
-                    block = product[:target.size].reshape(target.shape)
-                    np.matmul(d_logits[:, lo:hi].T, x, out=block)
-                    target += block
+            if first:
+                np.matmul(d_logits.T, x, out=target)
+            else:
+                product = ws["product"][:target.size].reshape(target.shape)
+                np.matmul(d_logits.T, x, out=product)
+                target += product
 
     def run(self) -> None:
         """Every chunk: its row blocks on the threads, then (gradients) its vocabulary slices."""
@@ -333,6 +337,16 @@ class Head:
             self.pool.run(self.row_block, blocks)
             if self.grads:
                 self.pool.run(partial(self.weight_block, index == 0, blocks), vocab)
+
+
+def gathered(parts: list[np.ndarray], lo: int, hi: int, buffer: np.ndarray) -> np.ndarray:
+    """Columns ``lo:hi`` of the row blocks ``parts``, one under the other, in ``buffer``."""
+    out = buffer[:sum(p.shape[0] for p in parts) * (hi - lo)].reshape(-1, hi - lo)
+    row = 0
+    for part in parts:
+        np.copyto(out[row:row + part.shape[0]], part[:, lo:hi])
+        row += part.shape[0]
+    return out
 
 
 def _head(pool: Pool, x, weight, labels, params, losses: bool, grads: bool, d_x=None, d_weight=None,
