@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ RUNNERS = ("modeldsl", "eager", "compile")
 RESULT = "bench_cpu result: "  # the child's last stdout line: this marker, then its JSON
 MiB = float(1 << 20)
 
-# section -> ((ratio, at least, peer), ...) the issue's targets; RSS ones compare peak RSS
+# section -> the issue's targets: (speed: tokens/s at least, or rss: peak RSS at most) bound x the peer's
 TARGETS: dict[str, tuple[tuple[str, float, str], ...]] = {
     "train": (("speed", 1.0, "eager"), ("rss", 0.5, "eager")),
     "prefill T=256": (("speed", 1.0, "eager"), ("rss", 0.5, "eager")),
@@ -78,6 +79,7 @@ class Row:
     peak_rss: int | None = None  # bytes
     weight_bytes: int | None = None  # load: the fp32 weights modeldsl holds
     note: str = ""
+    samples: list[float] = field(default_factory=list)  # the value of every round, in order
 
 
 # ---------------------------------------------------------------------------- the children
@@ -335,8 +337,10 @@ def best_row(job: Job, runner: str, results: list[dict[str, Any]]) -> Row:
     if not good:
         return Row(job.section, job.shape, runner, note=results[-1]["note"])
     values = [r["value"] for r in good]
+    finite = all(math.isfinite(x) for r in good for x in r.get("losses", ()))
     return Row(job.section, job.shape, runner, min(values) if job.section == "load" else max(values),
-               max(r["peak_rss"] for r in good), good[0].get("weight_bytes"))
+               max(r["peak_rss"] for r in good), good[0].get("weight_bytes"), "" if finite else "non-finite loss",
+               values)
 
 
 # ---------------------------------------------------------------------------- the table
@@ -358,8 +362,8 @@ def table(rows: list[Row]) -> str:
         for row in group.values():
             speed = "-" if row.value is None else f"{row.value:,.0f}"
             rss = "-" if row.peak_rss is None else f"{row.peak_rss / MiB:,.0f}"
-            ratios = [fmt_ratio(ratio(getattr(row, field), getattr(peer, field, None)))
-                      for field in ("value", "peak_rss") for peer in (eager, compiled)]
+            ratios = [fmt_ratio(ratio(getattr(row, column), getattr(peer, column, None)))
+                      for column in ("value", "peak_rss") for peer in (eager, compiled)]
             target = targets_met(row, group) if row.runner == "modeldsl" else row.note
             lines.append(f"{key[0]:<14} {key[1]:<10} {row.runner:<9} {speed:>10} {ratios[0]:>8} {ratios[1]:>9} "
                          f"{rss:>8} {ratios[2]:>8} {ratios[3]:>9}  {target}")
@@ -370,8 +374,8 @@ def targets_met(row: Row, group: dict[str, Row]) -> str:
     """The issue's targets of ``row``'s section, each with whether it is met: ``speed >= 1.0x eager: no``."""
     words = []
     for kind, bound, peer_name in TARGETS.get("train" if row.section == "train" else row.section, ()):
-        field = "value" if kind == "speed" else "peak_rss"
-        found = ratio(getattr(row, field), getattr(group.get(peer_name), field, None))
+        column = "value" if kind == "speed" else "peak_rss"
+        found = ratio(getattr(row, column), getattr(group.get(peer_name), column, None))
         sign = ">=" if kind == "speed" else "<="
         met = "-" if found is None else ("yes" if (found >= bound if kind == "speed" else found <= bound) else "no")
         words.append(f"{'RSS' if kind == 'rss' else kind} {sign} {bound}x {peer_name}: {met}")
@@ -451,6 +455,10 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--checkpoint {args.checkpoint}: no config.json there (give a HuggingFace checkpoint folder)")
 
 
+def load_average() -> str:
+    return "load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
+
+
 def main(argv: list[str] | None = None) -> int:
     return reporting_diagnostics(lambda: run(argv))
 
@@ -462,7 +470,8 @@ def run(argv: list[str] | None) -> int:
         return 0
     require_packages(("torch", "transformers"), "python -m modeldsl.tools.bench_cpu", "the PyTorch runners")
     print(f"CPU benchmark: fp32, {args.threads} threads for every runner, {args.repeats} alternating rounds of "
-          f"fresh processes, each runner's best tokens/s (load: fewest seconds) and highest peak RSS", flush=True)
+          f"fresh processes, each runner's best tokens/s (load: fewest seconds) and highest peak RSS; "
+          f"{load_average()}", flush=True)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="mdsl-bench-cpu-") as temp:
         checkpoints = {s: save_random_checkpoint(SHAPES[s][2], Path(temp) / s) for s in args.shapes.split(",")}
@@ -470,6 +479,7 @@ def run(argv: list[str] | None) -> int:
             checkpoints[Path(args.checkpoint).name] = Path(args.checkpoint).resolve()
         for job in jobs(args, checkpoints):
             rows += measure(job, args.repeats)
+    print(f"{load_average()} (others' processes slow the runners down, PyTorch's OpenMP threads most)")
     print(table(rows))
     if args.load:
         load_rows = measure(load_job(args), args.repeats)

@@ -33,6 +33,8 @@ SKIPPED = {  # command -> why test_readme_commands_run_as_written does not run i
     "python -m modeldsl.tools.bench_memory": "about 40 s; tests/unit/tools/test_bench_memory.py covers it",
     "python -m modeldsl.tools.bench --device cpu --shapes tiny --runners modeldsl,eager --batch 2 --seq 32":
         "about 10 s; tests/unit/tools/test_bench.py runs the same harness smaller",
+    "python -m modeldsl.tools.bench_cpu --threads 2":
+        "about 10 min; tests/unit/tools/test_bench_cpu.py runs the same harness on the tiny Llama",
 }
 # words that stand for something the reader must fill in
 PLACEHOLDER = re.compile(r"\b(DIR|FILE|MODEL|OUT|DATA|NAME|PATH)\b|\.\.\.|<[a-z_]+>")
