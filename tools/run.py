@@ -7,8 +7,8 @@ by sampling, using the KV cache (``--no-cache``: full recomputation per token);
 ``--logits FILE.npy`` writes the prompt's logits. The output is the prompt,
 the continuation (each labelled; their token ids too where there is no
 tokenizer or the prompt was given as ids), then the prefill and decode speeds
-in tokens/s. ``--threads N`` sets the BLAS threads of large products
-(:mod:`modeldsl.runtime.threads`). The prompt and the new tokens together may hold at
+in tokens/s. ``--threads N`` sets the threads the CPU kernels split their
+rows over (:mod:`modeldsl.runtime.threads`). The prompt and the new tokens together may hold at
 most ``max_position_embeddings`` tokens: a longer prompt is E029, and
 generation stops at the limit with a W008 warning. ``--train DATA`` trains the
 model instead (:mod:`modeldsl.tools.train`: ``--steps``, ``--batch``, ``--seq``,
@@ -87,8 +87,8 @@ def build_parser() -> Parser:
                         "config fields that change the math are still checked)")
     p.add_argument("--allow-unused-tensors", action="store_true",
                    help="load a checkpoint with tensors no hf_mapping rule reads (E040 becomes W006)")
-    p.add_argument("--threads", metavar="N", help=f"BLAS threads of large matrix products on the CPU (small ones "
-                   f"always run on one thread; default: ${THREADS_ENV_VAR}, else the cores this process may use)")
+    p.add_argument("--threads", metavar="N", help=f"threads the CPU kernels split their rows over (BLAS runs on one "
+                   f"inside each; default: ${THREADS_ENV_VAR}, else the cores this process may use)")
     p.add_argument("--diagnostics-format", choices=("text", "json"), default="text",
                    help="how errors and warnings are printed")
     training.add_arguments(p)

@@ -4,15 +4,18 @@ Each arena is allocated once, as one numpy byte array of its planned size;
 every buffer is a numpy view at its planned offset (an alias views its root
 at its byte offset, a ``layer_view`` a slice of a stacked buffer). The
 constructor turns the program into a flat list of steps, layer loops
-unrolled, with every view made in advance, so :meth:`ScheduleExecutor.execute`
-allocates nothing that outlives a kernel call: kernels are the numpy
-references of the kernel registry, and their results are copied into the
-planned output views. The reference stands for every implementation of a
-primitive: a kernel choice recorded from ``@kernel`` (``implementation``,
-``fallback``, ``workspace_bytes``: cuDNN's SDPA or the own attention kernel,
-...) changes nothing here, only which kernel the CUDA executor runs. BLAS threads are set per product
-(:mod:`modeldsl.runtime.threads`): small GEMMs and attention products run on
-one thread, large ones on a pool sized to the cores the process may use.
+unrolled, with every view made in advance. A step is the primitive's fast
+CPU kernel (:mod:`modeldsl.kernels.cpu`) where it has one for these
+operands: it writes into the planned output views, takes its temporaries from
+the pool's workspace and splits its rows over the pool's threads, so a
+warmed-up :meth:`ScheduleExecutor.execute` allocates nothing. Otherwise (a
+bf16 operand, a layout the kernel does not take) the step runs the numpy
+reference of the kernel registry and copies its results in. BLAS runs on one
+thread while the steps run (:mod:`modeldsl.runtime.threads`): the parallelism
+is the pool's, sized ``--threads`` / ``MDSL_NUM_THREADS`` / the usable cores.
+A kernel choice recorded from ``@kernel`` (``implementation``, ``fallback``,
+``workspace_bytes``: cuDNN's SDPA or the own attention kernel, ...) changes
+nothing here, only which kernel the CUDA executor runs.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from modeldsl.primitives import lookup_primitive
 from modeldsl.runtime.executor import (
     DTYPE_KEYWORDS, NUMPY_DTYPES, SHAPE_KEYWORDS, SHAPES_KEYWORDS, ExecutionError, attribute_value,
 )
-from modeldsl.runtime.threads import blas_threads, pool_size, threads_for
+from modeldsl.runtime.threads import blas_threads, pool_size
 
 Step = Callable[[], None]
 # launch attributes that are not kernel parameters
@@ -69,8 +72,7 @@ class ScheduleExecutor:
         self.program = program
         self.arenas = {name: np.zeros(size, dtype=np.uint8) for name, size in program.arenas.items()
                        if name not in (arenas or {})}
-        self.pool = pool_size()  # BLAS threads of a large product; everything else runs on one
-        self.threads = pool_of(self.pool)  # the CPU kernels' threads and scratch
+        self.threads = pool_of(pool_size())  # the CPU kernels' threads and scratch
         for name, arena in (arenas or {}).items():
             if arena.nbytes < program.arenas[name]:
                 raise ExecutionError(f"the shared {name} arena has {arena.nbytes} bytes, the program needs "
@@ -238,7 +240,7 @@ class ScheduleExecutor:
         def step() -> None:
             gemm(a, b, c, bias, aux, **params)
 
-        return self.threaded(step, gemm_call_macs(a.shape, c.shape, mode))
+        return step
 
     def attention(self, op: AttentionOp, views: dict[SSAValue, np.ndarray]) -> Step:
         q, k, v, out, lse = (views[x] for x in (op.q, op.k, op.v, op.out, op.lse))
@@ -258,20 +260,7 @@ class ScheduleExecutor:
             np.copyto(out, o, casting="unsafe")
             np.copyto(lse, l, casting="unsafe")
 
-        tq, tk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-        return self.threaded(step, tq * tk * d)  # one head's Q K^T (and P V) is one BLAS call
-
-    def threaded(self, step: Step, macs: int) -> Step:
-        """``step`` on the BLAS threads a call of ``macs`` multiply-adds deserves (``execute`` runs on one)."""
-        threads = threads_for(macs, self.pool)
-        if threads == 1:
-            return step
-
-        def parallel_step() -> None:
-            with blas_threads(threads):
-                step()
-
-        return parallel_step
+        return step
 
 
 def write_results(outputs: Sequence[np.ndarray], result, accumulate: bool = False) -> None:
@@ -284,16 +273,6 @@ def write_results(outputs: Sequence[np.ndarray], result, accumulate: bool = Fals
             np.add(view, value, out=view, casting="unsafe")
         else:
             np.copyto(view, value, casting="unsafe")
-
-
-def gemm_call_macs(a_shape: tuple[int, ...], c_shape: tuple[int, ...], mode: str) -> int:
-    """Multiply-adds of the largest single 2-D BLAS call of a GEMM (numpy loops over leading dims;
-    ``TN`` over stacked rows is one call contracting all of them)."""
-    if mode[0] == "T":
-        depth = int(np.prod(a_shape[:-1])) if len(a_shape) > 2 and len(c_shape) == 2 else a_shape[-2]
-    else:
-        depth = a_shape[-1]
-    return c_shape[-2] * c_shape[-1] * depth
 
 
 def root_offset(op: BufferOp) -> tuple[BufferOp, int]:

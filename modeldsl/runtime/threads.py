@@ -1,13 +1,12 @@
-"""How many BLAS threads the CPU executors give a matrix product.
+"""How many threads the CPU executors use, and BLAS's threads while they run.
 
-numpy's BLAS (OpenBLAS) threads every product above a tiny size and lets its
-threads spin while they wait for each other. On a machine whose cores are busy
-with other processes that turns a small GEMM into a wait for the scheduler:
-the tiny Llama's training step ran 20-100 times slower with the default
-threading than with one thread. So the CPU executors decide per product:
-one whose single 2-D BLAS call does fewer than :data:`PARALLEL_MACS`
-multiply-adds (about a millisecond on one core) runs on one thread, a larger
-one on a pool of :func:`pool_size` threads.
+The CPU kernels (:mod:`modeldsl.kernels.cpu.pool`) split each kernel's rows
+over a pool of threads, matrix products included, and run BLAS on one thread
+inside each block: numpy's BLAS (OpenBLAS) threads spin while they wait, and
+on a machine whose cores are busy two thread pools fighting for them turn a
+millisecond into a wait for the scheduler. So the executors hold BLAS at one
+thread (:func:`blas_threads`) while their steps run, and the graph
+interpreter runs on one thread.
 
 The pool is, in order: what :func:`set_pool_size` set (``mdsl-run --threads``),
 the environment variable ``MDSL_NUM_THREADS``, else the cores this process may
@@ -24,7 +23,6 @@ from functools import cache
 from modeldsl.diagnostics import Diagnostic, DiagnosticError
 
 ENV_VAR = "MDSL_NUM_THREADS"
-PARALLEL_MACS = 1 << 25  # multiply-adds of one BLAS call from which threads pay off
 
 _pool_override: int | None = None
 
@@ -51,24 +49,19 @@ def parse_thread_count(text: str, origin: str) -> int:
 
 
 def set_pool_size(threads: int | None) -> None:
-    """Make ``threads`` the pool of large products for every CPU executor (None: back to the default)."""
+    """Make ``threads`` the pool of every CPU executor made from now on (None: back to the default)."""
     global _pool_override
     _pool_override = threads
 
 
 def pool_size() -> int:
-    """The threads a large product runs on (see the module docstring for the order)."""
+    """The threads of the CPU executors' pool (see the module docstring for the order)."""
     if _pool_override is not None:
         return _pool_override
     text = os.environ.get(ENV_VAR)
     if text:
         return parse_thread_count(text, ENV_VAR)
     return usable_cores()
-
-
-def threads_for(macs: int, pool: int) -> int:
-    """Threads for one BLAS call of ``macs`` multiply-adds with a pool of ``pool``."""
-    return pool if macs >= PARALLEL_MACS else 1
 
 
 @cache

@@ -1,4 +1,4 @@
-"""BLAS threads of the CPU executor: small products on one thread, large ones on the pool."""
+"""The threads of the CPU executor: its pool sized by the flag, the variable or the cores; BLAS on one thread."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ from modeldsl.diagnostics import DiagnosticError
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime import sched_executor, threads
 from modeldsl.runtime.profiles import compile_profile
-from modeldsl.runtime.sched_executor import ScheduleExecutor, gemm_call_macs
+from modeldsl.runtime.sched_executor import ScheduleExecutor
 
 EXAMPLE = STD_ROOT.parents[1] / "examples" / "tiny_llama"
 TOKENS = np.array([[5, 6, 7, 8]])
@@ -29,53 +29,47 @@ def pool(monkeypatch):
     threads.set_pool_size(None)
 
 
-def gemm_thread_counts(monkeypatch, model) -> list[int]:
-    """The BLAS thread count seen by every GEMM of one forward of ``model``'s T=4 profile."""
+def kernel_blas_counts(monkeypatch, model) -> tuple[list[int], ScheduleExecutor]:
+    """The BLAS thread counts seen inside every GEMM step of one forward of ``model``'s T=4 profile."""
     seen = []
-    product = sched_executor.gemm
+    make = sched_executor.cpu_gemm
 
     def recording_gemm(*args, **kwargs):
-        seen.extend(threads.blas_thread_counts())
-        return product(*args, **kwargs)
+        step = make(*args, **kwargs)
 
-    monkeypatch.setattr(sched_executor, "gemm", recording_gemm)
+        def recorded() -> None:
+            seen.extend(threads.blas_thread_counts())
+            step()
+
+        return recorded
+
+    monkeypatch.setattr(sched_executor, "cpu_gemm", recording_gemm)
     executor = ScheduleExecutor(compile_profile(model.model, *TOKENS.shape, "fp32"), model.weights)
     executor.execute(*model.inputs(TOKENS, 0))
-    return seen
+    return seen, executor
 
 
 @needs_blas
-def test_small_gemms_run_on_one_thread_and_the_setting_is_restored(tiny, pool, monkeypatch):
+def test_blas_runs_on_one_thread_inside_the_pool_and_the_setting_is_restored(tiny, pool, monkeypatch):
     before = threads.blas_thread_counts()
-    counts = gemm_thread_counts(monkeypatch, tiny)
+    counts, executor = kernel_blas_counts(monkeypatch, tiny)
     assert counts and set(counts) == {1}
+    assert executor.threads.threads == pool
     assert threads.blas_thread_counts() == before
 
 
-@needs_blas
-def test_gemms_from_the_threshold_on_run_on_the_pool(tiny, pool, monkeypatch):
-    monkeypatch.setattr(threads, "PARALLEL_MACS", 1)
-    assert set(gemm_thread_counts(monkeypatch, tiny)) == {pool}
-
-
-@needs_blas
-def test_the_pool_does_not_change_the_logits(tiny, pool, monkeypatch):
+def test_the_pool_changes_the_logits_by_rounding_at_most(tiny, monkeypatch):
     program = compile_profile(tiny.model, *TOKENS.shape, "fp32")
-    (single,) = ScheduleExecutor(program, tiny.weights).execute(*tiny.inputs(TOKENS, 0))
-    single = np.array(single)
-    monkeypatch.setattr(threads, "PARALLEL_MACS", 1)
-    (pooled,) = ScheduleExecutor(program, tiny.weights).execute(*tiny.inputs(TOKENS, 0))
-    np.testing.assert_allclose(pooled, single, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("a, c, mode, macs", [
-    ((2, 16, 64), (2, 16, 128), "NT", 16 * 128 * 64),      # x @ W^T: one call per batch row
-    ((64, 32), (64, 48), "NN", 64 * 48 * 32),
-    ((2, 16, 128), (128, 64), "TN", 128 * 64 * 32),        # dW = dY^T X over all 32 tokens: one call
-    ((16, 128), (128, 64), "TN", 128 * 64 * 16),
-])
-def test_the_work_of_one_blas_call(a, c, mode, macs):
-    assert gemm_call_macs(a, c, mode) == macs
+    logits = []
+    for size in (1, 3, 3):
+        threads.set_pool_size(size)
+        try:
+            (out,) = ScheduleExecutor(program, tiny.weights).execute(*tiny.inputs(TOKENS, 0))
+        finally:
+            threads.set_pool_size(None)
+        logits.append(np.array(out))
+    np.testing.assert_allclose(logits[1], logits[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(logits[2], logits[1])  # the same split: the same bits
 
 
 def test_the_pool_is_the_flag_then_the_variable_then_the_usable_cores(monkeypatch):
@@ -88,7 +82,6 @@ def test_the_pool_is_the_flag_then_the_variable_then_the_usable_cores(monkeypatc
         assert threads.pool_size() == 2
     finally:
         threads.set_pool_size(None)
-    assert threads.threads_for(threads.PARALLEL_MACS - 1, 8) == 1 and threads.threads_for(threads.PARALLEL_MACS, 8) == 8
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", ""])
