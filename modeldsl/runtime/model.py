@@ -377,8 +377,8 @@ def _verify_specialized(module: ModuleOp) -> None:
 
 def _hold_once(weights: dict[str, np.ndarray], arena: ParamsArena) -> None:
     """Every weight in its place in the schedule's params arena, and a view of it where the dtypes
-    agree (a parameter the checkpoint filled elsewhere, through a rule that is no straight read or
-    in another dtype than the arena's, is copied in; the rest were read into it)."""
+    agree. The loader filled the views in the load dtype in place; a parameter the arena stores in
+    another dtype (declared fp32 in a bf16 load) is copied in, converted, and stays its own array."""
     for name, view in arena.views.items():
         weight = weights.get(name)
         if weight is None or weight is view:

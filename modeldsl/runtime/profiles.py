@@ -86,9 +86,9 @@ class ParamsArena:
 
 
 def params_arena(model: ModelOp, storage: str | None) -> ParamsArena:
-    """The ``params`` arena of every forward profile of a specialized ``model`` (allocated, its
-    pages untouched until written), planned from the parameter buffers alone: every program
-    declares them first, in the model's order."""
+    """The ``params`` arena of every forward profile of a specialized ``model`` (allocated and
+    zero), planned from the parameter buffers alone: every program declares them first, in the
+    model's order."""
     program = ProgramOp("params", {})
     program.body.block.add_ops(parameter_buffers(model, storage == "fp32"))
     plan(program)
@@ -112,8 +112,8 @@ class ProfiledForward:
         self.model, self.weights, self.storage = model, weights, storage
         self.profiles: dict[tuple[int, int, int], ScheduleExecutor] = {}
         self.device = device
-        self.params: Any = params.arena if params else None  # the shared arena (numpy, or a device arena)
-        self.param_layout: dict | None = params.layout if params else None
+        self.params: Any = params.arena if params is not None else None  # numpy, or a device arena
+        self.param_layout: dict | None = params.layout if params is not None else None
         self.caches: dict[tuple[int, int], dict[str, np.ndarray]] = {}
 
     def bucket(self, tokens: int) -> int:
