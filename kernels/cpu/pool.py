@@ -26,7 +26,7 @@ temporaries of a tile stay in the core's cache between the passes over it.
 
 from __future__ import annotations
 
-import math
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -144,11 +144,12 @@ def row_tiles(start: int, stop: int, rows: int) -> Iterator[tuple[int, int]]:
         yield lo, min(lo + rows, stop)
 
 
-@cache
 def pool_of(threads: int) -> Pool:
-    """The process's pool of ``threads`` threads (created once, shared by every executor)."""
+    """The process's pool of ``threads`` threads (created once, shared by every executor; a forked
+    child, which has none of its parent's threads, makes its own)."""
+    return _pool(threads, os.getpid())
+
+
+@cache
+def _pool(threads: int, process: int) -> Pool:
     return Pool(threads)
-
-
-def elements(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
