@@ -469,8 +469,8 @@ def _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size):
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
     s = scale * (q @ np.swapaxes(_expand_kv(k, q.shape[1]), -1, -2))
     if alibi_slopes is not None:
-        dist = np.abs(np.arange(tq)[:, None] + (tk - tq) - np.arange(tk)[None, :])
-        s = s - alibi_slopes.reshape(1, -1, 1, 1) * dist
+        dist = np.abs(np.arange(tq)[:, None] + (tk - tq) - np.arange(tk)[None, :]).astype(s.dtype)
+        s = s - alibi_slopes.reshape(1, -1, 1, 1).astype(s.dtype) * dist  # in s's dtype, not promoted to fp64
     return np.where(_attention_allowed(tq, tk, causal, window_size), s, -np.inf), scale
 
 

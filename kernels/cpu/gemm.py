@@ -1,106 +1,118 @@
 """The CPU ``mdsl.sched.gemm``: ``C = epilogue(alpha op(A) op(B) + beta C)`` written into C, over the pool.
 
-The operands are seen as 2-d views (``op(A)`` ``[M, K]``, ``op(B)`` ``[K, N]``,
-``C`` ``[M, N]``; leading dims flattened into rows, a stacked ``TN`` pair
-contracting its rows), and each thread multiplies its block of C's rows (its
-block of columns when C has fewer rows than threads) with ``np.matmul(out=)``
-on a one-thread BLAS. ``alpha`` and ``beta`` cost a pass only when they are
-not 1 and 0; with ``beta`` the product goes through a scratch block first.
-Epilogues other than none and the bias (with its saved pre-activation), and
-batched products, return no step: the executor runs the reference.
+A GEMM becomes a list of 2-d products, made once at compile time, each one
+``np.matmul(out=)`` call on a one-thread BLAS, and the pool's threads take
+contiguous runs of the list. The list makes the BLAS calls the reference
+makes (numpy's matmul runs one call per matrix of a stack: per batch row of
+``x [B, T, K] @ W^T``, per matrix of a batched product, one call over all
+rows of a stacked ``TN`` pair), so the results are bitwise the reference's:
+BLAS picks its kernels by size (OpenBLAS has a small-matrix path), so the
+same product cut into other shapes may round differently. Only a product too
+large for one thread and with fewer matrices than threads is cut further, into
+row blocks of C (column blocks when C has fewer rows than threads).
+``alpha`` and ``beta`` cost a pass only when they are not 1 and 0; with
+``beta`` the product goes through scratch first. Epilogues other than none and
+the bias (with its saved pre-activation) return no step: the reference runs
+them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
-from modeldsl.kernels.cpu.pool import Pool, row_tiles, scratch_bytes
+from modeldsl.kernels.cpu.pool import PARALLEL_ELEMENTS, Pool, scratch_bytes
 from modeldsl.kernels.cpu.tiles import Step, as_rows, float_dtype
 
-PRODUCT_TILE = 1 << 16  # elements of one scratch block of the product (with beta)
-EPILOGUES = ("none", "bias", "bias_aux")
+EPILOGUES = ("none", "bias")
+Block = tuple[np.ndarray, np.ndarray, np.ndarray, slice]  # op(A), op(B), C and the bias's columns
 
 
-def _operand(x: np.ndarray, transposed: bool, stacked: bool) -> np.ndarray | None:
-    """``op(x)`` as a 2-d view: rows of x (``N``), or their transpose (``T``; a stacked x
-    contracts its rows)."""
-    if x.ndim == 2:
-        return x.T if transposed else x
-    if not stacked and transposed:
+def _op(x: np.ndarray, transposed: bool) -> np.ndarray:
+    return np.swapaxes(x, -1, -2) if transposed else x
+
+
+def _matrices(a, b, c, mode: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+    """The reference's BLAS calls as 2-d (op(A), op(B), C) views, or None for operands it does not take."""
+    ta, tb = mode[0] == "T", mode[1] == "T"
+    if c.ndim == 2 and a.ndim > 2 and b.ndim > 2 and ta and not tb:  # dW = dY^T X over all rows: one call
+        rows_a, rows_b = as_rows(a), as_rows(b)
+        return None if rows_a is None or rows_b is None else iter([(rows_a.T, rows_b, c)])
+    if c.ndim == 2:
+        return iter([(_op(a, ta), _op(b, tb), c)]) if a.ndim == 2 and b.ndim == 2 else None
+    if b.ndim == 2:  # a stack of x @ op(W): one call per matrix of the stack
+        if a.shape[:-2] != c.shape[:-2]:
+            return None
+        flat_a, flat_c = a.reshape(-1, *a.shape[-2:]), c.reshape(-1, *c.shape[-2:])
+        return ((_op(x, ta), _op(b, tb), y) for x, y in zip(flat_a, flat_c))
+    if a.shape[:-2] != c.shape[:-2] or b.shape[:-2] != c.shape[:-2]:
         return None
-    rows = as_rows(x)
-    return None if rows is None else (rows.T if transposed else rows)
+    flat = [x.reshape(-1, *x.shape[-2:]) for x in (a, b, c)]
+    return ((_op(x, ta), _op(y, tb), z) for x, y, z in zip(*flat))
 
 
-def matrices(a, b, c, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(op(A), op(B), C) as 2-d views whose shapes chain, or None."""
-    if c.ndim > 2 and a.ndim > 2 and b.ndim > 2:
-        return None  # a batched product
-    stacked = c.ndim == 2 and a.ndim > 2 and b.ndim > 2
-    a2, b2, c2 = _operand(a, mode[0] == "T", stacked), _operand(b, mode[1] == "T", stacked), as_rows(c)
-    if a2 is None or b2 is None or c2 is None:
+def _cut(a2: np.ndarray, b2: np.ndarray, c2: np.ndarray, parts: int) -> list[Block]:
+    """One product as up to ``parts`` row blocks of C (column blocks when C has too few rows)."""
+    m, n = c2.shape
+    if m >= parts:
+        bounds = [m * i // parts for i in range(parts + 1)]
+        return [(a2[lo:hi], b2, c2[lo:hi], slice(None)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    parts = min(parts, n)
+    bounds = [n * i // parts for i in range(parts + 1)]
+    return [(a2, b2[:, lo:hi], c2[:, lo:hi], slice(lo, hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def blocks(a, b, c, mode: str, threads: int) -> list[Block] | None:
+    """The products one GEMM runs, cut for ``threads`` threads where it has fewer than that."""
+    matrices = _matrices(a, b, c, mode)
+    if matrices is None:
         return None
-    if a2.shape[0] != c2.shape[0] or b2.shape[1] != c2.shape[1] or a2.shape[1] != b2.shape[0]:
+    products = list(matrices)
+    if any(x.shape[-1] != y.shape[0] or (x.shape[0], y.shape[1]) != z.shape for x, y, z in products):
         return None
-    return a2, b2, c2
+    work = sum(x.shape[0] * x.shape[1] * y.shape[1] for x, y, _ in products) // 64
+    if len(products) < threads and work >= PARALLEL_ELEMENTS:
+        return [block for x, y, z in products for block in _cut(x, y, z, threads)]
+    return [(x, y, z, slice(None)) for x, y, z in products]
 
 
 def gemm(pool: Pool, a, b, c, bias=None, aux=None, *, transpose="NN", alpha=1.0, beta=0.0,
          epilogue="none") -> Step | None:
     """The step of one ``mdsl.sched.gemm`` (None: the reference runs it)."""
-    views = matrices(a, b, c, transpose)
-    dtype = float_dtype(a, b, c, bias, aux)
-    if views is None or dtype is None or epilogue not in EPILOGUES:
+    dtype = float_dtype(a, b, c, bias)
+    if dtype is None or epilogue not in EPILOGUES or aux is not None:
         return None
-    a2, b2, c2 = views
-    aux2 = as_rows(aux) if aux is not None else None
-    if aux is not None and (aux2 is None or aux2.shape != c2.shape):
+    work = blocks(a, b, c, transpose, pool.threads)
+    if work is None:
         return None
-    m, n = c2.shape
-    by_rows = m >= pool.threads
-    width = n if by_rows else 1
-    tile = max(PRODUCT_TILE // max(width, 1), 1) if by_rows else m
     if beta:
-        pool.workspace.reserve(scratch_bytes(tile * n if by_rows else m * n, dtype, 1))
-    row_bias = bias.reshape(-1) if bias is not None else None
+        pool.workspace.reserve(scratch_bytes(max(z.size for _, _, z, _ in work), dtype))
+    row_bias = bias.reshape(-1) if bias is not None and epilogue == "bias" else None
     alpha, beta = dtype.type(alpha), dtype.type(beta)
 
-    def finish(block: np.ndarray, lo: int, hi: int) -> None:
-        if row_bias is not None and epilogue != "none":
-            block += row_bias if by_rows else row_bias[lo:hi]
-        if aux2 is not None:
-            np.copyto(aux2[lo:hi] if by_rows else aux2[:, lo:hi], block)
-
-    def product(a_block, b_block, out, thread: int) -> None:
-        if not beta:
-            np.matmul(a_block, b_block, out=out)
-            if alpha != 1:
-                out *= alpha
-            return
-        (scratch,) = pool.workspace.arrays(thread, out.size, dtype, 1)
-        scratch = scratch.reshape(out.shape)
-        np.matmul(a_block, b_block, out=scratch)
+    def product(x: np.ndarray, y: np.ndarray, z: np.ndarray, columns: slice, thread: int) -> None:
+        if beta:
+            out = pool.workspace.arrays(thread, z.size, dtype, 1)[0].reshape(z.shape)
+        else:
+            out = z
+        np.matmul(x, y, out=out)
         if alpha != 1:
-            scratch *= alpha
-        if beta != 1:
-            out *= beta
-        np.add(scratch, out, out=out)
+            out *= alpha
+        if beta:
+            if beta != 1:
+                z *= beta
+            np.add(out, z, out=z)
+        if row_bias is not None:
+            z += row_bias[columns]
 
-    def rows_block(start: int, stop: int, thread: int) -> None:
-        for lo, hi in row_tiles(start, stop, tile if beta else stop - start):
-            product(a2[lo:hi], b2, c2[lo:hi], thread)
-            finish(c2[lo:hi], lo, hi)
+    def run(start: int, stop: int, thread: int) -> None:
+        for x, y, z, columns in work[start:stop]:
+            product(x, y, z, columns, thread)
 
-    def columns_block(start: int, stop: int, thread: int) -> None:
-        product(a2, b2[:, start:stop], c2[:, start:stop], thread)
-        finish(c2[:, start:stop], start, stop)
-
-    work = m * n * a2.shape[1] // 64
+    total = sum(x.shape[0] * x.shape[1] * y.shape[1] for x, y, _, _ in work) // 64
 
     def step() -> None:
-        if by_rows:
-            pool.blocks(rows_block, m, work)
-        else:
-            pool.blocks(columns_block, n, work)
+        pool.blocks(run, len(work), total)
 
     return step

@@ -41,11 +41,17 @@ def parse_thread_count(text: str, origin: str) -> int:
         value = int(text.strip())
     except ValueError:
         value = 0
-    if value < 1:
-        raise DiagnosticError([Diagnostic("E029", f"{origin} must be a whole number of threads >= 1, got '{text}'",
+    if value < 1 or value > max_threads():
+        raise DiagnosticError([Diagnostic("E029", f"{origin} must be a whole number of threads from 1 to "
+                                          f"{max_threads()}, got '{text}'",
                                           None, f"give a number from 1 to {usable_cores()} (the cores this "
                                           "process may use)")])
     return value
+
+
+def max_threads() -> int:
+    """The most threads a pool may have: four per usable core, at least 64 (more only oversubscribes)."""
+    return max(64, 4 * usable_cores())
 
 
 def set_pool_size(threads: int | None) -> None:

@@ -64,9 +64,10 @@ def test_a_file_given_as_the_checkpoint_folder_is_e028(capsys):
 
 
 @pytest.mark.parametrize("flags, env, words", [
-    (["--threads", "0"], None, "--threads must be a whole number of threads >= 1, got '0'"),
-    (["--threads", "many"], None, "--threads must be a whole number of threads >= 1, got 'many'"),
-    ([], "-3", "MDSL_NUM_THREADS must be a whole number of threads >= 1, got '-3'"),
+    (["--threads", "0"], None, "--threads must be a whole number of threads from 1 to"),
+    (["--threads", "many"], None, "got 'many'"),
+    (["--threads", "100000"], None, "got '100000'"),
+    ([], "-3", "MDSL_NUM_THREADS must be a whole number of threads from 1 to"),
 ])
 def test_bad_thread_counts_are_e029(flags, env, words, monkeypatch, capsys):
     if env is not None:
