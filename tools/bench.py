@@ -105,6 +105,27 @@ def timed(step: Callable[[np.ndarray], float], data: list[np.ndarray], settings:
 
 
 # ---------------------------------------------------------------------------- PyTorch
+def torch_training_step(model, forward, optimizer, device: str = "cpu", autocast=None) -> Callable[[np.ndarray], float]:
+    """One transformers training step on ``[B, T + 1]`` tokens (labels are the inputs, shifted by
+    transformers): ``forward`` (the model, or it under ``torch.compile``), clipping at 1.0, the
+    optimizer step and ``zero_grad(set_to_none=True)``; returns the loss."""
+    import contextlib
+
+    import torch
+
+    def step(tokens: np.ndarray) -> float:
+        ids = torch.as_tensor(tokens, device=device)
+        with autocast or contextlib.nullcontext():
+            loss = forward(ids[:, :-1], labels=ids[:, :-1]).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return step
+
+
 def run_torch(shape: str, compiled: bool, settings: Settings) -> Row:
     import torch
     import transformers
@@ -119,17 +140,7 @@ def run_torch(shape: str, compiled: bool, settings: Settings) -> Row:
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01, fused=fused)
     forward = torch.compile(model) if compiled else model
     autocast = torch.autocast(settings.device, dtype=torch.bfloat16, enabled=settings.dtype == "bf16")
-
-    def step(tokens: np.ndarray) -> float:
-        ids = torch.as_tensor(tokens, device=settings.device)
-        with autocast:
-            loss = forward(ids[:, :-1], labels=ids[:, :-1]).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return float(loss.detach())
-
+    step = torch_training_step(model, forward, optimizer, settings.device, autocast)
     cuda = settings.device == "cuda"
     synchronize = torch.cuda.synchronize if cuda else (lambda: None)
     data = batches(hf["vocab_size"], settings)

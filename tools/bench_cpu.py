@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from modeldsl.resolve.imports import STD_ROOT
-from modeldsl.tools.bench import SHAPES, Settings, batches, timed
+from modeldsl.tools.bench import SHAPES, Settings, batches, timed, torch_training_step
 from modeldsl.tools.bench_deps import reporting_diagnostics, require_packages
 
 LLAMA = STD_ROOT / "models" / "llama.module"
@@ -131,17 +131,7 @@ def torch_train_step(spec: dict[str, Any], settings: Settings):
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01)
     forward = torch.compile(model) if spec["runner"] == "compile" else model
-
-    def step(tokens: np.ndarray) -> float:
-        ids = torch.as_tensor(tokens)
-        loss = forward(ids[:, :-1], labels=ids[:, :-1]).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return float(loss.detach())
-
-    return step, model.config.vocab_size
+    return torch_training_step(model, forward, optimizer), model.config.vocab_size
 
 
 def torch_model(directory: str):

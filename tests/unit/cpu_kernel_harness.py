@@ -34,18 +34,25 @@ def fast_and_reference(name: str, inputs: list, params: dict | None = None, thre
 
 
 def allocation_peak(step) -> int:
-    """The largest traced allocation peak of a warmed-up call of ``step`` (bytes)."""
+    """The traced allocation peak of a warmed-up call of ``step`` (bytes)."""
     buffer = np.setbufsize(BUFSIZE)  # as the executor runs its steps
-    step()
+    try:
+        step()
+        return traced_peak(step)
+    finally:
+        np.setbufsize(buffer)
+
+
+def traced_peak(run) -> int:
+    """The traced allocation peak of one call of ``run`` above what was allocated before it (bytes)."""
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
-        step()
+        run()
         return tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
-        np.setbufsize(buffer)
 
 
 def random(shape, dtype, seed: int = 0, scale: float = 1.0) -> np.ndarray:
