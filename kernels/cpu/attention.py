@@ -78,6 +78,8 @@ class Attention:
         self.rows = min(_block_rows(self.capacity, window, causal), max(self.tq, 1))
         self.blocks = -(-self.tq // self.rows)
         self.span = self.capacity if window is None else min(self.capacity, self.rows + 2 * window)
+        self.stack_kv, self.stack_q = _stack(self.kv_heads, self.group, STRIP // (self.rows * self.span))
+        self.stack = self.stack_kv * self.stack_q
         distance = np.arange(-(self.capacity - 1), self.capacity)  # d = i - j at index d + capacity - 1
         self.masked = _windows(~self._allowed(distance), self.rows)
         self.distance = _windows(np.abs(distance).astype(dtype), self.rows) if alibi else None
@@ -101,17 +103,18 @@ class Attention:
         return lo, hi
 
     def scores(self, s: np.ndarray, wide: np.ndarray, q_block, k_span, i0: int, j_lo: int, slope) -> None:
-        """``s = scale q k^T - slope |d|``, masked keys at ``-inf`` (``wide``: scratch of ``s``'s size)."""
-        np.matmul(q_block, k_span.T, out=s)
+        """``s = scale q k^T - slope |d|``, masked keys at ``-inf``, for a stack ``[kv, heads, rows, span]``
+        (``k_span``: ``[kv, 1, span, D]``; ``slope``: ``[kv, heads, 1, 1]`` or None; ``wide``: scratch of
+        ``s``'s size)."""
+        np.matmul(q_block, k_span.swapaxes(-1, -2), out=s)
         if self.scale != 1:
             s *= self.scale
-        rows, span = s.shape
+        rows, span = s.shape[-2:]
         shift = i0 + self.tk - self.tq - j_lo  # d at [0, 0]
         center = shift + self.capacity - 1
         if slope is not None:
             bias = wide[:s.size].reshape(s.shape)
-            np.copyto(bias, _diagonal(self.distance, center, rows, span))
-            bias *= slope
+            np.multiply(_diagonal(self.distance, center, rows, span), slope, out=bias)
             s -= bias
         right = shift + 1 if self.causal else (shift + self.window if self.window is not None else span)
         left = shift + rows - self.window if self.window is not None else 0
@@ -119,11 +122,36 @@ class Attention:
             left, right = span, span  # the two masked corners meet: mask the whole strip once
         for a, b in ((0, min(left, span)), (max(right, 0), span)):
             if b > a:
-                np.copyto(s[:, a:b], self.minus_inf, where=_diagonal(self.masked, center, rows, span)[:, a:b])
+                np.copyto(s[..., a:b], self.minus_inf, where=_diagonal(self.masked, center, rows, span)[:, a:b])
 
 
     def work(self) -> int:
         return self.batch * self.heads * self.tq * self.tk * self.depth // 64
+
+    def block(self, block: int) -> tuple[int, int, int, int]:
+        """Query block ``block``'s rows ``[i0, i1)`` and the keys ``[j_lo, j_hi)`` they see."""
+        i0, i1 = block * self.rows, min(block * self.rows + self.rows, self.tq)
+        return (i0, i1, *self.keys(i0, i1))
+
+
+def _stack(kv_heads: int, group: int, fit: int) -> tuple[int, int]:
+    """``(kv heads, query heads of each)`` that one work item stacks: at most ``fit`` query heads, a
+    divisor of the group, or whole groups of a divisor of the kv heads (numpy calls then cover the
+    whole stack, fewer and larger: two threads hand the GIL over less often)."""
+    if fit < group:
+        return 1, max(n for n in range(1, max(fit, 1) + 1) if group % n == 0)
+    return max(n for n in range(1, fit // group + 1) if kv_heads % n == 0), group
+
+
+def _grouped(a: np.ndarray | None, kv_heads: int) -> np.ndarray | None:
+    """``[B, H, ...]`` as the view ``[B, kv_heads, H / kv_heads, ...]`` (query head ``h`` at
+    ``[:, h // group, h % group]``); a kv operand ``[B, kv_heads, ...]`` gets the group axis 1."""
+    if a is None:
+        return None
+    group = a.shape[1] // kv_heads
+    shape = (a.shape[0], kv_heads, group, *a.shape[2:])
+    strides = (a.strides[0], group * a.strides[1], a.strides[1], *a.strides[2:])
+    return as_strided(a, shape=shape, strides=strides, writeable=a.flags.writeable)
 
 
 def _by_rows(ufunc: np.ufunc, a: np.ndarray, column: np.ndarray, wide: np.ndarray, into_wide: bool = False) -> None:
@@ -153,27 +181,30 @@ class Forward:
     """``out, lse`` of one attention, written into their views."""
 
     def __init__(self, geometry: Attention, q, k, v, out, lse, slopes):
-        self.g, self.q, self.k, self.v, self.out, self.lse, self.slopes = geometry, q, k, v, out, lse, slopes
         g = geometry
-        self.sizes = [(g.rows * g.span, 2), (g.rows, 3)]
+        self.g = g
+        self.q, self.out, self.lse = (_grouped(a, g.kv_heads) for a in (q, out, lse))
+        self.k, self.v = k[:, :, None], v[:, :, None]
+        self.slopes = None if slopes is None else slopes.reshape(g.kv_heads, g.group, 1, 1)
+        self.sizes = [(g.stack * g.rows * g.span, 2), (g.stack * g.rows, 3)]
         _reserve(g, self.sizes)
 
     def items(self, start: int, stop: int, thread: int) -> None:
         g = self.g
         strip, wide, m_all, lse_all, inverse_all = _carve(g, thread, self.sizes)
         for item in range(start, stop):
-            bh, block = divmod(item, g.blocks)
-            b, h = divmod(bh, g.heads)
-            kv = h // g.group
-            i0, i1 = block * g.rows, min(block * g.rows + g.rows, g.tq)
-            j_lo, j_hi = g.keys(i0, i1)
+            b, kv, h, block = _item(g, item)
+            i0, i1, j_lo, j_hi = g.block(block)
             rows, span = i1 - i0, j_hi - j_lo
-            s = strip[:rows * span].reshape(rows, span)
-            g.scores(s, wide, self.q[b, h, i0:i1], self.k[b, kv, j_lo:j_hi], i0, j_lo,
-                     None if self.slopes is None else self.slopes[h])
-            self.softmax(s, wide, m_all[:rows], lse_all[:rows], inverse_all[:rows], whole_rows=span == g.tk)
-            np.matmul(s, self.v[b, kv, j_lo:j_hi], out=self.out[b, h, i0:i1])
-            np.copyto(self.lse[b, h, i0:i1], lse_all[:rows], casting="unsafe")
+            heads, stack_rows = (g.stack_kv, g.stack_q), g.stack * rows
+            kvs, hs = slice(kv, kv + g.stack_kv), slice(h, h + g.stack_q)
+            s = strip[:stack_rows * span].reshape(*heads, rows, span)
+            g.scores(s, wide, self.q[b, kvs, hs, i0:i1], self.k[b, kvs, :, j_lo:j_hi], i0, j_lo,
+                     None if self.slopes is None else self.slopes[kvs, hs])
+            self.softmax(s.reshape(stack_rows, span), wide, m_all[:stack_rows], lse_all[:stack_rows],
+                         inverse_all[:stack_rows], whole_rows=span == g.tk)
+            np.matmul(s, self.v[b, kvs, :, j_lo:j_hi], out=self.out[b, kvs, hs, i0:i1])
+            np.copyto(self.lse[b, kvs, hs, i0:i1], lse_all[:stack_rows].reshape(*heads, rows), casting="unsafe")
 
     @staticmethod
     def softmax(s: np.ndarray, wide: np.ndarray, m: np.ndarray, lse: np.ndarray, inverse: np.ndarray,
@@ -202,80 +233,103 @@ class Forward:
 
     def __call__(self) -> None:
         g = self.g
-        g.pool.blocks(self.items, g.batch * g.heads * g.blocks, g.work())
+        g.pool.blocks(self.items, g.batch * (g.heads // g.stack) * g.blocks, g.work())
+
+
+def _item(g: Attention, item: int) -> tuple[int, int, int, int]:
+    """Forward work item ``item`` as (batch, first kv head, first query head in the group, query block)."""
+    stack, block = divmod(item, g.blocks)
+    b, stack = divmod(stack, g.heads // g.stack)
+    kv, h = divmod(stack, g.group // g.stack_q)
+    return b, kv * g.stack_kv, h * g.stack_q, block
 
 
 class Backward:
     """``d_q, d_k, d_v`` of one attention from its saved ``out`` and ``lse``."""
 
     def __init__(self, geometry: Attention, d_out, q, k, v, out, lse, slopes, d_q, d_k, d_v):
-        self.g = geometry
-        self.d_out, self.q, self.k, self.v, self.out, self.lse, self.slopes = d_out, q, k, v, out, lse, slopes
-        self.d_q, self.d_k, self.d_v = d_q, d_k, d_v
         g = geometry
-        self.sizes = [(g.rows * g.span, 3), (g.span * max(g.depth, g.value_depth), 1),
-                      (g.rows * max(g.depth, g.value_depth), 2), (g.rows, 2), (g.capacity * g.depth, 1),
-                      (g.capacity * g.value_depth, 1)]
+        self.g = g
+        self.d_out, self.q, self.out, self.lse, self.d_q = (_grouped(a, g.kv_heads) for a in (d_out, q, out, lse, d_q))
+        self.k, self.v = k[:, :, None], v[:, :, None]
+        self.slopes = None if slopes is None else slopes.reshape(g.kv_heads, g.group, 1, 1)
+        self.d_k, self.d_v = d_k, d_v
+        depth = max(g.depth, g.value_depth)
+        self.sizes = [(g.stack * g.rows * g.span, 3), (g.stack * g.span * depth, 1), (g.stack_kv * g.span * depth, 1),
+                      (g.stack * g.rows * depth, 1), (g.stack * g.rows, 2), (g.stack_kv * g.capacity * g.depth, 1),
+                      (g.stack_kv * g.capacity * g.value_depth, 1)]
         _reserve(g, self.sizes)
 
     def pairs(self, start: int, stop: int, thread: int) -> None:
+        """The kv heads ``stack_kv * start .. stack_kv * stop - 1`` of every batch row (flattened):
+        ``dK``, ``dV`` summed over their query heads and blocks in scratch, in a fixed order."""
         g = self.g
         scratch = _carve(g, thread, self.sizes)
         dk_all, dv_all = scratch[-2:]
-        dk = dk_all[:g.tk * g.depth].reshape(g.tk, g.depth)
-        dv = dv_all[:g.tk * g.value_depth].reshape(g.tk, g.value_depth)
+        dk = dk_all[:g.stack_kv * g.tk * g.depth].reshape(g.stack_kv, g.tk, g.depth)
+        dv = dv_all[:g.stack_kv * g.tk * g.value_depth].reshape(g.stack_kv, g.tk, g.value_depth)
         for pair in range(start, stop):
-            b, kv = divmod(pair, g.kv_heads)
+            b, kv = divmod(pair, g.kv_heads // g.stack_kv)
+            kvs = slice(kv * g.stack_kv, (kv + 1) * g.stack_kv)
             dk.fill(0)
             dv.fill(0)
-            for h in range(kv * g.group, (kv + 1) * g.group):
-                alibi = None if self.slopes is None else self.slopes[h]
+            for h in range(0, g.group, g.stack_q):
                 for block in range(g.blocks):
-                    self.block(b, h, kv, block, alibi, scratch[:-2], dk, dv)
-            np.copyto(self.d_k[b, kv], dk)
-            np.copyto(self.d_v[b, kv], dv)
+                    self.block(b, kvs, slice(h, h + g.stack_q), block, scratch[:-2], dk, dv)
+            np.copyto(self.d_k[b, kvs], dk)
+            np.copyto(self.d_v[b, kvs], dv)
 
-    def block(self, b, h, kv, block, alibi, scratch, dk, dv) -> None:
-        """One query block of head ``h``: its ``d_q`` rows, and its share of ``dk``, ``dv`` added in."""
+    def block(self, b: int, kvs: slice, hs: slice, block: int, scratch, dk, dv) -> None:
+        """One query block of the query heads ``hs`` of the kv heads ``kvs``: their ``d_q`` rows, and
+        their share of ``dk``, ``dv`` added in."""
         g = self.g
-        p_all, dp_all, wide, part_all, od_all, out_all, di_all, lse_all = scratch
-        i0, i1 = block * g.rows, min(block * g.rows + g.rows, g.tq)
-        j_lo, j_hi = g.keys(i0, i1)
+        p_all, dp_all, wide, part_all, sum_all, od_all, di_all, lse_all = scratch
+        i0, i1, j_lo, j_hi = g.block(block)
         rows, span = i1 - i0, j_hi - j_lo
-        q, k_span, v_span = self.q[b, h, i0:i1], self.k[b, kv, j_lo:j_hi], self.v[b, kv, j_lo:j_hi]
-        d_out = self.d_out[b, h, i0:i1]
-        p = p_all[:rows * span].reshape(rows, span)
-        g.scores(p, wide, q, k_span, i0, j_lo, alibi)
-        lse = lse_all[:rows]
-        np.copyto(lse, self.lse[b, h, i0:i1], casting="unsafe")
-        _by_rows(np.subtract, p, lse, wide)
-        np.exp(p, out=p)
-        part = part_all[:span * g.value_depth].reshape(span, g.value_depth)
-        np.matmul(p.T, d_out, out=part)
-        dv[j_lo:j_hi] += part
-        d_s = dp_all[:rows * span].reshape(rows, span)
-        np.matmul(d_out, v_span.T, out=d_s)
-        od = od_all[:rows * g.value_depth].reshape(rows, g.value_depth)
-        out = out_all[:rows * g.value_depth].reshape(rows, g.value_depth)
-        np.copyto(od, d_out)
-        np.copyto(out, self.out[b, h, i0:i1])
-        od *= out
-        di = di_all[:rows]
-        np.sum(od, axis=1, out=di)
-        _by_rows(np.subtract, d_s, di, wide)
+        heads, stack_rows = (g.stack_kv, g.stack_q), g.stack * rows
+        q, k_span, v_span = self.q[b, kvs, hs, i0:i1], self.k[b, kvs, :, j_lo:j_hi], self.v[b, kvs, :, j_lo:j_hi]
+        d_out = self.d_out[b, kvs, hs, i0:i1]
+        p = p_all[:stack_rows * span].reshape(*heads, rows, span)
+        g.scores(p, wide, q, k_span, i0, j_lo, None if self.slopes is None else self.slopes[kvs, hs])
+        lse = lse_all[:stack_rows]
+        np.copyto(lse.reshape(*heads, rows), self.lse[b, kvs, hs, i0:i1], casting="unsafe")
+        p_rows = p.reshape(stack_rows, span)
+        _by_rows(np.subtract, p_rows, lse, wide)
+        np.exp(p_rows, out=p_rows)
+        part = part_all[:g.stack * span * g.value_depth].reshape(*heads, span, g.value_depth)
+        np.matmul(p.swapaxes(-1, -2), d_out, out=part)
+        _add_heads(dv[:, j_lo:j_hi], part, sum_all)
+        d_s = dp_all[:stack_rows * span].reshape(*heads, rows, span)
+        np.matmul(d_out, v_span.swapaxes(-1, -2), out=d_s)
+        od = od_all[:stack_rows * g.value_depth].reshape(*heads, rows, g.value_depth)
+        np.multiply(d_out, self.out[b, kvs, hs, i0:i1], out=od)
+        di = di_all[:stack_rows]
+        np.sum(od.reshape(stack_rows, g.value_depth), axis=1, out=di)
+        d_s_rows = d_s.reshape(stack_rows, span)
+        _by_rows(np.subtract, d_s_rows, di, wide)
         d_s *= p
-        part = part_all[:span * g.depth].reshape(span, g.depth)
-        np.matmul(d_s.T, q, out=part)
+        part = part_all[:g.stack * span * g.depth].reshape(*heads, span, g.depth)
+        np.matmul(d_s.swapaxes(-1, -2), q, out=part)
         part *= g.scale
-        dk[j_lo:j_hi] += part
-        d_q = od_all[:rows * g.depth].reshape(rows, g.depth)
+        _add_heads(dk[:, j_lo:j_hi], part, sum_all)
+        d_q = od_all[:stack_rows * g.depth].reshape(*heads, rows, g.depth)
         np.matmul(d_s, k_span, out=d_q)
-        d_q *= g.scale
-        np.copyto(self.d_q[b, h, i0:i1], d_q)
+        np.multiply(d_q, g.scale, out=self.d_q[b, kvs, hs, i0:i1])
 
     def __call__(self) -> None:
         g = self.g
-        g.pool.blocks(self.pairs, g.batch * g.kv_heads, 3 * g.work())
+        g.pool.blocks(self.pairs, g.batch * (g.kv_heads // g.stack_kv), 3 * g.work())
+
+
+def _add_heads(acc: np.ndarray, part: np.ndarray, scratch: np.ndarray) -> None:
+    """``acc [kv, span, D] += part [kv, heads, span, D]`` summed over its heads in their order (one
+    head: added as it is; several: their sum first, as the reference sums a group's heads)."""
+    if part.shape[1] == 1:
+        acc += part[:, 0]
+        return
+    total = scratch[:acc.size].reshape(acc.shape)
+    np.sum(part, axis=1, out=total)
+    acc += total
 
 
 def _geometry(pool: Pool, q, k, v, operands, params, alibi: bool) -> Attention | None:
