@@ -43,6 +43,10 @@ class RowBlocks:
         for lo, hi in row_tiles(start, stop, self.per_tile):
             yield lo, hi, [t[:(hi - lo) * self.width].reshape(hi - lo, self.width) for t in temps]
 
+    def single_tile(self) -> bool:
+        """Whether the rows are one tile that one thread runs (the pool would add only its cost)."""
+        return self.rows <= self.per_tile and len(self.pool.split(self.rows, self.rows * self.width)) == 1
+
     def run(self, block, totals: tuple[np.ndarray, ...] = ()) -> None:
         """``block(start, stop, thread)`` over the rows; the threads' column sums into ``totals``."""
         ranges = self.pool.split(self.rows, self.rows * self.width)
@@ -79,16 +83,23 @@ def _forward(pool: Pool, y, rstd, x, weight, eps: float, residual=None, value=No
     r2 = rstd.reshape(-1)
     frame = RowBlocks(pool, rows, temps=1)
 
+    def tile(lo: int, hi: int, square: np.ndarray) -> None:
+        xs, r = x2[lo:hi], r2[lo:hi]
+        if summands:
+            np.add(summands[0][lo:hi], summands[1][lo:hi], out=xs)
+        _rstd_into(xs, eps, square, r)
+        np.multiply(xs, r[:, None], out=y2[lo:hi])
+        y2[lo:hi] *= weight
+
     def block(start: int, stop: int, thread: int) -> None:
         temps, _, _ = frame.scratch(thread)
         for lo, hi, (square,) in frame.tiles(start, stop, temps):
-            xs, r = x2[lo:hi], r2[lo:hi]
-            if summands:
-                np.add(summands[0][lo:hi], summands[1][lo:hi], out=xs)
-            _rstd_into(xs, eps, square, r)
-            np.multiply(xs, r[:, None], out=y2[lo:hi])
-            y2[lo:hi] *= weight
+            tile(lo, hi, square)
 
+    if frame.single_tile():  # a decode step's few rows: no pool, no tiling
+        count = frame.rows * frame.width
+        return lambda: tile(0, frame.rows, pool.workspace.buffers[0][:count * frame.dtype.itemsize]
+                            .view(frame.dtype).reshape(frame.rows, frame.width))
     return lambda: frame.run(block)
 
 

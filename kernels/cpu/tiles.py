@@ -65,5 +65,8 @@ def rowwise(pool: Pool, body: TileBody, outputs: Sequence[np.ndarray], inputs: S
     def step() -> None:
         pool.blocks(block, total, total * width)
 
-    return step
+    def single() -> None:  # one tile on the calling thread: no pool, no tiling
+        body(outs, ins, [t.reshape(total, width) for t in pool.workspace.arrays(0, total * width, dtype, temps)])
+
+    return single if total <= per_tile and len(pool.split(total, total * width)) == 1 else step
 
