@@ -11,17 +11,29 @@ view of one 1-d mask over the query-key distance ``d = i - j`` (the element
 ALiBi subtracts ``slope_h |d|`` the same way. Query head ``h`` reads kv head
 ``h // (Hq / Hkv)`` directly, without repeating K and V.
 
+A work item is a stack of query heads: some heads of one kv group, or the
+whole groups of some kv heads, of one batch row, as many as fit
+:data:`STACK` scores (short keys: all the heads of a batch row; long keys:
+one head), as 4-d views ``[kv heads, query heads, rows, D]`` against
+``[kv heads, 1, span, D]`` (broadcast, no repeat). Every step is then one
+numpy call over the whole stack (one stacked ``np.matmul(out=)``, one ufunc
+for each softmax step, the masks broadcast over it): each call is large, so
+the pool's threads, which take the GIL between calls, hand it over seldom
+(small calls serialize them on the GIL's wake-ups).
+
 The forward computes a strip's scores, its row max ``m``, ``lse = m + log sum
 exp(s - m)`` and ``P = exp(s - lse)`` (the whole strip at once, no online
 rescale; a strip of whole rows in the reference's very steps, so it gives its
 bits), and writes ``out = P V`` and ``lse`` straight into their views
 (``bthd`` operands are strided views of ``[B, T, H, D]``; no copies).
-Work items are the (batch, head, query block) triples, split over the pool.
-The backward recomputes ``P = exp(s - lse)`` per strip and runs over
-(batch, kv head) pairs: each thread sums ``dK`` and ``dV`` of its kv head over
-the group's query heads and query blocks, in a fixed order, in scratch
-accumulators, so no two threads write the same rows and the result is the
-same run to run. Every product is one ``np.matmul(out=)`` on a one-thread BLAS.
+Work items are the (batch, head stack, query block) triples, split over the
+pool. The backward recomputes ``P = exp(s - lse)`` per strip and runs over
+(batch, kv head stack) pairs: each thread sums ``dK`` and ``dV`` of its kv
+heads over the group's query heads (a stack's heads first, in their order,
+as the reference) and query blocks, in a fixed order that depends on the
+shapes only, in scratch accumulators, so no two threads write the same rows
+and the result is the same on every run and thread count. Every product is
+one ``np.matmul(out=)`` on a one-thread BLAS.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from modeldsl.kernels.cpu.pool import Pool, scratch_bytes
 from modeldsl.kernels.cpu.tiles import Step, float_dtype
 
 STRIP = 1 << 16  # elements of one block's score strip: the backward's three strips stay in a 1 MB L2
+STACK = 1 << 17  # elements of a work item's stacked strips (short rows): numpy calls of ~100 us, few GIL handoffs
 MIN_ROWS, MAX_ROWS = 16, 128
 LAYOUTS = ("bhtd", "bthd")
 
@@ -78,7 +91,8 @@ class Attention:
         self.rows = min(_block_rows(self.capacity, window, causal), max(self.tq, 1))
         self.blocks = -(-self.tq // self.rows)
         self.span = self.capacity if window is None else min(self.capacity, self.rows + 2 * window)
-        self.stack_kv, self.stack_q = _stack(self.kv_heads, self.group, STRIP // (self.rows * self.span))
+        self.stack_kv, self.stack_q = _stack(self.kv_heads, self.group, STACK // (self.rows * self.span),
+                                             -(-pool.threads // self.batch))
         self.stack = self.stack_kv * self.stack_q
         distance = np.arange(-(self.capacity - 1), self.capacity)  # d = i - j at index d + capacity - 1
         self.masked = _windows(~self._allowed(distance), self.rows)
@@ -134,13 +148,16 @@ class Attention:
         return (i0, i1, *self.keys(i0, i1))
 
 
-def _stack(kv_heads: int, group: int, fit: int) -> tuple[int, int]:
+def _stack(kv_heads: int, group: int, fit: int, parts: int) -> tuple[int, int]:
     """``(kv heads, query heads of each)`` that one work item stacks: at most ``fit`` query heads, a
-    divisor of the group, or whole groups of a divisor of the kv heads (numpy calls then cover the
-    whole stack, fewer and larger: two threads hand the GIL over less often)."""
+    divisor of the group, or whole groups of a divisor of the kv heads that leaves ``parts`` stacks
+    per batch row (numpy calls then cover the whole stack, fewer and larger: the threads hand the GIL over less
+    often). The query heads depend on the shapes only, so ``dK``, ``dV`` sum in the same order on
+    any number of threads."""
     if fit < group:
         return 1, max(n for n in range(1, max(fit, 1) + 1) if group % n == 0)
-    return max(n for n in range(1, fit // group + 1) if kv_heads % n == 0), group
+    stacks = min(parts, kv_heads)  # per batch row
+    return max(n for n in range(1, fit // group + 1) if kv_heads % n == 0 and kv_heads // n >= stacks), group
 
 
 def _grouped(a: np.ndarray | None, kv_heads: int) -> np.ndarray | None:
