@@ -120,11 +120,15 @@ class Model:
         assert self.rope is not None
         return self.rope.table(np.asarray(positions))
 
-    def inputs(self, tokens: np.ndarray, start: int) -> list[np.ndarray]:
+    def inputs(self, tokens: np.ndarray, start: int, rope_table: np.ndarray | None = None) -> list[np.ndarray]:
+        """The forward's inputs for ``tokens`` at positions ``start..``; ``rope_table``: the RoPE table
+        of positions ``0..`` already computed (a decoder's: its rows are the same bits)."""
         values = []
+        end = start + tokens.shape[-1]
         for arg in self.forward_func.body.block.args:
             if arg.name_hint == "freqs":
-                values.append(self.rope_freqs(range(start, start + tokens.shape[-1])))
+                held = rope_table is not None and end <= len(rope_table)
+                values.append(rope_table[start:end] if held else self.rope_freqs(range(start, end)))
             elif not arg.type.dtype.is_float:
                 values.append(tokens.astype(NUMPY_DTYPES[arg.type.dtype]))
             else:
@@ -238,10 +242,11 @@ class Model:
             cache = KVCache()
             return lambda tokens, start: self.forward(tokens[start:], cache, engine="graph")[-1]
         capacity = self.schedule.bucket(total)
+        table = self.rope_freqs(range(total)) if self.rope is not None else None
 
         def step(tokens: list[int], start: int) -> np.ndarray:
             new = self.token_array(tokens[start:], start)[None, :]
-            logits = self.schedule.run(new, lambda padded: self.inputs(padded, start), start, capacity)
+            logits = self.schedule.run(new, lambda padded: self.inputs(padded, start, table), start, capacity)
             return logits[0, -1]
 
         return step
