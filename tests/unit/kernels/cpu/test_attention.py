@@ -138,6 +138,31 @@ def test_the_same_bits_on_every_run_and_thread_count():
             np.testing.assert_array_equal(a, b)
 
 
+def test_one_batch_row_stacks_fewer_kv_heads_on_two_threads_with_the_same_bits():
+    """A short sequence stacks every head of a batch row; with one batch row and two threads each
+    thread takes half its kv heads: the results keep their bits."""
+    from modeldsl.kernels.cpu.attention import Attention
+
+    hq, hkv, t = 8, 4, 40
+    q, d_out = random((1, t, hq, 16), np.float32, 1), random((1, t, hq, 16), np.float32, 4)
+    k, v = random((1, t, hkv, 16), np.float32, 2), random((1, t, hkv, 16), np.float32, 3)
+    p = {"causal": True, "layout": "bthd"}
+    out, lse = (x.astype(np.float32) for x in REFERENCES["flash_attention"](q, k, v, None, **p))
+    stacks, results = [], []
+    for threads in (1, 2):
+        stacks.append(Attention(Pool(threads), *(a.swapaxes(1, 2) for a in (q, k, v)), np.dtype(np.float32), True,
+                                None, None, False).stack_kv)
+        got_out, got_lse = np.empty_like(out), np.empty_like(lse)
+        run("flash_attention", [got_out, got_lse], [q, k, v, None], p, threads)
+        grads = [np.empty_like(x) for x in (q, k, v)]
+        run("flash_attention_backward", grads, [d_out, q, k, v, out, lse, None], p, threads)
+        results.append([got_out, got_lse, *grads])
+    assert stacks == [4, 2]
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+    close(results[0][0], out, np.float32)
+
+
 def test_the_query_block_fits_the_strip():
     """Long keys take short query blocks: a block's scores stay within STRIP elements."""
     from modeldsl.kernels.cpu.attention import Attention
