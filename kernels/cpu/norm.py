@@ -83,23 +83,28 @@ def _forward(pool: Pool, y, rstd, x, weight, eps: float, residual=None, value=No
     r2 = rstd.reshape(-1)
     frame = RowBlocks(pool, rows, temps=1)
 
-    def tile(lo: int, hi: int, square: np.ndarray) -> None:
-        xs, r = x2[lo:hi], r2[lo:hi]
-        if summands:
-            np.add(summands[0][lo:hi], summands[1][lo:hi], out=xs)
+    def tile(xs: np.ndarray, r: np.ndarray, r_column: np.ndarray, ys: np.ndarray, pair: list[np.ndarray],
+             square: np.ndarray) -> None:
+        if pair:
+            np.add(pair[0], pair[1], out=xs)
         _rstd_into(xs, eps, square, r)
-        np.multiply(xs, r[:, None], out=y2[lo:hi])
-        y2[lo:hi] *= weight
+        np.multiply(xs, r_column, out=ys)
+        ys *= weight
 
     def block(start: int, stop: int, thread: int) -> None:
         temps, _, _ = frame.scratch(thread)
         for lo, hi, (square,) in frame.tiles(start, stop, temps):
-            tile(lo, hi, square)
+            r = r2[lo:hi]
+            tile(x2[lo:hi], r, r[:, None], y2[lo:hi], [a[lo:hi] for a in summands], square)
 
-    if frame.single_tile():  # a decode step's few rows: no pool, no tiling
-        count = frame.rows * frame.width
-        return lambda: tile(0, frame.rows, pool.workspace.buffers[0][:count * frame.dtype.itemsize]
-                            .view(frame.dtype).reshape(frame.rows, frame.width))
+    if frame.single_tile():  # a decode step's few rows: no pool, no tiling, the views made once
+        count, r_column = frame.rows * frame.width, r2[:, None]
+
+        def single() -> None:
+            square = pool.workspace.buffers[0][:count * frame.dtype.itemsize].view(frame.dtype)
+            tile(x2, r2, r_column, y2, summands, square.reshape(frame.rows, frame.width))
+
+        return single
     return lambda: frame.run(block)
 
 
