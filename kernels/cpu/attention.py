@@ -150,10 +150,10 @@ class Attention:
 
 def _stack(kv_heads: int, group: int, fit: int, parts: int) -> tuple[int, int]:
     """``(kv heads, query heads of each)`` that one work item stacks: at most ``fit`` query heads, a
-    divisor of the group, or whole groups of a divisor of the kv heads that leaves ``parts`` stacks
-    per batch row (numpy calls then cover the whole stack, fewer and larger: the threads hand the GIL over less
-    often). The query heads depend on the shapes only, so ``dK``, ``dV`` sum in the same order on
-    any number of threads."""
+    divisor of the group, or whole groups of a divisor of the kv heads that leaves ``parts`` stacks per
+    batch row (numpy calls then cover the whole stack, fewer and larger: the threads hand the GIL
+    over less often). The query heads depend on the shapes only, so ``dK``, ``dV`` sum in the same
+    order on any number of threads."""
     if fit < group:
         return 1, max(n for n in range(1, max(fit, 1) + 1) if group % n == 0)
     stacks = min(parts, kv_heads)  # per batch row
@@ -161,8 +161,8 @@ def _stack(kv_heads: int, group: int, fit: int, parts: int) -> tuple[int, int]:
 
 
 def _grouped(a: np.ndarray | None, kv_heads: int) -> np.ndarray | None:
-    """``[B, H, ...]`` as the view ``[B, kv_heads, H / kv_heads, ...]`` (query head ``h`` at
-    ``[:, h // group, h % group]``); a kv operand ``[B, kv_heads, ...]`` gets the group axis 1."""
+    """The query-head operand ``[B, H, ...]`` as the view ``[B, kv_heads, H / kv_heads, ...]`` (query
+    head ``h`` at ``[:, h // group, h % group]``), never a copy."""
     if a is None:
         return None
     group = a.shape[1] // kv_heads
@@ -254,7 +254,8 @@ class Forward:
 
 
 def _item(g: Attention, item: int) -> tuple[int, int, int, int]:
-    """Forward work item ``item`` as (batch, first kv head, first query head in the group, query block)."""
+    """Forward work item ``item`` as (batch, its first kv head, its first query head within the
+    group, query block)."""
     stack, block = divmod(item, g.blocks)
     b, stack = divmod(stack, g.heads // g.stack)
     kv, h = divmod(stack, g.group // g.stack_q)
