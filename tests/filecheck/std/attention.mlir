@@ -31,18 +31,18 @@
 // BLOCK-NEXT: %residual_mid = mdsl.graph.add %x, %attn_out
 // SwiGLU_MLP has a written backward: the mlp is called (its parameters as arguments), not inlined,
 // and the flow's hook annotates the call.
-// BLOCK: %mlp_out, %saved_in = mdsl.graph.call @mlp_forward(%ln2_out, %mlp_up_weight, %mlp_down_weight) {annotations = [#mdsl.graph.hook<AfterMLPDownProjection>]}
+// BLOCK: %mlp_out, %saved_in, %saved_gate_up = mdsl.graph.call @mlp_forward(%ln2_out, %mlp_up_weight, %mlp_down_weight) {annotations = [#mdsl.graph.hook<AfterMLPDownProjection>]}
 // BLOCK-NEXT: %out = mdsl.graph.add %residual_mid, %mlp_out
 // BLOCK: mdsl.graph.func @mlp_forward(%in: !mdsl.graph.tensor<[B, T, d_model], bf16>, %up_weight: !mdsl.graph.tensor<[2*d_ff, d_model], bf16>, %down_weight: !mdsl.graph.tensor<[d_model, d_ff], bf16>)
-// BLOCK-SAME: attributes {kind = "helper", backward = @mlp_backward, saved = ["in"], params = ["up_weight", "down_weight"]}
-// BLOCK-NEXT: %gate_up = mdsl.graph.matmul %in, %up_weight {transpose = "NT", memory = ["recompute"]}
+// BLOCK-SAME: attributes {kind = "helper", backward = @mlp_backward, saved = ["in", "gate_up"], params = ["up_weight", "down_weight"]}
+// BLOCK-NEXT: %gate_up = mdsl.graph.matmul %in, %up_weight {transpose = "NT", memory = ["save"]}
 // BLOCK-NEXT: %gate, %up = mdsl.graph.split %gate_up
 // BLOCK-NEXT: %hidden = mdsl.graph.swiglu %gate, %up
 // BLOCK-NEXT: %out = mdsl.graph.matmul %hidden, %down_weight {transpose = "NT"}
-// BLOCK-NEXT: mdsl.graph.return %out, %in
-// The written backward recomputes gate_up from saved.in (recompute:) and returns d_in, d_up_weight, d_down_weight.
-// BLOCK: mdsl.graph.func @mlp_backward(%d_out: !mdsl.graph.tensor<[B, T, d_model], bf16>, %saved_in: !mdsl.graph.tensor<[B, T, d_model], bf16>, %up_weight: {{.*}}, %down_weight: {{.*}})
-// BLOCK-SAME: attributes {kind = "backward", saved = ["in"], grads = ["d_in", "d_up_weight", "d_down_weight"], grad_args = array<i64: 0, 1, 2>}
-// BLOCK-NEXT: %gate_up = mdsl.graph.matmul %saved_in, %up_weight {transpose = "NT", recompute}
+// BLOCK-NEXT: mdsl.graph.return %out, %in, %gate_up
+// The written backward recomputes gate, up and hidden from saved.gate_up (recompute:) and returns d_in, d_up_weight, d_down_weight.
+// BLOCK: mdsl.graph.func @mlp_backward(%d_out: !mdsl.graph.tensor<[B, T, d_model], bf16>, %saved_in: !mdsl.graph.tensor<[B, T, d_model], bf16>, %saved_gate_up: !mdsl.graph.tensor<[B, T, 2*d_ff], bf16>, %up_weight: {{.*}}, %down_weight: {{.*}})
+// BLOCK-SAME: attributes {kind = "backward", saved = ["in", "gate_up"], grads = ["d_in", "d_up_weight", "d_down_weight"], grad_args = array<i64: 0, 1, 2>}
+// BLOCK-NEXT: %gate, %up = mdsl.graph.split %saved_gate_up {{.*}}recompute
 // BLOCK: mdsl.graph.swiglu_backward
 // BLOCK: mdsl.graph.return %d_in, %d_up_weight, %d_down_weight

@@ -31,5 +31,5 @@
 // The block's SwiGLU_MLP has a written backward: called with the layer's MLP weights.
 // CHECK: %mlp_out, %{{.*}} = mdsl.graph.call @blocks_mlp_forward(%ln2_out, %mlp_up_weight, %mlp_down_weight)
 // CHECK: mdsl.graph.return %out
-// CHECK: mdsl.graph.func @blocks_mlp_forward({{.*}}) -> {{.*}} attributes {kind = "helper", backward = @blocks_mlp_backward, saved = ["in"], params = ["up_weight", "down_weight"]}
-// CHECK: mdsl.graph.func @blocks_mlp_backward({{.*}}) -> {{.*}} attributes {kind = "backward", saved = ["in"], grads = ["d_in", "d_up_weight", "d_down_weight"], grad_args = array<i64: 0, 1, 2>}
+// CHECK: mdsl.graph.func @blocks_mlp_forward({{.*}}) -> {{.*}} attributes {kind = "helper", backward = @blocks_mlp_backward, saved = ["in", "gate_up"], params = ["up_weight", "down_weight"]}
+// CHECK: mdsl.graph.func @blocks_mlp_backward({{.*}}) -> {{.*}} attributes {kind = "backward", saved = ["in", "gate_up"], grads = ["d_in", "d_up_weight", "d_down_weight"], grad_args = array<i64: 0, 1, 2>}

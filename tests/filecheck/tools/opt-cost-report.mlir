@@ -43,7 +43,7 @@
 // LLAMA:      cost estimate: roofline at 3350 GB/s
 // LLAMA-NEXT: @forward: {{.*}} ms, 33 launches
 // LLAMA-NEXT:   op kind
-// LLAMA-NEXT:   gemm             15
+// LLAMA-NEXT:   gemm             13
 // LLAMA-DAG:    attention         2
 // LLAMA-DAG:    rmsnorm           5
 // LLAMA-DAG:    embedding         1
