@@ -7,10 +7,13 @@ numpy releases the GIL inside its loops (ufuncs, reductions, BLAS), so the
 blocks run at once. BLAS itself always runs on one thread (the executor holds
 the BLAS libraries at one thread while it runs), so the two never fight: a
 matrix product is split by output rows over the pool like any other kernel. A
-kernel smaller than :data:`PARALLEL_ELEMENTS` runs on the calling thread
-alone (waking a worker costs more than it saves). The split of a kernel
-depends only on its shapes and ``N``, so a result is bitwise the same run to
-run.
+kernel takes as many threads as give each :data:`PARALLEL_ELEMENTS` of its work
+(one below that): between numpy calls a thread holds the GIL, and handing it
+over wakes the other thread through the OS, so threads pay off only when
+their calls are long (on the 2-core CI VM, two threads making numpy calls of
+64K cheap elements ran no faster than one, of 256K 1.8 times faster). The
+split of a kernel depends only on its shapes and ``N``, so a result is
+bitwise the same run to run.
 
 numpy gives a ufunc over strided operands (the halves of a packed gate/up
 projection) a buffer of ``np.getbufsize()`` elements per call; the pool's
@@ -21,7 +24,7 @@ Temporaries come from a :class:`Workspace`: per thread one byte buffer, sized
 while the executor compiles its steps (each kernel reserves what one thread
 needs) and allocated at the first run, so a warmed-up ``execute`` allocates
 nothing. Kernels compute in tiles of at most :data:`TILE` elements, so the
-temporaries of a tile stay in the core's cache between the passes over it.
+temporaries of a tile stay in the core's L2 between the passes over it.
 """
 
 from __future__ import annotations
@@ -34,9 +37,9 @@ from functools import cache
 
 import numpy as np
 
-TILE = 1 << 16  # elements of one tile: numpy calls cost ~1 us, so tiles are large; four of them fit L2
+TILE = 1 << 18  # elements of one tile: long numpy calls (see PARALLEL_ELEMENTS), a few tiles fit a core's L2
 BUFSIZE = 256  # numpy's ufunc buffer (elements) while kernels run: strided operands allocate no 64 KB
-PARALLEL_ELEMENTS = 1 << 15  # from this much work (elements, or multiply-adds / 64), kernels use the pool
+PARALLEL_ELEMENTS = 1 << 17  # work (elements, or multiply-adds / 64) each thread of a kernel gets at least
 
 Task = Callable[[int, int, int], None]  # (start, stop, thread index)
 
@@ -65,9 +68,9 @@ class Pool:
                 self._done.put(err)
 
     def split(self, total: int, work: int) -> list[tuple[int, int]]:
-        """``[0, total)`` as contiguous ranges, one per thread that gets any (one range when
-        ``work``, the kernel's size, is below :data:`PARALLEL_ELEMENTS`)."""
-        parts = min(self.threads, total) if work >= PARALLEL_ELEMENTS else 1
+        """``[0, total)`` as contiguous ranges, one per thread that gets any: as many threads as
+        ``work``, the kernel's size, gives :data:`PARALLEL_ELEMENTS` each (so one below that)."""
+        parts = max(min(self.threads, total, work // PARALLEL_ELEMENTS), 1)
         bounds = [total * i // max(parts, 1) for i in range(parts + 1)]
         return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
 

@@ -189,9 +189,10 @@ class ScheduleExecutor:
 
     def launch(self, op: LaunchOp, views: dict[SSAValue, np.ndarray]) -> Step:
         try:
-            kernel = entry(op.kernel.data).reference
+            kernels = entry(op.kernel.data)
         except KeyError as err:
             raise ExecutionError(str(err)) from None
+        kernel = kernels.reference
         outputs = [views[v] for v in op.outputs]
         if "scratch" in op.attributes:
             outputs = outputs[:-1]  # the reference kernels need no scratch
@@ -213,8 +214,8 @@ class ScheduleExecutor:
                 params["shapes"] = tuple(o.shape for o in outputs)
 
         accumulate = op.accumulate is not None
-        fast = cpu_kernel(op.kernel.data)
-        if fast is not None and (not accumulate or entry(op.kernel.data).accumulates):
+        fast = cpu_kernel(op.kernel.data)  # the entry's cpu kernel (a name tests can patch)
+        if fast is not None and (not accumulate or kernels.accumulates):
             step = fast(self.threads, outputs, arguments, {**params, **({"accumulate": True} if accumulate else {})})
             if step is not None:
                 return step

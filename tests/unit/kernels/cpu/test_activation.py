@@ -8,7 +8,7 @@ from modeldsl.kernels.cpu.pool import Pool
 from modeldsl.kernels.reference import REFERENCES
 from cpu_kernel_harness import FEW_KB, allocation_peak, fast_and_reference, random
 
-SHAPES = [(5, 7), (3, 70, 700)]  # one tile, and several tiles of rows split over the threads
+SHAPES = [(5, 7), (2, 200, 700)]  # one tile, and two tiles of rows (one thread) or a block per thread
 
 
 def operands(name, shape, dtype):

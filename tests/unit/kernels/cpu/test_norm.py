@@ -5,7 +5,7 @@ import pytest
 
 from cpu_kernel_harness import FEW_KB, allocation_peak, fast_and_reference, random
 
-SHAPES = [(5, 7), (3, 70, 700)]
+SHAPES = [(5, 7), (2, 200, 700)]
 
 
 def operands(name, shape, dtype):
@@ -39,8 +39,9 @@ def test_the_backward_is_the_reference(name, shape, dtype, threads):
     outputs, expected, _ = fast_and_reference(name, operands(name, shape, dtype), threads=threads)
     for got, want in zip(outputs[:-1], expected[:-1]):  # d_x: the reference's order, bitwise
         np.testing.assert_array_equal(got, want)
-    tolerance = 1e-5 if dtype == np.float32 else 1e-12  # d_weight: its rows summed in another order
-    np.testing.assert_allclose(outputs[-1], expected[-1], rtol=tolerance, atol=tolerance)
+    # d_weight: its rows summed in another order; the rounding of a sum scales with its partial sums
+    tolerance = (1e-5 if dtype == np.float32 else 1e-12) * max(np.abs(expected[-1]).max(), 1)
+    np.testing.assert_allclose(outputs[-1], expected[-1], rtol=0, atol=tolerance)
 
 
 def test_the_backward_is_the_same_run_to_run():
