@@ -119,6 +119,9 @@ def matmul(a, b, *, transpose="NN", accumulate=False, alpha=1.0, beta=0.0):
     a, b = _prep(a, b)
     if transpose == "TN" and a.ndim > 2 and b.ndim > 2:
         return _scaled(_rows(a).T @ _rows(b), alpha)
+    if transpose[0] == "N" and a.ndim > 2 and b.ndim == 2:  # x @ op(W): one product over all rows
+        product = _rows(a) @ _op(b, transpose[1])
+        return _scaled(product.reshape(*a.shape[:-1], product.shape[-1]), alpha)
     return _scaled(_op(a, transpose[0]) @ _op(b, transpose[1]), alpha)
 
 

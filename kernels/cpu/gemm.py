@@ -3,9 +3,9 @@
 A GEMM becomes a list of 2-d products, made once at compile time, each one
 ``np.matmul(out=)`` call on a one-thread BLAS, and the pool's threads take
 contiguous runs of the list. The list makes the BLAS calls the reference
-makes (numpy's matmul runs one call per matrix of a stack: per batch row of
-``x [B, T, K] @ W^T``, per matrix of a batched product, one call over all
-rows of a stacked ``TN`` pair), so the results are bitwise the reference's:
+makes (one call over all rows of ``x [B, T, K] @ W^T`` and of a stacked
+``TN`` pair, one per matrix of a batched product), so the results are bitwise
+the reference's:
 BLAS picks its kernels by size (OpenBLAS has a small-matrix path), so the
 same product cut into other shapes may round differently. Only a product too
 large for one thread and with fewer matrices than threads is cut further, into
@@ -41,11 +41,11 @@ def _matrices(a, b, c, mode: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.n
         return None if rows_a is None or rows_b is None else iter([(rows_a.T, rows_b, c)])
     if c.ndim == 2:
         return iter([(_op(a, ta), _op(b, tb), c)]) if a.ndim == 2 and b.ndim == 2 else None
-    if b.ndim == 2:  # a stack of x @ op(W): one call per matrix of the stack
-        if a.shape[:-2] != c.shape[:-2]:
+    if b.ndim == 2:  # x @ op(W) over all rows of x: one call
+        rows_a, rows_c = as_rows(a), as_rows(c)
+        if ta or a.shape[:-1] != c.shape[:-1] or rows_a is None or rows_c is None:
             return None
-        flat_a, flat_c = a.reshape(-1, *a.shape[-2:]), c.reshape(-1, *c.shape[-2:])
-        return ((_op(x, ta), _op(b, tb), y) for x, y in zip(flat_a, flat_c))
+        return iter([(rows_a, _op(b, tb), rows_c)])
     if a.shape[:-2] != c.shape[:-2] or b.shape[:-2] != c.shape[:-2]:
         return None
     flat = [x.reshape(-1, *x.shape[-2:]) for x in (a, b, c)]
