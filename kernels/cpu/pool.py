@@ -23,7 +23,9 @@ buffers stay a few KB.
 Temporaries come from a :class:`Workspace`: per thread one byte buffer, sized
 while the executor compiles its steps (each kernel reserves what one thread
 needs) and allocated at the first run, so a warmed-up ``execute`` allocates
-nothing. Kernels compute in tiles of at most :data:`TILE` elements, so the
+nothing. The pool and its workspace belong to the process: executors take
+turns on them, one ``execute`` at a time (two Python threads executing at once
+would share the scratch). Kernels compute in tiles of at most :data:`TILE` elements, so the
 temporaries of a tile stay in the core's L2 between the passes over it.
 """
 
