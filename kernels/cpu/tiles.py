@@ -42,9 +42,11 @@ def float_dtype(*arrays: np.ndarray | None) -> np.dtype | None:
 
 
 def rowwise(pool: Pool, body: TileBody, outputs: Sequence[np.ndarray], inputs: Sequence[np.ndarray],
-            temps: int = 0, columns: int | None = None) -> Step | None:
+            temps: int = 0, columns: int | None = None, cost: int = 1) -> Step | None:
     """The step running ``body`` over the row tiles of same-shaped ``outputs`` and ``inputs``
-    (None when they are not all one float dtype, or not viewable as rows without a copy)."""
+    (None when they are not all one float dtype, or not viewable as rows without a copy).
+    ``cost``: the work of an element in cheap passes (an exp-heavy body's long calls pay off on
+    two threads from half the elements)."""
     dtype = float_dtype(*outputs, *inputs)
     rows = [as_rows(a, columns) for a in (*outputs, *inputs)]
     if dtype is None or any(r is None for r in rows) or len({r.shape for r in rows}) != 1:
@@ -62,11 +64,13 @@ def rowwise(pool: Pool, body: TileBody, outputs: Sequence[np.ndarray], inputs: S
             body([o[lo:hi] for o in outs], [i[lo:hi] for i in ins],
                  [t[:size].reshape(hi - lo, width) for t in scratch])
 
+    work = total * width * cost
+
     def step() -> None:
-        pool.blocks(block, total, total * width)
+        pool.blocks(block, total, work)
 
     def single() -> None:  # one tile on the calling thread: no pool, no tiling
         body(outs, ins, [t.reshape(total, width) for t in pool.workspace.arrays(0, total * width, dtype, temps)])
 
-    return single if total <= per_tile and len(pool.split(total, total * width)) == 1 else step
+    return single if total <= per_tile and len(pool.split(total, work)) == 1 else step
 
