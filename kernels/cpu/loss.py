@@ -12,13 +12,13 @@ float64).
 
 The LM-head kernels go ``chunk`` rows of ``x`` at a time. Per chunk the
 threads split its rows: each computes its rows' logits ``x[rows] @ weight^T``
-into its own workspace, the cross-entropy of each row tile in place, and
-``d_x[rows] = d_logits @ weight``. Then the threads split the vocabulary: each
-owns a slice of ``d_weight``'s rows and, tile by tile, gathers that tile's
-columns of every thread's ``d_logits`` block side by side (when there are
-several) and adds ``d_logits^T @ x`` of the whole chunk into it (the first
-chunk's product is written straight over ``d_weight``), so every sum runs over
-the chunk's rows in the reference's order. Every product is one-thread BLAS
+into its rows of the chunk's logits (one matrix, in the first thread's
+workspace), the cross-entropy of each row tile in place, and ``d_x[rows] =
+d_logits @ weight``. Then the threads split the vocabulary: each owns a slice
+of ``d_weight``'s rows and, tile by tile, adds ``d_logits[:, tile]^T @ x`` of
+the whole chunk into it (the first chunk's product is written straight over
+``d_weight``), so every sum runs over the chunk's rows in the reference's
+order. Every product is one-thread BLAS
 ``matmul(out=)``, and every result is the reference's bit for bit on any
 number of threads (BLAS sums each output element over K in the same order
 however the output is tiled). Operands of another dtype than fp32/fp64, or not
@@ -35,7 +35,7 @@ from modeldsl.kernels.cpu.pool import TILE, Pool, aligned, row_tiles, tile_rows
 from modeldsl.kernels.cpu.tiles import Step, as_rows, float_dtype
 from modeldsl.kernels.reference import row_chunks
 
-WEIGHT_TILE = 1 << 19  # elements of a d_weight tile's gathered d_logits (fewer, larger tiles pack x fewer times)
+WEIGHT_TILE = 1 << 19  # elements of the d_logits columns of a d_weight tile (fewer, larger tiles pack x fewer times)
 REDUCTIONS = ("mean", "sum", "none")
 
 
@@ -285,22 +285,23 @@ class Head:
         longest = max((blocks[-1][1] - blocks[0][0] for blocks, _ in self.chunks), default=1)
         self.vocab_tile = max(WEIGHT_TILE // max(longest, 1), 1)
         self.layout = Layout()
-        self.layout.add("logits", most * vocab, dtype)
+        self.layout.add("logits", longest * vocab, dtype)  # thread 0's holds the whole chunk's
         tile_layout(self.layout, self.per_tile, vocab, dtype)
         if grads:
             self.layout.add("product", self.vocab_tile * width if len(self.chunks) > 1 else 0, dtype)
-            self.layout.add("gathered", longest * self.vocab_tile if pool.threads > 1 else 0, dtype)
         pool.workspace.reserve(self.layout.nbytes)
         self.labels = Labels(labels, dtype, self.ignore_index, vocab, self.per_tile)
 
-    def logits(self, thread: int, rows: int, ws: dict | None = None) -> np.ndarray:
-        ws = ws or self.layout.arrays(self.pool, thread)
-        return ws["logits"][:rows * self.vocab].reshape(rows, self.vocab)
+    def chunk_logits(self, rows: int) -> np.ndarray:
+        """The logits of a chunk of ``rows`` rows, in thread 0's workspace: each thread writes its
+        row block there, so the weight gradient reads the chunk as one matrix."""
+        return self.layout.arrays(self.pool, 0)["logits"][:rows * self.vocab].reshape(rows, self.vocab)
 
-    def row_block(self, start: int, stop: int, thread: int) -> None:
-        """Rows ``start:stop``: their logits, losses, logit gradients and ``d_x``."""
+    def row_block(self, first_row: int, rows: int, start: int, stop: int, thread: int) -> None:
+        """Rows ``start:stop`` of the chunk from ``first_row``: their logits, losses, logit gradients
+        and ``d_x``."""
         ws = self.layout.arrays(self.pool, thread)
-        logits = self.logits(thread, stop - start, ws)
+        logits = self.chunk_logits(rows)[start - first_row:stop - first_row]
         np.matmul(self.x[start:stop], self.weight_t, out=logits)
         for lo, hi in row_tiles(start, stop, self.per_tile):
             tile = logits[lo - start:hi - start]
@@ -313,14 +314,12 @@ class Head:
 
     def weight_block(self, first: bool, blocks: list, start: int, stop: int, thread: int) -> None:
         """``d_weight[start:stop] += d_logits^T @ x`` of the chunk (``first``: the first chunk, whose
-        product is written, not added): one product over all the chunk's rows per tile, the
-        threads' blocks of ``d_logits`` gathered side by side when there are several."""
-        parts = [self.logits(j, hi - lo) for j, (lo, hi) in enumerate(blocks)]
+        product is written, not added): one product over all the chunk's rows per tile."""
         x = self.x[blocks[0][0]:blocks[-1][1]]
+        chunk = self.chunk_logits(x.shape[0])
         ws = self.layout.arrays(self.pool, thread)
-        whole = first and len(parts) == 1
-        for lo, hi in row_tiles(start, stop, stop - start if whole else self.vocab_tile):
-            d_logits = parts[0][:, lo:hi] if len(parts) == 1 else gathered(parts, lo, hi, ws["gathered"])
+        for lo, hi in row_tiles(start, stop, stop - start if first else self.vocab_tile):
+            d_logits = chunk[:, lo:hi]
             target = self.d_weight[lo:hi]
             if first:
                 np.matmul(d_logits.T, x, out=target)
@@ -334,19 +333,9 @@ class Head:
         if self.grads and not self.chunks:
             self.d_weight.fill(0)
         for index, (blocks, vocab) in enumerate(self.chunks):
-            self.pool.run(self.row_block, blocks)
+            self.pool.run(partial(self.row_block, blocks[0][0], blocks[-1][1] - blocks[0][0]), blocks)
             if self.grads:
                 self.pool.run(partial(self.weight_block, index == 0, blocks), vocab)
-
-
-def gathered(parts: list[np.ndarray], lo: int, hi: int, buffer: np.ndarray) -> np.ndarray:
-    """Columns ``lo:hi`` of the row blocks ``parts``, one under the other, in ``buffer``."""
-    out = buffer[:sum(p.shape[0] for p in parts) * (hi - lo)].reshape(-1, hi - lo)
-    row = 0
-    for part in parts:
-        np.copyto(out[row:row + part.shape[0]], part[:, lo:hi])
-        row += part.shape[0]
-    return out
 
 
 def _head(pool: Pool, x, weight, labels, params, losses: bool, grads: bool, d_x=None, d_weight=None,
