@@ -2,8 +2,8 @@
 
 An entry holds what the schedule layer needs to know about a primitive
 beyond its graph op (:mod:`modeldsl.primitives` reads that off the op): the
-numpy reference kernel (the oracle), the fast CPU kernel the CPU executor runs
-where it takes the operands (:mod:`modeldsl.kernels.cpu`), the scratch memory a kernel
+numpy reference kernel (the oracle; the CPU executor runs the fast kernel of
+:mod:`modeldsl.kernels.cpu` where it has one for the operands), the scratch memory a kernel
 asks the planner for, and which outputs may take over the buffer of an input
 that dies at that launch (in-place reuse). ``mdsl.sched.launch`` names its
 kernel by the primitive's name, so ``entry(launch.kernel.data)`` finds it.
@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from modeldsl.kernels.cpu import CPU_KERNELS, CpuKernel
 from modeldsl.kernels.reference import REFERENCES
 
 Shape = tuple[int, ...]
@@ -39,8 +38,6 @@ class KernelEntry:
     reuse: dict[int, int] = field(default_factory=dict)
     # the kernel can add its result into its one output (a launch marked ``accumulate``)
     accumulates: bool = False
-    # the fast CPU kernel: (pool, outputs, inputs, params) -> step, or None for operands it does not take
-    cpu: CpuKernel | None = None
 
     def scratch_bytes(self, inputs: Sequence[Shape], outputs: Sequence[Shape],
                       params: Mapping[str, Any] | None = None) -> int:
@@ -118,8 +115,7 @@ ACCUMULATES = {"embedding_backward"}
 def registry() -> dict[str, KernelEntry]:
     """Every primitive with a reference kernel."""
     return {
-        name: KernelEntry(name, reference, SCRATCH.get(name), REUSE.get(name, {}), name in ACCUMULATES,
-                          CPU_KERNELS.get(name))
+        name: KernelEntry(name, reference, SCRATCH.get(name), REUSE.get(name, {}), name in ACCUMULATES)
         for name, reference in REFERENCES.items()
     }
 

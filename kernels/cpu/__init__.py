@@ -31,5 +31,5 @@ CPU_KERNELS: dict[str, CpuKernel] = {
 
 
 def cpu_kernel(name: str) -> CpuKernel | None:
-    """The fast CPU kernel of primitive ``name``, if it has one (the registry's entries carry it)."""
+    """The fast CPU kernel of primitive ``name``, if it has one."""
     return CPU_KERNELS.get(name)

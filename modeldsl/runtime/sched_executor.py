@@ -214,7 +214,7 @@ class ScheduleExecutor:
                 params["shapes"] = tuple(o.shape for o in outputs)
 
         accumulate = op.accumulate is not None
-        fast = cpu_kernel(op.kernel.data)  # the entry's cpu kernel (a name tests can patch)
+        fast = cpu_kernel(op.kernel.data)
         if fast is not None and (not accumulate or kernels.accumulates):
             step = fast(self.threads, outputs, arguments, {**params, **({"accumulate": True} if accumulate else {})})
             if step is not None:
