@@ -43,7 +43,7 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from modeldsl.kernels.cpu.pool import Pool, scratch_bytes
+from modeldsl.kernels.cpu.pool import Pool, carved_bytes
 from modeldsl.kernels.cpu.tiles import Step, float_dtype
 
 STRIP = 1 << 16  # elements of one block's score strip: the backward's three strips stay in a 1 MB L2
@@ -179,19 +179,18 @@ def _by_rows(ufunc: np.ufunc, a: np.ndarray, column: np.ndarray, wide: np.ndarra
     ufunc(a, spread, out=spread if into_wide else a)
 
 
+def _counts(sizes: list[tuple[int, int]]) -> list[int]:
+    """``number`` arrays of ``count`` elements for each ``(count, number)``, as element counts."""
+    return [count for count, number in sizes for _ in range(number)]
+
+
 def _reserve(g: Attention, sizes: list[tuple[int, int]]) -> None:
-    g.pool.workspace.reserve(sum(scratch_bytes(count, g.dtype, number) for count, number in sizes))
+    g.pool.workspace.reserve(carved_bytes(g.dtype, _counts(sizes)))
 
 
 def _carve(g: Attention, thread: int, sizes: list[tuple[int, int]]) -> list[np.ndarray]:
     """``thread``'s scratch as ``number`` 1-d arrays of ``count`` elements for each ``(count, number)``."""
-    buffer, offset, arrays = g.pool.workspace.buffers[thread], 0, []
-    for count, number in sizes:
-        size = scratch_bytes(count, g.dtype, 1)
-        for _ in range(number):
-            arrays.append(buffer[offset:offset + count * g.dtype.itemsize].view(g.dtype))
-            offset += size
-    return arrays
+    return g.pool.workspace.carve(thread, g.dtype, _counts(sizes))
 
 
 class Forward:
