@@ -63,6 +63,11 @@ def _cut(a2: np.ndarray, b2: np.ndarray, c2: np.ndarray, parts: int) -> list[Blo
     return [(a2, b2[:, lo:hi], c2[:, lo:hi], slice(lo, hi)) for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
+def _work(products) -> int:
+    """The pool's measure of some products' work: their multiply-adds / 64."""
+    return sum(x.shape[0] * x.shape[1] * y.shape[1] for x, y, *_ in products) // 64
+
+
 def blocks(a, b, c, mode: str, threads: int) -> list[Block] | None:
     """The products one GEMM runs, cut for ``threads`` threads where it has fewer than that."""
     matrices = _matrices(a, b, c, mode)
@@ -71,8 +76,7 @@ def blocks(a, b, c, mode: str, threads: int) -> list[Block] | None:
     products = list(matrices)
     if any(x.shape[-1] != y.shape[0] or (x.shape[0], y.shape[1]) != z.shape for x, y, z in products):
         return None
-    work = sum(x.shape[0] * x.shape[1] * y.shape[1] for x, y, _ in products) // 64
-    if len(products) < threads and work >= PARALLEL_ELEMENTS:
+    if len(products) < threads and _work(products) >= PARALLEL_ELEMENTS:
         return [block for x, y, z in products for block in _cut(x, y, z, threads)]
     return [(x, y, z, slice(None)) for x, y, z in products]
 
@@ -110,7 +114,7 @@ def gemm(pool: Pool, a, b, c, bias=None, aux=None, *, transpose="NN", alpha=1.0,
         for x, y, z, columns in work[start:stop]:
             product(x, y, z, columns, thread)
 
-    total = sum(x.shape[0] * x.shape[1] * y.shape[1] for x, y, _, _ in work) // 64
+    total = _work(work)
     if len(work) == 1 and not beta and alpha == 1 and row_bias is None:  # one product on the calling thread: no pool
         x, y, z, _ = work[0]
         return lambda: np.matmul(x, y, out=z)
