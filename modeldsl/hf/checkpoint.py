@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from fnmatch import fnmatchcase
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +59,7 @@ from modeldsl.dialects.graph import ModelOp, ParamOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.hf.compat import python_value, warn_python
 from modeldsl.hf.config import export_config
-from modeldsl.hf.safetensors_io import CheckpointError, SafetensorsFile, write_safetensors
+from modeldsl.hf.safetensors_io import CheckpointError, Mapper, SafetensorsFile, write_safetensors
 from modeldsl.runtime.threads import usable_cores
 from modeldsl.symbolic import Expr, SymbolicError
 
@@ -184,13 +184,15 @@ def config_integers(model: ModelOp) -> dict[str, int]:
 def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
                     warn: Callable[[CheckpointError], None] | None = None,
                     progress: bool = False, allow_unused: bool = False,
-                    into: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], ImportRecord]:
+                    into: dict[str, np.ndarray] | None = None,
+                    mapper: Mapper | None = None) -> tuple[dict[str, np.ndarray], ImportRecord]:
     """Every parameter of a (specialized) model filled from the checkpoint (with a tqdm bar
     over the rules when ``progress``). A tensor no rule reads is E040 (W006 with
     ``allow_unused``); a tensor holding NaN or Inf is W011. Warnings go to ``warn``, else
     to Python's ``warnings``. ``into`` gives the arrays to fill (views of the schedule's
-    params arena, in ``dtype``): each tensor is read into its place there, the file never
-    mapped and no second copy of the weights made, and those arrays are the weights."""
+    params arena, in ``dtype``): each tensor is read into its place there (``mapper``, given,
+    may back it with the file's pages instead, see :func:`direct_pieces`), no second copy of
+    the weights is made, and those arrays are the weights."""
     directory = Path(directory)
     checkpoint = Checkpoint(directory)
     params = {p.sym_name.data: p for p in model.walk() if isinstance(p, ParamOp)}
@@ -214,7 +216,7 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
         value = target if fits else np.empty(shape, dtype)
         for layer in layers:
             _read(rule, layer, checkpoint, record, shape if layer is None else shape[1:], dtype, config, warn,
-                  value if layer is None else value[layer])
+                  value if layer is None else value[layer], mapper)
         weights[rule.target] = value
     missing = [p for p in params if p not in weights]
     if missing and missing[0] in skipped:
@@ -229,6 +231,32 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
                               "add a rule for it to hf_mapping", tensor=missing[0])
     _check_unused(checkpoint.unused(ignored_tensors(model)), model, allow_unused, warn)
     return weights, record
+
+
+def direct_pieces(model: ModelOp, directory: str | Path, dtype: np.dtype,
+                  into: dict[str, np.ndarray]) -> Iterator[tuple[int, int, int]]:
+    """(offset in its file, address, bytes) of each checkpoint tensor :func:`load_checkpoint` would
+    read into an array of ``into`` as the file stores it (a ``direct`` or row-wise ``fuse`` rule,
+    the file's dtype ``dtype``): the bytes a loader may map instead of reading."""
+    checkpoint, config = Checkpoint(Path(directory)), config_integers(model)
+    for rule in parse_rules(model):
+        out = into.get(rule.target)
+        if out is None or out.dtype != dtype or rule.op not in ("direct", "fuse"):
+            continue
+        for layer in [None] if rule.var is None else range(out.shape[0]):
+            names = _names(rule, layer, config)
+            if not all(n in checkpoint for n in names):
+                break
+            target = out if layer is None else out[layer]
+            parts = [checkpoint.where[n].array(n) for n in names]
+            if not _rows_in_order(rule, parts, target, config):
+                continue
+            address = target.ctypes.data
+            for name, part in zip(names, parts):
+                source = checkpoint.where[name]
+                if part.dtype == dtype:
+                    yield source.data_start + source.entries[name][2], address, part.nbytes
+                address += part.nbytes
 
 
 def ignored_tensors(model: ModelOp) -> list[str]:
@@ -278,7 +306,8 @@ def _names(rule: Rule, layer: int | None, config: dict[str, int]) -> list[str]:
 
 def _read(rule: Rule, layer: int | None, checkpoint: Checkpoint, record: ImportRecord,
           shape: tuple[int, ...], dtype: np.dtype, config: dict[str, int],
-          warn: Callable[[CheckpointError], None] | None = None, out: np.ndarray | None = None) -> np.ndarray:
+          warn: Callable[[CheckpointError], None] | None = None, out: np.ndarray | None = None,
+          mapper: Mapper | None = None) -> np.ndarray:
     """One parameter (or one layer of a stacked one) through its rule, in ``dtype``; written
     into ``out`` when it is given (straight from the files where the rule only places whole
     tensors one after another: a tensor, or a ``fuse`` along dim 0)."""
@@ -291,7 +320,7 @@ def _read(rule: Rule, layer: int | None, checkpoint: Checkpoint, record: ImportR
     record.reads[(rule.target, layer)] = [TensorRecord(n, p.dtype, tuple(p.shape)) for n, p in zip(names, parts)]
     record.arrays[(rule.target, layer)] = parts
     if out is not None and out.shape == shape and _rows_in_order(rule, parts, out, config):
-        _read_rows(rule, names, checkpoint, out, warn)
+        _read_rows(rule, names, checkpoint, out, warn, mapper)
         return out
     value = _combine(rule, parts, names, config)
     if tuple(value.shape) != shape:
@@ -325,7 +354,7 @@ def _rows_in_order(rule: Rule, parts: list[np.ndarray], out: np.ndarray, config:
 
 
 def _read_rows(rule: Rule, names: list[str], checkpoint: Checkpoint, out: np.ndarray,
-               warn: Callable[[CheckpointError], None] | None) -> None:
+               warn: Callable[[CheckpointError], None] | None, mapper: Mapper | None) -> None:
     """Read each tensor from its file into its rows of ``out`` (W011 for NaN or Inf values,
     counted on the file's values as they are read)."""
     row = 0
@@ -333,7 +362,7 @@ def _read_rows(rule: Rule, names: list[str], checkpoint: Checkpoint, out: np.nda
         source = checkpoint.where[name]
         rows = source.shape(name)[0] if out.ndim else 1
         seen = source.read_into(name, out[row:row + rows] if out.ndim else out, _chunk_non_finite,
-                                threads=usable_cores())
+                                threads=usable_cores(), mapper=mapper)
         row += rows
         problem = _non_finite_text(sum(s[0] for s in seen), sum(s[1] for s in seen))
         if problem:
@@ -362,13 +391,13 @@ def _chunk_non_finite(block: np.ndarray) -> list[int]:
 
 
 def _count_non_finite(block: np.ndarray, counts: list[int]) -> None:
-    """Add the NaN and Inf values of a 1-d float ``block`` to ``counts`` ([NaN, Inf]); a block of
-    fp32 or fp64 whose sum is finite has none (one pass, no temporary)."""
-    if block.dtype in (np.float32, np.float64):
-        with np.errstate(invalid="ignore", over="ignore"):
-            if np.isfinite(np.add.reduce(block)):
-                return
+    """Add the NaN and Inf values of a 1-d float ``block`` to ``counts`` ([NaN, Inf]); a block
+    whose sum (16-bit floats summed in fp32) is finite has none (one pass, no temporary)."""
     masks = EXPONENT_MASKS.get(block.dtype.name)
+    if block.dtype in (np.float32, np.float64) or masks is not None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            if np.isfinite(np.add.reduce(block, dtype=np.float32 if masks is not None else None)):
+                return
     if masks is not None:
         exponent, mantissa = masks
         bits = block.view(np.uint16)

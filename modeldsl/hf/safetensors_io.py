@@ -7,7 +7,7 @@ documented format (an 8-byte little-endian header length, a JSON header of
 ``numpy.memmap`` and ``ml_dtypes.bfloat16``: no copy until a tensor is used,
 and nothing is ever unpickled. :meth:`SafetensorsFile.read_into` reads a tensor
 straight into an array the caller owns (the model's params arena), converting
-its dtype in bounded chunks, without mapping the file. Every inconsistency (short file, bad header,
+its dtype in bounded chunks (or has the caller back it with the file's pages). Every inconsistency (short file, bad header,
 offsets outside the data) is a :class:`CheckpointError` naming file and tensor.
 """
 
@@ -45,6 +45,8 @@ NAMES = {v: k for k, v in DTYPES.items()}
 MAX_HEADER = 100 * 1024 * 1024
 READ_CHUNK = 64 * 1024 * 1024  # bytes of the file read (and converted) at a time
 MAX_READ = 1 << 30  # bytes one read call asks for (Linux returns at most 2 GiB - 4 KiB)
+# (file descriptor, file offset, the bytes of an array) -> the range of those bytes now backed by the file
+Mapper = Callable[[int, int, np.ndarray], tuple[int, int]]
 
 
 class CheckpointError(Exception):
@@ -156,13 +158,14 @@ class SafetensorsFile:
         return self._map[start:end].view(dtype).reshape(shape)
 
     def read_into(self, name: str, out: np.ndarray, inspect: Callable[[np.ndarray], Any] | None = None,
-                  chunk_bytes: int = READ_CHUNK, threads: int = 1) -> list[Any]:
+                  chunk_bytes: int = READ_CHUNK, threads: int = 1, mapper: Mapper | None = None) -> list[Any]:
         """Read the tensor's bytes from the file straight into ``out`` (C-contiguous, as many
         elements, any float dtype), converting to ``out``'s dtype in chunks of at most
-        ``chunk_bytes`` of the file, so no full-size temporary is made and the file is never
-        mapped (its pages stay in the page cache, outside the process's memory). The chunks
-        are read on up to ``threads`` threads (the kernel copies and numpy converts without
-        the GIL). Returns what ``inspect`` gives for each chunk as the file stores it, in order."""
+        ``chunk_bytes`` of the file, so no full-size temporary is made. The chunks are read on
+        up to ``threads`` threads (the kernel copies and numpy converts without the GIL).
+        ``mapper`` (``out`` in the file's dtype) may first back ``out``'s bytes with the file's
+        pages (see :class:`modeldsl.runtime.pages.PagedArena`); only the bytes it does not map are
+        read. Returns what ``inspect`` gives for each chunk as the file stores it, in order."""
         dtype, shape, start, end = self.entries[name]
         if not out.flags.c_contiguous or out.size != math.prod(shape):
             raise ValueError(f"read_into '{name}': a C-contiguous array of {math.prod(shape)} elements is needed")
@@ -170,10 +173,18 @@ class SafetensorsFile:
         step = max(chunk_bytes // dtype.itemsize, 1)
         convert = out.dtype != dtype
         with open(self.path, "rb", buffering=0) as f:
+            mapped = (0, 0)
+            if mapper is not None and not convert:
+                mapped = mapper(f.fileno(), self.data_start + start, flat.view(np.uint8))
+
             def chunk(begin: int) -> Any:
                 count = min(step, flat.size - begin)
                 target = np.empty(count, dtype) if convert else flat[begin:begin + count]
-                self.read_bytes(f, self.data_start + start + begin * dtype.itemsize, target, name)
+                raw, first = target.view(np.uint8), begin * dtype.itemsize
+                for lo, hi in ((0, mapped[0] - first), (mapped[1] - first, raw.size)):  # around the mapped bytes
+                    lo, hi = max(lo, 0), min(hi, raw.size)
+                    if lo < hi:
+                        self.read_bytes(f, self.data_start + start + first + lo, raw[lo:hi], name)
                 seen = inspect(target) if inspect is not None else None
                 if convert:
                     np.copyto(flat[begin:begin + count], target, casting="unsafe")

@@ -35,7 +35,7 @@ from modeldsl.diagnostics import Diagnostic, DiagnosticError, DiagnosticSink
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import ModelOp, ParamOp
 from modeldsl.frontend.text.parser import parse_file
-from modeldsl.hf.checkpoint import ImportRecord, load_checkpoint, save_checkpoint
+from modeldsl.hf.checkpoint import ImportRecord, direct_pieces, load_checkpoint, save_checkpoint
 from modeldsl.hf.compat import DiagnosticWarning, warn_python  # noqa: F401 - the API's warning class
 from modeldsl.hf.config import dsl_config, read_config
 from modeldsl.hf.safetensors_io import CheckpointError
@@ -350,11 +350,15 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
         _verify_specialized(module)
         model = _model_op(module)
         _check_parameters_fit(model, {}, storage, runs_on)
-        arena = params_arena(model, "fp32" if dtype == "fp32" else None) if runs_on is None else None
-        into = {n: v for n, v in arena.views.items() if v.dtype == storage} if arena is not None else None
+        arena = params_arena(model, "fp32" if dtype == "fp32" else None, populate=hf is None) \
+            if runs_on is None else None
+        if arena is not None and hf is not None:
+            arena = arena.lined_up(direct_pieces(model, hf, storage, arena.views))
+        into = arena.views if arena is not None else None
         if hf is not None:
             weights, record = load_checkpoint(model, hf, storage, warn=lambda w: sink.add(_diagnostic(w, hf)),
-                                              progress=progress, allow_unused=allow_unused_tensors, into=into)
+                                              progress=progress, allow_unused=allow_unused_tensors, into=into,
+                                              mapper=arena.pages.map_file if arena is not None else None)
         else:
             weights, record = random_weights(model, storage, into=into), ImportRecord()
         if arena is not None:

@@ -9,7 +9,8 @@ returns the rows of the real positions. Each bucket is compiled on its first
 use and never again; every profile shares one ``params`` arena, so the
 weights are held once. :func:`params_arena` lays that arena out before any
 profile is compiled (the parameters come first in every program, in the
-model's order), so a loader can read the checkpoint straight into it and the
+model's order), so a loader can read the checkpoint straight into it, or map
+the checkpoint file's pages there (:mod:`modeldsl.runtime.pages`), and the
 model's weights are its views from the start; the first profile then binds
 nothing.
 
@@ -22,8 +23,8 @@ the real tokens is overwritten before any query can see it.
 
 from __future__ import annotations
 
-import mmap
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,12 +38,13 @@ from modeldsl.passes.lower_to_sched import lower_function, parameter_buffers
 from modeldsl.passes.registry import PASSES
 from modeldsl.passes.fuse import FusePass
 from modeldsl.passes.specialize import SpecializePass
-from modeldsl.runtime.executor import ExecutionError
+from modeldsl.dialects.dtypes import DType
+from modeldsl.runtime.executor import NUMPY_DTYPES, ExecutionError
 from modeldsl.runtime.fits import check_fits_on
+from modeldsl.runtime.pages import PagedArena, best_shift
 from modeldsl.runtime.sched_executor import ScheduleExecutor, tagged_layout
 
 DEFAULT_BUCKETS = (1, 16, 64, 256, 1024, 4096)
-POPULATE_FROM = 1 << 24  # bytes: smaller arenas are plain numpy zeros
 
 
 def plan(program: ProgramOp) -> ProgramOp:
@@ -65,16 +67,6 @@ def compile_profile(model: ModelOp, batch: int, tokens: int, storage: str | None
     return plan(lower_function(specialized, "forward", storage, kv_cache, split_gemms))
 
 
-def populated_zeros(nbytes: int) -> np.ndarray:
-    """``nbytes`` zero bytes, on Linux in anonymous memory the kernel populates in one call
-    (``MAP_POPULATE``): filling gigabytes of weights then takes no page fault per 4 KiB page,
-    which is 4-5x faster where pages are fresh (a virtual machine's first touch of its memory)."""
-    if nbytes < POPULATE_FROM or not hasattr(mmap, "MAP_POPULATE"):
-        return np.zeros(nbytes, dtype=np.uint8)
-    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
-    return np.frombuffer(pages, dtype=np.uint8)
-
-
 @dataclass
 class ParamsArena:
     """The ``params`` arena of a model's programs: the bytes, each parameter's view of them,
@@ -83,18 +75,40 @@ class ParamsArena:
     arena: np.ndarray
     views: dict[str, np.ndarray]
     layout: dict[str, tuple[int, tuple[int, ...], str]]
+    pages: PagedArena
+
+    @classmethod
+    def allocate(cls, nbytes: int, layout: dict[str, tuple[int, tuple[int, ...], str]], shift: int = 0,
+                 populate: bool = True) -> ParamsArena:
+        """``nbytes`` zero bytes starting ``shift`` bytes into a page (see :class:`PagedArena`),
+        with a view per parameter of ``layout``."""
+        pages = PagedArena(nbytes, shift, populate)
+        views = {}
+        for name, (offset, shape, dtype) in layout.items():
+            kind = NUMPY_DTYPES[DType(dtype)]
+            views[name] = pages.array[offset:offset + math.prod(shape) * kind.itemsize].view(kind).reshape(shape)
+        return cls(pages.array, views, layout, pages)
+
+    def lined_up(self, pieces: Iterable[tuple[int, int, int]]) -> ParamsArena:
+        """An arena of the same layout for a loader that will read ``pieces`` (offset in their file,
+        address in this arena, bytes; :func:`modeldsl.hf.checkpoint.direct_pieces`): where at least
+        half its bytes can line up with their file's pages, it starts where they do and gives out
+        no page in advance (the loader maps the file there); otherwise it is populated."""
+        base = self.arena.ctypes.data
+        shift, lined_up = best_shift((where, address - base, n) for where, address, n in pieces)
+        if 2 * lined_up < self.arena.nbytes:
+            return ParamsArena.allocate(self.arena.nbytes, self.layout)
+        return ParamsArena.allocate(self.arena.nbytes, self.layout, shift, populate=False)
 
 
-def params_arena(model: ModelOp, storage: str | None) -> ParamsArena:
+def params_arena(model: ModelOp, storage: str | None, populate: bool = True) -> ParamsArena:
     """The ``params`` arena of every forward profile of a specialized ``model`` (allocated and
-    zero), planned from the parameter buffers alone: every program declares them first, in the
-    model's order."""
+    zero; ``populate``: see :class:`PagedArena`), planned from the parameter buffers alone: every
+    program declares them first, in the model's order."""
     program = ProgramOp("params", {})
     program.body.block.add_ops(parameter_buffers(model, storage == "fp32"))
     plan(program)
-    arena = populated_zeros(program.arenas["params"])
-    views = ScheduleExecutor(program, arenas={"params": arena}).params
-    return ParamsArena(arena, views, tagged_layout(program, "param"))
+    return ParamsArena.allocate(program.arenas["params"], tagged_layout(program, "param"), populate=populate)
 
 
 class ProfiledForward:

@@ -1,6 +1,9 @@
-"""Loading holds the weights once: the checkpoint is read straight into the schedule's params arena,
-the model's weights are views of it from the start, and the first forward copies nothing."""
+"""Loading holds the weights once: the checkpoint is read straight into the schedule's params arena
+(or its file's pages are mapped there), the model's weights are views of it from the start, and the
+first forward copies nothing."""
 
+import shutil
+import sys
 import tracemalloc
 
 import ml_dtypes
@@ -11,6 +14,7 @@ import modeldsl
 from hf_checkpoints import cached_checkpoint, transformers_model
 from modeldsl.hf.safetensors_io import SafetensorsFile, write_safetensors
 from modeldsl.resolve.imports import STD_ROOT
+from modeldsl.runtime import pages
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -20,6 +24,9 @@ TOKENS = [3, 17, 42, 5, 9, 33, 2, 61]
 # about 13 MB of fp32 weights: large against the IR and the activations of a short forward
 RANDOM = dict(vocab_size=64, d_model=32, n_layers=2, num_heads=4, num_kv_heads=2, d_ff=48, max_seq=128)
 SIZED = dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2)
+# every tensor a whole number of 4 KiB pages (rows of 1024 fp32), so the whole file lines up
+PAGED = dict(vocab_size=1024, hidden_size=1024, intermediate_size=1024, num_hidden_layers=1)
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="file pages are mapped on Linux only")
 
 
 def weight_bytes(model) -> int:
@@ -90,3 +97,35 @@ def test_read_into_converts_in_chunks_and_shows_the_file_values(tmp_path):
     same = np.zeros((5, 7), ml_dtypes.bfloat16)
     source.read_into("x", same)
     np.testing.assert_array_equal(same.view(np.uint16), values.view(np.uint16))
+
+
+@linux
+def test_an_fp32_checkpoint_of_whole_pages_is_mapped_not_read_and_runs_the_same(monkeypatch):
+    path = cached_checkpoint("llama", **PAGED)
+    model = modeldsl.load(LLAMA, hf=path)
+    assert model.params.pages.mapped >= 0.95 * weight_bytes(model)
+    assert_views_of_the_arena(model)
+    monkeypatch.setattr(pages, "_MMAP", None)
+    read = modeldsl.load(LLAMA, hf=path)
+    assert read.params.pages.mapped == 0
+    logits = model.forward(TOKENS)
+    np.testing.assert_array_equal(logits, read.forward(TOKENS))
+    with torch.no_grad():
+        expected = transformers_model(path)(torch.tensor([TOKENS])).logits[0].numpy()
+    assert np.abs(logits - expected).max() <= 1e-4
+
+
+@linux
+def test_writes_to_mapped_weights_stay_in_memory_and_a_save_over_the_checkpoint_keeps_them(tmp_path):
+    folder = shutil.copytree(cached_checkpoint("llama", **PAGED), tmp_path / "checkpoint")
+    model = modeldsl.load(LLAMA, hf=folder)
+    assert model.params.pages.mapped
+    file_bytes = (folder / "model.safetensors").read_bytes()
+    model.weights["lm_head"][:3] += 1.0
+    assert (folder / "model.safetensors").read_bytes() == file_bytes
+    kept = {name: weight.copy() for name, weight in model.weights.items()}
+    model.save_hf(folder)  # replaces the file the weights are mapped from
+    again = modeldsl.load(LLAMA, hf=folder)
+    for name, weight in model.weights.items():
+        np.testing.assert_array_equal(weight, kept[name], err_msg=name)
+        np.testing.assert_array_equal(again.weights[name], kept[name], err_msg=name)
