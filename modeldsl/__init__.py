@@ -8,9 +8,10 @@ the kernels and ``modeldsl.tools`` the command-line drivers.
 __version__ = "0.1.0"
 
 
-def load(model_file, hf=None, dtype="fp32", **options):
+def load(model_file=None, hf=None, dtype="fp32", **options):
     """Load a Module DSL model, with a HuggingFace checkpoint's weights (see
-    :func:`modeldsl.runtime.model.load`)."""
+    :func:`modeldsl.runtime.model.load`); without a model file, the std model that serves the
+    checkpoint's architecture (:mod:`modeldsl.registry`)."""
     from modeldsl.runtime.model import load as _load
 
     return _load(model_file, hf=hf, dtype=dtype, **options)

@@ -59,7 +59,8 @@ def build_parser() -> Parser:
     p = Parser(prog="mdsl-run", description="Run a Module DSL model on a HuggingFace checkpoint.",
                formatter_class=HelpFormatter)
     p.add_argument("--version", action="version", version=f"mdsl-run (modeldsl {modeldsl_version()})")
-    p.add_argument("model", help="the .module file (e.g. modeldsl/std/models/llama.module)")
+    p.add_argument("model", nargs="?", help="the .module file (e.g. modeldsl/std/models/llama.module); left out: "
+                   "the std model that serves the checkpoint's architecture (config.json's architectures)")
     p.add_argument("--hf", metavar="DIR", help="checkpoint folder: config.json + *.safetensors (required, "
                    "except with --train ... --resume OUT)")
     p.add_argument("--top", help="the declaration to run (default: the file's model)")
@@ -159,7 +160,7 @@ def check_flags(args) -> list[Diagnostic]:
     if problems:
         raise DiagnosticError([Diagnostic("E029", f"mdsl-run: --{name.replace('_', '-')} {problem}", None,
                                           "see mdsl-run --help") for name, problem in problems])
-    if not Path(args.model).is_file():
+    if args.model is not None and not Path(args.model).is_file():
         raise DiagnosticError([Diagnostic("E028", f"no such model file '{args.model}'", None,
                                           "give the path of a .module file")])
     check_checkpoint_flag(args)

@@ -468,7 +468,7 @@ def run_training(args) -> int:
 
     out = Path(args.save) if args.save is not None else None
     plot = Path(args.loss_plot) if args.loss_plot is not None else (out / PLOT_FILE if out else Path(PLOT_FILE))
-    title = f"{Path(args.model).stem} on {Path(args.train).name}: {args.grad_accum}x{args.batch}x{args.seq} " \
+    title = f"{Path(args.model).stem if args.model else model.model.sym_name.data} on {Path(args.train).name}: {args.grad_accum}x{args.batch}x{args.seq} " \
             f"tokens/step, lr {config.lr:g}"
     problem: str | None = ""  # "": not drawn yet; None: drawn; else why not
     if out is not None:
@@ -478,7 +478,7 @@ def run_training(args) -> int:
 
         trainer.sync_weights()
         meta = {"run": {"steps": args.steps, "batch": args.batch, "seq": args.seq, "grad_accum": args.grad_accum,
-                        "seed": args.seed, "dtype": args.dtype, "model": str(args.model)},
+                        "seed": args.seed, "dtype": args.dtype, "model": str(args.model) if args.model else None},
                 "data": {"file": str(args.train), "tokens": int(len(tokens)), "sha256": digest, **batches.state()},
                 "rng": rng.bit_generator.state}
         try:

@@ -239,30 +239,11 @@ def architecture_mismatch(declared: dict[str, Any], hf: Any) -> Diagnostic | Non
 
 
 def std_model_for(architectures: list[str], model_type: str | None) -> str | None:
-    """The std model file (``std/models/NAME.module``) that declares one of the architectures."""
-    from modeldsl.frontend.text import ast
-    from modeldsl.frontend.text.parser import parse_file
-    from modeldsl.resolve.imports import STD_ROOT
+    """The std model file (``std/models/NAME.module``) that serves the architectures."""
+    from modeldsl.registry import model_serving  # the registry parses the std library
 
-    for path in sorted((STD_ROOT / "models").glob("*.module")):
-        for decl in parse_file(path).declarations:
-            entries = {s.name: s.value.expr for section in decl.sections("hf_config")[:1] for s in section.body
-                       if isinstance(s, ast.Section) and s.value is not None}
-            served = _ast_strings(entries.get("architecture"))
-            types = [n.removesuffix("Config").lower() for n in _ast_strings(entries.get("config_class"))]
-            if set(architectures) & set(served) or (not architectures and model_type in types):
-                return f"std/models/{path.name} ({decl.name})"
-    return None
-
-
-def _ast_strings(node: Any) -> list[str]:
-    from modeldsl.frontend.text import ast
-
-    if isinstance(node, ast.Str):
-        return [node.value]
-    if isinstance(node, ast.ListExpr):
-        return [item.value for item in node.items if isinstance(item, ast.Str)]
-    return []
+    entry = model_serving(architectures, model_type)
+    return None if entry is None else f"std/models/{entry.path.name} ({entry.name})"
 
 
 def unsupported_fields(model_name: str, declared: dict[str, Any], hf: Any, mapped: set[str]) -> list[Diagnostic]:

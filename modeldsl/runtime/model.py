@@ -42,6 +42,7 @@ from modeldsl.hf.safetensors_io import CheckpointError
 from modeldsl.ir import verify_module
 from modeldsl.lower import choose_top, lower_program
 from modeldsl.passes.specialize import SpecializePass
+from modeldsl.registry import model_for_checkpoint
 from modeldsl.runtime.executor import NUMPY_DTYPES, GraphExecutor, KVCache
 from modeldsl.runtime.fits import check_fits_on, parameter_bytes
 from modeldsl.runtime.profiles import ParamsArena, ProfiledForward, params_arena
@@ -298,12 +299,14 @@ def choose_token(logits: np.ndarray, temperature: float, top_k: int | None, rng:
     return int(rng.choice(probs.size, p=probs))
 
 
-def load(model_file: str | Path, hf: str | Path | None = None, dtype: str = "fp32", top: str | None = None,
+def load(model_file: str | Path | None = None, hf: str | Path | None = None, dtype: str = "fp32", top: str | None = None,
          config: dict[str, Any] | None = None, progress: bool = False,
          sink: DiagnosticSink | None = None, device: str = "cpu", force_architecture: bool = False,
          allow_unused_tensors: bool = False) -> Model:
     """Load a DSL model with the weights of a HuggingFace checkpoint (or random
-    weights, normal(0, 0.02) with seed 0, when ``hf`` is None). ``device``: where the schedule
+    weights, normal(0, 0.02) with seed 0, when ``hf`` is None). Without ``model_file``, the std
+    model that serves the checkpoint's ``architectures`` / ``model_type`` (E036 listing the served
+    architectures when none does; :mod:`modeldsl.registry`). ``device``: where the schedule
     runs: ``cpu``, ``cuda`` (the GPU) or ``emulated`` (the CUDA executor on numpy, for tests).
 
     A checkpoint of an architecture the model does not declare is E036 (W010 with
@@ -334,6 +337,8 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
           config: dict[str, Any] | None, progress: bool, sink: DiagnosticSink, device: str,
           force_architecture: bool, allow_unused_tensors: bool) -> Model:
     runs_on = _device(device)
+    if model_file is None:
+        model_file, top = _served_model(hf, top)
     program = parse_file(model_file)
     decl = choose_top(program, top)
     values = dict(config or {})
@@ -374,6 +379,18 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
             return Model(module, model, weights, dtype, hf_config, record, runs_on, arena)
     except RopeScalingError as err:
         raise DiagnosticError([_rope_diagnostic(err, hf_config, hf)]) from None
+
+
+def _served_model(hf: str | Path | None, top: str | None) -> tuple[Path, str]:
+    """The file and declaration of the std model that serves the checkpoint ``hf``."""
+    if hf is None:
+        raise _argument_error("give a model file, or a checkpoint folder (hf=DIR) whose config.json names the "
+                              "architecture")
+    try:
+        entry = model_for_checkpoint(read_config(hf), str(Path(hf) / "config.json"))
+    except CheckpointError as err:
+        raise DiagnosticError([_diagnostic(err, hf)]) from None
+    return entry.path, top or entry.name
 
 
 def _verify_specialized(module: ModuleOp) -> None:
