@@ -167,6 +167,7 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
     def register_all_frontends(self) -> None:
         self.available_frontends["mlir"] = self.parse_mlir_stream
         self.available_frontends["module"] = self.lower_module_stream
+        self.available_frontends["json"] = self.parse_json_stream
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         arg_parser.__class__ = FlagParser
@@ -219,8 +220,9 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         arg_parser.add_argument("--print-ir-after-change", action="store_true",
                                 help="print the IR to stderr after every pass that changed it")
         arg_parser.add_argument(
-            "--emit", choices=("ir", "ast", "memory-report", "memory-plot", "cost-report"), default="ir",
+            "--emit", choices=("ir", "json", "ast", "memory-report", "memory-plot", "cost-report"), default="ir",
             help="for Module DSL input (.module): 'ast' prints the parsed AST; after the pipeline, "
+            "'json' writes the IR as JSON (docs/json-ir.md; mdsl-opt reads FILE.json back), "
             "'memory-report' prints each program's arena sizes, peak and largest buffers, "
             "'memory-plot FILE.png' draws its buffers over the schedule steps (planned programs only), and "
             "'cost-report' estimates each mdsl.sched program's time per op kind: launches, bytes read and "
@@ -369,6 +371,8 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         source = self.read_input()
         if source.kind == "module":
             result = self.run_module_dsl(source)
+        elif source.kind == "json":
+            result = self.run_json(source)
         else:
             result = self.run_mlir(source)
         with self.observer.timed("Write output"):
@@ -390,7 +394,7 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         kind = self.args.frontend or ("mlir" if from_stdin else os.path.splitext(path)[1].lstrip("."))
         if kind not in self.available_frontends:
             raise flag_error(f"cannot tell the kind of '{name}' from its extension '.{kind}'",
-                             "name it .mlir or .module, or give the kind with -f mlir / -f module")
+                             "name it .mlir, .module or .json, or give the kind with -f mlir / -f module / -f json")
         remember_source(name, text)
         return InputText(name, text, kind, None if from_stdin else path)
 
@@ -458,6 +462,40 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             spans = {op: _with_line_offset(span, line_offset) for op, span in spans.items()}
         self._op_spans = spans
         return module
+
+    def run_json(self, source: InputText) -> ChunkResult:
+        """The JSON IR (:mod:`modeldsl.json_ir`) read, verified and run through the pipeline."""
+        result = self.collect(lambda: self.process_json(source.name, source.text))
+        if result.diagnostics:
+            raise DiagnosticError(result.diagnostics)
+        return result
+
+    def process_json(self, name: str, text: str) -> str:
+        with self.observer.timed("Parser"):
+            module = self.parse_json_text(text, name)
+        self.apply_passes(module)
+        with self.observer.timed("Output"):
+            return self.output_resulting_program(module)
+
+    def parse_json_text(self, text: str, name: str) -> ModuleOp:
+        """E001 at the JSON path of what is not JSON IR; the IR's own verifier failures as coded
+        diagnostics (at the DSL locations the IR carries)."""
+        from modeldsl.json_ir import JsonIRError, read_json
+
+        try:
+            module = read_json(self.ctx, text)
+        except JsonIRError as err:
+            raise DiagnosticError([Diagnostic("E001", f"{name}: {err}", None, "write it with mdsl-opt --emit=json "
+                                              "(docs/json-ir.md describes the format)")]) from None
+        problems = verify_module(module)
+        if problems:
+            raise DiagnosticError([p.diagnostic() for p in problems])
+        self._op_spans = {}
+        return module
+
+    def parse_json_stream(self, stream: IO[bytes]) -> ModuleOp:
+        """xDSL's frontend hook for JSON IR."""
+        return self.parse_json_text(stream.read().decode("utf-8", "replace"), self.get_input_name())
 
     def parse_mlir_stream(self, stream: IO[bytes]) -> ModuleOp:
         """xDSL's frontend hook for IR text."""
@@ -571,6 +609,10 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             return self.verify_backward_report(prog)
         if self.args.emit == "cost-report":
             return self.cost_report(prog)
+        if self.args.emit == "json":
+            from modeldsl.json_ir import dumps
+
+            return dumps(prog)
         if self.args.emit not in ("memory-report", "memory-plot"):
             return super().output_resulting_program(prog)
         from modeldsl.memory_report import NotPlanned, memory_report, plot_memory
