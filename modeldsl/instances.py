@@ -92,5 +92,6 @@ def unnamed_entries(entry: ast.Section) -> list[ast.Section]:
 
 
 def source_text(node: ast.Node) -> str:
-    """The exact source text of a node (weight-mapping keys such as ``blocks[{i}].w?``)."""
-    return node.span.text
+    """The exact source text of a node (weight-mapping keys such as ``blocks[{i}].w?``); a name's
+    own text (the Python DSL gives such keys, and ``save:`` patterns, as names)."""
+    return node.id if isinstance(node, ast.Name) else node.span.text

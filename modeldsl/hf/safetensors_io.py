@@ -7,8 +7,9 @@ documented format (an 8-byte little-endian header length, a JSON header of
 ``numpy.memmap`` and ``ml_dtypes.bfloat16``: no copy until a tensor is used,
 and nothing is ever unpickled. :meth:`SafetensorsFile.read_into` reads a tensor
 straight into an array the caller owns (the model's params arena), converting
-its dtype in bounded chunks (or has the caller back it with the file's pages). Every inconsistency (short file, bad header,
-offsets outside the data) is a :class:`CheckpointError` naming file and tensor.
+its dtype in bounded chunks (or has the caller back it with the file's pages).
+Every inconsistency (short file, bad header, offsets outside the data) is a
+:class:`CheckpointError` naming file and tensor.
 """
 
 from __future__ import annotations

@@ -10,7 +10,10 @@ declaration in a file (``std.modules.linear.Linear``), or a folder of files
 newest version of each); a last component ``vN`` asks for exactly that version
 (``matmul.v1`` is ``matmul.v1.module``), no version takes the newest. A path
 without the ``std.`` prefix (``import primitives``, ``import modules.linear``) is
-also looked for in the standard library, after the project's folders.
+also looked for in the standard library, after the project's folders. Where no
+``.module`` file is found, a ``NAME.py`` file of the Python DSL is read
+(:mod:`modeldsl.frontend.python`): ``std.python.modules.norm`` is
+``std/python/modules/norm.py``.
 
 Two imports of one name are E023, an alias that shadows a name already
 imported is E024, a local declaration that shadows an import is W002 and one
@@ -297,7 +300,12 @@ def _parse_file(file: Path) -> ast.Program:
     stamp = file.stat().st_mtime
     cached = _PARSED.get(file)
     if cached is None or cached[0] != stamp:
-        cached = (stamp, parse_source(read_source(file), str(file)))
+        if file.suffix == ".py":
+            from modeldsl.frontend.python.translate import parse_python_file
+
+            cached = (stamp, parse_python_file(file))
+        else:
+            cached = (stamp, parse_source(read_source(file), str(file)))
         _PARSED[file] = cached
     return cached[1]
 
@@ -332,7 +340,10 @@ def _newest(folder: Path, name: str) -> Path | None:
     ) if folder.is_dir() else []
     if plain.is_file():
         return plain
-    return versions[-1][1] if versions else None
+    if versions:
+        return versions[-1][1]
+    python = folder / f"{name}.py"  # the Python DSL's file
+    return python if python.is_file() else None
 
 
 def std_module_declaring(name: str) -> str | None:

@@ -299,8 +299,8 @@ def choose_token(logits: np.ndarray, temperature: float, top_k: int | None, rng:
     return int(rng.choice(probs.size, p=probs))
 
 
-def load(model_file: str | Path | None = None, hf: str | Path | None = None, dtype: str = "fp32", top: str | None = None,
-         config: dict[str, Any] | None = None, progress: bool = False,
+def load(model_file: str | Path | None = None, hf: str | Path | None = None, dtype: str = "fp32",
+         top: str | None = None, config: dict[str, Any] | None = None, progress: bool = False,
          sink: DiagnosticSink | None = None, device: str = "cpu", force_architecture: bool = False,
          allow_unused_tensors: bool = False) -> Model:
     """Load a DSL model with the weights of a HuggingFace checkpoint (or random

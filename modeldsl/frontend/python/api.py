@@ -1,0 +1,115 @@
+"""The names a Python DSL file imports (``from modeldsl.dsl import module, Param, Tensor, ...``).
+
+They let the file run as ordinary Python but compute nothing: modeldsl reads the file's source
+(:mod:`modeldsl.frontend.python.translate`), never its objects, so a graph is never executed.
+A decorated class keeps its name and gains its kind (``__mdsl_kind__``) and file
+(``__mdsl_file__``), which ``modeldsl.load(TheClass, ...)`` lowers; calling it (``RMSNorm("d",
+"eps")`` in a ``Param``) records its arguments instead of running ``__init__``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+KIND, FILE = "__mdsl_kind__", "__mdsl_file__"
+
+
+class Instance:
+    """A declaration called with its arguments (a submodule or stack element in a ``Param``)."""
+
+    def __init__(self, declaration: type, args: tuple, kwargs: dict):
+        self.declaration, self.args, self.kwargs = declaration, args, kwargs
+
+
+def _declaration(kind: str):
+    def mark(cls: type) -> type:
+        setattr(cls, KIND, kind)
+        setattr(cls, FILE, inspect.getsourcefile(cls))
+        cls.__new__ = lambda klass, *args, **kwargs: Instance(klass, args, kwargs)  # type: ignore[method-assign]
+        return cls
+
+    return mark
+
+
+module, block, model = _declaration("module"), _declaration("block"), _declaration("model")
+
+
+def _marker(func):
+    return func
+
+
+forward = backward = _marker
+
+
+def _names(*names: str):
+    """``@save("x", "rstd")``, ``@recompute("h")``: the tensors kept for (recomputed in) the backward."""
+    return _marker
+
+
+save = recompute = _names
+
+
+def _sections(*entries: Any, **named: Any):
+    """``@hf_config(...)``, ``@hf_mapping({...})``, ``@hf_export({...})``: a model's HuggingFace sections."""
+    return lambda cls: cls
+
+
+hf_config = hf_mapping = hf_export = _sections
+
+
+class _Subscriptable:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getitem__(self, dims: Any) -> tuple[str, Any]:
+        return (self.name, dims)
+
+
+Tensor, Array = _Subscriptable("Tensor"), _Subscriptable("Array")
+
+
+class Param:
+    """``Param(Tensor["out_dim", "in_dim"], when="bias")``: a parameter of the declaration."""
+
+    def __init__(self, type_: Any, when: Any = None, **annotations: Any):
+        self.type, self.when, self.annotations = type_, when, annotations
+
+
+class Dim:
+    """``Dim("d_model")``: a dimension named by an expression of the parameters."""
+
+    def __init__(self, expr: str):
+        self.expr = expr
+
+
+def _call(name: str):
+    def call(*args: Any, **kwargs: Any) -> tuple[str, tuple, dict]:
+        return (name, args, kwargs)
+
+    call.__name__ = name
+    return call
+
+
+tied_to, fuse, split, field, transform, stack_experts = (
+    _call(n) for n in ("tied_to", "fuse", "split", "field", "transform", "stack_experts"))
+
+
+class _Builder:
+    def __getattr__(self, name: str):
+        raise RuntimeError(f"g.{name}(...) is not run: graphs of the Python DSL are read from the source; lower "
+                           "the model with modeldsl.load or mdsl-opt")
+
+
+class graph:  # noqa: N801 - used as `with graph() as g:`
+    def __enter__(self) -> _Builder:
+        return _Builder()
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+B, T = Dim("B"), Dim("T")
+__all__ = ["module", "block", "model", "forward", "backward", "save", "recompute", "Tensor", "Array", "Param", "Dim",
+           "graph", "B", "T", "tied_to", "fuse", "split", "field", "transform", "stack_experts", "hf_config",
+           "hf_mapping", "hf_export"]
