@@ -81,18 +81,19 @@ def _op(op: Operation, numbers: dict[SSAValue, int]) -> dict[str, Any]:
 
 
 def compile_model(model: str | Path, config: dict[str, Any] | None = None, top: str | None = None) -> dict[str, Any]:
-    """The JSON IR of a model's ``mdsl.graph``: ``model`` a std model's registry name (``"Llama"``)
-    or a Module DSL file (``top`` its declaration), lowered with its defaults or the values of
+    """The JSON IR of a model's ``mdsl.graph``: ``model`` a std model's registry name (``"Llama"``),
+    a ``.module`` or Python DSL file (``top`` its declaration) or a Python DSL class, lowered with its defaults or the values of
     ``config`` (its parameters by name, as ``mdsl-opt --param``)."""
     from modeldsl.diagnostics import DiagnosticSink
-    from modeldsl.frontend.text.parser import parse_file
+    from modeldsl.frontend import read_model
     from modeldsl.lower import lower_program
     from modeldsl.registry import get_model
 
-    if isinstance(model, str) and not model.endswith(".module"):
+    if isinstance(model, str) and not model.endswith((".module", ".py")):
         entry = get_model(model)
         model, top = entry.path, top or entry.name
-    return to_json(lower_program(parse_file(model), top, config, DiagnosticSink()))
+    program, top = read_model(model, top)
+    return to_json(lower_program(program, top, config, DiagnosticSink()))
 
 
 # ------------------------------------------------------------------ reading

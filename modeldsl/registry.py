@@ -1,8 +1,11 @@
 """The registry of the std library: its models (with the HuggingFace architectures each serves),
 blocks, modules and primitives by name, and the model that serves a checkpoint.
 
-Every declaration of the std library's ``.module`` files (``std/models``, ``std/blocks``,
-``std/modules``, ``std/primitives``) is an :class:`Entry`: its kind, name, file and line. A
+Every declaration of the std library is an :class:`Entry`: its kind, name, file, line and
+frontend, from the text DSL's ``.module`` files (``std/models``, ``std/blocks``, ``std/modules``,
+``std/primitives``) and the Python DSL's files (``std/python/models``, ...); a declaration
+written in both is listed once by name, and ``get_model(name, frontend="python")`` picks a
+spelling. A
 model's entry also carries what its ``hf_config`` declares it serves: ``architecture:`` (a
 class name or a list of them) and the model types of ``config_class:`` (``LlamaConfig`` is
 ``llama``) or ``model_type:``. :func:`model_for_checkpoint` picks the model for a checkpoint's
@@ -21,6 +24,7 @@ from typing import Any
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, Span
 from modeldsl.frontend.text import ast
+from modeldsl.frontend.python import parse_python_file
 from modeldsl.frontend.text.parser import parse_file
 from modeldsl.resolve.imports import STD_ROOT
 
@@ -35,6 +39,7 @@ class Entry:
     name: str
     path: Path
     line: int
+    frontend: str = "text"  # text | python
     abstract: bool = False
     doc: str | None = None
     architectures: tuple[str, ...] = ()  # models: the HF classes they serve
@@ -50,22 +55,23 @@ class Entry:
 
 @cache
 def _entries(kind: str) -> tuple[Entry, ...]:
+    """The text DSL's declarations of ``kind``, then the Python DSL's (``std/python/...``)."""
     found = []
     for path in sorted((STD_ROOT / FOLDERS[kind]).glob("*.module")):
-        for decl in parse_file(path).declarations:
-            if decl.kind == kind:
-                found.append(_entry(decl, path))
+        found += [_entry(decl, path, "text") for decl in parse_file(path).declarations if decl.kind == kind]
+    for path in sorted((STD_ROOT / "python" / FOLDERS[kind]).glob("*.py")):
+        found += [_entry(decl, path, "python") for decl in parse_python_file(path).declarations if decl.kind == kind]
     return tuple(found)
 
 
-def _entry(decl: ast.Decl, path: Path) -> Entry:
+def _entry(decl: ast.Decl, path: Path, frontend: str) -> Entry:
     served: dict[str, Any] = {}
     for section in decl.sections("hf_config")[:1]:
         served = {s.name: s.value.expr for s in section.body if isinstance(s, ast.Section) and s.value is not None}
     types = _strings(served.get("model_type")) or \
         [n.removesuffix("Config").lower() for n in _strings(served.get("config_class"))]
-    return Entry(decl.kind, decl.name, path, decl.span.line if decl.span is not None else 1, decl.abstract, decl.doc,
-                 tuple(_strings(served.get("architecture"))), tuple(types))
+    return Entry(decl.kind, decl.name, path, decl.span.line if decl.span is not None else 1, frontend, decl.abstract,
+                 decl.doc, tuple(_strings(served.get("architecture"))), tuple(types))
 
 
 def _strings(node: Any) -> list[str]:
@@ -87,53 +93,57 @@ def entries(kind: str) -> list[Entry]:
     return list(_entries(kind))
 
 
+def _names(kind: str) -> list[str]:
+    """The names of ``kind``, each once (a declaration in both spellings is one name)."""
+    return list(dict.fromkeys(e.name for e in _entries(kind) if not e.abstract))
+
+
 def list_models() -> list[str]:
-    return [e.name for e in _entries("model") if not e.abstract]
+    return _names("model")
 
 
 def list_blocks() -> list[str]:
-    return [e.name for e in _entries("block")]
+    return _names("block")
 
 
 def list_modules() -> list[str]:
-    return [e.name for e in _entries("module")]
+    return _names("module")
 
 
 def list_primitives() -> list[str]:
-    return [e.name for e in _entries("primitive")]
+    return _names("primitive")
 
 
-def get(kind: str, name: str) -> Entry:
-    """The std declaration ``name`` of ``kind``; KeyError naming the ones there are."""
-    for entry in entries(kind):
-        if entry.name == name:
-            return entry
-    known = ", ".join(e.name for e in entries(kind))
-    raise KeyError(f"no std {kind} is named '{name}' (there are: {known})")
+def get(kind: str, name: str, frontend: str = "text") -> Entry:
+    """The std declaration ``name`` of ``kind`` in ``frontend``'s spelling (``text`` or ``python``;
+    where it has no such spelling, the other); KeyError naming the ones there are."""
+    matches = [e for e in entries(kind) if e.name == name]
+    if not matches:
+        raise KeyError(f"no std {kind} is named '{name}' (there are: {', '.join(_names(kind))})")
+    return next((e for e in matches if e.frontend == frontend), matches[0])
 
 
-def get_model(name: str) -> Entry:
-    return get("model", name)
+def get_model(name: str, frontend: str = "text") -> Entry:
+    return get("model", name, frontend)
 
 
-def get_block(name: str) -> Entry:
-    return get("block", name)
+def get_block(name: str, frontend: str = "text") -> Entry:
+    return get("block", name, frontend)
 
 
-def get_module(name: str) -> Entry:
-    return get("module", name)
+def get_module(name: str, frontend: str = "text") -> Entry:
+    return get("module", name, frontend)
 
 
 def get_primitive(name: str) -> Entry:
     return get("primitive", name)
 
 
-def get_any(name: str) -> Entry:
+def get_any(name: str, frontend: str = "text") -> Entry:
     """The std declaration ``name`` of any kind (models first, then blocks, modules, primitives)."""
     for kind in FOLDERS:
-        for entry in _entries(kind):
-            if entry.name == name:
-                return entry
+        if any(e.name == name for e in _entries(kind)):
+            return get(kind, name, frontend)
     raise KeyError(f"no std declaration is named '{name}'")
 
 
@@ -142,10 +152,11 @@ def architectures() -> dict[str, str]:
     return {arch: e.name for e in _entries("model") if not e.abstract for arch in e.architectures}
 
 
-def model_serving(architectures_: list[str], model_type: str | None) -> Entry | None:
-    """The first std model (in file order) that serves a checkpoint of these architectures or this
-    model type, or None."""
-    return next((e for e in _entries("model") if not e.abstract and e.serves(architectures_, model_type)), None)
+def model_serving(architectures_: list[str], model_type: str | None, frontend: str = "text") -> Entry | None:
+    """The std model that serves a checkpoint of these architectures or this model type (the first in
+    file order; in ``frontend``'s spelling where it has one), or None."""
+    entry = next((e for e in _entries("model") if not e.abstract and e.serves(architectures_, model_type)), None)
+    return None if entry is None else get("model", entry.name, frontend)
 
 
 def model_for_checkpoint(config: Any, where: str = "config.json") -> Entry:

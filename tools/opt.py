@@ -168,6 +168,7 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         self.available_frontends["mlir"] = self.parse_mlir_stream
         self.available_frontends["module"] = self.lower_module_stream
         self.available_frontends["json"] = self.parse_json_stream
+        self.available_frontends["py"] = self.lower_python_stream
 
     def register_all_arguments(self, arg_parser: argparse.ArgumentParser) -> None:
         arg_parser.__class__ = FlagParser
@@ -177,9 +178,11 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         super().register_all_arguments(arg_parser)
         for action in arg_parser._actions:  # noqa: SLF001 - clearer help for xDSL's own options
             if action.dest == "input_file":
-                action.help = "the .mlir or .module file to read; '-' or none reads stdin (-f module for Module DSL)"
+                action.help = ("the .mlir, .module, .py (Python DSL) or .json file to read; '-' or none reads stdin "
+                               "(-f module for Module DSL, -f py, -f json)")
             elif action.dest == "frontend":
-                action.help = "the kind of the input: mlir (IR) or module (Module DSL); default: by file extension"
+                action.help = ("the kind of the input: mlir (IR), module (Module DSL), py (Python DSL) or json "
+                               "(JSON IR); default: by file extension")
             elif action.dest == "passes":
                 action.help = "the pass pipeline, e.g. 'cse,mdsl-plan-memory{alignment=64}' (see --list-passes)"
             elif action.dest == "target":
@@ -369,7 +372,7 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             sys.stdout.write(pass_list(self.available_passes))
             return
         source = self.read_input()
-        if source.kind == "module":
+        if source.kind in ("module", "py"):
             result = self.run_module_dsl(source)
         elif source.kind == "json":
             result = self.run_json(source)
@@ -394,7 +397,8 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         kind = self.args.frontend or ("mlir" if from_stdin else os.path.splitext(path)[1].lstrip("."))
         if kind not in self.available_frontends:
             raise flag_error(f"cannot tell the kind of '{name}' from its extension '.{kind}'",
-                             "name it .mlir, .module or .json, or give the kind with -f mlir / -f module / -f json")
+                             "name it .mlir, .module, .py (the Python DSL) or .json, or give the kind with -f mlir / -f module / "
+                             "-f py / -f json")
         remember_source(name, text)
         return InputText(name, text, kind, None if from_stdin else path)
 
@@ -509,6 +513,14 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         return lower_program(parse_source(stream.read().decode("utf-8", "replace"), self.get_input_name()),
                              self.args.top)
 
+    def lower_python_stream(self, stream: IO[bytes]) -> ModuleOp:
+        """xDSL's frontend hook for the Python DSL: read (never run) and lowered with its defaults."""
+        from modeldsl.frontend.python import parse_python_source
+        from modeldsl.lower import lower_program
+
+        return lower_program(parse_python_source(stream.read().decode("utf-8", "replace"), self.get_input_name()),
+                             self.args.top)
+
     def collect(self, step) -> ChunkResult:
         """Run a step; its coded diagnostics (errors and warnings) are kept, not raised."""
         result = ChunkResult()
@@ -553,7 +565,12 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         from modeldsl.lower import lower_program
 
         with self.observer.timed("Parser"):
-            program = parse_source(source.text, source.name)
+            if source.kind == "py":
+                from modeldsl.frontend.python import parse_python_source
+
+                program = parse_python_source(source.text, source.name)
+            else:
+                program = parse_source(source.text, source.name)
         if self.args.emit == "ast":
             return dump(program)
         self.check_lock_flags(program, source)

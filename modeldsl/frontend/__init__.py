@@ -1,1 +1,23 @@
-"""Frontends: the Module DSL text language (``text``), later the Python decorator DSL."""
+"""Frontends: the Module DSL text language (``text``) and the Python decorator DSL (``python``),
+both giving the text DSL's AST, which lowering turns into ``mdsl.graph``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def read_model(model: Any, top: str | None = None) -> tuple[Any, str | None]:
+    """The AST of a model given as a ``.module`` or ``.py`` file, or as a class of the Python DSL
+    (its file; ``top`` defaults to the class), with the declaration to lower."""
+    from modeldsl.frontend.python.api import FILE
+
+    if isinstance(model, type) and hasattr(model, FILE):
+        model, top = getattr(model, FILE), top or model.__name__
+    if str(model).endswith(".py"):
+        from modeldsl.frontend.python import parse_python_file
+
+        return parse_python_file(Path(model)), top
+    from modeldsl.frontend.text.parser import parse_file
+
+    return parse_file(model), top

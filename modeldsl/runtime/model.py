@@ -34,7 +34,7 @@ from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, DiagnosticSink
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import ModelOp, ParamOp
-from modeldsl.frontend.text.parser import parse_file
+from modeldsl.frontend import read_model
 from modeldsl.hf.checkpoint import ImportRecord, direct_pieces, load_checkpoint, save_checkpoint
 from modeldsl.hf.compat import DiagnosticWarning, warn_python  # noqa: F401 - the API's warning class
 from modeldsl.hf.config import dsl_config, read_config
@@ -339,7 +339,7 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
     runs_on = _device(device)
     if model_file is None:
         model_file, top = _served_model(hf, top)
-    program = parse_file(model_file)
+    program, top = read_model(model_file, top)
     decl = choose_top(program, top)
     values = dict(config or {})
     hf_config: dict[str, Any] = {}

@@ -11,7 +11,7 @@ import lit.formats
 
 config.name = "modeldsl"
 config.test_format = lit.formats.ShTest()
-config.suffixes = [".mlir", ".module"]
+config.suffixes = [".mlir", ".module", ".py"]
 config.test_source_root = os.path.dirname(__file__)
 config.excludes = ["lit.cfg.py", "Inputs"]
 

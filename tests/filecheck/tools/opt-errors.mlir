@@ -6,7 +6,7 @@
 // RUN: mdsl-opt %s --parsing-diagnostics | filecheck %s --check-prefix=PARSE
 // RUN: not mdsl-opt %s --no-such-flag 2>&1 | filecheck %s --check-prefix=FLAG
 // RUN: not mdsl-opt %s --print-ir-after-al 2>&1 | filecheck %s --check-prefix=FLAGHINT
-// RUN: not mdsl-opt %S/../lit.cfg.py 2>&1 | filecheck %s --check-prefix=KIND
+// RUN: not mdsl-opt %S/../../../README.md 2>&1 | filecheck %s --check-prefix=KIND
 
 mdsl.graph.model @m {
   mdsl.graph.func @f(%x: !mdsl.graph.tensor<[B, 64], float>) {
@@ -23,5 +23,5 @@ mdsl.graph.model @m {
 // FLAG: error[E029]: unrecognized arguments: --no-such-flag
 // FLAGHINT: error[E029]: unrecognized arguments: --print-ir-after-al
 // FLAGHINT-NEXT: hint: did you mean '--print-ir-after-all'?
-// KIND: error[E029]: cannot tell the kind of '{{.*}}lit.cfg.py' from its extension '.py'
-// KIND-NEXT: hint: name it .mlir or .module, or give the kind with -f mlir / -f module
+// KIND: error[E029]: cannot tell the kind of '{{.*}}README.md' from its extension '.md'
+// KIND-NEXT: hint: name it .mlir, .module, .py (the Python DSL) or .json, or give the kind with -f mlir / -f module / -f py / -f json

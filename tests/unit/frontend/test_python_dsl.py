@@ -1,0 +1,201 @@
+"""The Python decorator DSL (modeldsl.frontend.python): the std library in its spelling lowers to
+the text versions' IR and computes the same bits; its mistakes are the text DSL's coded
+diagnostics at the Python file's line:col; the file is read, never run."""
+
+import json
+import re
+import textwrap
+
+import numpy as np
+import pytest
+
+import modeldsl
+from hf_checkpoints import cached_checkpoint
+from modeldsl import registry
+from modeldsl.diagnostics import DiagnosticError, DiagnosticSink
+from modeldsl.frontend import read_model
+from modeldsl.frontend.python import parse_python_source
+from modeldsl.frontend.text.parser import parse_source
+from modeldsl.ir import print_ir
+from modeldsl.lower import lower_program
+from modeldsl.tools.opt import main as opt_main
+
+PYTHON = [e for kind in ("model", "block", "module") for e in registry.entries(kind) if e.frontend == "python"]
+CHECKPOINTS = {"Llama": ("llama", {}), "Qwen3": ("qwen3", {"head_dim": 16}), "Mistral": ("mistral", {"sliding_window": 5})}
+HEADER = "from modeldsl.dsl import Param, Tensor, backward, forward, graph, module, save\n\n\n"
+
+
+def without_locations(ir: str) -> str:
+    """The IR without the places it was written at (``*_at`` attributes, ``"file:line:col"``)."""
+    return re.sub(r'"[^"]*\.(module|py):\d+:\d+"', '"LOC"', ir)
+
+
+def lowered(entry, config=None):
+    program, _ = read_model(entry.path)
+    return print_ir(lower_program(program, entry.name, config, DiagnosticSink()))
+
+
+@pytest.mark.parametrize("entry", PYTHON, ids=[e.name for e in PYTHON])
+def test_every_python_std_declaration_lowers_to_the_ir_of_its_text_twin(entry):
+    twin = registry.get(entry.kind, entry.name, "text")
+    assert twin.frontend == "text" and twin.path.suffix == ".module"
+    assert without_locations(lowered(entry)) == without_locations(lowered(twin))
+
+
+def test_the_python_std_library_has_every_std_model_block_and_module():
+    for kind in ("model", "block", "module"):
+        spelled = {e.name for e in registry.entries(kind) if e.frontend == "python"}
+        assert spelled == {e.name for e in registry.entries(kind) if e.frontend == "text"}, kind
+
+
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_logits_and_gradients_equal_the_text_versions_bitwise(name):
+    from modeldsl.runtime.optim import AdamWConfig
+    from modeldsl.runtime.train import Trainer
+
+    arch, config = CHECKPOINTS[name]
+    path = cached_checkpoint(arch, **config)
+    tokens = np.random.default_rng(0).integers(0, 64, (2, 9))
+    results = []
+    for frontend in ("text", "python"):
+        model = modeldsl.load(registry.get_model(name, frontend).path, hf=path)
+        trainer = Trainer(model, AdamWConfig(lr=1e-3))
+        loss = trainer.accumulate(tokens[:, :-1], tokens[:, 1:])
+        grads = {k: v.copy() for k, v in trainer.optimizer.grads.items()}
+        results.append((model.forward(tokens[0].tolist()), loss, grads))
+    (logits, loss, grads), (py_logits, py_loss, py_grads) = results
+    np.testing.assert_array_equal(py_logits, logits)
+    assert py_loss == loss and grads.keys() == py_grads.keys()
+    for key in grads:
+        np.testing.assert_array_equal(py_grads[key], grads[key], err_msg=key)
+
+
+def test_a_class_loads_from_its_file_and_the_file_is_read_not_run(tmp_path):
+    from modeldsl.std.python.models.llama import Llama
+
+    path = cached_checkpoint("llama")
+    text = modeldsl.load(registry.get_model("Llama").path, hf=path).forward([1, 2, 3])
+    np.testing.assert_array_equal(modeldsl.load(Llama, hf=path).forward([1, 2, 3]), text)
+    source = HEADER + textwrap.dedent('''
+        raise SystemExit("never run")
+
+
+        @module
+        class Scale:
+            def __init__(self, d: int):
+                pass
+
+            weight = Param(Tensor["d"])
+
+            @forward
+            def forward(self, in_: Tensor["*", "d"]) -> Tensor["*", "d"]:
+                with graph() as g:
+                    out = g.mul(in_, "weight")
+    ''')
+    (tmp_path / "scale.py").write_text(source)
+    model = modeldsl.load(tmp_path / "scale.py", config={"d": 3})
+    assert model.model.sym_name.data == "Scale" and "mdsl.graph.mul" in print_ir(model.module)
+
+
+def python_error(body: str, top: str = "Bad") -> "Diagnostic":  # noqa: F821
+    source = HEADER + textwrap.dedent(body)
+    with pytest.raises(DiagnosticError) as err:
+        lower_program(parse_python_source(source, "bad.py"), top, None, DiagnosticSink())
+    return err.value.diagnostics[0], source
+
+
+def where(source: str, text: str, occurrence: int = 1) -> tuple[int, int]:
+    """The line and column (1-based) of the ``occurrence``-th ``text`` in ``source``."""
+    at = -1
+    for _ in range(occurrence):
+        at = source.index(text, at + 1)
+    line = source.count("\n", 0, at) + 1
+    return line, at - (source.rfind("\n", 0, at) + 1) + 1
+
+
+MODULE = '''
+    @module
+    class Bad:
+        def __init__(self, d: int):
+            pass
+
+        weight = Param(Tensor["d"])
+
+        @forward
+        def forward(self, in_: Tensor["*", "d"]) -> Tensor["*", "d"]:
+            with graph() as g:
+                {step}
+'''
+
+
+TEXT_TWIN = "module Bad(d: int):\n  params:\n    weight: [d]\n  forward:\n    in: [*, d]\n    out: [*, d]\n" \
+    "    graph:\n      {step}\n"
+
+
+@pytest.mark.parametrize("step, twin, at", [
+    ('out = g.mul(in_, nope)', "(in, nope) -> mul() -> out", "nope"),  # undefined name
+    ('out = g.mul(in_, "weight", no_such=1)', "(in, weight) -> mul(no_such=1) -> out", "no_such"),  # bad argument
+    ('out = g.matmul(in_, "weight", transpose="NT")', "(in, weight) -> matmul(transpose=NT) -> out",
+     "g.matmul"),  # shapes that do not fit
+    ('out = g.mul(in_, "weight", memory="sometimes")', "(in, weight) -> mul() -> out @memory(sometimes)",
+     "memory"),  # bad annotation
+    ('out = g.nosuchprim(in_)', "in -> nosuchprim() -> out", "g.nosuchprim"),  # unknown primitive
+])
+def test_a_mistake_is_its_text_twins_diagnostic_at_the_python_line_and_column(step, twin, at):
+    diagnostic, source = python_error(MODULE.format(step=step))
+    with pytest.raises(DiagnosticError) as err:
+        lower_program(parse_source(TEXT_TWIN.format(step=twin), "bad.module"), "Bad", None, DiagnosticSink())
+    expected = err.value.diagnostics[0]
+    assert (diagnostic.code, diagnostic.message) == (expected.code, expected.message), diagnostic.render()
+    assert (diagnostic.span.line, diagnostic.span.column) == where(source, at), diagnostic.render()
+    assert diagnostic.span.source.name == "bad.py"
+
+
+def test_python_the_dsl_does_not_take_is_e001_at_its_place():
+    diagnostic, source = python_error(MODULE.format(step="for i in range(2):\n                    out = in_"))
+    assert diagnostic.code == "E001" and (diagnostic.span.line, diagnostic.span.column) == where(source, "for i")
+    assert "a graph takes" in diagnostic.message
+
+
+def test_a_backward_that_reads_a_tensor_the_forward_does_not_save_is_reported_at_the_read():
+    diagnostic, source = python_error('''
+        @module
+        class Bad:
+            def __init__(self, d: int):
+                pass
+
+            weight = Param(Tensor["d"])
+
+            @save("in_")
+            @forward
+            def forward(self, in_: Tensor["*", "d"]) -> Tensor["*", "d"]:
+                with graph() as g:
+                    out = g.mul(in_, "weight")
+
+            @backward
+            def backward(self, d_out: Tensor["*", "d"]) -> Tensor["*", "d"]:
+                with graph() as g:
+                    d_in = g.mul(d_out, g.saved("nope"))
+    ''')
+    assert diagnostic.code.startswith("E") and (diagnostic.span.line, diagnostic.span.column) \
+        == where(source, 'g.saved("nope")'), diagnostic.render()
+
+
+def test_python_syntax_errors_are_e001_at_their_place():
+    with pytest.raises(DiagnosticError) as err:
+        parse_python_source("class A(:\n  pass\n", "bad.py")
+    (diagnostic,) = err.value.diagnostics
+    assert diagnostic.code == "E001" and diagnostic.span.line == 1 and "Python syntax error" in diagnostic.message
+
+
+def test_mdsl_opt_reads_python_files_and_gives_json_diagnostics(tmp_path, capsys):
+    path = registry.get_model("Llama", "python").path
+    assert opt_main([str(path)]) == 0
+    assert without_locations(capsys.readouterr().out).strip() == \
+        without_locations(lowered(registry.get_model("Llama"))).strip()
+    bad = tmp_path / "bad.py"
+    bad.write_text(HEADER + textwrap.dedent(MODULE.format(step="out = g.mul(in_, nope)")))
+    assert opt_main([str(bad), "--diagnostics-format=json"]) == 1
+    (reported,) = json.loads(capsys.readouterr().out)  # JSON diagnostics go to stdout
+    assert reported["code"] == "E002" and reported["location"]["file"] == str(bad)
+    assert (reported["location"]["line"], reported["location"]["column"]) == where(bad.read_text(), "nope")
