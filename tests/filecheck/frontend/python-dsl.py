@@ -45,5 +45,5 @@ class Broken:
 # JSON: "format": "modeldsl-ir",
 # JSON: "op": "mdsl.graph.mul",
 
-# ERR: python-dsl.py:33:30: error[E002]: undefined identifier 'missing_weight'
-# ERR-NEXT: 33 |             out = g.mul(in_, "missing_weight")
+# ERR: python-dsl.py:34:31: error[E002]: undefined identifier 'missing_weight'
+# ERR-NEXT: 34 |             out = g.mul(in_, "missing_weight")
