@@ -109,7 +109,39 @@ class graph:  # noqa: N801 - used as `with graph() as g:`
         return None
 
 
+def abstract(cls: type) -> type:
+    """``@abstract``: a declaration to extend, not to lower."""
+    return cls
+
+
+def extends(base: str):
+    """``@extends("Base")``: inherit Base's parameters and forward signature."""
+    return lambda cls: cls
+
+
+def _annotation(name: str):
+    """An annotation as a class decorator, bare (``@checkpoint``) or with its arguments."""
+    def annotate(*args: Any, **kwargs: Any):
+        if len(args) == 1 and not kwargs and isinstance(args[0], type):
+            return args[0]
+        return lambda cls: cls
+
+    annotate.__name__ = name
+    return annotate
+
+
+def _annotation_names() -> list[str]:
+    import keyword
+
+    from modeldsl.dialects.annotations import ANNOTATION_BY_NAME
+
+    return [n for n in ANNOTATION_BY_NAME if n.isidentifier() and not keyword.iskeyword(n) and n not in globals()]
+
+
+ANNOTATIONS = _annotation_names()
+globals().update({name: _annotation(name) for name in ANNOTATIONS})
+
 B, T = Dim("B"), Dim("T")
 __all__ = ["module", "block", "model", "forward", "backward", "save", "recompute", "Tensor", "Array", "Param", "Dim",
            "graph", "B", "T", "tied_to", "fuse", "split", "field", "transform", "stack_experts", "hf_config",
-           "hf_mapping", "hf_export"]
+           "hf_mapping", "hf_export", "abstract", "extends", *ANNOTATIONS]

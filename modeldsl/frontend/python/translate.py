@@ -143,11 +143,16 @@ class Translator:
         doc = py.get_docstring(node, clean=True)
         if doc is not None:
             body.append(ast.ExprStmt(self.span(node.body[0]), ast.Str(self.span(node.body[0]), doc)))
+        annotations = [self.decorator_annotation(d) for d in node.decorator_list
+                       if _called_name(d) in ANNOTATION_BY_NAME]
+        if annotations:
+            body.append(ast.AnnotationStmt(annotations[0].span, annotations))
+        extends = self.extends(node)
         init = next((s for s in node.body if isinstance(s, py.FunctionDef) and s.name == "__init__"), None)
         params, let = self.signature(init) if init is not None else ([], [])
         if let:
             body.append(self.section(init, "let", let))
-        entries = [self.parameter(s) for s in node.body if _is_param(s)]
+        entries = [self.parameter(s, added=extends is not None) for s in node.body if _is_param(s)]
         if entries:
             body.append(self.section(node, "params", entries))
         functions = {name: next((s for s in node.body if isinstance(s, py.FunctionDef) and _has(s, name)), None)
@@ -159,7 +164,17 @@ class Translator:
                 body.append(self.hf_section(decorator))
         if functions["backward"] is not None:
             body.append(self.backward(functions["backward"], functions["forward"]))
-        return ast.Decl(self.span(node), _kind(node) or "module", node.name, params, body)
+        abstract = any(_called_name(d) == "abstract" for d in node.decorator_list)
+        return ast.Decl(self.span(node), _kind(node) or "module", node.name, params, body, extends, abstract)
+
+    def extends(self, node: py.ClassDef) -> str | None:
+        """``@extends("Base")``: the declaration this one inherits from."""
+        for decorator in node.decorator_list:
+            if _called_name(decorator) == "extends":
+                if not (isinstance(decorator, py.Call) and len(decorator.args) == 1 and _is_string(decorator.args[0])):
+                    raise self.error(decorator, "@extends names the base declaration: @extends(\"Base\")")
+                return decorator.args[0].value
+        return None
 
     def signature(self, init: py.FunctionDef) -> tuple[list[ast.Param], list[ast.Stmt]]:
         args = init.args
@@ -201,8 +216,9 @@ class Translator:
             raise self.error(stmt, "a constraint says why: assert condition, \"message\"")
         return ast.Constraint(self.span(stmt), self.expr(stmt.test), stmt.msg.value)
 
-    def parameter(self, stmt: py.Assign) -> ast.Section:
-        """``name = Param(type, when=cond, frozen=True, ...)``."""
+    def parameter(self, stmt: py.Assign, added: bool = False) -> ast.Section:
+        """``name = Param(type, when=cond, frozen=True, ...)``; in a declaration that extends another,
+        a new parameter (the text DSL's ``+name:``) unless ``restate=True`` restates an inherited one."""
         call, target = stmt.value, stmt.targets[0]
         if len(call.args) != 1:
             raise self.error(call, "Param takes the parameter's type: Param(Tensor[\"d\"]), Param(Module(...)), "
@@ -211,12 +227,16 @@ class Translator:
         for keyword in call.keywords:
             if keyword.arg == "when":
                 guard = self.value(keyword.value)
+            elif keyword.arg == "restate" and isinstance(keyword.value, py.Constant):
+                added = added and not keyword.value.value
             elif keyword.arg in ANNOTATION_BY_NAME:
                 annotations.append(self.annotation(keyword))
             else:
                 raise self.error(keyword, f"Param takes no '{keyword.arg}'",
                                  "give when= for a conditional parameter, or an annotation (frozen=True, ...)")
-        return self.entry(stmt, target.id, self.param_type(call.args[0]), guard, annotations)
+        entry = self.entry(stmt, target.id, self.param_type(call.args[0]), guard, annotations)
+        entry.added = added
+        return entry
 
     def param_type(self, node: py.expr) -> ast.Expr:
         if _subscript_of(node, "Tensor"):
@@ -249,8 +269,9 @@ class Translator:
             body.append(self.section(func, "inputs", [self.entry(a, _name(a.arg), self.tensor_type(a.annotation))
                                                       for a in inputs]))
         steps = self.graph(func)
-        body.append(self.output(func, steps))
-        body.append(self.section(func, "graph", steps))
+        body.append(self.output(func, steps or []))
+        if steps is not None:
+            body.append(self.section(func, "graph", steps))
         body += self.lists(func)
         return self.section(func, "forward", body)
 
@@ -277,7 +298,7 @@ class Translator:
             raise self.error(func, f"backward gives one gradient per forward input ({', '.join(forward_inputs)})",
                              "annotate it: -> Tensor[...] (or tuple[Tensor[...], ...])")
         body += [self.entry(t, f"d_{name}", self.tensor_type(t)) for name, t in zip(forward_inputs, types)]
-        body.append(self.section(func, "graph", self.graph(func)))
+        body.append(self.section(func, "graph", self.graph(func) or []))
         return self.section(func, "backward", body)
 
     def arguments(self, func: py.FunctionDef) -> list[py.arg]:
@@ -304,8 +325,11 @@ class Translator:
         return sections
 
     # ------------------------------------------------------------------ graphs
-    def graph(self, func: py.FunctionDef) -> list[ast.Stmt]:
+    def graph(self, func: py.FunctionDef) -> list[ast.Stmt] | None:
+        """The steps of ``with graph() as g:``; None for a body of ``...`` (an abstract declaration's)."""
         statements = [s for s in func.body if not _docstring(s)]
+        if not statements:
+            return None
         if len(statements) != 1 or not isinstance(statements[0], py.With) or not _is_with(statements[0], "graph"):
             raise self.error(func, f"{func.name}'s body is one `with graph() as g:` block")
         block = statements[0]
@@ -378,18 +402,29 @@ class Translator:
         return ast.Arg(self.span(keyword), self.value(keyword.value), keyword.arg, "=")
 
     def annotation(self, keyword: py.keyword) -> ast.Annotation:
-        """``hook="BeforeAttention"``, ``frozen=True``, ``kernel={"impl": "cudnn"}``: ``@hook(BeforeAttention)``,
-        ``@frozen``, ``@kernel(impl=cudnn)`` (a tuple gives several arguments)."""
+        """``hook="BeforeAttention"``, ``frozen=True``, ``kernel={"impl": "cudnn"}``, ``shard=("column",
+        {"tp_size": "tp_size"})``: ``@hook(BeforeAttention)``, ``@frozen``, ``@kernel(impl=cudnn)``,
+        ``@shard(column, tp_size=tp_size)`` (a tuple gives several arguments, a dict keyword ones)."""
         value = keyword.value
         if isinstance(value, py.Constant) and value.value is True:
-            args: list[ast.Arg] = []
-        elif isinstance(value, py.Dict):
-            args = [ast.Arg(self.span(v), self.word(v), k.value, "=") for k, v in zip(value.keys, value.values)
+            return ast.Annotation(self.span(keyword), keyword.arg, [])
+        items = value.elts if isinstance(value, py.Tuple) else [value]
+        return ast.Annotation(self.span(keyword), keyword.arg, [a for item in items for a in self.annotation_args(item)])
+
+    def decorator_annotation(self, decorator: py.expr) -> ast.Annotation:
+        """``@checkpoint``, ``@memory("save")``, ``@shard("column", tp_size="tp_size")`` on a class."""
+        name = _called_name(decorator)
+        if not isinstance(decorator, py.Call):
+            return ast.Annotation(self.span(decorator), name, [])
+        args = [a for item in decorator.args for a in self.annotation_args(item)]
+        args += [ast.Arg(self.span(k), self.word(k.value), k.arg, "=") for k in decorator.keywords]
+        return ast.Annotation(self.span(decorator), name, args)
+
+    def annotation_args(self, item: py.expr) -> list[ast.Arg]:
+        if isinstance(item, py.Dict):
+            return [ast.Arg(self.span(v), self.word(v), k.value, "=") for k, v in zip(item.keys, item.values)
                     if _is_string(k)]
-        else:
-            items = value.elts if isinstance(value, py.Tuple) else [value]
-            args = [ast.Arg(self.span(v), self.word(v)) for v in items]
-        return ast.Annotation(self.span(keyword), keyword.arg, args)
+        return [ast.Arg(self.span(item), self.word(item))]
 
     def word(self, node: py.expr) -> ast.Expr:
         """An annotation argument: an identifier string is the bare word the text DSL writes."""

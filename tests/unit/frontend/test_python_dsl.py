@@ -199,3 +199,96 @@ def test_mdsl_opt_reads_python_files_and_gives_json_diagnostics(tmp_path, capsys
     (reported,) = json.loads(capsys.readouterr().out)  # JSON diagnostics go to stdout
     assert reported["code"] == "E002" and reported["location"]["file"] == str(bad)
     assert (reported["location"]["line"], reported["location"]["column"]) == where(bad.read_text(), "nope")
+
+
+def assert_twins(tmp_path, python: str, text: str, top: str, imports: dict[str, str] | None = None):
+    """The Python source and the text source lower ``top`` to the same IR (but for locations)."""
+    for name, content in (imports or {}).items():
+        (tmp_path / name).write_text(content)
+    (tmp_path / "twin.py").write_text(textwrap.dedent(python))
+    (tmp_path / "twin.module").write_text(textwrap.dedent(text))
+    irs = [without_locations(print_ir(lower_program(read_model(tmp_path / f)[0], top, None, DiagnosticSink())))
+           for f in ("twin.py", "twin.module")]
+    assert irs[0] == irs[1]
+
+
+def test_abstract_extends_and_annotated_parameters_are_their_text_twins(tmp_path):
+    assert_twins(tmp_path, '''
+        from modeldsl.dsl import Param, Tensor, abstract, extends, forward, graph, module
+
+
+        @abstract
+        @module
+        class Base:
+            def __init__(self, d: int, h: int):
+                pass
+
+            w = Param(Tensor["d", "d"])
+
+            @forward
+            def forward(self, in_: Tensor["B", "d"]) -> Tensor["B", "d"]:
+                ...
+
+
+        @extends("Base")
+        @module
+        class Child:
+            def __init__(self, d: int = 8, h: int = 2):
+                pass
+
+            extra = Param(Tensor["h"], shard=("column", {"tp_size": 2}))
+
+            @forward
+            def forward(self, in_: Tensor["B", "d"]) -> Tensor["B", "d"]:
+                with graph() as g:
+                    out = g.matmul(in_, "w", transpose="NT")
+    ''', '''
+        abstract module Base(d: int, h: int):
+          params:
+            w: [d, d]
+          forward:
+            in: [B, d]
+            out: [B, d]
+
+        module Child(d: int = 8, h: int = 2) extends Base:
+          params:
+            +extra: [h] @shard(column, tp_size=2)
+          forward:
+            graph:
+              in -> matmul(w, transpose=NT) -> out
+    ''', "Child")
+
+
+def test_class_decorators_are_the_declarations_annotations_and_relative_imports_resolve(tmp_path):
+    recipes = "recipe Hybrid:\n  forward_activation_dtype: fp8_e4m3\n  amax_history_len: 16\n"
+    assert_twins(tmp_path, '''
+        from modeldsl.dsl import Param, Tensor, forward, frozen, graph, model, recipe
+        from .recipes import Hybrid
+
+
+        @model
+        @recipe("Hybrid")
+        class M:
+            def __init__(self, d: int = 8):
+                pass
+
+            w = Param(Tensor["d", "d"], frozen=True)
+
+            @forward
+            def forward(self, x: Tensor["B", "d"]) -> Tensor["B", "d"]:
+                with graph() as g:
+                    out = g.matmul(x, "w", transpose="NT", hook="AfterProjection")
+    ''', '''
+        from recipes import Hybrid
+
+        model M(d: int = 8):
+          @recipe(Hybrid)
+          params:
+            w: [d, d] @frozen
+          forward:
+            inputs:
+              x: [B, d]
+            out: [B, d]
+            graph:
+              (x, w) -> matmul(transpose=NT) -> out @hook(AfterProjection)
+    ''', "M", {"recipes.module": recipes})
