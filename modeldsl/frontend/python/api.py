@@ -39,6 +39,15 @@ def _marker(func):
     return func
 
 
+def primitive(func=None, **options: Any):
+    """``@primitive(impl="kernels.x")``: a primitive's signature; ``@name.backward`` marks its backward."""
+    def mark(function):
+        function.backward = _marker
+        return function
+
+    return mark(func) if callable(func) else mark
+
+
 forward = backward = _marker
 
 
@@ -142,6 +151,6 @@ ANNOTATIONS = _annotation_names()
 globals().update({name: _annotation(name) for name in ANNOTATIONS})
 
 B, T = Dim("B"), Dim("T")
-__all__ = ["module", "block", "model", "forward", "backward", "save", "recompute", "Tensor", "Array", "Param", "Dim",
+__all__ = ["module", "block", "model", "primitive", "forward", "backward", "save", "recompute", "Tensor", "Array", "Param", "Dim",
            "graph", "B", "T", "tied_to", "fuse", "split", "field", "transform", "stack_experts", "hf_config",
            "hf_mapping", "hf_export", "abstract", "extends", *ANNOTATIONS]

@@ -77,11 +77,15 @@ def parse_python_source(text: str, name: str = "<input>") -> ast.Program:
                                           "the Python DSL is Python: fix the syntax")]) from None
     translator = Translator(source)
     items: list[Any] = []
+    backwards = {_backward_of(node): node for node in tree.body if isinstance(node, py.FunctionDef)
+                 and _backward_of(node) is not None}
     for node in tree.body:
         if isinstance(node, py.ImportFrom):
             items += translator.imports(node)
         elif isinstance(node, py.ClassDef) and _kind(node) is not None:
             items.append(translator.declaration(node))
+        elif isinstance(node, py.FunctionDef) and any(_called_name(d) == "primitive" for d in node.decorator_list):
+            items.append(translator.primitive(node, backwards.get(node.name)))
     return ast.Program(Span(source, 1, 1, 1, 1), source, items)
 
 
@@ -258,6 +262,89 @@ class Translator:
         args = [ast.Arg(self.span(a), self.value(a)) for a in node.args]
         args += [ast.Arg(self.span(k), self.value(k.value), k.arg, "=") for k in node.keywords]
         return ast.Call(self.span(node), ast.Name(self.span(node.func), node.func.id), args)
+
+    # ------------------------------------------------------------------ primitives
+    def primitive(self, func: py.FunctionDef, backward: py.FunctionDef | None) -> ast.Decl:
+        """``@primitive(impl="kernels.x") def name(a: Tensor[...], *, p: float = 1.0) -> Tensor[...]``:
+        ``primitive name:`` with ``params:`` (the keyword-only arguments), ``forward:`` ``in:``/``out:``,
+        and, from ``@name.backward def name_backward(...)``, ``backward:`` ``in:``/``out:`` and its
+        ``@save`` list."""
+        body: list[ast.Stmt] = []
+        doc = py.get_docstring(func, clean=True)
+        if doc is not None:
+            body.append(ast.ExprStmt(self.span(func.body[0]), ast.Str(self.span(func.body[0]), doc)))
+        kwonly = func.args.kwonlyargs
+        if kwonly:
+            defaults = func.args.kw_defaults
+            body.append(self.section(func, "params", [self.primitive_param(a, d) for a, d in zip(kwonly, defaults)]))
+        body.append(self.section(func, "forward", self.signature_slots(func)))
+        if backward is not None:
+            body.append(self.section(backward, "backward", self.signature_slots(backward)))
+            body += self.lists(backward)
+        impl = next((k.value for d in func.decorator_list if isinstance(d, py.Call) and _called_name(d) == "primitive"
+                     for k in d.keywords if k.arg == "impl"), None)
+        if impl is not None:
+            body.append(self.section(impl, "impl", self.implementations(impl, backward is not None)))
+        return ast.Decl(self.span(func), "primitive", func.name, None, body)
+
+    def primitive_param(self, arg: py.arg, default: py.expr | None) -> ast.Section:
+        """``p: float = 1.0``, ``mode: Literal["NN", "NT"] = "NN"`` (an enum), ``sizes: list[int]``,
+        ``scale: float | None = None`` (optional)."""
+        optional = isinstance(arg.annotation, py.BinOp) and isinstance(arg.annotation.op, py.BitOr) \
+            and isinstance(arg.annotation.right, py.Constant) and arg.annotation.right.value is None
+        annotation = arg.annotation.left if optional else arg.annotation
+        if _subscript_of(annotation, "Literal") and all(_is_string(c) for c in _subscripts(annotation)):
+            kind: ast.Expr = ast.Call(self.span(annotation), ast.Name(self.span(annotation.value), "enum"),
+                                      [ast.Arg(self.span(c), ast.Name(self.inner(c), c.value))
+                                       for c in _subscripts(annotation)])
+        elif _subscript_of(annotation, "list") and _called_name(_subscripts(annotation)[0]) == "int":
+            kind = ast.ListExpr(self.span(annotation), [ast.Name(self.span(annotation), "int")])
+        elif isinstance(annotation, py.Name) and annotation.id in ("float", "int", "bool", "dtype"):
+            kind = ast.Name(self.span(annotation), annotation.id)
+        else:
+            raise self.error(arg, f"parameter '{arg.arg}' has no primitive parameter type",
+                             "float, int, bool, dtype, list[int] or Literal[\"A\", \"B\"] (an enum), | None if optional")
+        if optional:
+            kind = ast.Optional_(kind.span, kind)
+        value_default = None
+        if default is not None:
+            value_default = self.word(default) if _is_string(default) else self.expr(default)
+        return ast.Section(self.span(arg), ast.Name(self.span(arg), arg.arg),
+                           ast.Value(kind.span, kind, value_default), [])
+
+    def signature_slots(self, func: py.FunctionDef) -> list[ast.Stmt]:
+        """``in: (a: [...], b: [...])`` and ``out: [...]`` (several: ``out: ([...], [...])``)."""
+        args = func.args
+        if args.vararg is not None or args.posonlyargs or args.kwarg is not None:
+            raise self.error(func, f"{func.name} takes its tensors as plain arguments (then * and its parameters)")
+        fields = [ast.NamedField(self.span(a), a.arg, self.slot_type(a.annotation, a)) for a in args.args]
+        entries: list[ast.Stmt] = [self.entry(func, "in", ast.NamedTuple(self.span(func), fields))]
+        returns = func.returns
+        if returns is None:
+            raise self.error(func, f"{func.name} has no output type", "annotate it: -> Tensor[...]")
+        outputs = [self.slot_type(t, returns) for t in (_subscripts(returns) if _subscript_of(returns, "tuple")
+                                                         else [returns])]
+        shape = outputs[0] if len(outputs) == 1 else ast.TupleExpr(self.span(returns), outputs)
+        entries.append(self.entry(returns, "out", shape))
+        return entries
+
+    def slot_type(self, annotation: py.expr | None, where: Any) -> ast.Expr:
+        if annotation is None:
+            raise self.error(where, "a tensor argument needs its type: Tensor[...]")
+        if isinstance(annotation, py.BinOp) and isinstance(annotation.op, py.BitOr) \
+                and isinstance(annotation.right, py.Constant) and annotation.right.value is None:
+            return ast.Optional_(self.span(annotation), self.tensor_type(annotation.left))
+        return self.tensor_type(annotation)
+
+    def implementations(self, impl: py.expr, backward: bool) -> list[ast.Stmt]:
+        """``impl="kernels.x"`` (forward, and backward when there is one) or ``impl={"forward": ..., ...}``."""
+        if _is_string(impl):
+            pairs = [("forward", impl)] + ([("backward", impl)] if backward else [])
+        elif isinstance(impl, py.Dict) and all(_is_string(k) and _is_string(v) for k, v in zip(impl.keys, impl.values)):
+            pairs = [(k.value, v) for k, v in zip(impl.keys, impl.values)]
+        else:
+            raise self.error(impl, "impl names the kernels: impl=\"kernels.x\" or impl={\"forward\": \"kernels.x\", ...}")
+        return [self.entry(v, k, ast.Name(self.inner(v), v.value)) for k, v in pairs]
 
     # ------------------------------------------------------------------ forward and backward
     def forward(self, func: py.FunctionDef) -> ast.Section:
@@ -570,6 +657,14 @@ def _constant(value: Any, span: Span, translator: Translator, node: py.expr) -> 
     if value is None:
         return ast.NoneLit(span)
     raise translator.error(node, f"{value!r} is not a value the DSL takes")
+
+
+def _backward_of(func: py.FunctionDef) -> str | None:
+    """``@name.backward`` on a function: the primitive ``name`` it is the backward of."""
+    for decorator in func.decorator_list:
+        if isinstance(decorator, py.Attribute) and decorator.attr == "backward" and isinstance(decorator.value, py.Name):
+            return decorator.value.id
+    return None
 
 
 def _kind(node: py.ClassDef) -> str | None:

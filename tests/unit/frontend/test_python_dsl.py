@@ -292,3 +292,54 @@ def test_class_decorators_are_the_declarations_annotations_and_relative_imports_
             graph:
               (x, w) -> matmul(transpose=NT) -> out @hook(AfterProjection)
     ''', "M", {"recipes.module": recipes})
+
+
+PRIMITIVES = '''
+    from typing import Literal
+
+    from modeldsl.dsl import Tensor, primitive, save
+
+
+    @primitive(impl="kernels.matmul")
+    def matmul(A: Tensor["M", "K"], B: Tensor["K", "N"], *, transpose: Literal["NN", "NT", "TN", "TT"] = "NN",
+               accumulate: bool = False, alpha: float = 1.0, beta: float = 0.0) -> Tensor["M", "N"]:
+        """C = alpha * op(A) @ op(B) + beta * C."""
+
+
+    @primitive(impl={"forward": "kernels.silu_mul_forward", "backward": "kernels.silu_mul_backward"})
+    def swiglu(gate: Tensor["*", "D"], up: Tensor["*", "D"]) -> Tensor["*", "D"]:
+        """silu(gate) * up."""
+
+
+    @swiglu.backward
+    @save("gate", "up")
+    def swiglu_backward(d_out: Tensor["*", "D"], gate: Tensor["*", "D"], up: Tensor["*", "D"]
+                        ) -> tuple[Tensor["*", "D"], Tensor["*", "D"]]:
+        ...
+'''
+
+
+def primitive_problems(source: str, name: str) -> list:
+    """The diagnostics of lowering a file of primitive declarations (Python or text, by ``name``)."""
+    parse = parse_python_source if name.endswith(".py") else parse_source
+    with pytest.raises(DiagnosticError) as err:
+        lower_program(parse(source, name), None, None, DiagnosticSink())
+    return err.value.diagnostics
+
+
+def test_primitives_declared_in_python_are_checked_against_the_op_registry_like_their_text_twins():
+    program = parse_python_source(textwrap.dedent(PRIMITIVES), "prims.py")
+    assert [d.name for d in program.declarations] == ["matmul", "swiglu"]
+    from modeldsl.resolve.primitive_decls import declared_params
+
+    params, _ = declared_params(program.declarations[0])
+    assert [(p.name, p.kind, p.default) for p in params] == [
+        ("transpose", "enum", "NN"), ("accumulate", "bool", False), ("alpha", "float", 1.0), ("beta", "float", 0.0)]
+    module = lower_program(program, None, None, DiagnosticSink())  # declarations only: checked, nothing to lower
+    assert not list(module.body.block.ops)
+    wrong = textwrap.dedent(PRIMITIVES).replace("alpha: float = 1.0", "alpha: float = 2.0")
+    twin = "primitive matmul:\n  params:\n    transpose: enum(NN, NT, TN, TT) = NN\n    accumulate: bool = false\n" \
+           "    alpha: float = 2.0\n    beta: float = 0.0\n  forward:\n    in: (A: [M, K], B: [K, N])\n    out: [M, N]\n"
+    (python,), (text,) = primitive_problems(wrong, "prims.py"), primitive_problems(twin, "prims.module")
+    assert (python.code, python.message) == (text.code, text.message)
+    assert python.code == "E003" and (python.span.line, python.span.column) == where(wrong, "2.0")
