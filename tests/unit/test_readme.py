@@ -118,6 +118,16 @@ def test_the_dsl_example_is_the_file_and_lowers_to_the_ir_shown(scratch):
     assert result.stdout == shown
 
 
+def test_the_python_dsl_example_is_the_file_and_lowers_to_the_same_ir(scratch):
+    text = README.read_text().split("## A model in the Module DSL", 1)[1]
+    (source,) = re.findall(r"```python\n(.*?)```", text.split("## Set up", 1)[0], re.S)
+    assert source == (ROOT / "examples" / "residual_mlp.py").read_text()
+    shown = re.findall(r"```mlir\n(.*?)```", text, re.S)[0]
+    result = run_in(scratch, ["mdsl-opt", "examples/residual_mlp.py"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == shown
+
+
 def masked(line: str) -> str:
     """A line of mdsl-run's output with its timings as a pattern."""
     return re.sub(r"\\ ms|\d+(?:\\\.\d+)?", lambda m: m.group(0) if m.group(0) == "\\ ms" else r"[\d.]+",

@@ -452,24 +452,39 @@ class Translator:
         raise self.error(target, "a graph step writes a name or a tuple of names")
 
     def flow(self, stmt: py.stmt, call: py.Call, destination: ast.Expr, g: str) -> ast.Flow:
-        func = call.func
-        tensors = [a for a in call.args if _is_tensor(a, g)]
-        arguments = [a for a in call.args if not _is_tensor(a, g)]
+        """One step, or a chain of them when a step's first argument is another step
+        (``g.matmul(g.silu(h), "w2")`` is ``h -> silu() -> matmul(w2) -> ...``)."""
         annotations = [self.annotation(k) for k in call.keywords if k.arg in ANNOTATION_BY_NAME]
+        return ast.Flow(self.span(stmt), self.stages(call, g) + [destination], annotations)
+
+    def stages(self, call: py.Call, g: str) -> list[ast.Expr]:
+        """The chain's source and steps up to ``call``."""
+        first = call.args[0] if call.args else None
+        if isinstance(first, py.Call) and _is_step(first, g):
+            inner = self.stages(first, g)
+            annotations = [self.annotation(k) for k in first.keywords if k.arg in ANNOTATION_BY_NAME]
+            if annotations:
+                inner[-1] = ast.Annotated(inner[-1].span, inner[-1], annotations)
+            return inner + [self.step(call, call.args[1:], g, chained=True)]
+        tensors = [self.tensor(a, g) for a in call.args if _is_tensor(a, g)]
+        if not tensors:
+            raise self.error(call, "a graph step takes at least one input tensor")
+        source = tensors[0] if len(tensors) == 1 else ast.TupleExpr(self.span(call), tensors)
+        return [source, self.step(call, [a for a in call.args if not _is_tensor(a, g)], g, chained=False)]
+
+    def step(self, call: py.Call, args: list[py.expr], g: str, chained: bool) -> ast.Expr:
+        """The step ``call`` is, with ``args`` inside it: its non-tensor arguments, and in a chain also
+        the tensors other than the one flowing in (``matmul(w2, transpose=NT)``)."""
+        func = call.func
         keywords = [k for k in call.keywords if k.arg not in ANNOTATION_BY_NAME]
-        if isinstance(func, py.Attribute) and isinstance(func.value, py.Name) and func.value.id == g:
-            args = [ast.Arg(self.span(a), self.value(a)) for a in arguments] + [self.keyword(k) for k in keywords]
-            step: ast.Expr = ast.Call(self.span(func), ast.Name(self.span(func), func.attr), args)
-        elif _self_attribute(func) and not arguments and not keywords:
-            step = ast.Name(self.span(func), func.attr)
-        else:
+        if _self_attribute(func) and not keywords and not args:
+            return ast.Name(self.span(func), func.attr)
+        if not (isinstance(func, py.Attribute) and isinstance(func.value, py.Name) and func.value.id == g):
             raise self.error(func, f"a graph step calls a primitive on `{g}` ({g}.matmul(...)) or a submodule "
                              "(self.name(...)) with its input tensors")
-        inputs = [self.tensor(a, g) for a in tensors]
-        if not inputs:
-            raise self.error(call, "a graph step takes at least one input tensor")
-        source = inputs[0] if len(inputs) == 1 else ast.TupleExpr(self.span(call), inputs)
-        return ast.Flow(self.span(stmt), [source, step, destination], annotations)
+        inside = [ast.Arg(self.span(a), self.tensor(a, g) if chained and _is_tensor(a, g) else self.value(a))
+                  for a in args]
+        return ast.Call(self.span(func), ast.Name(self.span(func), func.attr), inside + [self.keyword(k) for k in keywords])
 
     def tensor(self, node: py.expr, g: str) -> ast.Expr:
         if isinstance(node, py.Name):
@@ -706,6 +721,13 @@ def _is_with(stmt: py.With, name: str, builder: str | None = None) -> bool:
         return isinstance(item.optional_vars, py.Name)
     func = item.context_expr.func if isinstance(item.context_expr, py.Call) else None
     return isinstance(func, py.Attribute) and isinstance(func.value, py.Name) and func.value.id == builder
+
+
+def _is_step(call: py.Call, g: str) -> bool:
+    """``g.prim(...)`` or ``self.sub(...)``."""
+    func = call.func
+    return (isinstance(func, py.Attribute) and isinstance(func.value, py.Name) and func.value.id == g
+            and func.attr != "saved") or _self_attribute(func)
 
 
 def _is_tensor(node: py.expr, g: str) -> bool:
