@@ -85,6 +85,14 @@ class Param:
         self.type, self.when, self.annotations = type_, when, annotations
 
 
+class Activation:
+    """``ln1_rstd = Activation(Tensor["B", "T"], dtype="fp32", save=True)``: a memory hint for a tensor
+    of the forward graph (see :mod:`modeldsl.frontend.python.slots`)."""
+
+    def __init__(self, type_: Any = None, **options: Any):
+        self.type, self.options = type_, options
+
+
 class Dim:
     """``Dim("d_model")``: a dimension named by an expression of the parameters."""
 
@@ -151,6 +159,6 @@ ANNOTATIONS = _annotation_names()
 globals().update({name: _annotation(name) for name in ANNOTATIONS})
 
 B, T = Dim("B"), Dim("T")
-__all__ = ["module", "block", "model", "primitive", "forward", "backward", "save", "recompute", "Tensor", "Array", "Param", "Dim",
+__all__ = ["module", "block", "model", "primitive", "forward", "backward", "save", "recompute", "Tensor", "Array", "Param", "Activation", "Dim",
            "graph", "B", "T", "tied_to", "fuse", "split", "field", "transform", "stack_experts", "hf_config",
            "hf_mapping", "hf_export", "abstract", "extends", *ANNOTATIONS]

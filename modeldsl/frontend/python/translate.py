@@ -46,6 +46,7 @@ from typing import Any
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
 from modeldsl.dialects.annotations import ANNOTATION_BY_NAME
 from modeldsl.files import read_regular_file
+from modeldsl.frontend.python.slots import apply_slots, is_slot
 from modeldsl.frontend.text import ast
 
 KINDS = ("module", "block", "model")
@@ -161,8 +162,12 @@ class Translator:
             body.append(self.section(node, "params", entries))
         functions = {name: next((s for s in node.body if isinstance(s, py.FunctionDef) and _has(s, name)), None)
                      for name in ("forward", "backward")}
+        slots = [s for s in node.body if is_slot(s)]
         if functions["forward"] is not None:
             body.append(self.forward(functions["forward"]))
+            apply_slots(self, slots, body[-1])
+        elif slots:
+            raise self.error(slots[0], "activation slots name tensors of the forward graph, which this class lacks")
         for decorator in node.decorator_list:
             if _called_name(decorator) in HF_SECTIONS:
                 body.append(self.hf_section(decorator))

@@ -343,3 +343,63 @@ def test_primitives_declared_in_python_are_checked_against_the_op_registry_like_
     (python,), (text,) = primitive_problems(wrong, "prims.py"), primitive_problems(twin, "prims.module")
     assert (python.code, python.message) == (text.code, text.message)
     assert python.code == "E003" and (python.span.line, python.span.column) == where(wrong, "2.0")
+
+
+SLOTS = '''
+    from modeldsl.dsl import Activation, Param, Tensor, forward, graph, module
+
+
+    @module
+    class Norm2:
+        def __init__(self, d: int, eps: float = 1e-6):
+            pass
+
+        weight = Param(Tensor["d"])
+        {slots}
+
+        @forward
+        def forward(self, x: Tensor["B", "T", "d"]) -> Tensor["B", "T", "d"]:
+            with graph() as g:
+                h, rstd = g.rmsnorm(x, "weight", eps=self.eps)
+                y = g.silu(h)
+                out = g.mul(y, "weight")
+'''
+
+
+def test_activation_slots_are_the_memory_hints_of_their_text_twin(tmp_path):
+    slots = ('rstd = Activation(Tensor["B", "T"], dtype="fp32", save=True, recompute_group="norm")\n'
+             '        h = Activation(Tensor["B", "T", "d"], recompute=True, recompute_policy="lora_only")\n'
+             '        y = Activation(Tensor["B", "T", "d"], save=True)')
+    assert_twins(tmp_path, SLOTS.replace("{slots}", slots), '''
+        module Norm2(d: int, eps: float = 1e-6):
+          params:
+            weight: [d]
+          forward:
+            inputs:
+              x: [B, T, d]
+            out: [B, T, d]
+            graph:
+              (x, weight) -> rmsnorm(eps=eps) -> (h, rstd) @memory(recompute, policy=lora_only)
+              h -> silu() -> [B, T, d] -> y
+              (y, weight) -> mul() -> out
+            save: [rstd, y]
+            recompute: [h]
+    ''', "Norm2")
+
+
+@pytest.mark.parametrize("slot, code, message, at", [
+    ('y = Activation(Tensor["B", "T", "2 * d"], save=True)', "E004", "not the stated", 'Tensor["B", "T", "2 * d"]'),
+    ('y = Activation(Tensor["B", "T", "d"], recompute_from=["x"])', "E001", "takes no 'recompute_from'",
+     "recompute_from"),
+    ('z = Activation(Tensor["B", "T", "d"], save=True)', "E001", "names no tensor", "z ="),
+    ('h = Activation(Tensor["B", "T", "d"], recompute_group="g")\n'
+     '        y = Activation(Tensor["B", "T", "d"], recompute_group="g")', "E001", "two steps",
+     'y = Activation(Tensor["B", "T", "d"], recompute_group'),
+])
+def test_a_wrong_activation_slot_is_reported_at_its_declaration(slot, code, message, at):
+    source = textwrap.dedent(SLOTS.replace("{slots}", slot))
+    with pytest.raises(DiagnosticError) as err:
+        lower_program(parse_python_source(source, "slots.py"), "Norm2", None, DiagnosticSink())
+    diagnostic = err.value.diagnostics[0]
+    assert diagnostic.code == code and message in diagnostic.message, diagnostic.render()
+    assert diagnostic.span.line == where(source, at)[0], diagnostic.render()
