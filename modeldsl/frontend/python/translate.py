@@ -404,17 +404,20 @@ class Translator:
         return args.args[1:]
 
     def lists(self, func: py.FunctionDef) -> list[ast.Section]:
-        """``@save("x", ...)`` and ``@recompute(...)``: the ``save:`` and ``recompute:`` lists."""
-        sections = []
-        for decorator in func.decorator_list:
-            kind = _called_name(decorator)
-            if kind not in ("save", "recompute"):
-                continue
-            if not isinstance(decorator, py.Call) or not all(_is_string(a) for a in decorator.args):
-                raise self.error(decorator, f"@{kind} names tensors by string: @{kind}(\"x\", \"rstd\")")
-            names = [ast.Name(self.inner(a), _name(a.value)) for a in decorator.args]
-            sections.append(self.entry(decorator, kind, ast.ListExpr(self.span(decorator), names)))
-        return sections
+        """``@save("x", ...)`` and ``@recompute(...)``, and in the graph ``g.save(...)`` and
+        ``g.mark_recompute(...)``: the ``save:`` and ``recompute:`` lists."""
+        calls = [(d, _called_name(d)) for d in func.decorator_list if _called_name(d) in ("save", "recompute")]
+        block = next((s for s in func.body if isinstance(s, py.With) and _is_with(s, "graph")), None)
+        if block is not None:
+            g = block.items[0].optional_vars.id
+            calls += [(c, LIST_CALLS[c.func.attr]) for c in _list_calls(block.body, g)]
+        entries: dict[str, tuple[py.AST, list[ast.Expr]]] = {}
+        for call, kind in calls:
+            if not isinstance(call, py.Call) or not all(_is_string(a) for a in call.args):
+                raise self.error(call, f"{kind} lists name tensors by string: @{kind}(\"x\", \"rstd\")")
+            names = entries.setdefault(kind, (call, []))[1]
+            names += [ast.Name(self.inner(a), _name(a.value)) for a in call.args]
+        return [self.entry(where, kind, ast.ListExpr(self.span(where), names)) for kind, (where, names) in entries.items()]
 
     # ------------------------------------------------------------------ graphs
     def graph(self, func: py.FunctionDef) -> list[ast.Stmt] | None:
@@ -433,7 +436,8 @@ class Translator:
         return steps
 
     def statements(self, body: list[py.stmt], g: str) -> list[ast.Stmt]:
-        return [self.statement(s, g) for s in body if not _docstring(s) and not isinstance(s, py.Return)]
+        return [self.statement(s, g) for s in body
+                if not _docstring(s) and not isinstance(s, py.Return) and _list_call(s, g) is None]
 
     def statement(self, stmt: py.stmt, g: str) -> ast.Stmt:
         if isinstance(stmt, py.Assign) and len(stmt.targets) == 1:
@@ -726,6 +730,28 @@ def _is_with(stmt: py.With, name: str, builder: str | None = None) -> bool:
         return isinstance(item.optional_vars, py.Name)
     func = item.context_expr.func if isinstance(item.context_expr, py.Call) else None
     return isinstance(func, py.Attribute) and isinstance(func.value, py.Name) and func.value.id == builder
+
+
+LIST_CALLS = {"save": "save", "mark_recompute": "recompute"}  # g.save(...), g.mark_recompute(...)
+
+
+def _list_call(stmt: py.stmt, g: str) -> py.Call | None:
+    """``g.save("x")`` or ``g.mark_recompute("h")`` as a statement."""
+    call = stmt.value if isinstance(stmt, py.Expr) else None
+    if isinstance(call, py.Call) and isinstance(call.func, py.Attribute) and call.func.attr in LIST_CALLS \
+            and isinstance(call.func.value, py.Name) and call.func.value.id == g:
+        return call
+    return None
+
+
+def _list_calls(body: list[py.stmt], g: str) -> list[py.Call]:
+    found = []
+    for stmt in body:
+        if isinstance(stmt, py.If):
+            found += _list_calls(stmt.body, g) + _list_calls(stmt.orelse, g)
+        elif _list_call(stmt, g) is not None:
+            found.append(_list_call(stmt, g))
+    return found
 
 
 def _is_step(call: py.Call, g: str) -> bool:

@@ -403,3 +403,39 @@ def test_a_wrong_activation_slot_is_reported_at_its_declaration(slot, code, mess
     diagnostic = err.value.diagnostics[0]
     assert diagnostic.code == code and message in diagnostic.message, diagnostic.render()
     assert diagnostic.span.line == where(source, at)[0], diagnostic.render()
+
+
+def test_in_graph_save_and_mark_recompute_join_the_decorators_lists(tmp_path):
+    assert_twins(tmp_path, '''
+        from modeldsl.dsl import Param, Tensor, forward, graph, module, save
+
+
+        @module
+        class Norm2:
+            def __init__(self, d: int, eps: float = 1e-6):
+                pass
+
+            weight = Param(Tensor["d"])
+
+            @save("x")
+            @forward
+            def forward(self, x: Tensor["B", "T", "d"]) -> Tensor["B", "T", "d"]:
+                with graph() as g:
+                    h, rstd = g.rmsnorm(x, "weight", eps=self.eps)
+                    g.save("rstd")
+                    g.mark_recompute("h")
+                    out = g.silu(h)
+    ''', '''
+        module Norm2(d: int, eps: float = 1e-6):
+          params:
+            weight: [d]
+          forward:
+            inputs:
+              x: [B, T, d]
+            out: [B, T, d]
+            graph:
+              (x, weight) -> rmsnorm(eps=eps) -> (h, rstd)
+              h -> silu() -> out
+            save: [x, rstd]
+            recompute: [h]
+    ''', "Norm2")
