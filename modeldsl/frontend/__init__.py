@@ -13,6 +13,12 @@ def read_model(model: Any, top: str | None = None) -> tuple[Any, str | None]:
     from modeldsl.frontend.python.api import FILE
 
     if isinstance(model, type) and hasattr(model, FILE):
+        if getattr(model, FILE) is None:
+            from modeldsl.diagnostics import Diagnostic, DiagnosticError
+
+            raise DiagnosticError([Diagnostic("E028", f"the source of class {model.__name__} is in no file", None,
+                                              "modeldsl reads a Python DSL class from its file: define it in a .py "
+                                              "file and import it")])
         model, top = getattr(model, FILE), top or model.__name__
     if str(model).endswith(".py"):
         from modeldsl.frontend.python import parse_python_file

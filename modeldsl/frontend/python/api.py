@@ -25,7 +25,10 @@ class Instance:
 def _declaration(kind: str):
     def mark(cls: type) -> type:
         setattr(cls, KIND, kind)
-        setattr(cls, FILE, inspect.getsourcefile(cls))
+        try:
+            setattr(cls, FILE, inspect.getsourcefile(cls))
+        except (OSError, TypeError):  # defined in `python -c` or an interactive session: no file to read
+            setattr(cls, FILE, None)
         cls.__new__ = lambda klass, *args, **kwargs: Instance(klass, args, kwargs)  # type: ignore[method-assign]
         return cls
 
