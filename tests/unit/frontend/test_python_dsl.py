@@ -70,34 +70,36 @@ def test_logits_and_gradients_equal_the_text_versions_bitwise(name):
         np.testing.assert_array_equal(py_grads[key], grads[key], err_msg=key)
 
 
+MODULE = '''
+    @module
+    class Bad:
+        def __init__(self, d: int):
+            pass
+
+        weight = Param(Tensor["d"])
+
+        @forward
+        def forward(self, in_: Tensor["*", "d"]) -> Tensor["*", "d"]:
+            with graph() as g:
+                {step}
+'''
+
+
 def test_a_class_loads_from_its_file_and_the_file_is_read_not_run(tmp_path):
     from modeldsl.std.python.models.llama import Llama
 
     path = cached_checkpoint("llama")
     text = modeldsl.load(registry.get_model("Llama").path, hf=path).forward([1, 2, 3])
     np.testing.assert_array_equal(modeldsl.load(Llama, hf=path).forward([1, 2, 3]), text)
-    source = HEADER + textwrap.dedent('''
-        raise SystemExit("never run")
-
-
-        @module
-        class Scale:
-            def __init__(self, d: int):
-                pass
-
-            weight = Param(Tensor["d"])
-
-            @forward
-            def forward(self, in_: Tensor["*", "d"]) -> Tensor["*", "d"]:
-                with graph() as g:
-                    out = g.mul(in_, "weight")
-    ''')
+    step = 'out = g.mul(in_, "weight")'
+    source = HEADER + 'raise SystemExit("never run")\n' + textwrap.dedent(MODULE.format(step=step))
     (tmp_path / "scale.py").write_text(source)
     model = modeldsl.load(tmp_path / "scale.py", config={"d": 3})
-    assert model.model.sym_name.data == "Scale" and "mdsl.graph.mul" in print_ir(model.module)
+    assert model.model.sym_name.data == "Bad" and "mdsl.graph.mul" in print_ir(model.module)
 
 
-def python_error(body: str, top: str = "Bad") -> "Diagnostic":  # noqa: F821
+def python_error(body: str, top: str = "Bad") -> tuple:
+    """The first diagnostic of lowering ``top`` of a Python DSL source, and the source."""
     source = HEADER + textwrap.dedent(body)
     with pytest.raises(DiagnosticError) as err:
         lower_program(parse_python_source(source, "bad.py"), top, None, DiagnosticSink())
@@ -113,19 +115,6 @@ def where(source: str, text: str, occurrence: int = 1) -> tuple[int, int]:
     return line, at - (source.rfind("\n", 0, at) + 1) + 1
 
 
-MODULE = '''
-    @module
-    class Bad:
-        def __init__(self, d: int):
-            pass
-
-        weight = Param(Tensor["d"])
-
-        @forward
-        def forward(self, in_: Tensor["*", "d"]) -> Tensor["*", "d"]:
-            with graph() as g:
-                {step}
-'''
 
 
 TEXT_TWIN = "module Bad(d: int):\n  params:\n    weight: [d]\n  forward:\n    in: [*, d]\n    out: [*, d]\n" \
