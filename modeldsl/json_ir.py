@@ -82,8 +82,8 @@ def _op(op: Operation, numbers: dict[SSAValue, int]) -> dict[str, Any]:
 
 def compile_model(model: str | Path, config: dict[str, Any] | None = None, top: str | None = None) -> dict[str, Any]:
     """The JSON IR of a model's ``mdsl.graph``: ``model`` a std model's registry name (``"Llama"``),
-    a ``.module`` or Python DSL file (``top`` its declaration) or a Python DSL class, lowered with its defaults or the values of
-    ``config`` (its parameters by name, as ``mdsl-opt --param``)."""
+    a ``.module`` or Python DSL file (``top`` its declaration) or a Python DSL class, lowered with its
+    defaults or the values of ``config`` (its parameters by name, as ``mdsl-opt --param``)."""
     from modeldsl.diagnostics import DiagnosticSink
     from modeldsl.frontend import read_model
     from modeldsl.lower import lower_program

@@ -68,6 +68,9 @@ def document(ops):
                 {"arguments": [], "ops": ops}]]}}
 
 
+CAST = "builtin.unrealized_conversion_cast"
+
+
 @pytest.mark.parametrize("text, path", [
     ("{", "$"),
     ("[]", "$"),
@@ -75,13 +78,13 @@ def document(ops):
     (json.dumps({"format": "modeldsl-ir", "version": 2}), "$.version"),
     (json.dumps(document([{"op": "mdsl.graph.nope", "operands": [], "results": []}])),
      "$.module.regions[0][0].ops[0].op"),
-    (json.dumps(document([{"op": "builtin.unrealized_conversion_cast", "operands": [7], "results": []}])),
+    (json.dumps(document([{"op": CAST, "operands": [7], "results": []}])),
      "$.module.regions[0][0].ops[0].operands[0]"),
-    (json.dumps(document([{"op": "builtin.unrealized_conversion_cast", "operands": [], "results": [{"id": 0, "type": "!nope<"}]}])),
+    (json.dumps(document([{"op": CAST, "operands": [], "results": [{"id": 0, "type": "!nope<"}]}])),
      "$.module.regions[0][0].ops[0].results[0].type"),
-    (json.dumps(document([{"op": "builtin.unrealized_conversion_cast", "operands": [], "results": [{"id": 0, "type": "i32 i32"}]}])),
+    (json.dumps(document([{"op": CAST, "operands": [], "results": [{"id": 0, "type": "i32 i32"}]}])),
      "$.module.regions[0][0].ops[0].results[0].type"),
-    (json.dumps(document([{"op": "builtin.unrealized_conversion_cast", "operands": [], "results": [{"id": 0, "type": "i32"},
+    (json.dumps(document([{"op": CAST, "operands": [], "results": [{"id": 0, "type": "i32"},
                                                                        {"id": 0, "type": "i32"}]}])),
      "$.module.regions[0][0].ops[0].results[1].id"),
 ])

@@ -162,6 +162,7 @@ ANNOTATIONS = _annotation_names()
 globals().update({name: _annotation(name) for name in ANNOTATIONS})
 
 B, T = Dim("B"), Dim("T")
-__all__ = ["module", "block", "model", "primitive", "forward", "backward", "save", "recompute", "Tensor", "Array", "Param", "Activation", "Dim",
+__all__ = ["module", "block", "model", "primitive", "forward", "backward", "save", "recompute", "Tensor", "Array",
+           "Param", "Activation", "Dim",
            "graph", "B", "T", "tied_to", "fuse", "split", "field", "transform", "stack_experts", "hf_config",
            "hf_mapping", "hf_export", "abstract", "extends", *ANNOTATIONS]

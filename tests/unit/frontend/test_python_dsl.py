@@ -21,7 +21,8 @@ from modeldsl.lower import lower_program
 from modeldsl.tools.opt import main as opt_main
 
 PYTHON = [e for kind in ("model", "block", "module") for e in registry.entries(kind) if e.frontend == "python"]
-CHECKPOINTS = {"Llama": ("llama", {}), "Qwen3": ("qwen3", {"head_dim": 16}), "Mistral": ("mistral", {"sliding_window": 5})}
+CHECKPOINTS = {"Llama": ("llama", {}), "Qwen3": ("qwen3", {"head_dim": 16}),
+               "Mistral": ("mistral", {"sliding_window": 5})}
 HEADER = "from modeldsl.dsl import Param, Tensor, backward, forward, graph, module, save\n\n\n"
 
 
@@ -328,7 +329,8 @@ def test_primitives_declared_in_python_are_checked_against_the_op_registry_like_
     assert not list(module.body.block.ops)
     wrong = textwrap.dedent(PRIMITIVES).replace("alpha: float = 1.0", "alpha: float = 2.0")
     twin = "primitive matmul:\n  params:\n    transpose: enum(NN, NT, TN, TT) = NN\n    accumulate: bool = false\n" \
-           "    alpha: float = 2.0\n    beta: float = 0.0\n  forward:\n    in: (A: [M, K], B: [K, N])\n    out: [M, N]\n"
+           "    alpha: float = 2.0\n    beta: float = 0.0\n" \
+           "  forward:\n    in: (A: [M, K], B: [K, N])\n    out: [M, N]\n"
     (python,), (text,) = primitive_problems(wrong, "prims.py"), primitive_problems(twin, "prims.module")
     assert (python.code, python.message) == (text.code, text.message)
     assert python.code == "E003" and (python.span.line, python.span.column) == where(wrong, "2.0")

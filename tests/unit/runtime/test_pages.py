@@ -1,7 +1,6 @@
 """The params arena's pages: a checkpoint file's pages mapped copy-on-write where the bytes line up
 (modeldsl.runtime.pages)."""
 
-import os
 import sys
 
 import numpy as np

@@ -43,7 +43,8 @@ from modeldsl.std.python.modules.norm import RMSNorm
 @hf_export({
     "blocks[{layer}].attention.qkv_weight": split({
         "model.layers.{layer}.self_attn.q_proj.weight": [0, "num_heads * head_dim"],
-        "model.layers.{layer}.self_attn.k_proj.weight": ["num_heads * head_dim", "(num_heads + num_kv_heads) * head_dim"],
+        "model.layers.{layer}.self_attn.k_proj.weight": ["num_heads * head_dim",
+                                                         "(num_heads + num_kv_heads) * head_dim"],
         "model.layers.{layer}.self_attn.v_proj.weight": ["(num_heads + num_kv_heads) * head_dim",
                                                          "(num_heads + 2 * num_kv_heads) * head_dim"],
     }, dim=0),
