@@ -1,8 +1,9 @@
 """The Python decorator DSL (seed 001) read into the Module DSL's AST.
 
 A ``.py`` file is never run to be lowered: its source is parsed with Python's ``ast``, and each
-class decorated ``@module``, ``@block`` or ``@model`` becomes the
-:class:`modeldsl.frontend.text.ast.Decl` the text frontend builds for its twin, every node spanned
+class decorated ``@module``, ``@block`` or ``@model`` (and each function decorated ``@primitive``,
+:mod:`.primitives`) becomes the :class:`modeldsl.frontend.text.ast.Decl` the text frontend builds for
+its twin, every node spanned
 at its place in the Python file. Resolution, checking and lowering are the text DSL's own, so the
 IR is the same and every mistake is the same coded diagnostic, located in the Python file. The
 spelling (``docs/python-dsl.md`` has the whole table):
