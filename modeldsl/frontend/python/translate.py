@@ -131,6 +131,7 @@ class Translator(HuggingFaceSections, Primitives):
             body.append(self.section(node, "params", entries))
         functions = {name: next((s for s in node.body if isinstance(s, py.FunctionDef) and _has(s, name)), None)
                      for name in ("forward", "backward")}
+        self.refuse_unsupported(node)
         slots = [s for s in node.body if is_slot(s)]
         if functions["forward"] is not None:
             body.append(self.forward(functions["forward"]))
@@ -144,6 +145,17 @@ class Translator(HuggingFaceSections, Primitives):
             body.append(self.backward(functions["backward"], functions["forward"]))
         abstract = any(called_name(d) == "abstract" for d in node.decorator_list)
         return ast.Decl(self.span(node), _kind(node) or "module", node.name, params, body, extends, abstract)
+
+    def refuse_unsupported(self, node: py.ClassDef) -> None:
+        """E001 for what seed 001 spells and modeldsl does not take, rather than dropping it unread."""
+        for stmt in node.body:
+            call = stmt.value if isinstance(stmt, py.Assign) and isinstance(stmt.value, py.Call) else None
+            if call is not None and called_name(call) == "Gradient":
+                raise self.error(stmt, "gradient slots are not taken: a gradient is derived (mdsl-autodiff) or "
+                                 "written in @backward, under its own name")
+            if isinstance(stmt, py.FunctionDef) and _has(stmt, "param"):
+                raise self.error(stmt, "the method style of parameters is not taken",
+                                 f"write it as a class attribute: {stmt.name} = Param(Tensor[...])")
 
     def extends(self, node: py.ClassDef) -> str | None:
         """``@extends("Base")``: the declaration this one inherits from."""
