@@ -462,3 +462,70 @@ def _fused_lm_head_loss(b, op, grads):
     params = forward_params(op, "ignore_index", "reduction", "chunk")
     d_x, d_w = b.op("fused_lm_head_loss_backward", grads[0], x, weight, labels, op.results[1], **params)
     return [d_x, d_w, None]
+
+
+# ----------------------------------------------------------------------------
+# mixture of experts and Mamba (spec 6.9-6.10)
+# ----------------------------------------------------------------------------
+
+
+@rule("moe_router")
+def _moe_router(b, op, grads):
+    """moe_router_backward gives the gradient of ``sum(d_weights * weights) + aux_loss_coef * aux`` with the
+    indices held: once with the weights' gradient (coefficient 0), once with zero weight gradients for the
+    auxiliary loss, scaled by its gradient (a scalar). The indices are integers (no gradient)."""
+    g_weights, _, g_aux = grads
+    x, gate = op.operands
+    weights, indices = op.results[0], op.results[1]
+    params = forward_params(op, "normalize", "use_sigmoid")
+    coefficient = op_attr(op, "aux_loss_coef", 0.01)
+    parts = []
+    if g_weights is not None:
+        parts.append(b.op("moe_router_backward", g_weights, x, gate, indices, aux_loss_coef=0.0, **params))
+    if g_aux is not None and coefficient:
+        d_x, d_gate = b.op("moe_router_backward", zeros_like(b, weights), x, gate, indices,
+                           aux_loss_coef=coefficient, **params)
+        parts.append([b.one("mul", d_x, g_aux), b.one("mul", d_gate, g_aux)])
+    if not parts:
+        return [None, None]
+    d_x, d_gate = parts[0]
+    for more_x, more_gate in parts[1:]:
+        d_x, d_gate = b.one("add", d_x, more_x), b.one("add", d_gate, more_gate)
+    return [d_x, d_gate]
+
+
+@rule("moe_permute")
+def _moe_permute(b, op, grads):
+    """Each token's rows of the gradient, summed back: moe_unpermute with unit weights."""
+    x, indices, _ = op.operands
+    ones = b.one("ones", shape=list(indices.type.shape), dtype=x.type.dtype)
+    return [b.one("moe_unpermute", grads[0], ones, op.results[1]), None, None]
+
+
+@rule("moe_unpermute")
+def _moe_unpermute(b, op, grads):
+    expert_outputs, weights, scatter_indices = op.operands
+    d_outputs, d_weights = b.op("moe_unpermute_backward", grads[0], expert_outputs, weights, scatter_indices)
+    return [d_outputs, d_weights, None]
+
+
+@rule("mamba_conv1d")
+def _mamba_conv1d(b, op, grads):
+    """From a zero initial state (training); the gradient through a decode step's conv state is refused."""
+    if op.conv_state is not None:
+        raise NotImplementedError("the gradient of mamba_conv1d with a conv_state (a decode step)")
+    return b.op("mamba_conv1d_backward", grads[0], op.x, op.weight, op.bias,
+                **forward_params(op, "kernel_size", "activation"))
+
+
+@rule("mamba_selective_scan")
+def _mamba_selective_scan(b, op, grads):
+    """The gradients of u, delta, A_log, B, C, D and dt_bias; a given initial state is held (not
+    differentiated), and a gradient reaching the final state is refused."""
+    g_y, g_state = grads
+    if g_state is not None:
+        raise NotImplementedError("the gradient of mamba_selective_scan's final ssm_state")
+    state = op.ssm_state
+    results = b.op("mamba_selective_scan_backward", g_y, *op.operands[:7], state, op.y,
+                   **forward_params(op, "chunk_size"))
+    return list(results) + ([None] if state is not None else [])

@@ -453,6 +453,49 @@ case("chain-rmsnorm-matmul-swiglu",
 
 
 # ----------------------------------------------------------------------------
+# mixture of experts and Mamba
+# ----------------------------------------------------------------------------
+
+# moe_router: 5 tokens over 3 experts, top 2 (softmax or sigmoid scores, renormalized or not); the
+# weights and the auxiliary loss are both outputs, so both gradients reach x and the gate
+for sigmoid in (False, True):
+    for normalize in (True, False):
+        attrs = f"top_k = 2 : i64, use_sigmoid = {str(sigmoid).lower()}, normalize = {str(normalize).lower()}"
+        case(f"moe_router-{'sigmoid' if sigmoid else 'softmax'}-{'normalized' if normalize else 'raw'}",
+             op(f"%w, %i, %aux = mdsl.graph.moe_router %x, %gate {{{attrs}, aux_loss_coef = 0.5 : f64}} : "
+                f"({t(5, 4)}, {t(3, 4)}) -> ({t(5, 2)}, {t(5, 2, dtype='int32')}, {t()})"),
+             {"x": (5, 4)}, [("w", (5, 2)), ("aux", ())], params={"gate": (3, 4)})
+
+# moe_permute / moe_unpermute: 4 tokens, top 2 of 3 experts (3, 2 and 3 assignments)
+ROUTING = [[0, 1], [2, 0], [1, 2], [0, 2]]
+case("moe_permute",
+     op(f"%p, %s = mdsl.graph.moe_permute %x, %idx, %off : ({t(4, 3)}, {t(4, 2, dtype='int32')}, "
+        f"{t(4, dtype='int32')}) -> ({t(8, 3)}, {t(8, dtype='int32')})"),
+     {"x": (4, 3), "idx": ((4, 2), "int", 0, 3), "off": ((4,), "int", 0, 8)}, [("p", (8, 3))],
+     init={"idx": ROUTING, "off": [0, 3, 5, 8]})
+case("moe_unpermute",
+     op(f"%c = mdsl.graph.moe_unpermute %eo, %w, %s : ({t(8, 3)}, {t(4, 2)}, {t(8, dtype='int32')}) -> {t(4, 3)}"),
+     {"w": (4, 2), "s": ((8,), "int", 0, 8)}, [("c", (4, 3))], params={"eo": (8, 3)},
+     init={"s": [3, 0, 6, 1, 5, 7, 2, 4]})
+
+# mamba_conv1d: x [B, D, T] through a causal depthwise conv of width 4, with and without a bias
+for bias in (True, False):
+    for activation in ("silu", "none"):
+        bias_operand, bias_type = (" bias %bias", f", bias {t(3)}") if bias else ("", "")
+        case(f"mamba_conv1d-{'bias' if bias else 'nobias'}-{activation}",
+             op(f'%y = mdsl.graph.mamba_conv1d %x, %w{bias_operand} {{activation = "{activation}"}} : '
+                f"{t(2, 3, 5)}, {t(3, 1, 4)}{bias_type} -> {t(2, 3, 5)}"),
+             {"x": (2, 3, 5)}, [("y", (2, 3, 5))], params={"w": (3, 1, 4), **({"bias": (3,)} if bias else {})})
+
+# mamba_selective_scan: D 2 channels, N 3 states, one group, T 4 steps, in chunks of 2
+case("mamba_selective_scan",
+     op(f"%y, %h = mdsl.graph.mamba_selective_scan %u, %dt, %a, %bp, %cp, %ds, %db {{chunk_size = 2 : i64}} : "
+        f"({t(1, 2, 4)}, {t(1, 2, 4)}, {t(2, 3)}, {t(1, 1, 3, 4)}, {t(1, 1, 3, 4)}, {t(2)}, {t(2)}) -> "
+        f"({t(1, 2, 4)}, {t(1, 2, 3)})"),
+     {"u": (1, 2, 4), "dt": (1, 2, 4), "bp": (1, 1, 3, 4), "cp": (1, 1, 3, 4)}, [("y", (1, 2, 4))],
+     params={"a": (2, 3), "ds": (2,), "db": (2,)})
+
+# ----------------------------------------------------------------------------
 # the tests
 # ----------------------------------------------------------------------------
 
@@ -527,7 +570,9 @@ def test_a_wrong_rule_is_caught():
 
 
 SCHEDULE_CASES = {"reduce_max": "reduce_max_backward", "grouped_gemm": "grouped_gemm_weight_grad",
-                  "flash_attention": "flash_attention_backward"}
+                  "flash_attention": "flash_attention_backward", "moe_router": "moe_router_backward",
+                  "moe_permute": "moe_unpermute", "moe_unpermute": "moe_unpermute_backward",
+                  "mamba_conv1d": "mamba_conv1d_backward", "mamba_selective_scan": "mamba_selective_scan_backward"}
 
 
 @pytest.mark.parametrize("c", [c for c in CASES if c.id.split("-")[0] in SCHEDULE_CASES], ids=lambda c: c.id)
@@ -542,9 +587,10 @@ def test_the_gradient_runs_on_the_schedule_executor(c: Case):
     model = c.model()
     grad = gradient_function(model)
     weights, inputs = c.data()
-    seed_type = grad.function_type.inputs.data[len(inputs)]
-    seed = np.random.default_rng(1).standard_normal([d.const_value() for d in seed_type.shape])
-    inputs = [x.astype(np.float32) if x.dtype.kind == "f" else x for x in inputs] + [seed.astype(np.float32)]
+    rng = np.random.default_rng(1)
+    seeds = [rng.standard_normal([d.const_value() for d in seed_type.shape]).astype(np.float32)
+             for seed_type in grad.function_type.inputs.data[len(inputs):]]  # one per output
+    inputs = [x.astype(np.float32) if x.dtype.kind == "f" else x for x in inputs] + seeds
     weights = {n: w.astype(np.float32) for n, w in weights.items()}
     expected = GraphExecutor(model, weights).run("forward_grad", *inputs)
     program = plan(lower_function(model, "forward_grad", None))
