@@ -1731,6 +1731,28 @@ class MoeRouterBackwardOp(PrimitiveOp):
 
 
 @irdl_op_definition
+class MoeComputeOffsetsOp(PrimitiveOp):
+    """Where each expert's rows start in the permuted order: ``indices [N, K] -> offsets [num_experts + 1]``,
+    ``offsets[e]`` the number of assignments to experts before ``e`` (spec 6.9.2's example)."""
+
+    name = "mdsl.graph.moe_compute_offsets"
+
+    indices = operand_def(TensorType)
+    offsets = result_def(TensorType)
+    num_experts = attr_def(IntegerAttr)
+
+    def verify_shapes(self) -> None:
+        idx, off = tensor(self.indices), tensor(self.offsets)
+        check_rank("indices", idx, 2)
+        check_dtype_in("indices", idx, INDEX_DTYPES)
+        check_dtype_in("offsets", off, INDEX_DTYPES)
+        experts = get_int(self, "num_experts")
+        if experts < 1:
+            raise VerifyException(f"num_experts must be at least 1, got {experts}")
+        check_same_shape("offsets", off.with_shape([experts + 1]), off)
+
+
+@irdl_op_definition
 class MoePermuteOp(PrimitiveOp):
     """Groups token copies by expert: ``(x [N, C], indices [N, K], expert_offsets [E + 1]) -> (permuted [N*K, C], scatter_indices [N*K])``."""
 
@@ -2217,7 +2239,7 @@ PRIMITIVE_OPS: tuple[type[Operation], ...] = (
     SubOp, DivOp, AddScalarOp, ExpOp, TanhOp, SigmoidOp, RsqrtOp,
     ReduceSumOp, ReduceMeanOp, ReduceMaxOp, ReduceMaxBackwardOp,
     EmbeddingOp, EmbeddingBackwardOp,
-    MoeRouterOp, MoeRouterBackwardOp, MoePermuteOp, MoeUnpermuteOp, MoeUnpermuteBackwardOp,
+    MoeRouterOp, MoeRouterBackwardOp, MoeComputeOffsetsOp, MoePermuteOp, MoeUnpermuteOp, MoeUnpermuteBackwardOp,
     MambaConv1dOp, MambaConv1dBackwardOp, MambaSelectiveScanOp, MambaSelectiveScanBackwardOp,
     ZerosOp, OnesOp, FillOp, CopyOp, CastOp,
     CrossEntropyOp, CrossEntropyBackwardOp, FusedLmHeadLossOp, FusedLmHeadLossBackwardOp,

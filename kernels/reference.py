@@ -895,6 +895,17 @@ def moe_router_backward(d_weights, x, gate, indices, *, normalize=True, aux_loss
     return d_logits @ gate, d_logits.T @ x
 
 
+def moe_compute_offsets(indices, *, num_experts):
+    """offsets[e] = the number of (token, k) assignments to experts below e; offsets[E] = N * top_k.
+    An index outside [0, num_experts) is a ValueError (the router never gives one)."""
+    flat = np.asarray(indices).reshape(-1).astype(np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= num_experts):
+        raise ValueError(f"moe_compute_offsets: expert index {int(flat.min() if flat.min() < 0 else flat.max())} "
+                         f"is outside [0, {num_experts})")
+    counts = np.bincount(flat, minlength=num_experts)
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+
+
 def moe_permute(x, indices, expert_offsets):
     """Token copies grouped by expert: the assignment a = n*top_k + k of token n to expert
     e = indices[n, k] goes to row offsets[e] + (its rank among e's assignments, in a order).
@@ -1273,7 +1284,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         add_scalar, causal_mask, sub, div, exp, tanh, sigmoid, rsqrt,
         reduce_sum, reduce_mean, reduce_max, reduce_max_backward,
         embedding, embedding_backward,
-        moe_router, moe_router_backward, moe_permute, moe_unpermute, moe_unpermute_backward,
+        moe_router, moe_router_backward, moe_compute_offsets, moe_permute, moe_unpermute, moe_unpermute_backward,
         mamba_conv1d, mamba_conv1d_backward, mamba_selective_scan, mamba_selective_scan_backward,
         zeros, ones, fill, copy, cast, adamw, global_norm, clip_factor,
         cross_entropy, cross_entropy_backward, fused_lm_head_loss, fused_lm_head_loss_backward,

@@ -309,6 +309,7 @@ FLOP_RULES: dict[str, Rule] = {
     # 6.9 MoE
     "moe_router": _projection_softmax_rule(gemms=1),
     "moe_router_backward": _projection_softmax_rule(gemms=2),
+    "moe_compute_offsets": free,
     "moe_permute": free,
     "moe_unpermute": per_input_element(2, 0),
     "moe_unpermute_backward": per_input_element(4, 1),

@@ -209,6 +209,10 @@ def _moe_router(ts, p):
     return [TensorType([x.shape[0], k], x.dtype), TensorType([x.shape[0], k], INT32), TensorType([], FP32)]
 
 
+def _moe_compute_offsets(ts, p):
+    return [TensorType([p["num_experts"] + 1], INT32)]
+
+
 def _moe_permute(ts, p):
     x, indices = ts[0], ts[1]
     total = indices.shape[0] * indices.shape[1]
@@ -320,6 +324,7 @@ RULES: dict[str, Rule] = {
     "embedding_backward": _embedding_backward,
     "moe_router": _moe_router,
     "moe_router_backward": _same(1, 2),
+    "moe_compute_offsets": _moe_compute_offsets,
     "moe_permute": _moe_permute,
     "moe_unpermute": _moe_unpermute,
     "moe_unpermute_backward": _same(1, 2),

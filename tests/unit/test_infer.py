@@ -85,6 +85,7 @@ CASES = {
     "embedding": ([T("B, T", "int32"), T("V, 64")], {}),
     "moe_router": ([FLAT, T("E, 64")], {"top_k": 2}),
     "moe_router_backward": ([T("N, 2"), FLAT, T("E, 64"), T("N, 2", "int32")], {}),
+    "moe_compute_offsets": ([T("N, 2", "int32")], {"num_experts": 8}),
     "moe_permute": ([FLAT, T("N, 2", "int32"), T("E + 1", "int32")], {}),
     "moe_unpermute": ([T("2*N, 64"), T("N, 2"), T("2*N", "int32")], {}),
     "moe_unpermute_backward": ([FLAT, T("2*N, 64"), T("N, 2"), T("2*N", "int32")], {}),
@@ -147,6 +148,7 @@ def test_inferred_result_types_verify(name):
         ("add", [X, VEC], {}, [X]),
         ("reduce_mean", [X], {"dims": [-1], "keepdim": True}, [T("B, T, 1")]),
         ("moe_permute", [FLAT, T("N, 2", "int32"), T("E + 1", "int32")], {}, [T("2*N, 64"), T("2*N", "int32")]),
+        ("moe_compute_offsets", [T("N, 2", "int32")], {"num_experts": 8}, [T("9", "int32")]),
         ("cross_entropy", [LOGITS, IDS], {}, [T("", "fp32"), T("N", "fp32")]),
     ],
 )

@@ -911,6 +911,20 @@ def test_moe_permute(tokens, c, e, top_k):
     check_all((permuted, scatter_indices), (tt(x)[order // top_k], scatter))
 
 
+@covers("moe_compute_offsets")
+@pytest.mark.parametrize("tokens, c, e, top_k", PERMUTE_CASES)
+def test_moe_compute_offsets_count_each_experts_assignments_like_torch(tokens, c, e, top_k):
+    idx, _ = routing(94, tokens, e, top_k)
+    idx[0, 0] = e - 1  # the last expert has assignments in every case
+    counts = torch.bincount(tt(idx).reshape(-1).long(), minlength=e)
+    expected = torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)])
+    offsets = ref("moe_compute_offsets", idx, num_experts=e)
+    assert offsets.dtype == np.int32 and offsets.shape == (e + 1,)
+    np.testing.assert_array_equal(offsets, expected.numpy())
+    with pytest.raises(ValueError, match="outside"):
+        ref("moe_compute_offsets", idx, num_experts=e - 1)
+
+
 def torch_unpermute(expert_outputs, weights, scatter):
     n, top_k = weights.shape
     rows = expert_outputs[scatter].reshape(n, top_k, -1)
