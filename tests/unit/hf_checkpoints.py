@@ -18,6 +18,7 @@ ARCHITECTURES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "granite": ("GraniteConfig", "GraniteForCausalLM"),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
 }
 # Checkpoints of other families that fit the std Llama's tensor names and shapes, with what a
 # public config of the family sets (Granite-3's multipliers, Gemma-2's defaults): name -> (arch, config)
@@ -40,6 +41,7 @@ CASES = {
     "llama3-rope-scaling": ("llama", "llama.module", {"rope_parameters": {"rope_theta": 500000.0, **LLAMA3_SCALING}}),
     "qwen3-qk-norm": ("qwen3", "qwen.module", {"head_dim": 16}),
     "mistral-sliding-window": ("mistral", "mistral.module", {"sliding_window": 5}),
+    "mixtral-moe": ("mixtral", "mixtral.module", {"num_local_experts": 4, "num_experts_per_tok": 2}),
     "llama-yarn": ("llama", "llama.module", {"rope_parameters": {
         "rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}),
 }

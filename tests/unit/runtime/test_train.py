@@ -28,6 +28,7 @@ def shifted_labels(tokens: np.ndarray) -> np.ndarray:
     ("llama", "llama.module", 1, 20, {}),
     ("qwen3", "qwen.module", 2, 4, {}),
     ("llama", "llama.module", 2, 4, {"tie_word_embeddings": True}),  # one gradient from two uses
+    ("mixtral", "mixtral.module", 1, 4, {"num_local_experts": 4, "num_experts_per_tok": 2}),  # sparse experts
 ])
 def test_training_losses_equal_a_torch_adamw_loop(tmp_path, arch, module, accumulate, steps, config):
     path = make_checkpoint(tmp_path / "ckpt", arch, **config)

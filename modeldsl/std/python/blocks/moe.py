@@ -1,0 +1,32 @@
+"""The std mixture-of-experts block in the Python DSL (the twin of std/blocks/moe.module)."""
+
+from modeldsl.dsl import Param, Tensor, block, forward, graph
+from modeldsl.std.python.modules.attention import CausalSelfAttention
+from modeldsl.std.python.modules.moe import SparseMoE_MLP
+from modeldsl.std.python.modules.norm import RMSNorm
+
+
+@block
+class MoETransformerBlock:
+    """Pre-norm mixture-of-experts block (Mixtral): x + attn(norm(x)), then + moe(norm(.))."""
+
+    def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, head_dim: int, d_ff: int,
+                 num_experts: int = 8, top_k: int = 2, eps: float = 1e-6, sliding_window: int = 0):
+        pass
+
+    ln1 = Param(RMSNorm("d_model", "eps"))
+    attention = Param(CausalSelfAttention("d_model", "num_heads", "num_kv_heads", "head_dim", False, False,
+                                          "sliding_window", "eps"))
+    ln2 = Param(RMSNorm("d_model", "eps"))
+    mlp = Param(SparseMoE_MLP("d_model", "d_ff", "num_experts", "top_k"))
+
+    @forward
+    def forward(self, x: Tensor["B", "T", "d_model"], freqs: Tensor["T", "head_dim // 2", 2, "fp32"]
+                ) -> Tensor["B", "T", "d_model"]:
+        with graph() as g:
+            ln1_out = self.ln1(x)
+            attn_out = self.attention(ln1_out, freqs, hook="AfterAttnOutProjection")
+            residual_mid = g.add(x, attn_out)
+            ln2_out = self.ln2(residual_mid)
+            mlp_out = self.mlp(ln2_out, hook="AfterMLPDownProjection")
+            out = g.add(residual_mid, mlp_out)

@@ -1,0 +1,64 @@
+"""The std Mixtral (sparse mixture of experts) on tiny transformers checkpoints: gradients against
+PyTorch autograd, the checkpoint written back bitwise, and the registry serving MixtralForCausalLM.
+(Logits, greedy generation with the KV cache and the schedule executor run in test_model and
+test_sched_executor through hf_checkpoints.CASES; training steps in test_train.)"""
+
+import numpy as np
+import pytest
+
+import modeldsl
+from hf_checkpoints import cached_checkpoint, transformers_model
+from modeldsl.hf.safetensors_io import SafetensorsFile
+from modeldsl.resolve.imports import STD_ROOT
+from modeldsl.runtime.optim import AdamWConfig
+from modeldsl.runtime.train import Trainer
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+MIXTRAL = STD_ROOT / "models" / "mixtral.module"
+CONFIG = {"num_local_experts": 4, "num_experts_per_tok": 2}
+
+
+def test_every_gradient_matches_pytorch_autograd():
+    path = cached_checkpoint("mixtral", **CONFIG)
+    model = modeldsl.load(MIXTRAL, hf=path)
+    tokens = np.random.default_rng(0).integers(0, 64, (2, 9))
+    trainer = Trainer(model, AdamWConfig(lr=1e-3))
+    loss = trainer.accumulate(tokens[:, :-1], tokens[:, 1:])
+    grads = trainer.optimizer.grads
+    reference = transformers_model(path).train()
+    labels = torch.tensor(tokens[:, 1:])
+    logits = reference(torch.tensor(tokens[:, :-1])).logits
+    torch_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    torch_loss.backward()
+    assert loss == pytest.approx(torch_loss.item(), rel=1e-5)
+    named = dict(reference.named_parameters())
+    d_ff = reference.config.intermediate_size
+    for layer in range(reference.config.num_hidden_layers):
+        mlp = f"model.layers.{layer}.mlp"
+        gate_up = named[f"{mlp}.experts.gate_up_proj"].grad.numpy()
+        expected = {"router": named[f"{mlp}.gate.weight"].grad.numpy(), "experts_gate": gate_up[:, :d_ff],
+                    "experts_up": gate_up[:, d_ff:], "experts_down": named[f"{mlp}.experts.down_proj"].grad.numpy()}
+        for name, want in expected.items():
+            got = grads[f"blocks.mlp.{name}"][layer]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=name)
+    np.testing.assert_allclose(grads["embedding"], named["model.embed_tokens.weight"].grad.numpy(), rtol=1e-4,
+                               atol=1e-6)
+
+
+def test_the_checkpoint_is_written_back_bitwise(tmp_path):
+    path = cached_checkpoint("mixtral", **CONFIG)
+    modeldsl.load(MIXTRAL, hf=path).save_hf(tmp_path)
+    original, written = SafetensorsFile(path / "model.safetensors"), SafetensorsFile(tmp_path / "model.safetensors")
+    assert sorted(written.keys()) == sorted(original.keys())
+    assert any(".block_sparse_moe.experts.3.w2.weight" in k for k in written.keys())
+    for name in original.keys():
+        np.testing.assert_array_equal(written.array(name), original.array(name), err_msg=name)
+
+
+def test_the_registry_serves_mixtral_checkpoints():
+    path = cached_checkpoint("mixtral", **CONFIG)
+    model = modeldsl.load(hf=path)
+    assert model.model.sym_name.data == "Mixtral"
+    np.testing.assert_array_equal(model.forward([1, 2, 3]), modeldsl.load(MIXTRAL, hf=path).forward([1, 2, 3]))
