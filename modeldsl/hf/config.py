@@ -30,7 +30,8 @@ a compile-time expression of the parameters before it. An exported
 
 Configs written by transformers 5 keep ``rope_theta`` and the scaling under
 ``rope_parameters``; :func:`normalize` lifts them to the older top-level
-``rope_theta`` / ``rope_scaling`` so one mapping reads both. A config.json
+``rope_theta`` / ``rope_scaling`` so one mapping reads both, and gives the
+expert count under both of its names (``num_experts``, ``num_local_experts``). A config.json
 that is not valid JSON is a located E030 (file, line and column of the JSON
 error, with a caret), and so are integers past 4000 digits and nesting past
 200 levels (which Python's json cannot read); a config.json that is a folder,
@@ -178,6 +179,10 @@ def _json_error(source: Source, start: int, end: int, message: str) -> Diagnosti
                                        "replace config.json with the checkpoint's original one")])
 
 
+# transformers 5 writes Qwen3-MoE's expert count as num_local_experts (Mixtral's name), 4.x as num_experts
+EXPERT_COUNT_SPELLINGS = (("num_local_experts", "num_experts"), ("num_experts", "num_local_experts"))
+
+
 def normalize(config: dict[str, Any]) -> HFConfig:
     """``rope_parameters`` (transformers 5) lifted to the top-level ``rope_theta`` / ``rope_scaling``;
     a ``rope_parameters`` or ``rope_scaling`` that is not an object is E030 at the field."""
@@ -195,6 +200,9 @@ def normalize(config: dict[str, Any]) -> HFConfig:
             result.setdefault("rope_theta", rope["rope_theta"])
         if rope.get("rope_type", "default") != "default":
             result.setdefault("rope_scaling", rope)
+    for one, other in EXPERT_COUNT_SPELLINGS:
+        if one in result and other not in result:
+            result[other] = result[one]
     return result
 
 

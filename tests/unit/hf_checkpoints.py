@@ -19,6 +19,7 @@ ARCHITECTURES = {
     "granite": ("GraniteConfig", "GraniteForCausalLM"),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
 }
 # Checkpoints of other families that fit the std Llama's tensor names and shapes, with what a
 # public config of the family sets (Granite-3's multipliers, Gemma-2's defaults): name -> (arch, config)
@@ -42,6 +43,9 @@ CASES = {
     "qwen3-qk-norm": ("qwen3", "qwen.module", {"head_dim": 16}),
     "mistral-sliding-window": ("mistral", "mistral.module", {"sliding_window": 5}),
     "mixtral-moe": ("mixtral", "mixtral.module", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen3-moe": ("qwen3_moe", "qwen3_moe.module", {"num_experts": 4, "num_experts_per_tok": 2,
+                                                    "moe_intermediate_size": 24, "head_dim": 16,
+                                                    "norm_topk_prob": True}),
     "llama-yarn": ("llama", "llama.module", {"rope_parameters": {
         "rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}),
 }

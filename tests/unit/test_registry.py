@@ -24,7 +24,7 @@ SERVED = {
 
 
 def test_the_std_declarations_are_listed_by_kind():
-    assert registry.list_models() == ["Llama", "Mistral", "Mixtral", "Qwen3"]
+    assert registry.list_models() == ["Llama", "Mistral", "Mixtral", "Qwen3", "Qwen3Moe"]
     assert "DenseTransformerBlock" in registry.list_blocks()
     assert {"Linear", "RMSNorm", "SwiGLU_MLP", "CausalSelfAttention"} <= set(registry.list_modules())
     assert {"silu", "swiglu", "flash_attention", "rope"} <= set(registry.list_primitives())
@@ -33,11 +33,12 @@ def test_the_std_declarations_are_listed_by_kind():
     assert (llama.architectures, llama.model_types) == (("LlamaForCausalLM",), ("llama",))
     assert registry.get_any("RMSNorm") == registry.get_module("RMSNorm")
     assert registry.architectures() == {"LlamaForCausalLM": "Llama", "MistralForCausalLM": "Mistral",
-                                        "MixtralForCausalLM": "Mixtral", "Qwen3ForCausalLM": "Qwen3"}
+                                        "MixtralForCausalLM": "Mixtral", "Qwen3ForCausalLM": "Qwen3",
+                                        "Qwen3MoeForCausalLM": "Qwen3Moe"}
 
 
 def test_an_unknown_name_is_a_key_error_naming_the_known_ones():
-    with pytest.raises(KeyError, match="there are: Llama, Mistral, Mixtral, Qwen3"):
+    with pytest.raises(KeyError, match="there are: Llama, Mistral, Mixtral, Qwen3, Qwen3Moe"):
         registry.get_model("Gemma")
     with pytest.raises(KeyError):
         registry.get_any("NoSuchThing")
@@ -55,7 +56,7 @@ def test_a_checkpoint_is_served_by_its_architectures_else_by_its_model_type():
     assert diagnostic.code == "E036" and "x/config.json: no std model serves the checkpoint, which is " \
         "Qwen2ForCausalLM" in diagnostic.message
     assert "LlamaForCausalLM (Llama), MistralForCausalLM (Mistral), MixtralForCausalLM (Mixtral), " \
-        "Qwen3ForCausalLM (Qwen3)" in diagnostic.hint
+        "Qwen3ForCausalLM (Qwen3), Qwen3MoeForCausalLM (Qwen3Moe)" in diagnostic.hint
 
 
 @pytest.mark.parametrize("family", SERVED)

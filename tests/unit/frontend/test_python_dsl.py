@@ -23,7 +23,9 @@ from modeldsl.tools.opt import main as opt_main
 PYTHON = [e for kind in ("model", "block", "module") for e in registry.entries(kind) if e.frontend == "python"]
 CHECKPOINTS = {"Llama": ("llama", {}), "Qwen3": ("qwen3", {"head_dim": 16}),
                "Mistral": ("mistral", {"sliding_window": 5}),
-               "Mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2})}
+               "Mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+               "Qwen3Moe": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+                                          "head_dim": 16})}
 HEADER = "from modeldsl.dsl import Param, Tensor, backward, forward, graph, module, save\n\n\n"
 
 

@@ -29,6 +29,8 @@ def shifted_labels(tokens: np.ndarray) -> np.ndarray:
     ("qwen3", "qwen.module", 2, 4, {}),
     ("llama", "llama.module", 2, 4, {"tie_word_embeddings": True}),  # one gradient from two uses
     ("mixtral", "mixtral.module", 1, 4, {"num_local_experts": 4, "num_experts_per_tok": 2}),  # sparse experts
+    ("qwen3_moe", "qwen3_moe.module", 1, 3, {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+                                             "head_dim": 16, "norm_topk_prob": True}),
 ])
 def test_training_losses_equal_a_torch_adamw_loop(tmp_path, arch, module, accumulate, steps, config):
     path = make_checkpoint(tmp_path / "ckpt", arch, **config)

@@ -8,17 +8,18 @@ from modeldsl.std.python.modules.norm import RMSNorm
 
 @block
 class MoETransformerBlock:
-    """Pre-norm mixture-of-experts block (Mixtral): x + attn(norm(x)), then + moe(norm(.))."""
+    """Pre-norm mixture-of-experts block (Mixtral, Qwen3-MoE): x + attn(norm(x)), then + moe(norm(.))."""
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, head_dim: int, d_ff: int,
-                 num_experts: int = 8, top_k: int = 2, eps: float = 1e-6, sliding_window: int = 0):
+                 num_experts: int = 8, top_k: int = 2, eps: float = 1e-6, sliding_window: int = 0,
+                 normalize: bool = True, use_qkv_bias: bool = False, use_qk_norm: bool = False):
         pass
 
     ln1 = Param(RMSNorm("d_model", "eps"))
-    attention = Param(CausalSelfAttention("d_model", "num_heads", "num_kv_heads", "head_dim", False, False,
-                                          "sliding_window", "eps"))
+    attention = Param(CausalSelfAttention("d_model", "num_heads", "num_kv_heads", "head_dim", "use_qkv_bias",
+                                          "use_qk_norm", "sliding_window", "eps"))
     ln2 = Param(RMSNorm("d_model", "eps"))
-    mlp = Param(SparseMoE_MLP("d_model", "d_ff", "num_experts", "top_k"))
+    mlp = Param(SparseMoE_MLP("d_model", "d_ff", "num_experts", "top_k", "normalize"))
 
     @forward
     def forward(self, x: Tensor["B", "T", "d_model"], freqs: Tensor["T", "head_dim // 2", 2, "fp32"]

@@ -27,7 +27,7 @@ from modeldsl.std.python.modules.norm import RMSNorm
         "sliding_window": field("sliding_window", null=0),
     },
     require={"hidden_act": "silu"},
-    ignore=["router_aux_loss_coef", "output_router_logits", "router_jitter_noise"],
+    ignore=["router_aux_loss_coef", "output_router_logits", "router_jitter_noise", "num_experts"],
 )
 @hf_mapping({
     "embedding": "model.embed_tokens.weight",
