@@ -541,7 +541,12 @@ class ScheduleBuilder:
         if op_attr(op, "accumulate", False) or op_attr(op, "beta", 0.0) != 0.0:
             return False
         mode = op_attr(op, "transpose", "NN")
-        a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
+        if _transposes_rows_per_batch(op, mode):
+            return False  # op(A) transposes each matrix of A's batch: no GEMM over its rows
+        if _keeps_leading_dims(op):  # A's rows as they are: a transpose of its last dims cannot fold
+            a, transa = self.buffer(op.operands[0]), False
+        else:
+            a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
         b, transb = self.gemm_operand(op.operands[1], mode[1] == "T")
         split = _only_user_splits_last_dim(op.results[0]) if self.split_projections else None
         if split is not None and split is op.next_op and transb and not transa and len(self.shape(b)) == 2:
@@ -573,7 +578,12 @@ class ScheduleBuilder:
         if op_attr(op, "accumulate", False):
             return False
         mode = op_attr(op, "transpose", "NN")
-        a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
+        if _transposes_rows_per_batch(op, mode):
+            return False  # op(A) transposes each matrix of A's batch: no GEMM over its rows
+        if _keeps_leading_dims(op):  # A's rows as they are: a transpose of its last dims cannot fold
+            a, transa = self.buffer(op.operands[0]), False
+        else:
+            a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
         b, transb = self.gemm_operand(op.operands[1], mode[1] == "T")
         if self.shape(a)[:-2] != self.shape(b)[:-2]:
             return False
@@ -777,6 +787,16 @@ def _is_outermost(concat: Operation) -> bool:
 def _is_output(buf: SSAValue, index: int) -> bool:
     attr = buf.owner.attributes.get("output") if isinstance(buf.owner, BufferOp) else None
     return isinstance(attr, IntegerAttr) and attr.value.data == index
+
+
+def _keeps_leading_dims(op: Operation) -> bool:
+    """A matmul whose A and C have leading dims (``x @ op(W)`` over every row of x), not a weight
+    gradient that contracts them (``dY^T X`` into a matrix)."""
+    return len(op.operands[0].type.shape) > 2 and len(op.results[0].type.shape) > 2
+
+
+def _transposes_rows_per_batch(op: Operation, mode: str) -> bool:
+    return mode[0] == "T" and _keeps_leading_dims(op)
 
 
 def _swaps_last_two(op: Operation) -> bool:

@@ -20,6 +20,7 @@ ARCHITECTURES = {
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "mamba": ("MambaConfig", "MambaForCausalLM"),
 }
 # Checkpoints of other families that fit the std Llama's tensor names and shapes, with what a
 # public config of the family sets (Granite-3's multipliers, Gemma-2's defaults): name -> (arch, config)
@@ -46,6 +47,7 @@ CASES = {
     "qwen3-moe": ("qwen3_moe", "qwen3_moe.module", {"num_experts": 4, "num_experts_per_tok": 2,
                                                     "moe_intermediate_size": 24, "head_dim": 16,
                                                     "norm_topk_prob": True}),
+    "mamba-ssm": ("mamba", "mamba.module", {"state_size": 4, "expand": 2, "conv_kernel": 4, "time_step_rank": 2}),
     "llama-yarn": ("llama", "llama.module", {"rope_parameters": {
         "rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}),
 }

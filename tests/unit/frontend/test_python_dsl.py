@@ -25,7 +25,8 @@ CHECKPOINTS = {"Llama": ("llama", {}), "Qwen3": ("qwen3", {"head_dim": 16}),
                "Mistral": ("mistral", {"sliding_window": 5}),
                "Mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
                "Qwen3Moe": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
-                                          "head_dim": 16})}
+                                          "head_dim": 16}),
+               "Mamba": ("mamba", {"state_size": 4, "expand": 2, "conv_kernel": 4, "time_step_rank": 2})}
 HEADER = "from modeldsl.dsl import Param, Tensor, backward, forward, graph, module, save\n\n\n"
 
 

@@ -31,6 +31,7 @@ def shifted_labels(tokens: np.ndarray) -> np.ndarray:
     ("mixtral", "mixtral.module", 1, 4, {"num_local_experts": 4, "num_experts_per_tok": 2}),  # sparse experts
     ("qwen3_moe", "qwen3_moe.module", 1, 3, {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                                              "head_dim": 16, "norm_topk_prob": True}),
+    ("mamba", "mamba.module", 1, 3, {"state_size": 4, "expand": 2, "conv_kernel": 4, "time_step_rank": 2}),
 ])
 def test_training_losses_equal_a_torch_adamw_loop(tmp_path, arch, module, accumulate, steps, config):
     path = make_checkpoint(tmp_path / "ckpt", arch, **config)

@@ -1,0 +1,61 @@
+"""The std Mamba (selective state space model) on a tiny transformers checkpoint: every gradient against
+PyTorch autograd, the checkpoint written back bitwise, and the registry serving MambaForCausalLM.
+(Logits, generation and the schedule executor run in test_model and test_sched_executor through
+hf_checkpoints.CASES; training steps in test_train.)"""
+
+import numpy as np
+import pytest
+
+import modeldsl
+from hf_checkpoints import cached_checkpoint, transformers_model
+from modeldsl.hf.safetensors_io import SafetensorsFile
+from modeldsl.resolve.imports import STD_ROOT
+from modeldsl.runtime.optim import AdamWConfig
+from modeldsl.runtime.train import Trainer
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+MAMBA = STD_ROOT / "models" / "mamba.module"
+CONFIG = {"state_size": 4, "expand": 2, "conv_kernel": 4, "time_step_rank": 2}
+# our parameter (of blocks[layer]) -> the transformers parameter of layer {layer}
+MIXER = {"norm.weight": "norm.weight", "in_proj": "mixer.in_proj.weight", "conv_weight": "mixer.conv1d.weight",
+         "conv_bias": "mixer.conv1d.bias", "x_proj": "mixer.x_proj.weight", "dt_proj": "mixer.dt_proj.weight",
+         "dt_bias": "mixer.dt_proj.bias", "A_log": "mixer.A_log", "D": "mixer.D", "out_proj": "mixer.out_proj.weight"}
+
+
+def test_every_gradient_matches_pytorch_autograd():
+    path = cached_checkpoint("mamba", **CONFIG)
+    model = modeldsl.load(MAMBA, hf=path)
+    tokens = np.random.default_rng(0).integers(0, 64, (2, 9))
+    trainer = Trainer(model, AdamWConfig(lr=1e-3))
+    loss = trainer.accumulate(tokens[:, :-1], tokens[:, 1:])
+    grads = trainer.optimizer.grads
+    reference = transformers_model(path).train()
+    logits = reference(torch.tensor(tokens[:, :-1])).logits
+    torch_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                   torch.tensor(tokens[:, 1:]).reshape(-1))
+    torch_loss.backward()
+    assert loss == pytest.approx(torch_loss.item(), rel=1e-5)
+    named = dict(reference.named_parameters())
+    for layer in range(reference.config.num_hidden_layers):
+        for ours, theirs in MIXER.items():
+            want = named[f"backbone.layers.{layer}.{theirs}"].grad.numpy()
+            np.testing.assert_allclose(grads[f"blocks.{ours}"][layer], want, rtol=1e-4,
+                                       atol=1e-4 * np.abs(want).max(), err_msg=f"{layer} {ours}")
+    for ours, theirs in (("embedding", "backbone.embeddings.weight"), ("final_norm.weight", "backbone.norm_f.weight")):
+        want = named[theirs].grad.numpy()
+        np.testing.assert_allclose(grads[ours], want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=ours)
+
+
+def test_the_checkpoint_is_written_back_bitwise_and_the_registry_serves_it(tmp_path):
+    path = cached_checkpoint("mamba", **CONFIG)
+    model = modeldsl.load(MAMBA, hf=path)
+    model.save_hf(tmp_path)
+    original, written = SafetensorsFile(path / "model.safetensors"), SafetensorsFile(tmp_path / "model.safetensors")
+    assert sorted(written.keys()) == sorted(original.keys())
+    for name in original.keys():
+        np.testing.assert_array_equal(written.array(name), original.array(name), err_msg=name)
+    served = modeldsl.load(hf=path)
+    assert served.model.sym_name.data == "Mamba"
+    np.testing.assert_array_equal(served.forward([1, 2, 3]), model.forward([1, 2, 3]))
