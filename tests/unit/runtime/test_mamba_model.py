@@ -59,3 +59,13 @@ def test_the_checkpoint_is_written_back_bitwise_and_the_registry_serves_it(tmp_p
     served = modeldsl.load(hf=path)
     assert served.model.sym_name.data == "Mamba"
     np.testing.assert_array_equal(served.forward([1, 2, 3]), model.forward([1, 2, 3]))
+
+
+def test_decoding_recomputes_the_prefix_so_each_step_equals_a_full_forward():
+    """The KV cache holds no recurrent state: a Mamba decode step runs the whole prefix again."""
+    model = modeldsl.load(MAMBA, hf=cached_checkpoint("mamba", **CONFIG))
+    tokens = [3, 17, 42, 5, 9, 33, 2, 61]
+    assert model.recurrent
+    step = model.decoder(10, True, "schedule")
+    step(tokens, 0)
+    np.testing.assert_array_equal(step(tokens + [7], 8), model.forward(tokens + [7])[-1])
