@@ -305,3 +305,18 @@ def test_sizes_that_make_a_parameter_empty_are_e029(capsys):
     code, out, err = run(capsys, str(STD_ROOT / "models" / "llama.module"), "--verify-backward",
                          "--verify-shapes", "B=1,T=2,d_model=8,n_layers=1")
     assert code == 1 and "error[E029]" in err and "qkv_weight" in err and "internal error" not in err
+
+
+@pytest.mark.parametrize("file, top, shapes, tensors", [
+    ("modules/moe.module", "SparseMoE_MLP", "d_model=4,d_ff=3,num_experts=3,top_k=2",
+     {"router", "experts_gate", "experts_up", "experts_down", "input in"}),
+    ("blocks/mamba.module", "MambaBlock", "d_model=4,d_inner=6,d_state=3,dt_rank=2",
+     {"norm.weight", "in_proj", "conv_weight", "conv_bias", "x_proj", "dt_proj", "dt_bias", "A_log", "D", "out_proj",
+      "input in"}),
+])
+def test_the_std_moe_and_mamba_blocks_pass(capsys, file, top, shapes, tensors):
+    """Their derived gradients (router, permutation, grouped GEMMs; causal conv, selective scan)."""
+    code, out, err = run(capsys, str(STD_ROOT / file), "--top", top, "--verify-backward", "--verify-shapes", shapes)
+    assert code == 0, err
+    rows = table(out)
+    assert set(rows) == tensors and max(rows.values()) < 1e-6, out
