@@ -541,9 +541,7 @@ class ScheduleBuilder:
         if op_attr(op, "accumulate", False) or op_attr(op, "beta", 0.0) != 0.0:
             return False
         mode = op_attr(op, "transpose", "NN")
-        if _transposes_rows_per_batch(op, mode):
-            return False  # op(A) transposes each matrix of A's batch: no GEMM over its rows
-        if _keeps_leading_dims(op):  # A's rows as they are: a transpose of its last dims cannot fold
+        if mode[0] == "N" and _keeps_leading_dims(op):  # x @ op(W) over x's rows: x's transpose cannot fold
             a, transa = self.buffer(op.operands[0]), False
         else:
             a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
@@ -578,9 +576,7 @@ class ScheduleBuilder:
         if op_attr(op, "accumulate", False):
             return False
         mode = op_attr(op, "transpose", "NN")
-        if _transposes_rows_per_batch(op, mode):
-            return False  # op(A) transposes each matrix of A's batch: no GEMM over its rows
-        if _keeps_leading_dims(op):  # A's rows as they are: a transpose of its last dims cannot fold
+        if mode[0] == "N" and _keeps_leading_dims(op):  # x @ op(W) over x's rows: x's transpose cannot fold
             a, transa = self.buffer(op.operands[0]), False
         else:
             a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
@@ -793,10 +789,6 @@ def _keeps_leading_dims(op: Operation) -> bool:
     """A matmul whose A and C have leading dims (``x @ op(W)`` over every row of x), not a weight
     gradient that contracts them (``dY^T X`` into a matrix)."""
     return len(op.operands[0].type.shape) > 2 and len(op.results[0].type.shape) > 2
-
-
-def _transposes_rows_per_batch(op: Operation, mode: str) -> bool:
-    return mode[0] == "T" and _keeps_leading_dims(op)
 
 
 def _swaps_last_two(op: Operation) -> bool:

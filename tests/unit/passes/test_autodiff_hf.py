@@ -32,7 +32,12 @@ TOLERANCE = 1e-4
 B, T = 2, 12  # T above the Mistral case's window (5)
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
+# transformers keeps MoE experts as fused gate_up_proj / down_proj parameters, not the checkpoint's per-expert
+# tensors the export path names: test_moe_models compares those gradients
+DENSE_OR_SSM = sorted(name for name in CASES if "moe" not in name)
+
+
+@pytest.fixture(scope="module", params=DENSE_OR_SSM)
 def case(request, tmp_path_factory):
     arch, module, config = CASES[request.param]
     path = make_checkpoint(tmp_path_factory.mktemp(request.param), arch, **config)
@@ -48,7 +53,7 @@ def derived_gradients(module: str, path, tokens: np.ndarray, d_logits: np.ndarra
     (stack,) = [op for op in grad_func.body.block.ops if isinstance(op, StackOp) and op.reverse is not None]
     block_backward = model.model.lookup(stack.body.root_reference.data)
     backward_calls = [op.callee.root_reference.data for op in block_backward.walk() if isinstance(op, CallOp)]
-    assert backward_calls == ["blocks_mlp_backward"]
+    assert backward_calls == (["blocks_mlp_backward"] if "blocks.mlp.up_weight" in model.weights else [])
     assert stack.count.data.evaluate({}) == model.config("n_layers")
     executor = GraphExecutor(model.model, model.weights, np.float32)
     results = executor.run(grad_func.sym_name.data, *model.inputs(tokens, 0), d_logits)
