@@ -61,6 +61,16 @@ SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "tiny": ("LlamaConfig", "llama.module", dict(
         vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=128)),
+    # sparse experts and a state space model, for bench_cpu's side-by-side training rows
+    "mixtral-tiny": ("MixtralConfig", "mixtral.module", dict(
+        vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=512)),
+    "qwen3moe-tiny": ("Qwen3MoeConfig", "qwen3_moe.module", dict(
+        vocab_size=4096, hidden_size=128, moe_intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, num_experts=4, num_experts_per_tok=2, max_position_embeddings=512)),
+    "mamba-tiny": ("MambaConfig", "mamba.module", dict(
+        vocab_size=4096, hidden_size=128, num_hidden_layers=2, state_size=16, expand=2, conv_kernel=4,
+        time_step_rank=8)),
 }
 RUNNERS = ("modeldsl", "eager", "compile")
 GiB = float(1 << 30)

@@ -20,7 +20,9 @@ in its environment, ``torch.set_num_threads`` in PyTorch's), all in fp32:
 
 The models of ``--shapes`` get random weights (seed 0) saved as a HuggingFace checkpoint in a
 temporary folder, so both sides load the very same weights through their loaders (modeldsl:
-``modeldsl.load`` of ``modeldsl/std/models/llama.module`` with ``hf=``). Every measurement is a
+``modeldsl.load(hf=...)``, the std model the registry serves for the checkpoint's architecture:
+Llama for the Llama shapes, Mixtral, Qwen3-MoE or Mamba for ``mixtral-tiny``, ``qwen3moe-tiny``,
+``mamba-tiny``). Every measurement is a
 fresh process (``python -m modeldsl.tools.bench_cpu --child SPEC``) that reports its own peak
 RSS (``VmHWM``: the imports included, worker processes not; inductor compiles in-process
 here). The processes alternate between runners (modeldsl, eager, compile, modeldsl, ...) for
@@ -47,11 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.tools.bench import SHAPES, Settings, batches, timed, torch_training_step
 from modeldsl.tools.bench_deps import reporting_diagnostics, require_packages
 
-LLAMA = STD_ROOT / "models" / "llama.module"
 BUNDLED_CHECKPOINT = Path(__file__).resolve().parents[1] / "examples" / "tiny_llama"  # in a source checkout
 LOAD_SHAPES: dict[str, dict[str, Any]] = {
     "tinyllama-1.1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
@@ -119,7 +119,7 @@ def modeldsl_train_step(spec: dict[str, Any], settings: Settings):
     from modeldsl.runtime.optim import AdamWConfig
     from modeldsl.runtime.train import Trainer
 
-    model = modeldsl.load(LLAMA, hf=spec["hf"])
+    model = modeldsl.load(hf=spec["hf"])
     trainer = Trainer(model, AdamWConfig(lr=settings.lr, weight_decay=0.01, clip_norm=1.0), dtype="fp32")
     return (lambda tokens: trainer.train_step([(tokens[:, :-1], tokens[:, 1:])])), model.config("vocab_size")
 
@@ -159,7 +159,7 @@ def child_prefill(spec: dict[str, Any]) -> dict[str, Any]:
 def modeldsl_logits(directory: str):
     import modeldsl
 
-    model = modeldsl.load(LLAMA, hf=directory)
+    model = modeldsl.load(hf=directory)
     return lambda ids: model.forward(ids[None, :])
 
 
@@ -196,7 +196,7 @@ def modeldsl_decode(directory: str, ids: np.ndarray, new: int) -> float:
     """Seconds of the ``new - 1`` one-token steps after the prefill (greedy, KV cache)."""
     import modeldsl
 
-    model = loaded_once(directory, lambda d: modeldsl.load(LLAMA, hf=d))
+    model = loaded_once(directory, lambda d: modeldsl.load(hf=d))
     timings: dict[str, float] = {}
     model.generate(ids.tolist(), new, timings=timings)
     return timings["decode"]
@@ -210,9 +210,13 @@ def torch_decode(directory: str, ids: np.ndarray, new: int) -> float:
     with torch.no_grad():
         out = model(torch.as_tensor(ids)[None, :], use_cache=True)
         start = time.perf_counter()
-        for _ in range(new - 1):
+        for step in range(new - 1):
             token = out.logits[:, -1:].argmax(-1)
-            out = model(token, past_key_values=out.past_key_values, use_cache=True)
+            if getattr(out, "cache_params", None) is not None:  # Mamba: the recurrent state, at its position
+                out = model(token, cache_params=out.cache_params, use_cache=True,
+                            cache_position=torch.tensor([ids.size + step]))
+            else:
+                out = model(token, past_key_values=out.past_key_values, use_cache=True)
         return time.perf_counter() - start
 
 
@@ -223,7 +227,7 @@ def child_load(spec: dict[str, Any]) -> dict[str, Any]:
         import modeldsl
 
         start = time.perf_counter()
-        model = modeldsl.load(LLAMA, hf=spec["hf"])
+        model = modeldsl.load(hf=spec["hf"])
         model.forward(ids)
         seconds = time.perf_counter() - start
         return {"value": seconds, "weight_bytes": sum(w.size for w in model.weights.values()) * 4}
@@ -257,8 +261,9 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     return {"note": f"failed: {last[:200]}"}
 
 
-def save_random_checkpoint(config: dict[str, Any], directory: Path) -> Path:
-    """A Llama of ``config`` with random weights (seed 0), fp32, saved once in ``directory``."""
+def save_random_checkpoint(config: dict[str, Any], directory: Path, config_class: str = "LlamaConfig") -> Path:
+    """A model of ``config`` (transformers' ``config_class``) with random weights (seed 0), fp32, saved once
+    in ``directory``."""
     if (directory / "config.json").exists():
         return directory
     import torch
@@ -266,7 +271,8 @@ def save_random_checkpoint(config: dict[str, Any], directory: Path) -> Path:
 
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**config), dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**config),
+                                                          dtype=torch.float32)
     partial = directory.with_name(directory.name + ".partial")
     model.save_pretrained(partial)
     partial.rename(directory)
@@ -400,8 +406,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m modeldsl.tools.bench_cpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2, help="threads of every runner (BLAS, OpenMP, torch, modeldsl)")
     p.add_argument("--repeats", type=int, default=2, help="rounds of alternating runner processes; the best counts")
-    p.add_argument("--shapes", default="small", help=f"comma-separated Llama shapes of bench.py: "
-                   f"{', '.join(n for n, s in SHAPES.items() if s[0] == 'LlamaConfig')}")
+    p.add_argument("--shapes", default="small", help=f"comma-separated shapes of bench.py: {', '.join(SHAPES)}")
     p.add_argument("--checkpoint", default=str(BUNDLED_CHECKPOINT),
                    help="a HuggingFace Llama checkpoint also trained on ('none': only --shapes)")
     p.add_argument("--runners", default=",".join(RUNNERS), help=f"comma-separated: {', '.join(RUNNERS)}; eager "
@@ -425,8 +430,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    llamas = [n for n, s in SHAPES.items() if s[0] == "LlamaConfig"]
-    for name, values, known in (("--shapes", args.shapes, llamas), ("--runners", args.runners, RUNNERS)):
+    for name, values, known in (("--shapes", args.shapes, list(SHAPES)), ("--runners", args.runners, RUNNERS)):
         unknown = [v for v in values.split(",") if v not in known]
         if unknown:
             p.error(f"{name}: unknown {', '.join(unknown)} (choose from {', '.join(known)})")
@@ -464,7 +468,8 @@ def run(argv: list[str] | None) -> int:
           f"{load_average()}", flush=True)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="mdsl-bench-cpu-") as temp:
-        checkpoints = {s: save_random_checkpoint(SHAPES[s][2], Path(temp) / s) for s in args.shapes.split(",")}
+        checkpoints = {s: save_random_checkpoint(SHAPES[s][2], Path(temp) / s, SHAPES[s][0])
+                       for s in args.shapes.split(",")}
         if args.checkpoint != "none":
             checkpoints[Path(args.checkpoint).name] = Path(args.checkpoint).resolve()
         for job in jobs(args, checkpoints):

@@ -73,7 +73,7 @@ def test_without_torch_it_is_e029_naming_the_install(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--shapes", "qwen3-0.6b"], "--shapes: unknown qwen3-0.6b"),
+    (["--shapes", "gpt-5"], "--shapes: unknown gpt-5"),
     (["--runners", "jax"], "--runners: unknown jax"),
     (["--threads", "0"], "--threads must be at least 1"),
     (["--prefill", "64,x"], "--prefill: '64,x' is not comma-separated whole numbers"),
