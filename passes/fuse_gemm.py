@@ -16,7 +16,6 @@ such transposes too, but only this makes the flag visible in ``mdsl.graph``.)
 from __future__ import annotations
 
 from xdsl.dialects.builtin import FloatAttr, StringAttr, f64
-from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter, op_type_rewrite_pattern
 from xdsl.utils.exceptions import VerifyException
 
@@ -84,13 +83,6 @@ def swaps_last_two(op) -> bool:
     return dims == {rank - 2, rank - 1}
 
 
-def per_batch_transpose(op: Operation, operand: SSAValue) -> bool:
-    """``matmul(transpose(a), W)`` with a batch of matrices in ``a`` and in the result: the flag would
-    transpose each matrix of the batch, which no GEMM over a's rows does (a weight gradient, whose
-    result is one matrix, contracts the batch instead)."""
-    return op.name == "mdsl.graph.matmul" and len(operand.type.shape) > 2 and len(op.results[0].type.shape) > 2
-
-
 def flipped(mode: str, index: int) -> str:
     letters = list(mode)
     letters[index] = "N" if letters[index] == "T" else "T"
@@ -112,8 +104,6 @@ class TransposeIntoFlags(FusionPattern):
         for index, operand in enumerate(op.operands):
             transpose = operand.owner
             if not swaps_last_two(transpose) or only_use(operand) is not op or not self.may_fuse(transpose, op):
-                continue
-            if index == 0 and per_batch_transpose(op, operand):
                 continue
             mode = op_attr(op, "transpose", "NN")
             candidate = op.clone()

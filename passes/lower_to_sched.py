@@ -541,7 +541,7 @@ class ScheduleBuilder:
         if op_attr(op, "accumulate", False) or op_attr(op, "beta", 0.0) != 0.0:
             return False
         mode = op_attr(op, "transpose", "NN")
-        if mode[0] == "N" and _keeps_leading_dims(op):  # x @ op(W) over x's rows: x's transpose cannot fold
+        if _keeps_leading_dims(op):  # x @ op(W) over x's rows: x's transpose cannot fold into the flag
             a, transa = self.buffer(op.operands[0]), False
         else:
             a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
@@ -576,10 +576,7 @@ class ScheduleBuilder:
         if op_attr(op, "accumulate", False):
             return False
         mode = op_attr(op, "transpose", "NN")
-        if mode[0] == "N" and _keeps_leading_dims(op):  # x @ op(W) over x's rows: x's transpose cannot fold
-            a, transa = self.buffer(op.operands[0]), False
-        else:
-            a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
+        a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
         b, transb = self.gemm_operand(op.operands[1], mode[1] == "T")
         if self.shape(a)[:-2] != self.shape(b)[:-2]:
             return False
