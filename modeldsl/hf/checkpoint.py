@@ -248,15 +248,11 @@ def direct_pieces(model: ModelOp, directory: str | Path, dtype: np.dtype,
             if not all(n in checkpoint for n in names):
                 break
             target = out if layer is None else out[layer]
-            parts = [checkpoint.where[n].array(n) for n in names]
-            if not _rows_in_order(rule, parts, target, config):
+            if not _rows_in_order(rule, [checkpoint.where[n].array(n) for n in names], target, config):
                 continue
-            address = target.ctypes.data
-            for name, part in zip(names, parts):
-                source = checkpoint.where[name]
-                if part.dtype == dtype:
-                    yield source.data_start + source.entries[name][2], address, part.nbytes
-                address += part.nbytes
+            for source, name, rows in _row_slices(names, checkpoint, target):
+                if source.dtype(name) == dtype:
+                    yield source.data_start + source.entries[name][2], rows.ctypes.data, rows.nbytes
 
 
 def ignored_tensors(model: ModelOp) -> list[str]:
@@ -357,18 +353,25 @@ def _read_rows(rule: Rule, names: list[str], checkpoint: Checkpoint, out: np.nda
                warn: Callable[[CheckpointError], None] | None, mapper: Mapper | None) -> None:
     """Read each tensor from its file into its rows of ``out`` (W011 for NaN or Inf values,
     counted on the file's values as they are read)."""
-    row = 0
-    for name in names:
-        source = checkpoint.where[name]
-        rows = source.shape(name)[0] if out.ndim else 1
-        seen = source.read_into(name, out[row:row + rows] if out.ndim else out, _chunk_non_finite,
-                                threads=usable_cores(), mapper=mapper)
-        row += rows
+    for source, name, rows in _row_slices(names, checkpoint, out):
+        seen = source.read_into(name, rows, _chunk_non_finite, threads=usable_cores(), mapper=mapper)
         problem = _non_finite_text(sum(s[0] for s in seen), sum(s[1] for s in seen))
         if problem:
             _warn(warn, CheckpointError("W011", f"checkpoint tensor '{name}' holds {problem} (hf_mapping: "
                                         f"{rule.written})", "the logits will be NaN or infinite; the checkpoint is "
                                         "corrupt or was saved after a diverged training step", tensor=name))
+
+
+def _row_slices(names: list[str], checkpoint: Checkpoint,
+                out: np.ndarray) -> Iterator[tuple[SafetensorsFile, str, np.ndarray]]:
+    """Each tensor's file, name and its rows of ``out`` (the tensors one after another along dim 0;
+    a scalar ``out`` is the one tensor's)."""
+    row = 0
+    for name in names:
+        source = checkpoint.where[name]
+        rows = source.shape(name)[0] if out.ndim else 1
+        yield source, name, out[row:row + rows] if out.ndim else out
+        row += rows
 
 
 def non_finite(x: np.ndarray, chunk: int = 1 << 20) -> str:
