@@ -88,3 +88,27 @@ def transformers_model(path: Path):
     import transformers
 
     return transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+def trainer_and_autograd_gradients(module_file: Path, path: Path, seed: int = 0):
+    """The gradients of one next-token cross-entropy micro-batch ([2, 8] tokens) of the DSL model
+    (its trainer's grads arena, by parameter) and of the transformers model (its parameters by
+    name, each with ``.grad``), after checking the two losses agree within 1e-5."""
+    import numpy as np
+    import pytest
+    import torch
+
+    import modeldsl
+    from modeldsl.runtime.optim import AdamWConfig
+    from modeldsl.runtime.train import Trainer
+
+    tokens = np.random.default_rng(seed).integers(0, 64, (2, 9))
+    trainer = Trainer(modeldsl.load(module_file, hf=path), AdamWConfig(lr=1e-3))
+    loss = trainer.accumulate(tokens[:, :-1], tokens[:, 1:])
+    reference = transformers_model(path).train()
+    logits = reference(torch.tensor(tokens[:, :-1])).logits
+    torch_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                   torch.tensor(tokens[:, 1:]).reshape(-1))
+    torch_loss.backward()
+    assert loss == pytest.approx(torch_loss.item(), rel=1e-5)
+    return trainer.optimizer.grads, dict(reference.named_parameters())

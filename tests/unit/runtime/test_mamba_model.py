@@ -7,11 +7,9 @@ import numpy as np
 import pytest
 
 import modeldsl
-from hf_checkpoints import cached_checkpoint, transformers_model
+from hf_checkpoints import cached_checkpoint, trainer_and_autograd_gradients
 from modeldsl.hf.safetensors_io import SafetensorsFile
 from modeldsl.resolve.imports import STD_ROOT
-from modeldsl.runtime.optim import AdamWConfig
-from modeldsl.runtime.train import Trainer
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -25,20 +23,8 @@ MIXER = {"norm.weight": "norm.weight", "in_proj": "mixer.in_proj.weight", "conv_
 
 
 def test_every_gradient_matches_pytorch_autograd():
-    path = cached_checkpoint("mamba", **CONFIG)
-    model = modeldsl.load(MAMBA, hf=path)
-    tokens = np.random.default_rng(0).integers(0, 64, (2, 9))
-    trainer = Trainer(model, AdamWConfig(lr=1e-3))
-    loss = trainer.accumulate(tokens[:, :-1], tokens[:, 1:])
-    grads = trainer.optimizer.grads
-    reference = transformers_model(path).train()
-    logits = reference(torch.tensor(tokens[:, :-1])).logits
-    torch_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                   torch.tensor(tokens[:, 1:]).reshape(-1))
-    torch_loss.backward()
-    assert loss == pytest.approx(torch_loss.item(), rel=1e-5)
-    named = dict(reference.named_parameters())
-    for layer in range(reference.config.num_hidden_layers):
+    grads, named = trainer_and_autograd_gradients(MAMBA, cached_checkpoint("mamba", **CONFIG))
+    for layer in range(grads["blocks.in_proj"].shape[0]):
         for ours, theirs in MIXER.items():
             want = named[f"backbone.layers.{layer}.{theirs}"].grad.numpy()
             np.testing.assert_allclose(grads[f"blocks.{ours}"][layer], want, rtol=1e-4,
