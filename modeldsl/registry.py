@@ -26,6 +26,7 @@ from modeldsl.diagnostics import Diagnostic, DiagnosticError, Span
 from modeldsl.frontend.text import ast
 from modeldsl.frontend.python import parse_python_file
 from modeldsl.frontend.text.parser import parse_file
+from modeldsl.hf.compat import plain_model_type
 from modeldsl.resolve.imports import STD_ROOT
 
 FOLDERS = {"model": "models", "block": "blocks", "module": "modules", "primitive": "primitives"}
@@ -50,7 +51,8 @@ class Entry:
         sides name classes) or of this ``model_type``."""
         if architectures and self.architectures:
             return bool(set(architectures) & set(self.architectures))
-        return model_type is not None and _plain(model_type) in {_plain(t) for t in self.model_types}
+        served = {plain_model_type(t) for t in self.model_types}
+        return model_type is not None and plain_model_type(model_type) in served
 
 
 @cache
@@ -80,10 +82,6 @@ def _strings(node: Any) -> list[str]:
     if isinstance(node, ast.ListExpr):
         return [item.value for item in node.items if isinstance(item, ast.Str)]
     return []
-
-
-def _plain(model_type: str) -> str:
-    return model_type.replace("_", "").lower()
 
 
 def entries(kind: str) -> list[Entry]:

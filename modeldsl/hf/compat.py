@@ -200,6 +200,11 @@ def declared_types(declared: dict[str, Any]) -> tuple[list[str], list[str]]:
     return _names(declared.get("architecture")), types
 
 
+def plain_model_type(model_type: str) -> str:
+    """A model type without its underscores: ``qwen3_moe`` is ``Qwen3MoeConfig``'s ``qwen3moe``."""
+    return model_type.replace("_", "")
+
+
 def malformed_identity(hf: Any) -> list[Diagnostic]:
     """E030 for an ``architectures`` that is not a list of strings or a ``model_type`` that is
     not a string (transformers could not read either)."""
@@ -224,7 +229,7 @@ def architecture_mismatch(declared: dict[str, Any], hf: Any) -> Diagnostic | Non
     wrong_arch = bool(architectures and given and not set(given) & set(architectures))
     by_type = not (architectures and given)  # the class names decide where both sides have them
     wrong_type = bool(by_type and types and model_type is not None
-                      and model_type.replace("_", "") not in {t.replace("_", "") for t in types})
+                      and plain_model_type(model_type) not in {plain_model_type(t) for t in types})
     if not (wrong_arch or wrong_type):
         return None
     theirs = " / ".join(filter(None, [", ".join(given), model_type and f"model_type '{model_type}'"]))
