@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from modeldsl.kernels.cpu import activation, attention, loss, norm, optim, rope, tensor
+from modeldsl.kernels.cpu import activation, attention, compiled, loss, norm, optim, rope, tensor
 
 CpuKernel = Callable[..., Callable[[], None] | None]
 
@@ -30,6 +30,15 @@ CPU_KERNELS: dict[str, CpuKernel] = {
 }
 
 
-def cpu_kernel(name: str) -> CpuKernel | None:
-    """The fast CPU kernel of primitive ``name``, if it has one."""
-    return CPU_KERNELS.get(name)
+def cpu_kernel(name: str, jit: bool | None = None) -> CpuKernel | None:
+    """The fast CPU kernel of primitive ``name``, if it has one: its compiled twin first where
+    ``jit`` (default: :func:`compiled.enabled`), the numpy kernel for what that declines."""
+    numpy_kernel = CPU_KERNELS.get(name)
+    twin = compiled.KERNELS.get(name) if (compiled.enabled() if jit is None else jit) else None
+    if twin is None or numpy_kernel is None:
+        return twin or numpy_kernel
+
+    def either(pool, outputs, inputs, params):
+        return twin(pool, outputs, inputs, params) or numpy_kernel(pool, outputs, inputs, params)
+
+    return either

@@ -1,0 +1,252 @@
+"""The compiled twins of the CPU kernels: numba loops that fuse what numpy runs as many passes.
+
+Some kernels are a handful of numpy passes over small arrays (SiLU, RoPE,
+RMSNorm, the softmax of an attention strip): there a pass costs more in
+dispatch and memory traffic than in arithmetic, and numpy cannot fuse them.
+Their twins here are numba functions, one loop over the data, compiled to
+machine code on first use (cached on disk next to this file, so a later process
+loads them in milliseconds) and run with the GIL released, so the pool's
+threads run them truly at once. numba and its LLVM install as wheels from the
+package registry: nothing is compiled at install time.
+
+The compiled path is on when numba imports and ``MDSL_CPU_JIT`` is not ``0``
+(:func:`enabled`); a kernel here takes a launch first and the numpy kernel
+(:mod:`modeldsl.kernels.cpu`) gets what it declines. Both are tested against
+the numpy references, the oracle: a compiled kernel rounds differently (its
+``exp``, the order of its sums), within a few float32 ulps, and gives the same
+bits on every run and on any number of threads (each output row is computed
+by one thread, in a fixed order), except the column sums of the RMSNorm weight
+gradient, which are added per thread, as the numpy kernel does.
+
+Everything numba compiles lives in this one file: numba's disk cache is
+checked against the file of the kernel, not of what it calls.
+
+``fast_exp``: ``exp(x) = 2^k p(r)``, ``k = round(x log2 e)``, ``r = x - k ln 2``
+(Cody-Waite, two parts of ln 2), ``p`` a degree-7 polynomial on ``|r| <= ln(2)
+/ 2`` and ``2^k`` two powers of two built from their bits: within 1 ulp of the
+correctly rounded float32 result (checked in the tests), ``inf`` above 88.72
+and ``0`` below -103.97 as numpy's, with no branch and no library call, so LLVM
+vectorizes the loops it is in (numba's own ``np.exp`` calls libm one element at
+a time). In float64 it is ``np.exp`` (the tests' dtype, where speed does not
+matter).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from functools import cache
+
+import numpy as np
+
+from modeldsl.kernels.cpu.pool import Pool
+from modeldsl.kernels.cpu.tiles import Step, as_rows, float_dtype
+
+ENV_VAR = "MDSL_CPU_JIT"
+
+# LLVM may contract multiply-adds and reassociate sums (so they vectorize) but keeps inf, nan and
+# signed zeros: masks are -inf, and an exp that overflows must give inf.
+FASTMATH = {"contract", "reassoc"}
+
+
+@cache
+def _numba():
+    try:
+        import numba
+    except ImportError:
+        return None
+    _exp_overload(numba)
+    return numba
+
+
+def enabled() -> bool:
+    """Whether the compiled kernels run: numba imports and ``MDSL_CPU_JIT`` is not ``0``."""
+    return os.environ.get(ENV_VAR, "1").strip() != "0" and _numba() is not None
+
+
+def compiled(fn: Callable) -> Callable:
+    """``fn`` compiled by numba at its first call (nopython, GIL released, cached on disk)."""
+    kernels: list[Callable] = []
+
+    def call(*args):
+        if not kernels:
+            kernels.append(_numba().njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")(fn))
+        return kernels[0](*args)
+
+    call.__name__ = call.__qualname__ = fn.__name__
+    call.__doc__ = fn.__doc__
+    call.kernels = kernels  # the numba dispatcher, once compiled
+    return call
+
+
+def fast_exp(x):
+    """``exp(x)`` in the compiled kernels (see the module's docstring); numpy's in Python."""
+    return np.exp(x)
+
+
+def _exp_overload(numba) -> None:
+    """Teach numba ``fast_exp``: the polynomial in float32, ``np.exp`` otherwise."""
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic, overload
+
+    @intrinsic
+    def float_of_bits(typingctx, bits):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.FloatType())
+        return types.float32(types.int32), codegen
+
+    f32, i32 = np.float32, np.int32
+    log2e, ln2_hi, ln2_lo = f32(1.4426950408889634), f32(0.693359375), f32(-2.12194440e-4)
+    high, low = f32(88.72283), f32(-103.97208)
+
+    def exp32(x):
+        clamped = min(max(x, low), high)
+        k = np.floor(clamped * log2e + f32(0.5))
+        r = clamped - k * ln2_hi - k * ln2_lo
+        p = f32(1.9875691500e-4)
+        p = p * r + f32(1.3981999507e-3)
+        p = p * r + f32(8.3334519073e-3)
+        p = p * r + f32(4.1665795894e-2)
+        p = p * r + f32(1.6666665459e-1)
+        p = p * r + f32(5.0000001201e-1)
+        p = p * r * r + r + f32(1.0)
+        half = i32(k) >> 1
+        value = p * float_of_bits((half + i32(127)) << 23) * float_of_bits((i32(k) - half + i32(127)) << 23)
+        if x > high:
+            value = f32(np.inf)
+        if x < low:
+            value = f32(0.0)
+        if x != x:
+            value = x
+        return value
+
+    @overload(fast_exp, inline="always", fastmath=FASTMATH)
+    def _fast_exp(x):
+        if x == types.float32:
+            return exp32
+        return lambda x: np.exp(x)
+
+
+# ---------------------------------------------------------------------------------------- running
+def over_rows(pool: Pool, kernel: Callable, outputs, inputs, extra=(), cost: int = 1, width: int | None = None
+              ) -> Step | None:
+    """The step running ``kernel(start, stop, *outputs, *inputs, *extra)`` over the rows of
+    ``outputs`` and ``inputs`` viewed as C-contiguous ``[rows, C]`` (``C``: their last dim, or
+    ``width`` columns; None: not one float dtype, or no such views), each thread over its block of
+    rows. The compiled loops see their rows contiguous, so LLVM vectorizes them."""
+    rows = [as_rows(a, width) for a in (*outputs, *inputs)]
+    if float_dtype(*outputs, *inputs) is None or any(r is None or not r.flags.c_contiguous for r in rows) \
+            or len({r.shape[0] for r in rows}) != 1:
+        return None
+    total = rows[0].shape[0]
+    return split_rows(pool, kernel, total, sum(r.size for r in rows[:1]) * cost, (*rows, *extra))
+
+
+def split_rows(pool: Pool, kernel: Callable, total: int, work: int, arguments: tuple) -> Step:
+    """The step running ``kernel(start, stop, *arguments)`` over ``[0, total)`` split over the pool."""
+    ranges = pool.split(total, work)
+    if len(ranges) == 1:
+        return lambda: kernel(0, total, *arguments)
+    return lambda: pool.run(lambda start, stop, thread: kernel(start, stop, *arguments), ranges)
+
+
+# ---------------------------------------------------------------------------------------- SiLU family
+ONE = np.float32(1)  # a float32 constant keeps float32 arithmetic float32 (and float64 float64)
+
+# In the reference's order of operations: sigmoid(g) = 1 / (1 + exp(-g)), silu'(g) = s (1 + g (1 - s)).
+# The gate and up operands are column ranges [at, at + width) of their arrays: the halves of a packed
+# gate_up, or whole arrays.
+@compiled
+def _silu_rows(start, stop, out, g):
+    for r in range(start, stop):
+        o, gs = out[r], g[r]
+        for c in range(o.shape[0]):
+            x = gs[c]
+            o[c] = x * (ONE / (ONE + fast_exp(-x)))
+
+
+@compiled
+def _swiglu_rows(start, stop, out, g, u, g_at, u_at):
+    width = out.shape[1]
+    for r in range(start, stop):
+        o, gs, us = out[r], g[r, g_at:g_at + width], u[r, u_at:u_at + width]
+        for c in range(width):
+            x = gs[c]
+            o[c] = (ONE / (ONE + fast_exp(-x))) * x * us[c]
+
+
+@compiled
+def _silu_backward_rows(start, stop, d_x, d_out, g):
+    for r in range(start, stop):
+        dx, dy, gs = d_x[r], d_out[r], g[r]
+        for c in range(dx.shape[0]):
+            x = gs[c]
+            s = ONE / (ONE + fast_exp(-x))
+            dx[c] = dy[c] * (((ONE - s) * x + ONE) * s)
+
+
+@compiled
+def _swiglu_backward_rows(start, stop, d_gate, d_up, d_out, g, u, d_gate_at, d_up_at, g_at, u_at):
+    width = d_out.shape[1]
+    for r in range(start, stop):
+        dg, du = d_gate[r, d_gate_at:d_gate_at + width], d_up[r, d_up_at:d_up_at + width]
+        dy, gs, us = d_out[r], g[r, g_at:g_at + width], u[r, u_at:u_at + width]
+        for c in range(width):
+            x, up, grad = gs[c], us[c], dy[c]
+            s = ONE / (ONE + fast_exp(-x))
+            dg[c] = grad * up * (((ONE - s) * x + ONE) * s)
+            du[c] = grad * (s * x)
+
+
+EXP_COST = 2
+
+
+def _same_shapes(*arrays: np.ndarray) -> bool:
+    return len({a.shape for a in arrays}) == 1
+
+
+def silu(pool: Pool, outputs, inputs, params) -> Step | None:
+    if not _same_shapes(*outputs, *inputs):
+        return None
+    return over_rows(pool, _silu_rows, outputs, inputs, cost=EXP_COST)
+
+
+def silu_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+    if not _same_shapes(*outputs, *inputs):
+        return None
+    return over_rows(pool, _silu_backward_rows, outputs, inputs, cost=EXP_COST)
+
+
+def swiglu(pool: Pool, outputs, inputs, params) -> Step | None:
+    if not _same_shapes(*outputs, *inputs):
+        return None
+    return over_rows(pool, _swiglu_rows, outputs, inputs, (0, 0), cost=EXP_COST)
+
+
+def swiglu_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+    if not _same_shapes(*outputs, *inputs):
+        return None
+    return over_rows(pool, _swiglu_backward_rows, outputs, inputs, (0, 0, 0, 0), cost=EXP_COST)
+
+
+def fused_split_swiglu(pool: Pool, outputs, inputs, params) -> Step | None:
+    (out,), (gate_up,) = outputs, inputs
+    width = out.shape[-1]
+    if gate_up.shape != (*out.shape[:-1], 2 * width):
+        return None
+    return over_rows(pool, _swiglu_rows, [out], [gate_up, gate_up], (0, width), cost=EXP_COST)
+
+
+def fused_split_swiglu_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+    (d_gate_up,), (d_out, gate_up) = outputs, inputs
+    width = d_out.shape[-1]
+    if not _same_shapes(d_gate_up, gate_up) or gate_up.shape != (*d_out.shape[:-1], 2 * width):
+        return None
+    return over_rows(pool, _swiglu_backward_rows, [d_gate_up, d_gate_up], [d_out, gate_up, gate_up],
+                     (0, width, 0, width), cost=EXP_COST)
+
+
+KERNELS: dict[str, Callable] = {fn.__name__: fn for fn in (
+    silu, silu_backward, swiglu, swiglu_backward, fused_split_swiglu, fused_split_swiglu_backward)}
