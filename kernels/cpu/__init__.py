@@ -30,11 +30,14 @@ CPU_KERNELS: dict[str, CpuKernel] = {
 }
 
 
+JIT_KERNELS: dict[str, CpuKernel] = {**compiled.KERNELS, **attention.JIT_KERNELS}
+
+
 def cpu_kernel(name: str, jit: bool | None = None) -> CpuKernel | None:
     """The fast CPU kernel of primitive ``name``, if it has one: its compiled twin first where
     ``jit`` (default: :func:`compiled.enabled`), the numpy kernel for what that declines."""
     numpy_kernel = CPU_KERNELS.get(name)
-    twin = compiled.KERNELS.get(name) if (compiled.enabled() if jit is None else jit) else None
+    twin = JIT_KERNELS.get(name) if (compiled.enabled() if jit is None else jit) else None
     if twin is None or numpy_kernel is None:
         return twin or numpy_kernel
 

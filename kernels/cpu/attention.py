@@ -39,10 +39,12 @@ one ``np.matmul(out=)`` on a one-thread BLAS.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from modeldsl.kernels.cpu import compiled
 from modeldsl.kernels.cpu.pool import Pool, carved_bytes
 from modeldsl.kernels.cpu.tiles import Step, float_dtype
 
@@ -76,11 +78,13 @@ def _diagonal(windows: np.ndarray, center: int, rows: int, cols: int) -> np.ndar
 
 
 class Attention:
-    """The shapes, masks and scratch of one attention launch; ``tk`` may change per run (a KV cache)."""
+    """The shapes, masks and scratch of one attention launch; ``tk`` may change per run (a KV cache).
+    With ``jit``, a strip's elementwise work (scale, ALiBi, mask, softmax; the backward's ``dS``) is
+    one call of a compiled kernel (:mod:`~modeldsl.kernels.cpu.compiled`) instead of numpy passes."""
 
     def __init__(self, pool: Pool, q, k, v, dtype: np.dtype, causal: bool, softmax_scale, window: int | None,
-                 alibi: bool):
-        self.pool, self.dtype = pool, dtype
+                 alibi: bool, jit: bool = False):
+        self.pool, self.dtype, self.jit = pool, dtype, jit
         self.batch, self.heads, self.tq, self.depth = q.shape
         self.kv_heads, self.capacity = k.shape[1], k.shape[2]
         self.group = self.heads // self.kv_heads
@@ -138,6 +142,13 @@ class Attention:
             if b > a:
                 np.copyto(s[..., a:b], self.minus_inf, where=_diagonal(self.masked, center, rows, span)[:, a:b])
 
+
+    def shift(self, i0: int, j_lo: int) -> int:
+        """The distance ``i - j`` at the first row and column of a strip."""
+        return i0 + self.tk - self.tq - j_lo
+
+    def window_or_0(self) -> int:
+        return self.window or 0
 
     def work(self) -> int:
         return self.batch * self.heads * self.tq * self.tk * self.depth // 64
@@ -202,6 +213,7 @@ class Forward:
         self.q, self.out, self.lse = (_grouped(a, g.kv_heads) for a in (q, out, lse))
         self.k, self.v = k[:, :, None], v[:, :, None]
         self.slopes = None if slopes is None else slopes.reshape(g.kv_heads, g.group, 1, 1)
+        self.flat_slopes = _flat_slopes(slopes, g)
         self.sizes = [(g.stack * g.rows * g.span, 2), (g.stack * g.rows, 3)]
         _reserve(g, self.sizes)
 
@@ -215,10 +227,15 @@ class Forward:
             heads, stack_rows = (g.stack_kv, g.stack_q), g.stack * rows
             kvs, hs = slice(kv, kv + g.stack_kv), slice(h, h + g.stack_q)
             s = strip[:stack_rows * span].reshape(*heads, rows, span)
-            g.scores(s, wide, self.q[b, kvs, hs, i0:i1], self.k[b, kvs, :, j_lo:j_hi], i0, j_lo,
-                     None if self.slopes is None else self.slopes[kvs, hs])
-            self.softmax(s.reshape(stack_rows, span), wide, m_all[:stack_rows], lse_all[:stack_rows],
-                         inverse_all[:stack_rows], whole_rows=span == g.tk)
+            if g.jit:
+                np.matmul(self.q[b, kvs, hs, i0:i1], self.k[b, kvs, :, j_lo:j_hi].swapaxes(-1, -2), out=s)
+                compiled.softmax_strip(s.reshape(stack_rows, span), lse_all[:stack_rows], g.scale,
+                                       self.flat_slopes[kvs, hs], rows, g.shift(i0, j_lo), g.causal, g.window_or_0())
+            else:
+                g.scores(s, wide, self.q[b, kvs, hs, i0:i1], self.k[b, kvs, :, j_lo:j_hi], i0, j_lo,
+                         None if self.slopes is None else self.slopes[kvs, hs])
+                self.softmax(s.reshape(stack_rows, span), wide, m_all[:stack_rows], lse_all[:stack_rows],
+                             inverse_all[:stack_rows], whole_rows=span == g.tk)
             np.matmul(s, self.v[b, kvs, :, j_lo:j_hi], out=self.out[b, kvs, hs, i0:i1])
             np.copyto(self.lse[b, kvs, hs, i0:i1], lse_all[:stack_rows].reshape(*heads, rows), casting="unsafe")
 
@@ -270,6 +287,7 @@ class Backward:
         self.d_out, self.q, self.out, self.lse, self.d_q = (_grouped(a, g.kv_heads) for a in (d_out, q, out, lse, d_q))
         self.k, self.v = k[:, :, None], v[:, :, None]
         self.slopes = None if slopes is None else slopes.reshape(g.kv_heads, g.group, 1, 1)
+        self.flat_slopes = _flat_slopes(slopes, g)
         self.d_k, self.d_v = d_k, d_v
         depth = max(g.depth, g.value_depth)
         self.sizes = [(g.stack * g.rows * g.span, 3), (g.stack * g.span * depth, 1), (g.stack_kv * g.span * depth, 1),
@@ -307,10 +325,16 @@ class Backward:
         q, k_span, v_span = self.q[b, kvs, hs, i0:i1], self.k[b, kvs, :, j_lo:j_hi], self.v[b, kvs, :, j_lo:j_hi]
         d_out = self.d_out[b, kvs, hs, i0:i1]
         p = p_all[:stack_rows * span].reshape(*heads, rows, span)
-        g.scores(p, wide, q, k_span, i0, j_lo, None if self.slopes is None else self.slopes[kvs, hs])
         lse = lse_all[:stack_rows]
         np.copyto(lse.reshape(*heads, rows), self.lse[b, kvs, hs, i0:i1], casting="unsafe")
         p_rows = p.reshape(stack_rows, span)
+        if g.jit:
+            np.matmul(q, k_span.swapaxes(-1, -2), out=p)
+            compiled.probabilities_strip(p_rows, lse, g.scale, self.flat_slopes[kvs, hs], rows,
+                                         g.shift(i0, j_lo), g.causal, g.window_or_0())
+            self.jit_gradients(b, kvs, hs, (i0, i1, j_lo, j_hi), p, part_all, sum_all, dp_all, dk, dv)
+            return
+        g.scores(p, wide, q, k_span, i0, j_lo, None if self.slopes is None else self.slopes[kvs, hs])
         _by_rows(np.subtract, p_rows, lse, wide)
         np.exp(p_rows, out=p_rows)
         part = part_all[:g.stack * span * g.value_depth].reshape(*heads, span, g.value_depth)
@@ -333,9 +357,42 @@ class Backward:
         np.matmul(d_s, k_span, out=d_q)
         np.multiply(d_q, g.scale, out=self.d_q[b, kvs, hs, i0:i1])
 
+    def jit_gradients(self, b: int, kvs: slice, hs: slice, bounds, p, part_all, sum_all, dp_all, dk, dv) -> None:
+        """The rest of :meth:`block` on the compiled path: ``dS`` (its ``scale`` included) in one
+        compiled call, the products straight into ``d_q`` and the ``dk``, ``dv`` shares."""
+        g = self.g
+        i0, i1, j_lo, j_hi = bounds
+        heads, rows, span = p.shape[:2], i1 - i0, j_hi - j_lo
+        stack_rows = g.stack * rows
+        q, k_span, v_span = self.q[b, kvs, hs, i0:i1], self.k[b, kvs, :, j_lo:j_hi], self.v[b, kvs, :, j_lo:j_hi]
+        d_out = self.d_out[b, kvs, hs, i0:i1]
+        part = part_all[:g.stack * span * g.value_depth].reshape(*heads, span, g.value_depth)
+        np.matmul(p.swapaxes(-1, -2), d_out, out=part)
+        _add_heads(dv[:, j_lo:j_hi], part, sum_all)
+        d_s = dp_all[:stack_rows * span].reshape(*heads, rows, span)
+        np.matmul(d_out, v_span.swapaxes(-1, -2), out=d_s)
+        compiled.score_grads_strip(d_s.reshape(stack_rows, span), p.reshape(stack_rows, span), _stacked(d_out),
+                                   _stacked(self.out[b, kvs, hs, i0:i1]), g.scale)
+        part = part_all[:g.stack * span * g.depth].reshape(*heads, span, g.depth)
+        np.matmul(d_s.swapaxes(-1, -2), q, out=part)
+        _add_heads(dk[:, j_lo:j_hi], part, sum_all)
+        np.matmul(d_s, k_span, out=self.d_q[b, kvs, hs, i0:i1])
+
     def __call__(self) -> None:
         g = self.g
         g.pool.blocks(self.pairs, g.batch * (g.kv_heads // g.stack_kv), 3 * g.work())
+
+
+def _flat_slopes(slopes: np.ndarray | None, g: Attention) -> np.ndarray:
+    """The ALiBi slopes as ``[kv heads, query heads of each]`` (``[0, 0]`` without)."""
+    return np.zeros((0, 0), g.dtype) if slopes is None else slopes.reshape(g.kv_heads, g.group)
+
+
+def _stacked(a: np.ndarray) -> np.ndarray:
+    """``[kv heads, query heads, rows, D]`` as the view ``[kv heads x query heads, rows, D]``."""
+    view = a.view()
+    view.shape = (a.shape[0] * a.shape[1], *a.shape[2:])
+    return view
 
 
 def _add_heads(acc: np.ndarray, part: np.ndarray, scratch: np.ndarray) -> None:
@@ -349,7 +406,7 @@ def _add_heads(acc: np.ndarray, part: np.ndarray, scratch: np.ndarray) -> None:
     acc += total
 
 
-def _geometry(pool: Pool, q, k, v, operands, params, alibi: bool) -> Attention | None:
+def _geometry(pool: Pool, q, k, v, operands, params, alibi: bool, jit: bool) -> Attention | None:
     """The launch's :class:`Attention`, or None when the reference must run it."""
     dtype = float_dtype(*operands)
     window = params.get("window_size")
@@ -361,7 +418,7 @@ def _geometry(pool: Pool, q, k, v, operands, params, alibi: bool) -> Attention |
         return None
     scale = params.get("softmax_scale")
     return Attention(pool, q, k, v, dtype, bool(params.get("causal", True)),
-                     None if scale is None else float(scale), window, alibi)
+                     None if scale is None else float(scale), window, alibi, jit)
 
 
 def _slopes(slopes, heads: int):
@@ -371,7 +428,7 @@ def _slopes(slopes, heads: int):
     return flat if flat.shape[0] == heads else False
 
 
-def flash_attention(pool: Pool, outputs, inputs, params) -> Step | None:
+def flash_attention(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
     """``out, lse = flash_attention(q, k, v, alibi_slopes)``."""
     layout = params.get("layout", "bhtd")
     if layout not in LAYOUTS:
@@ -384,11 +441,11 @@ def flash_attention(pool: Pool, outputs, inputs, params) -> Step | None:
     slopes = _slopes(slopes, q.shape[1])
     if slopes is False:
         return None
-    geometry = _geometry(pool, q, k, v, (q, k, v, out, slopes), params, slopes is not None)
+    geometry = _geometry(pool, q, k, v, (q, k, v, out, slopes), params, slopes is not None, jit)
     return None if geometry is None else Forward(geometry, q, k, v, out, lse, slopes)
 
 
-def flash_attention_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+def flash_attention_backward(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
     """``d_q, d_k, d_v = flash_attention_backward(d_out, q, k, v, out, lse, alibi_slopes)``."""
     layout = params.get("layout", "bhtd")
     if layout not in LAYOUTS:
@@ -403,13 +460,14 @@ def flash_attention_backward(pool: Pool, outputs, inputs, params) -> Step | None
     slopes = _slopes(slopes, q.shape[1])
     if slopes is False:
         return None
-    geometry = _geometry(pool, q, k, v, (d_out, q, k, v, out, d_q, d_k, d_v, slopes), params, slopes is not None)
+    geometry = _geometry(pool, q, k, v, (d_out, q, k, v, out, d_q, d_k, d_v, slopes), params, slopes is not None,
+                         jit)
     if geometry is None or out.shape != (*q.shape[:3], v.shape[3]):
         return None
     return Backward(geometry, d_out, q, k, v, out, lse, slopes, d_q, d_k, d_v)
 
 
-def kv_cache_attention(pool: Pool, outputs, inputs, params) -> Step | None:
+def kv_cache_attention(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
     """``out, lse, k_cache, v_cache = kv_cache_attention(q, k, v, k_cache, v_cache, position)``: k and v
     written into the caches at the runtime ``position``, then attention over the cache up to them."""
     layout = params.get("layout", "bhtd")
@@ -423,7 +481,7 @@ def kv_cache_attention(pool: Pool, outputs, inputs, params) -> Step | None:
         return None
     if lse.dtype not in (np.float32, np.float64) or lse.shape != q.shape[:3]:
         return None
-    geometry = _geometry(pool, q, k_cache, v_cache, (q, k, v, k_cache, v_cache, out), params, False)
+    geometry = _geometry(pool, q, k_cache, v_cache, (q, k, v, k_cache, v_cache, out), params, False, jit)
     if geometry is None:
         return None
     forward = Forward(geometry, q, k_cache, v_cache, out, lse, None)
@@ -444,3 +502,4 @@ def kv_cache_attention(pool: Pool, outputs, inputs, params) -> Step | None:
 
 
 KERNELS = {fn.__name__: fn for fn in (flash_attention, flash_attention_backward, kv_cache_attention)}
+JIT_KERNELS = {name: partial(fn, jit=True) for name, fn in KERNELS.items()}  # the compiled strips

@@ -51,18 +51,21 @@ FASTMATH = {"contract", "reassoc"}
 
 
 @cache
-def _numba():
+def numba_module():
     try:
         import numba
     except ImportError:
         return None
     _exp_overload(numba)
+    for helper in HELPERS:  # the kernels call them by their global names: from now on, compiled
+        globals()[helper.__name__] = numba.njit(inline="always", nogil=True, fastmath=FASTMATH,
+                                                error_model="numpy")(helper)
     return numba
 
 
 def enabled() -> bool:
     """Whether the compiled kernels run: numba imports and ``MDSL_CPU_JIT`` is not ``0``."""
-    return os.environ.get(ENV_VAR, "1").strip() != "0" and _numba() is not None
+    return os.environ.get(ENV_VAR, "1").strip() != "0" and numba_module() is not None
 
 
 def compiled(fn: Callable) -> Callable:
@@ -71,13 +74,23 @@ def compiled(fn: Callable) -> Callable:
 
     def call(*args):
         if not kernels:
-            kernels.append(_numba().njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")(fn))
+            kernels.append(numba_module().njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")(fn))
         return kernels[0](*args)
 
     call.__name__ = call.__qualname__ = fn.__name__
     call.__doc__ = fn.__doc__
     call.kernels = kernels  # the numba dispatcher, once compiled
+    call.py_func = fn
     return call
+
+
+HELPERS: list[Callable] = []
+
+
+def helper(fn: Callable) -> Callable:
+    """A function the compiled kernels call: compiled (and inlined into them) with them."""
+    HELPERS.append(fn)
+    return fn
 
 
 def fast_exp(x):
@@ -85,8 +98,16 @@ def fast_exp(x):
     return np.exp(x)
 
 
+def row_max(row, lo, hi):
+    """``max(row[lo:hi])`` (``-inf`` if empty). In float32 the maximum of integer keys ordered as
+    the floats (``bits ^ 0x7fffffff`` for negative ones): LLVM vectorizes an integer maximum, not a
+    float one (numba's float ``max`` minds NaNs). In Python, numpy's."""
+    return np.max(row[lo:hi], initial=-np.inf)
+
+
 def _exp_overload(numba) -> None:
-    """Teach numba ``fast_exp``: the polynomial in float32, ``np.exp`` otherwise."""
+    """Teach numba ``fast_exp`` (the polynomial in float32, ``np.exp`` otherwise), ``row_max`` and
+    the bit casts ``float_of_bits`` / ``bits_of_float`` between float32 and int32."""
     from llvmlite import ir
     from numba import types
     from numba.extending import intrinsic, overload
@@ -96,6 +117,14 @@ def _exp_overload(numba) -> None:
         def codegen(context, builder, signature, args):
             return builder.bitcast(args[0], ir.FloatType())
         return types.float32(types.int32), codegen
+
+    @intrinsic
+    def bits_of_float(typingctx, value):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.IntType(32))
+        return types.int32(types.float32), codegen
+
+    globals().update(float_of_bits=float_of_bits, bits_of_float=bits_of_float)
 
     f32, i32 = np.float32, np.int32
     log2e, ln2_hi, ln2_lo = f32(1.4426950408889634), f32(0.693359375), f32(-2.12194440e-4)
@@ -128,6 +157,24 @@ def _exp_overload(numba) -> None:
             return exp32
         return lambda x: np.exp(x)
 
+    def max32(row, lo, hi):
+        key = i32(-2147483648)
+        for c in range(lo, hi):
+            bits = bits_of_float(row[c])
+            ordered = bits ^ ((bits >> 31) & i32(0x7FFFFFFF))
+            key = ordered if ordered > key else key
+        return float_of_bits(key ^ ((key >> 31) & i32(0x7FFFFFFF)))
+
+    def max64(row, lo, hi):
+        m = -np.inf
+        for c in range(lo, hi):
+            m = max(m, row[c])
+        return m
+
+    @overload(row_max, inline="always", fastmath=FASTMATH)
+    def _row_max(row, lo, hi):
+        return max32 if row.dtype == types.float32 else max64
+
 
 # ---------------------------------------------------------------------------------------- running
 def over_rows(pool: Pool, kernel: Callable, outputs, inputs, extra=(), cost: int = 1, width: int | None = None
@@ -153,7 +200,8 @@ def split_rows(pool: Pool, kernel: Callable, total: int, work: int, arguments: t
 
 
 # ---------------------------------------------------------------------------------------- SiLU family
-ONE = np.float32(1)  # a float32 constant keeps float32 arithmetic float32 (and float64 float64)
+# float32 constants keep float32 arithmetic float32 (and float64 float64)
+ONE, ZERO, INF = np.float32(1), np.float32(0), np.float32(np.inf)
 
 # In the reference's order of operations: sigmoid(g) = 1 / (1 + exp(-g)), silu'(g) = s (1 + g (1 - s)).
 # The gate and up operands are column ranges [at, at + width) of their arrays: the halves of a packed
@@ -250,3 +298,92 @@ def fused_split_swiglu_backward(pool: Pool, outputs, inputs, params) -> Step | N
 
 KERNELS: dict[str, Callable] = {fn.__name__: fn for fn in (
     silu, silu_backward, swiglu, swiglu_backward, fused_split_swiglu, fused_split_swiglu_backward)}
+
+
+# ---------------------------------------------------------------------------------------- attention
+# The elementwise work of an attention strip (:mod:`~modeldsl.kernels.cpu.attention` runs its products
+# on BLAS): a strip is ``[stacked rows, span]``, its row ``r`` query ``r % rows`` of the block, of the
+# stack's head ``r // rows``, its column ``c`` key ``j_lo + c``; ``shift`` is the distance ``i - j``
+# of its first row and column. A key is seen where ``0 <= d`` (causal) and ``|d| < window`` (a window).
+# ``slopes``: the ALiBi slopes ``[kv heads, query heads]`` of the stack (``[0, 0]``: none).
+@helper
+def _seen(d0, span, causal, window):
+    """The columns ``[lo, hi)`` a row whose distance at column 0 is ``d0`` sees."""
+    hi = min(span, d0 + 1) if causal else (min(span, d0 + window) if window > 0 else span)
+    lo = max(0, d0 - window + 1) if window > 0 else 0
+    return lo, max(hi, lo)
+
+
+@helper
+def _scale_scores(seen, scale, slope, d_first, alibi):
+    """``seen = scale seen - slope |d|`` (no ALiBi: ``scale seen``), ``d_first`` the distance at its
+    first column."""
+    if alibi:
+        for c in range(seen.shape[0]):
+            seen[c] = seen[c] * scale - slope * np.float32(abs(d_first - c))
+    else:
+        for c in range(seen.shape[0]):
+            seen[c] = seen[c] * scale
+
+
+@helper
+def _slope(slopes, head):
+    return slopes[head // slopes.shape[1], head % slopes.shape[1]] if slopes.shape[0] else ZERO
+
+
+# The loops run over the slice of the keys a row sees, from 0: over range(lo, hi) LLVM vectorizes none.
+@compiled
+def softmax_strip(s, lse, scale, slopes, rows, shift, causal, window):
+    """``s = softmax(scale s - slope |d|)`` over the keys each row sees (the others 0) and ``lse`` its
+    log-sum-exp, row by row."""
+    span = s.shape[1]
+    for r in range(s.shape[0]):
+        d0 = shift + r % rows
+        lo, hi = _seen(d0, span, causal, window)
+        row = s[r]
+        seen = row[lo:hi]
+        _scale_scores(seen, scale, _slope(slopes, r // rows), d0 - lo, slopes.shape[0] > 0)
+        m = row_max(seen, 0, seen.shape[0])
+        total = ZERO * scale
+        for c in range(seen.shape[0]):
+            e = fast_exp(seen[c] - m)
+            seen[c] = e
+            total += e
+        inverse = ONE / total
+        for c in range(seen.shape[0]):
+            seen[c] *= inverse
+        row[:lo] = 0
+        row[hi:] = 0
+        lse[r] = m + np.log(total)
+
+
+@compiled
+def probabilities_strip(s, lse, scale, slopes, rows, shift, causal, window):
+    """``s = exp(scale s - slope |d| - lse)`` over the keys each row sees (the others 0)."""
+    span = s.shape[1]
+    for r in range(s.shape[0]):
+        d0 = shift + r % rows
+        lo, hi = _seen(d0, span, causal, window)
+        row = s[r]
+        seen = row[lo:hi]
+        _scale_scores(seen, scale, _slope(slopes, r // rows), d0 - lo, slopes.shape[0] > 0)
+        offset = lse[r]
+        for c in range(seen.shape[0]):
+            seen[c] = fast_exp(seen[c] - offset)
+        row[:lo] = 0
+        row[hi:] = 0
+
+
+@compiled
+def score_grads_strip(d_s, p, d_out, out, scale):
+    """``d_s = scale p (d_s - sum(d_out out))`` row by row (``d_s`` holds ``dP = dO V^T``; ``d_out``,
+    ``out``: ``[heads, rows, Dv]``, the strip's rows in order)."""
+    rows = d_out.shape[1]
+    for r in range(d_s.shape[0]):
+        dy, o = d_out[r // rows, r % rows], out[r // rows, r % rows]
+        delta = ZERO * scale
+        for e in range(dy.shape[0]):
+            delta += dy[e] * o[e]
+        grad, prob = d_s[r], p[r]
+        for c in range(grad.shape[0]):
+            grad[c] = prob[c] * (grad[c] - delta) * scale

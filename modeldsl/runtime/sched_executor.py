@@ -44,7 +44,6 @@ from modeldsl.dialects.sched import (
     KERNEL_CHOICE_ATTRIBUTES,
 )
 from modeldsl.kernels.cpu import cpu_kernel
-from modeldsl.kernels.cpu.attention import flash_attention as cpu_attention
 from modeldsl.kernels.cpu.gemm import gemm as cpu_gemm
 from modeldsl.kernels.cpu.optim import fuse_optimizer_steps
 from modeldsl.kernels.cpu.pool import BUFSIZE, pool_of
@@ -245,7 +244,7 @@ class ScheduleExecutor:
 
     def attention(self, op: AttentionOp, views: dict[SSAValue, np.ndarray]) -> Step:
         q, k, v, out, lse = (views[x] for x in (op.q, op.k, op.v, op.out, op.lse))
-        fast = cpu_attention(self.threads, [out, lse], [q, k, v, None], {
+        fast = cpu_kernel("flash_attention")(self.threads, [out, lse], [q, k, v, None], {
             "causal": bool(op.causal.value.data), "window_size": op.window.value.data or None,
             "softmax_scale": op.scale.value.data if op.scale is not None else None, "layout": op.layout.data})
         if fast is not None:

@@ -33,6 +33,17 @@ def fast_and_reference(name: str, inputs: list, params: dict | None = None, thre
     return outputs, expected, step
 
 
+def assert_the_reference(got: np.ndarray, want: np.ndarray, path: str, ulps: int = 4) -> None:
+    """The numpy kernels give the reference's bits; the compiled ones (their exp, their sums' order)
+    are within ``ulps`` units of the dtype's rounding of the result's scale."""
+    if path == "numpy":
+        np.testing.assert_array_equal(got, want)
+        return
+    eps = float(np.finfo(want.dtype).eps)
+    scale = float(np.max(np.abs(want[np.isfinite(want)]), initial=1.0))
+    np.testing.assert_allclose(got, want, rtol=ulps * eps, atol=ulps * eps * scale)
+
+
 def allocation_peak(step) -> int:
     """The traced allocation peak of a warmed-up call of ``step`` (bytes)."""
     buffer = np.setbufsize(BUFSIZE)  # as the executor runs its steps

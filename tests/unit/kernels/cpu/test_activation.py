@@ -1,12 +1,13 @@
-"""The SiLU-family CPU kernels give bitwise their numpy references' results, in place too, allocating nothing."""
+"""The SiLU-family CPU kernels give their numpy references' results (the numpy path bitwise), in place too,
+allocating nothing."""
 
 import numpy as np
 import pytest
 
-from modeldsl.kernels.cpu import cpu_kernel
+from modeldsl.kernels.cpu import compiled, cpu_kernel
 from modeldsl.kernels.cpu.pool import Pool
 from modeldsl.kernels.reference import REFERENCES
-from cpu_kernel_harness import FEW_KB, allocation_peak, fast_and_reference, random
+from cpu_kernel_harness import FEW_KB, allocation_peak, assert_the_reference, fast_and_reference, random
 
 SHAPES = [(5, 7), (2, 200, 700)]  # one tile, and two tiles of rows (one thread) or a block per thread
 
@@ -25,37 +26,51 @@ def operands(name, shape, dtype):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", ["silu", "silu_backward", "swiglu", "swiglu_backward", "fused_split_swiglu",
                                   "fused_split_swiglu_backward"])
-def test_bitwise_the_reference(name, shape, dtype, threads):
+def test_the_reference(name, shape, dtype, threads, kernel_path):
     outputs, expected, _ = fast_and_reference(name, operands(name, shape, dtype), threads=threads)
     for got, want in zip(outputs, expected):
-        np.testing.assert_array_equal(got, want)
+        assert_the_reference(got, want, kernel_path)
 
 
-def test_overflowing_exp_gives_the_limits():
-    gate = np.array([[-1000.0, -90.0, 0.0, 90.0]], np.float32)
-    with np.errstate(over="ignore"):
+def test_overflowing_exp_gives_the_limits(kernel_path):
+    gate = np.array([[-1000.0, -103.0, -90.0, 0.0, 90.0, 1000.0, np.inf, -np.inf]], np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
         outputs, expected, _ = fast_and_reference("silu", [gate])
-    np.testing.assert_array_equal(outputs[0], expected[0])
-    assert outputs[0][0, 0] == 0 and outputs[0][0, 3] == 90
+    assert_the_reference(outputs[0], expected[0], kernel_path)
+    assert outputs[0][0, 0] == 0 and outputs[0][0, 4] == 90 and outputs[0][0, 5] == 1000
 
 
-def test_the_split_backward_may_write_over_its_gate_up():
+def test_the_two_paths_differ_by_the_exp_only():
+    """The compiled silu of float64 (numpy's exp there) is the numpy kernel's within an ulp."""
+    gate = random((64, 300), np.float64, 3, 6.0)
+    numpy_out, compiled_out = np.empty_like(gate), np.empty_like(gate)
+    for out, jit in ((numpy_out, False), (compiled_out, True)):
+        if jit and compiled.numba_module() is None:
+            pytest.skip("numba is not installed")
+        pool = Pool(1)
+        step = cpu_kernel("silu", jit)(pool, [out], [gate], {})
+        pool.workspace.prepare()
+        step()
+    np.testing.assert_allclose(compiled_out, numpy_out, rtol=2 * np.finfo(np.float64).eps, atol=1e-300)
+
+
+def test_the_split_backward_may_write_over_its_gate_up(kernel_path):
     d_out, gate_up = operands("fused_split_swiglu_backward", (3, 70, 700), np.float32)
     expected = REFERENCES["fused_split_swiglu_backward"](d_out, gate_up)
     pool = Pool(2)
     step = cpu_kernel("fused_split_swiglu_backward")(pool, [gate_up], [d_out, gate_up], {})
     pool.workspace.prepare()
     step()
-    np.testing.assert_array_equal(gate_up, expected)
+    assert_the_reference(gate_up, expected, kernel_path)
 
 
 @pytest.mark.parametrize("name", ["swiglu_backward", "fused_split_swiglu"])
-def test_a_warm_call_allocates_nothing(name):
+def test_a_warm_call_allocates_nothing(name, kernel_path):
     _, _, step = fast_and_reference(name, operands(name, (4, 128, 688), np.float32), threads=2)
     assert allocation_peak(step) < FEW_KB
 
 
-def test_bf16_operands_get_no_fast_step():
+def test_bf16_operands_get_no_fast_step(kernel_path):
     import ml_dtypes
 
     gate = np.zeros((2, 4), ml_dtypes.bfloat16)
