@@ -142,16 +142,10 @@ def _exp_overload(numba) -> None:
         p = p * r + f32(5.0000001201e-1)
         p = p * r * r + r + f32(1.0)
         half = i32(k) >> 1
-        value = p * float_of_bits((half + i32(127)) << 23) * float_of_bits((i32(k) - half + i32(127)) << 23)
-        if x > high:
-            value = f32(np.inf)
-        if x < low:
-            value = f32(0.0)
-        if x != x:
-            value = x
-        return value
+        scaled = p * float_of_bits((half + i32(127)) << 23) * float_of_bits((i32(k) - half + i32(127)) << 23)
+        return f32(np.inf) if x > high else (f32(0.0) if x < low else (x if x != x else scaled))
 
-    @overload(fast_exp, inline="always", fastmath=FASTMATH)
+    @overload(fast_exp, fastmath=FASTMATH)
     def _fast_exp(x):
         if x == types.float32:
             return exp32
@@ -387,3 +381,30 @@ def score_grads_strip(d_s, p, d_out, out, scale):
         grad, prob = d_s[r], p[r]
         for c in range(grad.shape[0]):
             grad[c] = prob[c] * (grad[c] - delta) * scale
+
+
+# ---------------------------------------------------------------------------------------- cross-entropy
+@compiled
+def cross_entropy_rows(logits, first, column, valid, scale, lse, per_row, losses, grads):
+    """Rows ``first + r`` of a cross-entropy for each row ``r`` of ``logits``: with ``losses`` their
+    ``lse = log(sum(exp(l - m))) + m`` (``m`` the row max, 0 when not finite) and loss ``lse -
+    l[label]`` (0 where not ``valid``); with ``grads`` the row overwritten by ``(exp(l - lse) -
+    onehot) scale`` (``lse`` then given, or just computed)."""
+    for r in range(logits.shape[0]):
+        row, at = logits[r], first + r
+        if losses:
+            m = row_max(row, 0, row.shape[0])
+            if not np.isfinite(m):
+                m = ZERO * m
+            total = ZERO * m
+            for c in range(row.shape[0]):
+                total += fast_exp(row[c] - m)
+            lse[at] = np.log(total) + m
+            per_row[at] = lse[at] - row[column[at]] if valid[at] else ZERO * m
+        if grads:
+            offset, factor = lse[at], scale[at]
+            label = row[column[at]]
+            for c in range(row.shape[0]):
+                row[c] = fast_exp(row[c] - offset) * factor
+            if valid[at]:
+                row[column[at]] = (fast_exp(label - offset) - ONE) * factor

@@ -31,6 +31,7 @@ from functools import partial
 
 import numpy as np
 
+from modeldsl.kernels.cpu import compiled
 from modeldsl.kernels.cpu.pool import TILE, Pool, aligned, row_tiles, tile_rows
 from modeldsl.kernels.cpu.tiles import Step, as_rows, float_dtype
 from modeldsl.kernels.reference import row_chunks
@@ -220,9 +221,20 @@ def _row_kernel(pool: Pool, logits: np.ndarray, labels: np.ndarray, params: dict
     return state, options[1], partial(pool.blocks, block, total, total * vocab)
 
 
-def cross_entropy(pool: Pool, outputs, inputs, params) -> Step | None:
+def _jit_losses(rows, state: Labels, ws, lo: int, hi: int) -> None:
+    compiled.cross_entropy_rows(rows[lo:hi], lo, state.column, state.valid, state.scale, state.lse, state.per_row,
+                                True, False)
+
+
+def _jit_grads(rows, out, state: Labels, ws, lo: int, hi: int) -> None:
+    np.copyto(out[lo:hi], rows[lo:hi])
+    compiled.cross_entropy_rows(out[lo:hi], lo, state.column, state.valid, state.scale, state.lse, state.per_row,
+                                False, True)
+
+
+def cross_entropy(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
     (loss, lse), (logits, labels) = outputs, inputs
-    made = _row_kernel(pool, logits, labels, params, lambda rows, state, ws, lo, hi:
+    made = _row_kernel(pool, logits, labels, params, _jit_losses if jit else lambda rows, state, ws, lo, hi:
                        row_losses(rows[lo:hi], state, ws, lo, hi))
     if made is None:
         return None
@@ -236,15 +248,16 @@ def cross_entropy(pool: Pool, outputs, inputs, params) -> Step | None:
     return step
 
 
-def cross_entropy_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+def cross_entropy_backward(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
     (d_logits,), (d_loss, logits, labels, lse) = outputs, inputs
     dtype = float_dtype(logits, d_logits)
     out = contiguous_rows(d_logits)
     if dtype is None or out is None or logits.size != out.size or lse.size != out.shape[0]:
         return None
     d_rows = grad_input(d_loss, dtype, out.shape[0])
-    made = _row_kernel(pool, logits, labels, params, lambda rows, state, ws, lo, hi:
-                       row_grads(rows[lo:hi], out[lo:hi], state, ws, lo, hi), dtype)
+    made = _row_kernel(pool, logits, labels, params, (lambda rows, state, ws, lo, hi: _jit_grads(rows, out, state, ws, lo, hi))
+                       if jit else lambda rows, state, ws, lo, hi: row_grads(rows[lo:hi], out[lo:hi], state, ws, lo, hi),
+                       dtype)
     if made is None or d_rows is None:
         return None
     state, reduction, run = made
@@ -269,8 +282,8 @@ class Head:
     chunk and the vocabulary slices of ``d_weight``, and each thread's scratch."""
 
     def __init__(self, pool: Pool, x, weight, labels, params, dtype, losses: bool, grads: bool,
-                 d_x=None, d_weight=None):
-        self.pool, self.x, self.weight, self.weight_t = pool, x, weight, weight.T
+                 d_x=None, d_weight=None, jit: bool = False):
+        self.pool, self.x, self.weight, self.weight_t, self.jit = pool, x, weight, weight.T, jit
         self.losses, self.grads, self.d_x, self.d_weight = losses, grads, d_x, d_weight
         self.ignore_index, self.reduction = loss_params(params)
         rows, width = x.shape
@@ -303,7 +316,11 @@ class Head:
         ws = self.layout.arrays(self.pool, thread)
         logits = self.chunk_logits(rows)[start - first_row:stop - first_row]
         np.matmul(self.x[start:stop], self.weight_t, out=logits)
-        for lo, hi in row_tiles(start, stop, self.per_tile):
+        if self.jit:
+            labels = self.labels
+            compiled.cross_entropy_rows(logits, start, labels.column, labels.valid, labels.scale, labels.lse,
+                                        labels.per_row, self.losses, self.grads)
+        for lo, hi in row_tiles(start, stop, self.per_tile) if not self.jit else ():
             tile = logits[lo - start:hi - start]
             if self.losses:
                 row_losses(tile, self.labels, ws, lo, hi)
@@ -339,7 +356,7 @@ class Head:
 
 
 def _head(pool: Pool, x, weight, labels, params, losses: bool, grads: bool, d_x=None, d_weight=None,
-          extra=()) -> Head | None:
+          extra=(), jit: bool = False) -> Head | None:
     """The :class:`Head` of these operands, or None when they need the reference."""
     x2, weight2 = contiguous_rows(x), contiguous_rows(weight)
     grad_views = [contiguous_rows(a) for a in (d_x, d_weight) if a is not None]
@@ -352,12 +369,12 @@ def _head(pool: Pool, x, weight, labels, params, losses: bool, grads: bool, d_x=
     labels = integer_labels(labels, x2.shape[0])
     if labels is None:
         return None
-    return Head(pool, x2, weight2, labels, params, dtype, losses, grads, *grad_views)
+    return Head(pool, x2, weight2, labels, params, dtype, losses, grads, *grad_views, jit=jit)
 
 
-def fused_lm_head_loss(pool: Pool, outputs, inputs, params) -> Step | None:
+def fused_lm_head_loss(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
     (loss, lse), (x, weight, labels) = outputs, inputs
-    head = _head(pool, x, weight, labels, params, losses=True, grads=False)
+    head = _head(pool, x, weight, labels, params, losses=True, grads=False, jit=jit)
     if head is None:
         return None
 
@@ -369,9 +386,9 @@ def fused_lm_head_loss(pool: Pool, outputs, inputs, params) -> Step | None:
     return step
 
 
-def fused_lm_head_loss_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+def fused_lm_head_loss_backward(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
     (d_x, d_weight), (d_loss, x, weight, labels, lse) = outputs, inputs
-    head = _head(pool, x, weight, labels, params, losses=False, grads=True, d_x=d_x, d_weight=d_weight)
+    head = _head(pool, x, weight, labels, params, losses=False, grads=True, d_x=d_x, d_weight=d_weight, jit=jit)
     d_rows = grad_input(d_loss, head.labels.dtype, x.size // x.shape[-1]) if head is not None else None
     lse_in = flat(lse)
     if d_rows is None or lse_in is None or lse_in.size != d_rows.size:
@@ -386,9 +403,9 @@ def fused_lm_head_loss_backward(pool: Pool, outputs, inputs, params) -> Step | N
     return step
 
 
-def fused_lm_head_loss_grad(pool: Pool, outputs, inputs, params) -> Step | None:
+def fused_lm_head_loss_grad(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
     (loss, d_x, d_weight), (d_loss, x, weight, labels) = outputs, inputs
-    head = _head(pool, x, weight, labels, params, losses=True, grads=True, d_x=d_x, d_weight=d_weight)
+    head = _head(pool, x, weight, labels, params, losses=True, grads=True, d_x=d_x, d_weight=d_weight, jit=jit)
     d_rows = grad_input(d_loss, head.labels.dtype, x.size // x.shape[-1]) if head is not None else None
     if d_rows is None:
         return None
@@ -404,3 +421,5 @@ def fused_lm_head_loss_grad(pool: Pool, outputs, inputs, params) -> Step | None:
 
 KERNELS = {fn.__name__: fn for fn in (cross_entropy, cross_entropy_backward, fused_lm_head_loss,
                                       fused_lm_head_loss_backward, fused_lm_head_loss_grad)}
+JIT_KERNELS = {fn.__name__: partial(fn, jit=True) for fn in (  # the rows' cross-entropy compiled
+    cross_entropy, cross_entropy_backward, fused_lm_head_loss, fused_lm_head_loss_backward, fused_lm_head_loss_grad)}
