@@ -30,7 +30,8 @@ CPU_KERNELS: dict[str, CpuKernel] = {
 }
 
 
-JIT_KERNELS: dict[str, CpuKernel] = {**compiled.KERNELS, **attention.JIT_KERNELS, **loss.JIT_KERNELS}
+JIT_KERNELS: dict[str, CpuKernel] = {**compiled.KERNELS, **attention.JIT_KERNELS, **loss.JIT_KERNELS,
+                                     **norm.JIT_KERNELS, **rope.JIT_KERNELS}
 
 
 def cpu_kernel(name: str, jit: bool | None = None) -> CpuKernel | None:

@@ -408,3 +408,73 @@ def cross_entropy_rows(logits, first, column, valid, scale, lse, per_row, losses
                 row[c] = fast_exp(row[c] - offset) * factor
             if valid[at]:
                 row[column[at]] = (fast_exp(label - offset) - ONE) * factor
+
+
+# ---------------------------------------------------------------------------------------- RoPE
+@compiled
+def rope_rows(start, stop, x, out, freqs, bthd, interleaved, inverse):
+    """Tokens ``start .. stop - 1`` (flattened ``b * T + t``) of ``out = rope(x)`` (``inverse``: the
+    backward's rotation by ``-angle``) for every head; ``x``, ``out`` in their layout (bthd or bhtd),
+    ``freqs [T, D / 2, 2]`` the cosines and sines. Each pair is read before it is written (in place)."""
+    tokens = x.shape[1] if bthd else x.shape[2]
+    heads = x.shape[2] if bthd else x.shape[1]
+    half = freqs.shape[1]
+    for item in range(start, stop):
+        b, t = item // tokens, item % tokens
+        angles = freqs[t]
+        for h in range(heads):
+            xs = x[b, t, h] if bthd else x[b, h, t]
+            o = out[b, t, h] if bthd else out[b, h, t]
+            for i in range(half):
+                cos, sin = angles[i, 0], angles[i, 1]
+                if inverse:
+                    sin = -sin
+                first, second = (2 * i, 2 * i + 1) if interleaved else (i, i + half)
+                a, c = xs[first], xs[second]
+                o[first] = a * cos - c * sin
+                o[second] = c * cos + a * sin
+
+
+# ---------------------------------------------------------------------------------------- RMSNorm
+@compiled
+def rmsnorm_rows(start, stop, y, rstd, x, weight, eps, residual, value, fused):
+    """Rows ``start .. stop - 1`` of ``y = x rstd w``, ``rstd = 1 / sqrt(mean(x^2) + eps)``; ``fused``:
+    ``x`` first written as ``residual + value``."""
+    width = x.shape[1]
+    for r in range(start, stop):
+        xs = x[r]
+        if fused:
+            a, b = residual[r], value[r]
+            for c in range(width):
+                xs[c] = a[c] + b[c]
+        total = ZERO * eps
+        for c in range(width):
+            total += xs[c] * xs[c]
+        scale = ONE / np.sqrt(total / width + eps)
+        rstd[r] = scale
+        ys = y[r]
+        for c in range(width):
+            ys[c] = xs[c] * scale * weight[c]
+
+
+@compiled
+def rmsnorm_backward_rows(start, stop, d_x, d_y, x, weight, rstd, d_next, fused, column_sums):
+    """Rows ``start .. stop - 1`` of ``d_x = r g - x r^3 mean(g x)`` (``g = d_y w``, plus ``d_next``
+    where ``fused``), and their ``d_y x r`` added into ``column_sums`` (the weight's gradient)."""
+    width = x.shape[1]
+    for r in range(start, stop):
+        dy, xs, scale = d_y[r], x[r], rstd[r]
+        mean = ZERO * scale
+        for c in range(width):
+            column_sums[c] += dy[c] * xs[c] * scale
+            mean += dy[c] * weight[c] * xs[c]
+        mean /= width
+        cube = scale * scale * scale * mean
+        dx = d_x[r]
+        if fused:
+            nxt = d_next[r]
+            for c in range(width):
+                dx[c] = nxt[c] + (scale * (dy[c] * weight[c]) - xs[c] * cube)
+        else:
+            for c in range(width):
+                dx[c] = scale * (dy[c] * weight[c]) - xs[c] * cube

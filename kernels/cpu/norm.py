@@ -12,8 +12,11 @@ rows in one sweep, so the last bits may differ from it).
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
+from modeldsl.kernels.cpu import compiled
 from modeldsl.kernels.cpu.pool import Pool, carved_bytes, row_tiles, tile_rows
 from modeldsl.kernels.cpu.tiles import Step, as_rows, float_dtype
 
@@ -73,7 +76,8 @@ def _rstd_into(x: np.ndarray, eps: float, square: np.ndarray, rstd: np.ndarray) 
     np.reciprocal(rstd, out=rstd)
 
 
-def _forward(pool: Pool, y, rstd, x, weight, eps: float, residual=None, value=None) -> Step | None:
+def _forward(pool: Pool, y, rstd, x, weight, eps: float, residual=None, value=None, jit: bool = False
+             ) -> Step | None:
     """``y = x rstd w`` with ``rstd`` of each row; with ``residual`` and ``value``, x is first
     written as their sum (the fused residual add)."""
     rows = _view_rows(y, x, *((residual, value) if residual is not None else ()))
@@ -81,6 +85,10 @@ def _forward(pool: Pool, y, rstd, x, weight, eps: float, residual=None, value=No
         return None
     y2, x2, *summands = rows
     r2 = rstd.reshape(-1)
+    if jit and _compiled_operands(*rows, r2, weight):
+        a, b = summands or (x2, x2)
+        arguments = (y2, r2, x2, weight, x2.dtype.type(eps), a, b, bool(summands))
+        return compiled.split_rows(pool, compiled.rmsnorm_rows, x2.shape[0], x2.size, arguments)
     frame = RowBlocks(pool, rows, temps=1)
 
     def tile(xs: np.ndarray, r: np.ndarray, r_column: np.ndarray, ys: np.ndarray, pair: list[np.ndarray],
@@ -108,17 +116,37 @@ def _forward(pool: Pool, y, rstd, x, weight, eps: float, residual=None, value=No
     return lambda: frame.run(block)
 
 
-def rmsnorm(pool: Pool, outputs, inputs, params) -> Step | None:
+def _compiled_operands(*arrays: np.ndarray) -> bool:
+    """Whether the compiled loops take these operands: C-contiguous, the weight as long as a row."""
+    return all(a.flags.c_contiguous for a in arrays) and arrays[-1].shape == (arrays[0].shape[-1],)
+
+
+def rmsnorm(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
     (y, rstd), (x, weight) = outputs, inputs
-    return _forward(pool, y, rstd, x, weight, params.get("eps", 1e-6))
+    return _forward(pool, y, rstd, x, weight, params.get("eps", 1e-6), jit=jit)
 
 
-def fused_residual_rmsnorm(pool: Pool, outputs, inputs, params) -> Step | None:
+def fused_residual_rmsnorm(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
     (out, y, rstd), (residual, value, weight) = outputs, inputs
-    return _forward(pool, y, rstd, out, weight, params.get("eps", 1e-6), residual, value)
+    return _forward(pool, y, rstd, out, weight, params.get("eps", 1e-6), residual, value, jit)
 
 
-def _backward(pool: Pool, d_xs, d_weight, d_y, d_next, x, weight, rstd) -> Step | None:
+def _jit_backward(frame: RowBlocks, outs, dy2, x2, weight, r2, nexts, total) -> Step:
+    """The compiled rows of :func:`_backward`: each thread's weight-gradient columns in its scratch,
+    added up in thread order."""
+    d_next = nexts[0] if nexts else dy2
+
+    def block(start: int, stop: int, thread: int) -> None:
+        partial = frame.scratch(thread)[2][0]
+        partial.fill(0)
+        compiled.rmsnorm_backward_rows(start, stop, outs[0], dy2, x2, weight, r2, d_next, bool(nexts), partial)
+        for other in outs[1:]:
+            np.copyto(other[start:stop], outs[0][start:stop])
+
+    return lambda: frame.run(block, (total,))
+
+
+def _backward(pool: Pool, d_xs, d_weight, d_y, d_next, x, weight, rstd, jit: bool = False) -> Step | None:
     """rmsnorm's backward, in the reference's order: ``d_x = r g - x r^3 mean(g x)`` with
     ``g = d_y w`` (plus ``d_next``, the fused residual's gradient) into each of ``d_xs``, and
     ``d_weight`` the column sums of ``d_y x r``."""
@@ -127,6 +155,8 @@ def _backward(pool: Pool, d_xs, d_weight, d_y, d_next, x, weight, rstd) -> Step 
         return None
     outs, (dy2, x2), nexts = rows[:len(d_xs)], rows[len(d_xs):len(d_xs) + 2], rows[len(d_xs) + 2:]
     r2, total, width = rstd.reshape(-1), d_weight.reshape(-1), x2.shape[-1]
+    if jit and _compiled_operands(*rows, r2, weight):
+        return _jit_backward(RowBlocks(pool, rows, temps=0, columns=1), outs, dy2, x2, weight, r2, nexts, total)
     frame = RowBlocks(pool, rows, temps=2, vectors=2, columns=2)
 
     def block(start: int, stop: int, thread: int) -> None:
@@ -159,15 +189,16 @@ def _backward(pool: Pool, d_xs, d_weight, d_y, d_next, x, weight, rstd) -> Step 
     return lambda: frame.run(block, (total,))
 
 
-def rmsnorm_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+def rmsnorm_backward(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
     (d_x, d_weight), (d_y, x, weight, rstd) = outputs, inputs
-    return _backward(pool, [d_x], d_weight, d_y, None, x, weight, rstd)
+    return _backward(pool, [d_x], d_weight, d_y, None, x, weight, rstd, jit)
 
 
-def fused_residual_rmsnorm_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+def fused_residual_rmsnorm_backward(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
     (d_residual, d_input, d_weight), (d_y, d_next, residual_out, weight, rstd) = outputs, inputs
-    return _backward(pool, [d_residual, d_input], d_weight, d_y, d_next, residual_out, weight, rstd)
+    return _backward(pool, [d_residual, d_input], d_weight, d_y, d_next, residual_out, weight, rstd, jit)
 
 
 KERNELS = {fn.__name__: fn for fn in (rmsnorm, fused_residual_rmsnorm, rmsnorm_backward,
                                       fused_residual_rmsnorm_backward)}
+JIT_KERNELS = {name: partial(fn, jit=True) for name, fn in KERNELS.items()}  # each row in one compiled loop

@@ -17,8 +17,11 @@ may be its input's buffer (the registry's in-place reuse).
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
+from modeldsl.kernels.cpu import compiled
 from modeldsl.kernels.cpu.pool import Pool, carved_bytes, tile_rows
 from modeldsl.kernels.cpu.tiles import Step, float_dtype
 
@@ -34,7 +37,7 @@ def _pairs(x: np.ndarray, interleaved: bool) -> tuple[np.ndarray, np.ndarray]:
     return x[..., :half], x[..., half:]
 
 
-def _rope(pool: Pool, outputs, inputs, params, inverse: bool) -> Step | None:
+def _rope(pool: Pool, outputs, inputs, params, inverse: bool, jit: bool = False) -> Step | None:
     (q_out, k_out), (q, k, freqs) = outputs, inputs
     layout, interleaved = params.get("layout", "bhtd"), params.get("interleaved", False)
     if layout not in ("bhtd", "bthd") or float_dtype(q_out, k_out, q, k, freqs) is None or q.ndim != 4:
@@ -44,6 +47,9 @@ def _rope(pool: Pool, outputs, inputs, params, inverse: bool) -> Step | None:
     heads = max(x.shape[2] for x, _ in tensors)
     if freqs.shape[0] != tokens or any(x.shape[:2] != (batch, tokens) or x.shape[3] != depth for x, _ in tensors):
         return None
+    if jit and freqs.shape == (tokens, depth // 2, 2) and depth % 2 == 0 and all(
+            a.flags.c_contiguous for a in (q, k, q_out, k_out, freqs)):
+        return _jit_rope(pool, q, k, q_out, k_out, freqs, layout == "bthd", bool(interleaved), inverse)
     dtype, width = q.dtype, heads * depth
     per_tile = tile_rows(width)
     table = [tokens * width] * 2
@@ -87,12 +93,27 @@ def _rope(pool: Pool, outputs, inputs, params, inverse: bool) -> Step | None:
     return step
 
 
-def rope(pool: Pool, outputs, inputs, params) -> Step | None:
-    return _rope(pool, outputs, inputs, params, inverse=False)
+def _jit_rope(pool: Pool, q, k, q_out, k_out, freqs, bthd: bool, interleaved: bool, inverse: bool) -> Step:
+    """The compiled rotation: the threads split the tokens, each rotating q's and k's heads."""
+    tokens = q.shape[0] * (q.shape[1] if bthd else q.shape[2])
+
+    def block(start: int, stop: int, thread: int = 0) -> None:
+        compiled.rope_rows(start, stop, q, q_out, freqs, bthd, interleaved, inverse)
+        compiled.rope_rows(start, stop, k, k_out, freqs, bthd, interleaved, inverse)
+
+    ranges = pool.split(tokens, q.size + k.size)
+    if len(ranges) == 1:
+        return lambda: block(0, tokens)
+    return lambda: pool.run(block, ranges)
 
 
-def rope_backward(pool: Pool, outputs, inputs, params) -> Step | None:
-    return _rope(pool, outputs, inputs, params, inverse=True)
+def rope(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
+    return _rope(pool, outputs, inputs, params, inverse=False, jit=jit)
+
+
+def rope_backward(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
+    return _rope(pool, outputs, inputs, params, inverse=True, jit=jit)
 
 
 KERNELS = {"rope": rope, "rope_backward": rope_backward}
+JIT_KERNELS = {name: partial(fn, jit=True) for name, fn in KERNELS.items()}  # each token in one compiled loop

@@ -1,9 +1,12 @@
-"""The RMSNorm CPU kernels against their numpy references: the forward bitwise, the backward within rounding."""
+"""The RMSNorm CPU kernels against their numpy references, on the numpy path (the forward bitwise, the
+backward within rounding) and the compiled one (within rounding)."""
 
 import numpy as np
 import pytest
 
-from cpu_kernel_harness import FEW_KB, allocation_peak, fast_and_reference, random
+from cpu_kernel_harness import FEW_KB, allocation_peak, assert_the_reference, fast_and_reference, random
+
+pytestmark = pytest.mark.usefixtures("kernel_path")  # every test on the numpy and the compiled path
 
 SHAPES = [(5, 7), (2, 200, 700)]
 
@@ -25,20 +28,20 @@ def operands(name, shape, dtype):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", ["rmsnorm", "fused_residual_rmsnorm"])
-def test_the_forward_is_bitwise_the_reference(name, shape, dtype, threads):
+def test_the_forward_is_the_reference(name, shape, dtype, threads, kernel_path):
     outputs, expected, _ = fast_and_reference(name, operands(name, shape, dtype), {"eps": 1e-5}, threads)
     for got, want in zip(outputs, expected):
-        np.testing.assert_array_equal(got, want)
+        assert_the_reference(got, want, kernel_path)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", ["rmsnorm_backward", "fused_residual_rmsnorm_backward"])
-def test_the_backward_is_the_reference(name, shape, dtype, threads):
+def test_the_backward_is_the_reference(name, shape, dtype, threads, kernel_path):
     outputs, expected, _ = fast_and_reference(name, operands(name, shape, dtype), threads=threads)
-    for got, want in zip(outputs[:-1], expected[:-1]):  # d_x: the reference's order, bitwise
-        np.testing.assert_array_equal(got, want)
+    for got, want in zip(outputs[:-1], expected[:-1]):  # d_x: the reference's order (numpy: bitwise)
+        assert_the_reference(got, want, kernel_path, ulps=16)
     # d_weight: its rows summed in another order; the rounding of a sum scales with its partial sums
     tolerance = (1e-5 if dtype == np.float32 else 1e-12) * max(np.abs(expected[-1]).max(), 1)
     np.testing.assert_allclose(outputs[-1], expected[-1], rtol=0, atol=tolerance)

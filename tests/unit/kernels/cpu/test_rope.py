@@ -1,4 +1,5 @@
-"""The RoPE CPU kernels give bitwise the reference's rotations, in both layouts, in place too."""
+"""The RoPE CPU kernels give the reference's rotations (the numpy path bitwise, the compiled one within
+rounding), in both layouts, in place too."""
 
 import numpy as np
 import pytest
@@ -6,7 +7,9 @@ import pytest
 from modeldsl.kernels.cpu import cpu_kernel
 from modeldsl.kernels.cpu.pool import Pool
 from modeldsl.kernels.reference import REFERENCES
-from cpu_kernel_harness import FEW_KB, allocation_peak, fast_and_reference, random
+from cpu_kernel_harness import FEW_KB, allocation_peak, assert_the_reference, fast_and_reference, random
+
+pytestmark = pytest.mark.usefixtures("kernel_path")  # every test on the numpy and the compiled path
 
 
 def operands(layout, dtype, batch=2, tokens=37, heads=(4, 2), dim=8):
@@ -20,29 +23,29 @@ def operands(layout, dtype, batch=2, tokens=37, heads=(4, 2), dim=8):
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("layout", ["bhtd", "bthd"])
 @pytest.mark.parametrize("name", ["rope", "rope_backward"])
-def test_bitwise_the_reference(name, layout, interleaved, dtype, threads):
+def test_the_reference(name, layout, interleaved, dtype, threads, kernel_path):
     params = {"layout": layout, "interleaved": interleaved}
     outputs, expected, _ = fast_and_reference(name, operands(layout, dtype), params, threads)
     for got, want in zip(outputs, expected):
-        np.testing.assert_array_equal(got, want)
+        assert_the_reference(got, want, kernel_path)
 
 
-def test_many_tiles_of_positions():
+def test_many_tiles_of_positions(kernel_path):
     params = {"layout": "bthd"}
     inputs = operands("bthd", np.float32, batch=3, tokens=1000, heads=(8, 4), dim=32)
     outputs, expected, step = fast_and_reference("rope", inputs, params, threads=2)
     for got, want in zip(outputs, expected):
-        np.testing.assert_array_equal(got, want)
+        assert_the_reference(got, want, kernel_path)
     assert allocation_peak(step) < FEW_KB
 
 
 @pytest.mark.parametrize("layout", ["bhtd", "bthd"])
-def test_in_place(layout):
+def test_in_place(layout, kernel_path):
     q, k, freqs = operands(layout, np.float32)
     expected = REFERENCES["rope"](q, k, freqs, layout=layout)
     pool = Pool(2)
     step = cpu_kernel("rope")(pool, [q, k], [q, k, freqs], {"layout": layout})
     pool.workspace.prepare()
     step()
-    np.testing.assert_array_equal(q, expected[0])
-    np.testing.assert_array_equal(k, expected[1])
+    assert_the_reference(q, expected[0], kernel_path)
+    assert_the_reference(k, expected[1], kernel_path)
