@@ -417,6 +417,7 @@ def _geometry(pool: Pool, q, k, v, operands, params, alibi: bool, jit: bool) -> 
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or q.shape[2] > k.shape[2]:
         return None
     scale = params.get("softmax_scale")
+    jit = jit and compiled.takes(*operands)
     return Attention(pool, q, k, v, dtype, bool(params.get("causal", True)),
                      None if scale is None else float(scale), window, alibi, jit)
 

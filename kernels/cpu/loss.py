@@ -234,6 +234,7 @@ def _jit_grads(rows, out, state: Labels, ws, lo: int, hi: int) -> None:
 
 def cross_entropy(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
     (loss, lse), (logits, labels) = outputs, inputs
+    jit = jit and compiled.takes(logits)
     made = _row_kernel(pool, logits, labels, params, _jit_losses if jit else lambda rows, state, ws, lo, hi:
                        row_losses(rows[lo:hi], state, ws, lo, hi))
     if made is None:
@@ -255,6 +256,7 @@ def cross_entropy_backward(pool: Pool, outputs, inputs, params, jit: bool = Fals
     if dtype is None or out is None or logits.size != out.size or lse.size != out.shape[0]:
         return None
     d_rows = grad_input(d_loss, dtype, out.shape[0])
+    jit = jit and compiled.takes(logits, out)
     made = _row_kernel(pool, logits, labels, params, (lambda rows, state, ws, lo, hi: _jit_grads(rows, out, state, ws, lo, hi))
                        if jit else lambda rows, state, ws, lo, hi: row_grads(rows[lo:hi], out[lo:hi], state, ws, lo, hi),
                        dtype)
@@ -369,7 +371,7 @@ def _head(pool: Pool, x, weight, labels, params, losses: bool, grads: bool, d_x=
     labels = integer_labels(labels, x2.shape[0])
     if labels is None:
         return None
-    return Head(pool, x2, weight2, labels, params, dtype, losses, grads, *grad_views, jit=jit)
+    return Head(pool, x2, weight2, labels, params, dtype, losses, grads, *grad_views, jit=jit and compiled.takes(x2))
 
 
 def fused_lm_head_loss(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:

@@ -86,9 +86,8 @@ def _forward(pool: Pool, y, rstd, x, weight, eps: float, residual=None, value=No
     y2, x2, *summands = rows
     r2 = rstd.reshape(-1)
     if jit and _compiled_operands(*rows, r2, weight):
-        a, b = summands or (x2, x2)
-        arguments = (y2, r2, x2, weight, x2.dtype.type(eps), a, b, bool(summands))
-        return compiled.split_rows(pool, compiled.rmsnorm_rows, x2.shape[0], x2.size, arguments)
+        run = compiled.bind_rmsnorm(y2, r2, x2, weight, eps, *(summands or (None, None)))
+        return compiled.split_rows(pool, run, x2.shape[0], x2.size)
     frame = RowBlocks(pool, rows, temps=1)
 
     def tile(xs: np.ndarray, r: np.ndarray, r_column: np.ndarray, ys: np.ndarray, pair: list[np.ndarray],
@@ -117,8 +116,9 @@ def _forward(pool: Pool, y, rstd, x, weight, eps: float, residual=None, value=No
 
 
 def _compiled_operands(*arrays: np.ndarray) -> bool:
-    """Whether the compiled loops take these operands: C-contiguous, the weight as long as a row."""
-    return all(a.flags.c_contiguous for a in arrays) and arrays[-1].shape == (arrays[0].shape[-1],)
+    """Whether the compiled loops take these operands: float32, C-contiguous, the weight as long as a row."""
+    return compiled.takes(*arrays) and all(a.flags.c_contiguous for a in arrays) \
+        and arrays[-1].shape == (arrays[0].shape[-1],)
 
 
 def rmsnorm(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
@@ -134,12 +134,12 @@ def fused_residual_rmsnorm(pool: Pool, outputs, inputs, params, jit: bool = Fals
 def _jit_backward(frame: RowBlocks, outs, dy2, x2, weight, r2, nexts, total) -> Step:
     """The compiled rows of :func:`_backward`: each thread's weight-gradient columns in its scratch,
     added up in thread order."""
-    d_next = nexts[0] if nexts else dy2
+    run = compiled.bind_rmsnorm_backward(outs[0], dy2, x2, weight, r2, nexts[0] if nexts else None)
 
     def block(start: int, stop: int, thread: int) -> None:
         partial = frame.scratch(thread)[2][0]
         partial.fill(0)
-        compiled.rmsnorm_backward_rows(start, stop, outs[0], dy2, x2, weight, r2, d_next, bool(nexts), partial)
+        run(start, stop, partial)
         for other in outs[1:]:
             np.copyto(other[start:stop], outs[0][start:stop])
 

@@ -47,8 +47,8 @@ def _rope(pool: Pool, outputs, inputs, params, inverse: bool, jit: bool = False)
     heads = max(x.shape[2] for x, _ in tensors)
     if freqs.shape[0] != tokens or any(x.shape[:2] != (batch, tokens) or x.shape[3] != depth for x, _ in tensors):
         return None
-    if jit and freqs.shape == (tokens, depth // 2, 2) and depth % 2 == 0 and all(
-            a.flags.c_contiguous for a in (q, k, q_out, k_out, freqs)):
+    if jit and freqs.shape == (tokens, depth // 2, 2) and depth % 2 == 0 and compiled.takes(q, k, q_out, k_out, freqs) \
+            and all(a.flags.c_contiguous for a in (q, k, q_out, k_out, freqs)):
         return _jit_rope(pool, q, k, q_out, k_out, freqs, layout == "bthd", bool(interleaved), inverse)
     dtype, width = q.dtype, heads * depth
     per_tile = tile_rows(width)
@@ -96,15 +96,13 @@ def _rope(pool: Pool, outputs, inputs, params, inverse: bool, jit: bool = False)
 def _jit_rope(pool: Pool, q, k, q_out, k_out, freqs, bthd: bool, interleaved: bool, inverse: bool) -> Step:
     """The compiled rotation: the threads split the tokens, each rotating q's and k's heads."""
     tokens = q.shape[0] * (q.shape[1] if bthd else q.shape[2])
+    rotations = [compiled.bind_rope(x, out, freqs, bthd, interleaved, inverse) for x, out in ((q, q_out), (k, k_out))]
 
-    def block(start: int, stop: int, thread: int = 0) -> None:
-        compiled.rope_rows(start, stop, q, q_out, freqs, bthd, interleaved, inverse)
-        compiled.rope_rows(start, stop, k, k_out, freqs, bthd, interleaved, inverse)
+    def run(start: int, stop: int) -> None:
+        for rotate in rotations:
+            rotate(start, stop)
 
-    ranges = pool.split(tokens, q.size + k.size)
-    if len(ranges) == 1:
-        return lambda: block(0, tokens)
-    return lambda: pool.run(block, ranges)
+    return compiled.split_rows(pool, run, tokens, q.size + k.size)
 
 
 def rope(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:

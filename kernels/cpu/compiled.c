@@ -1,0 +1,279 @@
+/* The compiled CPU kernels (float32): loops that fuse what the numpy kernels run as many passes.
+ *
+ * Built at first use by modeldsl.kernels.cpu.compiled with the C compiler of the `ziglang` wheel
+ * (clang, -O3 -march=native), loaded through ctypes. Every function takes element counts and row
+ * strides in elements (the last dimension is contiguous) and is called with the GIL released.
+ * Loops marked assume_safety write each element after reading it, so an output may be its input's
+ * buffer (the registry's in-place reuse) and still vectorize.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef int64_t i64;
+
+#define SAFE _Pragma("clang loop vectorize(assume_safety)")
+
+/* exp(x) = 2^k p(r), k = round(x log2 e), r = x - k ln 2 (Cody-Waite), p of degree 7, 2^k as two
+ * powers of two from their bits: within 1 ulp of the rounded result; inf above 88.72, 0 below
+ * -103.97, NaN kept. No branch and no call, so the loops around it vectorize. */
+static inline float fast_exp(float x) {
+#pragma clang fp reassociate(off)
+    float c = fminf(fmaxf(x, -103.97208f), 88.72283f);
+    float k = floorf(c * 1.44269504088896341f + 0.5f);
+    float r = c - k * 0.693359375f - k * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t ki = (int32_t)k, half = ki >> 1;
+    int32_t bits1 = (half + 127) << 23, bits2 = (ki - half + 127) << 23;
+    float two1, two2;
+    memcpy(&two1, &bits1, 4);
+    memcpy(&two2, &bits2, 4);
+    float v = p * two1 * two2;
+    v = x > 88.72283f ? INFINITY : v;
+    v = x < -103.97208f ? 0.0f : v;
+    return x != x ? x : v;
+}
+
+/* max(x[0:n]) as the maximum of integer keys ordered as the floats (-inf when empty): an integer
+ * maximum vectorizes without fast-math. */
+static inline float row_max(const float *x, i64 n) {
+    int32_t key = INT32_MIN;
+    for (i64 i = 0; i < n; i++) {
+        int32_t bits;
+        memcpy(&bits, &x[i], 4);
+        int32_t ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF);
+        key = ordered > key ? ordered : key;
+    }
+    int32_t bits = key ^ ((key >> 31) & 0x7FFFFFFF);
+    float m;
+    memcpy(&m, &bits, 4);
+    return n > 0 ? m : -INFINITY;
+}
+
+/* out = fast_exp(x), for the tests of its accuracy. */
+void exp_rows(i64 n, float *out, const float *x) {
+    for (i64 i = 0; i < n; i++) out[i] = fast_exp(x[i]);
+}
+
+static inline float sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
+
+/* ---------------------------------------------------------------- the SiLU family, row by row */
+void silu_rows(i64 rows, i64 width, float *out, i64 so, const float *g, i64 sg) {
+    for (i64 r = 0; r < rows; r++) {
+        float *o = out + r * so;
+        const float *x = g + r * sg;
+        SAFE for (i64 c = 0; c < width; c++) o[c] = x[c] * sigmoid(x[c]);
+    }
+}
+
+void swiglu_rows(i64 rows, i64 width, float *out, i64 so, const float *g, i64 sg, const float *u, i64 su) {
+    for (i64 r = 0; r < rows; r++) {
+        float *o = out + r * so;
+        const float *x = g + r * sg, *up = u + r * su;
+        SAFE for (i64 c = 0; c < width; c++) o[c] = sigmoid(x[c]) * x[c] * up[c];
+    }
+}
+
+void silu_backward_rows(i64 rows, i64 width, float *d_x, i64 sx, const float *d_out, i64 sd, const float *g, i64 sg) {
+    for (i64 r = 0; r < rows; r++) {
+        float *dx = d_x + r * sx;
+        const float *dy = d_out + r * sd, *x = g + r * sg;
+        SAFE for (i64 c = 0; c < width; c++) {
+            float s = sigmoid(x[c]);
+            dx[c] = dy[c] * (((1.0f - s) * x[c] + 1.0f) * s);
+        }
+    }
+}
+
+void swiglu_backward_rows(i64 rows, i64 width, float *d_gate, i64 sdg, float *d_up, i64 sdu, const float *d_out, i64 sd,
+                          const float *g, i64 sg, const float *u, i64 su) {
+    for (i64 r = 0; r < rows; r++) {
+        float *dg = d_gate + r * sdg, *du = d_up + r * sdu;
+        const float *dy = d_out + r * sd, *x = g + r * sg, *up = u + r * su;
+        SAFE for (i64 c = 0; c < width; c++) {
+            float xc = x[c], uc = up[c], dyc = dy[c];
+            float s = sigmoid(xc);
+            dg[c] = dyc * uc * (((1.0f - s) * xc + 1.0f) * s);
+            du[c] = dyc * (s * xc);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- attention strips
+ * A strip is [stacked rows, span]: its row r is query r % rows of the block, of the stack's head
+ * r / rows; its column c is key j_lo + c; `shift` is the distance i - j at its first row and
+ * column. A key is seen where 0 <= d (causal) and |d| < window (window > 0). ALiBi slopes (NULL:
+ * none) of stacked head h at slopes[(h / heads) * group + h % heads]. */
+static inline void seen(i64 d0, i64 span, int causal, i64 window, i64 *lo, i64 *hi) {
+    i64 h = causal ? (d0 + 1 < span ? d0 + 1 : span) : (window > 0 ? (d0 + window < span ? d0 + window : span) : span);
+    i64 l = window > 0 ? (d0 - window + 1 > 0 ? d0 - window + 1 : 0) : 0;
+    *lo = l;
+    *hi = h > l ? h : l;
+}
+
+static inline void scale_scores(float *x, i64 n, float scale, const float *slopes, i64 head, i64 heads, i64 group,
+                                i64 d_first) {
+    if (slopes) {
+        float slope = slopes[(head / heads) * group + head % heads];
+        for (i64 c = 0; c < n; c++) x[c] = x[c] * scale - slope * fabsf((float)(d_first - c));
+    } else {
+        for (i64 c = 0; c < n; c++) x[c] *= scale;
+    }
+}
+
+static inline void zero_outside(float *row, i64 span, i64 lo, i64 hi) {
+    memset(row, 0, lo * sizeof(float));
+    memset(row + hi, 0, (span - hi) * sizeof(float));
+}
+
+/* s = softmax(scale s - slope |d|) over the keys each row sees (the others 0), lse its log-sum-exp. */
+void softmax_strip(i64 total, i64 span, float *s, float *lse, float scale, const float *slopes, i64 heads, i64 group,
+                   i64 rows, i64 shift, int causal, i64 window) {
+    for (i64 r = 0; r < total; r++) {
+        i64 d0 = shift + r % rows, lo, hi;
+        seen(d0, span, causal, window, &lo, &hi);
+        float *row = s + r * span, *x = row + lo;
+        i64 n = hi - lo;
+        scale_scores(x, n, scale, slopes, r / rows, heads, group, d0 - lo);
+        float m = row_max(x, n), sum = 0.0f;
+        for (i64 c = 0; c < n; c++) {
+            float e = fast_exp(x[c] - m);
+            x[c] = e;
+            sum += e;
+        }
+        float inverse = 1.0f / sum;
+        for (i64 c = 0; c < n; c++) x[c] *= inverse;
+        zero_outside(row, span, lo, hi);
+        lse[r] = m + logf(sum);
+    }
+}
+
+/* s = exp(scale s - slope |d| - lse) over the keys each row sees (the others 0). */
+void probabilities_strip(i64 total, i64 span, float *s, const float *lse, float scale, const float *slopes, i64 heads,
+                         i64 group, i64 rows, i64 shift, int causal, i64 window) {
+    for (i64 r = 0; r < total; r++) {
+        i64 d0 = shift + r % rows, lo, hi;
+        seen(d0, span, causal, window, &lo, &hi);
+        float *row = s + r * span, *x = row + lo;
+        i64 n = hi - lo;
+        scale_scores(x, n, scale, slopes, r / rows, heads, group, d0 - lo);
+        float offset = lse[r];
+        for (i64 c = 0; c < n; c++) x[c] = fast_exp(x[c] - offset);
+        zero_outside(row, span, lo, hi);
+    }
+}
+
+/* d_s = scale p (d_s - sum(d_out out)) row by row; d_out, out: [heads, rows, Dv] by strides. */
+void score_grads_strip(i64 total, i64 span, float *d_s, const float *p, const float *d_out, i64 dh, i64 dr,
+                       const float *out, i64 oh, i64 orow, i64 depth, i64 rows, float scale) {
+    for (i64 r = 0; r < total; r++) {
+        const float *dy = d_out + (r / rows) * dh + (r % rows) * dr, *o = out + (r / rows) * oh + (r % rows) * orow;
+        float delta = 0.0f;
+        for (i64 e = 0; e < depth; e++) delta += dy[e] * o[e];
+        float *grad = d_s + r * span;
+        const float *prob = p + r * span;
+        for (i64 c = 0; c < span; c++) grad[c] = prob[c] * (grad[c] - delta) * scale;
+    }
+}
+
+/* ---------------------------------------------------------------- cross-entropy rows
+ * Rows first + r of a cross-entropy, for each row r of logits [n, vocab]: with `losses` their
+ * lse = log(sum exp(l - m)) + m (m the row max, 0 when not finite) and loss lse - l[label] (0 where
+ * not valid); with `grads` the row overwritten by (exp(l - lse) - onehot) scale. */
+void cross_entropy_rows(i64 n, i64 vocab, float *logits, i64 stride, i64 first, const i64 *column, const uint8_t *valid,
+                        const float *scale, float *lse, float *per_row, int losses, int grads) {
+    for (i64 r = 0; r < n; r++) {
+        float *row = logits + r * stride;
+        i64 at = first + r;
+        if (losses) {
+            float m = row_max(row, vocab), sum = 0.0f;
+            m = isfinite(m) ? m : 0.0f;
+            for (i64 c = 0; c < vocab; c++) sum += fast_exp(row[c] - m);
+            lse[at] = logf(sum) + m;
+            per_row[at] = valid[at] ? lse[at] - row[column[at]] : 0.0f;
+        }
+        if (grads) {
+            float offset = lse[at], factor = scale[at], label = row[column[at]];
+            for (i64 c = 0; c < vocab; c++) row[c] = fast_exp(row[c] - offset) * factor;
+            if (valid[at]) row[column[at]] = (fast_exp(label - offset) - 1.0f) * factor;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- RoPE
+ * Tokens start .. stop - 1 (flattened b * T + t) of out = rope(x) (inverse: by -angle) for every head;
+ * x, out C-contiguous in their layout (bthd: [B, T, H, D], else [B, H, T, D]); freqs [T, D / 2, 2]. */
+void rope_rows(i64 start, i64 stop, const float *x, float *out, const float *freqs, i64 tokens, i64 heads, i64 depth,
+               int bthd, int interleaved, int inverse) {
+    i64 half = depth / 2;
+    float sign = inverse ? -1.0f : 1.0f;
+    for (i64 item = start; item < stop; item++) {
+        i64 b = item / tokens, t = item % tokens;
+        const float *angles = freqs + t * depth;
+        for (i64 h = 0; h < heads; h++) {
+            i64 offset = bthd ? ((b * tokens + t) * heads + h) * depth : ((b * heads + h) * tokens + t) * depth;
+            const float *xs = x + offset;
+            float *o = out + offset;
+            if (interleaved) {
+                SAFE for (i64 i = 0; i < half; i++) {
+                    float cos = angles[2 * i], sin = sign * angles[2 * i + 1], a = xs[2 * i], c = xs[2 * i + 1];
+                    o[2 * i] = a * cos - c * sin;
+                    o[2 * i + 1] = c * cos + a * sin;
+                }
+            } else {
+                SAFE for (i64 i = 0; i < half; i++) {
+                    float cos = angles[2 * i], sin = sign * angles[2 * i + 1], a = xs[i], c = xs[i + half];
+                    o[i] = a * cos - c * sin;
+                    o[i + half] = c * cos + a * sin;
+                }
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- RMSNorm
+ * Rows start .. stop - 1 of y = x rstd w, rstd = 1 / sqrt(mean(x^2) + eps); `fused`: x first
+ * written as residual + value. */
+void rmsnorm_rows(i64 start, i64 stop, i64 width, float *y, float *rstd, float *x, const float *weight, float eps,
+                  const float *residual, const float *value, int fused) {
+    for (i64 r = start; r < stop; r++) {
+        float *xs = x + r * width, *ys = y + r * width;
+        if (fused) {
+            const float *a = residual + r * width, *b = value + r * width;
+            SAFE for (i64 c = 0; c < width; c++) xs[c] = a[c] + b[c];
+        }
+        float sum = 0.0f;
+        for (i64 c = 0; c < width; c++) sum += xs[c] * xs[c];
+        float scale = 1.0f / sqrtf(sum / (float)width + eps);
+        rstd[r] = scale;
+        SAFE for (i64 c = 0; c < width; c++) ys[c] = xs[c] * scale * weight[c];
+    }
+}
+
+/* Rows start .. stop - 1 of d_x = r g - x r^3 mean(g x) (g = d_y w; plus d_next where `fused`), and
+ * their d_y x r added into column_sums (the weight's gradient). */
+void rmsnorm_backward_rows(i64 start, i64 stop, i64 width, float *d_x, const float *d_y, const float *x,
+                           const float *weight, const float *rstd, const float *d_next, int fused, float *column_sums) {
+    for (i64 r = start; r < stop; r++) {
+        const float *dy = d_y + r * width, *xs = x + r * width;
+        float scale = rstd[r], mean = 0.0f;
+        for (i64 c = 0; c < width; c++) {
+            column_sums[c] += dy[c] * xs[c] * scale;
+            mean += dy[c] * weight[c] * xs[c];
+        }
+        float cube = scale * scale * scale * (mean / (float)width);
+        float *dx = d_x + r * width;
+        if (fused) {
+            const float *next = d_next + r * width;
+            SAFE for (i64 c = 0; c < width; c++) dx[c] = next[c] + (scale * (dy[c] * weight[c]) - xs[c] * cube);
+        } else {
+            SAFE for (i64 c = 0; c < width; c++) dx[c] = scale * (dy[c] * weight[c]) - xs[c] * cube;
+        }
+    }
+}
