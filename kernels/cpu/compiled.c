@@ -1,7 +1,8 @@
 /* The compiled CPU kernels (float32): loops that fuse what the numpy kernels run as many passes.
  *
  * Built at first use by modeldsl.kernels.cpu.compiled with the C compiler of the `ziglang` wheel
- * (clang, -O3 -march=native), loaded through ctypes. Every function takes element counts and row
+ * (clang, -O3 -march=native, no contraction into FMAs: each operation rounds as written, as numpy's
+ * do; the sums of REDUCE blocks may be reassociated, so they vectorize), loaded through ctypes. Every function takes element counts and row
  * strides in elements (the last dimension is contiguous) and is called with the GIL released.
  * Loops marked assume_safety write each element after reading it, so an output may be its input's
  * buffer (the registry's in-place reuse) and still vectorize.
@@ -13,22 +14,24 @@
 typedef int64_t i64;
 
 #define SAFE _Pragma("clang loop vectorize(assume_safety)")
+/* At the top of a block holding a sum: its terms may be added in any order (so it vectorizes).
+ * Nowhere else: an expression rounds as written, so a fused kernel keeps its parts' bits. */
+#define REDUCE _Pragma("clang fp reassociate(on)")
 
 /* exp(x) = 2^k p(r), k = round(x log2 e), r = x - k ln 2 (Cody-Waite), p of degree 7, 2^k as two
  * powers of two from their bits: within 1 ulp of the rounded result; inf above 88.72, 0 below
  * -103.97, NaN kept. No branch and no call, so the loops around it vectorize. */
 static inline float fast_exp(float x) {
-#pragma clang fp reassociate(off)
     float c = fminf(fmaxf(x, -103.97208f), 88.72283f);
     float k = floorf(c * 1.44269504088896341f + 0.5f);
-    float r = c - k * 0.693359375f - k * -2.12194440e-4f;
+    float r = fmaf(k, 2.12194440e-4f, fmaf(-k, 0.693359375f, c));
     float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r) + 1.0f;
     int32_t ki = (int32_t)k, half = ki >> 1;
     int32_t bits1 = (half + 127) << 23, bits2 = (ki - half + 127) << 23;
     float two1, two2;
@@ -142,10 +145,12 @@ void softmax_strip(i64 total, i64 span, float *s, float *lse, float scale, const
         i64 n = hi - lo;
         scale_scores(x, n, scale, slopes, r / rows, heads, group, d0 - lo);
         float m = row_max(x, n), sum = 0.0f;
-        for (i64 c = 0; c < n; c++) {
-            float e = fast_exp(x[c] - m);
-            x[c] = e;
-            sum += e;
+        {
+            REDUCE for (i64 c = 0; c < n; c++) {
+                float e = fast_exp(x[c] - m);
+                x[c] = e;
+                sum += e;
+            }
         }
         float inverse = 1.0f / sum;
         for (i64 c = 0; c < n; c++) x[c] *= inverse;
@@ -175,7 +180,9 @@ void score_grads_strip(i64 total, i64 span, float *d_s, const float *p, const fl
     for (i64 r = 0; r < total; r++) {
         const float *dy = d_out + (r / rows) * dh + (r % rows) * dr, *o = out + (r / rows) * oh + (r % rows) * orow;
         float delta = 0.0f;
-        for (i64 e = 0; e < depth; e++) delta += dy[e] * o[e];
+        {
+            REDUCE for (i64 e = 0; e < depth; e++) delta += dy[e] * o[e];
+        }
         float *grad = d_s + r * span;
         const float *prob = p + r * span;
         for (i64 c = 0; c < span; c++) grad[c] = prob[c] * (grad[c] - delta) * scale;
@@ -194,7 +201,9 @@ void cross_entropy_rows(i64 n, i64 vocab, float *logits, i64 stride, i64 first, 
         if (losses) {
             float m = row_max(row, vocab), sum = 0.0f;
             m = isfinite(m) ? m : 0.0f;
-            for (i64 c = 0; c < vocab; c++) sum += fast_exp(row[c] - m);
+            {
+                REDUCE for (i64 c = 0; c < vocab; c++) sum += fast_exp(row[c] - m);
+            }
             lse[at] = logf(sum) + m;
             per_row[at] = valid[at] ? lse[at] - row[column[at]] : 0.0f;
         }
@@ -249,7 +258,9 @@ void rmsnorm_rows(i64 start, i64 stop, i64 width, float *y, float *rstd, float *
             SAFE for (i64 c = 0; c < width; c++) xs[c] = a[c] + b[c];
         }
         float sum = 0.0f;
-        for (i64 c = 0; c < width; c++) sum += xs[c] * xs[c];
+        {
+            REDUCE for (i64 c = 0; c < width; c++) sum += xs[c] * xs[c];
+        }
         float scale = 1.0f / sqrtf(sum / (float)width + eps);
         rstd[r] = scale;
         SAFE for (i64 c = 0; c < width; c++) ys[c] = xs[c] * scale * weight[c];
@@ -263,9 +274,11 @@ void rmsnorm_backward_rows(i64 start, i64 stop, i64 width, float *d_x, const flo
     for (i64 r = start; r < stop; r++) {
         const float *dy = d_y + r * width, *xs = x + r * width;
         float scale = rstd[r], mean = 0.0f;
-        for (i64 c = 0; c < width; c++) {
-            column_sums[c] += dy[c] * xs[c] * scale;
-            mean += dy[c] * weight[c] * xs[c];
+        {
+            REDUCE for (i64 c = 0; c < width; c++) {
+                column_sums[c] += dy[c] * xs[c] * scale;
+                mean += dy[c] * weight[c] * xs[c];
+            }
         }
         float cube = scale * scale * scale * (mean / (float)width);
         float *dx = d_x + r * width;

@@ -6,8 +6,8 @@ a pass costs more in dispatch and memory traffic than in arithmetic, and numpy
 cannot fuse them. Their compiled twins are the C functions of ``compiled.c``
 (float32), one loop over the data with a vectorizable ``exp``. They are built
 at the first use on a machine by the C compiler that the ``ziglang`` wheel
-ships (clang: ``-O3 -march=native``, reassociated sums, IEEE inf and NaN
-kept), into ``$MDSL_CACHE_DIR`` (default ``~/.cache/modeldsl``) under a name
+ships (clang: ``-O3 -march=native``, each operation rounded as written but
+the sums it may reassociate, IEEE inf and NaN kept), into ``$MDSL_CACHE_DIR`` (default ``~/.cache/modeldsl``) under a name
 that hashes the source, the flags and the CPU, so a later process only loads
 the library (ctypes, a few hundred KB of memory). Nothing is compiled at install
 time: ``ziglang`` installs from the package registry as a wheel. ctypes releases
@@ -52,8 +52,11 @@ from modeldsl.kernels.cpu.tiles import Step, as_rows
 ENV_VAR = "MDSL_CPU_JIT"
 CACHE_ENV_VAR = "MDSL_CACHE_DIR"
 SOURCE = Path(__file__).with_name("compiled.c")
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=fast", "-fassociative-math", "-fno-signed-zeros",
-         "-fno-trapping-math", "-shared", "-fPIC", "-lm")
+# Each operation rounds as written (no contraction into FMAs, no reassociation but in the sums that
+# compiled.c marks: a fused kernel and its unfused parts keep the same bits); inf and NaN keep their
+# meaning.
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fno-signed-zeros", "-fno-trapping-math",
+         "-shared", "-fPIC", "-lm")
 F32 = np.dtype(np.float32)
 
 I64, PTR, FLOAT, INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int

@@ -199,6 +199,48 @@ def fused_residual_rmsnorm_backward(pool: Pool, outputs, inputs, params, jit: bo
     return _backward(pool, [d_residual, d_input], d_weight, d_y, d_next, residual_out, weight, rstd, jit)
 
 
+def in_sequence(*steps: Step | None) -> Step | None:
+    """One step running ``steps`` one after the other (None if any is None)."""
+    if any(step is None for step in steps):
+        return None
+
+    def step() -> None:
+        for each in steps:
+            each()
+
+    return step
+
+
+def _compiled_heads(*groups: tuple[np.ndarray, ...]) -> bool:
+    """Whether each group (the head tensors, the rstd, the weight last) runs on the compiled path; the
+    qk-norm kernels run nowhere else (a numpy step would change the bits of the reference composites
+    that the numpy path keeps)."""
+    return compiled.enabled() and all(
+        compiled.takes(*group) and all(a.flags.c_contiguous for a in group) and group[-1].shape == group[0].shape[-1:]
+        for group in groups)
+
+
+def qk_norm(pool: Pool, outputs, inputs, params) -> Step | None:
+    """RMSNorm of every q and k head vector: the compiled rows of :func:`rmsnorm`, so a program that
+    fuses it with RoPE (``fused_qk_norm_rope``) keeps its bits."""
+    (q_norm, k_norm, q_rstd, k_rstd), (q, k, q_weight, k_weight) = outputs, inputs
+    eps = params.get("eps", 1e-6)
+    if not _compiled_heads((q_norm, q, q_rstd, q_weight), (k_norm, k, k_rstd, k_weight)):
+        return None
+    return in_sequence(_forward(pool, q_norm, q_rstd, q, q_weight, eps, jit=True),
+                       _forward(pool, k_norm, k_rstd, k, k_weight, eps, jit=True))
+
+
+def qk_norm_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+    (d_q, d_k, d_q_weight, d_k_weight), (d_q_norm, d_k_norm, q, k, q_weight, k_weight, q_rstd, k_rstd) = outputs, inputs
+    if not _compiled_heads((d_q, d_q_norm, q, q_rstd, q_weight), (d_k, d_k_norm, k, k_rstd, k_weight)) \
+            or not compiled.takes(d_q_weight, d_k_weight):
+        return None
+    return in_sequence(_backward(pool, [d_q], d_q_weight, d_q_norm, None, q, q_weight, q_rstd, jit=True),
+                       _backward(pool, [d_k], d_k_weight, d_k_norm, None, k, k_weight, k_rstd, jit=True))
+
+
 KERNELS = {fn.__name__: fn for fn in (rmsnorm, fused_residual_rmsnorm, rmsnorm_backward,
                                       fused_residual_rmsnorm_backward)}
 JIT_KERNELS = {name: partial(fn, jit=True) for name, fn in KERNELS.items()}  # each row in one compiled loop
+JIT_KERNELS.update(qk_norm=qk_norm, qk_norm_backward=qk_norm_backward)  # no numpy kernel: the reference runs them

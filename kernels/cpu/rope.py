@@ -21,7 +21,7 @@ from functools import partial
 
 import numpy as np
 
-from modeldsl.kernels.cpu import compiled
+from modeldsl.kernels.cpu import compiled, norm
 from modeldsl.kernels.cpu.pool import Pool, carved_bytes, tile_rows
 from modeldsl.kernels.cpu.tiles import Step, float_dtype
 
@@ -102,7 +102,9 @@ def _jit_rope(pool: Pool, q, k, q_out, k_out, freqs, bthd: bool, interleaved: bo
         for rotate in rotations:
             rotate(start, stop)
 
-    return compiled.split_rows(pool, run, tokens, q.size + k.size)
+    step = compiled.split_rows(pool, run, tokens, q.size + k.size)
+    step.compiled = True  # (the fused qk-norm kernels run only on the compiled path)
+    return step
 
 
 def rope(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
@@ -113,5 +115,24 @@ def rope_backward(pool: Pool, outputs, inputs, params, jit: bool = False) -> Ste
     return _rope(pool, outputs, inputs, params, inverse=True, jit=jit)
 
 
+def fused_qk_norm_rope(pool: Pool, outputs, inputs, params) -> Step | None:
+    """qk_norm then RoPE in place over the outputs, the compiled steps of the two unfused kernels: the
+    fused program keeps the unfused one's bits."""
+    (q_rot, k_rot, q_rstd, k_rstd), (q, k, q_weight, k_weight, freqs) = outputs, inputs
+    normed = norm.qk_norm(pool, [q_rot, k_rot, q_rstd, k_rstd], [q, k, q_weight, k_weight], params)
+    rotated = _rope(pool, [q_rot, k_rot], [q_rot, k_rot, freqs], params, inverse=False, jit=True)
+    return norm.in_sequence(normed, rotated) if normed is not None and getattr(rotated, "compiled", False) else None
+
+
+def fused_qk_norm_rope_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+    """RoPE's backward into ``d_q``, ``d_k``, then qk_norm's backward over them in place."""
+    (d_q, d_k, d_q_weight, d_k_weight), (d_q_rot, d_k_rot, q, k, q_weight, k_weight, q_rstd, k_rstd, freqs) = \
+        outputs, inputs
+    rotated = _rope(pool, [d_q, d_k], [d_q_rot, d_k_rot, freqs], params, inverse=True, jit=True)
+    normed = norm.qk_norm_backward(pool, outputs, [d_q, d_k, q, k, q_weight, k_weight, q_rstd, k_rstd], params)
+    return norm.in_sequence(rotated, normed) if normed is not None and getattr(rotated, "compiled", False) else None
+
+
 KERNELS = {"rope": rope, "rope_backward": rope_backward}
 JIT_KERNELS = {name: partial(fn, jit=True) for name, fn in KERNELS.items()}  # each token in one compiled loop
+JIT_KERNELS.update(fused_qk_norm_rope=fused_qk_norm_rope, fused_qk_norm_rope_backward=fused_qk_norm_rope_backward)
