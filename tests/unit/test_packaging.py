@@ -58,7 +58,8 @@ def test_wheel_contains_the_mapped_folders(wheel):
     import zipfile
 
     names = zipfile.ZipFile(wheel).namelist()
-    for path in ("modeldsl/frontend/text/grammar.lark", "modeldsl/dialects/graph.py", "modeldsl/passes/registry.py", "modeldsl/tools/opt.py", "modeldsl/kernels/__init__.py"):
+    for path in ("modeldsl/frontend/text/grammar.lark", "modeldsl/dialects/graph.py", "modeldsl/passes/registry.py", "modeldsl/tools/opt.py", "modeldsl/kernels/__init__.py",
+                 "modeldsl/kernels/cpu/compiled.c"):
         assert path in names
     # the whole standard library, std/primitives/*.module included
     std = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "modeldsl" / "std").rglob("*.module"))

@@ -281,7 +281,7 @@ def test_the_spec_moe_experts_block_with_grouped_gemm_tn_matches_torch_and_finit
     assert ok and {c.name for c in checks} == {"gate_up_weights", "down_weights", "input permuted_tokens"}, text
 
 
-def test_the_spec_moe_layer_computes_its_own_offsets_and_matches_torch_and_finite_differences(tmp_path):
+def test_the_spec_moe_layer_computes_its_own_offsets_and_matches_torch_and_finite_differences(tmp_path, numpy_cpu_kernels):
     """Spec 6.9.3's MoELayer: route (softmax, top 2 renormalized), moe_compute_offsets, permute, the experts'
     grouped GEMMs, unpermute; against a per-token torch loop over the chosen experts, and every gradient
     (router gate, experts, input) against finite differences."""

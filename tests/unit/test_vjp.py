@@ -576,7 +576,7 @@ SCHEDULE_CASES = {"reduce_max": "reduce_max_backward", "grouped_gemm": "grouped_
 
 
 @pytest.mark.parametrize("c", [c for c in CASES if c.id.split("-")[0] in SCHEDULE_CASES], ids=lambda c: c.id)
-def test_the_gradient_runs_on_the_schedule_executor(c: Case):
+def test_the_gradient_runs_on_the_schedule_executor(c: Case, numpy_cpu_kernels):
     """mdsl-lower-to-sched of the gradient launches the backward kernel; its results are the interpreter's."""
     from modeldsl.dialects.sched import LaunchOp
     from modeldsl.passes.lower_to_sched import lower_function

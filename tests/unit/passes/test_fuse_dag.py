@@ -103,7 +103,7 @@ def inputs(seed: int = 0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
 
 
 @pytest.mark.parametrize("name", sorted(BODIES))
-def test_the_fused_forward_runs_the_primitive_and_gives_the_written_out_results(tmp_path, name):
+def test_the_fused_forward_runs_the_primitive_and_gives_the_written_out_results(tmp_path, name, numpy_cpu_kernels):
     model = written(tmp_path, name)
     x, weights = inputs()
     unfused = plan(lower_function(specialized(model.model, fuse=False), "forward", "fp32"))

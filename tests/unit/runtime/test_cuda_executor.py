@@ -35,6 +35,8 @@ from modeldsl.runtime.profiles import compile_profile
 from modeldsl.runtime.sched_executor import ScheduleExecutor
 from modeldsl.runtime.train import Trainer, compile_training_step
 
+pytestmark = pytest.mark.usefixtures("numpy_cpu_kernels")  # the devices run the references: bitwise on its numpy kernels
+
 LLAMA = STD_ROOT / "models" / "llama.module"
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny_llama"
 TOKENS = np.array([[3, 17, 42, 5, 9, 33, 2, 61, 7, 12, 40, 8, 1, 2, 3, 4]])

@@ -31,14 +31,30 @@ def schedule(model, tokens, storage="fp32", split_gemms=True):
     return ScheduleExecutor(program, model.weights)
 
 
-def test_the_schedule_gives_bitwise_the_graph_interpreters_logits(loaded):
-    """Bitwise where the schedule does the graph's arithmetic; splitting the fused projections into
-    narrower GEMMs (the default) only moves BLAS rounding."""
+def test_the_schedule_gives_bitwise_the_graph_interpreters_logits(loaded, numpy_cpu_kernels):
+    """Bitwise where the schedule does the graph's arithmetic (the numpy kernels); splitting the fused
+    projections into narrower GEMMs (the default) only moves BLAS rounding."""
     expected = loaded.forward(TOKENS, engine="graph")
     (logits,) = schedule(loaded, TOKENS, split_gemms=False).execute(*loaded.inputs(TOKENS, 0))
     np.testing.assert_array_equal(logits, expected)
     (logits,) = schedule(loaded, TOKENS).execute(*loaded.inputs(TOKENS, 0))
     np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_compiled_kernels_give_the_graph_interpreters_logits_within_1e_6(loaded):
+    """The default CPU kernels (compiled where they build) against the interpreter: within 1e-6 of the
+    logits' scale, and the same bits run to run."""
+    from modeldsl.kernels.cpu import compiled
+
+    if not compiled.enabled():
+        pytest.skip("the compiled kernels do not build here")
+    expected = loaded.forward(TOKENS, engine="graph")
+    executor = schedule(loaded, TOKENS, split_gemms=False)
+    (logits,) = executor.execute(*loaded.inputs(TOKENS, 0))
+    first = logits.copy()
+    np.testing.assert_allclose(logits, expected, rtol=0, atol=1e-6 * np.abs(expected).max())
+    (again,) = executor.execute(*loaded.inputs(TOKENS, 0))
+    np.testing.assert_array_equal(again, first)
 
 
 NOT_EXECUTE = [tracemalloc.Filter(False, "*/threadpoolctl.py"), tracemalloc.Filter(False, tracemalloc.__file__),
