@@ -9,8 +9,11 @@ in-place reuse).
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
+from modeldsl.kernels.cpu.compiled import over_rows
 from modeldsl.kernels.cpu.pool import Pool
 from modeldsl.kernels.cpu.tiles import Step, rowwise
 
@@ -96,3 +99,26 @@ def fused_split_swiglu_backward(pool: Pool, outputs, inputs, params) -> Step | N
 
 KERNELS = {fn.__name__: fn for fn in (silu, silu_backward, swiglu, swiglu_backward, fused_split_swiglu,
                                       fused_split_swiglu_backward)}
+
+
+
+# ---------------------------------------------------------------------------------------- the compiled path
+def _compiled_rows(function: str, pool: Pool, outputs, inputs, params) -> Step | None:
+    """Each row one loop of ``function`` in compiled.c, the sigmoid's exp vectorized."""
+    return over_rows(pool, function, outputs, inputs, EXP_COST)
+
+
+def _compiled_split_swiglu(pool: Pool, outputs, inputs, params) -> Step | None:
+    return over_rows(pool, "swiglu_rows", outputs, _halves(inputs[0]), EXP_COST)
+
+
+def _compiled_split_swiglu_backward(pool: Pool, outputs, inputs, params) -> Step | None:
+    d_out, gate_up = inputs
+    return over_rows(pool, "swiglu_backward_rows", _halves(outputs[0]), [d_out, *_halves(gate_up)], EXP_COST)
+
+
+JIT_KERNELS = {
+    **{name: partial(_compiled_rows, f"{name}_rows") for name in ("silu", "silu_backward", "swiglu", "swiglu_backward")},
+    "fused_split_swiglu": _compiled_split_swiglu,
+    "fused_split_swiglu_backward": _compiled_split_swiglu_backward,
+}

@@ -188,44 +188,6 @@ def fast_exp(x: np.ndarray) -> np.ndarray:
     return out
 
 
-# ---------------------------------------------------------------------------------------- the SiLU family
-EXP_COST = 2
-
-
-def _halves(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    width = a.shape[-1] // 2
-    return a[..., :width], a[..., width:]
-
-
-def silu(pool: Pool, outputs, inputs, params) -> Step | None:
-    return over_rows(pool, "silu_rows", outputs, inputs, EXP_COST)
-
-
-def silu_backward(pool: Pool, outputs, inputs, params) -> Step | None:
-    return over_rows(pool, "silu_backward_rows", outputs, inputs, EXP_COST)
-
-
-def swiglu(pool: Pool, outputs, inputs, params) -> Step | None:
-    return over_rows(pool, "swiglu_rows", outputs, inputs, EXP_COST)
-
-
-def swiglu_backward(pool: Pool, outputs, inputs, params) -> Step | None:
-    return over_rows(pool, "swiglu_backward_rows", outputs, inputs, EXP_COST)
-
-
-def fused_split_swiglu(pool: Pool, outputs, inputs, params) -> Step | None:
-    return over_rows(pool, "swiglu_rows", outputs, _halves(inputs[0]), EXP_COST)
-
-
-def fused_split_swiglu_backward(pool: Pool, outputs, inputs, params) -> Step | None:
-    d_out, gate_up = inputs
-    return over_rows(pool, "swiglu_backward_rows", _halves(outputs[0]), [d_out, *_halves(gate_up)], EXP_COST)
-
-
-KERNELS: dict[str, Callable] = {fn.__name__: fn for fn in (
-    silu, silu_backward, swiglu, swiglu_backward, fused_split_swiglu, fused_split_swiglu_backward)}
-
-
 # ---------------------------------------------------------------------------------------- attention strips
 def _slopes(slopes: np.ndarray) -> tuple[int, int, int]:
     """(address, heads, group) of an ALiBi ``[kv heads, query heads]`` view (``[0, 0]``: none)."""

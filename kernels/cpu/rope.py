@@ -126,8 +126,7 @@ def fused_qk_norm_rope(pool: Pool, outputs, inputs, params) -> Step | None:
 
 def fused_qk_norm_rope_backward(pool: Pool, outputs, inputs, params) -> Step | None:
     """RoPE's backward into ``d_q``, ``d_k``, then qk_norm's backward over them in place."""
-    (d_q, d_k, d_q_weight, d_k_weight), (d_q_rot, d_k_rot, q, k, q_weight, k_weight, q_rstd, k_rstd, freqs) = \
-        outputs, inputs
+    (d_q, d_k, _, _), (d_q_rot, d_k_rot, q, k, q_weight, k_weight, q_rstd, k_rstd, freqs) = outputs, inputs
     rotated = _rope(pool, [d_q, d_k], [d_q_rot, d_k_rot, freqs], params, inverse=True, jit=True)
     normed = norm.qk_norm_backward(pool, outputs, [d_q, d_k, q, k, q_weight, k_weight, q_rstd, k_rstd], params)
     return norm.in_sequence(rotated, normed) if normed is not None and getattr(rotated, "compiled", False) else None

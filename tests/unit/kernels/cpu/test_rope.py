@@ -49,3 +49,39 @@ def test_in_place(layout, kernel_path):
     step()
     assert_the_reference(q, expected[0], kernel_path)
     assert_the_reference(k, expected[1], kernel_path)
+
+
+def qk_operands(layout, seed=0):
+    q, k, freqs = operands(layout, np.float32, heads=(4, 2), dim=16)
+    weights = [random((16,), np.float32, seed + 8) + 1, random((16,), np.float32, seed + 9) + 1]
+    return q, k, weights, freqs
+
+
+@pytest.mark.parametrize("layout", ["bhtd", "bthd"])
+def test_the_fused_qk_norm_rope_is_the_reference_and_its_parts_bitwise(layout, kernel_path):
+    """On the compiled path (the only one that runs these kernels) the fused kernels are their unfused
+    compiled parts bit for bit, so a program that fuses them keeps its bits; all within rounding of
+    the references."""
+    if kernel_path == "numpy":
+        assert cpu_kernel("fused_qk_norm_rope") is None  # the reference runs it
+        return
+    q, k, (q_weight, k_weight), freqs = qk_operands(layout)
+    params = {"layout": layout, "eps": 1e-6}
+    fused, expected, _ = fast_and_reference("fused_qk_norm_rope", [q, k, q_weight, k_weight, freqs], params, threads=2)
+    for got, want in zip(fused, expected):
+        assert_the_reference(got, want, kernel_path, ulps=16)
+    normed, _, _ = fast_and_reference("qk_norm", [q, k, q_weight, k_weight], {"eps": 1e-6}, threads=2)
+    rotated, _, _ = fast_and_reference("rope", [normed[0], normed[1], freqs], {"layout": layout}, threads=2)
+    for a, b in zip(fused, [*rotated, *normed[2:]]):
+        np.testing.assert_array_equal(a, b)
+
+    d_q_rot, d_k_rot = random(q.shape, np.float32, 11), random(k.shape, np.float32, 12)
+    inputs = [d_q_rot, d_k_rot, q, k, q_weight, k_weight, normed[2], normed[3], freqs]
+    grads, expected, _ = fast_and_reference("fused_qk_norm_rope_backward", inputs, {"layout": layout}, threads=2)
+    for got, want in zip(grads, expected):
+        assert_the_reference(got, want, kernel_path, ulps=64)
+    unrotated, _, _ = fast_and_reference("rope_backward", [d_q_rot, d_k_rot, freqs], {"layout": layout}, threads=2)
+    parts, _, _ = fast_and_reference("qk_norm_backward", [*unrotated, q, k, q_weight, k_weight, *normed[2:]],
+                                     threads=2)
+    for a, b in zip(grads, parts):
+        np.testing.assert_array_equal(a, b)
