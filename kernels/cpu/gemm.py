@@ -9,7 +9,8 @@ the reference's:
 BLAS picks its kernels by size (OpenBLAS has a small-matrix path), so the
 same product cut into other shapes may round differently. Only a product too
 large for one thread and with fewer matrices than threads is cut further, into
-row blocks of C (column blocks when C has fewer rows than threads).
+column blocks of C where it is wider than tall, else row blocks (OpenBLAS sums
+each element over K in the same order however C is cut).
 ``alpha`` and ``beta`` cost a pass only when they are not 1 and 0; with
 ``beta`` the product goes through scratch first. Epilogues other than none and
 the bias (with its saved pre-activation) return no step: the reference runs
@@ -53,9 +54,11 @@ def _matrices(a, b, c, mode: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.n
 
 
 def _cut(a2: np.ndarray, b2: np.ndarray, c2: np.ndarray, parts: int) -> list[Block]:
-    """One product as up to ``parts`` row blocks of C (column blocks when C has too few rows)."""
+    """One product as up to ``parts`` column blocks of C where it has more columns than rows, else
+    row blocks: each thread packs all of the operand it does not cut, so the smaller one is shared
+    (``x @ W^T`` of a prompt cuts the weight: 1.2-1.8x faster on two threads than cutting x's rows)."""
     m, n = c2.shape
-    if m >= parts:
+    if m >= parts and m >= n:
         bounds = [m * i // parts for i in range(parts + 1)]
         return [(a2[lo:hi], b2, c2[lo:hi], slice(None)) for lo, hi in zip(bounds[:-1], bounds[1:])]
     parts = min(parts, n)
