@@ -135,15 +135,25 @@ static inline void zero_outside(float *row, i64 span, i64 lo, i64 hi) {
     memset(row + hi, 0, (span - hi) * sizeof(float));
 }
 
+/* Row r of a strip: its seen keys zeroed around, scaled (and ALiBi'd) in place; *x, *n the seen part. */
+static inline void seen_scores(float *s, i64 r, i64 span, float scale, const float *slopes, i64 heads, i64 group,
+                               i64 rows, i64 shift, int causal, i64 window, float **x, i64 *n) {
+    i64 d0 = shift + r % rows, lo, hi;
+    seen(d0, span, causal, window, &lo, &hi);
+    float *row = s + r * span;
+    zero_outside(row, span, lo, hi);
+    *x = row + lo;
+    *n = hi - lo;
+    scale_scores(*x, *n, scale, slopes, r / rows, heads, group, d0 - lo);
+}
+
 /* s = softmax(scale s - slope |d|) over the keys each row sees (the others 0), lse its log-sum-exp. */
 void softmax_strip(i64 total, i64 span, float *s, float *lse, float scale, const float *slopes, i64 heads, i64 group,
                    i64 rows, i64 shift, int causal, i64 window) {
     for (i64 r = 0; r < total; r++) {
-        i64 d0 = shift + r % rows, lo, hi;
-        seen(d0, span, causal, window, &lo, &hi);
-        float *row = s + r * span, *x = row + lo;
-        i64 n = hi - lo;
-        scale_scores(x, n, scale, slopes, r / rows, heads, group, d0 - lo);
+        float *x;
+        i64 n;
+        seen_scores(s, r, span, scale, slopes, heads, group, rows, shift, causal, window, &x, &n);
         float m = row_max(x, n), sum = 0.0f;
         {
             REDUCE for (i64 c = 0; c < n; c++) {
@@ -154,7 +164,6 @@ void softmax_strip(i64 total, i64 span, float *s, float *lse, float scale, const
         }
         float inverse = 1.0f / sum;
         for (i64 c = 0; c < n; c++) x[c] *= inverse;
-        zero_outside(row, span, lo, hi);
         lse[r] = m + logf(sum);
     }
 }
@@ -163,14 +172,11 @@ void softmax_strip(i64 total, i64 span, float *s, float *lse, float scale, const
 void probabilities_strip(i64 total, i64 span, float *s, const float *lse, float scale, const float *slopes, i64 heads,
                          i64 group, i64 rows, i64 shift, int causal, i64 window) {
     for (i64 r = 0; r < total; r++) {
-        i64 d0 = shift + r % rows, lo, hi;
-        seen(d0, span, causal, window, &lo, &hi);
-        float *row = s + r * span, *x = row + lo;
-        i64 n = hi - lo;
-        scale_scores(x, n, scale, slopes, r / rows, heads, group, d0 - lo);
+        float *x;
+        i64 n;
+        seen_scores(s, r, span, scale, slopes, heads, group, rows, shift, causal, window, &x, &n);
         float offset = lse[r];
         for (i64 c = 0; c < n; c++) x[c] = fast_exp(x[c] - offset);
-        zero_outside(row, span, lo, hi);
     }
 }
 

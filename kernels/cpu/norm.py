@@ -18,7 +18,7 @@ import numpy as np
 
 from modeldsl.kernels.cpu import compiled
 from modeldsl.kernels.cpu.pool import Pool, carved_bytes, row_tiles, tile_rows
-from modeldsl.kernels.cpu.tiles import Step, as_rows, float_dtype
+from modeldsl.kernels.cpu.tiles import Step, as_rows, float_dtype, in_sequence
 
 
 class RowBlocks:
@@ -197,18 +197,6 @@ def rmsnorm_backward(pool: Pool, outputs, inputs, params, jit: bool = False) -> 
 def fused_residual_rmsnorm_backward(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
     (d_residual, d_input, d_weight), (d_y, d_next, residual_out, weight, rstd) = outputs, inputs
     return _backward(pool, [d_residual, d_input], d_weight, d_y, d_next, residual_out, weight, rstd, jit)
-
-
-def in_sequence(*steps: Step | None) -> Step | None:
-    """One step running ``steps`` one after the other (None if any is None)."""
-    if any(step is None for step in steps):
-        return None
-
-    def step() -> None:
-        for each in steps:
-            each()
-
-    return step
 
 
 def _compiled_heads(*groups: tuple[np.ndarray, ...]) -> bool:

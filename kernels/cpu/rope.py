@@ -23,7 +23,7 @@ import numpy as np
 
 from modeldsl.kernels.cpu import compiled, norm
 from modeldsl.kernels.cpu.pool import Pool, carved_bytes, tile_rows
-from modeldsl.kernels.cpu.tiles import Step, float_dtype
+from modeldsl.kernels.cpu.tiles import Step, float_dtype, in_sequence
 
 
 def _tokens_first(x: np.ndarray, layout: str) -> np.ndarray:
@@ -121,7 +121,7 @@ def fused_qk_norm_rope(pool: Pool, outputs, inputs, params) -> Step | None:
     (q_rot, k_rot, q_rstd, k_rstd), (q, k, q_weight, k_weight, freqs) = outputs, inputs
     normed = norm.qk_norm(pool, [q_rot, k_rot, q_rstd, k_rstd], [q, k, q_weight, k_weight], params)
     rotated = _rope(pool, [q_rot, k_rot], [q_rot, k_rot, freqs], params, inverse=False, jit=True)
-    return norm.in_sequence(normed, rotated) if normed is not None and getattr(rotated, "compiled", False) else None
+    return in_sequence(normed, rotated) if normed is not None and getattr(rotated, "compiled", False) else None
 
 
 def fused_qk_norm_rope_backward(pool: Pool, outputs, inputs, params) -> Step | None:
@@ -129,7 +129,7 @@ def fused_qk_norm_rope_backward(pool: Pool, outputs, inputs, params) -> Step | N
     (d_q, d_k, _, _), (d_q_rot, d_k_rot, q, k, q_weight, k_weight, q_rstd, k_rstd, freqs) = outputs, inputs
     rotated = _rope(pool, [d_q, d_k], [d_q_rot, d_k_rot, freqs], params, inverse=True, jit=True)
     normed = norm.qk_norm_backward(pool, outputs, [d_q, d_k, q, k, q_weight, k_weight, q_rstd, k_rstd], params)
-    return norm.in_sequence(rotated, normed) if normed is not None and getattr(rotated, "compiled", False) else None
+    return in_sequence(rotated, normed) if normed is not None and getattr(rotated, "compiled", False) else None
 
 
 KERNELS = {"rope": rope, "rope_backward": rope_backward}

@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 
 from modeldsl.kernels.cpu.pool import Pool
-from modeldsl.kernels.cpu.tiles import Step, as_rows, float_dtype
+from modeldsl.kernels.cpu.tiles import Step, as_rows, float_dtype, in_sequence
 
 
 def _same_float(*arrays: np.ndarray) -> bool:
@@ -74,7 +74,7 @@ def concat(pool: Pool, outputs, inputs, params) -> Step | None:
     for x, lo, hi in zip(inputs, cuts[:-1], cuts[1:]):
         index[dim] = slice(lo, hi)
         steps.append(_copy(out[tuple(index)], x))
-    return _sequence(steps)
+    return in_sequence(*steps)
 
 
 def split(pool: Pool, outputs, inputs, params) -> Step | None:
@@ -85,7 +85,7 @@ def split(pool: Pool, outputs, inputs, params) -> Step | None:
     for out, lo, hi in zip(outputs, cuts[:-1], cuts[1:]):
         index[dim] = slice(lo, hi)
         steps.append(_copy(out, x[tuple(index)]))
-    return _sequence(steps)
+    return in_sequence(*steps)
 
 
 def cast(pool: Pool, outputs, inputs, params) -> Step | None:
@@ -94,16 +94,6 @@ def cast(pool: Pool, outputs, inputs, params) -> Step | None:
         return None
     return lambda: np.copyto(out, x, casting="unsafe")
 
-
-def _sequence(steps: list[Step | None]) -> Step | None:
-    if any(step is None for step in steps):
-        return None
-
-    def run() -> None:
-        for step in steps:
-            step()
-
-    return run
 
 
 def embedding(pool: Pool, outputs, inputs, params) -> Step | None:

@@ -74,3 +74,15 @@ def rowwise(pool: Pool, body: TileBody, outputs: Sequence[np.ndarray], inputs: S
 
     return single if total <= per_tile and len(pool.split(total, work)) == 1 else step
 
+
+
+def in_sequence(*steps: Step | None) -> Step | None:
+    """One step running ``steps`` one after the other (None if any is None: the reference runs the launch)."""
+    if any(step is None for step in steps):
+        return None
+
+    def step() -> None:
+        for each in steps:
+            each()
+
+    return step
