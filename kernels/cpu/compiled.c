@@ -296,3 +296,116 @@ void rmsnorm_backward_rows(i64 start, i64 stop, i64 width, float *d_x, const flo
         }
     }
 }
+
+/* ---------------------------------------------------------------- GEMMs on spinning threads
+ * The products of one GEMM, cut into blocks, run on this library's own threads: the caller runs
+ * the first share and waits, the workers theirs, each calling BLAS's cblas_sgemm (one-threaded:
+ * the executor holds BLAS at one thread) without the GIL. A worker spins a while after its last
+ * share before it sleeps, so GEMMs that follow each other hand over in a microsecond, not in the
+ * tens of microseconds of waking a sleeping thread (the Python pool's queues); gemm_rest, called
+ * when the Python pool's threads start a kernel, puts them to sleep at once, so they never take a
+ * core from those. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+
+typedef struct {
+    i64 trans_a, trans_b, m, n, k;
+    const float *a;
+    i64 lda;
+    const float *b;
+    i64 ldb;
+    float *c;
+    i64 ldc;
+    float alpha, beta;
+} gemm_job;
+
+typedef void (*sgemm_fn)(int, int, int, i64, i64, i64, float, const float *, i64, const float *, i64, float, float *,
+                         i64);
+
+enum { MAX_WORKERS = 63, ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+static const i64 SPIN_NS = 300000;
+
+static sgemm_fn sgemm;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+static int workers;
+static _Atomic long generation;
+static _Atomic int pending;
+static _Atomic int resting; /* set by gemm_rest: the workers sleep now instead of spinning */
+static const gemm_job *jobs;
+static i64 job_count, shares;
+
+static i64 now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (i64)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void run_share(i64 share) {
+    for (i64 j = job_count * share / shares; j < job_count * (share + 1) / shares; j++) {
+        const gemm_job *g = &jobs[j];
+        sgemm(ROW_MAJOR, g->trans_a ? TRANS : NO_TRANS, g->trans_b ? TRANS : NO_TRANS, g->m, g->n, g->k, g->alpha, g->a,
+              g->lda, g->b, g->ldb, g->beta, g->c, g->ldc);
+    }
+}
+
+static long born[MAX_WORKERS + 1]; /* the generation when each worker was made: it waits for the next */
+
+static void *worker(void *arg) {
+    i64 index = (i64)(intptr_t)arg;
+    long seen = born[index];
+    for (;;) {
+        i64 start = now_ns();
+        while (atomic_load_explicit(&generation, memory_order_acquire) == seen) {
+            __builtin_ia32_pause();
+            if (atomic_load_explicit(&resting, memory_order_relaxed) || now_ns() - start > SPIN_NS) {
+                pthread_mutex_lock(&lock);
+                while (atomic_load(&generation) == seen) pthread_cond_wait(&wake, &lock);
+                pthread_mutex_unlock(&lock);
+            }
+        }
+        seen = atomic_load_explicit(&generation, memory_order_acquire);
+        if (index < shares) {
+            run_share(index);
+            atomic_fetch_sub_explicit(&pending, 1, memory_order_release);
+        }
+    }
+    return NULL;
+}
+
+/* The BLAS to call (numpy's cblas_sgemm) and the workers to have: returns how many there are. */
+int gemm_threads(void *blas, int wanted) {
+    pthread_mutex_lock(&lock);
+    sgemm = (sgemm_fn)blas;
+    while (workers < wanted && workers < MAX_WORKERS) {
+        pthread_t thread;
+        born[workers + 1] = atomic_load(&generation);
+        if (pthread_create(&thread, NULL, worker, (void *)(intptr_t)(workers + 1)) != 0) break;
+        pthread_detach(thread);
+        workers++;
+    }
+    int have = workers;
+    pthread_mutex_unlock(&lock);
+    return have;
+}
+
+/* Run `count` products in `parts` shares (the caller's and parts - 1 workers'); one call at a time. */
+void run_gemms(const gemm_job *list, i64 count, i64 parts) {
+    if (parts > workers + 1) parts = workers + 1;
+    if (parts < 1) parts = 1;
+    jobs = list;
+    job_count = count;
+    shares = parts;
+    atomic_store_explicit(&pending, (int)(parts - 1), memory_order_relaxed);
+    atomic_store_explicit(&resting, 0, memory_order_relaxed);
+    pthread_mutex_lock(&lock);
+    atomic_fetch_add_explicit(&generation, 1, memory_order_release);
+    pthread_cond_broadcast(&wake);
+    pthread_mutex_unlock(&lock);
+    run_share(0);
+    while (atomic_load_explicit(&pending, memory_order_acquire) > 0) __builtin_ia32_pause();
+}
+
+/* The workers stop spinning (the caller's other threads are about to need the cores). */
+void gemm_rest(void) { atomic_store_explicit(&resting, 1, memory_order_relaxed); }

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from modeldsl.kernels.cpu.pool import Pool
+from modeldsl.kernels.cpu.pool import BEFORE_RUN, Pool
 from modeldsl.kernels.cpu.tiles import Step, as_rows
 
 ENV_VAR = "MDSL_CPU_JIT"
@@ -73,7 +73,17 @@ SIGNATURES: dict[str, tuple] = {
     "rope_rows": (I64, I64, PTR, PTR, PTR, I64, I64, I64, INT, INT, INT),
     "rmsnorm_rows": (I64, I64, I64, PTR, PTR, PTR, PTR, FLOAT, PTR, PTR, INT),
     "rmsnorm_backward_rows": (I64, I64, I64, PTR, PTR, PTR, PTR, PTR, PTR, INT, PTR),
+    "gemm_threads": (PTR, INT),
+    "run_gemms": (PTR, I64, I64),
+    "gemm_rest": (),
 }
+RESTYPES = {"gemm_threads": INT}
+
+
+class GemmJob(ctypes.Structure):
+    """One product ``C = alpha op(A) op(B) + beta C`` of row-major operands (``gemm_job`` in compiled.c)."""
+    _fields_ = [("trans_a", I64), ("trans_b", I64), ("m", I64), ("n", I64), ("k", I64), ("a", PTR), ("lda", I64),
+                ("b", PTR), ("ldb", I64), ("c", PTR), ("ldc", I64), ("alpha", FLOAT), ("beta", FLOAT)]
 
 
 # ---------------------------------------------------------------------------------------- building
@@ -122,7 +132,7 @@ def library() -> ctypes.CDLL | None:
         return None
     for name, argtypes in SIGNATURES.items():
         function = getattr(lib, name)
-        function.argtypes, function.restype = argtypes, None
+        function.argtypes, function.restype = argtypes, RESTYPES.get(name)
     return lib
 
 
@@ -252,3 +262,67 @@ def bind_rmsnorm_backward(d_x, d_y, x, weight, rstd, d_next) -> Callable[[int, i
                 address(d_next if fused else d_y), fused)
     arrays = (d_x, d_y, x, weight, rstd, d_next)  # alive while the step is
     return lambda start, stop, column_sums, arrays=arrays: function(start, stop, *operands, address(column_sums))
+
+
+# ---------------------------------------------------------------------------------------- GEMMs
+BLAS_SYMBOL = "scipy_cblas_sgemm64_"  # numpy's bundled OpenBLAS (64-bit integers)
+
+
+@cache
+def blas_sgemm() -> int | None:
+    """The address of numpy's ``cblas_sgemm`` (None where numpy's BLAS is not scipy-openblas64)."""
+    from threadpoolctl import threadpool_info
+
+    for info in threadpool_info():
+        if info.get("internal_api") == "openblas" and "scipy_openblas64" in info.get("filepath", ""):
+            try:
+                return ctypes.cast(getattr(ctypes.CDLL(info["filepath"]), BLAS_SYMBOL), ctypes.c_void_p).value
+            except (OSError, AttributeError):
+                return None
+    return None
+
+
+def blas_operand(x: np.ndarray) -> tuple[bool, int] | None:
+    """``(transposed, leading dimension)`` of a 2-d float32 view as BLAS reads it, row-major (None:
+    neither its rows nor its columns are contiguous)."""
+    rows, columns = x.shape
+    inner, outer = (s // x.itemsize for s in x.strides[::-1])
+    if inner == 1 or columns == 1:
+        lead = outer if rows > 1 else max(columns, 1)
+        return (False, lead) if lead >= max(columns, 1) else None
+    if outer == 1 or rows == 1:
+        lead = inner if columns > 1 else max(rows, 1)
+        return (True, lead) if lead >= max(rows, 1) else None
+    return None
+
+
+def gemm_jobs(products, alpha: float, beta: float) -> ctypes.Array | None:
+    """The :class:`GemmJob` array of ``(op(A), op(B), C)`` 2-d float32 views (None: one is not a
+    BLAS operand, or C's rows are not contiguous)."""
+    jobs = []
+    for x, y, z in products:
+        a, b, c = blas_operand(x), blas_operand(y), blas_operand(z)
+        if a is None or b is None or c is None or c[0] or any(v.dtype != F32 for v in (x, y, z)):
+            return None
+        jobs.append(GemmJob(a[0], b[0], z.shape[0], z.shape[1], x.shape[1], address(x), a[1], address(y), b[1],
+                            address(z), c[1], alpha, beta))
+    return (GemmJob * len(jobs))(*jobs)
+
+
+def gemm_step(products, alpha: float, beta: float, threads: int) -> Step | None:
+    """The step running the products on the library's threads, ``threads`` shares (None: not BLAS
+    operands, or no numpy BLAS to call)."""
+    blas = blas_sgemm()
+    jobs = gemm_jobs(products, alpha, beta)
+    if blas is None or jobs is None:
+        return None
+    lib = library()
+    shares = min(lib.gemm_threads(blas, threads - 1) + 1, threads, len(jobs))
+    if lib.gemm_rest not in BEFORE_RUN:
+        BEFORE_RUN.append(lib.gemm_rest)
+    operands = [array for product in products for array in product]  # alive while the step is
+
+    def step(operands=operands) -> None:
+        lib.run_gemms(jobs, len(jobs), shares)
+
+    return step

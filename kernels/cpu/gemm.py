@@ -23,6 +23,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from modeldsl.kernels.cpu import compiled
 from modeldsl.kernels.cpu.pool import PARALLEL_ELEMENTS, Pool, scratch_bytes
 from modeldsl.kernels.cpu.tiles import Step, as_rows, float_dtype
 
@@ -85,14 +86,21 @@ def blocks(a, b, c, mode: str, threads: int) -> list[Block] | None:
 
 
 def gemm(pool: Pool, a, b, c, bias=None, aux=None, *, transpose="NN", alpha=1.0, beta=0.0,
-         epilogue="none") -> Step | None:
-    """The step of one ``mdsl.sched.gemm`` (None: the reference runs it)."""
+         epilogue="none", jit: bool = False) -> Step | None:
+    """The step of one ``mdsl.sched.gemm`` (None: the reference runs it). With ``jit`` (and float32,
+    no bias) the products run on the compiled library's spinning threads
+    (:func:`~modeldsl.kernels.cpu.compiled.gemm_step`), ``alpha`` and ``beta`` in BLAS's call."""
     dtype = float_dtype(a, b, c, bias)
     if dtype is None or epilogue not in EPILOGUES or aux is not None:
         return None
     work = blocks(a, b, c, transpose, pool.threads)
     if work is None:
         return None
+    if jit and dtype == np.float32 and bias is None:
+        step = compiled.gemm_step([(x, y, z) for x, y, z, _ in work], float(alpha), float(beta),
+                                  min(pool.threads, len(work)))
+        if step is not None:
+            return step
     if beta:
         pool.workspace.reserve(scratch_bytes(max(z.size for _, _, z, _ in work), dtype))
     row_bias = bias.reshape(-1) if bias is not None and epilogue == "bias" else None

@@ -44,6 +44,7 @@ BUFSIZE = 256  # numpy's ufunc buffer (elements) while kernels run: strided oper
 PARALLEL_ELEMENTS = 1 << 17  # work (elements, or multiply-adds / 64) each thread of a kernel gets at least
 
 Task = Callable[[int, int, int], None]  # (start, stop, thread index)
+BEFORE_RUN: list[Callable[[], None]] = []  # called before the pool's threads start a kernel (the compiled GEMMs' rest)
 
 
 class Pool:
@@ -78,6 +79,9 @@ class Pool:
 
     def run(self, task: Task, ranges: list[tuple[int, int]]) -> None:
         """``task(start, stop, thread)`` for each range, the first on the calling thread."""
+        if len(ranges) > 1:
+            for hook in BEFORE_RUN:
+                hook()
         for (start, stop), tasks in zip(ranges[1:], self._tasks):
             tasks.put((task, start, stop))
         error = None

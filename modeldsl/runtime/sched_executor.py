@@ -44,6 +44,7 @@ from modeldsl.dialects.sched import (
     KERNEL_CHOICE_ATTRIBUTES,
 )
 from modeldsl.kernels.cpu import cpu_kernel
+from modeldsl.kernels.cpu.compiled import enabled as compiled_kernels_enabled
 from modeldsl.kernels.cpu.gemm import gemm as cpu_gemm
 from modeldsl.kernels.cpu.optim import fuse_optimizer_steps
 from modeldsl.kernels.cpu.pool import BUFSIZE, pool_of
@@ -233,7 +234,7 @@ class ScheduleExecutor:
         params = {"transpose": mode, "alpha": op.alpha.value.data, "beta": op.beta.value.data,
                   "epilogue": op.epilogue.data}
 
-        fast = cpu_gemm(self.threads, a, b, c, bias, aux, **params)
+        fast = cpu_gemm(self.threads, a, b, c, bias, aux, **params, jit=compiled_kernels_enabled())
         if fast is not None:
             return fast
 

@@ -70,3 +70,54 @@ def test_beta_takes_scratch_not_an_allocation():
 def test_other_epilogues_get_no_fast_step(params):
     a = np.zeros((8, 4), np.float32)
     assert gemm(Pool(1), a, np.zeros((4, 8), np.float32), np.zeros((8, 8), np.float32), **params) is None
+
+
+def compiled_or_skip():
+    from modeldsl.kernels.cpu import compiled
+
+    if not compiled.enabled() or compiled.blas_sgemm() is None:
+        pytest.skip("no compiled library, or numpy's BLAS is not scipy-openblas64")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("alpha, beta", [(1.0, 0.0), (1.0, 1.0), (2.0, 0.25)])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_compiled_path_calls_blas_on_its_own_threads_with_the_same_bits(case, alpha, beta, threads):
+    """The products on the compiled library's spinning threads: numpy's very BLAS calls (bitwise the
+    numpy path where alpha and beta need no pass of their own; within rounding where BLAS folds them
+    in), the same bits run to run, and no allocation."""
+    compiled_or_skip()
+    a_shape, b_shape, c_shape, mode = CASES[case]
+    a, b, c = random(a_shape, np.float32, 1), random(b_shape, np.float32, 2), random(c_shape, np.float32, 3)
+    numpy_c, _, _ = run(a, b, c.copy(), threads, transpose=mode, alpha=alpha, beta=beta)
+    pool = Pool(threads)
+    step = gemm(pool, a, b, c, transpose=mode, alpha=alpha, beta=beta, jit=True)
+    assert step is not None and "compiled" in step.__code__.co_filename
+    start = c.copy()
+    step()
+    if (alpha, beta) == (1.0, 0.0):
+        np.testing.assert_array_equal(c, numpy_c)
+    else:
+        np.testing.assert_allclose(c, numpy_c, rtol=1e-6, atol=1e-6)
+    first = c.copy()
+    np.copyto(c, start)
+    step()
+    np.testing.assert_array_equal(c, first)
+    np.copyto(c, start)
+    assert allocation_peak(step) < FEW_KB
+
+
+def test_the_compiled_path_cuts_a_large_product_over_its_threads_and_rests_for_the_pool():
+    compiled_or_skip()
+    from modeldsl.kernels.cpu import compiled
+    from modeldsl.kernels.cpu.pool import BEFORE_RUN
+
+    a, b = random((4, 256), np.float32, 1), random((1024, 256), np.float32, 2)
+    c, expected = np.zeros((4, 1024), np.float32), a @ b.T
+    step = gemm(Pool(2), a, b, c, transpose="NT", jit=True)
+    for _ in range(50):  # back to back, and after the workers went to sleep
+        step()
+    np.testing.assert_allclose(c, expected, rtol=1e-5, atol=1e-5)
+    assert compiled.library().gemm_rest in BEFORE_RUN
+    assert gemm(Pool(2), a, b, c, transpose="NT", bias=random((1024,), np.float32, 3), epilogue="bias",
+                jit=True).__code__.co_filename != step.__code__.co_filename  # the bias: the numpy path
