@@ -342,12 +342,24 @@ static i64 now_ns(void) {
     return (i64)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-static void run_share(i64 share) {
-    for (i64 j = job_count * share / shares; j < job_count * (share + 1) / shares; j++) {
-        const gemm_job *g = &jobs[j];
+static void run_jobs(const gemm_job *list, i64 first, i64 last) {
+    for (i64 j = first; j < last; j++) {
+        const gemm_job *g = &list[j];
         sgemm(ROW_MAJOR, g->trans_a ? TRANS : NO_TRANS, g->trans_b ? TRANS : NO_TRANS, g->m, g->n, g->k, g->alpha, g->a,
               g->lda, g->b, g->ldb, g->beta, g->c, g->ldc);
     }
+}
+
+static void run_share(i64 share) { run_jobs(jobs, job_count * share / shares, job_count * (share + 1) / shares); }
+
+static _Atomic int busy; /* a run_gemms is under way (another thread's call then runs alone) */
+
+/* In a forked child the workers are gone: its calls run on the caller alone. */
+static void forked(void) {
+    workers = 0;
+    atomic_store(&busy, 0);
+    pthread_mutex_init(&lock, NULL);
+    pthread_cond_init(&wake, NULL);
 }
 
 static long born[MAX_WORKERS + 1]; /* the generation when each worker was made: it waits for the next */
@@ -376,7 +388,9 @@ static void *worker(void *arg) {
 
 /* The BLAS to call (numpy's cblas_sgemm) and the workers to have: returns how many there are. */
 int gemm_threads(void *blas, int wanted) {
+    static int registered;
     pthread_mutex_lock(&lock);
+    if (!registered) registered = pthread_atfork(NULL, NULL, forked) == 0;
     sgemm = (sgemm_fn)blas;
     while (workers < wanted && workers < MAX_WORKERS) {
         pthread_t thread;
@@ -390,10 +404,14 @@ int gemm_threads(void *blas, int wanted) {
     return have;
 }
 
-/* Run `count` products in `parts` shares (the caller's and parts - 1 workers'); one call at a time. */
+/* Run `count` products in `parts` shares (the caller's and parts - 1 workers'); a call made while
+ * another runs (another Python thread's executor) runs its products alone on its caller. */
 void run_gemms(const gemm_job *list, i64 count, i64 parts) {
     if (parts > workers + 1) parts = workers + 1;
-    if (parts < 1) parts = 1;
+    if (parts <= 1 || atomic_exchange(&busy, 1)) {
+        run_jobs(list, 0, count);
+        return;
+    }
     jobs = list;
     job_count = count;
     shares = parts;
@@ -405,6 +423,7 @@ void run_gemms(const gemm_job *list, i64 count, i64 parts) {
     pthread_mutex_unlock(&lock);
     run_share(0);
     while (atomic_load_explicit(&pending, memory_order_acquire) > 0) __builtin_ia32_pause();
+    atomic_store_explicit(&busy, 0, memory_order_release);
 }
 
 /* The workers stop spinning (the caller's other threads are about to need the cores). */

@@ -121,3 +121,33 @@ def test_the_compiled_path_cuts_a_large_product_over_its_threads_and_rests_for_t
     assert compiled.library().gemm_rest in BEFORE_RUN
     assert gemm(Pool(2), a, b, c, transpose="NT", bias=random((1024,), np.float32, 3), epilogue="bias",
                 jit=True).__code__.co_filename != step.__code__.co_filename  # the bias: the numpy path
+
+
+def test_the_compiled_threads_survive_a_fork_and_a_second_caller():
+    """A forked child (no workers there) and another Python thread's calls run their products on
+    their caller: the same results, no wait for a worker that is not coming."""
+    compiled_or_skip()
+    import os
+    import threading
+
+    from threadpoolctl import threadpool_limits
+
+    a, b = random((256, 256), np.float32, 1), random((1024, 256), np.float32, 2)
+    c, d = np.zeros((256, 1024), np.float32), np.zeros((256, 1024), np.float32)
+    with threadpool_limits(1):
+        step, other = (gemm(Pool(2), a, b, out, transpose="NT", jit=True) for out in (c, d))
+        step()
+        first = c.copy()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            c[:] = 0
+            step()
+            os._exit(0 if np.array_equal(c, first) else 3)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        thread = threading.Thread(target=lambda: [other() for _ in range(100)])
+        thread.start()
+        for _ in range(100):
+            step()
+        thread.join()
+    np.testing.assert_array_equal(c, first)
+    np.testing.assert_array_equal(d, first)
