@@ -88,15 +88,17 @@ def blocks(a, b, c, mode: str, threads: int) -> list[Block] | None:
 def gemm(pool: Pool, a, b, c, bias=None, aux=None, *, transpose="NN", alpha=1.0, beta=0.0,
          epilogue="none", jit: bool = False) -> Step | None:
     """The step of one ``mdsl.sched.gemm`` (None: the reference runs it). With ``jit`` (and float32,
-    no bias) the products run on the compiled library's spinning threads
-    (:func:`~modeldsl.kernels.cpu.compiled.gemm_step`), ``alpha`` and ``beta`` in BLAS's call."""
+    no bias) the products of a GEMM cut over the threads run on the compiled library's spinning
+    threads (:func:`~modeldsl.kernels.cpu.compiled.gemm_step`), ``alpha`` and ``beta`` in BLAS's
+    call; one product stays an ``np.matmul`` on the calling thread, and so do products with one row
+    or column (numpy runs those as the faster GEMV)."""
     dtype = float_dtype(a, b, c, bias)
     if dtype is None or epilogue not in EPILOGUES or aux is not None:
         return None
     work = blocks(a, b, c, transpose, pool.threads)
     if work is None:
         return None
-    if jit and dtype == np.float32 and bias is None:
+    if jit and dtype == np.float32 and bias is None and len(work) > 1 and all(min(z.shape) > 1 for *_, z, _ in work):
         step = compiled.gemm_step([(x, y, z) for x, y, z, _ in work], float(alpha), float(beta),
                                   min(pool.threads, len(work)))
         if step is not None:
