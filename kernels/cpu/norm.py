@@ -8,6 +8,10 @@ gradient is a sum over all rows: each thread adds its tiles' column sums into
 its own fp32 partial, and the partials are added in thread order after the
 threads join (deterministic for a given thread count; the reference sums the
 rows in one sweep, so the last bits may differ from it).
+
+On the compiled path (``jit``, float32) each row is one C loop of ``compiled.c``
+(``rmsnorm_rows``, ``rmsnorm_backward_rows``), and the QK-norm runs there too
+(it has no numpy kernel: the reference runs it otherwise).
 """
 
 from __future__ import annotations
@@ -137,9 +141,9 @@ def _jit_backward(frame: RowBlocks, outs, dy2, x2, weight, r2, nexts, total) -> 
     run = compiled.bind_rmsnorm_backward(outs[0], dy2, x2, weight, r2, nexts[0] if nexts else None)
 
     def block(start: int, stop: int, thread: int) -> None:
-        partial = frame.scratch(thread)[2][0]
-        partial.fill(0)
-        run(start, stop, partial)
+        columns = frame.scratch(thread)[2][0]
+        columns.fill(0)
+        run(start, stop, columns)
         for other in outs[1:]:
             np.copyto(other[start:stop], outs[0][start:stop])
 

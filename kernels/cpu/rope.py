@@ -13,6 +13,10 @@ per call, for the positions and the widest head count, on the calling thread.
 ``a cos + b (-sin)`` is ``a cos - b sin`` exactly, so the results are bitwise
 the reference's; each tile reads all of ``x`` before it writes, so an output
 may be its input's buffer (the registry's in-place reuse).
+
+On the compiled path (``jit``, float32, C-contiguous operands) each token's
+heads are one C loop of ``compiled.c`` (``rope_rows``); the fused QK-norm +
+RoPE runs there as its two unfused compiled steps, so it keeps their bits.
 """
 
 from __future__ import annotations
