@@ -328,55 +328,41 @@ class Backward:
         lse = lse_all[:stack_rows]
         np.copyto(lse.reshape(*heads, rows), self.lse[b, kvs, hs, i0:i1], casting="unsafe")
         p_rows = p.reshape(stack_rows, span)
-        if g.jit:
+        if g.jit:  # P in one compiled call
             np.matmul(q, k_span.swapaxes(-1, -2), out=p)
             compiled.probabilities_strip(p_rows, lse, g.scale, self.flat_slopes[kvs, hs], rows,
                                          g.shift(i0, j_lo), g.causal, g.window_or_0())
-            self.jit_gradients(b, kvs, hs, (i0, i1, j_lo, j_hi), p, part_all, sum_all, dp_all, dk, dv)
-            return
-        g.scores(p, wide, q, k_span, i0, j_lo, None if self.slopes is None else self.slopes[kvs, hs])
-        _by_rows(np.subtract, p_rows, lse, wide)
-        np.exp(p_rows, out=p_rows)
+        else:
+            g.scores(p, wide, q, k_span, i0, j_lo, None if self.slopes is None else self.slopes[kvs, hs])
+            _by_rows(np.subtract, p_rows, lse, wide)
+            np.exp(p_rows, out=p_rows)
         part = part_all[:g.stack * span * g.value_depth].reshape(*heads, span, g.value_depth)
         np.matmul(p.swapaxes(-1, -2), d_out, out=part)
         _add_heads(dv[:, j_lo:j_hi], part, sum_all)
         d_s = dp_all[:stack_rows * span].reshape(*heads, rows, span)
         np.matmul(d_out, v_span.swapaxes(-1, -2), out=d_s)
-        od = od_all[:stack_rows * g.value_depth].reshape(*heads, rows, g.value_depth)
-        np.multiply(d_out, self.out[b, kvs, hs, i0:i1], out=od)
-        di = di_all[:stack_rows]
-        np.sum(od.reshape(stack_rows, g.value_depth), axis=1, out=di)
         d_s_rows = d_s.reshape(stack_rows, span)
-        _by_rows(np.subtract, d_s_rows, di, wide)
-        d_s *= p
+        if g.jit:  # dS, its scale included, in one compiled call
+            compiled.score_grads_strip(d_s_rows, p_rows, _stacked(d_out), _stacked(self.out[b, kvs, hs, i0:i1]),
+                                       g.scale)
+        else:
+            od = od_all[:stack_rows * g.value_depth].reshape(*heads, rows, g.value_depth)
+            np.multiply(d_out, self.out[b, kvs, hs, i0:i1], out=od)
+            di = di_all[:stack_rows]
+            np.sum(od.reshape(stack_rows, g.value_depth), axis=1, out=di)
+            _by_rows(np.subtract, d_s_rows, di, wide)
+            d_s *= p
         part = part_all[:g.stack * span * g.depth].reshape(*heads, span, g.depth)
         np.matmul(d_s.swapaxes(-1, -2), q, out=part)
-        part *= g.scale
+        if not g.jit:
+            part *= g.scale
         _add_heads(dk[:, j_lo:j_hi], part, sum_all)
+        if g.jit:
+            np.matmul(d_s, k_span, out=self.d_q[b, kvs, hs, i0:i1])
+            return
         d_q = od_all[:stack_rows * g.depth].reshape(*heads, rows, g.depth)
         np.matmul(d_s, k_span, out=d_q)
         np.multiply(d_q, g.scale, out=self.d_q[b, kvs, hs, i0:i1])
-
-    def jit_gradients(self, b: int, kvs: slice, hs: slice, bounds, p, part_all, sum_all, dp_all, dk, dv) -> None:
-        """The rest of :meth:`block` on the compiled path: ``dS`` (its ``scale`` included) in one
-        compiled call, the products straight into ``d_q`` and the ``dk``, ``dv`` shares."""
-        g = self.g
-        i0, i1, j_lo, j_hi = bounds
-        heads, rows, span = p.shape[:2], i1 - i0, j_hi - j_lo
-        stack_rows = g.stack * rows
-        q, k_span, v_span = self.q[b, kvs, hs, i0:i1], self.k[b, kvs, :, j_lo:j_hi], self.v[b, kvs, :, j_lo:j_hi]
-        d_out = self.d_out[b, kvs, hs, i0:i1]
-        part = part_all[:g.stack * span * g.value_depth].reshape(*heads, span, g.value_depth)
-        np.matmul(p.swapaxes(-1, -2), d_out, out=part)
-        _add_heads(dv[:, j_lo:j_hi], part, sum_all)
-        d_s = dp_all[:stack_rows * span].reshape(*heads, rows, span)
-        np.matmul(d_out, v_span.swapaxes(-1, -2), out=d_s)
-        compiled.score_grads_strip(d_s.reshape(stack_rows, span), p.reshape(stack_rows, span), _stacked(d_out),
-                                   _stacked(self.out[b, kvs, hs, i0:i1]), g.scale)
-        part = part_all[:g.stack * span * g.depth].reshape(*heads, span, g.depth)
-        np.matmul(d_s.swapaxes(-1, -2), q, out=part)
-        _add_heads(dk[:, j_lo:j_hi], part, sum_all)
-        np.matmul(d_s, k_span, out=self.d_q[b, kvs, hs, i0:i1])
 
     def __call__(self) -> None:
         g = self.g

@@ -207,9 +207,7 @@ def _compiled_heads(*groups: tuple[np.ndarray, ...]) -> bool:
     """Whether each group (the head tensors, the rstd, the weight last) runs on the compiled path; the
     qk-norm kernels run nowhere else (a numpy step would change the bits of the reference composites
     that the numpy path keeps)."""
-    return compiled.enabled() and all(
-        compiled.takes(*group) and all(a.flags.c_contiguous for a in group) and group[-1].shape == group[0].shape[-1:]
-        for group in groups)
+    return compiled.enabled() and all(_compiled_operands(*group) for group in groups)
 
 
 def qk_norm(pool: Pool, outputs, inputs, params) -> Step | None:

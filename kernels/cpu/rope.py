@@ -41,19 +41,27 @@ def _pairs(x: np.ndarray, interleaved: bool) -> tuple[np.ndarray, np.ndarray]:
     return x[..., :half], x[..., half:]
 
 
-def _rope(pool: Pool, outputs, inputs, params, inverse: bool, jit: bool = False) -> Step | None:
+def _tensors(outputs, inputs, params) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """``[(q, q_out), (k, k_out)]`` as ``[B, T, H, D]`` views, or None for operands no kernel here takes."""
     (q_out, k_out), (q, k, freqs) = outputs, inputs
-    layout, interleaved = params.get("layout", "bhtd"), params.get("interleaved", False)
+    layout = params.get("layout", "bhtd")
     if layout not in ("bhtd", "bthd") or float_dtype(q_out, k_out, q, k, freqs) is None or q.ndim != 4:
         return None
     tensors = [(_tokens_first(x, layout), _tokens_first(out, layout)) for x, out in ((q, q_out), (k, k_out))]
     batch, tokens, _, depth = tensors[0][0].shape
-    heads = max(x.shape[2] for x, _ in tensors)
     if freqs.shape[0] != tokens or any(x.shape[:2] != (batch, tokens) or x.shape[3] != depth for x, _ in tensors):
         return None
-    if jit and freqs.shape == (tokens, depth // 2, 2) and depth % 2 == 0 and compiled.takes(q, k, q_out, k_out, freqs) \
-            and all(a.flags.c_contiguous for a in (q, k, q_out, k_out, freqs)):
-        return _jit_rope(pool, q, k, q_out, k_out, freqs, layout == "bthd", bool(interleaved), inverse)
+    return tensors
+
+
+def _rope(pool: Pool, outputs, inputs, params, inverse: bool, jit: bool = False) -> Step | None:
+    fast = _jit_rope(pool, outputs, inputs, params, inverse) if jit else None
+    tensors = _tensors(outputs, inputs, params) if fast is None else None
+    if tensors is None:
+        return fast
+    (q, k, freqs), interleaved = inputs, params.get("interleaved", False)
+    batch, tokens, _, depth = tensors[0][0].shape
+    heads = max(x.shape[2] for x, _ in tensors)
     dtype, width = q.dtype, heads * depth
     per_tile = tile_rows(width)
     table = [tokens * width] * 2
@@ -97,8 +105,15 @@ def _rope(pool: Pool, outputs, inputs, params, inverse: bool, jit: bool = False)
     return step
 
 
-def _jit_rope(pool: Pool, q, k, q_out, k_out, freqs, bthd: bool, interleaved: bool, inverse: bool) -> Step:
-    """The compiled rotation: the threads split the tokens, each rotating q's and k's heads."""
+def _jit_rope(pool: Pool, outputs, inputs, params, inverse: bool) -> Step | None:
+    """The compiled rotation, the threads splitting the tokens, each rotating q's and k's heads (None:
+    operands it does not take: not float32 and C-contiguous in their layout)."""
+    (q_out, k_out), (q, k, freqs) = outputs, inputs
+    if _tensors(outputs, inputs, params) is None or not compiled.takes(q, k, q_out, k_out, freqs) \
+            or q.shape[-1] % 2 or freqs.shape[1:] != (q.shape[-1] // 2, 2) \
+            or not all(a.flags.c_contiguous for a in (q, k, q_out, k_out, freqs)):
+        return None
+    bthd, interleaved = params.get("layout", "bhtd") == "bthd", bool(params.get("interleaved", False))
     tokens = q.shape[0] * (q.shape[1] if bthd else q.shape[2])
     rotations = [compiled.bind_rope(x, out, freqs, bthd, interleaved, inverse) for x, out in ((q, q_out), (k, k_out))]
 
@@ -106,9 +121,7 @@ def _jit_rope(pool: Pool, q, k, q_out, k_out, freqs, bthd: bool, interleaved: bo
         for rotate in rotations:
             rotate(start, stop)
 
-    step = compiled.split_rows(pool, run, tokens, q.size + k.size)
-    step.compiled = True  # (the fused qk-norm kernels run only on the compiled path)
-    return step
+    return compiled.split_rows(pool, run, tokens, q.size + k.size)
 
 
 def rope(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
@@ -124,16 +137,16 @@ def fused_qk_norm_rope(pool: Pool, outputs, inputs, params) -> Step | None:
     fused program keeps the unfused one's bits."""
     (q_rot, k_rot, q_rstd, k_rstd), (q, k, q_weight, k_weight, freqs) = outputs, inputs
     normed = norm.qk_norm(pool, [q_rot, k_rot, q_rstd, k_rstd], [q, k, q_weight, k_weight], params)
-    rotated = _rope(pool, [q_rot, k_rot], [q_rot, k_rot, freqs], params, inverse=False, jit=True)
-    return in_sequence(normed, rotated) if normed is not None and getattr(rotated, "compiled", False) else None
+    rotated = _jit_rope(pool, [q_rot, k_rot], [q_rot, k_rot, freqs], params, inverse=False)
+    return in_sequence(normed, rotated)
 
 
 def fused_qk_norm_rope_backward(pool: Pool, outputs, inputs, params) -> Step | None:
     """RoPE's backward into ``d_q``, ``d_k``, then qk_norm's backward over them in place."""
     (d_q, d_k, _, _), (d_q_rot, d_k_rot, q, k, q_weight, k_weight, q_rstd, k_rstd, freqs) = outputs, inputs
-    rotated = _rope(pool, [d_q, d_k], [d_q_rot, d_k_rot, freqs], params, inverse=True, jit=True)
+    rotated = _jit_rope(pool, [d_q, d_k], [d_q_rot, d_k_rot, freqs], params, inverse=True)
     normed = norm.qk_norm_backward(pool, outputs, [d_q, d_k, q, k, q_weight, k_weight, q_rstd, k_rstd], params)
-    return in_sequence(rotated, normed) if normed is not None and getattr(rotated, "compiled", False) else None
+    return in_sequence(rotated, normed)
 
 
 KERNELS = {"rope": rope, "rope_backward": rope_backward}
