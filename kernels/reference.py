@@ -1073,6 +1073,46 @@ def mamba_selective_scan_backward(d_y, u, delta, a_log, b_proj, c_proj, d_skip, 
             np.sum(d_y * u, axis=(0, 2)), np.sum(d_delta, axis=(0, 2)))
 
 
+def _decode_steps(position, valid, steps):
+    """(start, count): the run starts at position ``start`` (0: a fresh sequence, the carried state
+    is zero), and its first ``count`` of ``steps`` steps are real (the rest pad a shape bucket)."""
+    start = int(np.asarray(position).reshape(-1)[0])
+    count = int(np.asarray(valid).reshape(-1)[0])
+    if not 0 < count <= steps:
+        raise ValueError(f"{count} real steps of a run of {steps}")
+    return start, count
+
+
+def mamba_conv1d_step(x, weight, conv_state, position, valid, bias=None, *, kernel_size=4, activation="silu"):
+    """mamba_conv1d of the steps at ``position[0]`` .. over a carried state (decoding).
+
+    ``conv_state [B, D, K-1]`` holds the K-1 inputs before the run (taken as zeros at position 0);
+    it is updated in place to the K-1 inputs before step ``valid[0]`` of the run (the steps after
+    it pad a shape bucket and leave no trace). Returns (y, conv_state)."""
+    x, weight, bias = _prep(x, weight, bias)
+    start, count = _decode_steps(position, valid, x.shape[-1])
+    carried = conv_state if start > 0 else np.zeros_like(conv_state)
+    y, _ = mamba_conv1d(x, weight, bias, carried, kernel_size=kernel_size, activation=activation)
+    conv_state[...] = _conv_padded(x[..., :count], carried, kernel_size)[..., count:]
+    return y, conv_state
+
+
+def mamba_selective_scan_step(u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_state, position, valid, *,
+                              chunk_size=256):
+    """mamba_selective_scan of the steps at ``position[0]`` .. from a carried state (decoding).
+
+    ``ssm_state [B, D, N]`` is h before the run (zeros at position 0); it is updated in place to
+    h after step ``valid[0]`` of the run (the steps after it pad a shape bucket). Returns (y, ssm_state)."""
+    args = _prep(u, delta, a_log, b_proj, c_proj, d_skip, dt_bias)
+    start, count = _decode_steps(position, valid, args[0].shape[-1])
+    carried = ssm_state.astype(args[0].dtype) if start > 0 else None
+    y, after = mamba_selective_scan(*args, carried)
+    if count < args[0].shape[-1]:
+        _, after = mamba_selective_scan(*(a[..., :count] if a.ndim in (3, 4) else a for a in args), carried)
+    ssm_state[...] = after
+    return y, ssm_state
+
+
 # ----------------------------------------------------------------------------
 # 6.11 Utility
 # ----------------------------------------------------------------------------
@@ -1287,6 +1327,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         embedding, embedding_backward,
         moe_router, moe_router_backward, moe_compute_offsets, moe_permute, moe_unpermute, moe_unpermute_backward,
         mamba_conv1d, mamba_conv1d_backward, mamba_selective_scan, mamba_selective_scan_backward,
+        mamba_conv1d_step, mamba_selective_scan_step,
         zeros, ones, fill, copy, cast, adamw, global_norm, clip_factor,
         cross_entropy, cross_entropy_backward, fused_lm_head_loss, fused_lm_head_loss_backward,
         fused_lm_head_loss_grad,

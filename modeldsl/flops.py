@@ -318,6 +318,8 @@ FLOP_RULES: dict[str, Rule] = {
     "mamba_conv1d_backward": _conv1d_rule(passes=2),
     "mamba_selective_scan": _selective_scan_rule(passes=1),
     "mamba_selective_scan_backward": _selective_scan_rule(passes=2),
+    "mamba_conv1d_step": _conv1d_rule(passes=1),
+    "mamba_selective_scan_step": _selective_scan_rule(passes=1),
     # 6.11 utility
     "zeros": free,
     "ones": free,

@@ -56,7 +56,11 @@ floats as fp32 (an fp32 run of a bf16 model, as the graph interpreter's
 ``kv_cache_attention`` launch that writes the new keys and values into a
 cache of capacity ``C`` (state buffers in ``external``, tagged ``state``,
 stacked per layer inside loops) at the runtime ``position`` (one more
-external input) and attends over the cache up to them.
+external input) and attends over the cache up to them. A Mamba conv or scan
+that takes no state operand becomes ``mamba_conv1d_step`` /
+``mamba_selective_scan_step``, which start from a state buffer (tagged
+``convN`` / ``ssmN``, zero at position 0) and leave the state after the run's
+real steps there; their number is one more external input, ``valid``.
 """
 
 from __future__ import annotations
@@ -184,7 +188,10 @@ class ScheduleBuilder:
         self.split_projections = split_gemms
         self.loops: list[tuple[LayerLoopOp, int]] = []
         self.position: SSAValue | None = None
+        self.valid: SSAValue | None = None  # decoding with recurrent state: the real steps of a run
+        self.inputs = 0
         self.caches = 0
+        self.recurrent = 0
         self.buffers: list[BufferOp] = []
         self.block = Block()
         self.values: dict[SSAValue, SSAValue] = {}
@@ -205,6 +212,7 @@ class ScheduleBuilder:
         accumulated = self.gradient_results(func, ret) if grads_arena else {}
         for index, arg in enumerate(func.body.block.args):
             self.values[arg] = self.new_buffer(arg, "external", {"input": IntegerAttr(index, i64)})
+        self.inputs = len(func.body.block.args)
         if self.kv_cache:
             index = IntegerAttr(len(func.body.block.args), i64)
             self.position = self.new_buffer(None, "external", {"input": index}, btype=BufferType([1], DType.INT32))
@@ -649,21 +657,64 @@ class ScheduleBuilder:
         b, h, _, d = self.shape(like)
         if layout == "bthd":
             b, _, h, d = self.shape(like)
-        shape = [b, h, self.kv_cache, d]
-        if len(self.loops) > 1:
-            raise _error("mdsl-lower-to-sched: a KV cache inside nested layer loops is not supported")
-        if self.loops:
-            shape.insert(0, self.loops[-1][1])
-        op = BufferOp("external", BufferType(shape, like.type.dtype))
-        op.attributes["state"] = StringAttr(f"kv{self.caches // 2}.{role}")
-        op.result.name_hint = f"{role}_cache"
         self.caches += 1
+        return self.decode_state([b, h, self.kv_cache, d], like.type.dtype, f"kv{(self.caches - 1) // 2}.{role}",
+                                 f"{role}_cache")
+
+    def decode_state(self, shape: list[int], dtype: DType, tag: str, hint: str) -> SSAValue:
+        """A buffer that keeps its contents from one decoding step to the next (``state`` in
+        ``external``), stacked per layer in a loop: the layer's slice."""
+        if len(self.loops) > 1:
+            raise _error("mdsl-lower-to-sched: decoding state inside nested layer loops is not supported")
+        if self.loops:
+            shape = [self.loops[-1][1], *shape]
+        op = BufferOp("external", BufferType(shape, dtype))
+        op.attributes["state"] = StringAttr(tag)
+        op.result.name_hint = hint
         self.buffers.append(op)
         if not self.loops:
             return op.result
         view = LayerViewOp(op.result, self.loops[-1][0].index)
         self.block.add_op(view)
         return view.result
+
+    # recurrent state (Mamba) ---------------------------------------------
+    def steps_input(self) -> SSAValue:
+        """The ``valid`` input of a decoding program with recurrent state: how many of the run's
+        steps are real (the rest pad the shape bucket and must not reach the state)."""
+        if self.valid is None:
+            index = IntegerAttr(self.inputs + 1, i64)
+            self.valid = self.new_buffer(None, "external", {"input": index}, btype=BufferType([1], DType.INT32))
+            self.valid.name_hint = "valid"
+        return self.valid
+
+    def lower_mamba_conv1d(self, op: Operation) -> bool:
+        if not self.kv_cache or op.conv_state is not None:
+            return False
+        x, weight = self.buffer(op.x), self.buffer(op.weight)
+        b, d, _ = self.shape(x)
+        k = op_attr(op, "kernel_size", 4)
+        state = self.decode_state([b, d, k - 1], x.type.dtype, f"conv{self.recurrent}", "conv_state")
+        self.recurrent += 1
+        bias = [self.buffer(op.bias)] if op.bias is not None else []
+        attrs = {name: op.attributes[name] for name in ("kernel_size", "activation") if name in op.attributes}
+        self.block.add_op(LaunchOp("mamba_conv1d_step", [x, weight, state, self.position, self.steps_input(), *bias],
+                                   [self.result_buffer(op.y), state], attrs, inplace=True))
+        return True
+
+    def lower_mamba_selective_scan(self, op: Operation) -> bool:
+        if not self.kv_cache or op.ssm_state is not None:
+            return False
+        operands = [self.buffer(v) for v in op.operands]
+        b, d, _ = self.shape(operands[0])
+        n = self.shape(operands[2])[1]
+        state = self.decode_state([b, d, n], operands[0].type.dtype, f"ssm{self.recurrent}", "ssm_state")
+        self.recurrent += 1
+        self.values[op.ssm_state_out] = state
+        attrs = {name: op.attributes[name] for name in ("chunk_size",) if name in op.attributes}
+        self.block.add_op(LaunchOp("mamba_selective_scan_step", [*operands, state, self.position, self.steps_input()],
+                                   [self.result_buffer(op.y), state], attrs, inplace=True))
+        return True
 
     # stacks --------------------------------------------------------------
     def layer_loop(self, op: StackOp) -> None:

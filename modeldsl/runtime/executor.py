@@ -12,6 +12,8 @@ length; a specialized model simply has nothing left to bind.
 slice of the stacked parameters. A :class:`KVCache` turns every attention
 op into incremental decoding: its keys and values are appended to the
 cache of that op and layer, and the queries attend to everything cached.
+It carries the state of every recurrent op (Mamba's conv and scan, when the
+op takes no state operand of its own) from one step to the next the same way.
 """
 
 from __future__ import annotations
@@ -62,11 +64,23 @@ class KVCache:
     (positions along axis -2 in ``bhtd``, axis 1 in ``bthd``)."""
 
     entries: dict[tuple[int, int | None], tuple[np.ndarray, np.ndarray, int]] = field(default_factory=dict)
+    # recurrent ops (Mamba's conv and scan): their state after the positions seen, and how many
+    states: dict[tuple[int, int | None], tuple[np.ndarray, int]] = field(default_factory=dict)
 
     @property
     def length(self) -> int:
-        """Positions cached (the same for every attention op)."""
-        return next((k.shape[axis] for k, _, axis in self.entries.values()), 0)
+        """Positions cached (the same for every attention and recurrent op)."""
+        kv = (k.shape[axis] for k, _, axis in self.entries.values())
+        return next(kv, next((seen for _, seen in self.states.values()), 0))
+
+    def state(self, key: tuple[int, int | None]) -> np.ndarray | None:
+        """The recurrent state of an op and layer (None before the first step)."""
+        held = self.states.get(key)
+        return None if held is None else held[0]
+
+    def carry(self, key: tuple[int, int | None], state: np.ndarray, steps: int) -> None:
+        seen = self.states[key][1] if key in self.states else 0
+        self.states[key] = (state, seen + steps)
 
     def extend(self, key: tuple[int, int | None], k: np.ndarray, v: np.ndarray,
                layout: str = "bhtd") -> tuple[np.ndarray, np.ndarray]:
@@ -76,6 +90,9 @@ class KVCache:
             k, v = np.concatenate([old_k, k], axis=axis), np.concatenate([old_v, v], axis=axis)
         self.entries[key] = (k, v, axis)
         return k, v
+
+
+RECURRENT = ("mamba_conv1d", "mamba_selective_scan")  # their last operand is the optional carried state
 
 
 @lru_cache(maxsize=1)
@@ -164,8 +181,25 @@ class GraphExecutor:
         if sig.name == "flash_attention" and self.cache is not None:
             k, v = self.cache.extend((id(op), frame.layer), inputs[1], inputs[2], params.get("layout", "bhtd"))
             inputs = [inputs[0], k, v, *inputs[3:]]
+        if sig.name in RECURRENT and self.cache is not None and inputs[-1] is None:
+            return self.recur(op, sig, frame, inputs, params)
         out = sig.reference(*inputs, **params)
         outs = list(out) if isinstance(out, tuple) else [out]
+        return [self.store(value, result.type) for value, result in zip(outs, op.results, strict=True)]
+
+    def recur(self, op: Operation, sig: PrimitiveSignature, frame: Frame, inputs: list[np.ndarray | None],
+              params: dict[str, Any]) -> list[np.ndarray]:
+        """A recurrent op (no state operand of its own) decoding with the cache: it starts from the
+        state its op and layer left there and leaves the state after these steps."""
+        key = (id(op), frame.layer)
+        assert self.cache is not None
+        state = self.cache.state(key)
+        if state is None and sig.name == "mamba_conv1d":  # the conv returns its state when given one
+            x = inputs[0]
+            state = np.zeros((*np.shape(x)[:2], params.get("kernel_size", 4) - 1), np.float32)
+        y, state = sig.reference(*inputs[:-1], state, **params)
+        self.cache.carry(key, state, np.shape(inputs[0])[-1])
+        outs = [y, state][:len(op.results)]
         return [self.store(value, result.type) for value, result in zip(outs, op.results, strict=True)]
 
     def run_stack(self, op: StackOp, frame: Frame) -> list[np.ndarray]:

@@ -117,11 +117,6 @@ class Model:
             max_positions = self.hf_config["max_position_embeddings"]
         return rope_frequencies(2 * half, theta, self.hf_config.get("rope_scaling"), max_positions)
 
-    @property
-    def recurrent(self) -> bool:
-        """Whether the forward carries a recurrent state from step to step (Mamba's conv and scan)."""
-        return any(op.name in RECURRENT_OPS for op in self.model.walk())
-
     def rope_freqs(self, positions: Sequence[int]) -> np.ndarray:
         assert self.rope is not None
         return self.rope.table(np.asarray(positions))
@@ -241,9 +236,9 @@ class Model:
 
     def decoder(self, total: int, use_cache: bool, engine: str) -> Callable[[list[int], int], np.ndarray]:
         """``step(tokens, start)``: the last position's logits after feeding ``tokens[start:]``
-        (all of them without a cache: full recomputation). A model with a recurrent state (Mamba's conv
-        and scan) recomputes too: the cache holds attention's keys and values, not that state."""
-        if not use_cache or self.recurrent:
+        (all of them without a cache: full recomputation). The cache holds attention's keys and values
+        and the recurrent states (Mamba's conv and scan) after the tokens fed so far."""
+        if not use_cache:
             return lambda tokens, start: self.forward(tokens, engine=engine)[-1]
         if engine == "graph":
             cache = KVCache()
@@ -291,9 +286,6 @@ def sampling_problems(max_new_tokens: Any, temperature: Any, top_k: Any, seed: A
             or not math.isfinite(temperature) or temperature < 0:
         problems.append(("temperature", f"must be a finite number >= 0 (0 is greedy), got {temperature!r}"))
     return problems
-
-
-RECURRENT_OPS = ("mdsl.graph.mamba_conv1d", "mdsl.graph.mamba_selective_scan")
 
 
 def choose_token(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator) -> int:

@@ -18,7 +18,9 @@ Decoding runs profiles compiled with a KV cache of a bucketed capacity
 (``mdsl-lower-to-sched{kv_cache=C}``): the prompt's profile writes the cache
 from position 0, each later one-token step from its position; the profiles
 of one batch size and capacity share the cache arrays. Padding written past
-the real tokens is overwritten before any query can see it.
+the real tokens is overwritten before any query can see it. A recurrent state
+(Mamba's conv and scan states) is carried the same way; such a program takes
+one more input, the number of real tokens, so the padding never reaches it.
 """
 
 from __future__ import annotations
@@ -200,5 +202,7 @@ class ProfiledForward:
                 raise ExecutionError(f"positions {position}..{position + padded.shape[1] - 1} exceed the cache "
                                      f"capacity {capacity}")
             inputs.append(np.array([position], dtype=np.int32))
+            if len(executor.inputs) > len(inputs):  # recurrent state (Mamba): how many steps are real
+                inputs.append(np.array([length], dtype=np.int32))
         (logits,) = executor.execute(*inputs)
         return np.array(logits[:, :length], dtype=np.float32)

@@ -1030,6 +1030,53 @@ def test_mamba_selective_scan(b, d, n, t, g, with_state):
     check_all(ref("mamba_selective_scan_backward", d_y, *inputs, state, y, chunk_size=2), expected)
 
 
+def pieces_of_a_run(t):
+    """A prompt of all but two steps (padded by two junk steps to a bucket), then one-step runs."""
+    return [(0, t - 2, 2), (t - 2, t - 1, 0), (t - 1, t, 0)]  # (start, end, padding)
+
+
+def padded(a, pad, seed):
+    junk = np.random.default_rng(seed).standard_normal((*a.shape[:-1], pad))
+    return np.concatenate([a, junk], axis=-1)
+
+
+@covers("mamba_conv1d_step")
+@pytest.mark.parametrize("b, d, t, k", [(2, 5, 7, 4), (2, 3, 6, 3)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_mamba_conv1d_step_carries_the_state_past_padding(b, d, t, k, with_bias):
+    """Runs over a carried state equal torch's conv of the whole sequence; junk steps padding a run
+    past its valid ones never reach the state; a run at position 0 ignores what the state held."""
+    x, w, bias = randn(102, (b, d, t), (d, 1, k), (d,))
+    bias = bias if with_bias else None
+    params = {"kernel_size": k, "activation": "silu"}
+    whole, _ = torch_conv1d(tt(x), tt(w), tt(bias), None, **params)
+    state = np.full((b, d, k - 1), 7.0)  # stale: position 0 starts from zeros
+    for start, end, pad in pieces_of_a_run(t):
+        piece = padded(x[..., start:end], pad, start)
+        y, out = ref("mamba_conv1d_step", piece, w, state, np.array([start], np.int32),
+                     np.array([end - start], np.int32), bias, **params)
+        assert out is state
+        check(y[..., :end - start], whole[..., start:end])
+    check(state, tt(x[..., t - k + 1:]))
+    with pytest.raises(ValueError, match="real steps"):
+        ref("mamba_conv1d_step", x, w, state, np.array([0], np.int32), np.array([t + 1], np.int32), **params)
+
+
+@covers("mamba_selective_scan_step")
+@pytest.mark.parametrize("b, d, n, t, g", SCAN_CASES[:2])
+def test_mamba_selective_scan_step_carries_the_state_past_padding(b, d, n, t, g):
+    inputs, stale, _ = scan_inputs(111, b, d, n, t, g)
+    whole, final = torch_selective_scan(*map(tt, inputs))
+    state = stale.copy()
+    for start, end, pad in pieces_of_a_run(t):
+        piece = [padded(a[..., start:end], pad, start) if a.ndim in (3, 4) else a for a in inputs]
+        y, out = ref("mamba_selective_scan_step", *piece, state, np.array([start], np.int32),
+                     np.array([end - start], np.int32))
+        assert out is state
+        check(y[..., :end - start], whole[..., start:end])
+    check(state, final)
+
+
 # ----------------------------------------------------------------------------
 # 6.11 Utility
 # ----------------------------------------------------------------------------

@@ -47,11 +47,28 @@ def test_the_checkpoint_is_written_back_bitwise_and_the_registry_serves_it(tmp_p
     np.testing.assert_array_equal(served.forward([1, 2, 3]), model.forward([1, 2, 3]))
 
 
-def test_decoding_recomputes_the_prefix_so_each_step_equals_a_full_forward():
-    """The KV cache holds no recurrent state: a Mamba decode step runs the whole prefix again."""
+def test_decoding_carries_the_conv_and_scan_states_and_each_step_equals_a_full_forward():
+    """The prompt's run leaves each layer's conv and scan states in the cache (its padding to the
+    shape bucket does not reach them); each one-token step starts from them and equals a full forward
+    of the whole sequence, on the schedule and on the graph interpreter."""
+    from modeldsl.runtime.executor import KVCache
+
     model = modeldsl.load(MAMBA, hf=cached_checkpoint("mamba", **CONFIG))
-    tokens = [3, 17, 42, 5, 9, 33, 2, 61]
-    assert model.recurrent
-    step = model.decoder(10, True, "schedule")
-    step(tokens, 0)
-    np.testing.assert_array_equal(step(tokens + [7], 8), model.forward(tokens + [7])[-1])
+    tokens = [3, 17, 42, 5, 9, 33, 2, 61, 7]  # 9 tokens: the prompt's profile pads to 16
+    step = model.decoder(16, True, "schedule")
+    cache = KVCache()
+    np.testing.assert_allclose(step(tokens, 0), model.forward(tokens)[-1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(model.forward(tokens, cache, engine="graph")[-1], model.forward(tokens)[-1],
+                               rtol=1e-5, atol=1e-5)
+    for token in (12, 40, 8):
+        tokens.append(token)
+        full = model.forward(tokens)[-1]
+        np.testing.assert_allclose(step(tokens, len(tokens) - 1), full, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(model.forward([token], cache, engine="graph")[-1], full, rtol=1e-5, atol=1e-5)
+    assert cache.length == len(tokens)
+    executor = model.schedule.profiles[(1, 1, 16)]
+    states = sorted(name for name in executor.state if not name.startswith("kv"))
+    assert states == ["conv0", "ssm1"]  # one of each, stacked over the layers
+    assert executor.state["ssm1"].shape == (2, 1, 48, 4)  # [layers, B, d_inner, d_state]
+    step(tokens[:3], 0)  # a new sequence starts from zero states
+    np.testing.assert_allclose(step(tokens[:4], 3), model.forward(tokens[:4])[-1], rtol=1e-5, atol=1e-5)

@@ -116,9 +116,6 @@ def test_decoding_through_the_kv_cache_schedule_gives_the_graph_interpreters_log
     interpreter's KV-cache decoding, and the tokens equal full recomputation."""
     from modeldsl.runtime.executor import KVCache
 
-    if loaded.recurrent:
-        pytest.skip("a recurrent model (Mamba) keeps no state in the KV cache: it decodes by recomputation "
-                    "(test_mamba_model)")
     prompt, steps = [3, 17, 42, 5, 9, 33, 2], [61, 7, 12, 40, 8]
     cache = KVCache()
     decode = loaded.decoder(len(prompt) + len(steps), use_cache=True, engine="schedule")
