@@ -314,8 +314,17 @@ def _identity(b, op, grads):
 
 @rule("cast")
 def _cast(b, op, grads):
+    """The gradient in the input's dtype; none for an integer input (counts, indices)."""
     x = op.operands[0]
+    if not x.type.dtype.is_float:
+        return [None]
     return [b.one("cast", grads[0], dtype=x.type.dtype)] if x.type.dtype != grads[0].type.dtype else [grads[0]]
+
+
+@rule("zeros", "ones", "fill")
+def _constant(b, op, grads):
+    """A constant: no operands, nothing to pass on."""
+    return []
 
 
 # ----------------------------------------------------------------------------

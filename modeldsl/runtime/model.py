@@ -190,7 +190,7 @@ class Model:
         if cache is None and engine == "schedule":
             logits = self.schedule.run(tokens, lambda padded: self.inputs(padded, 0))
         else:
-            (logits,) = self.executor.run("forward", *self.inputs(tokens, start), cache=cache)
+            logits = self.executor.run("forward", *self.inputs(tokens, start), cache=cache)[0]
         logits = np.asarray(logits, dtype=np.float32)
         return logits if batched else logits[0]
 

@@ -204,5 +204,5 @@ class ProfiledForward:
             inputs.append(np.array([position], dtype=np.int32))
             if len(executor.inputs) > len(inputs):  # recurrent state (Mamba): how many steps are real
                 inputs.append(np.array([length], dtype=np.int32))
-        (logits,) = executor.execute(*inputs)
+        logits = executor.execute(*inputs)[0]
         return np.array(logits[:, :length], dtype=np.float32)

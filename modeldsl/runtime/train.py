@@ -37,7 +37,7 @@ import numpy as np
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
-from modeldsl.diagnostics import DiagnosticError, PassOptionError
+from modeldsl.diagnostics import Diagnostic, DiagnosticError, PassOptionError
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ReturnOp
 from modeldsl.dialects.graph_types import TensorType
@@ -62,10 +62,17 @@ TRAINING_DTYPES = ("fp32", "bf16")
 
 
 def add_loss_function(model: ModelOp) -> FuncOp:
-    """``@train_loss(forward inputs..., labels [B, T] int64) -> loss``: mean cross-entropy of the logits."""
+    """``@train_loss(forward inputs..., labels [B, T] int64) -> loss``: mean cross-entropy of the logits
+    (the forward's first result), plus each further result of the forward, a scalar auxiliary loss (a
+    mixture of experts' load-balancing loss, as transformers adds it when ``output_router_logits``)."""
     forward = next(f for f in model.body.block.ops if isinstance(f, FuncOp) and f.sym_name.data == "forward")
     inputs = list(forward.function_type.inputs.data)
-    (logits_type,) = forward.function_type.outputs.data
+    logits_type, *aux_types = forward.function_type.outputs.data
+    if any(aux.shape for aux in aux_types):
+        raise DiagnosticError([Diagnostic("E029", "@forward returns more than logits, and not only scalars: "
+                                          "training adds a scalar auxiliary loss, and cannot add "
+                                          f"{', '.join(str(t) for t in aux_types)}", None,
+                                          "return the logits first, then scalar auxiliary losses")])
     batch, tokens, vocab = logits_type.shape
     labels_type = TensorType([batch, tokens], DType.INT64)
     func = FuncOp("train_loss", [*inputs, labels_type], [], kind="helper")
@@ -73,13 +80,15 @@ def add_loss_function(model: ModelOp) -> FuncOp:
     for arg, old in zip(block.args, forward.body.block.args):
         arg.name_hint = old.name_hint
     block.args[-1].name_hint = "labels"
-    call = CallOp("forward", list(block.args[:-1]), [logits_type])
+    call = CallOp("forward", list(block.args[:-1]), [logits_type, *aux_types])
     block.add_op(call)
     builder = GraphBuilder(block)
     rows = batch * tokens
     flat_logits = builder.one("view", call.res[0], shape=[rows, vocab])
     flat_labels = builder.one("view", block.args[-1], shape=[rows])
     loss, _ = builder.op("cross_entropy", flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="mean")
+    for aux in call.res[1:]:
+        loss = builder.one("add", loss, aux)
     block.add_op(ReturnOp(loss))
     func.function_type = type(func.function_type).from_lists([a.type for a in block.args], [loss.type])
     model.body.block.add_op(func)

@@ -21,6 +21,7 @@ ARCHITECTURES = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "mamba": ("MambaConfig", "MambaForCausalLM"),
+    "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM"),
 }
 # Checkpoints of other families that fit the std Llama's tensor names and shapes, with what a
 # public config of the family sets (Granite-3's multipliers, Gemma-2's defaults): name -> (arch, config)
@@ -34,6 +35,9 @@ OTHER_FAMILIES = {
 }
 
 
+# Falcon-H1 (attention and a Mamba-2 mixer side by side in every layer): 4 SSM heads of 8 channels in 2 groups
+FALCON_H1 = {"mamba_d_ssm": 32, "mamba_n_heads": 4, "mamba_n_groups": 2, "mamba_d_state": 8, "mamba_d_conv": 4,
+             "mamba_rms_norm": True}
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 16}
 # The std models on tiny checkpoints of every family and feature: name -> (arch, module file, config)
@@ -50,6 +54,7 @@ CASES = {
     "mamba-ssm": ("mamba", "mamba.module", {"state_size": 4, "expand": 2, "conv_kernel": 4, "time_step_rank": 2}),
     "llama-yarn": ("llama", "llama.module", {"rope_parameters": {
         "rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}),
+    "falcon-h1-hybrid": ("falcon_h1", "falcon_h1.module", FALCON_H1),
 }
 
 
@@ -93,7 +98,8 @@ def transformers_model(path: Path):
 def trainer_and_autograd_gradients(module_file: Path, path: Path, seed: int = 0):
     """The gradients of one next-token cross-entropy micro-batch ([2, 8] tokens) of the DSL model
     (its trainer's grads arena, by parameter) and of the transformers model (its parameters by
-    name, each with ``.grad``), after checking the two losses agree within 1e-5."""
+    name, each with ``.grad``), after checking the two losses agree within 1e-5 (with the router's
+    auxiliary loss where the config asks transformers for it)."""
     import numpy as np
     import pytest
     import torch
@@ -106,9 +112,12 @@ def trainer_and_autograd_gradients(module_file: Path, path: Path, seed: int = 0)
     trainer = Trainer(modeldsl.load(module_file, hf=path), AdamWConfig(lr=1e-3))
     loss = trainer.accumulate(tokens[:, :-1], tokens[:, 1:])
     reference = transformers_model(path).train()
-    logits = reference(torch.tensor(tokens[:, :-1])).logits
+    out = reference(torch.tensor(tokens[:, :-1]))
+    logits = out.logits
     torch_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                    torch.tensor(tokens[:, 1:]).reshape(-1))
+    if getattr(out, "aux_loss", None) is not None:  # output_router_logits: as transformers adds it to its loss
+        torch_loss = torch_loss + reference.config.router_aux_loss_coef * out.aux_loss
     torch_loss.backward()
     assert loss == pytest.approx(torch_loss.item(), rel=1e-5)
     return trainer.optimizer.grads, dict(reference.named_parameters())

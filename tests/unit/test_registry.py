@@ -24,7 +24,7 @@ SERVED = {
 
 
 def test_the_std_declarations_are_listed_by_kind():
-    assert registry.list_models() == ["Llama", "Mamba", "Mistral", "Mixtral", "Qwen3", "Qwen3Moe"]
+    assert registry.list_models() == ["FalconH1", "Llama", "Mamba", "Mistral", "Mixtral", "Qwen3", "Qwen3Moe"]
     assert "DenseTransformerBlock" in registry.list_blocks()
     assert {"Linear", "RMSNorm", "SwiGLU_MLP", "CausalSelfAttention"} <= set(registry.list_modules())
     assert {"silu", "swiglu", "flash_attention", "rope"} <= set(registry.list_primitives())
@@ -32,14 +32,15 @@ def test_the_std_declarations_are_listed_by_kind():
     assert llama.path == STD_ROOT / "models" / "llama.module" and llama.line >= 1 and llama.doc
     assert (llama.architectures, llama.model_types) == (("LlamaForCausalLM",), ("llama",))
     assert registry.get_any("RMSNorm") == registry.get_module("RMSNorm")
-    assert registry.architectures() == {"LlamaForCausalLM": "Llama", "MambaForCausalLM": "Mamba",
+    assert registry.architectures() == {"FalconH1ForCausalLM": "FalconH1", "LlamaForCausalLM": "Llama",
+                                        "MambaForCausalLM": "Mamba",
                                         "MistralForCausalLM": "Mistral",
                                         "MixtralForCausalLM": "Mixtral", "Qwen3ForCausalLM": "Qwen3",
                                         "Qwen3MoeForCausalLM": "Qwen3Moe"}
 
 
 def test_an_unknown_name_is_a_key_error_naming_the_known_ones():
-    with pytest.raises(KeyError, match="there are: Llama, Mamba, Mistral, Mixtral, Qwen3, Qwen3Moe"):
+    with pytest.raises(KeyError, match="there are: FalconH1, Llama, Mamba, Mistral, Mixtral, Qwen3, Qwen3Moe"):
         registry.get_model("Gemma")
     with pytest.raises(KeyError):
         registry.get_any("NoSuchThing")
@@ -56,7 +57,8 @@ def test_a_checkpoint_is_served_by_its_architectures_else_by_its_model_type():
     (diagnostic,) = err.value.diagnostics
     assert diagnostic.code == "E036" and "x/config.json: no std model serves the checkpoint, which is " \
         "Qwen2ForCausalLM" in diagnostic.message
-    assert "LlamaForCausalLM (Llama), MambaForCausalLM (Mamba), MistralForCausalLM (Mistral), " \
+    assert "FalconH1ForCausalLM (FalconH1), LlamaForCausalLM (Llama), MambaForCausalLM (Mamba), " \
+        "MistralForCausalLM (Mistral), " \
         "MixtralForCausalLM (Mixtral), " \
         "Qwen3ForCausalLM (Qwen3), Qwen3MoeForCausalLM (Qwen3Moe)" in diagnostic.hint
 

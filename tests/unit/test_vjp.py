@@ -256,6 +256,14 @@ case("cast-fp32-bf16",
 case("cast-bf16-fp32",
      op(f"%y = mdsl.graph.cast %x : ({t(2, 3, dtype='bf16')}) -> {t(2, 3)}"),
      {"x": (2, 3)}, [("y", (2, 3))], dtypes={"x": "bf16"})
+# constants take no operands: the gradient that reaches them goes nowhere (x's is still checked)
+case("constants",
+     op(f"%z = mdsl.graph.zeros : {t(2, 3)}") + "\n" + op(f"%o = mdsl.graph.ones : {t(2, 3)}") + "\n"
+     + op(f"%f = mdsl.graph.fill {{value = 5.000000e-01 : f64}} : {t(2, 3)}") + "\n"
+     + op(f"%a = mdsl.graph.add %x, %z : ({t(2, 3)}, {t(2, 3)}) -> {t(2, 3)}") + "\n"
+     + op(f"%b = mdsl.graph.mul %a, %o : ({t(2, 3)}, {t(2, 3)}) -> {t(2, 3)}") + "\n"
+     + op(f"%y = mdsl.graph.mul %b, %f : ({t(2, 3)}, {t(2, 3)}) -> {t(2, 3)}"),
+     {"x": (2, 3)}, [("y", (2, 3))])
 
 # ----------------------------------------------------------------------------
 # normalization

@@ -266,9 +266,12 @@ class Translator(HuggingFaceSections, Primitives):
         return self.section(func, "forward", body)
 
     def output(self, func: py.FunctionDef, steps: list[ast.Stmt]) -> ast.Section:
-        """``out: [...]``, or ``out: name: [...]`` when the graph ends with ``return name``."""
+        """``out: [...]``, or ``out: name: [...]`` when the graph ends with ``return name``; an
+        ``outputs:`` section of ``name: [...]`` entries for ``-> tuple[...]`` and ``return a, b``."""
         if func.returns is None:
             raise self.error(func, f"{func.name} has no output type", "annotate it: -> Tensor[\"B\", \"T\", \"d\"]")
+        if subscript_of(func.returns, "tuple"):
+            return self.outputs(func, steps)
         shape = self.tensor_type(func.returns)
         named = steps[-1] if steps and isinstance(steps[-1], _NamedOutput) else None
         if named is None:
@@ -276,6 +279,16 @@ class Translator(HuggingFaceSections, Primitives):
         steps.pop()
         field = ast.NamedField(named.span, named.name, shape)
         return self.entry(func.returns, "out", field)
+
+    def outputs(self, func: py.FunctionDef, steps: list[ast.Stmt]) -> ast.Section:
+        types = subscripts(func.returns)
+        named = steps.pop() if steps and isinstance(steps[-1], _NamedOutput) else None
+        if named is None or len(named.names) != len(types):
+            raise self.error(func.returns, f"{func.name} gives {len(types)} outputs: its graph ends with "
+                             f"return {', '.join(f'out{i}' for i in range(len(types)))}",
+                             "return one name per tensor of the tuple")
+        return self.section(func, "outputs", [self.entry(t, name, self.tensor_type(t))
+                                              for name, t in zip(named.names, types)])
 
     def backward(self, func: py.FunctionDef, forward: py.FunctionDef | None) -> ast.Section:
         """Its arguments are the gradients it takes (``d_out``); it gives ``d_`` and each forward input."""
@@ -332,6 +345,9 @@ class Translator(HuggingFaceSections, Primitives):
         if isinstance(last, py.Return) and isinstance(last.value, py.Name) and last.value.id != "out" \
                 and func.name == "forward":
             steps.append(_NamedOutput(self.span(last.value), _name(last.value.id)))
+        elif isinstance(last, py.Return) and isinstance(last.value, py.Tuple) and func.name == "forward" \
+                and all(isinstance(e, py.Name) for e in last.value.elts):
+            steps.append(_NamedOutput(self.span(last.value), *(_name(e.id) for e in last.value.elts)))
         return steps
 
     def statements(self, body: list[py.stmt], g: str) -> list[ast.Stmt]:
@@ -362,7 +378,7 @@ class Translator(HuggingFaceSections, Primitives):
     def flow(self, stmt: py.stmt, call: py.Call, destination: ast.Expr, g: str) -> ast.Flow:
         """One step, or a chain of them when a step's first argument is another step
         (``g.matmul(g.silu(h), "w2")`` is ``h -> silu() -> matmul(w2) -> ...``)."""
-        annotations = [self.annotation(k) for k in call.keywords if k.arg in ANNOTATION_BY_NAME]
+        annotations = [self.annotation(k) for k in call.keywords if _is_annotation(k, call)]
         return ast.Flow(self.span(stmt), self.stages(call, g) + [destination], annotations)
 
     def stages(self, call: py.Call, g: str) -> list[ast.Expr]:
@@ -370,11 +386,13 @@ class Translator(HuggingFaceSections, Primitives):
         first = call.args[0] if call.args else None
         if isinstance(first, py.Call) and _is_step(first, g):
             inner = self.stages(first, g)
-            annotations = [self.annotation(k) for k in first.keywords if k.arg in ANNOTATION_BY_NAME]
+            annotations = [self.annotation(k) for k in first.keywords if _is_annotation(k, first)]
             if annotations:
                 inner[-1] = ast.Annotated(inner[-1].span, inner[-1], annotations)
             return inner + [self.step(call, call.args[1:], g, chained=True)]
         tensors = [self.tensor(a, g) for a in call.args if _is_tensor(a, g)]
+        if not tensors and not self_attribute(call.func) and not call.args:  # a constant: g.zeros(shape=[...])
+            return [self.step(call, [], g, chained=False)]
         if not tensors:
             raise self.error(call, "a graph step takes at least one input tensor")
         source = tensors[0] if len(tensors) == 1 else ast.TupleExpr(self.span(call), tensors)
@@ -384,7 +402,7 @@ class Translator(HuggingFaceSections, Primitives):
         """The step ``call`` is, with ``args`` inside it: its non-tensor arguments, and in a chain also
         the tensors other than the one flowing in (``matmul(w2, transpose=NT)``)."""
         func = call.func
-        keywords = [k for k in call.keywords if k.arg not in ANNOTATION_BY_NAME]
+        keywords = [k for k in call.keywords if not _is_annotation(k, call)]
         if self_attribute(func) and not keywords and not args:
             return ast.Name(self.span(func), func.attr)
         if not (isinstance(func, py.Attribute) and isinstance(func.value, py.Name) and func.value.id == g):
@@ -440,11 +458,13 @@ class Translator(HuggingFaceSections, Primitives):
 
 
 class _NamedOutput(ast.Node):
-    """``return name`` ending a forward graph: the output is named ``name``."""
+    """``return name`` (``return a, b``) ending a forward graph: the output is named ``name`` (the
+    outputs ``a``, ``b``)."""
 
-    def __init__(self, span: Span, name: str):
+    def __init__(self, span: Span, *names: str):
         super().__init__(span)
-        self.name = name
+        self.names = names
+        self.name = names[0]
 
 
 def _backward_of(func: py.FunctionDef) -> str | None:
@@ -458,6 +478,15 @@ def _backward_of(func: py.FunctionDef) -> str | None:
 
 def _kind(node: py.ClassDef) -> str | None:
     return next((called_name(d) for d in node.decorator_list if called_name(d) in KINDS), None)
+
+
+DTYPE_STEPS = ("cast", "zeros", "ones", "fill")  # their dtype= is the primitive's, not the @dtype annotation
+
+
+def _is_annotation(keyword: py.keyword, call: py.Call) -> bool:
+    """Whether a step's keyword is an annotation (``hook=``, ``dtype=``) rather than a parameter."""
+    steps_dtype = isinstance(call.func, py.Attribute) and call.func.attr in DTYPE_STEPS
+    return keyword.arg in ANNOTATION_BY_NAME and not (steps_dtype and keyword.arg == "dtype")
 
 
 def _name(name: str) -> str:

@@ -151,6 +151,32 @@ def test_python_the_dsl_does_not_take_is_e001_at_its_place():
     assert "a graph takes" in diagnostic.message
 
 
+TWO_OUTPUTS = '''
+    @module
+    class Two:
+        def __init__(self, d: int):
+            pass
+
+        @forward
+        def forward(self, in_: Tensor["*", "d"]) -> tuple[Tensor["*", "d"], Tensor["d", "fp32"]]:
+            with graph() as g:
+                total = g.zeros(shape=["d"], dtype="fp32")
+                wide = g.cast(in_, dtype="fp32")
+                {ending}
+'''
+
+
+def test_a_forward_of_several_outputs_returns_one_name_per_tensor_of_its_tuple():
+    """``-> tuple[...]`` with ``return a, b`` is the text DSL's ``outputs:`` section; a step with no
+    input tensor (a constant) and the dtype= of cast/zeros are the primitives' own (not @dtype)."""
+    source = HEADER + textwrap.dedent(TWO_OUTPUTS.format(ending="return wide, total"))
+    ir = print_ir(lower_program(parse_python_source(source, "two.py"), "Two", {"d": 3}, DiagnosticSink()))
+    assert "mdsl.graph.zeros" in ir and "mdsl.graph.cast" in ir and "-> (!mdsl.graph.tensor<[" in ir
+    diagnostic, source = python_error(TWO_OUTPUTS.format(ending="return wide"), top="Two")
+    assert diagnostic.code == "E001" and "gives 2 outputs" in diagnostic.message, diagnostic.render()
+    assert (diagnostic.span.line, diagnostic.span.column) == where(source, "tuple["), diagnostic.render()
+
+
 def test_a_backward_that_reads_a_tensor_the_forward_does_not_save_is_reported_at_the_read():
     diagnostic, source = python_error('''
         @module

@@ -22,14 +22,22 @@ MODELS = {
 }
 
 
+# output_router_logits: transformers adds router_aux_loss_coef times the load-balancing loss to its loss
+AUX_LOSS = {"output_router_logits": True, "router_aux_loss_coef": 0.5}
+
+
 @pytest.fixture(params=sorted(MODELS))
 def moe(request):
     arch, module, config = MODELS[request.param]
     return request.param, STD_ROOT / "models" / module, cached_checkpoint(arch, **config)
 
 
-def test_every_expert_gradient_matches_pytorch_autograd(moe):
-    _, module, path = moe
+@pytest.mark.parametrize("aux_loss", [False, True], ids=["plain", "aux-loss"])
+def test_every_expert_gradient_matches_pytorch_autograd(moe, aux_loss):
+    name, module, path = moe
+    if aux_loss:
+        arch, _, config = MODELS[name]
+        path = cached_checkpoint(arch, **config, **AUX_LOSS)
     grads, named = trainer_and_autograd_gradients(module, path)
     d_ff = named["model.layers.0.mlp.experts.down_proj"].shape[-1]
     for layer in range(grads["blocks.mlp.router"].shape[0]):

@@ -35,9 +35,9 @@ def test_the_schedule_gives_bitwise_the_graph_interpreters_logits(loaded, numpy_
     """Bitwise where the schedule does the graph's arithmetic (the numpy kernels); splitting the fused
     projections into narrower GEMMs (the default) only moves BLAS rounding."""
     expected = loaded.forward(TOKENS, engine="graph")
-    (logits,) = schedule(loaded, TOKENS, split_gemms=False).execute(*loaded.inputs(TOKENS, 0))
+    logits = schedule(loaded, TOKENS, split_gemms=False).execute(*loaded.inputs(TOKENS, 0))[0]
     np.testing.assert_array_equal(logits, expected)
-    (logits,) = schedule(loaded, TOKENS).execute(*loaded.inputs(TOKENS, 0))
+    logits = schedule(loaded, TOKENS).execute(*loaded.inputs(TOKENS, 0))[0]
     np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -50,10 +50,10 @@ def test_the_compiled_kernels_give_the_graph_interpreters_logits_within_1e_6(loa
         pytest.skip("the compiled kernels do not build here")
     expected = loaded.forward(TOKENS, engine="graph")
     executor = schedule(loaded, TOKENS, split_gemms=False)
-    (logits,) = executor.execute(*loaded.inputs(TOKENS, 0))
+    logits = executor.execute(*loaded.inputs(TOKENS, 0))[0]
     first = logits.copy()
     np.testing.assert_allclose(logits, expected, rtol=0, atol=1e-6 * np.abs(expected).max())
-    (again,) = executor.execute(*loaded.inputs(TOKENS, 0))
+    again = executor.execute(*loaded.inputs(TOKENS, 0))[0]
     np.testing.assert_array_equal(again, first)
 
 

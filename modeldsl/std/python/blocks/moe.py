@@ -8,7 +8,9 @@ from modeldsl.std.python.modules.norm import RMSNorm
 
 @block
 class MoETransformerBlock:
-    """Pre-norm mixture-of-experts block (Mixtral, Qwen3-MoE): x + attn(norm(x)), then + moe(norm(.))."""
+    """Pre-norm mixture-of-experts block (Mixtral, Qwen3-MoE): x + attn(norm(x)), then + moe(norm(.)).
+
+    assigned and probs carry the router's load-balancing sums from layer to layer (SparseMoE_MLP)."""
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, head_dim: int, d_ff: int,
                  num_experts: int = 8, top_k: int = 2, eps: float = 1e-6, sliding_window: int = 0,
@@ -22,12 +24,14 @@ class MoETransformerBlock:
     mlp = Param(SparseMoE_MLP("d_model", "d_ff", "num_experts", "top_k", "normalize"))
 
     @forward
-    def forward(self, x: Tensor["B", "T", "d_model"], freqs: Tensor["T", "head_dim // 2", 2, "fp32"]
-                ) -> Tensor["B", "T", "d_model"]:
+    def forward(self, x: Tensor["B", "T", "d_model"], assigned: Tensor["num_experts", "fp32"],
+                probs: Tensor["num_experts", "fp32"], freqs: Tensor["T", "head_dim // 2", 2, "fp32"]
+                ) -> tuple[Tensor["B", "T", "d_model"], Tensor["num_experts", "fp32"], Tensor["num_experts", "fp32"]]:
         with graph() as g:
             ln1_out = self.ln1(x)
             attn_out = self.attention(ln1_out, freqs, hook="AfterAttnOutProjection")
             residual_mid = g.add(x, attn_out)
             ln2_out = self.ln2(residual_mid)
-            mlp_out = self.mlp(ln2_out, hook="AfterMLPDownProjection")
+            mlp_out, assigned_out, probs_out = self.mlp(ln2_out, assigned, probs, hook="AfterMLPDownProjection")
             out = g.add(residual_mid, mlp_out)
+            return out, assigned_out, probs_out

@@ -25,9 +25,11 @@ from modeldsl.std.python.modules.norm import RMSNorm
         "rope_theta": field("rope_theta", absent=10000.0),
         "tie_embeddings": "tie_word_embeddings",
         "sliding_window": field("sliding_window", null=0),
+        "router_aux_loss": field("output_router_logits", absent=False),
+        "router_aux_loss_coef": field("router_aux_loss_coef", absent=0.001),
     },
     require={"hidden_act": "silu"},
-    ignore=["router_aux_loss_coef", "output_router_logits", "router_jitter_noise", "num_experts"],
+    ignore=["router_jitter_noise", "num_experts"],
 )
 @hf_mapping({
     "embedding": "model.embed_tokens.weight",
@@ -60,6 +62,11 @@ class Mixtral:
     """Mixtral: Mistral-style attention with a sparse mixture of SwiGLU experts in every block (top_k
     of num_experts per token, renormalized routing weights; sliding_window = 0: full causal).
 
+    aux_loss is transformers' load-balancing loss when router_aux_loss (output_router_logits), times
+    router_aux_loss_coef: E * sum_e f_e P_e over every layer's tokens (f_e: the share of the top_k
+    assignments that go to expert e, P_e: e's mean routing probability), else 0. Training adds it to
+    the cross-entropy as transformers does.
+
     freqs are the RoPE (cos, sin) pairs of the T positions, computed by the
     runtime from rope_theta (and the checkpoint's rope_scaling).
     """
@@ -67,7 +74,8 @@ class Mixtral:
     def __init__(self, vocab_size: int = 32000, d_model: int = 4096, n_layers: int = 32, num_heads: int = 32,
                  num_kv_heads: int = 8, head_dim: int = "d_model // num_heads", d_ff: int = 14336,
                  num_experts: int = 8, top_k: int = 2, max_seq: int = 32768, eps: float = 1e-5,
-                 rope_theta: float = 1000000.0, tie_embeddings: bool = False, sliding_window: int = 0):
+                 rope_theta: float = 1000000.0, tie_embeddings: bool = False, sliding_window: int = 0,
+                 router_aux_loss: bool = False, router_aux_loss_coef: float = 0.001):
         assert self.num_heads % self.num_kv_heads == 0, \
             "num_attention_heads must be a multiple of num_key_value_heads"
 
@@ -80,10 +88,21 @@ class Mixtral:
 
     @forward
     def forward(self, tokens: Tensor["B", "T", "int32"], freqs: Tensor["T", "head_dim // 2", 2, "fp32"]
-                ) -> Tensor["B", "T", "vocab_size"]:
+                ) -> tuple[Tensor["B", "T", "vocab_size"], Tensor["fp32"]]:
         with graph() as g:
             x0 = g.embedding(tokens, "embedding", hook="AfterEmbedding")
-            xN = self.blocks(x0, freqs)
+            assigned0 = g.zeros(shape=["num_experts"], dtype="fp32")
+            probs0 = g.zeros(shape=["num_experts"], dtype="fp32")
+            xN, assigned, probs = self.blocks(x0, assigned0, probs0, freqs)
             xF = self.final_norm(xN, hook="BeforeLMHead")
             logits = g.matmul(xF, "lm_head", transpose="NT")
-            return logits
+            if self.router_aux_loss:
+                weighted = g.mul(assigned, probs)
+                balance = g.reduce_sum(weighted, dims=[0])
+                assignments = g.reduce_sum(assigned, dims=[0])
+                squared = g.mul(assignments, assignments)
+                ratio = g.div(balance, squared)
+                aux_loss = g.scale(ratio, factor="router_aux_loss_coef * num_experts * top_k * top_k")
+            else:
+                aux_loss = g.zeros(shape=[], dtype="fp32")
+            return logits, aux_loss

@@ -26,9 +26,11 @@ from modeldsl.std.python.modules.norm import RMSNorm
         "rope_theta": field("rope_theta", absent=10000.0),
         "tie_embeddings": field("tie_word_embeddings", absent=False),
         "attention_bias": "attention_bias",
+        "router_aux_loss": field("output_router_logits", absent=False),
+        "router_aux_loss_coef": field("router_aux_loss_coef", absent=0.001),
     },
     require={"hidden_act": "silu", "decoder_sparse_step": 1, "mlp_only_layers": []},
-    ignore=["intermediate_size", "router_aux_loss_coef", "output_router_logits", "num_local_experts"],
+    ignore=["intermediate_size", "num_local_experts"],
 )
 @hf_mapping({
     "embedding": "model.embed_tokens.weight",
@@ -73,6 +75,11 @@ class Qwen3Moe:
     """Qwen3-MoE: Qwen3 attention (a per-head RMSNorm of q and k) with a sparse mixture of SwiGLU experts
     in every layer (decoder_sparse_step 1, no mlp_only_layers; normalize is norm_topk_prob).
 
+    aux_loss is transformers' load-balancing loss when router_aux_loss (output_router_logits), times
+    router_aux_loss_coef: E * sum_e f_e P_e over every layer's tokens (f_e: the share of the top_k
+    assignments that go to expert e, P_e: e's mean routing probability), else 0. Training adds it to
+    the cross-entropy as transformers does.
+
     freqs are the RoPE (cos, sin) pairs of the T positions, computed by the
     runtime from rope_theta (and the checkpoint's rope_scaling).
     """
@@ -81,7 +88,7 @@ class Qwen3Moe:
                  num_kv_heads: int = 4, head_dim: int = 128, d_ff: int = 768, num_experts: int = 128,
                  top_k: int = 8, normalize: bool = True, max_seq: int = 40960,
                  eps: float = 1e-6, rope_theta: float = 1000000.0, tie_embeddings: bool = False,
-                 attention_bias: bool = False):
+                 attention_bias: bool = False, router_aux_loss: bool = False, router_aux_loss_coef: float = 0.001):
         assert self.num_heads % self.num_kv_heads == 0, \
             "num_attention_heads must be a multiple of num_key_value_heads"
 
@@ -95,10 +102,21 @@ class Qwen3Moe:
 
     @forward
     def forward(self, tokens: Tensor["B", "T", "int32"], freqs: Tensor["T", "head_dim // 2", 2, "fp32"]
-                ) -> Tensor["B", "T", "vocab_size"]:
+                ) -> tuple[Tensor["B", "T", "vocab_size"], Tensor["fp32"]]:
         with graph() as g:
             x0 = g.embedding(tokens, "embedding", hook="AfterEmbedding")
-            xN = self.blocks(x0, freqs)
+            assigned0 = g.zeros(shape=["num_experts"], dtype="fp32")
+            probs0 = g.zeros(shape=["num_experts"], dtype="fp32")
+            xN, assigned, probs = self.blocks(x0, assigned0, probs0, freqs)
             xF = self.final_norm(xN, hook="BeforeLMHead")
             logits = g.matmul(xF, "lm_head", transpose="NT")
-            return logits
+            if self.router_aux_loss:
+                weighted = g.mul(assigned, probs)
+                balance = g.reduce_sum(weighted, dims=[0])
+                assignments = g.reduce_sum(assigned, dims=[0])
+                squared = g.mul(assignments, assignments)
+                ratio = g.div(balance, squared)
+                aux_loss = g.scale(ratio, factor="router_aux_loss_coef * num_experts * top_k * top_k")
+            else:
+                aux_loss = g.zeros(shape=[], dtype="fp32")
+            return logits, aux_loss
