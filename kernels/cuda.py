@@ -33,7 +33,13 @@ than the last; reductions over non-adjacent dims; ``add``/``mul`` where both
 operands broadcast, or the broadcast one repeats in more than one run of dims
 (``[4, 1, 8]`` against ``[4, 5, 8]``); ``add3`` with broadcasting; rope of
 other than rank-4 q/k; fp16 storage (only casts); ``reduce_max_backward``; attention with
-ALiBi or a head dim over 128 (see ``attention_geometry``).
+ALiBi or a head dim over 128 (see ``attention_geometry``); for MoE (moe.cu), int64 index tensors,
+empty tensors, ``grouped_gemm_weight_grad`` with more than 65535 groups, and more than 65535 column
+tiles (``grouped_gemm``: N, ``moe_router_backward``: C over 1048560); for Mamba (mamba.cu), a conv
+``kernel_size`` over 8 (``MAMBA_MAX_CONV``), a scan state size over 256 (``MAMBA_MAX_STATE``),
+activations other than silu/none, and empty tensors. The MoE kernels take expert indices in
+[0, E) (the router's): one outside is skipped, not an error, and ``moe_unpermute_backward`` takes
+a scatter that is a permutation (``moe_permute``'s).
 Where the reference raises (an embedding index out of range), the kernel
 writes NaN rows instead. Compiling the sources:
 :mod:`modeldsl.tools.build_kernels`.
@@ -204,6 +210,37 @@ _kernel("attention", "attention_bwd_pre",
 _kernel("attention", "attention_bwd_dkdv",
         f"ptr d_out, ptr q, ptr k, ptr v, ptr lse, ptr delta, ptr d_k, ptr d_v, {_ATTN}")
 _kernel("attention", "attention_bwd_dq", f"ptr d_out, ptr q, ptr k, ptr v, ptr lse, ptr delta, ptr d_q, {_ATTN}")
+_F32 = ("fp32",)  # kernels of int32 buffers or fp32 scratch alone: one variant
+_kernel("moe", "moe_offsets", "ptr indices, ptr offsets, i64 assignments, i64 experts", _F32)
+_kernel("moe", "moe_permute_scatter", "ptr indices, ptr offsets, ptr scatter, i64 assignments, i64 experts", _F32)
+_kernel("moe", "moe_permute_gather", "ptr x, ptr scatter, ptr permuted, i64 assignments, i64 C, i64 top_k")
+_kernel("moe", "moe_unpermute", "ptr expert_outputs, ptr weights, ptr scatter, ptr combined, i64 tokens, i64 C, "
+                                "i64 top_k")
+_kernel("moe", "moe_unpermute_bwd", "ptr d_combined, ptr expert_outputs, ptr weights, ptr scatter, "
+                                    "ptr d_expert_outputs, ptr d_weights, i64 assignments, i64 C, i64 top_k")
+_kernel("moe", "grouped_gemm_tiles", "ptr offsets, ptr tiles, i64 groups, i64 tokens, i64 max_tiles", _F32)
+_kernel("moe", "grouped_gemm", "ptr input, ptr weights, ptr tiles, ptr output, i64 K, i64 N, i64 x_st, "
+                               "i64 x_sk, i64 w_sk, i64 w_sn")
+_kernel("moe", "grouped_gemm_wgrad", "ptr input, ptr d_output, ptr offsets, ptr d_weights, i64 tokens, i64 K, i64 N")
+_ROUTER = "i64 N, i64 E, i64 C, i64 top_k, i32 normalize, i32 use_sigmoid"
+_kernel("moe", "moe_router_fwd", f"ptr x, ptr gate, ptr weights, ptr indices, ptr probs, {_ROUTER}")
+_kernel("moe", "moe_router_aux", "ptr indices, ptr probs, ptr aux_loss, i64 N, i64 E, i64 top_k, f32 coef", _F32)
+_kernel("moe", "moe_router_bwd_counts", "ptr indices, ptr d_probs, i64 N, i64 E, i64 top_k, f32 coef", _F32)
+_kernel("moe", "moe_router_bwd_logits", "ptr d_weights, ptr x, ptr gate, ptr indices, ptr d_probs, ptr scores, "
+                                        f"ptr d_logits, {_ROUTER}")
+_kernel("moe", "moe_router_bwd_gemm", "ptr a, ptr b, ptr out, i64 M, i64 cols, i64 R, i64 sai, i64 sar, i64 sbr, "
+                                      "i64 sbj")
+_CONV = "i64 B, i64 D, i64 T, i64 K, i32 silu"
+_kernel("mamba", "mamba_conv1d_fwd", f"ptr x, ptr weight, ptr bias, ptr conv_state, ptr y, ptr conv_state_out, {_CONV}")
+_kernel("mamba", "mamba_conv1d_bwd",
+        f"ptr d_y, ptr x, ptr weight, ptr bias, ptr d_x, ptr d_weight, ptr d_bias, {_CONV}")
+_SCAN_IN = "ptr u, ptr delta, ptr a_log, ptr b_proj, ptr c_proj, ptr d_skip, ptr dt_bias, ptr ssm_state"
+_SCAN = "i64 B, i64 D, i64 G, i64 N, i64 T"
+_kernel("mamba", "mamba_scan_fwd", f"{_SCAN_IN}, ptr y, ptr ssm_state_out, {_SCAN}")
+_kernel("mamba", "mamba_scan_bwd", f"ptr d_y, {_SCAN_IN}, ptr d_u, ptr d_delta, ptr states, ptr part_bc, ptr part_a, "
+                                   f"ptr part_d, {_SCAN}, i64 P, i64 cpp")
+_kernel("mamba", "mamba_scan_bwd_reduce", "ptr part_bc, ptr part_a, ptr part_d, ptr a_log, ptr d_a_log, ptr d_b_proj, "
+                                          f"ptr d_c_proj, ptr d_d_skip, ptr d_dt_bias, {_SCAN}, i64 P")
 
 
 # ----------------------------------------------------------------------------
@@ -1060,6 +1097,294 @@ def _flash_attention_backward(p: Problem) -> Plan:
                          ptr("in:d_out"), ptr("in:q"), ptr("in:k"), ptr("in:v"), ptr("in:lse"), ptr("scratch:delta"),
                          ptr("out:d_q"), *g.args())),
                 scratch={"delta": 4 * rows})
+
+
+# Mixture of Experts (moe.cu). Index tensors are int32 (indices [N, top_k], offsets [E + 1],
+# scatter indices [N * top_k]); every expert index must be in [0, E). Counting and ranking run one
+# block per expert (or offset), in assignment order (no atomics); the GEMMs are 16 x 16 tiles with
+# fp32 accumulation. Not covered: int64 index tensors, empty tensors, more than 65535 groups
+# (grouped_gemm_weight_grad) or tiles in a grid's y.
+MOE_SCAN_THREADS = 256  # threads of a counting / ranking block (moe.cu: kScanThreads)
+GEMM_TILE = 16  # output rows and columns of one GEMM block (moe.cu: kTile)
+_WARP_ROWS: Dim3 = (32, 8, 1)  # one warp per row, 8 rows per block
+_GEMM_BLOCK: Dim3 = (GEMM_TILE, GEMM_TILE, 1)
+_MOE_INDEX = {"indices": "int32", "offsets": "int32", "expert_offsets": "int32", "scatter_indices": "int32"}
+
+
+def _nonempty(name: str, *shapes: Shape | None) -> None:
+    for shape in shapes:
+        if shape is not None and _numel(shape) == 0:
+            raise NotCovered(f"{name} of an empty tensor {shape}")
+
+
+def _warp_rows(rows: int) -> Dim3:
+    return (max(1, min(_cdiv(rows, _WARP_ROWS[1]), GRID_CAP)), 1, 1)
+
+
+def _grid_y(name: str, n: int) -> int:
+    if n > 65535:
+        raise NotCovered(f"{name}: {n} blocks along the grid's y (at most 65535)")
+    return max(1, n)
+
+
+@_primitive("moe_compute_offsets", "moe", "indices", "offsets", "moe_offsets", variants=("fp32",),
+            dtypes=_MOE_INDEX)
+def _moe_compute_offsets(p: Problem) -> Plan:
+    """One block per offset e counts the assignments to experts below e."""
+    assignments, experts = _numel(p.inputs[0]), int(p.attr("num_experts"))
+    _nonempty("moe_compute_offsets", p.inputs[0])
+    return Plan((_launch("moe_offsets", "fp32", (min(experts + 1, GRID_CAP), 1, 1), (MOE_SCAN_THREADS, 1, 1),
+                         ptr("in:indices"), ptr("out:offsets"), i64(assignments), i64(experts)),))
+
+
+@_primitive("moe_permute", "moe", "x indices expert_offsets", "permuted scatter_indices",
+            "moe_permute_scatter moe_permute_gather", dtypes=_MOE_INDEX)
+def _moe_permute(p: Problem) -> Plan:
+    """Ranks (one block per expert, in assignment order), then one warp per assignment copies its row."""
+    (tokens, c), (n, top_k), (e1,) = p.inputs[0], p.inputs[1], p.inputs[2]
+    _nonempty("moe_permute", *p.inputs)
+    assignments, experts = n * top_k, e1 - 1
+    if experts < 1:
+        raise NotCovered("moe_permute without experts")
+    return Plan((_launch("moe_permute_scatter", "fp32", (min(experts, GRID_CAP), 1, 1), (MOE_SCAN_THREADS, 1, 1),
+                         ptr("in:indices"), ptr("in:expert_offsets"), ptr("out:scatter_indices"), i64(assignments),
+                         i64(experts)),
+                 _launch("moe_permute_gather", p.variant, _warp_rows(assignments), _WARP_ROWS, ptr("in:x"),
+                         ptr("out:scatter_indices"), ptr("out:permuted"), i64(assignments), i64(c), i64(top_k))))
+
+
+@_primitive("moe_unpermute", "moe", "expert_outputs weights scatter_indices", "combined", "moe_unpermute",
+            dtypes=_MOE_INDEX)
+def _moe_unpermute(p: Problem) -> Plan:
+    (_, c), (n, top_k) = p.inputs[0], p.inputs[1]
+    _nonempty("moe_unpermute", *p.inputs)
+    grid, block = elementwise_config(n * c, 1)
+    return Plan((_launch("moe_unpermute", p.variant, grid, block, ptr("in:expert_outputs"), ptr("in:weights"),
+                         ptr("in:scatter_indices"), ptr("out:combined"), i64(n), i64(c), i64(top_k)),))
+
+
+@_primitive("moe_unpermute_backward", "moe", "d_combined expert_outputs weights scatter_indices",
+            "d_expert_outputs d_weights", "moe_unpermute_bwd", dtypes=_MOE_INDEX)
+def _moe_unpermute_backward(p: Problem) -> Plan:
+    """One warp per assignment; scatter_indices must be a permutation (moe_permute's)."""
+    (_, c), (n, top_k) = p.inputs[1], p.inputs[2]
+    _nonempty("moe_unpermute_backward", *p.inputs)
+    return Plan((_launch("moe_unpermute_bwd", p.variant, _warp_rows(n * top_k), _WARP_ROWS, ptr("in:d_combined"),
+                         ptr("in:expert_outputs"), ptr("in:weights"), ptr("in:scatter_indices"),
+                         ptr("out:d_expert_outputs"), ptr("out:d_weights"), i64(n * top_k), i64(c), i64(top_k)),))
+
+
+GROUPED_GEMM_MODES = ("TN", "NN", "NT", "TT")
+
+
+@_primitive("grouped_gemm", "moe", "input weights offsets", "output", "grouped_gemm_tiles grouped_gemm",
+            dtypes=_MOE_INDEX)
+def _grouped_gemm(p: Problem) -> Plan:
+    """Zero the output (rows of no group), list the groups' row tiles (scratch ``tiles``, int32:
+    the count, then (group, first row, end row) per tile), then one 16 x 16 tile per block."""
+    mode = str(p.attr("transpose", "TN"))
+    if mode not in GROUPED_GEMM_MODES:
+        raise NotCovered(f"grouped_gemm transpose '{mode}'")
+    x, w, off = p.inputs
+    _nonempty("grouped_gemm", x, w)
+    groups = w[0]
+    n, k = (w[1], w[2]) if mode[0] == "T" else (w[2], w[1])
+    w_sk, w_sn = (1, k) if mode[0] == "T" else (n, 1)
+    tokens = x[1] if mode[1] == "T" else x[0]
+    x_st, x_sk = (1, tokens) if mode[1] == "T" else (k, 1)
+    max_tiles = _cdiv(tokens, GEMM_TILE) + groups
+    return Plan((Memset("out:output"),
+                 _launch("grouped_gemm_tiles", "fp32", (1, 1, 1), (32, 1, 1), ptr("in:offsets"), ptr("scratch:tiles"),
+                         i64(groups), i64(tokens), i64(max_tiles)),
+                 _launch("grouped_gemm", p.variant, (max_tiles, _grid_y("grouped_gemm", _cdiv(n, GEMM_TILE)), 1),
+                         _GEMM_BLOCK, ptr("in:input"), ptr("in:weights"), ptr("scratch:tiles"), ptr("out:output"),
+                         i64(k), i64(n), i64(x_st), i64(x_sk), i64(w_sk), i64(w_sn))),
+                scratch={"tiles": 4 * (1 + 3 * max_tiles)})
+
+
+@_primitive("grouped_gemm_weight_grad", "moe", "input d_output offsets", "d_weights", "grouped_gemm_wgrad",
+            dtypes=_MOE_INDEX)
+def _grouped_gemm_weight_grad(p: Problem) -> Plan:
+    """One block per 16 x 16 tile of each group's [N, K] gradient, over the group's rows in order."""
+    (tokens, k), (_, n), (g1,) = p.inputs
+    _nonempty("grouped_gemm_weight_grad", *p.inputs)
+    groups = g1 - 1
+    if not 1 <= groups <= 65535:
+        raise NotCovered(f"grouped_gemm_weight_grad with {groups} groups (1 to 65535)")
+    grid = (_cdiv(n, GEMM_TILE), _grid_y("grouped_gemm_weight_grad", _cdiv(k, GEMM_TILE)), groups)
+    return Plan((_launch("grouped_gemm_wgrad", p.variant, grid, _GEMM_BLOCK, ptr("in:input"), ptr("in:d_output"),
+                         ptr("in:offsets"), ptr("out:d_weights"), i64(tokens), i64(k), i64(n)),))
+
+
+_ROUTER_DTYPES = {"indices": "int32", "aux_loss": "fp32"}
+
+
+def _router_flags(p: Problem) -> tuple[Arg, Arg]:
+    return i32(bool(p.attr("normalize", True))), i32(bool(p.attr("use_sigmoid", False)))
+
+
+@_primitive("moe_router", "moe", "x gate", "weights indices aux_loss", "moe_router_fwd moe_router_aux",
+            dtypes=_ROUTER_DTYPES)
+def _moe_router(p: Problem) -> Plan:
+    """One warp per token (scores, top-k, weights; the routing distribution into scratch ``probs``),
+    then one block for the aux loss."""
+    (n, c), (e, _) = p.inputs
+    _nonempty("moe_router", *p.inputs)
+    top_k = int(p.attr("top_k"))
+    if not 1 <= top_k <= e:
+        raise NotCovered(f"moe_router top_k {top_k} of {e} experts")
+    return Plan((_launch("moe_router_fwd", p.variant, _warp_rows(n), _WARP_ROWS, ptr("in:x"), ptr("in:gate"),
+                         ptr("out:weights"), ptr("out:indices"), ptr("scratch:probs"), i64(n), i64(e), i64(c),
+                         i64(top_k), *_router_flags(p)),
+                 _launch("moe_router_aux", "fp32", (1, 1, 1), (ELEMENTWISE_THREADS, 1, 1), ptr("out:indices"),
+                         ptr("scratch:probs"), ptr("out:aux_loss"), i64(n), i64(e), i64(top_k),
+                         f32(p.attr("aux_loss_coef", 0.01)))),
+                scratch={"probs": 4 * n * e})
+
+
+@_primitive("moe_router_backward", "moe", "d_weights x gate indices", "d_x d_gate",
+            "moe_router_bwd_counts moe_router_bwd_logits moe_router_bwd_gemm", dtypes=_ROUTER_DTYPES)
+def _moe_router_backward(p: Problem) -> Plan:
+    """The aux loss's gradient per expert (one block), the logits' gradient (a warp per token,
+    fp32 scratch), then d_x = d_logits gate and d_gate = d_logits^T x (16 x 16 tiles)."""
+    (_, top_k), (n, c), (e, _) = p.inputs[0], p.inputs[1], p.inputs[2]
+    _nonempty("moe_router_backward", *p.inputs)
+    return Plan((_launch("moe_router_bwd_counts", "fp32", (1, 1, 1), (ELEMENTWISE_THREADS, 1, 1), ptr("in:indices"),
+                         ptr("scratch:d_probs"), i64(n), i64(e), i64(top_k), f32(p.attr("aux_loss_coef", 0.01))),
+                 _launch("moe_router_bwd_logits", p.variant, _warp_rows(n), _WARP_ROWS, ptr("in:d_weights"),
+                         ptr("in:x"), ptr("in:gate"), ptr("in:indices"), ptr("scratch:d_probs"), ptr("scratch:scores"),
+                         ptr("scratch:d_logits"), i64(n), i64(e), i64(c), i64(top_k), *_router_flags(p)),
+                 _launch("moe_router_bwd_gemm", p.variant,
+                         (_cdiv(n, GEMM_TILE), _grid_y("moe_router_backward", _cdiv(c, GEMM_TILE)), 1), _GEMM_BLOCK,
+                         ptr("scratch:d_logits"), ptr("in:gate"), ptr("out:d_x"), i64(n), i64(c), i64(e), i64(e),
+                         i64(1), i64(c), i64(1)),
+                 _launch("moe_router_bwd_gemm", p.variant,
+                         (_cdiv(e, GEMM_TILE), _grid_y("moe_router_backward", _cdiv(c, GEMM_TILE)), 1), _GEMM_BLOCK,
+                         ptr("scratch:d_logits"), ptr("in:x"), ptr("out:d_gate"), i64(e), i64(c), i64(n), i64(1),
+                         i64(e), i64(c), i64(1))),
+                scratch={"d_probs": 4 * e, "scores": 4 * n * e, "d_logits": 4 * n * e})
+
+
+# Mamba (mamba.cu). The conv: one thread per output (forward), one block per channel (backward,
+# kernel_size <= MAMBA_MAX_CONV). The scan: one warp per (batch, channel), N <= MAMBA_MAX_STATE
+# states over its lanes, sequential over time; the backward recomputes each channel's states into
+# scratch and sums the b_proj / c_proj gradients of a partition of each group's channels in fp32
+# scratch (at most MAMBA_SCAN_SCRATCH bytes), then adds the partitions. Not covered: empty tensors,
+# kernel_size over 8, more than 256 states, an activation other than silu / none.
+MAMBA_MAX_CONV = 8  # mamba.cu: kMaxConv
+MAMBA_MAX_STATE = 256  # mamba.cu: 32 * kMaxStates
+MAMBA_SCAN_WARPS = 2048  # warps the scan backward aims at (partitions of each group's channels)
+MAMBA_SCAN_SCRATCH = 1 << 30  # most bytes of the scan backward's per-partition scratch
+
+
+def _conv_geometry(p: Problem, x: Shape, weight: Shape, bias: Shape | None) -> tuple[int, int, int, int, int]:
+    """(B, D, T, kernel_size, silu) of a conv launch; NotCovered where mamba.cu does not apply."""
+    if len(x) != 3:
+        raise NotCovered(f"mamba_conv1d of x {x} (not [B, D, T])")
+    b, d, t = x
+    ks = int(p.attr("kernel_size", 4))
+    if tuple(weight) != (d, 1, ks) or (bias is not None and tuple(bias) != (d,)):
+        raise NotCovered(f"mamba_conv1d weight {weight} / bias {bias} for x {x} and kernel_size {ks}")
+    if not 1 <= ks <= MAMBA_MAX_CONV:
+        raise NotCovered(f"mamba_conv1d kernel_size {ks} (the CUDA kernel takes 1 to {MAMBA_MAX_CONV})")
+    activation = str(p.attr("activation", "silu"))
+    if activation not in ("silu", "none"):
+        raise NotCovered(f"mamba_conv1d activation '{activation}'")
+    _nonempty("mamba_conv1d", x)
+    return b, d, t, ks, int(activation == "silu")
+
+
+@_primitive("mamba_conv1d", "mamba", "x weight bias conv_state", "y conv_state_out", "mamba_conv1d_fwd")
+def _mamba_conv1d(p: Problem) -> Plan:
+    x, weight = p.inputs[0], p.inputs[1]
+    bias = p.inputs[2] if len(p.inputs) > 2 else None
+    state = p.inputs[3] if len(p.inputs) > 3 else None
+    b, d, t, ks, silu = _conv_geometry(p, x, weight, bias)
+    has_out = len(p.outputs) > 1 and p.outputs[1] is not None
+    if (state is not None) != has_out:
+        raise NotCovered("mamba_conv1d returns conv_state_out exactly when a conv_state is given")
+    if state is not None and tuple(state) != (b, d, ks - 1):
+        raise NotCovered(f"mamba_conv1d conv_state {state} for x {x} and kernel_size {ks}")
+    total = b * d * t + (b * d * (ks - 1) if state is not None else 0)
+    grid, block = elementwise_config(total, 1)
+    has_state = state is not None
+    return Plan((_launch("mamba_conv1d_fwd", p.variant, grid, block, ptr("in:x"), ptr("in:weight"),
+                         ptr("in:bias" if bias is not None else None), ptr("in:conv_state" if has_state else None),
+                         ptr("out:y"), ptr("out:conv_state_out" if has_state else None), i64(b), i64(d), i64(t),
+                         i64(ks), i32(silu)),))
+
+
+@_primitive("mamba_conv1d_backward", "mamba", "d_y x weight bias", "d_x d_weight d_bias", "mamba_conv1d_bwd")
+def _mamba_conv1d_backward(p: Problem) -> Plan:
+    x, weight = p.inputs[1], p.inputs[2]
+    bias = p.inputs[3] if len(p.inputs) > 3 else None
+    b, d, t, ks, silu = _conv_geometry(p, x, weight, bias)
+    has_d_bias = len(p.outputs) > 2 and p.outputs[2] is not None
+    if (bias is not None) != has_d_bias:
+        raise NotCovered("mamba_conv1d_backward returns d_bias exactly when a bias is given")
+    return Plan((_launch("mamba_conv1d_bwd", p.variant, (min(d, GRID_CAP), 1, 1), (ELEMENTWISE_THREADS, 1, 1),
+                         ptr("in:d_y"), ptr("in:x"), ptr("in:weight"), ptr("in:bias" if bias is not None else None),
+                         ptr("out:d_x"), ptr("out:d_weight"), ptr("out:d_bias" if has_d_bias else None), i64(b),
+                         i64(d), i64(t), i64(ks), i32(silu)),))
+
+
+def _scan_geometry(p: Problem, at: int) -> tuple[int, int, int, int, int, bool]:
+    """(B, D, G, N, T, has a state) of a scan launch whose u is input ``at``."""
+    u, delta, a_log, b_proj, c_proj, d_skip, dt_bias = p.inputs[at:at + 7]
+    state = p.inputs[at + 7] if len(p.inputs) > at + 7 else None
+    if len(u) != 3 or len(a_log) != 2 or len(b_proj) != 4:
+        raise NotCovered(f"mamba_selective_scan of u {u}, a_log {a_log}, b_proj {b_proj}")
+    b, d, t = u
+    n, g = a_log[1], b_proj[1]
+    if (tuple(delta) != tuple(u) or tuple(a_log) != (d, n) or tuple(b_proj) != (b, g, n, t)
+            or tuple(c_proj) != tuple(b_proj) or tuple(d_skip) != (d,) or tuple(dt_bias) != (d,)
+            or (state is not None and tuple(state) != (b, d, n)) or g < 1 or d % g):
+        raise NotCovered(f"mamba_selective_scan operands that do not pair: {p.inputs[at:at + 8]}")
+    if n > MAMBA_MAX_STATE:
+        raise NotCovered(f"mamba_selective_scan with {n} states (the CUDA kernel takes at most {MAMBA_MAX_STATE})")
+    _nonempty("mamba_selective_scan", u, a_log)
+    return b, d, g, n, t, state is not None
+
+
+@_primitive("mamba_selective_scan", "mamba", "u delta a_log b_proj c_proj d_skip dt_bias ssm_state",
+            "y ssm_state_out", "mamba_scan_fwd")
+def _mamba_selective_scan(p: Problem) -> Plan:
+    b, d, g, n, t, state = _scan_geometry(p, 0)
+    return Plan((_launch("mamba_scan_fwd", p.variant, _warp_rows(b * d), _WARP_ROWS,
+                         *(ptr(f"in:{x}") for x in ("u", "delta", "a_log", "b_proj", "c_proj", "d_skip", "dt_bias")),
+                         ptr("in:ssm_state" if state else None), ptr("out:y"), ptr("out:ssm_state_out"), i64(b),
+                         i64(d), i64(g), i64(n), i64(t)),))
+
+
+def scan_partitions(b: int, d: int, g: int, n: int, t: int) -> tuple[int, int]:
+    """(partitions P of each group's channels, channels per partition) of the scan backward: about
+    MAMBA_SCAN_WARPS warps, fewer where the per-partition scratch would pass MAMBA_SCAN_SCRATCH."""
+    per_group = d // g
+    parts = min(per_group, max(1, _cdiv(MAMBA_SCAN_WARPS, b * g)))
+    while parts > 1 and 3 * 4 * b * g * parts * n * t > MAMBA_SCAN_SCRATCH:
+        parts //= 2
+    cpp = _cdiv(per_group, parts)
+    return _cdiv(per_group, cpp), cpp
+
+
+@_primitive("mamba_selective_scan_backward", "mamba", "d_y u delta a_log b_proj c_proj d_skip dt_bias ssm_state y",
+            "d_u d_delta d_a_log d_b_proj d_c_proj d_d_skip d_dt_bias", "mamba_scan_bwd mamba_scan_bwd_reduce")
+def _mamba_selective_scan_backward(p: Problem) -> Plan:
+    b, d, g, n, t, state = _scan_geometry(p, 1)
+    parts, cpp = scan_partitions(b, d, g, n, t)
+    warps = b * g * parts
+    grid, block = elementwise_config(2 * b * g * n * t + d * n + 2 * d, 1)
+    return Plan((_launch("mamba_scan_bwd", p.variant, _warp_rows(warps), _WARP_ROWS, ptr("in:d_y"),
+                         *(ptr(f"in:{x}") for x in ("u", "delta", "a_log", "b_proj", "c_proj", "d_skip", "dt_bias")),
+                         ptr("in:ssm_state" if state else None), ptr("out:d_u"), ptr("out:d_delta"),
+                         ptr("scratch:states"), ptr("scratch:part_bc"), ptr("scratch:part_a"), ptr("scratch:part_d"),
+                         i64(b), i64(d), i64(g), i64(n), i64(t), i64(parts), i64(cpp)),
+                 _launch("mamba_scan_bwd_reduce", p.variant, grid, block, ptr("scratch:part_bc"), ptr("scratch:part_a"),
+                         ptr("scratch:part_d"), ptr("in:a_log"), ptr("out:d_a_log"), ptr("out:d_b_proj"),
+                         ptr("out:d_c_proj"), ptr("out:d_d_skip"), ptr("out:d_dt_bias"), i64(b), i64(d), i64(g),
+                         i64(n), i64(t), i64(parts))),
+                scratch={"states": 4 * warps * t * n, "part_bc": 4 * 2 * warps * n * t, "part_a": 4 * b * d * n,
+                         "part_d": 4 * 2 * b * d})
 
 
 # ----------------------------------------------------------------------------

@@ -219,6 +219,30 @@ def cases():
         attrs = {"causal": causal, "window_size": window, "layout": layout}
         yield "flash_attention", [q, k, k, None], [q, (b, h, t)], attrs, variant, "int32"
         yield "flash_attention_backward", [q, q, k, k, q, (b, h, t)], [q, k, k], attrs, variant, "int32"
+    for variant in cuda.VARIANTS:  # MoE (moe.cu): (tokens, top_k, experts, channels)
+        for n, k, e, c in ((1, 1, 1, 1), (9, 2, 5, 33), (4096, 8, 128, 4096)):
+            a = n * k
+            yield "moe_compute_offsets", [(n, k)], [(e + 1,)], {"num_experts": e}, "fp32", "int32"
+            yield "moe_permute", [(n, c), (n, k), (e + 1,)], [(a, c), (a,)], {}, variant, "int32"
+            yield "moe_unpermute", [(a, c), (n, k), (a,)], [(n, c)], {}, variant, "int32"
+            yield "moe_unpermute_backward", [(n, c), (a, c), (n, k), (a,)], [(a, c), (n, k)], {}, variant, "int32"
+            yield "moe_router", [(n, c), (e, c)], [(n, k), (n, k), ()], {"top_k": k}, variant, "int32"
+            yield "moe_router_backward", [(n, k), (n, c), (e, c), (n, k)], [(n, c), (e, c)], {}, variant, "int32"
+            for mode in ("TN", "NN", "NT", "TT"):
+                x = (c, a) if mode[1] == "T" else (a, c)
+                w = (e, 64, c) if mode[0] == "T" else (e, c, 64)
+                yield "grouped_gemm", [x, w, (e + 1,)], [(a, 64)], {"transpose": mode}, variant, "int32"
+            yield "grouped_gemm_weight_grad", [(a, c), (a, 64), (e + 1,)], [(e, 64, c)], {}, variant, "int32"
+        # Mamba (mamba.cu): (B, D, T, kernel_size, N, G)
+        for b, d, t, ks, n, g in ((1, 1, 1, 4, 1, 1), (2, 6, 33, 3, 40, 3), (8, 4096, 1024, 4, 128, 8)):
+            x, w, state = (b, d, t), (d, 1, ks), (b, d, ks - 1)
+            conv = {"kernel_size": ks}
+            yield "mamba_conv1d", [x, w, (d,), None], [x], conv, variant, "int32"
+            yield "mamba_conv1d", [x, w, None, state], [x, state], conv, variant, "int32"
+            yield "mamba_conv1d_backward", [x, x, w, (d,)], [x, w, (d,)], conv, variant, "int32"
+            scan = [x, x, (d, n), (b, g, n, t), (b, g, n, t), (d,), (d,)]
+            yield "mamba_selective_scan", [*scan, (b, d, n)], [x, (b, d, n)], {}, variant, "int32"
+            yield "mamba_selective_scan_backward", [x, *scan, None, x], scan, {}, variant, "int32"
     yield "clip_factor", [()], [()], {"max_norm": 1.0}, "fp32", "int32"
 
 
