@@ -1033,13 +1033,17 @@ def mamba_selective_scan(u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_s
     d // (D/G)); h[-1] = ssm_state or 0. Returns (y, ssm_state_out = h[T-1]).
     chunk_size only tiles the kernel; the result does not depend on it.
     """
-    u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_state = _prep(
-        u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_state)
+    y, states = _scan_outputs(*_prep(u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_state))
+    return y, states[:, :, -1].copy()
+
+
+def _scan_outputs(u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_state):
+    """y and the state after every step ([B, D, T, N]) of the selective scan from ssm_state (or 0)."""
     dt, a, bd, cd = _scan_setup(u, delta, a_log, b_proj, c_proj, dt_bias)
     states = _scan_states(u, dt, a, bd, _initial_state(u, a.shape[1], ssm_state))
     # C[t] . h[t] summed over the states of each (batch, channel, step) alone: the same bits in any batch
     y = np.sum(states * np.swapaxes(cd, -1, -2), axis=-1) + d_skip[None, :, None] * u
-    return y, states[:, :, -1].copy()
+    return y, states
 
 
 def mamba_selective_scan_backward(d_y, u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_state, y, *,
@@ -1105,11 +1109,8 @@ def mamba_selective_scan_step(u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, 
     h after step ``valid[0]`` of the run (the steps after it pad a shape bucket). Returns (y, ssm_state)."""
     args = _prep(u, delta, a_log, b_proj, c_proj, d_skip, dt_bias)
     start, count = _decode_steps(position, valid, args[0].shape[-1])
-    carried = ssm_state.astype(args[0].dtype) if start > 0 else None
-    y, after = mamba_selective_scan(*args, carried)
-    if count < args[0].shape[-1]:
-        _, after = mamba_selective_scan(*(a[..., :count] if a.ndim in (3, 4) else a for a in args), carried)
-    ssm_state[...] = after
+    y, states = _scan_outputs(*args, ssm_state.astype(args[0].dtype) if start > 0 else None)
+    ssm_state[...] = states[:, :, count - 1]
     return y, ssm_state
 
 

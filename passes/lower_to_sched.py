@@ -189,7 +189,6 @@ class ScheduleBuilder:
         self.loops: list[tuple[LayerLoopOp, int]] = []
         self.position: SSAValue | None = None
         self.valid: SSAValue | None = None  # decoding with recurrent state: the real steps of a run
-        self.inputs = 0
         self.caches = 0
         self.recurrent = 0
         self.buffers: list[BufferOp] = []
@@ -212,7 +211,6 @@ class ScheduleBuilder:
         accumulated = self.gradient_results(func, ret) if grads_arena else {}
         for index, arg in enumerate(func.body.block.args):
             self.values[arg] = self.new_buffer(arg, "external", {"input": IntegerAttr(index, i64)})
-        self.inputs = len(func.body.block.args)
         if self.kv_cache:
             index = IntegerAttr(len(func.body.block.args), i64)
             self.position = self.new_buffer(None, "external", {"input": index}, btype=BufferType([1], DType.INT32))
@@ -682,8 +680,9 @@ class ScheduleBuilder:
     def steps_input(self) -> SSAValue:
         """The ``valid`` input of a decoding program with recurrent state: how many of the run's
         steps are real (the rest pad the shape bucket and must not reach the state)."""
-        if self.valid is None:
-            index = IntegerAttr(self.inputs + 1, i64)
+        if self.valid is None:  # the input after the position
+            assert self.position is not None and isinstance(self.position.owner, BufferOp)
+            index = IntegerAttr(self.position.owner.attributes["input"].value.data + 1, i64)
             self.valid = self.new_buffer(None, "external", {"input": index}, btype=BufferType([1], DType.INT32))
             self.valid.name_hint = "valid"
         return self.valid

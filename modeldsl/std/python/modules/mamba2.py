@@ -64,8 +64,8 @@ class Mamba2Mixer:
             u, b_channels, c_channels = g.split(xbc_conv, ["d_ssm", "gn", "gn"], dim=1)
             b_proj = g.view(b_channels, ["B", "n_groups", "d_state", "T"])
             c_proj = g.view(c_channels, ["B", "n_groups", "d_state", "T"])
-            per_head = g.cast(g.ones(shape=["head_dim"], dtype="int32"), dtype="bf16")
-            per_head_state = g.cast(g.ones(shape=["head_dim", "d_state"], dtype="int32"), dtype="bf16")
+            per_head = g.ones(shape=["head_dim"], dtype="bf16")
+            per_head_state = g.ones(shape=["head_dim", "d_state"], dtype="bf16")
             dt_heads = g.view(dt, ["B", "T", "n_heads", 1])
             delta = g.transpose(g.view(g.mul(dt_heads, per_head), ["B", "T", "d_ssm"]), dim0=1, dim1=2)
             a_heads = g.view("A_log", ["n_heads", 1, 1])
@@ -77,7 +77,7 @@ class Mamba2Mixer:
             y, ssm_state = g.mamba_selective_scan(u, delta, a_log, b_proj, c_proj, d_skip, dt_bias_channels)
             y_tokens = g.transpose(y, dim0=1, dim1=2)
             if self.gated_norm:
-                unit = g.cast(g.ones(shape=["group_dim"], dtype="int32"), dtype="bf16")
+                unit = g.ones(shape=["group_dim"], dtype="bf16")
                 if self.norm_before_gate:
                     y_groups = g.view(y_tokens, ["B", "T", "n_groups", "group_dim"])
                     y_normed, y_rstd = g.rmsnorm(y_groups, unit, eps=self.eps)
