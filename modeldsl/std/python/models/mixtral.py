@@ -3,6 +3,7 @@
 from modeldsl.dsl import (Array, Param, Tensor, field, forward, fuse, graph, hf_config, hf_export, hf_mapping, model,
                           split, stack_experts, tied_to)
 from modeldsl.std.python.blocks.moe import MoETransformerBlock
+from modeldsl.std.python.modules.moe import LoadBalancingLoss
 from modeldsl.std.python.modules.norm import RMSNorm
 
 
@@ -62,10 +63,8 @@ class Mixtral:
     """Mixtral: Mistral-style attention with a sparse mixture of SwiGLU experts in every block (top_k
     of num_experts per token, renormalized routing weights; sliding_window = 0: full causal).
 
-    aux_loss is transformers' load-balancing loss when router_aux_loss (output_router_logits), times
-    router_aux_loss_coef: E * sum_e f_e P_e over every layer's tokens (f_e: the share of the top_k
-    assignments that go to expert e, P_e: e's mean routing probability), else 0. Training adds it to
-    the cross-entropy as transformers does.
+    aux_loss is transformers' load-balancing loss (LoadBalancingLoss) when router_aux_loss
+    (output_router_logits), else 0. Training adds it to the cross-entropy as transformers does.
 
     freqs are the RoPE (cos, sin) pairs of the T positions, computed by the
     runtime from rope_theta (and the checkpoint's rope_scaling).
@@ -83,6 +82,7 @@ class Mixtral:
     blocks = Param(Array["n_layers", MoETransformerBlock("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff",
                                                          "num_experts", "top_k", "eps", "sliding_window")])
     final_norm = Param(RMSNorm("d_model", "eps"))
+    balance = Param(LoadBalancingLoss("num_experts", "top_k", "router_aux_loss_coef", "router_aux_loss"))
     lm_head = Param(tied_to("embedding"), when="tie_embeddings")
     lm_head = Param(Tensor["vocab_size", "d_model"], when="not tie_embeddings")  # noqa: F811 - the other case
 
@@ -96,13 +96,5 @@ class Mixtral:
             xN, assigned, probs = self.blocks(x0, assigned0, probs0, freqs)
             xF = self.final_norm(xN, hook="BeforeLMHead")
             logits = g.matmul(xF, "lm_head", transpose="NT")
-            if self.router_aux_loss:
-                weighted = g.mul(assigned, probs)
-                balance = g.reduce_sum(weighted, dims=[0])
-                assignments = g.reduce_sum(assigned, dims=[0])
-                squared = g.mul(assignments, assignments)
-                ratio = g.div(balance, squared)
-                aux_loss = g.scale(ratio, factor="router_aux_loss_coef * num_experts * top_k * top_k")
-            else:
-                aux_loss = g.zeros(shape=[], dtype="fp32")
+            aux_loss = self.balance(assigned, probs)
             return logits, aux_loss

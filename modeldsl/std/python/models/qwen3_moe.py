@@ -3,6 +3,7 @@
 from modeldsl.dsl import (Array, Param, Tensor, field, forward, fuse, graph, hf_config, hf_export, hf_mapping, model,
                           split, stack_experts, tied_to)
 from modeldsl.std.python.blocks.moe import MoETransformerBlock
+from modeldsl.std.python.modules.moe import LoadBalancingLoss
 from modeldsl.std.python.modules.norm import RMSNorm
 
 
@@ -75,10 +76,8 @@ class Qwen3Moe:
     """Qwen3-MoE: Qwen3 attention (a per-head RMSNorm of q and k) with a sparse mixture of SwiGLU experts
     in every layer (decoder_sparse_step 1, no mlp_only_layers; normalize is norm_topk_prob).
 
-    aux_loss is transformers' load-balancing loss when router_aux_loss (output_router_logits), times
-    router_aux_loss_coef: E * sum_e f_e P_e over every layer's tokens (f_e: the share of the top_k
-    assignments that go to expert e, P_e: e's mean routing probability), else 0. Training adds it to
-    the cross-entropy as transformers does.
+    aux_loss is transformers' load-balancing loss (LoadBalancingLoss) when router_aux_loss
+    (output_router_logits), else 0. Training adds it to the cross-entropy as transformers does.
 
     freqs are the RoPE (cos, sin) pairs of the T positions, computed by the
     runtime from rope_theta (and the checkpoint's rope_scaling).
@@ -97,6 +96,7 @@ class Qwen3Moe:
                                                          "num_experts", "top_k", "eps", 0, "normalize",
                                                          "attention_bias", True)])
     final_norm = Param(RMSNorm("d_model", "eps"))
+    balance = Param(LoadBalancingLoss("num_experts", "top_k", "router_aux_loss_coef", "router_aux_loss"))
     lm_head = Param(tied_to("embedding"), when="tie_embeddings")
     lm_head = Param(Tensor["vocab_size", "d_model"], when="not tie_embeddings")  # noqa: F811 - the other case
 
@@ -110,13 +110,5 @@ class Qwen3Moe:
             xN, assigned, probs = self.blocks(x0, assigned0, probs0, freqs)
             xF = self.final_norm(xN, hook="BeforeLMHead")
             logits = g.matmul(xF, "lm_head", transpose="NT")
-            if self.router_aux_loss:
-                weighted = g.mul(assigned, probs)
-                balance = g.reduce_sum(weighted, dims=[0])
-                assignments = g.reduce_sum(assigned, dims=[0])
-                squared = g.mul(assignments, assignments)
-                ratio = g.div(balance, squared)
-                aux_loss = g.scale(ratio, factor="router_aux_loss_coef * num_experts * top_k * top_k")
-            else:
-                aux_loss = g.zeros(shape=[], dtype="fp32")
+            aux_loss = self.balance(assigned, probs)
             return logits, aux_loss

@@ -52,3 +52,29 @@ class SparseMoE_MLP:
             layer_probs = g.reduce_sum(router_probs, dims=[0])
             probs_out = g.add(probs, layer_probs)
             return out, assigned_out, probs_out
+
+
+@module
+class LoadBalancingLoss:
+    """transformers' load-balancing loss of a mixture of experts (load_balancing_loss_func) from the
+    sums SparseMoE_MLP carries over the layers, times coef: E * sum_e f_e P_e, f_e the share of the
+    top_k assignments that went to expert e, P_e e's mean routing probability (sum(assigned) is
+    top_k assignments per token and layer). 0 unless enabled (output_router_logits)."""
+
+    def __init__(self, num_experts: int, top_k: int, coef: float = 0.001, enabled: bool = False):
+        pass
+
+    @forward
+    def forward(self, assigned: Tensor["num_experts", "fp32"], probs: Tensor["num_experts", "fp32"]
+                ) -> Tensor["fp32"]:
+        with graph() as g:
+            if self.enabled:
+                weighted = g.mul(assigned, probs)
+                balance = g.reduce_sum(weighted, dims=[0])
+                assignments = g.reduce_sum(assigned, dims=[0])
+                squared = g.mul(assignments, assignments)
+                ratio = g.div(balance, squared)
+                aux_loss = g.scale(ratio, factor="coef * num_experts * top_k * top_k")
+            else:
+                aux_loss = g.zeros(shape=[], dtype="fp32")
+            return aux_loss
