@@ -1852,7 +1852,7 @@ class MambaConv1dOp(PrimitiveOp):
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     assembly_format = (
         "$x `,` $weight (`bias` $bias^)? (`state` $conv_state^)? attr-dict "
-        "`:` type($x) `,` type($weight) (`,` `bias` type($bias)^)? (`,` `state` type($conv_state)^)? "
+        "`:` type($x) `,` type($weight) (`bias` type($bias)^)? (`state` type($conv_state)^)? "
         "`->` type($y) (`,` type($conv_state_out)^)?"
     )
 

@@ -458,7 +458,9 @@ class LaunchOp(SchedOp):
     allows an output to be one of the inputs; ``accumulate`` adds the results
     into the outputs instead of overwriting them (for kernels that accumulate
     natively, the kernel registry's ``accumulates``: a gradient straight into
-    its ``grads`` buffer).
+    its ``grads`` buffer). ``absent`` lists the primitive's optional input slots
+    that are empty where a later optional one is given (``mamba_conv1d`` with a
+    state and no bias), so the operands map onto the slots.
     """
 
     name = "mdsl.sched.launch"
@@ -506,6 +508,11 @@ class LaunchOp(SchedOp):
     @property
     def primitive(self) -> str | None:
         return self.kernel.data
+
+    @property
+    def absent_slots(self) -> tuple[int, ...]:
+        attr = self.attributes.get("absent")
+        return tuple(attr.get_values()) if isinstance(attr, DenseArrayBase) else ()
 
     def verify_op(self) -> None:
         if not self.kernel.data:

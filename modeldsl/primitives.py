@@ -10,13 +10,13 @@ the numpy reference and the kernels on the same entries.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, IntegerType, StringAttr, i64
-from xdsl.ir import Attribute
+from xdsl.ir import Attribute, Operation
 from xdsl.irdl import OptOperandDef, OptResultDef, VarOperandDef, VarResultDef
 
 from modeldsl.dialects.graph_primitives import PRIMITIVE_OPS, PrimitiveOp, bool_attr, float_attr, int_attr
@@ -100,9 +100,20 @@ class PrimitiveSignature:
     def param(self, name: str) -> ParamSpec | None:
         return next((p for p in self.params if p.name == name), None)
 
-    def group_operands(self, values: Sequence[Any]) -> list[Any]:
-        """Operands given in order, one entry per input slot (see :func:`distribute`)."""
-        return distribute(self.name, self.inputs, values, "tensor input")
+    def group_operands(self, values: Sequence[Any], absent: Collection[int] = ()) -> list[Any]:
+        """Operands given in order, one entry per input slot (see :func:`distribute`);
+        ``absent`` names optional slots known to be empty (a later optional is present)."""
+        return distribute(self.name, self.inputs, values, "tensor input", absent)
+
+    def absent_inputs(self, op: Operation) -> tuple[int, ...]:
+        """The optional input slots of graph op ``op`` that are empty where grouping its
+        operands in order would fill them (an absent bias before a present state)."""
+        present = [getattr(op, slot.name) is not None for slot in self.inputs]
+        optional = [i for i, slot in enumerate(self.inputs) if slot.optional]
+        empty = [i for i in optional if not present[i]]
+        if empty and any(present[i] for i in optional if i > empty[0]):
+            return tuple(empty)
+        return ()
 
     @property
     def positional_inputs(self) -> tuple[TensorSlot, ...]:
@@ -135,10 +146,15 @@ class PrimitiveSignature:
         return self.name.endswith("_backward") or self.name.endswith("_weight_grad")
 
 
-def distribute(op_name: str, slots: Sequence[TensorSlot], values: Sequence[Any], what: str) -> list[Any]:
+def distribute(op_name: str, slots: Sequence[TensorSlot], values: Sequence[Any], what: str,
+               absent: Collection[int] = ()) -> list[Any]:
     """Distribute values given in order over slots: a required slot takes one, an
     optional slot takes one while there are spare values (in slot order), a
-    variadic slot takes the rest. One entry per slot (None for an absent optional)."""
+    variadic slot takes the rest. One entry per slot (None for an absent optional);
+    the slots in ``absent`` take nothing."""
+    if absent:
+        kept = iter(distribute(op_name, [s for i, s in enumerate(slots) if i not in absent], values, what))
+        return [None if i in absent else next(kept) for i in range(len(slots))]
     required = sum(1 for s in slots if not (s.optional or s.variadic))
     spare = len(values) - required
     if spare < 0 or (spare and not any(s.optional or s.variadic for s in slots)):

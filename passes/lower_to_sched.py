@@ -69,7 +69,7 @@ import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp, StringAttr, UnitAttr, f64, i64
+from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, ModuleOp, StringAttr, UnitAttr, f64, i64
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
@@ -494,6 +494,9 @@ class ScheduleBuilder:
             self.buffers.append(space)
             outputs.append(space.result)
             attrs["scratch"] = UnitAttr()
+        absent = sig.absent_inputs(op)
+        if absent:
+            attrs["absent"] = DenseArrayBase.from_list(i64, list(absent))
         self.block.add_op(LaunchOp(sig.name, inputs, outputs, attrs))
 
     @staticmethod

@@ -583,7 +583,7 @@ def reference_call(name: str, op: LaunchOp, inputs: list[TensorRef], outputs: li
         return list(inputs), {k: attribute_value(v, "") for k, v in op.attributes.items()
                               if k not in LAUNCH_ATTRIBUTES}
     arguments: list[TensorRef | None] = []
-    for group in sig.group_operands(inputs):
+    for group in sig.group_operands(inputs, op.absent_slots):
         arguments.extend(group if isinstance(group, list) else [group])
     params = {p.name: attribute_value(op.attributes[p.name], p.kind) for p in sig.params if p.name in op.attributes}
     if sig.name in SHAPE_KEYWORDS:

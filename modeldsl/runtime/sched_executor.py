@@ -58,7 +58,7 @@ from modeldsl.runtime.threads import blas_threads, pool_size
 
 Step = Callable[[], None]
 # launch attributes that are not kernel parameters
-LAUNCH_ATTRIBUTES = {"grid", "block", "inplace", "accumulate", "stream", "scratch", *KERNEL_CHOICE_ATTRIBUTES}
+LAUNCH_ATTRIBUTES = {"grid", "block", "inplace", "accumulate", "stream", "scratch", "absent", *KERNEL_CHOICE_ATTRIBUTES}
 
 
 class ScheduleExecutor:
@@ -202,7 +202,7 @@ class ScheduleExecutor:
             params = {k: attribute_value(v, "") for k, v in op.attributes.items() if k not in LAUNCH_ATTRIBUTES}
         else:
             arguments = []
-            for group in sig.group_operands([views[v] for v in op.inputs]):
+            for group in sig.group_operands([views[v] for v in op.inputs], op.absent_slots):
                 arguments.extend(group if isinstance(group, list) else [group])
             params = {p.name: attribute_value(op.attributes[p.name], p.kind) for p in sig.params
                       if p.name in op.attributes}

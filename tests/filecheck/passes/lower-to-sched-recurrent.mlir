@@ -10,7 +10,7 @@
 !bc = !mdsl.graph.tensor<[1, 1, 3, 4], fp32>
 mdsl.graph.model @m config {} {
   mdsl.graph.func @block(%x: !x, %w: !mdsl.graph.tensor<[6, 1, 4], fp32>, %bias: !mdsl.graph.tensor<[6], fp32>, %a: !mdsl.graph.tensor<[6, 3], fp32>, %b: !bc, %d: !mdsl.graph.tensor<[6], fp32>, %own: !mdsl.graph.tensor<[1, 6, 3], fp32>) -> !x attributes {kind = "block"} {
-    %u = mdsl.graph.mamba_conv1d %x, %w bias %bias : !x, !mdsl.graph.tensor<[6, 1, 4], fp32>, bias !mdsl.graph.tensor<[6], fp32> -> !x
+    %u = mdsl.graph.mamba_conv1d %x, %w bias %bias : !x, !mdsl.graph.tensor<[6, 1, 4], fp32> bias !mdsl.graph.tensor<[6], fp32> -> !x
     %y, %h = mdsl.graph.mamba_selective_scan %u, %x, %a, %b, %b, %d, %d : (!x, !x, !mdsl.graph.tensor<[6, 3], fp32>, !bc, !bc, !mdsl.graph.tensor<[6], fp32>, !mdsl.graph.tensor<[6], fp32>) -> (!x, !mdsl.graph.tensor<[1, 6, 3], fp32>)
     %y2, %h2 = mdsl.graph.mamba_selective_scan %y, %x, %a, %b, %b, %d, %d, %own : (!x, !x, !mdsl.graph.tensor<[6, 3], fp32>, !bc, !bc, !mdsl.graph.tensor<[6], fp32>, !mdsl.graph.tensor<[6], fp32>, !mdsl.graph.tensor<[1, 6, 3], fp32>) -> (!x, !mdsl.graph.tensor<[1, 6, 3], fp32>)
     mdsl.graph.return %y2 : !x

@@ -262,8 +262,8 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %mst = mdsl.graph.zeros : !mdsl.graph.tensor<[B, C, 3], bf16>
     // CHECK: mdsl.graph.mamba_conv1d %mu, %mw : !mdsl.graph.tensor<[B, C, T], bf16>, !mdsl.graph.tensor<[C, 1, 4], bf16> -> !mdsl.graph.tensor<[B, C, T], bf16>
     %my = mdsl.graph.mamba_conv1d %mu, %mw : !mdsl.graph.tensor<[B, C, T], bf16>, !mdsl.graph.tensor<[C, 1, 4], bf16> -> !mdsl.graph.tensor<[B, C, T], bf16>
-    // CHECK: mdsl.graph.mamba_conv1d %mu, %mw bias %g state %mst {activation = "none"} : !mdsl.graph.tensor<[B, C, T], bf16>, !mdsl.graph.tensor<[C, 1, 4], bf16>, bias !mdsl.graph.tensor<[C], bf16>, state !mdsl.graph.tensor<[B, C, 3], bf16> -> !mdsl.graph.tensor<[B, C, T], bf16>, !mdsl.graph.tensor<[B, C, 3], bf16>
-    %my2, %mso = mdsl.graph.mamba_conv1d %mu, %mw bias %g state %mst {activation = "none"} : !mdsl.graph.tensor<[B, C, T], bf16>, !mdsl.graph.tensor<[C, 1, 4], bf16>, bias !vec, state !mdsl.graph.tensor<[B, C, 3], bf16> -> !mdsl.graph.tensor<[B, C, T], bf16>, !mdsl.graph.tensor<[B, C, 3], bf16>
+    // CHECK: mdsl.graph.mamba_conv1d %mu, %mw bias %g state %mst {activation = "none"} : !mdsl.graph.tensor<[B, C, T], bf16>, !mdsl.graph.tensor<[C, 1, 4], bf16> bias !mdsl.graph.tensor<[C], bf16> state !mdsl.graph.tensor<[B, C, 3], bf16> -> !mdsl.graph.tensor<[B, C, T], bf16>, !mdsl.graph.tensor<[B, C, 3], bf16>
+    %my2, %mso = mdsl.graph.mamba_conv1d %mu, %mw bias %g state %mst {activation = "none"} : !mdsl.graph.tensor<[B, C, T], bf16>, !mdsl.graph.tensor<[C, 1, 4], bf16> bias !vec state !mdsl.graph.tensor<[B, C, 3], bf16> -> !mdsl.graph.tensor<[B, C, T], bf16>, !mdsl.graph.tensor<[B, C, 3], bf16>
     // CHECK: mdsl.graph.mamba_conv1d_backward %mu, %mu, %mw, %g :
     %mb1, %mb2, %mb3 = mdsl.graph.mamba_conv1d_backward %mu, %mu, %mw, %g : (!mdsl.graph.tensor<[B, C, T], bf16>, !mdsl.graph.tensor<[B, C, T], bf16>, !mdsl.graph.tensor<[C, 1, 4], bf16>, !vec) -> (!mdsl.graph.tensor<[B, C, T], bf16>, !mdsl.graph.tensor<[C, 1, 4], bf16>, !vec)
     %sa = mdsl.graph.zeros : !mdsl.graph.tensor<[C, S], fp32>
