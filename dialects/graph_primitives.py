@@ -1498,6 +1498,13 @@ class ExpOp(UnaryElementwiseOp):
 
 
 @irdl_op_definition
+class LogOp(UnaryElementwiseOp):
+    """``log(x)``."""
+
+    name = "mdsl.graph.log"
+
+
+@irdl_op_definition
 class TanhOp(UnaryElementwiseOp):
     """``tanh(x)``."""
 
@@ -2236,7 +2243,7 @@ PRIMITIVE_OPS: tuple[type[Operation], ...] = (
     FusedQkNormRopeOp, FusedQkNormRopeBackwardOp,
     SplitOp, ConcatOp, ViewOp, TransposeOp, PermuteOp, ContiguousOp,
     AddOp, AddBackwardOp, MulOp, MulBackwardOp, BiasAddOp, ScaleOp, Add3Op,
-    SubOp, DivOp, AddScalarOp, ExpOp, TanhOp, SigmoidOp, RsqrtOp,
+    SubOp, DivOp, AddScalarOp, ExpOp, LogOp, TanhOp, SigmoidOp, RsqrtOp,
     ReduceSumOp, ReduceMeanOp, ReduceMaxOp, ReduceMaxBackwardOp,
     EmbeddingOp, EmbeddingBackwardOp,
     MoeRouterOp, MoeRouterBackwardOp, MoeComputeOffsetsOp, MoePermuteOp, MoeUnpermuteOp, MoeUnpermuteBackwardOp,

@@ -736,6 +736,13 @@ def exp(x):
     return np.exp(x)
 
 
+def log(x):
+    """log(x)."""
+    (x,) = _prep(x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(x)
+
+
 def tanh(x):
     """tanh(x)."""
     (x,) = _prep(x)
@@ -1323,7 +1330,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         fused_qk_norm_rope, fused_qk_norm_rope_backward,
         split, concat, view, transpose, permute, contiguous,
         add, add_backward, mul, mul_backward, bias_add, scale, add3,
-        add_scalar, causal_mask, sub, div, exp, tanh, sigmoid, rsqrt,
+        add_scalar, causal_mask, sub, div, exp, log, tanh, sigmoid, rsqrt,
         reduce_sum, reduce_mean, reduce_max, reduce_max_backward,
         embedding, embedding_backward,
         moe_router, moe_router_backward, moe_compute_offsets, moe_permute, moe_unpermute, moe_unpermute_backward,

@@ -97,7 +97,7 @@ SCRATCH: dict[str, ScratchRule] = {
 REUSE: dict[str, dict[int, int]] = {
     **{name: {0: 0} for name in ("silu", "relu", "relu2", "gelu", "scale", "softmax", "add", "mul",
                                  "add3", "bias_add", "swiglu", "geglu")},
-    **{name: {0: 0} for name in ("add_scalar", "causal_mask", "exp", "tanh", "sigmoid", "rsqrt", "sub", "div")},
+    **{name: {0: 0} for name in ("add_scalar", "causal_mask", "exp", "log", "tanh", "sigmoid", "rsqrt", "sub", "div")},
     "rope": {0: 0, 1: 1},
     # each thread reads its gate and up elements before writing their gradients at the same places
     "fused_split_swiglu_backward": {0: 1},

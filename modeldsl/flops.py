@@ -298,6 +298,7 @@ FLOP_RULES: dict[str, Rule] = {
     "tanh": per_output_element(1),
     "sigmoid": per_output_element(4),  # negate, exp, add, divide
     "rsqrt": per_output_element(1),
+    "log": per_output_element(1),
     "add3": per_output_element(2),
     "reduce_sum": per_input_element(1, 0),
     "reduce_mean": per_input_element(1, 0),

@@ -315,6 +315,7 @@ RULES: dict[str, Rule] = {
     "tanh": _same(0),
     "sigmoid": _same(0),
     "rsqrt": _same(0),
+    "log": _same(0),
     "add3": _same(0),
     "reduce_sum": _reduce,
     "reduce_mean": _reduce,

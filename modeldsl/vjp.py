@@ -387,6 +387,12 @@ def _exp(b, op, grads):
     return [b.one("mul", grads[0], op.results[0])]
 
 
+@rule("log")
+def _log(b, op, grads):
+    """g / x."""
+    return [b.one("div", grads[0], op.operands[0])]
+
+
 @rule("tanh")
 def _tanh(b, op, grads):
     """g * (1 - out^2)."""

@@ -78,6 +78,7 @@ CASES = {
     "tanh": ([X], {}),
     "sigmoid": ([X], {}),
     "rsqrt": ([X], {}),
+    "log": ([X], {}),
     "add3": ([X, X, X], {}),
     "reduce_sum": ([X], {"dims": [0, 1]}),
     "reduce_mean": ([X], {"dims": [-1], "keepdim": True}),

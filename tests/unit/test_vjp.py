@@ -200,8 +200,8 @@ for name in ("sub", "div"):
 case("add_scalar",
      op(f"%c = mdsl.graph.add_scalar %x {{value = 1.0e-05 : f64}} : ({t(2, 3)}) -> {t(2, 3)}"),
      {"x": (2, 3)}, [("c", (2, 3))])
-for name in ("exp", "tanh", "sigmoid", "rsqrt"):
-    positive = {"x": 0.5 + np.abs(np.random.default_rng(2).standard_normal((3, 4)))} if name == "rsqrt" else {}
+for name in ("exp", "log", "tanh", "sigmoid", "rsqrt"):
+    positive = {"x": 0.5 + np.abs(np.random.default_rng(2).standard_normal((3, 4)))} if name in ("log", "rsqrt") else {}
     case(name, op(f"%y = mdsl.graph.{name} %x : ({t(3, 4)}) -> {t(3, 4)}"),
          {"x": (3, 4)}, [("y", (3, 4))], init=positive)
 case("add3",
@@ -489,7 +489,7 @@ case("moe_unpermute",
 # mamba_conv1d: x [B, D, T] through a causal depthwise conv of width 4, with and without a bias
 for bias in (True, False):
     for activation in ("silu", "none"):
-        bias_operand, bias_type = (" bias %bias", f", bias {t(3)}") if bias else ("", "")
+        bias_operand, bias_type = (" bias %bias", f" bias {t(3)}") if bias else ("", "")
         case(f"mamba_conv1d-{'bias' if bias else 'nobias'}-{activation}",
              op(f'%y = mdsl.graph.mamba_conv1d %x, %w{bias_operand} {{activation = "{activation}"}} : '
                 f"{t(2, 3, 5)}, {t(3, 1, 4)}{bias_type} -> {t(2, 3, 5)}"),

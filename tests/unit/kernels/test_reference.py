@@ -735,23 +735,24 @@ def test_causal_mask_keeps_float32():
     assert out.dtype == np.float32 and np.isneginf(out[0, 1]) and out[1, 0] == 1.0
 
 
-MATH = {"exp": torch.exp, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "rsqrt": torch.rsqrt}
+MATH = {"exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "rsqrt": torch.rsqrt}
+POSITIVE = ("log", "rsqrt")  # their domain
 
 
 @covers(*MATH)
 @pytest.mark.parametrize("shape", [(7, 33), (2, 3, 5)])
 @pytest.mark.parametrize("name", sorted(MATH))
 def test_elementwise_math(name, shape):
-    """Against torch over +-12 (sigmoid's both tails), rsqrt over positive values."""
+    """Against torch over +-12 (sigmoid's both tails), log and rsqrt over positive values."""
     x = activation_input(67, shape)
-    x = np.abs(x) + 0.1 if name == "rsqrt" else x
+    x = np.abs(x) + 0.1 if name in POSITIVE else x
     check(ref(name, x), MATH[name](tt(x)))
 
 
 def test_elementwise_math_keeps_float32():
     x = np.linspace(-30, 30, 13, dtype=np.float32)
     for name in MATH:
-        assert ref(name, np.abs(x) + 1 if name == "rsqrt" else x).dtype == np.float32, name
+        assert ref(name, np.abs(x) + 1 if name in POSITIVE else x).dtype == np.float32, name
     assert ref("add_scalar", x, value=1e-6).dtype == np.float32
 
 

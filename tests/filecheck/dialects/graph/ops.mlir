@@ -222,6 +222,8 @@ mdsl.graph.model @tiny config {d_model = 64 : i64, n_layers = 2 : i64} attribute
     %sig = mdsl.graph.sigmoid %x : (!x) -> !x
     // CHECK: mdsl.graph.rsqrt %x :
     %rsq = mdsl.graph.rsqrt %x : (!x) -> !x
+    // CHECK: mdsl.graph.log %x :
+    %logx = mdsl.graph.log %x : (!x) -> !x
 
     // 6.7 reductions
     // CHECK: mdsl.graph.reduce_sum %x {dims = array<i64: 0, 1>} : (!mdsl.graph.tensor<[B, T, C], bf16>) -> !mdsl.graph.tensor<[C], bf16>
