@@ -1,5 +1,5 @@
 // Activations, forward and backward (kernels/reference.py: swiglu, geglu, silu,
-// relu, relu2, gelu and their *_backward), and exp, tanh, sigmoid, rsqrt (forward
+// relu, relu2, gelu and their *_backward), and exp, log, tanh, sigmoid, rsqrt (forward
 // only), elementwise over n elements.
 //
 // Launch (kernels/cuda.py: elementwise_config): block (256, 1, 1), grid
@@ -214,6 +214,7 @@ MDSL_UNARY(relu2, relu(x) * relu(x), d * 2.f * relu(x))
   }
 
 MDSL_MATH(exp, expf(x))
+MDSL_MATH(log, logf(x))
 MDSL_MATH(tanh, tanhf(x))
 MDSL_MATH(sigmoid, sigmoid(x))
 MDSL_MATH(rsqrt, 1.f / sqrtf(x))  // as the reference (rsqrtf is an approximation on the device)
@@ -247,9 +248,11 @@ extern "C" __global__ void mdsl_gelu_bwd_bf16(const bf16* d_out, const bf16* x, 
 extern "C" __global__ void mdsl_gelu_bwd_f32(const float* d_out, const float* x, float* d_x, i64 n, int approximate) {
   gelu_bwd(d_out, x, d_x, n, approximate);
 }
-// out = exp(x), tanh(x), sigmoid(x), 1 / sqrt(x)
+// out = exp(x), log(x), tanh(x), sigmoid(x), 1 / sqrt(x)
 extern "C" __global__ void mdsl_exp_fwd_bf16(const bf16* x, bf16* out, i64 n) { exp_fwd(x, out, n); }
 extern "C" __global__ void mdsl_exp_fwd_f32(const float* x, float* out, i64 n) { exp_fwd(x, out, n); }
+extern "C" __global__ void mdsl_log_fwd_bf16(const bf16* x, bf16* out, i64 n) { log_fwd(x, out, n); }
+extern "C" __global__ void mdsl_log_fwd_f32(const float* x, float* out, i64 n) { log_fwd(x, out, n); }
 extern "C" __global__ void mdsl_tanh_fwd_bf16(const bf16* x, bf16* out, i64 n) { tanh_fwd(x, out, n); }
 extern "C" __global__ void mdsl_tanh_fwd_f32(const float* x, float* out, i64 n) { tanh_fwd(x, out, n); }
 extern "C" __global__ void mdsl_sigmoid_fwd_bf16(const bf16* x, bf16* out, i64 n) { sigmoid_fwd(x, out, n); }

@@ -37,7 +37,10 @@ ALiBi or a head dim over 128 (see ``attention_geometry``); for MoE (moe.cu), int
 empty tensors, ``grouped_gemm_weight_grad`` with more than 65535 groups, and more than 65535 column
 tiles (``grouped_gemm``: N, ``moe_router_backward``: C over 1048560); for Mamba (mamba.cu), a conv
 ``kernel_size`` over 8 (``MAMBA_MAX_CONV``), a scan state size over 256 (``MAMBA_MAX_STATE``),
-activations other than silu/none, and empty tensors. The MoE kernels take expert indices in
+activations other than silu/none, and empty tensors; the decoding steps (``mamba_conv1d_step``,
+``mamba_selective_scan_step``) read their start position and count of real steps from device
+memory and, where the count is outside [1, T] (the reference raises), write NaN into y and the
+state. The MoE kernels take expert indices in
 [0, E) (the router's): one outside is skipped, not an error, and ``moe_unpermute_backward`` takes
 a scatter that is a permutation (``moe_permute``'s).
 Where the reference raises (an embedding index out of range), the kernel
@@ -150,7 +153,7 @@ for _name in ("split_swiglu", "split_geglu"):
 for _name in ("silu", "relu", "relu2"):
     _kernel("activation", f"{_name}_fwd", "ptr x, ptr out, i64 n")
     _kernel("activation", f"{_name}_bwd", "ptr d_out, ptr x, ptr d_x, i64 n")
-for _name in ("exp", "tanh", "sigmoid", "rsqrt"):
+for _name in ("exp", "log", "tanh", "sigmoid", "rsqrt"):
     _kernel("activation", f"{_name}_fwd", "ptr x, ptr out, i64 n")
 _kernel("activation", "gelu_fwd", "ptr x, ptr out, i64 n, i32 approximate")
 _kernel("activation", "gelu_bwd", "ptr d_out, ptr x, ptr d_x, i64 n, i32 approximate")
@@ -241,6 +244,9 @@ _kernel("mamba", "mamba_scan_bwd", f"ptr d_y, {_SCAN_IN}, ptr d_u, ptr d_delta, 
                                    f"ptr part_d, {_SCAN}, i64 P, i64 cpp")
 _kernel("mamba", "mamba_scan_bwd_reduce", "ptr part_bc, ptr part_a, ptr part_d, ptr a_log, ptr d_a_log, ptr d_b_proj, "
                                           f"ptr d_c_proj, ptr d_d_skip, ptr d_dt_bias, {_SCAN}, i64 P")
+_kernel("mamba", "mamba_conv1d_step",
+        f"ptr x, ptr weight, ptr bias, ptr conv_state, ptr position, ptr valid, ptr y, {_CONV}, i32 idx64")
+_kernel("mamba", "mamba_scan_step", f"{_SCAN_IN}, ptr position, ptr valid, ptr y, {_SCAN}, i32 idx64")
 
 
 # ----------------------------------------------------------------------------
@@ -569,7 +575,7 @@ for _name, _ins, _outs, _approx in (
     ("relu2", "x", "out", False), ("relu2_backward", "d_out x", "d_x", False),
     ("gelu", "x", "out", True), ("gelu_backward", "d_out x", "d_x", True),
     ("exp", "x", "out", False), ("tanh", "x", "out", False), ("sigmoid", "x", "out", False),
-    ("rsqrt", "x", "out", False),
+    ("rsqrt", "x", "out", False), ("log", "x", "out", False),
 ):
     _kname = _name.replace("_backward", "_bwd") if _name.endswith("_backward") else f"{_name}_fwd"
     _primitive(_name, "activation", _ins, _outs, _kname)(_elementwise(_kname, _ins.split(), _outs.split(), _approx))
@@ -1385,6 +1391,61 @@ def _mamba_selective_scan_backward(p: Problem) -> Plan:
                          i64(n), i64(t), i64(parts))),
                 scratch={"states": 4 * warps * t * n, "part_bc": 4 * 2 * warps * n * t, "part_a": 4 * b * d * n,
                          "part_d": 4 * 2 * b * d})
+
+
+# The decoding steps (lower_to_sched's mamba_conv1d_step / mamba_selective_scan_step): the state
+# buffer is an input and the output of the same name, updated in place; position and valid are
+# index tensors ([1]: element 0 is read on the device) with the run's start (<= 0: a new sequence,
+# the state read as zeros) and its count of real steps (the rest pad a shape bucket). The conv
+# step: a warp per channel, its lanes over the steps; the scan step: the scan forward's warp per
+# row. Not covered: as the conv and the scan, a missing state, position or valid, or an empty one.
+def _decode_indices(name: str, position: Shape | None, valid: Shape | None) -> None:
+    for what, shape in (("position", position), ("valid", valid)):
+        if shape is None or _numel(shape) == 0:
+            raise NotCovered(f"{name} without a {what} element (it reads element 0 on the device)")
+
+
+def _step_outputs(name: str, p: Problem, y: Shape, state: Shape) -> None:
+    outs = tuple(tuple(s) if s is not None else None for s in p.outputs)
+    if outs != (tuple(y), tuple(state)):
+        raise NotCovered(f"{name} outputs {list(p.outputs)}: y {y} and the state {state} (updated in place)")
+
+
+@_primitive("mamba_conv1d_step", "mamba", "x weight conv_state position valid bias", "y conv_state",
+            "mamba_conv1d_step", dtypes={"position": "index", "valid": "index"})
+def _mamba_conv1d_step(p: Problem) -> Plan:
+    x, weight, state = p.inputs[0], p.inputs[1], p.inputs[2]
+    position, valid = (p.inputs[3], p.inputs[4]) if len(p.inputs) > 4 else (None, None)
+    bias = p.inputs[5] if len(p.inputs) > 5 else None
+    if x is None or weight is None or state is None:
+        raise NotCovered("mamba_conv1d_step needs x, weight and a conv_state")
+    b, d, t, ks, silu = _conv_geometry(p, x, weight, bias)
+    if tuple(state) != (b, d, ks - 1):
+        raise NotCovered(f"mamba_conv1d_step conv_state {state} for x {x} and kernel_size {ks}")
+    _decode_indices("mamba_conv1d_step", position, valid)
+    _step_outputs("mamba_conv1d_step", p, x, state)
+    grid = (max(1, min(_cdiv(d, _WARP_ROWS[1]), GRID_CAP)), min(b, 65535), 1)
+    return Plan((_launch("mamba_conv1d_step", p.variant, grid, _WARP_ROWS, ptr("in:x"), ptr("in:weight"),
+                         ptr("in:bias" if bias is not None else None), ptr("in:conv_state"), ptr("in:position"),
+                         ptr("in:valid"), ptr("out:y"), i64(b), i64(d), i64(t), i64(ks), i32(silu),
+                         i32(p.idx64)),))
+
+
+@_primitive("mamba_selective_scan_step", "mamba",
+            "u delta a_log b_proj c_proj d_skip dt_bias ssm_state position valid", "y ssm_state", "mamba_scan_step",
+            dtypes={"position": "index", "valid": "index"})
+def _mamba_selective_scan_step(p: Problem) -> Plan:
+    if len(p.inputs) != 10 or any(s is None for s in p.inputs[:7]):
+        raise NotCovered(f"mamba_selective_scan_step of {len(p.inputs)} operands {list(p.inputs)}")
+    b, d, g, n, t, state = _scan_geometry(p, 0)
+    if not state:
+        raise NotCovered("mamba_selective_scan_step without an ssm_state")
+    _decode_indices("mamba_selective_scan_step", p.inputs[8], p.inputs[9])
+    _step_outputs("mamba_selective_scan_step", p, p.inputs[0], p.inputs[7])
+    return Plan((_launch("mamba_scan_step", p.variant, _warp_rows(b * d), _WARP_ROWS,
+                         *(ptr(f"in:{x}") for x in ("u", "delta", "a_log", "b_proj", "c_proj", "d_skip", "dt_bias",
+                                                    "ssm_state", "position", "valid")),
+                         ptr("out:y"), i64(b), i64(d), i64(g), i64(n), i64(t), i32(p.idx64)),))
 
 
 # ----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 // Mamba kernels (kernels/reference.py: mamba_conv1d, mamba_conv1d_backward,
-// mamba_selective_scan, mamba_selective_scan_backward).
+// mamba_selective_scan, mamba_selective_scan_backward, and the decoding steps mamba_conv1d_step,
+// mamba_selective_scan_step).
 //
 // Layouts: x, u, delta, y [B, D, T]; conv weight [D, 1, K], bias [D], conv state [B, D, K - 1];
 // a_log [D, N]; b_proj, c_proj [B, G, N, T] (channel d reads group d / (D / G)); d_skip,
@@ -16,6 +17,16 @@
 //   after another (their states over time recomputed into scratch), summing the b_proj and
 //   c_proj gradients of the partition in fp32 scratch; a last kernel adds the partitions,
 //   and the batch partials of d_a_log, d_d_skip and d_dt_bias.
+// - decoding steps: the run's start position and count of real steps are element 0 of two
+//   index tensors in device memory (int32, or int64 with idx64), read by every thread (no host
+//   sync). Position <= 0 starts a sequence: the carried state reads as zeros (whatever the buffer
+//   holds). The state buffer is updated in place to the state after the run's first `valid`
+//   steps (the steps after them pad a shape bucket: they get outputs, but leave no trace). Where
+//   the reference raises (valid outside [1, T]), y and the state are NaN instead.
+//   The conv step: block (32, 8, 1), a warp per (b, d), its lanes over the steps, d grid-stride
+//   along the grid's x and b along its y; the warp reads its channel's old state before a block
+//   barrier and writes the new one after it. The scan step: as the scan forward, each lane
+//   writing its own states (which it alone read, at the start) after step valid - 1.
 #include "common.cuh"
 
 using namespace mdsl;
@@ -313,6 +324,119 @@ __device__ void scan_bwd_reduce(const float* part_bc, const float* part_a, const
   }
 }
 
+// ---------------------------------------------------------------------------
+// Decoding steps
+// ---------------------------------------------------------------------------
+
+// (start position, real steps) of a run of `steps`; ok: 0 < count <= steps (the reference raises otherwise).
+struct DecodeRun {
+  bool fresh;  // position <= 0: the carried state reads as zeros
+  bool ok;
+  i64 count;
+};
+
+__device__ __forceinline__ DecodeRun decode_run(const void* position, const void* valid, i64 steps, int idx64) {
+  const i64 start = load_index(position, 0, idx64), count = load_index(valid, 0, idx64);
+  return DecodeRun{start <= 0, count > 0 && count <= steps, count};
+}
+
+// The conv of the steps of a run over the carried conv state, the state updated in place to the
+// last K - 1 inputs of [state, x[:count]]: one warp per channel (b, d), its lanes over the steps.
+// The channel's lanes read the old state (for y of the first K - 1 steps, and lanes j < K - 1 for
+// element count + j of xp = [state, x], the new state's element j) before a block barrier, and
+// lanes j < K - 1 write the new state after it. The loops are block-uniform (the barrier).
+template <typename T>
+__device__ void conv_step(const T* x, const T* weight, const T* bias, T* state, const void* position,
+                          const void* valid, T* y, i64 B, i64 D, i64 steps, i64 K, int silu, int idx64) {
+  const DecodeRun run = decode_run(position, valid, steps, idx64);
+  const i64 pad = K - 1;
+  const int lane = threadIdx.x;
+  const float nan = NAN;
+  for (i64 b = blockIdx.y; b < B; b += gridDim.y) {
+    for (i64 d0 = (i64) blockIdx.x * blockDim.y; d0 < D; d0 += (i64) gridDim.x * blockDim.y) {
+      const i64 d = d0 + threadIdx.y, row = b * D + d;
+      const bool active = d < D;
+      float next = nan;  // lane j < K - 1: element j of the new state
+      if (active) {
+        const T* xr = x + row * steps;
+        const T* sr = state + row * pad;
+#pragma unroll 1  // not unrolled: ptxas would spill around sigmoid's division (its slow-path call)
+        for (i64 t = lane; t < steps; t += 32) {
+          float acc = 0.f;
+          for (i64 k = 0; k < K; ++k) {
+            const i64 j = t + k;  // in xp = [old state (zeros when fresh), x]
+            const float v = j >= pad ? to_f32(xr[j - pad]) : (run.fresh ? 0.f : to_f32(sr[j]));
+            acc += to_f32(weight[d * K + k]) * v;
+          }
+          if (bias) acc += to_f32(bias[d]);
+          y[row * steps + t] = from_f32<T>(run.ok ? (silu ? acc * sigmoid(acc) : acc) : nan);
+        }
+        if (lane < pad && run.ok) {
+          const i64 at = run.count + lane;  // < count + K - 1: xp[at] is a real step or the old state
+          next = at >= pad ? to_f32(xr[at - pad]) : (run.fresh ? 0.f : to_f32(sr[at]));
+        }
+      }
+      __syncthreads();  // every read of the old state before any write
+      if (active && lane < pad) state[row * pad + lane] = from_f32<T>(next);
+    }
+  }
+}
+
+// The scan of the steps of a run from the carried ssm state, one warp per row (b, d) as scan_fwd;
+// each lane writes its states after step count - 1 into the state buffer (which it alone read, before).
+template <typename T>
+__device__ void scan_step(const T* u, const T* delta, const T* a_log, const T* b_proj, const T* c_proj,
+                          const T* d_skip, const T* dt_bias, T* ssm_state, const void* position, const void* valid,
+                          T* y, i64 B, i64 D, i64 G, i64 N, i64 steps, int idx64) {
+  const DecodeRun run = decode_run(position, valid, steps, idx64);
+  const i64 per_group = D / G;
+  const int lane = threadIdx.x;
+  const float nan = NAN;
+  for (i64 row = (i64) blockIdx.x * blockDim.y + threadIdx.y; row < B * D; row += (i64) gridDim.x * blockDim.y) {
+    const i64 b = row / D, d = row % D, g = d / per_group;
+    float h[kMaxStates], a[kMaxStates];
+#pragma unroll
+    for (int s = 0; s < kMaxStates; ++s) {
+      const i64 n = lane + 32 * s;
+      h[s] = (n < N && !run.fresh) ? to_f32(ssm_state[row * N + n]) : 0.f;
+      a[s] = n < N ? -expf(to_f32(a_log[d * N + n])) : 0.f;
+    }
+    const float dskip = to_f32(d_skip[d]), dtb = to_f32(dt_bias[d]);
+    const T* bp = b_proj + (b * G + g) * N * steps;
+    const T* cp = c_proj + (b * G + g) * N * steps;
+    for (i64 t = 0; t < steps; ++t) {
+      const float ut = to_f32(u[row * steps + t]);
+      const float dt = softplus(to_f32(delta[row * steps + t]) + dtb);
+      const float du = dt * ut;
+      float part = 0.f;
+#pragma unroll
+      for (int s = 0; s < kMaxStates; ++s) {
+        const i64 n = lane + 32 * s;
+        if (n < N) {
+          h[s] = expf(dt * a[s]) * h[s] + du * to_f32(bp[n * steps + t]);
+          part += to_f32(cp[n * steps + t]) * h[s];
+        }
+      }
+      const float total = group_sum(part);
+      if (lane == 0) y[row * steps + t] = from_f32<T>(run.ok ? total + dskip * ut : nan);
+      if (t == run.count - 1) {  // warp-uniform
+#pragma unroll
+        for (int s = 0; s < kMaxStates; ++s) {
+          const i64 n = lane + 32 * s;
+          if (n < N) ssm_state[row * N + n] = from_f32<T>(h[s]);
+        }
+      }
+    }
+    if (!run.ok) {
+#pragma unroll
+      for (int s = 0; s < kMaxStates; ++s) {
+        const i64 n = lane + 32 * s;
+        if (n < N) ssm_state[row * N + n] = from_f32<T>(nan);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // y [B, D, T] and, with a state, conv_state_out [B, D, K - 1]: block (256, 1, 1), grid-stride over
@@ -384,4 +508,36 @@ mdsl_mamba_scan_bwd_reduce_f32(const float* part_bc, const float* part_a, const 
                                float* d_a_log, float* d_b_proj, float* d_c_proj, float* d_d_skip, float* d_dt_bias,
                                i64 B, i64 D, i64 G, i64 N, i64 T, i64 P) {
   scan_bwd_reduce(part_bc, part_a, part_d, a_log, d_a_log, d_b_proj, d_c_proj, d_d_skip, d_dt_bias, B, D, G, N, T, P);
+}
+
+// One decoding run of the conv: y [B, D, T], conv_state [B, D, K - 1] updated in place; position
+// and valid: element 0 of int32 (idx64 = 0) or int64 (idx64 = 1) tensors. Block (32, 8, 1), grid
+// (min(ceil(D / 8), 65536), min(B, 65535), 1).
+extern "C" __global__ void __launch_bounds__(256)
+mdsl_mamba_conv1d_step_bf16(const bf16* x, const bf16* weight, const bf16* bias, bf16* conv_state,
+                            const void* position, const void* valid, bf16* y, i64 B, i64 D, i64 T, i64 K, int silu,
+                            int idx64) {
+  conv_step(x, weight, bias, conv_state, position, valid, y, B, D, T, K, silu, idx64);
+}
+extern "C" __global__ void __launch_bounds__(256)
+mdsl_mamba_conv1d_step_f32(const float* x, const float* weight, const float* bias, float* conv_state,
+                           const void* position, const void* valid, float* y, i64 B, i64 D, i64 T, i64 K, int silu,
+                           int idx64) {
+  conv_step(x, weight, bias, conv_state, position, valid, y, B, D, T, K, silu, idx64);
+}
+
+// One decoding run of the scan: y [B, D, T], ssm_state [B, D, N] updated in place; position and
+// valid as the conv step's. Block (32, 8, 1), a warp per (b, d), grid-stride over B D rows.
+extern "C" __global__ void __launch_bounds__(256)
+mdsl_mamba_scan_step_bf16(const bf16* u, const bf16* delta, const bf16* a_log, const bf16* b_proj, const bf16* c_proj,
+                          const bf16* d_skip, const bf16* dt_bias, bf16* ssm_state, const void* position,
+                          const void* valid, bf16* y, i64 B, i64 D, i64 G, i64 N, i64 T, int idx64) {
+  scan_step(u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_state, position, valid, y, B, D, G, N, T, idx64);
+}
+extern "C" __global__ void __launch_bounds__(256)
+mdsl_mamba_scan_step_f32(const float* u, const float* delta, const float* a_log, const float* b_proj,
+                         const float* c_proj, const float* d_skip, const float* dt_bias, float* ssm_state,
+                         const void* position, const void* valid, float* y, i64 B, i64 D, i64 G, i64 N, i64 T,
+                         int idx64) {
+  scan_step(u, delta, a_log, b_proj, c_proj, d_skip, dt_bias, ssm_state, position, valid, y, B, D, G, N, T, idx64);
 }

@@ -357,11 +357,11 @@ def test_sub_div(runner, name, a_shape, b_shape, variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("shape", ELEMENTS, ids=ids(ELEMENTS))
-@pytest.mark.parametrize("name", ["exp", "tanh", "sigmoid", "rsqrt", "add_scalar"])
+@pytest.mark.parametrize("name", ["exp", "log", "tanh", "sigmoid", "rsqrt", "add_scalar"])
 def test_elementwise_math(runner, name, shape, variant):
     rng = np.random.default_rng(17)
     x = 3 * rng.standard_normal(shape)
-    x = np.abs(x) + 0.1 if name == "rsqrt" else x
+    x = np.abs(x) + 0.1 if name in ("log", "rsqrt") else x
     check(runner, name, [x], {"value": 1e-3} if name == "add_scalar" else {}, variant)
 
 

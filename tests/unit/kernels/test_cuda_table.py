@@ -83,7 +83,8 @@ def test_device_tables_match_the_structs_of_the_sources():
 # Primitives against the ops and the references
 # ----------------------------------------------------------------------------
 
-SCHEDULE_LEVEL = {"adamw", "global_norm", "clip_factor"}  # schedule kernels: no graph op, a reference
+# schedule kernels: no graph op, a reference (the Mamba decoding steps: lower_to_sched's, over state buffers)
+SCHEDULE_LEVEL = {"adamw", "global_norm", "clip_factor", "mamba_conv1d_step", "mamba_selective_scan_step"}
 EXTRA = {"add_inplace", "adamw_multi"}  # launches the executor forms itself (in-place add, fused adamw)
 
 
@@ -188,7 +189,7 @@ def cases():
         for name in ("sub", "div"):
             yield name, [shape, shape], [shape], {}, variant, "int32"
             yield name, [shape, shape[:-1] + (1,)], [shape], {}, variant, "int32"
-        for name in ("exp", "tanh", "sigmoid", "rsqrt"):
+        for name in ("exp", "log", "tanh", "sigmoid", "rsqrt"):
             yield name, [shape], [shape], {}, variant, "int32"
         yield "add3", [shape] * 3, [shape], {}, variant, "int32"
         yield "add_inplace", [shape, shape], [shape], {}, variant, "int32"
@@ -243,6 +244,12 @@ def cases():
             scan = [x, x, (d, n), (b, g, n, t), (b, g, n, t), (d,), (d,)]
             yield "mamba_selective_scan", [*scan, (b, d, n)], [x, (b, d, n)], {}, variant, "int32"
             yield "mamba_selective_scan_backward", [x, *scan, None, x], scan, {}, variant, "int32"
+            # the decoding steps: the state updated in place, position and valid int32 or int64 [1]
+            for index in ("int32", "int64"):
+                yield "mamba_conv1d_step", [x, w, state, (1,), (1,), (d,)], [x, state], conv, variant, index
+                yield "mamba_conv1d_step", [x, w, state, (1,), (1,)], [x, state], \
+                    {**conv, "activation": "none"}, variant, index
+                yield "mamba_selective_scan_step", [*scan, (b, d, n), (1,), (1,)], [x, (b, d, n)], {}, variant, index
     yield "clip_factor", [()], [()], {"max_norm": 1.0}, "fp32", "int32"
 
 
@@ -393,6 +400,28 @@ def test_broadcast_pattern_pairs_elements_as_numpy(big, small):
     paired = np.broadcast_to(index, big).reshape(-1)
     i = np.arange(math.prod(big))
     assert np.array_equal(paired, (i // b_inner) % b_n)
+
+
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+def test_the_mamba_decoding_steps_update_their_state_in_place_and_read_the_run_on_the_device(index_dtype):
+    """The state is an input and the output of the same name, passed once (the kernel updates it);
+    position and valid are device pointers of the index dtype (idx64), not scalars."""
+    conv = cuda.plan("mamba_conv1d_step", [(2, 6, 1), (6, 1, 4), (2, 6, 3), (1,), (1,), (6,)], [(2, 6, 1), (2, 6, 3)],
+                     {"kernel_size": 4}, "bf16", index_dtype)
+    scan = cuda.plan("mamba_selective_scan_step", [(2, 6, 1), (2, 6, 1), (6, 16), (2, 2, 16, 1), (2, 2, 16, 1), (6,),
+                                                   (6,), (2, 6, 16), (1,), (1,)], [(2, 6, 1), (2, 6, 16)], {}, "fp32",
+                     index_dtype)
+    for name, plan, state in (("mamba_conv1d_step", conv, "conv_state"), ("mamba_selective_scan_step", scan,
+                                                                          "ssm_state")):
+        prim = cuda.primitive(name)
+        assert state in prim.inputs and state in prim.outputs and prim.outputs[0] == "y"
+        assert prim.dtype("position", "bf16", index_dtype) == prim.dtype("valid", "fp32", index_dtype) == index_dtype
+        (launch,) = plan.steps
+        args = dict(zip((n for n, _ in launch.kernel.params), launch.args))
+        assert args[state].value == f"in:{state}" and args["y"].value == "out:y"
+        assert args["position"].value == "in:position" and args["valid"].value == "in:valid"
+        assert args["idx64"].value == (index_dtype == "int64")
+    assert dict(zip((n for n, _ in conv.steps[0].kernel.params), conv.steps[0].args))["bias"].value == "in:bias"
 
 
 @pytest.mark.parametrize("variant", ["bf16", "fp32"])
