@@ -118,6 +118,13 @@ def _rope_everywhere(value: Any, hf: dict[str, Any]) -> bool:
     return value is None or (isinstance(value, list) and all(_same(flag, 1) for flag in value))
 
 
+def _no_step_clamp(value: Any, hf: dict[str, Any]) -> bool:
+    """time_step_limit, Mamba-2's clamp of the step size dt = softplus(...) >= 0: neutral where it clamps
+    nothing (the default (0, inf), which config.py reads from transformers 5's {"__float__": "Infinity"})."""
+    return value is None or (isinstance(value, list) and len(value) == 2 and all(_number(v) for v in value)
+                             and value[0] <= 0 and value[1] == math.inf)
+
+
 FIELDS: dict[str, tuple[Neutral, str]] = {
     "attention_bias": (_off, "biases on the q/k/v/o projections"),
     "mlp_bias": (_off, "biases on the MLP projections"),
@@ -142,6 +149,7 @@ FIELDS: dict[str, tuple[Neutral, str]] = {
     "num_local_experts": (_off, "mixture-of-experts layers"),
     "num_experts": (_off, "mixture-of-experts layers"),
     "n_routed_experts": (_off, "mixture-of-experts layers"),
+    "time_step_limit": (_no_step_clamp, "a clamp of the Mamba-2 step size"),
 }
 PATTERNS: list[tuple[re.Pattern[str], Neutral, str]] = [
     (re.compile(r".+_multiplier$"), _equals(1.0), "a scale of the activations"),

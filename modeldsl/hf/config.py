@@ -28,10 +28,31 @@ where the model says so, so a mapping spells each null it accepts.
 a compile-time expression of the parameters before it. An exported
 ``config.json`` writes null where the value equals a literal ``null=``.
 
+A field that holds a list is read element by element with ``index=`` (a
+non-negative integer literal)::
+
+    mlp_gate_multiplier: field(mlp_multipliers, index=0, null=1.0)
+    mlp_down_multiplier: field(mlp_multipliers, index=1, null=1.0)
+
+The parameters that map a list field map every element of it, each once, and
+none maps it whole (E010 at the mapping otherwise): an element no parameter
+reads could change the math unchecked, and could not be written back. So the
+list must have exactly that many elements; a value that is not a list, or a
+list of another length, is E030 naming the field, and each element is checked
+against its parameter's type like a field (E030 naming ``field[index]``), a
+null element included (transformers' config classes give a null list a
+meaning, never a null element). An absent or null list gives each parameter
+its ``absent=`` / ``null=`` (the DSL default / E030 without). An exported
+``config.json`` writes the list whole, each element its parameter's value
+(never null).
+
 Configs written by transformers 5 keep ``rope_theta`` and the scaling under
 ``rope_parameters``; :func:`normalize` lifts them to the older top-level
-``rope_theta`` / ``rope_scaling`` so one mapping reads both, and gives the
-expert count under both of its names (``num_experts``, ``num_local_experts``). A config.json
+``rope_theta`` / ``rope_scaling`` so one mapping reads both, gives the
+expert count under both of its names (``num_experts``, ``num_local_experts``),
+and reads transformers 5's spelling of the floats JSON has no number for
+(``{"__float__": "Infinity"}``, ``"-Infinity"``, ``"NaN"``; 4.x wrote a bare
+``Infinity``, which Python's json reads) as those floats. A config.json
 that is not valid JSON is a located E030 (file, line and column of the JSON
 error, with a caret), and so are integers past 4000 digits and nesting past
 200 levels (which Python's json cannot read); a config.json that is a folder,
@@ -50,13 +71,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xdsl.dialects.builtin import DictionaryAttr, IntegerType, StringAttr
+from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, IntegerType, StringAttr
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
 from modeldsl.dialects.graph import ModelOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
-from modeldsl.hf.compat import check_compatible, suspicious_values, warn_python
+from modeldsl.hf.compat import check_compatible, python_value, suspicious_values, warn_python
 from modeldsl.hf.safetensors_io import CheckpointError, regular_file
 from modeldsl.instances import source_text
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate
@@ -183,10 +204,27 @@ def _json_error(source: Source, start: int, end: int, message: str) -> Diagnosti
 EXPERT_COUNT_SPELLINGS = (("num_local_experts", "num_experts"), ("num_experts", "num_local_experts"))
 
 
+# transformers 5 writes the floats JSON has no number for as {"__float__": NAME} (PretrainedConfig's
+# _encode_special_floats) and reads them back as floats
+SPECIAL_FLOATS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def _special_floats(value: Any) -> Any:
+    """``value`` with each ``{"__float__": "Infinity"}`` (``"-Infinity"``, ``"NaN"``) in it the float it stands for."""
+    if isinstance(value, dict):
+        if len(value) == 1 and value.get("__float__") in SPECIAL_FLOATS:
+            return SPECIAL_FLOATS[value["__float__"]]
+        return {k: _special_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_special_floats(v) for v in value]
+    return value
+
+
 def normalize(config: dict[str, Any]) -> HFConfig:
-    """``rope_parameters`` (transformers 5) lifted to the top-level ``rope_theta`` / ``rope_scaling``;
-    a ``rope_parameters`` or ``rope_scaling`` that is not an object is E030 at the field."""
-    result = HFConfig(config)
+    """``rope_parameters`` (transformers 5) lifted to the top-level ``rope_theta`` / ``rope_scaling``,
+    transformers 5's ``{"__float__": "Infinity"}`` read as the float; a ``rope_parameters`` or
+    ``rope_scaling`` that is not an object is E030 at the field."""
+    result = HFConfig({name: _special_floats(value) for name, value in config.items()})
     result.source = getattr(config, "source", None)
     for name in ("rope_parameters", "rope_scaling"):
         value = result.get(name)
@@ -221,24 +259,77 @@ def _field_name(value: Any) -> str | None:
     return None
 
 
-def param_mapping(model: ModelOp) -> dict[str, str]:
-    """DSL parameter -> config field, from the model's ``hf_config``."""
-    if model.hf_config is None or "param_mapping" not in model.hf_config.data:
+def _field_index(value: Any) -> int | None:
+    """The ``index=`` of a lowered ``field(name, index=I)`` (None: the field whole)."""
+    index = value.data.get("index") if isinstance(value, DictionaryAttr) else None
+    return index.value.data if isinstance(index, IntegerAttr) else None
+
+
+def _mapping_attrs(model: ModelOp) -> dict[str, Any]:
+    if model.hf_config is None or not isinstance(model.hf_config.data.get("param_mapping"), DictionaryAttr):
         return {}
-    mapping = model.hf_config.data["param_mapping"]
-    if not isinstance(mapping, DictionaryAttr):
-        return {}
-    names = {k: _field_name(v) for k, v in mapping.data.items()}
-    return {k: v for k, v in names.items() if v is not None}
+    return dict(model.hf_config.data["param_mapping"].data)
 
 
 @dataclass
 class FieldRule:
-    """One ``param_mapping`` entry as written: the field and what null / absence mean."""
+    """One ``param_mapping`` entry as written: the field, the element of a list field it reads
+    (``index=``), what null / absence mean, and where it is written (for diagnostics)."""
 
     field: str
     null: ast.Expr | None = None
     absent: ast.Expr | None = None
+    index: int | None = None
+    span: Span | None = None
+
+    @property
+    def shown(self) -> str:
+        """The field as messages name it: ``name`` or ``name[index]``."""
+        return self.field if self.index is None else f"{self.field}[{self.index}]"
+
+
+def model_rules(model: ModelOp) -> dict[str, FieldRule]:
+    """The ``param_mapping`` of a lowered model: each parameter's field and element (no null/absent
+    expressions, no locations)."""
+    return {name: FieldRule(field, index=_field_index(attr)) for name, attr in _mapping_attrs(model).items()
+            if (field := _field_name(attr)) is not None}
+
+
+def param_mapping(model: ModelOp) -> dict[str, str]:
+    """DSL parameter -> config field, from the model's ``hf_config``: the parameters that read a field
+    whole (an element of a list field, ``index=``, is in :func:`model_rules`)."""
+    return {name: rule.field for name, rule in model_rules(model).items() if rule.index is None}
+
+
+def list_fields(rules: dict[str, FieldRule]) -> dict[str, list[str]]:
+    """The list fields that ``index=`` maps: field -> the parameter of each element, in order. E010 at
+    the mapping where the parameters skip an element, map one twice, or one maps the field whole."""
+    elements: dict[str, dict[int, str]] = {}
+    for param, rule in rules.items():
+        if rule.index is None:
+            continue
+        taken = elements.setdefault(rule.field, {})
+        if rule.index in taken:
+            raise _list_mapping_error(rule, f"hf_config maps element {rule.index} of '{rule.field}' twice "
+                                      f"('{taken[rule.index]}' and '{param}')")
+        taken[rule.index] = param
+    for field, taken in elements.items():
+        whole = next((param for param, rule in rules.items() if rule.field == field and rule.index is None), None)
+        if whole is not None:
+            raise _list_mapping_error(rules[whole], f"hf_config maps '{field}' whole to '{whole}' and by element "
+                                      f"to {', '.join(repr(p) for p in taken.values())}")
+        missing = [i for i in range(max(taken) + 1) if i not in taken]
+        if missing:
+            last = rules[taken[max(taken)]]
+            raise _list_mapping_error(last, f"hf_config maps elements {', '.join(map(str, sorted(taken)))} of "
+                                      f"'{field}' but not element {missing[0]}")
+    return {field: [taken[i] for i in range(len(taken))] for field, taken in elements.items()}
+
+
+def _list_mapping_error(rule: FieldRule, message: str) -> DiagnosticError:
+    return DiagnosticError([Diagnostic("E010", message, rule.span, "map each element of a list field to one "
+                                       "parameter with field(name, index=I), I = 0, 1, ...: an element no "
+                                       "parameter reads would go unchecked and could not be written back")])
 
 
 def field_rules(decl: ast.Decl) -> dict[str, FieldRule]:
@@ -256,20 +347,28 @@ def field_rules(decl: ast.Decl) -> dict[str, FieldRule]:
 
 def _field_rule(param: str, node: ast.Expr) -> FieldRule:
     if isinstance(node, (ast.Name, ast.Str)):
-        return FieldRule(node.id if isinstance(node, ast.Name) else node.value)
+        return FieldRule(node.id if isinstance(node, ast.Name) else node.value, span=node.span)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "field":
         positional = [a.value for a in node.args if a.name is None]
         named = {a.name: a for a in node.args if a.name is not None}
-        unknown = [a for name, a in named.items() if name not in ("null", "absent")]
+        unknown = [a for name, a in named.items() if name not in ("null", "absent", "index")]
+        index = named["index"].value if "index" in named else None
+        if index is not None and not (type(index) is ast.Int and index.value >= 0):
+            raise DiagnosticError([Diagnostic("E010", f"hf_config maps '{param}' to an element of a list field, "
+                                              f"but index={source_text(index)} is not a non-negative integer",
+                                              named["index"].span, "write field(config_name, index=I) with I = "
+                                              "0 for the first element")])
         if len(positional) == 1 and isinstance(positional[0], (ast.Name, ast.Str)) and not unknown:
             name = positional[0]
             return FieldRule(name.id if isinstance(name, ast.Name) else name.value,
                              named["null"].value if "null" in named else None,
-                             named["absent"].value if "absent" in named else None)
+                             named["absent"].value if "absent" in named else None,
+                             index.value if index is not None else None, node.span)
         where = unknown[0].span if unknown else node.span
         raise DiagnosticError([Diagnostic("E010", f"hf_config maps '{param}' with a malformed field(...)", where,
                                           "write field(config_name, null=VALUE, absent=VALUE); VALUE is a "
-                                          "literal, `default` or an expression of earlier parameters")])
+                                          "literal, `default` or an expression of earlier parameters; index=I "
+                                          "reads element I of a list field")])
     raise DiagnosticError([Diagnostic("E010", f"hf_config maps '{param}' to something that is not a config "
                                       "field", node.span, "write `param: config_name` or "
                                       "`param: field(config_name, null=VALUE, absent=VALUE)`")])
@@ -296,13 +395,15 @@ def dsl_config(decl: ast.Decl, model: ModelOp, hf: dict[str, Any], force_archite
     once the config is known to describe what the model computes (:mod:`modeldsl.hf.compat`:
     E036, E037; W010 and W011 go to ``warn``, else to Python's ``warnings``). A problem
     with one field is a :class:`CheckpointError` whose ``span`` locates it in ``config.json``."""
-    rules = {name: FieldRule(field) for name, field in param_mapping(model).items()} | field_rules(decl)
+    rules = model_rules(model) | field_rules(decl)
     report = warn if warn is not None else warn_python
     if not isinstance(hf, HFConfig):
         hf = normalize(hf)
+    lists = list_fields(rules)
     for warning in check_compatible(model, hf, {rule.field for rule in rules.values()}, force_architecture):
         report(warning)
     try:
+        _check_lists(hf, rules, lists)
         values = _mapped_values(decl, model, hf, rules)
     except CheckpointError as err:
         if err.field is not None:
@@ -313,6 +414,24 @@ def dsl_config(decl: ast.Decl, model: ModelOp, hf: dict[str, Any], force_archite
     return values
 
 
+def _check_lists(hf: dict[str, Any], rules: dict[str, FieldRule], lists: dict[str, list[str]]) -> None:
+    """E030 for a list field (mapped with ``index=``) that the config gives as something other than
+    a list of as many elements as the model maps."""
+    for field, params in lists.items():
+        value = hf.get(field)
+        if value is None:
+            continue
+        readers = ", ".join(f"'{p}'" for p in params)
+        hint = f"'{field}' is a JSON list of {len(params)} values, for {readers} in that order"
+        if not isinstance(value, list):
+            raise CheckpointError("E030", f"config.json field '{field}' is {_short(value)}, not a list: hf_config "
+                                  f"reads its elements for {readers}", hint, field=field)
+        if len(value) != len(params):
+            raise CheckpointError("E030", f"config.json field '{field}' has {len(value)} element"
+                                  f"{'s' if len(value) != 1 else ''}, but hf_config reads it as a list of "
+                                  f"{len(params)} ({readers})", hint, field=field)
+
+
 def _mapped_values(decl: ast.Decl, model: ModelOp, hf: dict[str, Any], rules: dict[str, FieldRule]) -> dict[str, Any]:
     sizes = size_symbols(model)
     values: dict[str, Any] = {}
@@ -320,22 +439,31 @@ def _mapped_values(decl: ast.Decl, model: ModelOp, hf: dict[str, Any], rules: di
         if param.name is None or param.rest:
             continue
         rule = rules.get(param.name)
-        if rule is not None and rule.field in hf and hf[rule.field] is not None:
-            values[param.name] = _typed(param, rule.field, hf[rule.field], sizes)
-        elif rule is not None and rule.field in hf:
+        given = rule is not None and rule.field in hf
+        raw = hf[rule.field] if given else None
+        if given and rule.index is not None and raw is not None:
+            raw = raw[rule.index]  # a list of the mapped length (_check_lists)
+        if given and raw is not None:
+            values[param.name] = _typed(param, rule, raw, sizes)
+        elif given and rule.index is not None and hf[rule.field] is not None:
+            raise CheckpointError("E030", f"config.json sets '{rule.shown}' to null; an element of a list has no "
+                                  f"null meaning for '{param.name}'", f"give '{rule.shown}' a value (null= of the "
+                                  f"mapping is what a null '{rule.field}' list means)", field=rule.field)
+        elif given:
             if rule.null is None:
                 raise CheckpointError("E030", f"config.json sets '{rule.field}' to null, and the model's hf_config "
                                       f"does not say what null means for '{param.name}'",
-                                      f"give '{rule.field}' a value, or map it as `{param.name}: field({rule.field}, "
+                                      f"give '{rule.field}' a value, or map it as `{param.name}: field("
+                                      f"{rule.field}{'' if rule.index is None else f', index={rule.index}'}, "
                                       "null=VALUE)` (VALUE: a literal, `default`, or an expression of earlier "
                                       "parameters) where transformers gives null that meaning", field=rule.field)
             value = _given(param, rule.null, values, f"null '{rule.field}'")
             if value is not None:
-                values[param.name] = _typed(param, rule.field, value, sizes, derived=True)
+                values[param.name] = _typed(param, rule, value, sizes, derived=True)
         elif rule is not None and rule.absent is not None:
             value = _given(param, rule.absent, values, f"absent '{rule.field}'")
             if value is not None:
-                values[param.name] = _typed(param, rule.field, value, sizes, derived=True)
+                values[param.name] = _typed(param, rule, value, sizes, derived=True)
         elif param.default is not None:
             value = _evaluate(param.default, values)
             if isinstance(value, int) and not isinstance(value, bool) and param.name in sizes and value < 1:
@@ -375,54 +503,68 @@ def _evaluate(node: ast.Expr, values: dict[str, Any]) -> Any:
         return None
 
 
-def _typed(param: ast.Param, field: str, value: Any, sizes: set[str], derived: bool = False) -> Any:
+def _typed(param: ast.Param, rule: FieldRule, value: Any, sizes: set[str], derived: bool = False) -> Any:
     kind = param.type.id if isinstance(param.type, ast.Name) else None
+    field, shown = rule.field, rule.shown
     ok = {
         "int": isinstance(value, int) and not isinstance(value, bool),
         "float": isinstance(value, (int, float)) and not isinstance(value, bool),
         "bool": isinstance(value, bool),
     }.get(kind, True)
-    source = f"the value hf_config gives for '{field}'" if derived else f"config.json field '{field}'"
+    source = f"the value hf_config gives for '{shown}'" if derived else f"config.json field '{shown}'"
     if not ok:
         raise CheckpointError("E030", f"{source} is {_short(value)}, but '{param.name}' is {kind}",
-                              f"'{field}' must be a JSON {'boolean' if kind == 'bool' else kind}"
+                              f"'{shown}' must be a JSON {'boolean' if kind == 'bool' else kind}"
                               f"{'' if kind != 'float' else ' or integer'}", field=field)
     if kind == "int" and not INT64[0] <= value <= INT64[1]:
         raise CheckpointError("E030", f"{source} is {value}, which does not fit in a 64-bit integer "
-                              f"('{param.name}')", f"fix '{field}' in config.json", field=field)
+                              f"('{param.name}')", f"fix '{shown}' in config.json", field=field)
     if kind == "int" and param.name in sizes and value < 1:
         raise CheckpointError("E030", f"{source} is {value}, but '{param.name}' sizes the model's tensors and "
-                              "must be at least 1", f"fix '{field}' in config.json", field=field)
+                              "must be at least 1", f"fix '{shown}' in config.json", field=field)
     return float(value) if kind == "float" else value
 
 
 def export_config(model: ModelOp) -> dict[str, Any]:
     """A ``config.json`` for a model that was not imported: its config values under
-    their HF field names (null where a literal ``null=`` gives the value), with the
+    their HF field names (null where a literal ``null=`` gives the value), a list field
+    mapped with ``index=`` written whole from the parameters of its elements, with the
     architecture and model type of ``hf_config``."""
     config: dict[str, Any] = {}
     values = model.config_values
     nulls = _literal_nulls(model)
-    for name, hf_field in param_mapping(model).items():
+    rules = model_rules(model)
+    lists = list_fields(rules)
+    exported: dict[str, Any] = {}
+    for name in rules:
         attr = values.get(name)
         if attr is not None and hasattr(attr, "value"):
             value = attr.value.data
             value = bool(value) if attr.type == IntegerType(1) else value
-            config[hf_field] = None if name in nulls and nulls[name] == value else value
+            null = name in nulls and nulls[name] == value and rules[name].index is None
+            exported[name] = None if null else value
+    for name, rule in rules.items():
+        if rule.index is None and name in exported:
+            config[rule.field] = exported[name]
+    for field, params in lists.items():
+        if all(name in exported for name in params):
+            config[field] = [exported[name] for name in params]
     section = model.hf_config.data if model.hf_config is not None else {}
     if "architecture" in section:
-        config["architectures"] = [section["architecture"].data]
-    if "config_class" in section:
+        architectures = python_value(section["architecture"])
+        config["architectures"] = architectures[:1] if isinstance(architectures, list) else [architectures]
+    model_types = python_value(section["model_type"]) if "model_type" in section else None
+    if model_types:  # the declared model type (falcon_h1) before the one of the class name (FalconH1Config)
+        config["model_type"] = model_types[0] if isinstance(model_types, list) else model_types
+    elif "config_class" in section:
         config["model_type"] = section["config_class"].data.removesuffix("Config").lower()
     return config
 
 
 def _literal_nulls(model: ModelOp) -> dict[str, Any]:
     """Parameters whose ``null=`` is a number: the value that exports as null."""
-    if model.hf_config is None or not isinstance(model.hf_config.data.get("param_mapping"), DictionaryAttr):
-        return {}
     nulls = {}
-    for name, value in model.hf_config.data["param_mapping"].data.items():
+    for name, value in _mapping_attrs(model).items():
         null = value.data.get("null") if isinstance(value, DictionaryAttr) else None
         if null is not None and not isinstance(null, StringAttr) and hasattr(null, "value"):
             nulls[name] = null.value.data

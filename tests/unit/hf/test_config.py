@@ -1,6 +1,7 @@
 """config.json through hf_config: types, sizes, required fields, what null and absent
-fields mean (checked against transformers' own reading of the same file), and
-invalid JSON."""
+fields mean (checked against transformers' own reading of the same file), list
+fields read element by element (index=) and exported whole, transformers 5's
+special floats, and invalid JSON."""
 
 import json
 import shutil
@@ -13,7 +14,7 @@ from hf_checkpoints import cached_checkpoint, make_checkpoint, transformers_mode
 from modeldsl.diagnostics import DiagnosticError
 from modeldsl.dialects.graph import ModelOp
 from modeldsl.frontend.text.parser import parse_source
-from modeldsl.hf.config import dsl_config, read_config
+from modeldsl.hf.config import dsl_config, export_config, read_config
 from modeldsl.hf.safetensors_io import CheckpointError
 from modeldsl.lower import lower_program
 from modeldsl.resolve.imports import STD_ROOT
@@ -266,3 +267,103 @@ def test_a_malformed_field_mapping_is_a_located_e010(tmp_path):
     (diagnostic,) = info.value.diagnostics
     assert diagnostic.code == "E010" and diagnostic.span.location == "tiny.module:12:39"
     assert "field(config_name, null=VALUE, absent=VALUE)" in diagnostic.hint
+
+
+# ---------------------------------------------------------------- list fields, element by element (index=)
+LISTS = """model Scaled(width: int, a: float = 1.0, b: float = 1.0, c: int = 3):
+  params:
+    w: [width]
+  forward:
+    in: x: [B, width]
+    out: [B, width]
+    graph:
+      x -> out
+  hf_config:
+    config_class: "ScaledConfig"
+    param_mapping:
+      width: hidden_size
+      a: field(scales, index=0, null=1.0)
+      b: field(scales, index=1, null=1.0)
+      c: field(scales, index=2, null=3)
+"""
+
+
+def lists_config(tmp_path, source=LISTS, **fields):
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8, **fields}, indent=2))
+    return config_of(source, "Scaled", tmp_path, "scaled.module")
+
+
+def test_index_reads_each_element_of_a_list_field(tmp_path):
+    assert lists_config(tmp_path, scales=[0.5, 2, 7]) == {"width": 8, "a": 0.5, "b": 2.0, "c": 7}
+    assert lists_config(tmp_path) == {"width": 8, "a": 1.0, "b": 1.0, "c": 3}  # absent: the DSL defaults
+    assert lists_config(tmp_path, scales=None) == {"width": 8, "a": 1.0, "b": 1.0, "c": 3}  # null: null=
+    no_null = LISTS.replace("field(scales, index=1, null=1.0)", "field(scales, index=1)")
+    with pytest.raises(CheckpointError) as info:
+        lists_config(tmp_path, no_null, scales=None)
+    assert info.value.code == "E030" and "'scales' to null" in info.value.message and "'b'" in info.value.message
+
+
+@pytest.mark.parametrize("scales, says", [
+    (0.5, "config.json field 'scales' is 0.5, not a list: hf_config reads its elements for 'a', 'b', 'c'"),
+    ({"a": 1.0}, "config.json field 'scales' is {'a': 1.0}, not a list"),
+    ([1.0, 1.0], "config.json field 'scales' has 2 elements, but hf_config reads it as a list of 3 ('a', 'b', 'c')"),
+    ([1.0, 1.0, 3, 4], "config.json field 'scales' has 4 elements, but hf_config reads it as a list of 3"),
+    ([], "config.json field 'scales' has 0 elements"),
+    ([1.0, "x", 3], "config.json field 'scales[1]' is 'x', but 'b' is float"),
+    ([1.0, True, 3], "config.json field 'scales[1]' is True, but 'b' is float"),
+    ([1.0, 1.0, 3.5], "config.json field 'scales[2]' is 3.5, but 'c' is int"),
+    ([1.0, None, 3], "config.json sets 'scales[1]' to null"),
+])
+def test_a_list_field_that_is_not_the_mapped_list_is_e030_at_the_field(tmp_path, scales, says):
+    with pytest.raises(CheckpointError) as info:
+        lists_config(tmp_path, scales=scales)
+    assert info.value.code == "E030" and says in info.value.message, info.value.message
+    line = (tmp_path / "config.json").read_text().splitlines()[info.value.span.line - 1]
+    assert info.value.span.location.startswith(str(tmp_path / "config.json")) and '"scales"' in line
+
+
+@pytest.mark.parametrize("mapping, says, at", [
+    ("c: field(scales, index=-1)", "index=-1 is not a non-negative integer", "index=-1"),
+    ("c: field(scales, index=two)", "index=two is not a non-negative integer", "index=two"),
+    ("c: field(scales, index=2.0)", "index=2.0 is not a non-negative integer", "index=2.0"),
+    ("c: field(scales, index=true)", "index=true is not a non-negative integer", "index=true"),
+    ("c: field(scales, index=3)", "maps elements 0, 1, 3 of 'scales' but not element 2", "field(scales, index=3)"),
+    ("c: field(scales, index=1)", "maps element 1 of 'scales' twice ('b' and 'c')", "field(scales, index=1)"),
+    ("c: scales", "maps 'scales' whole to 'c' and by element to 'a', 'b'", "scales"),
+])
+def test_a_list_mapping_that_skips_repeats_or_mixes_elements_is_a_located_e010(tmp_path, mapping, says, at):
+    source = LISTS.replace("c: field(scales, index=2, null=3)", mapping)
+    with pytest.raises(DiagnosticError) as info:
+        lists_config(tmp_path, source, scales=[1.0, 1.0, 3])
+    (diagnostic,) = info.value.diagnostics
+    assert diagnostic.code == "E010" and says in diagnostic.message, diagnostic.message
+    line = source.splitlines()[diagnostic.span.line - 1]
+    assert diagnostic.span.location.startswith("scaled.module:")
+    assert line[diagnostic.span.column - 1:].startswith(at), (line, diagnostic.span.column)
+
+
+def lowered(source, name, config=None):
+    return next(op for op in lower_program(parse_source(source, "m.module"), name, config).walk()
+                if isinstance(op, ModelOp))
+
+
+def test_an_exported_config_writes_a_list_field_whole_and_reads_back(tmp_path):
+    exported = export_config(lowered(LISTS, "Scaled", {"width": 8, "a": 0.25, "b": 1.0, "c": 5}))
+    assert exported == {"hidden_size": 8, "scales": [0.25, 1.0, 5], "model_type": "scaled"}  # 1.0 is not null
+    assert lists_config(tmp_path, scales=exported["scales"]) == {"width": 8, "a": 0.25, "b": 1.0, "c": 5}
+    gap = LISTS.replace("c: field(scales, index=2, null=3)", "c: field(scales, index=3)")
+    with pytest.raises(DiagnosticError) as info:  # what no element maps cannot be written
+        export_config(lowered(gap, "Scaled", {"width": 8}))
+    assert info.value.diagnostics[0].code == "E010"
+
+
+def test_transformers_5_special_floats_read_as_floats(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "time_step_limit": [0.0, {"__float__": "Infinity"}], "low": {"__float__": "-Infinity"},
+        "nested": {"x": [{"__float__": "NaN"}]}, "other": {"__float__": "Big"}, "two": {"__float__": "NaN", "y": 1}}))
+    config = read_config(tmp_path)
+    assert config["time_step_limit"] == [0.0, float("inf")] and config["low"] == float("-inf")
+    assert np.isnan(config["nested"]["x"][0])
+    assert config["other"] == {"__float__": "Big"} and config["two"] == {"__float__": "NaN", "y": 1}  # as transformers
+    (tmp_path / "config.json").write_text('{"time_step_limit": [0.0, Infinity]}')  # transformers 4.x
+    assert read_config(tmp_path)["time_step_limit"] == [0.0, float("inf")]

@@ -1,7 +1,8 @@
 """The std Falcon-H1 (attention and a Mamba-2 mixer side by side in every layer: blocks/parallel.module,
 modules/mamba2.module) on tiny random transformers checkpoints of three variants: fp32 logits and greedy
 generation against transformers, every parameter's gradient against PyTorch autograd, the checkpoint
-written back bitwise, the registry serving FalconH1ForCausalLM, and the config values the model refuses.
+written back bitwise, the registry serving FalconH1ForCausalLM, the list multipliers (mlp_multipliers,
+ssm_multipliers) read element by element and written back whole, and the config values the model refuses.
 (hf_checkpoints.CASES has one more variant, which test_model, test_sched_executor and test_autodiff_hf run.)"""
 
 import json
@@ -9,10 +10,12 @@ import shutil
 
 import numpy as np
 import pytest
+from xdsl.dialects.builtin import IntegerType
 
 import modeldsl
 from hf_checkpoints import TINY, trainer_and_autograd_gradients, transformers_model
 from modeldsl.diagnostics import DiagnosticError, DiagnosticSink
+from modeldsl.hf.config import read_config
 from modeldsl.hf.safetensors_io import SafetensorsFile
 from modeldsl.resolve.imports import STD_ROOT
 
@@ -169,31 +172,105 @@ def refusals(directory, **options):
     return info.value.diagnostics
 
 
-@pytest.mark.parametrize("field, value", [("mlp_multipliers", [0.88, 0.59]),
-                                          ("ssm_multipliers", [0.35, 0.25, 0.35, 0.5, 0.35]),
-                                          ("hidden_act", "gelu")])
-def test_a_config_value_the_model_does_not_read_is_refused(checkpoints, tmp_path, field, value):
+def test_a_config_value_the_model_does_not_read_is_refused(checkpoints, tmp_path):
+    (error,) = refusals(edited(checkpoints["tied-one-group"], tmp_path, hidden_act="gelu"))
+    assert error.code == "E037" and "'hidden_act'" in error.message
+
+
+# non-neutral list multipliers of the size of a published Falcon-H1 config's, each element different
+LISTS = {"mlp_multipliers": [0.88, 0.59], "ssm_multipliers": [0.35, 0.25, 0.7, 0.5, 1.7]}
+# the parameter each element is read into, in order
+ELEMENTS = {"mlp_multipliers": ["mlp_gate_multiplier", "mlp_down_multiplier"],
+            "ssm_multipliers": [f"ssm_{s}_multiplier" for s in ("z", "x", "b", "c", "dt")]}
+
+
+@pytest.fixture(scope="module")
+def with_lists(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("falcon_h1_lists") / "lists", **VARIANTS["gqa-groups-gated-norm"], **LISTS)
+
+
+def test_the_list_multipliers_are_read_element_by_element_and_match_transformers(with_lists, tmp_path):
+    config = json.loads((with_lists / "config.json").read_text())
+    assert {field: config[field] for field in LISTS} == LISTS
+    model = modeldsl.load(FALCON_H1, hf=with_lists)
+    for field, params in ELEMENTS.items():
+        assert [model.config(param) for param in params] == LISTS[field]
+    expected = hf_logits(with_lists, TOKENS)
+    assert np.abs(model.forward(TOKENS) - expected).max() <= 1e-4
+    neutral = edited(with_lists, tmp_path, mlp_multipliers=[1.0, 1.0], ssm_multipliers=[1.0] * 5)
+    assert np.abs(modeldsl.load(FALCON_H1, hf=neutral).forward(TOKENS) - expected).max() > 1e-2  # they matter
+
+
+def test_a_checkpoint_with_list_multipliers_is_written_back_bitwise(with_lists, tmp_path):
+    model = modeldsl.load(FALCON_H1, hf=with_lists)
+    model.save_hf(tmp_path / "out")
+    original, written = SafetensorsFile(with_lists / "model.safetensors"), SafetensorsFile(tmp_path / "out" /
+                                                                                            "model.safetensors")
+    assert sorted(written.keys()) == sorted(original.keys())
+    for name in original.keys():
+        np.testing.assert_array_equal(written.array(name), original.array(name), err_msg=name)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert {field: config[field] for field in LISTS} == LISTS
+    np.testing.assert_array_equal(modeldsl.load(FALCON_H1, hf=tmp_path / "out").forward(TOKENS),
+                                  model.forward(TOKENS))
+
+
+def config_values(model):
+    """A loaded model's configuration, as ``modeldsl.load(config=...)`` takes it."""
+    return {name: bool(attr.value.data) if attr.type == IntegerType(1) else attr.value.data
+            for name, attr in model.model.config_values.items() if hasattr(attr, "value")}
+
+
+def test_a_model_that_was_not_imported_exports_the_list_multipliers_whole(with_lists, tmp_path):
+    """The same model built from its configuration (not imported) writes config.json itself: each list
+    from the parameters of its elements, which transformers and a load read back."""
+    imported = modeldsl.load(FALCON_H1, hf=with_lists)
+    built = modeldsl.load(FALCON_H1, config=config_values(imported))
+    for name, array in imported.weights.items():
+        np.copyto(built.weights[name], array)
+    built.save_hf(tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert {field: config[field] for field in LISTS} == LISTS
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path / "out")
+    assert theirs.mlp_multipliers == LISTS["mlp_multipliers"] and theirs.ssm_multipliers == LISTS["ssm_multipliers"]
+    original, written = SafetensorsFile(with_lists / "model.safetensors"), SafetensorsFile(tmp_path / "out" /
+                                                                                            "model.safetensors")
+    for name in original.keys():
+        np.testing.assert_array_equal(written.array(name), original.array(name), err_msg=name)
+    assert np.abs(hf_logits(tmp_path / "out", TOKENS) - hf_logits(with_lists, TOKENS)).max() <= 1e-4
+    reloaded = modeldsl.load(FALCON_H1, hf=tmp_path / "out")
+    assert {name: reloaded.config(name) for names in ELEMENTS.values() for name in names} == \
+        {name: imported.config(name) for names in ELEMENTS.values() for name in names}
+
+
+def test_null_list_multipliers_are_neutral_as_in_transformers(checkpoints, tmp_path):
+    path = edited(checkpoints["tied-one-group"], tmp_path, mlp_multipliers=None, ssm_multipliers=None)
+    model = modeldsl.load(FALCON_H1, hf=path)
+    assert [model.config(name) for names in ELEMENTS.values() for name in names] == [1.0] * 7
+    assert transformers.AutoConfig.from_pretrained(path).ssm_multipliers == [1.0] * 5
+    np.testing.assert_array_equal(model.forward(TOKENS),
+                                  modeldsl.load(FALCON_H1, hf=checkpoints["tied-one-group"]).forward(TOKENS))
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("ssm_multipliers", 0.5, "'ssm_multipliers' is 0.5, not a list"),
+    ("ssm_multipliers", [1.0] * 4, "'ssm_multipliers' has 4 elements, but hf_config reads it as a list of 5"),
+    ("mlp_multipliers", [1.0, 1.0, 1.0], "'mlp_multipliers' has 3 elements, but hf_config reads it as a list of 2"),
+    ("ssm_multipliers", [1.0, 1.0, "big", 1.0, 1.0], "'ssm_multipliers[2]' is 'big', but 'ssm_b_multiplier' is float"),
+    ("mlp_multipliers", [1.0, None], "'mlp_multipliers[1]' to null"),
+])
+def test_a_malformed_list_multiplier_is_e030_at_the_field(checkpoints, tmp_path, field, value, says):
     (error,) = refusals(edited(checkpoints["tied-one-group"], tmp_path, **{field: value}))
-    assert error.code == "E037" and f"'{field}'" in error.message
+    assert error.code == "E030" and says in error.message, error.message
+    assert error.span is not None and f'"{field}"' in error.span.source.text.splitlines()[error.span.line - 1]
 
 
-def test_the_in_proj_and_mlp_multipliers_compute_what_transformers_does(tmp_path):
-    """mlp_multipliers and ssm_multipliers are lists, which hf_config cannot map element by element yet (so a
-    checkpoint that sets them is refused above); given as config values, the model computes them."""
-    lists = {"mlp_multipliers": [0.88, 0.59], "ssm_multipliers": [0.35, 0.25, 0.7, 0.5, 1.7]}
-    path = build(tmp_path / "lists", **VARIANTS["gqa-groups-gated-norm"], **lists)
-    expected = hf_logits(path, TOKENS)
-    neutral = edited(path, tmp_path, mlp_multipliers=[1.0, 1.0], ssm_multipliers=[1.0] * 5)
-    values = dict(zip(["mlp_gate_multiplier", "mlp_down_multiplier"], lists["mlp_multipliers"]))
-    values |= dict(zip([f"ssm_{s}_multiplier" for s in ("z", "x", "b", "c", "dt")], lists["ssm_multipliers"]))
-    logits = modeldsl.load(FALCON_H1, hf=neutral, config=values).forward(TOKENS)
-    assert np.abs(logits - expected).max() <= 1e-4
-    assert np.abs(modeldsl.load(FALCON_H1, hf=neutral).forward(TOKENS) - expected).max() > 1e-2
+def test_the_default_time_step_limit_as_transformers_5_writes_it_is_read_as_zero_to_infinity(checkpoints):
+    path = checkpoints["tied-one-group"]
+    assert json.loads((path / "config.json").read_text())["time_step_limit"] == [0.0, {"__float__": "Infinity"}]
+    assert read_config(path)["time_step_limit"] == [0.0, float("inf")]
 
 
-@pytest.mark.xfail(strict=True, reason="hf_config cannot compare time_step_limit: transformers 5 writes its "
-                   "infinite bound as {\"__float__\": \"Infinity\"} and the DSL has no infinite literal, and "
-                   "modeldsl.hf.compat does not list the field (the Mamba-2 clamp the scan does not apply)")
 def test_a_time_step_limit_other_than_zero_to_infinity_is_refused(checkpoints, tmp_path):
     (error,) = refusals(edited(checkpoints["tied-one-group"], tmp_path, time_step_limit=[0.001, 0.1]))
     assert error.code == "E037" and "time_step_limit" in error.message

@@ -42,8 +42,15 @@ from modeldsl.std.python.modules.norm import RMSNorm
         "key_multiplier": "key_multiplier",
         "ssm_in_multiplier": "ssm_in_multiplier",
         "ssm_out_multiplier": "ssm_out_multiplier",
+        "ssm_z_multiplier": field("ssm_multipliers", index=0, null=1.0),
+        "ssm_x_multiplier": field("ssm_multipliers", index=1, null=1.0),
+        "ssm_b_multiplier": field("ssm_multipliers", index=2, null=1.0),
+        "ssm_c_multiplier": field("ssm_multipliers", index=3, null=1.0),
+        "ssm_dt_multiplier": field("ssm_multipliers", index=4, null=1.0),
+        "mlp_gate_multiplier": field("mlp_multipliers", index=0, null=1.0),
+        "mlp_down_multiplier": field("mlp_multipliers", index=1, null=1.0),
     },
-    require={"hidden_act": "silu", "mlp_multipliers": [1.0, 1.0], "ssm_multipliers": [1.0, 1.0, 1.0, 1.0, 1.0]},
+    require={"hidden_act": "silu"},
     ignore=["mamba_d_head", "mamba_chunk_size", "num_logits_to_keep", "attention_dropout", "initializer_range",
             "use_cache"],
 )
@@ -111,10 +118,10 @@ class FalconH1:
     freqs are the RoPE (cos, sin) pairs of the T positions, computed by the
     runtime from rope_theta (and the checkpoint's rope_scaling).
     ssm_{z,x,b,c,dt}_multiplier are the five ssm_multipliers and mlp_{gate,down}_multiplier the two
-    mlp_multipliers: hf_config cannot read list elements yet, so it requires those lists at their
-    neutral values (the parameters take other values as config overrides). time_step_limit, Mamba-2's
-    clamp of the step size, is not applied: only its default (0, inf) computes what transformers does,
-    and hf_config cannot check it yet.
+    mlp_multipliers, read element by element (field(..., index=I); a null list is all 1.0, as in
+    transformers) and written back as the lists. time_step_limit, Mamba-2's clamp of the step size, is
+    not applied: only its default (0, inf) computes what transformers does, and nothing refuses another
+    limit yet (modeldsl.hf.compat does not list the field, and require: cannot spell infinity).
     """
 
     def __init__(self, vocab_size: int = 128000, d_model: int = 4096, n_layers: int = 32, num_heads: int = 32,
