@@ -3,8 +3,9 @@ blocks, modules and primitives by name, and the model that serves a checkpoint.
 
 Every declaration of the std library is an :class:`Entry`: its kind, name, file, line and
 frontend, from the text DSL's ``.module`` files (``std/models``, ``std/blocks``, ``std/modules``,
-``std/primitives``) and the Python DSL's files (``std/python/models``, ...); a declaration
-written in both is listed once by name, and ``get_model(name, frontend="python")`` picks a
+``std/primitives``, and their subfolders such as ``std/modules/attention``) and the Python
+DSL's files (``std/python/models``, ...); a declaration written in both is listed once by
+name, and ``get_model(name, frontend="python")`` picks a
 spelling. A
 model's entry also carries what its ``hf_config`` declares it serves: ``architecture:`` (a
 class name or a list of them) and the model types of ``config_class:`` (``LlamaConfig`` is
@@ -59,9 +60,9 @@ class Entry:
 def _entries(kind: str) -> tuple[Entry, ...]:
     """The text DSL's declarations of ``kind``, then the Python DSL's (``std/python/...``)."""
     found = []
-    for path in sorted((STD_ROOT / FOLDERS[kind]).glob("*.module")):
+    for path in sorted((STD_ROOT / FOLDERS[kind]).rglob("*.module")):
         found += [_entry(decl, path, "text") for decl in parse_file(path).declarations if decl.kind == kind]
-    for path in sorted((STD_ROOT / "python" / FOLDERS[kind]).glob("*.py")):
+    for path in sorted((STD_ROOT / "python" / FOLDERS[kind]).rglob("*.py")):
         found += [_entry(decl, path, "python") for decl in parse_python_file(path).declarations if decl.kind == kind]
     return tuple(found)
 

@@ -200,7 +200,7 @@ class Resolver:
             self.sink.error("E002", f"cannot find module '{item.path[0]}'", item.span,
                             "searched the standard library, the importing file's folder and the working folder")
             return []
-        program, dotted = self.load(item.path[:-1], base, item.span)
+        program, dotted = self.load_file_or_package(item.path[:-1], base, item.span)
         if program is None:
             return []
         imported = self.find_decl(program, dotted, item.path[-1], item.span)

@@ -99,7 +99,8 @@ def trainer_and_autograd_gradients(module_file: Path, path: Path, seed: int = 0)
     """The gradients of one next-token cross-entropy micro-batch ([2, 8] tokens) of the DSL model
     (its trainer's grads arena, by parameter) and of the transformers model (its parameters by
     name, each with ``.grad``), after checking the two losses agree within 1e-5 (with the router's
-    auxiliary loss where the config asks transformers for it)."""
+    auxiliary loss where the config asks transformers for it, and its z-loss, transformers'
+    router_z_loss_func over every layer's router logits, where the config sets router_z_loss_coef)."""
     import numpy as np
     import pytest
     import torch
@@ -118,6 +119,11 @@ def trainer_and_autograd_gradients(module_file: Path, path: Path, seed: int = 0)
                                                    torch.tensor(tokens[:, 1:]).reshape(-1))
     if getattr(out, "aux_loss", None) is not None:  # output_router_logits: as transformers adds it to its loss
         torch_loss = torch_loss + reference.config.router_aux_loss_coef * out.aux_loss
+        z_coef = getattr(reference.config, "router_z_loss_coef", 0.0)
+        if z_coef:
+            from transformers.models.switch_transformers.modeling_switch_transformers import router_z_loss_func
+
+            torch_loss = torch_loss + z_coef * router_z_loss_func(torch.stack(out.router_logits))
     torch_loss.backward()
     assert loss == pytest.approx(torch_loss.item(), rel=1e-5)
     return trainer.optimizer.grads, dict(reference.named_parameters())

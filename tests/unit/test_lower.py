@@ -135,7 +135,7 @@ def test_independent_errors_are_all_reported_and_uses_of_failed_values_stay_quie
 # Spec sections 10 and 11, block by block (keyed by the line of the opening fence).
 # The 10.x blocks show std files without their imports; the std library supplies them.
 STD_IMPORTS = ("from std.modules.linear import Linear\nfrom std.modules.mlp import SwiGLU_MLP\n"
-               "from std.modules.attention import CausalSelfAttention\n")
+               "from std.modules.attention import GQA as CausalSelfAttention\n")
 # What stops each block that does not lower: (code, spec line, column, words of the message).
 SPEC_OUTCOMES = {
     # 10.2's Linear writes x @ W^T as TN, which 6.1.1 defines as A^T @ B (the spec contradicts itself)

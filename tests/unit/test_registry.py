@@ -26,7 +26,9 @@ SERVED = {
 def test_the_std_declarations_are_listed_by_kind():
     assert registry.list_models() == ["FalconH1", "Llama", "Mamba", "Mistral", "Mixtral", "Qwen3", "Qwen3Moe"]
     assert "DenseTransformerBlock" in registry.list_blocks()
-    assert {"Linear", "RMSNorm", "SwiGLU_MLP", "CausalSelfAttention"} <= set(registry.list_modules())
+    assert {"Linear", "RMSNorm", "SwiGLU_MLP", "GQA", "MHA", "MQA"} <= set(registry.list_modules())
+    assert registry.get_module("MQA").path == STD_ROOT / "modules" / "attention" / "mqa.module"
+    assert registry.get_module("MQA", "python").path == STD_ROOT / "python" / "modules" / "attention" / "mqa.py"
     assert {"silu", "swiglu", "flash_attention", "rope"} <= set(registry.list_primitives())
     llama = registry.get_model("Llama")
     assert llama.path == STD_ROOT / "models" / "llama.module" and llama.line >= 1 and llama.doc

@@ -24,7 +24,7 @@ from modeldsl.lower import lower_program
 from spec_blocks import spec_code_blocks
 
 STD_IMPORTS = ("from std.modules.linear import Linear\nfrom std.modules.mlp import SwiGLU_MLP\n"
-               "from std.modules.attention import CausalSelfAttention\n")
+               "from std.modules.attention import GQA as CausalSelfAttention\n")
 STD_SECTION = range(5875, 6041)  # spec 10.x: std files shown without their imports
 
 TRANSPOSE = "writes x @ W^T as matmul(W, transpose=TN), which 6.1.1 defines as A^T @ B (the spec contradicts itself)"

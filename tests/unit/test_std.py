@@ -2,14 +2,20 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+from xdsl.context import Context
 
+from modeldsl.dialects.graph import ModelOp, ParamOp
+from modeldsl.dialects.graph_primitives import FlashAttentionOp
 from modeldsl.diagnostics import DiagnosticSink
 from modeldsl.frontend.text.parser import parse_source
 from modeldsl.ir import verify_module
 from modeldsl.lower import lower_program
+from modeldsl.passes.specialize import SpecializePass
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.resolve.primitive_decls import check_primitive_decl
+from modeldsl.runtime.executor import GraphExecutor
 
 STD_FILES = sorted(STD_ROOT.rglob("*.module"))
 
@@ -20,9 +26,14 @@ def load(path: Path):
 
 def test_the_std_tree_has_the_spec_layout():
     names = {p.relative_to(STD_ROOT).as_posix() for p in STD_FILES}
-    assert {"modules/linear.module", "modules/mlp.module", "modules/attention.module", "modules/norm.module",
+    assert {"modules/linear.module", "modules/mlp.module", "modules/attention/mha.module",
+            "modules/attention/gqa.module", "modules/attention/mqa.module", "modules/norm.module",
+            "modules/moe/router.module", "modules/moe/expert.module", "blocks/moe.module", "blocks/mamba.module",
+            "blocks/parallel.module", "models/mixtral.module",
             "blocks/dense.module", "models/llama.module", "models/qwen.module", "models/mistral.module",
             "primitives/matmul.module", "primitives/rmsnorm.module", "primitives/attention.module"} <= names
+    # a file std/modules/attention.module would hide the folder from `from std.modules.attention import GQA`
+    assert not {"modules/attention.module", "modules/moe.module"} & names
 
 
 @pytest.mark.parametrize("path", STD_FILES, ids=lambda p: p.relative_to(STD_ROOT).as_posix())
@@ -57,6 +68,54 @@ def test_mistral_without_sliding_window():
     module = lower_program(load(STD_ROOT / "models" / "mistral.module"), "Mistral", {"sliding_window": 0})
     attention = next(op for op in module.walk() if op.name == "mdsl.graph.flash_attention")
     assert "window_size" not in attention.attributes
+
+
+ATTENTION_SIZES = {"d_model": 32, "num_heads": 4, "head_dim": 8}
+ATTENTION_OPTIONS = [{}, {"use_qkv_bias": True, "use_qk_norm": True, "sliding_window": 3}]
+
+
+def attention_model(name: str, config: dict) -> ModelOp:
+    """``name`` of the std attention folder (its file ``name.lower().module``), lowered with ``config``
+    and specialized (B=2, T=6)."""
+    module = lower_program(load(STD_ROOT / "modules" / "attention" / f"{name.lower()}.module"), name, config)
+    SpecializePass.of(B=2, T=6).apply(Context(), module)
+    return next(op for op in module.walk() if isinstance(op, ModelOp))
+
+
+def param_shapes(model: ModelOp) -> dict[str, tuple[int, ...]]:
+    return {op.sym_name.data: tuple(int(str(d)) for d in op.param_type.shape) for op in model.walk()
+            if isinstance(op, ParamOp)}
+
+
+@pytest.mark.parametrize("options", ATTENTION_OPTIONS, ids=["plain", "bias-qknorm-window"])
+@pytest.mark.parametrize("name, kv_heads", [("MHA", 4), ("MQA", 1), ("GQA", 2)])
+def test_mha_and_mqa_are_gqa_with_their_kv_heads_bitwise(name, kv_heads, options):
+    """MHA is GQA with num_kv_heads = num_heads, MQA with one kv head: the fused [q; k; v] weight is
+    [(H + 2 Hkv) D, d_model] (k's rows: H*D for MHA, D for MQA), the attention reads Hkv key and value
+    heads, and the forward is GQA's with that kv-head count, bitwise (its parameters under gqa.)."""
+    heads, head_dim, d_model = ATTENTION_SIZES["num_heads"], ATTENTION_SIZES["head_dim"], ATTENTION_SIZES["d_model"]
+    own = {} if name != "GQA" else {"num_kv_heads": kv_heads}
+    model = attention_model(name, {**ATTENTION_SIZES, **own, **options})
+    gqa = attention_model("GQA", {**ATTENTION_SIZES, "num_kv_heads": kv_heads, **options})
+    prefix = "" if name == "GQA" else "gqa."
+    shapes = param_shapes(model)
+    assert shapes[f"{prefix}qkv_weight"] == ((heads + 2 * kv_heads) * head_dim, d_model)
+    assert shapes[f"{prefix}out_weight"] == (d_model, heads * head_dim)
+    assert {k.removeprefix(prefix): v for k, v in shapes.items()} == param_shapes(gqa)
+    (attention,) = [op for op in model.walk() if isinstance(op, FlashAttentionOp)]
+    q, k, v = (tuple(int(str(d)) for d in operand.type.shape) for operand in attention.operands[:3])
+    assert q == (2, 6, heads, head_dim) and k == v == (2, 6, kv_heads, head_dim)
+
+    rng = np.random.default_rng(7)
+    weights = {path: (0.2 * rng.standard_normal(shape)).astype(np.float32) for path, shape in shapes.items()}
+    x = rng.standard_normal((2, 6, d_model)).astype(np.float32)
+    angles = np.arange(6)[:, None] * 10000.0 ** (-np.arange(head_dim // 2) / (head_dim // 2))
+    freqs = np.stack([np.cos(angles), np.sin(angles)], axis=-1).astype(np.float32)
+    (got,) = GraphExecutor(model, weights, np.float32).run("forward", x, freqs)
+    (expected,) = GraphExecutor(gqa, {p.removeprefix(prefix): w for p, w in weights.items()}, np.float32).run(
+        "forward", x, freqs)
+    assert got.shape == (2, 6, d_model) and np.abs(got).max() > 0
+    assert np.array_equal(got, expected)
 
 
 def test_ir_size_does_not_grow_with_depth():

@@ -1,10 +1,14 @@
-// The std attention module and dense block lower to mdsl.graph. The save: list keeps x, q_rot,
-// k_rot, v, att and lse; the intermediates it leaves out are recompute, the output is not. The
-// heads stay [B, T, H, D] (rope and attention in layout bthd): no transposes.
-// RUN: mdsl-opt %S/../../../modeldsl/std/modules/attention.module --top CausalSelfAttention | filecheck %s --check-prefix=ATTN
+// The std attention modules (std/modules/attention/: gqa, mha, mqa) and the dense block lower to
+// mdsl.graph. GQA's save: list keeps x, q_rot, k_rot, v, att and lse; the intermediates it leaves
+// out are recompute, the output is not. The heads stay [B, T, H, D] (rope and attention in layout
+// bthd): no transposes. MHA and MQA are GQA (their one child, gqa) with num_kv_heads fixed to
+// num_heads and to 1: the same graph with H or 1 key/value heads.
+// RUN: mdsl-opt %S/../../../modeldsl/std/modules/attention/gqa.module --top GQA | filecheck %s --check-prefix=ATTN
+// RUN: mdsl-opt %S/../../../modeldsl/std/modules/attention/mha.module --top MHA | filecheck %s --check-prefix=MHA
+// RUN: mdsl-opt %S/../../../modeldsl/std/modules/attention/mqa.module --top MQA | filecheck %s --check-prefix=MQA
 // RUN: mdsl-opt %S/../../../modeldsl/std/blocks/dense.module --top DenseTransformerBlock | filecheck %s --check-prefix=BLOCK
 
-// ATTN: mdsl.graph.model @CausalSelfAttention config {use_qkv_bias = false, use_qk_norm = false, sliding_window = 0 : i64, eps = 1.000000e-06 : f64} attributes {baked = ["sliding_window"]} {
+// ATTN: mdsl.graph.model @GQA config {use_qkv_bias = false, use_qk_norm = false, sliding_window = 0 : i64, eps = 1.000000e-06 : f64} attributes {baked = ["sliding_window"]} {
 // ATTN-NEXT: mdsl.graph.param @qkv_weight : !mdsl.graph.tensor<[head_dim*num_heads + 2*head_dim*num_kv_heads, d_model], bf16>
 // ATTN-NEXT: mdsl.graph.param @out_weight : !mdsl.graph.tensor<[d_model, head_dim*num_heads], bf16>
 // ATTN: mdsl.graph.func @forward(%x: !mdsl.graph.tensor<[B, T, d_model], bf16>, %freqs: !mdsl.graph.tensor<[T, head_dim floordiv 2, 2], fp32>)
@@ -18,6 +22,24 @@
 // ATTN: %att_flat = mdsl.graph.view {{.*}} -> !mdsl.graph.tensor<[B, T, head_dim*num_heads], bf16>
 // ATTN: %out = mdsl.graph.matmul %att_flat, %out_weight {transpose = "NT"} :
 // ATTN-NOT: qk_norm
+
+// MHA: mdsl.graph.model @MHA config {use_qkv_bias = false, use_qk_norm = false, sliding_window = 0 : i64, eps = 1.000000e-06 : f64}
+// MHA-NEXT: mdsl.graph.param @gqa.qkv_weight : !mdsl.graph.tensor<[3*head_dim*num_heads, d_model], bf16>
+// MHA-NEXT: mdsl.graph.param @gqa.out_weight : !mdsl.graph.tensor<[d_model, head_dim*num_heads], bf16>
+// MHA-NEXT: mdsl.graph.func @forward(%x: !mdsl.graph.tensor<[B, T, d_model], bf16>, %freqs: {{.*}} attributes {kind = "forward", input_memory = {x = "save"}
+// MHA: %q_flat, %k_flat, %v_flat = mdsl.graph.split %qkv_proj {sizes = #mdsl.graph.dims<[head_dim*num_heads, head_dim*num_heads, head_dim*num_heads]>
+// MHA: %k_heads = mdsl.graph.view {{.*}} -> !mdsl.graph.tensor<[B, T, num_heads, head_dim], bf16>
+// MHA: %att, %lse = mdsl.graph.flash_attention %q_rot, %k_rot, %v {layout = "bthd", memory = ["save", "save"]} : (!mdsl.graph.tensor<[B, T, num_heads, head_dim], bf16>, !mdsl.graph.tensor<[B, T, num_heads, head_dim], bf16>, !mdsl.graph.tensor<[B, T, num_heads, head_dim], bf16>)
+// MHA: %out = mdsl.graph.matmul %att_flat, %gqa_out_weight {transpose = "NT"} :
+
+// MQA: mdsl.graph.model @MQA config {use_qkv_bias = false, use_qk_norm = false, sliding_window = 0 : i64, eps = 1.000000e-06 : f64}
+// MQA-NEXT: mdsl.graph.param @gqa.qkv_weight : !mdsl.graph.tensor<[head_dim*num_heads + 2*head_dim, d_model], bf16>
+// MQA-NEXT: mdsl.graph.param @gqa.out_weight : !mdsl.graph.tensor<[d_model, head_dim*num_heads], bf16>
+// MQA-NEXT: mdsl.graph.func @forward(%x: !mdsl.graph.tensor<[B, T, d_model], bf16>, %freqs: {{.*}} attributes {kind = "forward", input_memory = {x = "save"}
+// MQA: %q_flat, %k_flat, %v_flat = mdsl.graph.split %qkv_proj {sizes = #mdsl.graph.dims<[head_dim*num_heads, head_dim, head_dim]>
+// MQA: %k_heads = mdsl.graph.view {{.*}} -> !mdsl.graph.tensor<[B, T, 1, head_dim], bf16>
+// MQA: %att, %lse = mdsl.graph.flash_attention %q_rot, %k_rot, %v {layout = "bthd", memory = ["save", "save"]} : (!mdsl.graph.tensor<[B, T, num_heads, head_dim], bf16>, !mdsl.graph.tensor<[B, T, 1, head_dim], bf16>, !mdsl.graph.tensor<[B, T, 1, head_dim], bf16>)
+// MQA: %out = mdsl.graph.matmul %att_flat, %gqa_out_weight {transpose = "NT"} :
 
 // BLOCK: mdsl.graph.model @DenseTransformerBlock
 // BLOCK: mdsl.graph.param @ln1.weight : !mdsl.graph.tensor<[d_model], bf16>

@@ -85,15 +85,16 @@ def test_kv_cache_attention_in_bthd_fills_the_same_bhtd_cache():
 def heads_first_models(root: Path) -> Path:
     """The std models, block and attention copied under ``root``, the attention written heads first
     (``transpose(1, 2)`` after the head views and before the output view, rope and attention in bhtd)."""
-    attention = (STD_ROOT / "modules" / "attention.module").read_text()
+    attention = (STD_ROOT / "modules" / "attention" / "gqa.module").read_text()
     for head in ("q_heads", "k_heads", "v\n"):
         attention = attention.replace(f"head_dim]) -> {head}", f"head_dim]) -> transpose(1, 2) -> {head}")
     attention = attention.replace("rope(layout=bthd)", "rope()").replace(", layout=bthd)", ")")
     attention = attention.replace("att -> view([B, T, q_dim])", "att -> transpose(1, 2) -> view([B, T, q_dim])")
     assert attention.count("transpose(1, 2)") == 4 and "bthd" not in attention
-    (root / "modules").mkdir(parents=True, exist_ok=True)
-    (root / "modules" / "attention.module").write_text(attention)
+    (root / "modules" / "attention").mkdir(parents=True, exist_ok=True)
+    (root / "modules" / "attention" / "gqa.module").write_text(attention)
     dense = (STD_ROOT / "blocks" / "dense.module").read_text()
+    assert "from std.modules.attention import" in dense  # the folder: the copy imports its own
     (root / "dense.module").write_text(dense.replace("std.modules.attention", "modules.attention"))
     for _, module, _ in FAMILIES:
         text = (STD_ROOT / "models" / module).read_text()

@@ -37,6 +37,16 @@ def test_file_declaration_and_brace_imports(project):
     assert diags == [] and {"Attention", "MLP"} <= set(resolved.decls)
 
 
+def test_a_declaration_of_a_folder_of_files_by_its_dotted_path(project):
+    """Spec 11.1's ``import std.modules.attention.GQA as CausalSelfAttention``: GQA is declared in
+    one of the folder's files (attention/gqa.module)."""
+    resolved, diags = resolve(project, "import std.modules.attention.GQA as CausalSelfAttention\n")
+    assert diags == []
+    assert resolved.decls["CausalSelfAttention"].span.source.name.endswith("attention/gqa.module")
+    _, diags = resolve(project, "import std.modules.attention.Nope\n")
+    assert diags[0][0] == "E002" and "has no declaration 'Nope'" in diags[0][1]
+
+
 def test_versions_exact_and_latest(project):
     resolved, _ = resolve(project, "import lib.v1\n")
     assert "Old" in resolved.decls and "New" not in resolved.decls

@@ -24,6 +24,9 @@ MODELS = {
 
 # output_router_logits: transformers adds router_aux_loss_coef times the load-balancing loss to its loss
 AUX_LOSS = {"output_router_logits": True, "router_aux_loss_coef": 0.5}
+# router_z_loss_coef (not a Mixtral or Qwen3-MoE field; our models read it): ST-MoE's router z-loss too
+Z_LOSS = {**AUX_LOSS, "router_z_loss_coef": 0.25}
+LOSSES = {"plain": {}, "aux-loss": AUX_LOSS, "z-loss": Z_LOSS}
 
 
 @pytest.fixture(params=sorted(MODELS))
@@ -32,12 +35,12 @@ def moe(request):
     return request.param, STD_ROOT / "models" / module, cached_checkpoint(arch, **config)
 
 
-@pytest.mark.parametrize("aux_loss", [False, True], ids=["plain", "aux-loss"])
-def test_every_expert_gradient_matches_pytorch_autograd(moe, aux_loss):
+@pytest.mark.parametrize("losses", sorted(LOSSES))
+def test_every_expert_gradient_matches_pytorch_autograd(moe, losses):
     name, module, path = moe
-    if aux_loss:
+    if LOSSES[losses]:
         arch, _, config = MODELS[name]
-        path = cached_checkpoint(arch, **config, **AUX_LOSS)
+        path = cached_checkpoint(arch, **config, **LOSSES[losses])
     grads, named = trainer_and_autograd_gradients(module, path)
     d_ff = named["model.layers.0.mlp.experts.down_proj"].shape[-1]
     for layer in range(grads["blocks.mlp.router"].shape[0]):

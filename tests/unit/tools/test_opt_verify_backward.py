@@ -308,8 +308,8 @@ def test_sizes_that_make_a_parameter_empty_are_e029(capsys):
 
 
 @pytest.mark.parametrize("file, top, shapes, tensors", [
-    ("modules/moe.module", "SparseMoE_MLP", "d_model=4,d_ff=3,num_experts=3,top_k=2",
-     {"router", "experts_gate", "experts_up", "experts_down", "input in", "input assigned", "input probs"}),
+    ("modules/moe/expert.module", "SparseMoE_MLP", "d_model=4,d_ff=3,num_experts=3,top_k=2",
+     {"router", "experts_gate", "experts_up", "experts_down", "input in", "input assigned", "input probs", "input z"}),
     ("blocks/mamba.module", "MambaBlock", "d_model=4,d_inner=6,d_state=3,dt_rank=2",
      {"norm.weight", "in_proj", "conv_weight", "conv_bias", "x_proj", "dt_proj", "dt_bias", "A_log", "D", "out_proj",
       "input in"}),

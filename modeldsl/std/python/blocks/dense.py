@@ -1,7 +1,7 @@
 """The std dense transformer block in the Python DSL (the twin of std/blocks/dense.module)."""
 
 from modeldsl.dsl import Param, Tensor, block, forward, graph
-from modeldsl.std.python.modules.attention import CausalSelfAttention
+from modeldsl.std.python.modules.attention.gqa import GQA as CausalSelfAttention
 from modeldsl.std.python.modules.mlp import SwiGLU_MLP
 from modeldsl.std.python.modules.norm import RMSNorm
 

@@ -3,7 +3,7 @@
 from modeldsl.dsl import (Array, Param, Tensor, field, forward, fuse, graph, hf_config, hf_export, hf_mapping, model,
                           split, stack_experts, tied_to)
 from modeldsl.std.python.blocks.moe import MoETransformerBlock
-from modeldsl.std.python.modules.moe import LoadBalancingLoss
+from modeldsl.std.python.modules.moe.router import RouterAuxLoss
 from modeldsl.std.python.modules.norm import RMSNorm
 
 
@@ -28,6 +28,7 @@ from modeldsl.std.python.modules.norm import RMSNorm
         "sliding_window": field("sliding_window", null=0),
         "router_aux_loss": field("output_router_logits", absent=False),
         "router_aux_loss_coef": field("router_aux_loss_coef", absent=0.001),
+        "router_z_loss_coef": field("router_z_loss_coef", absent=0.0),
     },
     require={"hidden_act": "silu"},
     ignore=["router_jitter_noise", "num_experts"],
@@ -63,8 +64,9 @@ class Mixtral:
     """Mixtral: Mistral-style attention with a sparse mixture of SwiGLU experts in every block (top_k
     of num_experts per token, renormalized routing weights; sliding_window = 0: full causal).
 
-    aux_loss is transformers' load-balancing loss (LoadBalancingLoss) when router_aux_loss
-    (output_router_logits), else 0. Training adds it to the cross-entropy as transformers does.
+    aux_loss is transformers' load-balancing loss when router_aux_loss (output_router_logits), else 0,
+    plus router_z_loss_coef times the router z-loss (0 unless the config sets router_z_loss_coef;
+    RouterAuxLoss). Training adds it to the cross-entropy as transformers does.
 
     freqs are the RoPE (cos, sin) pairs of the T positions, computed by the
     runtime from rope_theta (and the checkpoint's rope_scaling).
@@ -74,7 +76,8 @@ class Mixtral:
                  num_kv_heads: int = 8, head_dim: int = "d_model // num_heads", d_ff: int = 14336,
                  num_experts: int = 8, top_k: int = 2, max_seq: int = 32768, eps: float = 1e-5,
                  rope_theta: float = 1000000.0, tie_embeddings: bool = False, sliding_window: int = 0,
-                 router_aux_loss: bool = False, router_aux_loss_coef: float = 0.001):
+                 router_aux_loss: bool = False, router_aux_loss_coef: float = 0.001,
+                 router_z_loss_coef: float = 0.0):
         assert self.num_heads % self.num_kv_heads == 0, \
             "num_attention_heads must be a multiple of num_key_value_heads"
 
@@ -82,7 +85,8 @@ class Mixtral:
     blocks = Param(Array["n_layers", MoETransformerBlock("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff",
                                                          "num_experts", "top_k", "eps", "sliding_window")])
     final_norm = Param(RMSNorm("d_model", "eps"))
-    balance = Param(LoadBalancingLoss("num_experts", "top_k", "router_aux_loss_coef", "router_aux_loss"))
+    balance = Param(RouterAuxLoss("num_experts", "top_k", "router_aux_loss_coef", "router_z_loss_coef",
+                                  "router_aux_loss"))
     lm_head = Param(tied_to("embedding"), when="tie_embeddings")
     lm_head = Param(Tensor["vocab_size", "d_model"], when="not tie_embeddings")  # noqa: F811 - the other case
 
@@ -93,8 +97,9 @@ class Mixtral:
             x0 = g.embedding(tokens, "embedding", hook="AfterEmbedding")
             assigned0 = g.zeros(shape=["num_experts"], dtype="fp32")
             probs0 = g.zeros(shape=["num_experts"], dtype="fp32")
-            xN, assigned, probs = self.blocks(x0, assigned0, probs0, freqs)
+            z0 = g.zeros(shape=[], dtype="fp32")
+            xN, assigned, probs, z = self.blocks(x0, assigned0, probs0, z0, freqs)
             xF = self.final_norm(xN, hook="BeforeLMHead")
             logits = g.matmul(xF, "lm_head", transpose="NT")
-            aux_loss = self.balance(assigned, probs)
+            aux_loss = self.balance(assigned, probs, z)
             return logits, aux_loss

@@ -3,7 +3,7 @@
 from modeldsl.dsl import (Array, Param, Tensor, field, forward, fuse, graph, hf_config, hf_export, hf_mapping, model,
                           split, stack_experts, tied_to)
 from modeldsl.std.python.blocks.moe import MoETransformerBlock
-from modeldsl.std.python.modules.moe import LoadBalancingLoss
+from modeldsl.std.python.modules.moe.router import RouterAuxLoss
 from modeldsl.std.python.modules.norm import RMSNorm
 
 
@@ -29,6 +29,7 @@ from modeldsl.std.python.modules.norm import RMSNorm
         "attention_bias": "attention_bias",
         "router_aux_loss": field("output_router_logits", absent=False),
         "router_aux_loss_coef": field("router_aux_loss_coef", absent=0.001),
+        "router_z_loss_coef": field("router_z_loss_coef", absent=0.0),
     },
     require={"hidden_act": "silu", "decoder_sparse_step": 1, "mlp_only_layers": []},
     ignore=["intermediate_size", "num_local_experts"],
@@ -76,8 +77,9 @@ class Qwen3Moe:
     """Qwen3-MoE: Qwen3 attention (a per-head RMSNorm of q and k) with a sparse mixture of SwiGLU experts
     in every layer (decoder_sparse_step 1, no mlp_only_layers; normalize is norm_topk_prob).
 
-    aux_loss is transformers' load-balancing loss (LoadBalancingLoss) when router_aux_loss
-    (output_router_logits), else 0. Training adds it to the cross-entropy as transformers does.
+    aux_loss is transformers' load-balancing loss when router_aux_loss (output_router_logits), else 0,
+    plus router_z_loss_coef times the router z-loss (0 unless the config sets router_z_loss_coef;
+    RouterAuxLoss). Training adds it to the cross-entropy as transformers does.
 
     freqs are the RoPE (cos, sin) pairs of the T positions, computed by the
     runtime from rope_theta (and the checkpoint's rope_scaling).
@@ -87,7 +89,8 @@ class Qwen3Moe:
                  num_kv_heads: int = 4, head_dim: int = 128, d_ff: int = 768, num_experts: int = 128,
                  top_k: int = 8, normalize: bool = True, max_seq: int = 40960,
                  eps: float = 1e-6, rope_theta: float = 1000000.0, tie_embeddings: bool = False,
-                 attention_bias: bool = False, router_aux_loss: bool = False, router_aux_loss_coef: float = 0.001):
+                 attention_bias: bool = False, router_aux_loss: bool = False, router_aux_loss_coef: float = 0.001,
+                 router_z_loss_coef: float = 0.0):
         assert self.num_heads % self.num_kv_heads == 0, \
             "num_attention_heads must be a multiple of num_key_value_heads"
 
@@ -96,7 +99,8 @@ class Qwen3Moe:
                                                          "num_experts", "top_k", "eps", 0, "normalize",
                                                          "attention_bias", True)])
     final_norm = Param(RMSNorm("d_model", "eps"))
-    balance = Param(LoadBalancingLoss("num_experts", "top_k", "router_aux_loss_coef", "router_aux_loss"))
+    balance = Param(RouterAuxLoss("num_experts", "top_k", "router_aux_loss_coef", "router_z_loss_coef",
+                                  "router_aux_loss"))
     lm_head = Param(tied_to("embedding"), when="tie_embeddings")
     lm_head = Param(Tensor["vocab_size", "d_model"], when="not tie_embeddings")  # noqa: F811 - the other case
 
@@ -107,8 +111,9 @@ class Qwen3Moe:
             x0 = g.embedding(tokens, "embedding", hook="AfterEmbedding")
             assigned0 = g.zeros(shape=["num_experts"], dtype="fp32")
             probs0 = g.zeros(shape=["num_experts"], dtype="fp32")
-            xN, assigned, probs = self.blocks(x0, assigned0, probs0, freqs)
+            z0 = g.zeros(shape=[], dtype="fp32")
+            xN, assigned, probs, z = self.blocks(x0, assigned0, probs0, z0, freqs)
             xF = self.final_norm(xN, hook="BeforeLMHead")
             logits = g.matmul(xF, "lm_head", transpose="NT")
-            aux_loss = self.balance(assigned, probs)
+            aux_loss = self.balance(assigned, probs, z)
             return logits, aux_loss

@@ -1,11 +1,15 @@
-"""The std causal self-attention in the Python DSL (the twin of std/modules/attention.module)."""
+"""The std causal self-attention in the Python DSL (the twin of std/modules/attention/gqa.module)."""
 
 from modeldsl.dsl import Param, Tensor, forward, graph, module, save
 
 
 @module
-class CausalSelfAttention:
-    """Causal self-attention with grouped-query heads and RoPE.
+class GQA:
+    """Causal self-attention with grouped-query heads (GQA) and RoPE.
+
+    num_heads query heads share num_kv_heads key/value heads, num_heads // num_kv_heads
+    each; MHA (mha.py) and MQA (mqa.py) are this module with num_kv_heads fixed
+    to num_heads and to 1.
 
     q, k, v come from one fused projection [q; k; v]; optional QKV bias (Qwen2),
     optional per-head RMSNorm of q and k (Qwen3), optional sliding window
