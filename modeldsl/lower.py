@@ -447,7 +447,7 @@ class Lowering(BackwardLowering):
             if name is None:
                 self.sink.error("E012", f"{decl.name} takes {len(positional)} argument(s)", arg.span)
                 raise LoweringFailed()
-            given[name] = self.const(arg.value, env)
+            given[name] = self.const(self.chosen(arg.value, env), env)
         inferred = _infer_from_bound(decl, bound_types)
         for param in positional:
             if param.name in given:
@@ -830,18 +830,19 @@ class Lowering(BackwardLowering):
                 env.values[name] = binding.kind == "optional"
         return env
 
-    def chosen(self, node: ast.Expr, instance: Instance, scope: Scope) -> ast.Expr:
-        """The branch of an inline conditional ``a if cond else b`` (spec 5.8) its guard picks."""
+    def chosen(self, node: ast.Expr, env: ConstEnv) -> ast.Expr:
+        """The branch of an inline conditional ``a if cond else b`` (spec 5.8) its guard picks
+        (a guard: integer config values at their configured values)."""
         while isinstance(node, ast.Conditional):
-            taken = self.guard(node.condition, self.graph_env(instance, scope))
+            taken = self.guard(node.condition, env)
             if taken is None:
                 raise LoweringFailed()  # reported
             node = node.then if taken else node.orelse
         return node
 
     def chosen_args(self, args: list[ast.Arg], instance: Instance, scope: Scope) -> list[ast.Arg]:
-        return [replace(a, value=self.chosen(a.value, instance, scope)) if isinstance(a.value, ast.Conditional) else a
-                for a in args]
+        return [replace(a, value=self.chosen(a.value, self.graph_env(instance, scope)))
+                if isinstance(a.value, ast.Conditional) else a for a in args]
 
     def gradient_targets(self, destination: ast.Expr) -> list[TensorType] | None:
         """In a backward graph, the types of the required gradients a flow ends in (all of its
@@ -997,7 +998,7 @@ class Lowering(BackwardLowering):
             op.attributes["memory"] = ArrayAttr([StringAttr(m) for m in modes])
 
     def source(self, instance: Instance, node: ast.Expr, scope: Scope) -> list[SSAValue]:
-        node = self.chosen(node, instance, scope)
+        node = self.chosen(node, self.graph_env(instance, scope))
         if isinstance(node, ast.Index):
             return [self.indexed(instance, node, scope)]
         if isinstance(node, ast.TupleExpr):
@@ -1009,7 +1010,7 @@ class Lowering(BackwardLowering):
 
     def tensor(self, instance: Instance, node: ast.Expr, scope: Scope) -> SSAValue:
         """A tensor named in a graph: a graph value or a (nested) parameter."""
-        node = self.chosen(node, instance, scope)
+        node = self.chosen(node, self.graph_env(instance, scope))
         if _names_failed_param(node, instance, scope):
             raise LoweringFailed()  # its declaration was refused and reported
         if isinstance(node, ast.Name):

@@ -238,7 +238,11 @@ def _binary(node: ast.Binary, env: ConstEnv, context: str) -> Value:
             if diff is None:
                 raise NotConstant()
             return _COMPARE[node.op](diff, 0)
-        return _COMPARE[node.op](lhs, rhs)
+        try:
+            return _COMPARE[node.op](lhs, rhs)
+        except TypeError:
+            raise ConstError("E026", f"'{node.op}' cannot compare {type(lhs).__name__} and {type(rhs).__name__}",
+                             node.span) from None
     try:
         if isinstance(lhs, Expr) or isinstance(rhs, Expr):
             return _symbolic(node, lhs, rhs)

@@ -30,8 +30,6 @@ OTHER_FAMILIES = {
     "granite": ("granite", {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 8.0,
                             "attention_multiplier": 0.015625}),
     "gemma2": ("gemma2", {"head_dim": 8}),
-    "llama-attention-bias": ("llama", {"attention_bias": True}),
-    "llama-mlp-bias": ("llama", {"mlp_bias": True}),
 }
 
 
@@ -44,6 +42,11 @@ LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, 
 CASES = {
     "llama-gqa": ("llama", "llama.module", {}),
     "llama-tied": ("llama", "llama.module", {"tie_word_embeddings": True}),
+    "llama-biases": ("llama", "llama.module", {"attention_bias": True, "mlp_bias": True}),
+    "qwen3-attention-bias": ("qwen3", "qwen.module", {"head_dim": 16, "attention_bias": True}),
+    "qwen2-qkv-bias": ("qwen2", "qwen2.module", {}),
+    "qwen2-sliding-window": ("qwen2", "qwen2.module", {"use_sliding_window": True, "max_window_layers": 0,
+                                                       "sliding_window": 5, "tie_word_embeddings": True}),
     "llama3-rope-scaling": ("llama", "llama.module", {"rope_parameters": {"rope_theta": 500000.0, **LLAMA3_SCALING}}),
     "qwen3-qk-norm": ("qwen3", "qwen.module", {"head_dim": 16}),
     "mistral-sliding-window": ("mistral", "mistral.module", {"sliding_window": 5}),
@@ -65,10 +68,10 @@ def make_checkpoint(path: Path, arch: str = "llama", seed: int = 0, **config) ->
     config_class, model_class = (getattr(transformers, n) for n in ARCHITECTURES[arch])
     torch.manual_seed(seed)
     model = model_class(config_class(**{**TINY, **config}))
-    # random init leaves norm weights at 1; perturb them so the tests see their mapping
+    # random init leaves norm weights at 1 and biases at 0; perturb them so the tests see their mapping
     with torch.no_grad():
         for name, tensor in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name.endswith(".bias"):
                 tensor.add_(torch.randn_like(tensor) * 0.1)
     model.save_pretrained(path)
     return path

@@ -100,6 +100,8 @@ class Nodes:
             return result
         if isinstance(node, py.Compare) and len(node.ops) == 1 and type(node.ops[0]) in OPERATORS:
             return ast.Binary(span, OPERATORS[type(node.ops[0])], self.expr(node.left), self.expr(node.comparators[0]))
+        if isinstance(node, py.IfExp):  # spec 5.8's `a if c else b`
+            return ast.Conditional(span, self.expr(node.body), self.expr(node.test), self.expr(node.orelse))
         if isinstance(node, (py.List, py.Tuple)):
             items = [self.value(e) for e in node.elts]
             return ast.ListExpr(span, items) if isinstance(node, py.List) else ast.TupleExpr(span, items)
@@ -107,7 +109,7 @@ class Nodes:
             args = [ast.Arg(self.span(a), self.value(a)) for a in node.args]
             return ast.Call(span, ast.Name(self.span(node.func), node.func.id), args)
         raise self.error(node, "not an expression the DSL takes here (names, numbers, strings, arithmetic, "
-                         "comparisons, lists)")
+                         "comparisons, a if c else b, lists)")
 
 
 class _InString(Nodes):

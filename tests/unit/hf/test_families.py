@@ -25,8 +25,6 @@ EXPECTED = {
                                  "logits_scaling"]),
     "gemma2": ("E036", "E037", ["hidden_activation", "final_logit_softcapping", "attn_logit_softcapping",
                                 "query_pre_attn_scalar", "layer_types"]),
-    "llama-attention-bias": ("E037", "E037", ["attention_bias"]),
-    "llama-mlp-bias": ("E037", "E037", ["mlp_bias"]),
 }
 
 
@@ -196,3 +194,14 @@ def test_the_std_models_read_every_tensor_transformers_writes(arch, module):
     sink = DiagnosticSink()
     modeldsl.load(STD_ROOT / "models" / module, hf=cached_checkpoint(arch), allow_unused_tensors=True, sink=sink)
     assert not sink.diagnostics, [d.message for d in sink.diagnostics]
+
+
+@pytest.mark.parametrize("layer_types", [True, False], ids=["v5-layer-types", "v4-no-layer-types"])
+def test_qwen2_with_full_and_sliding_layers_in_one_stack_is_refused(tmp_path, layer_types):
+    """max_window_layers = 1 of 2: layer 0 full, layer 1 sliding (transformers' layer_types)."""
+    ckpt = cached_checkpoint("qwen2", use_sliding_window=True, max_window_layers=1, sliding_window=5)
+    if not layer_types:
+        ckpt = edited(ckpt, tmp_path, layer_types=None)
+    errors = [d for d in diagnostics_of(ckpt, STD_ROOT / "models" / "qwen2.module") if d.severity == "error"]
+    assert errors and errors[0].code in ("E037", "E027")
+    assert "layer_types" in errors[0].message or "max_window_layers" in errors[0].message

@@ -65,6 +65,7 @@ def test_symbolic_parameters_give_symbolic_dimensions():
         ("x.shape[0]", "E026", "depends on a tensor"),
         ("d_model / 0", "E026", "division by zero"),
         ('name + 1', "E026", "cannot combine str and int"),
+        ('name >= 1', "E026", "cannot compare str and int"),
         ("reduce_sum(x)", "E026", "depends on a tensor"),
         ("softmax(2)", "E026", "calls the primitive softmax()"),
         ("unknown_fn(2)", "E026", "not a compile-time expression"),

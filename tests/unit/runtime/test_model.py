@@ -8,6 +8,7 @@ import pytest
 import modeldsl
 from hf_checkpoints import CASES, cached_checkpoint, transformers_model
 from modeldsl.diagnostics import DiagnosticError
+from modeldsl.hf.safetensors_io import SafetensorsFile
 from modeldsl.resolve.imports import STD_ROOT
 
 torch = pytest.importorskip("torch")
@@ -77,9 +78,29 @@ def test_save_hf_round_trips_through_the_model(tmp_path):
     np.testing.assert_array_equal(again.forward(TOKENS), model.forward(TOKENS))
 
 
-@pytest.mark.parametrize("module", ["llama.module", "qwen.module", "mistral.module"])
-def test_a_random_model_exports_a_checkpoint_transformers_loads(module, tmp_path):
-    config = dict(vocab_size=64, d_model=32, n_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, d_ff=48, eps=1e-6)
+@pytest.mark.parametrize("name", ["llama-biases", "qwen3-attention-bias", "qwen2-qkv-bias", "qwen2-sliding-window"])
+def test_save_hf_writes_the_checkpoint_back_bitwise_and_transformers_reloads_it_whole(name, tmp_path):
+    arch, module, config = CASES[name]
+    path = cached_checkpoint(arch, **config)
+    modeldsl.load(MODELS / module, hf=path).save_hf(tmp_path)
+    original, written = SafetensorsFile(path / "model.safetensors"), SafetensorsFile(tmp_path / "model.safetensors")
+    assert sorted(written.keys()) == sorted(original.keys())
+    for tensor in original.keys():
+        np.testing.assert_array_equal(written.array(tensor), original.array(tensor), err_msg=tensor)
+    import transformers
+
+    _, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info.values()), info
+
+
+@pytest.mark.parametrize("module, extra", [
+    ("llama.module", {}), ("qwen.module", {}), ("mistral.module", {}),
+    ("llama.module", {"attention_bias": True, "mlp_bias": True}), ("qwen.module", {"attention_bias": True}),
+    ("qwen2.module", {}), ("qwen2.module", {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 0}),
+], ids=["llama", "qwen3", "mistral", "llama-biases", "qwen3-attention-bias", "qwen2", "qwen2-sliding-window"])
+def test_a_random_model_exports_a_checkpoint_transformers_loads(module, extra, tmp_path):
+    config = dict(vocab_size=64, d_model=32, n_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, d_ff=48, eps=1e-6,
+                  **extra)
     model = modeldsl.load(MODELS / module, config=config)
     model.save_hf(tmp_path)
     np.testing.assert_allclose(model.forward(TOKENS), reference_logits(tmp_path, TOKENS), atol=1e-5)

@@ -22,6 +22,8 @@ from modeldsl.std.python.modules.norm import RMSNorm
         "eps": field("rms_norm_eps", absent=1e-6),
         "rope_theta": "rope_theta",
         "tie_embeddings": "tie_word_embeddings",
+        "attention_bias": field("attention_bias", absent=False),
+        "mlp_bias": field("mlp_bias", absent=False),
     },
     require={"hidden_act": "silu"},
 )
@@ -34,10 +36,17 @@ from modeldsl.std.python.modules.norm import RMSNorm
                                                  "model.layers.{layer}.self_attn.k_proj.weight",
                                                  "model.layers.{layer}.self_attn.v_proj.weight", dim=0),
     "blocks[{layer}].attention.out_weight": "model.layers.{layer}.self_attn.o_proj.weight",
+    "blocks[{layer}].attention.qkv_bias?": fuse("model.layers.{layer}.self_attn.q_proj.bias",
+                                                "model.layers.{layer}.self_attn.k_proj.bias",
+                                                "model.layers.{layer}.self_attn.v_proj.bias", dim=0),
+    "blocks[{layer}].attention.out_bias?": "model.layers.{layer}.self_attn.o_proj.bias",
     "blocks[{layer}].ln2.weight": "model.layers.{layer}.post_attention_layernorm.weight",
     "blocks[{layer}].mlp.up_weight": fuse("model.layers.{layer}.mlp.gate_proj.weight",
                                           "model.layers.{layer}.mlp.up_proj.weight", dim=0),
     "blocks[{layer}].mlp.down_weight": "model.layers.{layer}.mlp.down_proj.weight",
+    "blocks[{layer}].mlp.up_bias?": fuse("model.layers.{layer}.mlp.gate_proj.bias",
+                                         "model.layers.{layer}.mlp.up_proj.bias", dim=0),
+    "blocks[{layer}].mlp.down_bias?": "model.layers.{layer}.mlp.down_proj.bias",
 })
 @hf_export({
     "blocks[{layer}].attention.qkv_weight": split({
@@ -51,9 +60,21 @@ from modeldsl.std.python.modules.norm import RMSNorm
         "model.layers.{layer}.mlp.gate_proj.weight": [0, "d_ff"],
         "model.layers.{layer}.mlp.up_proj.weight": ["d_ff", "2 * d_ff"],
     }, dim=0),
+    "blocks[{layer}].attention.qkv_bias": split({
+        "model.layers.{layer}.self_attn.q_proj.bias": [0, "num_heads * head_dim"],
+        "model.layers.{layer}.self_attn.k_proj.bias": ["num_heads * head_dim",
+                                                       "(num_heads + num_kv_heads) * head_dim"],
+        "model.layers.{layer}.self_attn.v_proj.bias": ["(num_heads + num_kv_heads) * head_dim",
+                                                       "(num_heads + 2 * num_kv_heads) * head_dim"],
+    }, dim=0),
+    "blocks[{layer}].mlp.up_bias": split({
+        "model.layers.{layer}.mlp.gate_proj.bias": [0, "d_ff"],
+        "model.layers.{layer}.mlp.up_proj.bias": ["d_ff", "2 * d_ff"],
+    }, dim=0),
 })
 class Llama:
-    """Llama 2 and Llama 3 (GQA through num_kv_heads; tied or untied LM head).
+    """Llama 2 and Llama 3 (GQA through num_kv_heads; tied or untied LM head; biases on the q/k/v/o
+    projections with attention_bias and on the MLP's with mlp_bias, as transformers' Llama).
 
     freqs are the RoPE (cos, sin) pairs of the T positions, computed by the
     runtime from rope_theta (and the checkpoint's rope_scaling).
@@ -61,13 +82,15 @@ class Llama:
 
     def __init__(self, vocab_size: int = 32000, d_model: int = 4096, n_layers: int = 32, num_heads: int = 32,
                  num_kv_heads: int = 32, head_dim: int = "d_model // num_heads", d_ff: int = 11008,
-                 max_seq: int = 4096, eps: float = 1e-5, rope_theta: float = 10000.0, tie_embeddings: bool = False):
+                 max_seq: int = 4096, eps: float = 1e-5, rope_theta: float = 10000.0, tie_embeddings: bool = False,
+                 attention_bias: bool = False, mlp_bias: bool = False):
         assert self.num_heads % self.num_kv_heads == 0, \
             "num_attention_heads must be a multiple of num_key_value_heads"
 
     embedding = Param(Tensor["vocab_size", "d_model"])
     blocks = Param(Array["n_layers", DenseTransformerBlock("d_model", "num_heads", "num_kv_heads", "head_dim",
-                                                           "d_ff", "eps")])
+                                                           "d_ff", "eps", "attention_bias", False, 0,
+                                                           "attention_bias", "mlp_bias")])
     final_norm = Param(RMSNorm("d_model", "eps"))
     lm_head = Param(tied_to("embedding"), when="tie_embeddings")
     lm_head = Param(Tensor["vocab_size", "d_model"], when="not tie_embeddings")  # noqa: F811 - the other case

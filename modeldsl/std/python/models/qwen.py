@@ -40,6 +40,7 @@ from modeldsl.std.python.modules.norm import RMSNorm
                                                 "model.layers.{layer}.self_attn.k_proj.bias",
                                                 "model.layers.{layer}.self_attn.v_proj.bias", dim=0),
     "blocks[{layer}].attention.out_weight": "model.layers.{layer}.self_attn.o_proj.weight",
+    "blocks[{layer}].attention.out_bias?": "model.layers.{layer}.self_attn.o_proj.bias",
     "blocks[{layer}].ln2.weight": "model.layers.{layer}.post_attention_layernorm.weight",
     "blocks[{layer}].mlp.up_weight": fuse("model.layers.{layer}.mlp.gate_proj.weight",
                                           "model.layers.{layer}.mlp.up_proj.weight", dim=0),
@@ -81,7 +82,8 @@ class Qwen3:
 
     embedding = Param(Tensor["vocab_size", "d_model"])
     blocks = Param(Array["n_layers", DenseTransformerBlock("d_model", "num_heads", "num_kv_heads", "head_dim",
-                                                           "d_ff", "eps", "attention_bias", True)])
+                                                           "d_ff", "eps", "attention_bias", True, 0,
+                                                           "attention_bias")])
     final_norm = Param(RMSNorm("d_model", "eps"))
     lm_head = Param(tied_to("embedding"), when="tie_embeddings")
     lm_head = Param(Tensor["vocab_size", "d_model"], when="not tie_embeddings")  # noqa: F811 - the other case

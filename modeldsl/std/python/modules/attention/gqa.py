@@ -11,13 +11,15 @@ class GQA:
     each; MHA (mha.py) and MQA (mqa.py) are this module with num_kv_heads fixed
     to num_heads and to 1.
 
-    q, k, v come from one fused projection [q; k; v]; optional QKV bias (Qwen2),
+    q, k, v come from one fused projection [q; k; v]; optional QKV bias (Qwen2) and output
+    projection bias (Llama's and Qwen3's attention_bias set both),
     optional per-head RMSNorm of q and k (Qwen3), optional sliding window
     (Mistral). freqs holds (cos, sin) of each position: [T, head_dim // 2, 2].
     """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, head_dim: int, use_qkv_bias: bool = False,
-                 use_qk_norm: bool = False, sliding_window: int = 0, eps: float = 1e-6):
+                 use_qk_norm: bool = False, sliding_window: int = 0, eps: float = 1e-6,
+                 use_out_bias: bool = False):
         self.q_dim = self.num_heads * self.head_dim
         self.kv_dim = self.num_kv_heads * self.head_dim
         assert self.num_heads % self.num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads (GQA)"
@@ -29,6 +31,7 @@ class GQA:
     q_norm = Param(Tensor["head_dim"], when="use_qk_norm")
     k_norm = Param(Tensor["head_dim"], when="use_qk_norm")
     out_weight = Param(Tensor["d_model", "q_dim"])
+    out_bias = Param(Tensor["d_model"], when="use_out_bias")
 
     @save("x", "q_rot", "k_rot", "v", "att", "lse")
     @forward
@@ -56,4 +59,8 @@ class GQA:
             else:
                 att, lse = g.flash_attention(q_rot, k_rot, v, causal=True, layout="bthd")
             att_flat = g.view(att, ["B", "T", "q_dim"], hook="AfterAttention")
-            out = g.matmul(att_flat, "out_weight", transpose="NT")
+            if self.use_out_bias:
+                out_proj = g.matmul(att_flat, "out_weight", transpose="NT")
+                out = g.bias_add(out_proj, "out_bias")
+            else:
+                out = g.matmul(att_flat, "out_weight", transpose="NT")
