@@ -48,6 +48,23 @@ __device__ __forceinline__ float softplus(float x) {  // log(1 + exp(x)) without
   return fmaxf(x, 0.f) + log1pf(expf(-fabsf(x)));
 }
 
+// One step t of a row's scan over this lane's states: h <- exp(dt A) h + (dt u) B[t]; returns the
+// lane's part of C[t] . h (the row's y[t] is its group_sum).
+template <typename T>
+__device__ __forceinline__ float scan_advance(float (&h)[kMaxStates], const float (&a)[kMaxStates], float dt, float du,
+                                              const T* bp, const T* cp, i64 t, i64 steps, int lane, i64 N) {
+  float part = 0.f;
+#pragma unroll
+  for (int s = 0; s < kMaxStates; ++s) {
+    const i64 n = lane + 32 * s;
+    if (n < N) {
+      h[s] = expf(dt * a[s]) * h[s] + du * to_f32(bp[n * steps + t]);
+      part += to_f32(cp[n * steps + t]) * h[s];
+    }
+  }
+  return part;
+}
+
 // ---------------------------------------------------------------------------
 // Causal depthwise conv
 // ---------------------------------------------------------------------------
@@ -173,16 +190,7 @@ __device__ void scan_fwd(const T* u, const T* delta, const T* a_log, const T* b_
       const float ut = to_f32(u[row * steps + t]);
       const float dt = softplus(to_f32(delta[row * steps + t]) + dtb);
       const float du = dt * ut;
-      float part = 0.f;
-#pragma unroll
-      for (int s = 0; s < kMaxStates; ++s) {
-        const i64 n = lane + 32 * s;
-        if (n < N) {
-          h[s] = expf(dt * a[s]) * h[s] + du * to_f32(bp[n * steps + t]);
-          part += to_f32(cp[n * steps + t]) * h[s];
-        }
-      }
-      const float total = group_sum(part);
+      const float total = group_sum(scan_advance(h, a, dt, du, bp, cp, t, steps, lane, N));
       if (lane == 0) y[row * steps + t] = from_f32<T>(total + dskip * ut);
     }
 #pragma unroll
@@ -408,16 +416,7 @@ __device__ void scan_step(const T* u, const T* delta, const T* a_log, const T* b
       const float ut = to_f32(u[row * steps + t]);
       const float dt = softplus(to_f32(delta[row * steps + t]) + dtb);
       const float du = dt * ut;
-      float part = 0.f;
-#pragma unroll
-      for (int s = 0; s < kMaxStates; ++s) {
-        const i64 n = lane + 32 * s;
-        if (n < N) {
-          h[s] = expf(dt * a[s]) * h[s] + du * to_f32(bp[n * steps + t]);
-          part += to_f32(cp[n * steps + t]) * h[s];
-        }
-      }
-      const float total = group_sum(part);
+      const float total = group_sum(scan_advance(h, a, dt, du, bp, cp, t, steps, lane, N));
       if (lane == 0) y[row * steps + t] = from_f32<T>(run.ok ? total + dskip * ut : nan);
       if (t == run.count - 1) {  // warp-uniform
 #pragma unroll
