@@ -334,7 +334,7 @@ class Lowering(BackwardLowering):
 
     def evaluate_let(self, instance: Instance) -> None:
         for section in instance.decl.sections("let"):
-            evaluate_let(section, instance.env, self.sink)
+            evaluate_let(section, instance.env, self.sink, self.chosen)
 
     # ------------------------------------------------------------------ params
     def declare_params(self, instance: Instance, stack: StackedInstance | None, bound: Sequence[SSAValue] = (),

@@ -287,12 +287,15 @@ def _symbolic(node: ast.Binary, lhs: Value, rhs: Value) -> Value:
 # ----------------------------------------------------------------------------
 
 
-def evaluate_let(section: ast.Section, env: ConstEnv, sink: DiagnosticSink) -> None:
-    """Bind each ``name = expr`` of a ``let:`` section and check its constraints, in order."""
+def evaluate_let(section: ast.Section, env: ConstEnv, sink: DiagnosticSink,
+                 choose: Callable[[ast.Expr, ConstEnv], ast.Expr] | None = None) -> None:
+    """Bind each ``name = expr`` of a ``let:`` section and check its constraints, in order;
+    ``choose`` picks the branch of an ``a if c else b`` whose guard reads config values."""
     for stmt in section.body:
         if isinstance(stmt, ast.Binding):
             try:
-                env.values[stmt.name] = evaluate(stmt.value, env, "let binding")
+                value = choose(stmt.value, env) if choose is not None else stmt.value
+                env.values[stmt.name] = evaluate(value, env, "let binding")
             except NotConstant:
                 env.values[stmt.name] = None
             except ConstError as err:

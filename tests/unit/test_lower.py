@@ -87,6 +87,41 @@ def test_guard_on_a_parameter_chooses_a_branch():
     assert "mdsl.graph.silu" in names and "mdsl.graph.relu" not in names
 
 
+WINDOWED = """
+module Inner(window: int):
+  forward:
+    in: x: [B, T, 4]
+    out: [B, T, 4]
+    graph:
+      if window > 0:
+        x -> relu() -> out
+      else:
+        x -> silu() -> out
+
+model M(use_window: bool = false, window_size: int = 3, full_from: int = 0):
+  let:
+    window = window_size if use_window and full_from == 0 else 0
+  params:
+    inner: Inner(window)
+    other: Inner(window_size if use_window else 0)
+  forward:
+    in: x: [B, T, 4]
+    out: [B, T, 4]
+    graph:
+      x -> inner -> y
+      y -> other -> out
+"""
+
+
+@pytest.mark.parametrize("config, kernel", [({}, "silu"), ({"use_window": True}, "relu"),
+                                            ({"use_window": True, "full_from": 2}, None)])
+def test_a_conditional_of_config_values_picks_its_branch_in_a_let_and_in_module_arguments(config, kernel):
+    """The integer config values a guard reads are baked: the let binding is the configured branch."""
+    ir = lower_program(parse_source(WINDOWED, "m.module"), None, config)
+    names = [op.name.removeprefix("mdsl.graph.") for op in ir.walk() if op.name in ("mdsl.graph.relu", "mdsl.graph.silu")]
+    assert names == ([kernel] * 2 if kernel else ["silu", "relu"])
+
+
 def test_redefinition_is_e017():
     (err,) = errors(module("      x -> relu() -> y\n      x -> silu() -> y\n      y -> out\n"))
     assert err[:3] == ("E017", 9, 22)
