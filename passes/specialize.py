@@ -92,21 +92,24 @@ class SpecializePass(ModulePass):
 
 def hf_bindings(model: ModelOp, directory: str) -> dict[str, Any]:
     """The model's config values as a checkpoint's config.json gives them (through hf_config)."""
-    from modeldsl.hf.config import param_mapping, read_config
+    from modeldsl.hf.config import check_lists, list_fields, model_rules, read_config
     from modeldsl.hf.safetensors_io import CheckpointError
 
+    rules = {name: rule for name, rule in model_rules(model).items() if name in model.config_values}
     try:
         hf = read_config(directory)
+        check_lists(hf, rules, list_fields(rules))
     except CheckpointError as err:
         raise DiagnosticError([Diagnostic(err.code, err.message, None, err.hint)]) from None
-    mapping = {name: field for name, field in param_mapping(model).items() if name in model.config_values}
-    nulls = sorted(field for field in mapping.values() if field in hf and hf[field] is None)
+    given = {name: hf[rule.field] if rule.index is None or hf[rule.field] is None else hf[rule.field][rule.index]
+             for name, rule in rules.items() if rule.field in hf}
+    nulls = sorted(rules[name].shown for name, value in given.items() if value is None)
     if nulls:
         raise DiagnosticError([Diagnostic(
             "E030", f"mdsl-specialize{{hf}}: config.json sets {', '.join(nulls)} to null", None,
             "what null means is a rule of the model's hf_config; lower the model with the checkpoint instead: "
             "mdsl-opt MODEL.module --hf DIR (or modeldsl.load)")])
-    return {name: hf[field] for name, field in mapping.items() if field in hf}
+    return given
 
 
 def specialize_model(model: ModelOp, bindings: dict[str, Any]) -> None:

@@ -295,12 +295,6 @@ def model_rules(model: ModelOp) -> dict[str, FieldRule]:
             if (field := _field_name(attr)) is not None}
 
 
-def param_mapping(model: ModelOp) -> dict[str, str]:
-    """DSL parameter -> config field, from the model's ``hf_config``: the parameters that read a field
-    whole (an element of a list field, ``index=``, is in :func:`model_rules`)."""
-    return {name: rule.field for name, rule in model_rules(model).items() if rule.index is None}
-
-
 def list_fields(rules: dict[str, FieldRule]) -> dict[str, list[str]]:
     """The list fields that ``index=`` maps: field -> the parameter of each element, in order. E010 at
     the mapping where the parameters skip an element, map one twice, or one maps the field whole."""
@@ -403,7 +397,7 @@ def dsl_config(decl: ast.Decl, model: ModelOp, hf: dict[str, Any], force_archite
     for warning in check_compatible(model, hf, {rule.field for rule in rules.values()}, force_architecture):
         report(warning)
     try:
-        _check_lists(hf, rules, lists)
+        check_lists(hf, rules, lists)
         values = _mapped_values(decl, model, hf, rules)
     except CheckpointError as err:
         if err.field is not None:
@@ -414,7 +408,7 @@ def dsl_config(decl: ast.Decl, model: ModelOp, hf: dict[str, Any], force_archite
     return values
 
 
-def _check_lists(hf: dict[str, Any], rules: dict[str, FieldRule], lists: dict[str, list[str]]) -> None:
+def check_lists(hf: dict[str, Any], rules: dict[str, FieldRule], lists: dict[str, list[str]]) -> None:
     """E030 for a list field (mapped with ``index=``) that the config gives as something other than
     a list of as many elements as the model maps."""
     for field, params in lists.items():
@@ -442,7 +436,7 @@ def _mapped_values(decl: ast.Decl, model: ModelOp, hf: dict[str, Any], rules: di
         given = rule is not None and rule.field in hf
         raw = hf[rule.field] if given else None
         if given and rule.index is not None and raw is not None:
-            raw = raw[rule.index]  # a list of the mapped length (_check_lists)
+            raw = raw[rule.index]  # a list of the mapped length (check_lists)
         if given and raw is not None:
             values[param.name] = _typed(param, rule, raw, sizes)
         elif given and rule.index is not None and hf[rule.field] is not None:

@@ -90,3 +90,34 @@ def test_a_null_config_field_through_hf_is_e030(tmp_path, capsys):
     (tmp_path / "ck" / "config.json").write_text(json.dumps(config))
     code, err = run_opt("-p", f"mdsl-specialize{{hf=\"{tmp_path / 'ck'}\"}}", capsys=capsys)
     assert code == 1 and "error[E030]: mdsl-specialize{hf}: config.json sets num_key_value_heads to null" in err
+
+
+def test_hf_bindings_read_list_elements_and_a_changed_float_is_e029_not_ignored(tmp_path, capsys):
+    """Falcon-H1 maps its multipliers from list fields (field(name, index=I)): lowered with the defaults,
+    a checkpoint whose lists differ cannot be bound afterwards (the floats were fixed), nor can a list
+    of another length; neutral lists bind."""
+    pytest.importorskip("transformers")
+    import json
+    import shutil
+
+    from hf_checkpoints import FALCON_H1, cached_checkpoint
+
+    from modeldsl.tools.opt import main
+
+    def specialize(directory):
+        code = main([str(STD_ROOT / "models" / "falcon_h1.module"), "-p", f"mdsl-specialize{{hf=\"{directory}\" B=1 T=4}}"])
+        return code, capsys.readouterr().err
+
+    neutral = cached_checkpoint("falcon_h1", **{**FALCON_H1, "mamba_rms_norm": False})
+    code, err = specialize(neutral)
+    assert code == 0, err
+    changed = shutil.copytree(neutral, tmp_path / "changed")
+    config = json.loads((changed / "config.json").read_text())
+    config["ssm_multipliers"] = [1.0, 1.0, 2.0, 1.0, 1.0]
+    (changed / "config.json").write_text(json.dumps(config))
+    code, err = specialize(changed)
+    assert code == 1 and "error[E029]: mdsl-specialize: ssm_b_multiplier was fixed" in err
+    config["ssm_multipliers"] = [1.0, 1.0]
+    (changed / "config.json").write_text(json.dumps(config))
+    code, err = specialize(changed)
+    assert code == 1 and "error[E030]" in err and "'ssm_multipliers' has 2 elements" in err
