@@ -5,7 +5,10 @@ tensors. Its key names the parameter (``final_norm.weight``), possibly per
 layer of a stack (``blocks[{layer}].ln1.weight``, filled into the stacked
 parameter's row ``layer``) and possibly optional (``lm_head?``). Its value is
 
-- ``"hf.name.{layer}"``: one tensor;
+- ``"hf.name.{layer}"``: one tensor (a placeholder may be an expression of the
+  layer and the model's integer config values, ``"model.layers.{2 * layer + 1}"``
+  or ``"model.layers.{layer + first_window_layer}"``, for a stack that holds
+  every other layer, or the layers after another stack's);
 - ``fuse("a", "b", ..., dim=0)``: tensors concatenated along ``dim``;
 - ``split("hf.name": [start, end], ..., dim=0)``: the slice ``[start, end)``
   along ``dim`` of a checkpoint tensor (several parts are concatenated in
@@ -293,7 +296,7 @@ def _warn(warn: Callable[[CheckpointError], None] | None, warning: CheckpointErr
 
 def _names(rule: Rule, layer: int | None, config: dict[str, int]) -> list[str]:
     """The checkpoint tensors one layer of a rule reads."""
-    names = [_fill(n, rule.var, layer) for n in rule.names()]
+    names = [_fill(n, rule, layer, config) for n in rule.names()]
     if rule.op == "stack_experts":
         count = _size(rule.arg("n", rule.arg("num_experts")), config, rule)
         names = [n.replace("{expert}", str(e)) for n in names for e in range(count)]
@@ -703,7 +706,7 @@ def _planned_reads(rule: Rule, export: dict[str, Any] | None, layer: int | None,
     for template, (start, end) in export["parts"].items():
         shape = list(value.shape)
         shape[dim] = _size(end, config, rule) - _size(start, config, rule)
-        records.append(TensorRecord(_fill(template, rule.var, layer), value.dtype, tuple(shape)))
+        records.append(TensorRecord(_fill(template, rule, layer, config), value.dtype, tuple(shape)))
     return records
 
 
@@ -725,8 +728,28 @@ def _is_float(dtype: np.dtype) -> bool:
     return dtype.kind == "f" or dtype.name.startswith(("bfloat16", "float8"))
 
 
-def _fill(template: str, var: str | None, layer: int | None) -> str:
-    return template if var is None else template.replace("{" + var + "}", str(layer))
+PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
+
+
+def _fill(template: str, rule: Rule, layer: int | None, config: dict[str, int]) -> str:
+    """The template with the stack's layer filled in: ``{layer}``, or an expression of it and the
+    config values (``{2 * layer + 1}``, ``{layer + max_window_layers}``: one stack of a model whose
+    layers alternate, or are split over several stacks). ``{expert}`` stays for stack_experts."""
+    if rule.var is None:
+        return template
+
+    def value(match: re.Match) -> str:
+        text = match.group(1).strip()
+        if text == "expert":
+            return match.group(0)
+        try:
+            return str(Expr.parse(text).evaluate({**config, rule.var: layer}))
+        except (SymbolicError, ValueError, ZeroDivisionError) as err:
+            raise CheckpointError("E010", f"hf rule {rule.written}: cannot evaluate '{{{text}}}' in '{template}': "
+                                  f"{err}", f"a tensor name's placeholder is {{{rule.var}}} or an expression of "
+                                  f"{rule.var} and the model's integer config values") from None
+
+    return PLACEHOLDER.sub(value, template)
 
 
 def _concrete_shape(ptype: TensorType, rule: Rule) -> tuple[int, ...]:

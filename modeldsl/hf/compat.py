@@ -277,6 +277,8 @@ def unsupported_fields(model_name: str, declared: dict[str, Any], hf: Any, mappe
             continue
         if name == "layer_types" and "sliding_window" in mapped and _all_of(value, "sliding_attention"):
             continue  # every layer has the window the model maps
+        if name == "layer_types" and "max_window_layers" in mapped and _window_from_max_window_layers(value, hf):
+            continue  # the layers the model gives the window it maps (Qwen2)
         rule = math_field(name)
         if rule is not None and not rule[0](value, hf):
             problems.append(Diagnostic("E037", f"config.json sets '{where}' to {_show(value)}: {rule[1]}, which "
@@ -284,6 +286,18 @@ def unsupported_fields(model_name: str, declared: dict[str, Any], hf: Any, mappe
                                        f"load the checkpoint with a model that maps '{name}'; a model that "
                                        f"computes it declares it in hf_config (param_mapping, require: or ignore:)"))
     return problems
+
+
+def _window_from_max_window_layers(value: Any, hf: Any) -> bool:
+    """Whether layer_types are full attention before max_window_layers and sliding from it on (all full
+    without use_sliding_window or a sliding_window), as transformers' Qwen2 derives them."""
+    layers, first = hf.get("num_hidden_layers"), hf.get("max_window_layers")
+    if not isinstance(value, list) or not isinstance(layers, int) or not isinstance(first, int):
+        return False
+    if not hf.get("use_sliding_window") or hf.get("sliding_window") is None:
+        first = layers
+    first = min(max(first, 0), layers)
+    return value == ["full_attention"] * first + ["sliding_attention"] * (layers - first)
 
 
 def _per_layer_type_rope(model_name: str, hf: Any) -> list[Diagnostic]:

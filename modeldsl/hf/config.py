@@ -74,7 +74,7 @@ from typing import Any
 from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, IntegerType, StringAttr
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
-from modeldsl.dialects.graph import ModelOp
+from modeldsl.dialects.graph import ModelOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
 from modeldsl.hf.compat import check_compatible, python_value, suspicious_values, warn_python
@@ -382,6 +382,12 @@ def size_symbols(model: ModelOp) -> set[str]:
     return symbols & set(model.config_values)
 
 
+def layer_counts(model: ModelOp) -> set[str]:
+    """Config parameters that are a stack's layer count, alone (``blocks: [first_window_layer] x ...``)."""
+    counts = [op.count.data for op in model.walk() if isinstance(op, StackOp)]
+    return {name for count in counts for name in count.symbols() if count == Expr.sym(name)} & set(model.config_values)
+
+
 def dsl_config(decl: ast.Decl, model: ModelOp, hf: dict[str, Any], force_architecture: bool = False,
                warn: Callable[[Diagnostic], None] | None = None) -> dict[str, Any]:
     """Values for the DSL model's parameters from a checkpoint's config (see the module
@@ -460,9 +466,10 @@ def _mapped_values(decl: ast.Decl, model: ModelOp, hf: dict[str, Any], rules: di
                 values[param.name] = _typed(param, rule, value, sizes, derived=True)
         elif param.default is not None:
             value = _evaluate(param.default, values)
-            if isinstance(value, int) and not isinstance(value, bool) and param.name in sizes and value < 1:
+            least = 0 if param.name in layer_counts(model) else 1  # a stack may have no layers
+            if isinstance(value, int) and not isinstance(value, bool) and param.name in sizes and value < least:
                 raise CheckpointError("E030", f"'{param.name}' takes its default {source_text(param.default)} = "
-                                      f"{value}, but it sizes the model's tensors and must be at least 1",
+                                      f"{value}, but it sizes the model's tensors and must be at least {least}",
                                       f"give '{rule.field if rule else param.name}' in config.json")
             if value is not None:
                 values[param.name] = value

@@ -47,6 +47,9 @@ CASES = {
     "qwen2-qkv-bias": ("qwen2", "qwen2.module", {}),
     "qwen2-sliding-window": ("qwen2", "qwen2.module", {"use_sliding_window": True, "max_window_layers": 0,
                                                        "sliding_window": 5, "tie_word_embeddings": True}),
+    # layer 0 full attention, layers 1 and 2 in a window of 5 (two stacks)
+    "qwen2-mixed-windows": ("qwen2", "qwen2.module", {"use_sliding_window": True, "max_window_layers": 1,
+                                                      "sliding_window": 5, "num_hidden_layers": 3}),
     "llama3-rope-scaling": ("llama", "llama.module", {"rope_parameters": {"rope_theta": 500000.0, **LLAMA3_SCALING}}),
     "qwen3-qk-norm": ("qwen3", "qwen.module", {"head_dim": 16}),
     "mistral-sliding-window": ("mistral", "mistral.module", {"sliding_window": 5}),

@@ -196,12 +196,13 @@ def test_the_std_models_read_every_tensor_transformers_writes(arch, module):
     assert not sink.diagnostics, [d.message for d in sink.diagnostics]
 
 
-@pytest.mark.parametrize("layer_types", [True, False], ids=["v5-layer-types", "v4-no-layer-types"])
-def test_qwen2_with_full_and_sliding_layers_in_one_stack_is_refused(tmp_path, layer_types):
-    """max_window_layers = 1 of 2: layer 0 full, layer 1 sliding (transformers' layer_types)."""
-    ckpt = cached_checkpoint("qwen2", use_sliding_window=True, max_window_layers=1, sliding_window=5)
-    if not layer_types:
-        ckpt = edited(ckpt, tmp_path, layer_types=None)
-    errors = [d for d in diagnostics_of(ckpt, STD_ROOT / "models" / "qwen2.module") if d.severity == "error"]
-    assert errors and errors[0].code in ("E037", "E027")
-    assert "layer_types" in errors[0].message or "max_window_layers" in errors[0].message
+def test_qwen2_layer_types_other_than_its_window_layers_are_refused(tmp_path):
+    """max_window_layers = 1 of 3 gives [full, sliding, sliding], which the std Qwen2 serves (two stacks);
+    another pattern in config.json is E037."""
+    ckpt = cached_checkpoint("qwen2", use_sliding_window=True, max_window_layers=1, sliding_window=5,
+                             num_hidden_layers=3)
+    qwen2 = STD_ROOT / "models" / "qwen2.module"
+    assert modeldsl.load(qwen2, hf=ckpt).config("first_window_layer") == 1
+    other = edited(ckpt, tmp_path, layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    (error,) = diagnostics_of(other, qwen2)
+    assert error.code == "E037" and "'layer_types'" in error.message

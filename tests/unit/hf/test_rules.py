@@ -249,3 +249,65 @@ def test_a_split_range_outside_the_tensor_is_e032(tmp_path):
         load_checkpoint(sliced(), tmp_path / "in", np.dtype(np.float32))
     assert info.value.code == "E032" and info.value.tensor == "layers.1.qkv"
     assert "[4, 12)" in info.value.message and "blocks[{layer}].kv" in info.value.message
+
+
+INTERLEAVED = """
+module Layer(d: int):
+  params:
+    w: [d, d]
+  forward:
+    in: x: [B, d]
+    out: [B, d]
+    graph:
+      x -> matmul(w, transpose=NT) -> out
+
+model Interleaved(d: int = 4, pairs: int = 2, first: int = 1):
+  params:
+    lead: [first] x Layer(d)
+    even: [pairs] x Layer(d)
+    odd: [pairs] x Layer(d)
+  forward:
+    in: x: [B, d]
+    out: [B, d]
+    graph:
+      x -> lead -> a
+      a -> even -> b
+      b -> odd -> out
+  hf_mapping:
+    lead[{layer}].w: "layers.{layer}.w"
+    even[{layer}].w: "layers.{2 * layer + first}.w"
+    odd[{i}].w: "layers.{2 * i + first + 1}.w"
+"""
+
+
+def test_a_layer_placeholder_may_be_an_expression_of_the_layer_and_the_config(tmp_path):
+    """Layers that alternate, or follow another stack, map onto the checkpoint's layer numbers."""
+    module = lower_program(parse_source(INTERLEAVED, "interleaved.module"))
+    SpecializePass().apply(Context(), module)
+    interleaved = next(op for op in module.walk() if isinstance(op, ModelOp))
+    rng = np.random.default_rng(1)
+    tensors = write_checkpoint(tmp_path / "in", {f"layers.{i}.w": rng.standard_normal((4, 4)).astype(np.float32)
+                                                 for i in range(5)})
+    weights, record = load_checkpoint(interleaved, tmp_path / "in", np.dtype(np.float32))
+    for stack, layers in (("lead", [0]), ("even", [1, 3]), ("odd", [2, 4])):
+        for row, layer in enumerate(layers):
+            np.testing.assert_array_equal(weights[f"{stack}.w"][row], tensors[f"layers.{layer}.w"])
+    weights["odd.w"] = weights["odd.w"] * 2  # changed: written through the rule, not copied
+    save_checkpoint(interleaved, weights, record, tmp_path / "out")
+    written = SafetensorsFile(tmp_path / "out" / "model.safetensors")
+    assert sorted(written.keys()) == sorted(tensors)
+    np.testing.assert_array_equal(written.array("layers.3.w"), tensors["layers.3.w"])
+    np.testing.assert_array_equal(written.array("layers.4.w"), 2 * tensors["layers.4.w"])
+
+
+def test_a_placeholder_that_does_not_evaluate_is_e010(tmp_path):
+    bad = INTERLEAVED.replace("{2 * layer + first}", "{2 * layer + nope}")
+    module = lower_program(parse_source(bad, "interleaved.module"))
+    SpecializePass().apply(Context(), module)
+    interleaved = next(op for op in module.walk() if isinstance(op, ModelOp))
+    rng = np.random.default_rng(1)
+    write_checkpoint(tmp_path / "in", {f"layers.{i}.w": rng.standard_normal((4, 4)).astype(np.float32)
+                                       for i in range(5)})
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(interleaved, tmp_path / "in", np.dtype(np.float32))
+    assert info.value.code == "E010" and "'{2 * layer + nope}'" in info.value.message

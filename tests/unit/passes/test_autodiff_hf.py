@@ -49,12 +49,15 @@ def derived_gradients(module: str, path, tokens: np.ndarray, d_logits: np.ndarra
     model = modeldsl.load(STD_ROOT / "models" / module, hf=path, dtype="fp32")
     grad_func = gradient_function(model.model, "forward")
     # SwiGLU_MLP's written backward computes the MLP's gradients, once in the block backward
-    # that a reverse stack runs for every layer
-    (stack,) = [op for op in grad_func.body.block.ops if isinstance(op, StackOp) and op.reverse is not None]
-    block_backward = model.model.lookup(stack.body.root_reference.data)
-    backward_calls = [op.callee.root_reference.data for op in block_backward.walk() if isinstance(op, CallOp)]
-    assert backward_calls == (["blocks_mlp_backward"] if "blocks.mlp.up_weight" in model.weights else [])
-    assert stack.count.data.evaluate({}) == model.config("n_layers")
+    # that a reverse stack runs for every layer (Qwen2's full and windowed layers: two stacks)
+    stacks = [op for op in grad_func.body.block.ops if isinstance(op, StackOp) and op.reverse is not None]
+    for stack in stacks:
+        block_backward = model.model.lookup(stack.body.root_reference.data)
+        backward_calls = [op.callee.root_reference.data for op in block_backward.walk() if isinstance(op, CallOp)]
+        name = stack.body.root_reference.data.removesuffix("_bwd")
+        written = f"{name}.mlp.up_weight" in model.weights  # stacks of one MLP share its backward function
+        assert [call.endswith("_mlp_backward") for call in backward_calls] == ([True] if written else []), name
+    assert sum(stack.count.data.evaluate({}) for stack in stacks) == model.config("n_layers")
     executor = GraphExecutor(model.model, model.weights, np.float32)
     results = executor.run(grad_func.sym_name.data, *model.inputs(tokens, 0), d_logits)
     names = [a.data for a in grad_func.attributes["grads"].data]

@@ -78,7 +78,8 @@ def test_save_hf_round_trips_through_the_model(tmp_path):
     np.testing.assert_array_equal(again.forward(TOKENS), model.forward(TOKENS))
 
 
-@pytest.mark.parametrize("name", ["llama-biases", "qwen3-attention-bias", "qwen2-qkv-bias", "qwen2-sliding-window"])
+@pytest.mark.parametrize("name", ["llama-biases", "qwen3-attention-bias", "qwen2-qkv-bias", "qwen2-sliding-window",
+                                  "qwen2-mixed-windows"])
 def test_save_hf_writes_the_checkpoint_back_bitwise_and_transformers_reloads_it_whole(name, tmp_path):
     arch, module, config = CASES[name]
     path = cached_checkpoint(arch, **config)

@@ -44,6 +44,19 @@ from modeldsl.std.python.modules.norm import RMSNorm
     "blocks[{layer}].mlp.up_weight": fuse("model.layers.{layer}.mlp.gate_proj.weight",
                                           "model.layers.{layer}.mlp.up_proj.weight", dim=0),
     "blocks[{layer}].mlp.down_weight": "model.layers.{layer}.mlp.down_proj.weight",
+    "window_blocks[{layer}].ln1.weight": "model.layers.{layer + first_window_layer}.input_layernorm.weight",
+    "window_blocks[{layer}].attention.qkv_weight": fuse("model.layers.{layer + first_window_layer}.self_attn.q_proj.weight",
+                                                 "model.layers.{layer + first_window_layer}.self_attn.k_proj.weight",
+                                                 "model.layers.{layer + first_window_layer}.self_attn.v_proj.weight", dim=0),
+    "window_blocks[{layer}].attention.qkv_bias": fuse("model.layers.{layer + first_window_layer}.self_attn.q_proj.bias",
+                                               "model.layers.{layer + first_window_layer}.self_attn.k_proj.bias",
+                                               "model.layers.{layer + first_window_layer}.self_attn.v_proj.bias", dim=0),
+    "window_blocks[{layer}].attention.out_weight": "model.layers.{layer + first_window_layer}.self_attn.o_proj.weight",
+    "window_blocks[{layer}].ln2.weight": "model.layers.{layer + first_window_layer}.post_attention_layernorm.weight",
+    "window_blocks[{layer}].mlp.up_weight": fuse("model.layers.{layer + first_window_layer}.mlp.gate_proj.weight",
+                                          "model.layers.{layer + first_window_layer}.mlp.up_proj.weight", dim=0),
+    "window_blocks[{layer}].mlp.down_weight": "model.layers.{layer + first_window_layer}.mlp.down_proj.weight",
+
 })
 @hf_export({
     "blocks[{layer}].attention.qkv_weight": split({
@@ -64,6 +77,24 @@ from modeldsl.std.python.modules.norm import RMSNorm
         "model.layers.{layer}.mlp.gate_proj.weight": [0, "d_ff"],
         "model.layers.{layer}.mlp.up_proj.weight": ["d_ff", "2 * d_ff"],
     }, dim=0),
+    "window_blocks[{layer}].attention.qkv_weight": split({
+        "model.layers.{layer + first_window_layer}.self_attn.q_proj.weight": [0, "num_heads * head_dim"],
+        "model.layers.{layer + first_window_layer}.self_attn.k_proj.weight": ["num_heads * head_dim",
+                                                         "(num_heads + num_kv_heads) * head_dim"],
+        "model.layers.{layer + first_window_layer}.self_attn.v_proj.weight": ["(num_heads + num_kv_heads) * head_dim",
+                                                         "(num_heads + 2 * num_kv_heads) * head_dim"],
+    }, dim=0),
+    "window_blocks[{layer}].attention.qkv_bias": split({
+        "model.layers.{layer + first_window_layer}.self_attn.q_proj.bias": [0, "num_heads * head_dim"],
+        "model.layers.{layer + first_window_layer}.self_attn.k_proj.bias": ["num_heads * head_dim",
+                                                       "(num_heads + num_kv_heads) * head_dim"],
+        "model.layers.{layer + first_window_layer}.self_attn.v_proj.bias": ["(num_heads + num_kv_heads) * head_dim",
+                                                       "(num_heads + 2 * num_kv_heads) * head_dim"],
+    }, dim=0),
+    "window_blocks[{layer}].mlp.up_weight": split({
+        "model.layers.{layer + first_window_layer}.mlp.gate_proj.weight": [0, "d_ff"],
+        "model.layers.{layer + first_window_layer}.mlp.up_proj.weight": ["d_ff", "2 * d_ff"],
+    }, dim=0),
 })
 class Qwen2:
     """Qwen2 and Qwen2.5 (and the DeepSeek-R1-Distill-Qwen and Qwen2.5-Coder checkpoints): Llama-style
@@ -71,8 +102,8 @@ class Qwen2:
     num_heads.
 
     With use_sliding_window, the layers from max_window_layers on attend within sliding_window
-    (transformers' layer_types): all of them (max_window_layers = 0) or none (max_window_layers >=
-    n_layers); a stack of identical blocks cannot mix the two.
+    (transformers' layer_types): blocks holds the layers before first_window_layer (full attention)
+    and window_blocks the layers from it on, each stack of identical blocks.
 
     freqs are the RoPE (cos, sin) pairs of the T positions, computed by the
     runtime from rope_theta (and the checkpoint's rope_scaling).
@@ -81,18 +112,20 @@ class Qwen2:
     def __init__(self, vocab_size: int = 151936, d_model: int = 4096, n_layers: int = 32, num_heads: int = 32,
                  num_kv_heads: int = 32, head_dim: int = "d_model // num_heads", d_ff: int = 22016,
                  max_seq: int = 32768, eps: float = 1e-6, rope_theta: float = 10000.0, tie_embeddings: bool = False,
-                 use_sliding_window: bool = False, sliding_window: int = 0, max_window_layers: int = 28):
+                 use_sliding_window: bool = False, sliding_window: int = 0, max_window_layers: int = 28,
+                 first_window_layer: int = ("min(max_window_layers, n_layers) if use_sliding_window and "
+                                            "sliding_window > 0 else n_layers")):
         assert self.num_heads % self.num_kv_heads == 0, \
             "num_attention_heads must be a multiple of num_key_value_heads"
-        assert not self.use_sliding_window or self.max_window_layers == 0 or self.max_window_layers >= self.n_layers, \
-            ("sliding-window layers from max_window_layers on, full attention before: the layers of one stack are "
-             "identical, so max_window_layers must be 0 or at least num_hidden_layers")
+        assert 0 <= self.first_window_layer and self.first_window_layer <= self.n_layers, \
+            "first_window_layer is a layer index (0 to n_layers)"
 
     embedding = Param(Tensor["vocab_size", "d_model"])
-    blocks = Param(Array["n_layers", DenseTransformerBlock("d_model", "num_heads", "num_kv_heads", "head_dim",
-                                                           "d_ff", "eps", True, False,
-                                                           "sliding_window if use_sliding_window and "
-                                                           "max_window_layers == 0 else 0")])
+    blocks = Param(Array["first_window_layer", DenseTransformerBlock("d_model", "num_heads", "num_kv_heads",
+                                                                     "head_dim", "d_ff", "eps", True, False, 0)])
+    window_blocks = Param(Array["n_layers - first_window_layer",
+                                DenseTransformerBlock("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps",
+                                                      True, False, "sliding_window")])
     final_norm = Param(RMSNorm("d_model", "eps"))
     lm_head = Param(tied_to("embedding"), when="tie_embeddings")
     lm_head = Param(Tensor["vocab_size", "d_model"], when="not tie_embeddings")  # noqa: F811 - the other case
@@ -102,7 +135,8 @@ class Qwen2:
                 ) -> Tensor["B", "T", "vocab_size"]:
         with graph() as g:
             x0 = g.embedding(tokens, "embedding", hook="AfterEmbedding")
-            xN = self.blocks(x0, freqs)
+            x_full = self.blocks(x0, freqs)
+            xN = self.window_blocks(x_full, freqs)
             xF = self.final_norm(xN, hook="BeforeLMHead")
             logits = g.matmul(xF, "lm_head", transpose="NT")
             return logits
