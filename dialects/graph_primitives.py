@@ -918,6 +918,8 @@ class FlashAttentionOp(PrimitiveOp):
     cache: the queries are the last Tq positions). ``alibi_slopes: [Hq]`` is
     a parameter in spec 6.4.1 (``flash_attention(alibi_slopes=slopes)``).
     ``layout = "bthd"`` takes q, k, v and gives out as ``[B, T, H, D]`` (lse stays ``[B, Hq, Tq]``).
+    ``softcap`` c > 0 caps the scaled scores to ``c * tanh(s / c)`` before the mask (Gemma 2's
+    attention-logit softcapping); 0, the default, is none.
     """
 
     name = "mdsl.graph.flash_attention"
@@ -934,6 +936,7 @@ class FlashAttentionOp(PrimitiveOp):
     softmax_scale = opt_attr_def(FloatAttr)
     window_size = opt_attr_def(IntegerAttr)
     layout = enum_param("bhtd")
+    softcap = float_param(0.0)
 
     def verify_shapes(self) -> None:
         q, k, v = (heads_first(tensor(x), self.layout) for x in (self.q, self.k, self.v))
@@ -958,6 +961,9 @@ def check_attention_attrs(op: Operation, q: TensorType, k: TensorType) -> None:
     scale = op.attributes.get("softmax_scale")
     if isinstance(scale, FloatAttr) and not scale.value.data > 0:
         raise VerifyException(f"softmax_scale must be positive, got {scale.value.data}")
+    softcap = op.attributes.get("softcap")
+    if isinstance(softcap, FloatAttr) and not softcap.value.data >= 0:
+        raise VerifyException(f"softcap must be 0 (none) or positive, got {softcap.value.data}")
     tq, tk = q.shape[2], k.shape[2]
     if (tq - tk).const_value() is not None and (tq - tk).const_value() > 0:
         raise VerifyException(f"more queries ({tq}) than keys ({tk})")
@@ -986,6 +992,7 @@ class FlashAttentionBackwardOp(PrimitiveOp):
     softmax_scale = opt_attr_def(FloatAttr)
     window_size = opt_attr_def(IntegerAttr)
     layout = enum_param("bhtd")
+    softcap = float_param(0.0)
 
     def verify_shapes(self) -> None:
         q, k, v = (heads_first(tensor(x), self.layout) for x in (self.q, self.k, self.v))

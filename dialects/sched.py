@@ -692,6 +692,9 @@ def _verify_attention(op: Operation, q_v: SSAValue, k_v: SSAValue, v_v: SSAValue
     scale = op.attributes.get("scale")
     if isinstance(scale, FloatAttr) and not scale.value.data > 0:
         raise VerifyException(f"scale must be positive, got {scale.value.data}")
+    softcap = op.attributes.get("softcap")
+    if isinstance(softcap, FloatAttr) and not softcap.value.data > 0:
+        raise VerifyException(f"softcap must be positive (absent: none), got {softcap.value.data}")
 
 
 class AttentionAttrs:
@@ -701,10 +704,12 @@ class AttentionAttrs:
     window = attr_def(IntegerAttr, default_value=IntegerAttr(0, i64))
     scale = opt_attr_def(FloatAttr)
     layout = attr_def(StringAttr, default_value=StringAttr("bhtd"))
+    softcap = opt_attr_def(FloatAttr)  # c > 0: scores c * tanh(s / c) after the scale (absent: none)
 
     @staticmethod
     def build(
-        causal: bool = True, window: int = 0, scale: float | None = None, layout: str = "bhtd", stream: str | None = None
+        causal: bool = True, window: int = 0, scale: float | None = None, layout: str = "bhtd", stream: str | None = None,
+        softcap: float = 0.0,
     ) -> dict[str, Attribute]:
         """The attributes of a builder call, leaving defaults unset."""
         return _non_default(
@@ -713,6 +718,7 @@ class AttentionAttrs:
             scale=None if scale is None else FloatAttr(scale, f64),
             layout=None if layout == "bhtd" else StringAttr(layout),
             stream=_stream_attr(stream),
+            softcap=FloatAttr(softcap, f64) if softcap else None,
         )
 
 
@@ -738,6 +744,7 @@ class AttentionOp(SchedOp):
     window = AttentionAttrs.window
     scale = AttentionAttrs.scale
     layout = AttentionAttrs.layout
+    softcap = AttentionAttrs.softcap
 
     assembly_format = (
         "$q `,` $k `,` $v `->` $out `,` $lse attr-dict "
@@ -747,7 +754,7 @@ class AttentionOp(SchedOp):
     def __init__(
         self, q: SSAValue, k: SSAValue, v: SSAValue, out: SSAValue, lse: SSAValue, **attrs: bool | float | str | None
     ):
-        """``attrs``: causal, window, scale, layout, stream (see ``AttentionAttrs.build``)."""
+        """``attrs``: causal, window, scale, layout, stream, softcap (see ``AttentionAttrs.build``)."""
         super().__init__(operands=[q, k, v, out, lse], attributes=AttentionAttrs.build(**attrs))
 
     def verify_op(self) -> None:
@@ -779,6 +786,7 @@ class AttentionBackwardOp(SchedOp):
     window = AttentionAttrs.window
     scale = AttentionAttrs.scale
     layout = AttentionAttrs.layout
+    softcap = AttentionAttrs.softcap
 
     assembly_format = (
         "$q `,` $k `,` $v `,` $out `,` $d_out `,` $lse `->` $d_q `,` $d_k `,` $d_v attr-dict "
@@ -799,7 +807,7 @@ class AttentionBackwardOp(SchedOp):
         d_v: SSAValue,
         **attrs: bool | float | str | None,
     ):
-        """``attrs``: causal, window, scale, layout, stream (see ``AttentionAttrs.build``)."""
+        """``attrs``: causal, window, scale, layout, stream, softcap (see ``AttentionAttrs.build``)."""
         super().__init__(operands=[q, k, v, out, d_out, lse, d_q, d_k, d_v], attributes=AttentionAttrs.build(**attrs))
 
     def verify_op(self) -> None:

@@ -1003,7 +1003,7 @@ def _adamw_multi(p: Problem) -> Plan:
 # Attention (attention.cu): flash_attention without ALiBi and flash_attention_backward, in the
 # layouts of mdsl.sched.attention (attribute ``layout``: "bhtd", the default, or "bthd"; lse is
 # [B, H, T] in both). Every block has ATTENTION_THREADS threads; the tiles by head dim are
-# attention.cu's constants. Not covered: ALiBi, D > 128, a negative window_size, empty tensors, grids
+# attention.cu's constants. Not covered: ALiBi, softcap, D > 128, a negative window_size, empty tensors, grids
 # past 65535 heads or batches, and the backward where a query sees no key (causal or windowed with
 # T > S: the reference's gradients are NaN there).
 ATTENTION_THREADS = 128
@@ -1063,6 +1063,8 @@ def attention_geometry(p: Problem, q: Shape, k: Shape, v: Shape) -> AttentionGeo
     window = int(p.attrs.get("window_size") or 0)
     if window < 0:
         raise NotCovered(f"attention window_size {window}")
+    if p.attrs.get("softcap"):
+        raise NotCovered(f"attention softcap {p.attrs['softcap']}: the CUDA kernel has no logit softcapping")
     causal = p.attrs.get("causal", True)
     return AttentionGeometry(b, h, hkv, t, s, d, q_strides, k_strides,
                              1.0 / math.sqrt(d) if scale is None else float(scale),

@@ -466,18 +466,22 @@ def _heads_first(layout: str, *arrays):
     return tuple(None if a is None else np.ascontiguousarray(np.swapaxes(a, 1, 2)) for a in arrays)
 
 
-def _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size):
-    """scale * q k^T (+ ALiBi), masked keys at -inf: [B, Hq, Tq, Tk]."""
+def _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size, softcap=0.0):
+    """scale * q k^T (softcapped: c * tanh(. / c) with ``softcap`` c > 0) (+ ALiBi), masked keys at
+    -inf: [B, Hq, Tq, Tk]."""
     tq, tk, d = q.shape[2], k.shape[2], q.shape[3]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
     s = scale * (q @ np.swapaxes(_expand_kv(k, q.shape[1]), -1, -2))
+    if softcap:
+        s = softcap * np.tanh(s / softcap)  # HF Gemma 2: before the mask (and flash-attn: before ALiBi)
     if alibi_slopes is not None:
         dist = np.abs(np.arange(tq)[:, None] + (tk - tq) - np.arange(tk)[None, :]).astype(s.dtype)
         s = s - alibi_slopes.reshape(1, -1, 1, 1).astype(s.dtype) * dist  # in s's dtype, not promoted to fp64
     return np.where(_attention_allowed(tq, tk, causal, window_size), s, -np.inf), scale
 
 
-def flash_attention(q, k, v, alibi_slopes=None, *, causal=True, softmax_scale=None, window_size=None, layout="bhtd"):
+def flash_attention(q, k, v, alibi_slopes=None, *, causal=True, softmax_scale=None, window_size=None, layout="bhtd",
+                    softcap=0.0):
     """out = softmax(scale q k^T + mask) v, lse = logsumexp of the masked scores (GQA by head groups).
 
     q [B, Hq, Tq, D], k/v [B, Hkv, Tk, D]; query i sits at position i + Tk - Tq.
@@ -485,10 +489,12 @@ def flash_attention(q, k, v, alibi_slopes=None, *, causal=True, softmax_scale=No
     non-causal keys with |i - j| < w (flash-attn's symmetric window).
     ALiBi adds -slope_h * |i - j| (flash-attn). softmax_scale defaults to 1/sqrt(D).
     ``layout = "bthd"``: q, k, v and out are [B, T, H, D]; lse is [B, Hq, Tq] in both layouts.
+    ``softcap`` c > 0 caps the scaled scores to c * tanh(s / c) before the mask (Gemma 2's
+    attn_logit_softcapping); 0 is none.
     """
     q, k, v, alibi_slopes = _prep(q, k, v, alibi_slopes)
     q, k, v = _heads_first(layout, q, k, v)
-    s, _ = _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size)
+    s, _ = _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size, softcap)
     lse = _logsumexp(s, axis=-1)
     p = np.exp(s - lse[..., None])
     (out,) = _heads_first(layout, p @ _expand_kv(v, q.shape[1]))
@@ -496,7 +502,7 @@ def flash_attention(q, k, v, alibi_slopes=None, *, causal=True, softmax_scale=No
 
 
 def kv_cache_attention(q, k, v, k_cache, v_cache, position, *, causal=True, softmax_scale=None, window_size=None,
-                       layout="bhtd"):
+                       layout="bhtd", softcap=0.0):
     """Attention of the queries at positions p .. p+T-1 (p = ``position[0]``) over a KV cache.
 
     Writes k and v ([B, Hkv, T, D]) into the caches ([B, Hkv, capacity, D]) at p .. p+T-1,
@@ -512,26 +518,31 @@ def kv_cache_attention(q, k, v, k_cache, v_cache, position, *, causal=True, soft
     k_cache[..., start:end, :] = k
     v_cache[..., start:end, :] = v
     out, lse = flash_attention(q, k_cache[..., :end, :], v_cache[..., :end, :], causal=causal,
-                               softmax_scale=softmax_scale, window_size=window_size)
+                               softmax_scale=softmax_scale, window_size=window_size, softcap=softcap)
     (out,) = _heads_first(layout, out)
     return out, lse, k_cache, v_cache
 
 
 def flash_attention_backward(d_out, q, k, v, out, lse, alibi_slopes=None, *, causal=True, softmax_scale=None,
-                             window_size=None, layout="bhtd"):
+                             window_size=None, layout="bhtd", softcap=0.0):
     """(d_q, d_k, d_v) of flash_attention, from the saved out and lse.
 
     P = exp(S - lse); dV = P^T dO; dS = P * (dO V^T - rowsum(dO * O)); dQ = scale dS K; dK = scale dS^T Q;
     d_k and d_v sum the query heads of each kv group. ALiBi only shifts S (the slopes get no gradient).
+    With ``softcap`` c, S = c * tanh(s / c) of the scaled scores s, so dS is multiplied by
+    1 - tanh(s / c)^2 = 1 - (S / c)^2 before the scale.
     """
     d_out, q, k, v, out, lse, alibi_slopes = _prep(d_out, q, k, v, out, lse, alibi_slopes)
     d_out, q, k, v, out = _heads_first(layout, d_out, q, k, v, out)
     hkv = k.shape[1]
-    s, scale = _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size)
+    s, scale = _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size, softcap)
     p = np.exp(s - lse[..., None])
     d_v = np.swapaxes(p, -1, -2) @ d_out
     d_p = d_out @ np.swapaxes(_expand_kv(v, q.shape[1]), -1, -2)
     d_s = p * (d_p - np.sum(d_out * out, axis=-1, keepdims=True))
+    if softcap:
+        raw, _ = _attention_scores(q, k, None, False, softmax_scale, None)
+        d_s = d_s * (1.0 - np.square(np.tanh(raw / softcap)))  # masked keys have p = 0, so d_s = 0 there
     d_q = scale * (d_s @ _expand_kv(k, q.shape[1]))
     d_k = scale * (np.swapaxes(d_s, -1, -2) @ q)
     return _heads_first(layout, d_q, _reduce_kv(d_k, hkv), _reduce_kv(d_v, hkv))

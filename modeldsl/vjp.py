@@ -236,7 +236,7 @@ def _softmax(b, op, grads):
 def _flash_attention(b, op, grads):
     """ALiBi slopes (a parameter of the primitive) shift the scores and are not differentiated."""
     q, k, v, *slopes = op.operands
-    params = forward_params(op, "causal", "softmax_scale", "window_size", "layout")
+    params = forward_params(op, "causal", "softmax_scale", "window_size", "layout", "softcap")
     d_q, d_k, d_v = b.op("flash_attention_backward", grads[0], q, k, v, op.results[0], op.results[1], *slopes,
                          **params)
     return [d_q, d_k, d_v, *[None for _ in slopes]]

@@ -642,6 +642,8 @@ class ScheduleBuilder:
             caches = [self.cache_buffer(k, name, layout) for name in ("k", "v")]
             attrs = {name: op.attributes[name] for name in ("causal", "softmax_scale", "window_size")
                      if name in op.attributes}
+            if op_attr(op, "softcap", 0.0):
+                attrs["softcap"] = op.attributes["softcap"]
             if layout != "bhtd":
                 attrs["layout"] = op.attributes["layout"]
             self.block.add_op(LaunchOp("kv_cache_attention", [q, k, v, *caches, self.position],
@@ -649,7 +651,8 @@ class ScheduleBuilder:
             return True
         self.block.add_op(AttentionOp(q, k, v, out, lse, causal=op_attr(op, "causal", True),
                                       window=window.value.data if window is not None else 0,
-                                      scale=scale.value.data if scale is not None else None, layout=layout))
+                                      scale=scale.value.data if scale is not None else None, layout=layout,
+                                      softcap=op_attr(op, "softcap", 0.0)))
         return True
 
     def cache_buffer(self, like: SSAValue, role: str, layout: str = "bhtd") -> SSAValue:

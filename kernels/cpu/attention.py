@@ -400,6 +400,8 @@ def _geometry(pool: Pool, q, k, v, operands, params, alibi: bool, jit: bool) -> 
         return None
     if (window is not None and window <= 0) or k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         return None
+    if params.get("softcap"):
+        return None  # attention-logit softcapping (Gemma 2): the reference
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or q.shape[2] > k.shape[2]:
         return None
     scale = params.get("softmax_scale")

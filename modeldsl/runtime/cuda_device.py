@@ -720,6 +720,8 @@ class CudaDevice(DeviceBase):
         io = np.dtype(command.q.dtype).name
         if io not in ("bfloat16", "float16"):
             raise NotCovered(f"attention in {io}: cuDNN's SDPA takes bf16 or fp16")
+        if command.softcap:
+            raise NotCovered(f"attention softcap {command.softcap}: not built into the cuDNN SDPA graph")
         cudnn = self._cudnn()
         io_type = cudnn.data_type.BFLOAT16 if io == "bfloat16" else cudnn.data_type.HALF
         graph = cudnn.pygraph(io_data_type=io_type, intermediate_data_type=cudnn.data_type.FLOAT,

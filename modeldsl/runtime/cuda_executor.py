@@ -358,6 +358,7 @@ class AttentionCommand(Command):
     window: int = 0
     softmax_scale: float | None = None  # None: 1/sqrt(D)
     layout: str = "bhtd"
+    softcap: float = 0.0  # attention-logit softcapping (0: none); neither cuDNN nor the kernel takes it
     kernel: KernelCommand | None = None  # the plain CUDA attention kernel's launch, where cuDNN cannot
     kind = "attention"
 
@@ -387,7 +388,7 @@ class AttentionCommand(Command):
 
     def kernel_params(self) -> dict[str, Any]:
         return {"causal": self.causal, "softmax_scale": self.softmax_scale, "window_size": self.window or None,
-                "layout": self.layout}
+                "layout": self.layout, "softcap": self.softcap}
 
     def heads_first(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         return [x.swapaxes(1, 2) for x in arrays] if self.layout == "bthd" else list(arrays)
@@ -395,7 +396,7 @@ class AttentionCommand(Command):
     def compute(self, arrays: list[np.ndarray | None]) -> None:
         q, k, v, out = self.heads_first(arrays[:4])
         o, lse = flash_attention(q, k, v, causal=self.causal, softmax_scale=self.softmax_scale,
-                                 window_size=self.window or None)
+                                 window_size=self.window or None, softcap=self.softcap)
         np.copyto(out, o, casting="unsafe")
         np.copyto(arrays[4], lse, casting="unsafe")
 
@@ -435,7 +436,8 @@ class AttentionBackwardCommand(AttentionCommand):
         q, k, v, out, d_out = self.heads_first(arrays[:5])
         d_q, d_k, d_v = self.heads_first(arrays[6:])
         grads = flash_attention_backward(d_out, q, k, v, out, arrays[5], causal=self.causal,
-                                         softmax_scale=self.softmax_scale, window_size=self.window or None)
+                                         softmax_scale=self.softmax_scale, window_size=self.window or None,
+                                         softcap=self.softcap)
         for view, value in zip((d_q, d_k, d_v), grads):
             np.copyto(view, value, casting="unsafe")
 
@@ -695,7 +697,8 @@ def attention_launch(name: str, arguments: list[TensorRef | None], outputs: list
                      params: dict[str, Any], choice: KernelChoice | None = None) -> Command | None:
     """A ``flash_attention`` (without ALiBi) or ``flash_attention_backward`` launch as an attention command."""
     options = {"causal": bool(params.get("causal", True)), "window": int(params.get("window_size") or 0),
-               "softmax_scale": params.get("softmax_scale"), "choice": choice}
+               "softmax_scale": params.get("softmax_scale"), "choice": choice,
+               "softcap": float(params.get("softcap") or 0.0)}
     if name == "flash_attention" and len(arguments) >= 3 and all(a is None for a in arguments[3:]):
         q, k, v = arguments[:3]
         return with_kernel(AttentionCommand(q=q, k=k, v=v, out=outputs[0], lse=outputs[1], **options))
@@ -994,7 +997,7 @@ def recorded_choice(op: Operation) -> KernelChoice | None:
 def bind_attention(op: AttentionOp | AttentionBackwardOp, refs: dict[SSAValue, TensorRef]) -> AttentionCommand:
     options = {"causal": bool(op.causal.value.data), "window": op.window.value.data,
                "softmax_scale": op.scale.value.data if op.scale is not None else None, "layout": op.layout.data,
-               "choice": recorded_choice(op)}
+               "choice": recorded_choice(op), "softcap": op.softcap.value.data if op.softcap is not None else 0.0}
     if isinstance(op, AttentionOp):
         return with_kernel(AttentionCommand(q=refs[op.q], k=refs[op.k], v=refs[op.v], out=refs[op.out],
                                             lse=refs[op.lse], **options))

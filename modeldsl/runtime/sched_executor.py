@@ -245,9 +245,11 @@ class ScheduleExecutor:
 
     def attention(self, op: AttentionOp, views: dict[SSAValue, np.ndarray]) -> Step:
         q, k, v, out, lse = (views[x] for x in (op.q, op.k, op.v, op.out, op.lse))
+        softcap = op.softcap.value.data if op.softcap is not None else 0.0
         fast = cpu_kernel("flash_attention")(self.threads, [out, lse], [q, k, v, None], {
             "causal": bool(op.causal.value.data), "window_size": op.window.value.data or None,
-            "softmax_scale": op.scale.value.data if op.scale is not None else None, "layout": op.layout.data})
+            "softmax_scale": op.scale.value.data if op.scale is not None else None, "layout": op.layout.data,
+            "softcap": softcap})
         if fast is not None:
             return fast
         if op.layout.data == "bthd":
@@ -257,7 +259,7 @@ class ScheduleExecutor:
         causal = bool(op.causal.value.data)
 
         def step() -> None:
-            o, l = flash_attention(q, k, v, causal=causal, softmax_scale=scale, window_size=window)
+            o, l = flash_attention(q, k, v, causal=causal, softmax_scale=scale, window_size=window, softcap=softcap)
             np.copyto(out, o, casting="unsafe")
             np.copyto(lse, l, casting="unsafe")
 

@@ -339,6 +339,9 @@ for label, hkv, attrs in [
     ("window-causal", 2, " {window_size = 2 : i64}"),
     ("window-non-causal-gqa", 1, " {causal = false, window_size = 2 : i64}"),
     ("softmax_scale", 2, " {softmax_scale = 0.7 : f64}"),
+    ("softcap-gqa-causal", 1, " {softcap = 0.8 : f64}"),
+    ("softcap-window-scale", 2, " {window_size = 2 : i64, softmax_scale = 1.3 : f64, softcap = 1.1 : f64}"),
+    ("softcap-non-causal", 2, " {causal = false, softcap = 0.6 : f64}"),
 ]:
     q, kv = (1, 2, 4, 4), (1, hkv, 4, 4)
     case(f"flash_attention-{label}",

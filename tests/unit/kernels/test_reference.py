@@ -390,12 +390,16 @@ def attention_bias(tq, tk, causal, window_size, slopes, hq):
     return bias.masked_fill(~attention_mask(tq, tk, causal, window_size), -math.inf)
 
 
-def torch_attention(q, k, v, slopes=None, causal=True, softmax_scale=None, window_size=None):
-    """Plain masked attention: (out, lse); GQA repeats each kv head for Hq // Hkv query heads (HF repeat_kv)."""
+def torch_attention(q, k, v, slopes=None, causal=True, softmax_scale=None, window_size=None, softcap=0.0):
+    """Plain masked attention: (out, lse); GQA repeats each kv head for Hq // Hkv query heads (HF repeat_kv).
+    ``softcap``: the scaled scores capped as HF Gemma 2's eager attention caps them, before the mask."""
     hq, tq, tk = q.shape[1], q.shape[2], k.shape[2]
     k, v = (t.repeat_interleave(hq // t.shape[1], dim=1) for t in (k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
-    s = scale * (q @ k.mT) + attention_bias(tq, tk, causal, window_size, slopes, hq)
+    s = scale * (q @ k.mT)
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
+    s = s + attention_bias(tq, tk, causal, window_size, slopes, hq)
     return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
 
 
@@ -412,6 +416,12 @@ ATTENTION_CASES = {
     "window-noncausal": (1, 2, 2, 7, 7, 4, {"causal": False, "window_size": 2}),
     "window-one": (1, 2, 2, 5, 5, 4, {"window_size": 1}),
 }
+# attention-logit softcapping (Gemma 2), with caps small enough to bend the scores of randn inputs
+SOFTCAP_CASES = {
+    "softcap-causal-gqa": (1, 6, 2, 5, 5, 4, {"softcap": 0.7}),
+    "softcap-window-scale": (2, 4, 2, 9, 9, 8, {"softcap": 1.5, "window_size": 3, "softmax_scale": 0.6}),
+    "softcap-noncausal-decode": (1, 2, 1, 3, 8, 4, {"softcap": 0.5, "causal": False}),
+}
 ALIBI_CASES = {
     "alibi-causal": (1, 4, 2, 7, 7, 4, {}),
     "alibi-noncausal-decode": (2, 2, 2, 3, 6, 4, {"causal": False}),
@@ -424,9 +434,9 @@ def attention_inputs(seed, b, hq, hkv, tq, tk, d):
 
 
 @covers("flash_attention", "flash_attention_backward")
-@pytest.mark.parametrize("case", sorted(ATTENTION_CASES))
+@pytest.mark.parametrize("case", sorted(ATTENTION_CASES) + sorted(SOFTCAP_CASES))
 def test_flash_attention(case):
-    b, hq, hkv, tq, tk, d, params = ATTENTION_CASES[case]
+    b, hq, hkv, tq, tk, d, params = {**ATTENTION_CASES, **SOFTCAP_CASES}[case]
     q, k, v, d_out = attention_inputs(30, b, hq, hkv, tq, tk, d)
     out, lse = ref("flash_attention", q, k, v, **params)
     check_all((out, lse), torch_attention(tt(q), tt(k), tt(v), **params))
@@ -447,11 +457,12 @@ def test_flash_attention_alibi(case):
 
 
 @covers("kv_cache_attention")
-@pytest.mark.parametrize("case", ["causal-gqa", "sliding-window", "scale"])
+@pytest.mark.parametrize("case", ["causal-gqa", "sliding-window", "scale", "softcap-causal-gqa",
+                                  "softcap-window-scale"])
 def test_kv_cache_attention_feeds_a_cache_step_by_step(case):
     """A prompt then one-token steps through a cache of spare capacity: each step's out and lse are
     torch attention of its queries over every key so far, and the cache holds the keys and values."""
-    b, hq, hkv, t, _, d, params = ATTENTION_CASES[case]
+    b, hq, hkv, t, _, d, params = {**ATTENTION_CASES, **SOFTCAP_CASES}[case]
     q, k, v, _ = attention_inputs(33, b, hq, hkv, t, t, d)
     k_cache, v_cache = np.zeros((b, hkv, t + 3, d)), np.zeros((b, hkv, t + 3, d))
     for start, end in [(0, t - 2), (t - 2, t - 1), (t - 1, t)]:

@@ -214,17 +214,18 @@ def test_required_optional_and_tensor_parameters():
     (found,) = check(router)
     assert found[:3] == ("E003", 3, 18) and "has a default here but the op requires it" in found[3]
     attention = ("primitive flash_attention:\n  params:\n    causal: bool = true\n    softmax_scale: float? = None\n"
-                 "    window_size: int? = None\n    layout: enum(bhtd, bthd) = bhtd\n    alibi_slopes: [H]? = None\n"
+                 "    window_size: int? = None\n    layout: enum(bhtd, bthd) = bhtd\n    softcap: float = 0.0\n"
+                 "    alibi_slopes: [H]? = None\n"
                  "  forward:\n    in: (q, k, v)\n    out: (out, lse)\n")
     assert check(attention) == []  # spec 6.4.1: the optional tensor alibi_slopes is a parameter
     found = check(attention.replace("softmax_scale: float? = None", "softmax_scale: float = 1.0"))
     assert [f[:3] for f in found] == [("E003", 4, 20)] and "is not optional here but optional in the op" in found[0][3]
     found = check(attention.replace("alibi_slopes: [H]? = None", "alibi_slopes: [H]"))
-    assert [f[:3] for f in found] == [("E003", 7, 19)] and "is not optional here but optional" in found[0][3], found
+    assert [f[:3] for f in found] == [("E003", 8, 19)] and "is not optional here but optional" in found[0][3], found
     found = check(attention.replace("in: (q, k, v)", "in: (q, k, v, alibi_slopes?)"))
-    assert [f[:3] for f in found] == [("E004", 9, 9)] and "declares 4 tensor input(s)" in found[0][3], found
+    assert [f[:3] for f in found] == [("E004", 10, 9)] and "declares 4 tensor input(s)" in found[0][3], found
     found = check(attention.replace("alibi_slopes: [H]? = None", "alibi_slopes: float? = None"))
-    assert [f[:3] for f in found] == [("E003", 7, 19)] and "is float here but a tensor in the op" in found[0][3], found
+    assert [f[:3] for f in found] == [("E003", 8, 19)] and "is float here but a tensor in the op" in found[0][3], found
 
 
 def test_backward_kernels_and_formulas_are_checked():
