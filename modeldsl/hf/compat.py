@@ -354,7 +354,11 @@ def _number(value: Any) -> bool:
 
 
 def _same(value: Any, expected: Any) -> bool:
-    """Equal as config values: numbers within a relative 1e-6, booleans as 0/1, others exactly."""
+    """Equal as config values: numbers within a relative 1e-6, booleans as 0/1, others exactly; a
+    required list is a pattern the config's list repeats whole (Gemma 2's ``layer_types``:
+    ``["sliding_attention", "full_attention"]`` for an even number of alternating layers)."""
+    if isinstance(expected, (list, tuple)) and expected and isinstance(value, list):
+        return len(value) % len(expected) == 0 and value == list(expected) * (len(value) // len(expected))
     if isinstance(value, bool) or isinstance(expected, bool):
         flags = all(isinstance(v, bool) or (_integer(v) and v in (0, 1)) for v in (value, expected))
         return flags and int(value) == int(expected)

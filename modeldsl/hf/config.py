@@ -48,7 +48,9 @@ its ``absent=`` / ``null=`` (the DSL default / E030 without). An exported
 
 Configs written by transformers 5 keep ``rope_theta`` and the scaling under
 ``rope_parameters``; :func:`normalize` lifts them to the older top-level
-``rope_theta`` / ``rope_scaling`` so one mapping reads both, gives the
+``rope_theta`` / ``rope_scaling`` so one mapping reads both (a mapped
+``partial_rotary_factor`` is read in ``rope_parameters`` first, where
+transformers 5 reads it, then at the top level), gives the
 expert count under both of its names (``num_experts``, ``num_local_experts``),
 and reads transformers 5's spelling of the floats JSON has no number for
 (``{"__float__": "Infinity"}``, ``"-Infinity"``, ``"NaN"``; 4.x wrote a bare
@@ -77,7 +79,7 @@ from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
 from modeldsl.dialects.graph import ModelOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
-from modeldsl.hf.compat import check_compatible, python_value, suspicious_values, warn_python
+from modeldsl.hf.compat import NESTED, check_compatible, python_value, suspicious_values, warn_python
 from modeldsl.hf.safetensors_io import CheckpointError, regular_file
 from modeldsl.instances import source_text
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate
@@ -441,6 +443,9 @@ def _mapped_values(decl: ast.Decl, model: ModelOp, hf: dict[str, Any], rules: di
         rule = rules.get(param.name)
         given = rule is not None and rule.field in hf
         raw = hf[rule.field] if given else None
+        nested = _nested(hf, rule.field) if rule is not None and rule.index is None else None
+        if nested is not None:  # transformers 5 keeps it in rope_parameters, and reads it there first
+            given, raw = True, nested
         if given and rule.index is not None and raw is not None:
             raw = raw[rule.index]  # a list of the mapped length (check_lists)
         if given and raw is not None:
@@ -479,6 +484,16 @@ def _mapped_values(decl: ast.Decl, model: ModelOp, hf: dict[str, Any], rules: di
                                   f"'{param.name}', which has no default",
                                   f"add '{missing}' to config.json, or give {param.name} a default in the model")
     return values
+
+
+def _nested(hf: dict[str, Any], field: str) -> Any:
+    """The value of ``field`` inside the object transformers 5 keeps it in (``rope_parameters.
+    partial_rotary_factor``), None where it is not there."""
+    for parent, names in NESTED.items():
+        inner = hf.get(parent)
+        if field in names and isinstance(inner, dict) and inner.get(field) is not None:
+            return inner[field]
+    return None
 
 
 def _given(param: ast.Param, node: ast.Expr, values: dict[str, Any], what: str) -> Any:

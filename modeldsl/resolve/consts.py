@@ -2,10 +2,11 @@
 
 A ConstExpr is built from literals, module/model parameters, `let`-bound
 names, arithmetic, comparisons, boolean operators and the pure intrinsics
-``sqrt``, ``ceil_div``, ``min``, ``max``, ``abs``. Integer parameters whose
-value is not fixed yet (a model's config, bound later from a HuggingFace
-config) are symbols, so ``d_model // num_heads`` evaluates to a symbolic
-dimension (:class:`modeldsl.symbolic.Expr`).
+``sqrt``, ``ceil_div``, ``min``, ``max``, ``abs``, ``int`` (a number
+truncated toward zero, as Python's: Phi-3's ``int(head_dim *
+partial_rotary_factor)``). Integer parameters whose value is not fixed yet
+(a model's config, bound later from a HuggingFace config) are symbols, so
+``d_model // num_heads`` evaluates to a symbolic dimension (:class:`modeldsl.symbolic.Expr`).
 
 Errors are coded diagnostics: E002 for an undefined name, E016 when an `if`
 guard depends on a tensor, E026 for a constraint that is not a boolean
@@ -88,6 +89,14 @@ def _abs(x: Value) -> Value:
     return abs(x)
 
 
+def _int(x: Value) -> int:
+    if isinstance(x, Expr):
+        return x  # a symbolic dimension is an integer already
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        raise TypeError(f"int() takes a finite number, got {x!r}")
+    return int(x)
+
+
 def _minmax(pick: Callable) -> Callable:
     def apply(*args: Value) -> Value:
         if any(isinstance(a, Expr) for a in args):
@@ -103,6 +112,7 @@ INTRINSICS: dict[str, Callable[..., Value]] = {
     "min": _minmax(min),
     "max": _minmax(max),
     "abs": _abs,
+    "int": _int,
 }
 
 _ARITH: dict[str, Callable[[Value, Value], Value]] = {
@@ -156,7 +166,7 @@ def evaluate(node: ast.Expr, env: ConstEnv, context: str = "expression") -> Valu
         raise ConstError(
             "E016" if context == "if" else "E026",
             f"{_describe(context)} depends on a tensor value (a RuntimeExpr)", node.span,
-            "only literals, parameters, let-bound names and sqrt/ceil_div/min/max/abs are known at compile time",
+            "only literals, parameters, let-bound names and sqrt/ceil_div/min/max/abs/int are known at compile time",
         )
     runtime = _runtime_call(node)
     if runtime is not None:
@@ -166,7 +176,7 @@ def evaluate(node: ast.Expr, env: ConstEnv, context: str = "expression") -> Valu
             "branch on parameters and let-bound names; a tensor's values cannot choose the graph",
         )
     raise ConstError("E026", f"{_describe(context)} is not a compile-time expression", node.span,
-                     "only literals, parameters, let-bound names and sqrt/ceil_div/min/max/abs are allowed")
+                     "only literals, parameters, let-bound names and sqrt/ceil_div/min/max/abs/int are allowed")
 
 
 def _describe_value(value: Value) -> str:

@@ -36,7 +36,8 @@ from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import ModelOp, ParamOp
 from modeldsl.frontend import read_model
 from modeldsl.hf.checkpoint import ImportRecord, direct_pieces, load_checkpoint, save_checkpoint
-from modeldsl.hf.compat import DiagnosticWarning, warn_python  # noqa: F401 - the API's warning class
+from modeldsl.hf.compat import DiagnosticWarning  # noqa: F401 - the API's warning class
+from modeldsl.hf.compat import declarations, declared_types, warn_python
 from modeldsl.hf.config import dsl_config, read_config
 from modeldsl.hf.safetensors_io import CheckpointError
 from modeldsl.ir import verify_module
@@ -50,6 +51,9 @@ from modeldsl.runtime.rope import SUPPORTED, RopeFrequencies, RopeScalingError, 
 from modeldsl.symbolic import STAR
 
 STORAGE = {"fp32": np.dtype(np.float32), "bf16": NUMPY_DTYPES[DType.BF16]}
+# the architectures whose transformers generation runs the whole sequence again where longrope switches to
+# its long factors (Phi3ForCausalLM.prepare_inputs_for_generation); the others keep the cached keys
+GENERATION_RECOMPUTES = {"Phi3ForCausalLM"}
 
 
 def _quiet_numpy(method: Callable) -> Callable:
@@ -115,21 +119,33 @@ class Model:
         max_positions = self.max_positions
         if max_positions is None and isinstance(self.hf_config.get("max_position_embeddings"), int):
             max_positions = self.hf_config["max_position_embeddings"]
-        return rope_frequencies(2 * half, theta, self.hf_config.get("rope_scaling"), max_positions)
+        # the config's top-level original_max_position_embeddings (Phi-3's, its default where absent)
+        # goes before the scaling's, as in transformers' standardize_rope_params
+        original = self.config("original_max_seq", self.hf_config.get("original_max_position_embeddings"))
+        served = declared_types(declarations(self.model))[0]
+        return rope_frequencies(2 * half, theta, self.hf_config.get("rope_scaling"), max_positions,
+                                head_dim=self.config("head_dim"), original_max_positions=original,
+                                generation_recomputes=bool(GENERATION_RECOMPUTES & set(served)))
 
-    def rope_freqs(self, positions: Sequence[int]) -> np.ndarray:
+    def rope_freqs(self, positions: Sequence[int], seq_len: int | None = None) -> np.ndarray:
+        """The RoPE table of ``positions`` in a sequence of ``seq_len`` positions (default: the last
+        position + 1), which picks longrope's short or long factors."""
         assert self.rope is not None
-        return self.rope.table(np.asarray(positions))
+        return self.rope.table(np.asarray(positions), seq_len)
 
-    def inputs(self, tokens: np.ndarray, start: int, rope_table: np.ndarray | None = None) -> list[np.ndarray]:
+    def inputs(self, tokens: np.ndarray, start: int, rope_table: np.ndarray | None = None,
+               length: int | None = None) -> list[np.ndarray]:
         """The forward's inputs for ``tokens`` at positions ``start..``; ``rope_table``: the RoPE table
-        of positions ``0..`` already computed (a decoder's: its rows are the same bits)."""
+        of positions ``0..`` already computed (a decoder's: its rows are the same bits); ``length``: how
+        many of the tokens are real where the rest pad a profile (the sequence then ends at ``start +
+        length``, which picks longrope's factors)."""
         values = []
         end = start + tokens.shape[-1]
+        seq_len = start + (length if length is not None else tokens.shape[-1])
         for arg in self.forward_func.body.block.args:
             if arg.name_hint == "freqs":
                 held = rope_table is not None and end <= len(rope_table)
-                values.append(rope_table[start:end] if held else self.rope_freqs(range(start, end)))
+                values.append(rope_table[start:end] if held else self.rope_freqs(range(start, end), seq_len))
             elif not arg.type.dtype.is_float:
                 values.append(tokens.astype(NUMPY_DTYPES[arg.type.dtype]))
             else:
@@ -188,7 +204,7 @@ class Model:
         batched = tokens.ndim == 2
         tokens = tokens if batched else tokens[None, :]
         if cache is None and engine == "schedule":
-            logits = self.schedule.run(tokens, lambda padded: self.inputs(padded, 0))
+            logits = self.schedule.run(tokens, lambda padded: self.inputs(padded, 0, length=tokens.shape[-1]))
         else:
             logits = self.executor.run("forward", *self.inputs(tokens, start), cache=cache)[0]
         logits = np.asarray(logits, dtype=np.float32)
@@ -237,18 +253,44 @@ class Model:
     def decoder(self, total: int, use_cache: bool, engine: str) -> Callable[[list[int], int], np.ndarray]:
         """``step(tokens, start)``: the last position's logits after feeding ``tokens[start:]``
         (all of them without a cache: full recomputation). The cache holds attention's keys and values
-        and the recurrent states (Mamba's conv and scan) after the tokens fed so far."""
+        and the recurrent states (Mamba's conv and scan) after the tokens fed so far. With longrope in
+        a family whose transformers generation does so (Phi-3: ``RopeFrequencies.recomputes``), the
+        step that first grows the sequence past original_max_position_embeddings feeds all of it again
+        from position 0 (with the long factors): the cached keys were rotated with the short ones."""
         if not use_cache:
             return lambda tokens, start: self.forward(tokens, engine=engine)[-1]
+        rope = self.rope
+
+        def begin(tokens: list[int], start: int) -> int:
+            return 0 if rope is not None and rope.recomputes(start, len(tokens)) else start
+
         if engine == "graph":
-            cache = KVCache()
-            return lambda tokens, start: self.forward(tokens[start:], cache, engine="graph")[-1]
+            caches = [KVCache()]
+
+            def graph_step(tokens: list[int], start: int) -> np.ndarray:
+                start = begin(tokens, start)
+                if start == 0:
+                    caches[0] = KVCache()
+                return self.forward(tokens[start:], caches[0], engine="graph")[-1]
+
+            return graph_step
         capacity = self.schedule.bucket(total)
-        table = self.rope_freqs(range(total)) if self.rope is not None else None
+        tables: dict[bool, np.ndarray] = {}
+
+        def table(end: int) -> np.ndarray | None:
+            if rope is None:
+                return None
+            long = rope.uses_long(end)
+            if long not in tables:
+                tables[long] = self.rope_freqs(range(total), end)
+            return tables[long]
 
         def step(tokens: list[int], start: int) -> np.ndarray:
+            start = begin(tokens, start)
             new = self.token_array(tokens[start:], start)[None, :]
-            logits = self.schedule.run(new, lambda padded: self.inputs(padded, start, table), start, capacity)
+            held = table(len(tokens))
+            logits = self.schedule.run(new, lambda padded: self.inputs(padded, start, held, new.shape[-1]), start,
+                                       capacity)
             return logits[0, -1]
 
         return step

@@ -1,4 +1,6 @@
-"""RoPE tables: the ``freqs`` input ``[T, head_dim // 2, 2]`` = (cos, sin) per position and pair.
+"""RoPE tables: the ``freqs`` input ``[T, rotary_dim // 2, 2]`` = (cos, sin) per position and pair
+(``rotary_dim`` is ``head_dim``, or ``int(head_dim * partial_rotary_factor)`` where a model rotates
+only part of each head: Phi-3's ``partial_rotary_factor``).
 
 The inverse frequencies follow transformers' ``ROPE_INIT_FUNCTIONS``:
 ``theta ** (-2i / head_dim)``, optionally rescaled by the checkpoint's
@@ -14,10 +16,30 @@ The inverse frequencies follow transformers' ``ROPE_INIT_FUNCTIONS``:
   ``original_max_position_embeddings``);
 * ``yarn``: a ramp between interpolated and extrapolated frequencies
   (``beta_fast``, ``beta_slow``, ``truncate``) and cos/sin multiplied by an
-  ``attention_factor`` (given, or from ``factor``, ``mscale``, ``mscale_all_dim``).
+  ``attention_factor`` (given, or from ``factor``, ``mscale``, ``mscale_all_dim``);
+* ``longrope`` (Phi-3-128k, Phi-3.5, Phi-4-mini; ``su``, its old name, too): the
+  default frequencies divided element-wise by ``short_factor``, or by
+  ``long_factor`` when the sequence is longer than
+  ``original_max_position_embeddings``, and cos/sin multiplied by an
+  ``attention_factor`` (given, else ``sqrt(1 + ln(factor) / ln(original))``
+  with ``factor`` given or ``max_position_embeddings / original``), as
+  transformers' ``_compute_longrope_parameters`` and ``dynamic_rope_update``
+  (which picks the set for ``max(position_ids) + 1``). :class:`RopeFrequencies`
+  holds both sets; :meth:`RopeFrequencies.table` picks the one for the
+  sequence length it is given (the last position + 1 by default), and
+  :meth:`RopeFrequencies.recomputes` says when generation must recompute its
+  cache, for the families whose transformers generation does
+  (``generation_recomputes``: Phi-3's ``prepare_inputs_for_generation`` drops
+  the cache when the sequence first grows past
+  ``original_max_position_embeddings``, as the keys in it were rotated with the
+  short factors; other families' generation keeps them, and so does ours).
 
 ``original_max_position_embeddings`` defaults to ``max_position_embeddings``,
-as in transformers. A malformed or unsupported scaling is a
+as in transformers; a config's top-level one (``original_max_positions``,
+Phi-3's) takes precedence over the scaling's, as transformers'
+``standardize_rope_params`` gives it. A ``partial_rotary_factor`` in the
+scaling is only accepted where the caller's ``head_dim`` times it is the
+rotated width (the model rotates that part of each head). A malformed or unsupported scaling is a
 :class:`RopeScalingError` naming the offending key.
 """
 
@@ -29,7 +51,8 @@ from typing import Any
 
 import numpy as np
 
-SUPPORTED = ("default", "linear", "dynamic", "llama3", "yarn")
+SUPPORTED = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+ALIASES = {"su": "longrope"}  # Phi-3-128k's first configs; transformers' Phi3Config renames it
 _MISSING = object()
 
 
@@ -43,15 +66,35 @@ class RopeScalingError(ValueError):
 
 @dataclass(frozen=True)
 class RopeFrequencies:
-    """The inverse frequencies ``[head_dim // 2]`` and the factor applied to cos and sin."""
+    """The inverse frequencies ``[rotary_dim // 2]`` and the factor applied to cos and sin; for
+    longrope also the long ones, used for sequences longer than ``original_max_positions``."""
 
     inv_freq: np.ndarray
     attention_factor: float = 1.0
+    long_inv_freq: np.ndarray | None = None
+    original_max_positions: int = 0
+    generation_recomputes: bool = False  # transformers' generation of the family drops its cache at the switch
 
-    def table(self, positions: np.ndarray | range) -> np.ndarray:
-        """``[len(positions), head_dim // 2, 2]`` fp32 (cos, sin), computed in fp32 as transformers does."""
-        inv = self.inv_freq.astype(np.float32)
-        angles = np.asarray(positions, dtype=np.float32)[:, None] * inv[None, :]
+    def uses_long(self, seq_len: int) -> bool:
+        """Whether a sequence of ``seq_len`` positions runs with the long frequencies (longrope)."""
+        return self.long_inv_freq is not None and seq_len > self.original_max_positions
+
+    def recomputes(self, cached: int, end: int) -> bool:
+        """Whether generation with ``cached`` positions in its cache, growing to ``end``, recomputes
+        the whole sequence: its cached keys were rotated with the short factors and the sequence now
+        takes the long ones (transformers' Phi-3 drops its cache then; other families keep it)."""
+        return self.long_inv_freq is not None and self.generation_recomputes \
+            and 0 < cached <= self.original_max_positions < end
+
+    def table(self, positions: np.ndarray | range, seq_len: int | None = None) -> np.ndarray:
+        """``[len(positions), rotary_dim // 2, 2]`` fp32 (cos, sin), computed in fp32 as transformers
+        does, with the frequencies of a sequence of ``seq_len`` positions (default: the last position
+        + 1, as transformers' ``dynamic_rope_update``)."""
+        positions = np.asarray(positions)
+        if seq_len is None:
+            seq_len = int(positions.max()) + 1 if positions.size else 0
+        inv = (self.long_inv_freq if self.uses_long(seq_len) else self.inv_freq).astype(np.float32)
+        angles = positions.astype(np.float32)[:, None] * inv[None, :]
         cos, sin = np.cos(angles), np.sin(angles)
         if self.attention_factor != 1.0:
             cos, sin = cos * np.float32(self.attention_factor), sin * np.float32(self.attention_factor)
@@ -67,41 +110,59 @@ def rope_type(scaling: Any) -> str:
                                f"got {scaling!r}")
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     key = "rope_type" if "rope_type" in scaling else "type"
+    kind = ALIASES.get(kind, kind) if isinstance(kind, str) else kind
     if not isinstance(kind, str) or kind not in SUPPORTED:
         raise RopeScalingError(f"has rope_type {kind!r}, which is not supported (supported: {', '.join(SUPPORTED)})",
                                key)
     return kind
 
 
-def rope_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None = None,
-                     max_positions: int | None = None) -> RopeFrequencies:
-    """The RoPE frequencies of ``head_dim`` for ``rope_theta`` and the checkpoint's scaling;
-    ``max_positions`` is the config's ``max_position_embeddings``."""
+def rope_frequencies(rotary_dim: int, theta: float, scaling: dict[str, Any] | None = None,
+                     max_positions: int | None = None, head_dim: int | None = None,
+                     original_max_positions: int | None = None,
+                     generation_recomputes: bool = False) -> RopeFrequencies:
+    """The RoPE frequencies of ``rotary_dim`` rotated dims for ``rope_theta`` and the checkpoint's
+    scaling; ``max_positions`` is the config's ``max_position_embeddings``, ``head_dim`` the
+    model's (a scaling's ``partial_rotary_factor`` must give ``rotary_dim`` from it),
+    ``original_max_positions`` the config's top-level ``original_max_position_embeddings``;
+    ``generation_recomputes``: the family's transformers generation recomputes where longrope
+    switches to its long factors (Phi-3)."""
     kind = rope_type(scaling)
-    inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    inv = 1.0 / (theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
     if kind == "default":
         return RopeFrequencies(inv)
     assert scaling is not None
     partial = _number(scaling, "partial_rotary_factor", kind, 1.0)
-    if partial != 1.0:
-        raise RopeScalingError(f"has 'partial_rotary_factor' {partial}, which is not supported (only 1.0)",
-                               "partial_rotary_factor")
+    if partial != 1.0 and (head_dim is None or int(head_dim * partial) != rotary_dim):
+        raise RopeScalingError(f"has 'partial_rotary_factor' {partial}, which is not supported (only 1.0)"
+                               + (f": the model rotates {rotary_dim} of its {head_dim} head dims"
+                                  if head_dim is not None else ""), "partial_rotary_factor")
     if kind == "linear":
         return RopeFrequencies(inv / _number(scaling, "factor", kind))
     if kind == "dynamic":
         _number(scaling, "factor", kind)  # only used past max_position_embeddings, which never runs
         return RopeFrequencies(inv)
-    original = _number(scaling, "original_max_position_embeddings", kind,
-                       max_positions if max_positions is not None else _MISSING)
+    if original_max_positions is not None:
+        original = _number({"original_max_position_embeddings": original_max_positions},
+                           "original_max_position_embeddings", kind)
+    else:
+        original = _number(scaling, "original_max_position_embeddings", kind,
+                           max_positions if max_positions is not None else _MISSING)
     if kind == "llama3":
         return RopeFrequencies(_llama3(inv, scaling, original))
-    return _yarn(head_dim, theta, scaling, original, max_positions)
+    if kind == "longrope":
+        return _longrope(rotary_dim, inv, scaling, original, max_positions, generation_recomputes)
+    if "short_factor" in scaling and "long_factor" in scaling:
+        raise RopeScalingError("has rope_type 'yarn' with 'short_factor' and 'long_factor': transformers' Phi-3 "
+                               "reads that as longrope, other families as YaRN without them; write rope_type "
+                               "'longrope' (Phi-3) or leave the factors out", "rope_type")
+    return _yarn(rotary_dim, theta, scaling, original, max_positions)
 
 
-def rope_table(positions: np.ndarray | range, head_dim: int, theta: float,
+def rope_table(positions: np.ndarray | range, rotary_dim: int, theta: float,
                scaling: dict[str, Any] | None = None, max_positions: int | None = None) -> np.ndarray:
-    """``[len(positions), head_dim // 2, 2]`` fp32 (cos, sin)."""
-    return rope_frequencies(head_dim, theta, scaling, max_positions).table(positions)
+    """``[len(positions), rotary_dim // 2, 2]`` fp32 (cos, sin)."""
+    return rope_frequencies(rotary_dim, theta, scaling, max_positions).table(positions)
 
 
 def _number(scaling: dict[str, Any], key: str, kind: str, default: Any = _MISSING, positive: bool = True) -> float:
@@ -129,6 +190,44 @@ def _llama3(inv: np.ndarray, scaling: dict[str, Any], old_context: float) -> np.
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     medium = ~(wavelen < old_context / high) & ~(wavelen > old_context / low)
     return np.where(medium, blended, scaled)
+
+
+def _longrope(dim: int, inv: np.ndarray, scaling: dict[str, Any], original: float,
+              max_positions: int | None, generation_recomputes: bool) -> RopeFrequencies:
+    """transformers' ``_compute_longrope_parameters``: the short and the long frequencies, and the
+    attention factor both share."""
+    short, long = (_factors(scaling, key, dim) for key in ("short_factor", "long_factor"))
+    if original != int(original):
+        raise RopeScalingError(f"has 'original_max_position_embeddings': {original!r}, which must be an integer",
+                               "original_max_position_embeddings")
+    if scaling.get("factor") is None:
+        if max_positions is None:
+            raise RopeScalingError("has no 'factor', and there is no max_position_embeddings to derive it from",
+                                   "factor")
+        factor = max_positions / original
+    else:
+        factor = _number(scaling, "factor", "longrope")
+    if scaling.get("attention_factor") is not None:
+        attention = _number(scaling, "attention_factor", "longrope")
+    else:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeFrequencies(inv / short, float(attention), inv / long, int(original), generation_recomputes)
+
+
+def _factors(scaling: dict[str, Any], key: str, dim: int) -> np.ndarray:
+    value = scaling.get(key)
+    if value is None:
+        raise RopeScalingError(f"has no '{key}', which rope_type 'longrope' needs", key)
+    if not isinstance(value, list) or len(value) != dim // 2 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in value):
+        raise RopeScalingError(f"has '{key}': {_short(value)}, which must be a list of {dim // 2} positive numbers "
+                               f"(one per pair of the {dim} rotated dims)", key)
+    return np.asarray(value, dtype=np.float64)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _yarn(dim: int, theta: float, scaling: dict[str, Any], original: float,

@@ -17,11 +17,13 @@ ARCHITECTURES = {
     "mistral": ("MistralConfig", "MistralForCausalLM"),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "granite": ("GraniteConfig", "GraniteForCausalLM"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "mamba": ("MambaConfig", "MambaForCausalLM"),
     "falcon_h1": ("FalconH1Config", "FalconH1ForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
 }
 # Checkpoints of other families that fit the std Llama's tensor names and shapes, with what a
 # public config of the family sets (Granite-3's multipliers, Gemma-2's defaults): name -> (arch, config)
@@ -61,6 +63,39 @@ CASES = {
     "llama-yarn": ("llama", "llama.module", {"rope_parameters": {
         "rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}),
     "falcon-h1-hybrid": ("falcon_h1", "falcon_h1.module", FALCON_H1),
+    # Granite: the muP scalars of the public Granite-3 configs, with biases; tied with other scalars. Weights 10x
+    # the default init so the scores are large enough to see the softmax scale (1/sqrt(head_dim) is off by 0.03)
+    "granite-multipliers": ("granite", "granite.module", {"embedding_multiplier": 12.0, "attention_multiplier": 0.015625,
+                                                          "residual_multiplier": 0.22, "logits_scaling": 8.0,
+                                                          "attention_bias": True, "mlp_bias": True,
+                                                          "initializer_range": 0.2}),
+    "granite-tied": ("granite", "granite.module", {"tie_word_embeddings": True, "embedding_multiplier": 6.0,
+                                                   "attention_multiplier": 0.25, "residual_multiplier": 0.5,
+                                                   "logits_scaling": 2.0, "initializer_range": 0.2}),
+    # OLMo-2 (post-norm, QK-norm over the whole q and k projections; its eos id 50279 lies outside the tiny
+    # vocabulary, and its pad id 1 would make transformers' nn.Embedding(padding_idx=1) drop that row's
+    # gradient): untied GQA; tied with biases on q/k/v/o
+    "olmo2-gqa": ("olmo2", "olmo2.module", {"pad_token_id": None, "eos_token_id": None}),
+    "olmo2-tied-biases": ("olmo2", "olmo2.module", {"pad_token_id": None, "eos_token_id": None,
+                                                    "tie_word_embeddings": True, "attention_bias": True}),
+    # Phi-3 (fused qkv_proj and gate_up_proj; its pad/eos ids 32000 lie outside the tiny vocabulary): GQA in a
+    # window of 5; RoPE on half of each head; Phi-4-mini-like longrope on 6 of the 8 head dims, tied, its factors
+    # long past original_max_position_embeddings 8 (the 12-token sequences; generation from 6 tokens switches
+    # and recomputes) and short below 64
+    "phi3-gqa-sliding-window": ("phi3", "phi3.module", {"pad_token_id": None, "eos_token_id": None,
+                                                        "sliding_window": 5}),
+    "phi3-partial-rotary": ("phi3", "phi3.module", {"pad_token_id": None, "eos_token_id": None,
+                                                    "partial_rotary_factor": 0.5}),
+    **{f"phi3-longrope{suffix}": ("phi3", "phi3.module", {
+        "pad_token_id": None, "eos_token_id": None, "partial_rotary_factor": 0.75, "tie_word_embeddings": True,
+        "original_max_position_embeddings": original, "rope_parameters": {
+            "rope_theta": 10000.0, "rope_type": "longrope", "short_factor": [1.0, 1.7, 3.1],
+            "long_factor": [1.3, 5.0, 23.0]}}) for suffix, original in (("", 8), ("-short", 64))},
+    # 4 layers alternating a window of 5 (below the 12-token sequences) and full attention, held as 2 pairs;
+    # softcaps small enough to bend the tiny model's scores and logits; query_pre_attn_scalar != head_dim
+    "gemma2-softcap": ("gemma2", "gemma2.module", {"num_hidden_layers": 4, "head_dim": 8, "sliding_window": 5,
+                                                   "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+                                                   "query_pre_attn_scalar": 12}),
 }
 
 

@@ -5,7 +5,7 @@
 // RUN: mdsl-opt %S/../../../modeldsl/std/models/qwen.module | filecheck %s --check-prefixes=CHECK,QWEN
 // RUN: mdsl-opt %S/../../../modeldsl/std/models/mistral.module | filecheck %s --check-prefixes=CHECK,MISTRAL
 
-// LLAMA: mdsl.graph.model @Llama config {vocab_size = 32000 : i64, d_model = 4096 : i64, n_layers = 32 : i64, num_heads = 32 : i64, num_kv_heads = 32 : i64, head_dim = 128 : i64, d_ff = 11008 : i64, max_seq = 4096 : i64, eps = 1.000000e-05 : f64, rope_theta = 1.000000e+04 : f64, tie_embeddings = false}
+// LLAMA: mdsl.graph.model @Llama config {vocab_size = 32000 : i64, d_model = 4096 : i64, n_layers = 32 : i64, num_heads = 32 : i64, num_kv_heads = 32 : i64, head_dim = 128 : i64, d_ff = 11008 : i64, max_seq = 4096 : i64, eps = 1.000000e-05 : f64, rope_theta = 1.000000e+04 : f64, tie_embeddings = false, attention_bias = false, mlp_bias = false}
 // LLAMA-SAME: hf_config = {architecture = "LlamaForCausalLM"
 // QWEN: mdsl.graph.model @Qwen3 config {vocab_size = 151936 : i64, d_model = 1024 : i64, n_layers = 28 : i64, num_heads = 16 : i64, num_kv_heads = 8 : i64, head_dim = 128 : i64
 // QWEN-SAME: "blocks[{layer}].attention.q_norm" = "model.layers.{layer}.self_attn.q_norm.weight"

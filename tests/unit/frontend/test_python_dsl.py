@@ -26,7 +26,8 @@ CHECKPOINTS = {"Llama": ("llama", {}), "Qwen3": ("qwen3", {"head_dim": 16}),
                "Mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
                "Qwen3Moe": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                                           "head_dim": 16}),
-               "Mamba": ("mamba", {"state_size": 4, "expand": 2, "conv_kernel": 4, "time_step_rank": 2})}
+               "Mamba": ("mamba", {"state_size": 4, "expand": 2, "conv_kernel": 4, "time_step_rank": 2}),
+               "Phi3": ("phi3", {"pad_token_id": None, "eos_token_id": None, "partial_rotary_factor": 0.75})}
 HEADER = "from modeldsl.dsl import Param, Tensor, backward, forward, graph, module, save\n\n\n"
 
 

@@ -57,7 +57,10 @@ def derived_gradients(module: str, path, tokens: np.ndarray, d_logits: np.ndarra
         name = stack.body.root_reference.data.removesuffix("_bwd")
         written = f"{name}.mlp.up_weight" in model.weights  # stacks of one MLP share its backward function
         assert [call.endswith("_mlp_backward") for call in backward_calls] == ([True] if written else []), name
-    assert sum(stack.count.data.evaluate({}) for stack in stacks) == model.config("n_layers")
+    # a stack of Gemma 2's layer pairs (a local and a global layer per step) runs two layers a step
+    per_step = {stack: 2 if f"{stack.body.root_reference.data.removesuffix('_bwd')}.global_layer.input_norm.weight"
+                in model.weights else 1 for stack in stacks}
+    assert sum(stack.count.data.evaluate({}) * per_step[stack] for stack in stacks) == model.config("n_layers")
     executor = GraphExecutor(model.model, model.weights, np.float32)
     results = executor.run(grad_func.sym_name.data, *model.inputs(tokens, 0), d_logits)
     names = [a.data for a in grad_func.attributes["grads"].data]

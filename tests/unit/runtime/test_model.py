@@ -72,6 +72,36 @@ def test_bf16_storage_stays_close_to_fp32():
     assert np.abs(bf16.forward(TOKENS) - fp32).max() < 0.05 * np.abs(fp32).max()
 
 
+LLAMA_LONGROPE = ("llama", "llama.module", {"rope_parameters": {
+    "rope_theta": 10000.0, "rope_type": "longrope", "original_max_position_embeddings": 8,
+    "short_factor": [1.0, 1.7, 3.1, 4.0], "long_factor": [1.3, 5.0, 23.0, 40.0]}})
+
+
+@pytest.mark.parametrize("engine", ["schedule", "graph"])
+@pytest.mark.parametrize("name", ["phi3-longrope", "llama-longrope"])
+def test_longrope_generation_takes_the_long_factors_as_transformers_does(name, engine):
+    """Past original_max_position_embeddings (8) longrope takes its long factors. Phi-3's transformers
+    generation then drops its cache and runs the whole sequence again; Llama's keeps the keys rotated
+    with the short ones. Every step's logits are transformers' generation's (for Phi-3, keeping the
+    short keys would be 1e-3 off)."""
+    arch, module, config = CASES[name] if name in CASES else LLAMA_LONGROPE
+    path = cached_checkpoint(arch, **config)
+    model = modeldsl.load(MODELS / module, hf=path)
+    reference = transformers_model(path)
+    prompt = TOKENS[:6]
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0,
+                                 output_logits=True, return_dict_in_generate=True)
+    sequence = out.sequences[0].tolist()
+    assert model.rope.uses_long(9) and not model.rope.uses_long(8)
+    assert model.rope.recomputes(8, 9) == (arch == "phi3") and not model.rope.recomputes(9, 10)
+    step = model.decoder(len(sequence), use_cache=True, engine=engine)
+    for i, expected in enumerate(out.logits):
+        fed = len(prompt) + i
+        logits = step(sequence[:fed], 0 if i == 0 else fed - 1)
+        assert np.abs(logits - expected[0].numpy()).max() <= 1e-4, i
+
+
 def test_save_hf_round_trips_through_the_model(tmp_path):
     path = cached_checkpoint("llama")
     model = modeldsl.load(MODELS / "llama.module", hf=path)
@@ -81,7 +111,9 @@ def test_save_hf_round_trips_through_the_model(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["llama-biases", "qwen3-attention-bias", "qwen2-qkv-bias", "qwen2-sliding-window",
-                                  "qwen2-mixed-windows"])
+                                  "qwen2-mixed-windows", "gemma2-softcap", "granite-multipliers", "granite-tied",
+                                  "phi3-gqa-sliding-window", "phi3-partial-rotary", "phi3-longrope", "olmo2-gqa",
+                                  "olmo2-tied-biases"])
 def test_save_hf_writes_the_checkpoint_back_bitwise_and_transformers_reloads_it_whole(name, tmp_path):
     arch, module, config = CASES[name]
     path = cached_checkpoint(arch, **config)

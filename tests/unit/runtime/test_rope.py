@@ -63,7 +63,14 @@ def test_yarn_scales_cos_and_sin_by_its_attention_factor():
 
 @pytest.mark.parametrize("scaling, key, words", [
     ("bad", None, "must be a JSON object"),
-    ({"rope_type": "longrope", "factor": 2.0}, "rope_type", "'longrope', which is not supported"),
+    ({"rope_type": "mrope", "factor": 2.0}, "rope_type", "'mrope', which is not supported"),
+    ({"rope_type": "longrope", "factor": 2.0}, "short_factor", "has no 'short_factor'"),
+    ({"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 7}, "long_factor",
+     "must be a list of 8 positive numbers"),
+    ({"rope_type": "su", "short_factor": [1.0] * 8, "long_factor": [1.0] * 7 + [0.0]}, "long_factor",
+     "must be a list of 8 positive numbers"),
+    ({"rope_type": "yarn", "factor": 2.0, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}, "rope_type",
+     "transformers' Phi-3 reads that as longrope"),
     ({"type": 3}, "type", "3, which is not supported"),
     ({"rope_type": "linear"}, "factor", "has no 'factor', which rope_type 'linear' needs"),
     ({"rope_type": "llama3"}, "factor", "has no 'factor'"),
@@ -91,5 +98,83 @@ def test_llama3_without_max_positions_needs_its_original_context():
 
 def test_supported_types_are_listed_in_the_error():
     with pytest.raises(RopeScalingError) as info:
-        rope_frequencies(HEAD_DIM, THETA, {"rope_type": "su"})
+        rope_frequencies(HEAD_DIM, THETA, {"rope_type": "mrope"})
     assert all(kind in str(info.value) for kind in SUPPORTED)
+
+
+# ---------------------------------------------------------------------------- longrope (Phi-3)
+LONG = {"short_factor": [1.0, 1.2, 1.9, 3.0, 7.5, 11.0], "long_factor": [1.1, 2.0, 4.5, 9.0, 30.0, 61.0]}
+
+
+def phi3_rotary(partial: float, rope: dict, original: int | None):
+    """transformers' Phi-3 rotary embedding (head_dim 16) for a longrope ``rope`` of 6 factor pairs."""
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    extra = {} if original is None else {"original_max_position_embeddings": original}
+    config = transformers.Phi3Config(hidden_size=64, num_attention_heads=4, max_position_embeddings=MAX_POSITIONS,
+                                     partial_rotary_factor=partial, pad_token_id=None, eos_token_id=None,
+                                     rope_parameters={"rope_theta": THETA, **rope}, **extra)
+    return Phi3RotaryEmbedding(config)
+
+
+@pytest.mark.parametrize("extra, original", [
+    ({}, 16),                                       # factor max_positions / original, its attention factor
+    ({"factor": 3.0}, 16),                          # a given factor
+    ({"attention_factor": 0.9}, 32),                # a given attention factor
+    ({"original_max_position_embeddings": 100}, 16),  # the config's top-level one goes first
+    ({}, None),                                     # Phi3Config's default 4096: factor < 1, attention 1
+])
+@pytest.mark.parametrize("length", [5, 16, 17, 40])
+def test_longrope_tables_match_transformers_short_and_long(extra, original, length):
+    """Both sets and the attention factor from transformers' own _compute_longrope_parameters, and the
+    table of a sequence of ``length`` positions from Phi3RotaryEmbedding, whose dynamic_rope_update takes
+    the long factors past original_max_position_embeddings (partial_rotary_factor 0.75: 12 of 16 dims)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": "longrope", **LONG, **extra}
+    rotary = phi3_rotary(0.75, dict(rope), original)
+    top = original if original is not None else 4096  # Phi3Config's default, as the std Phi3's original_max_seq
+    ours = rope_frequencies(12, THETA, {**rope, "partial_rotary_factor": 0.75}, MAX_POSITIONS, head_dim=16,
+                            original_max_positions=top)
+    short, attention = ROPE_INIT_FUNCTIONS["longrope"](rotary.config)
+    long, _ = ROPE_INIT_FUNCTIONS["longrope"](rotary.config, seq_len=top + 1)
+    np.testing.assert_allclose(ours.inv_freq, short.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(ours.long_inv_freq, long.numpy(), rtol=1e-6)
+    assert ours.attention_factor == pytest.approx(attention) == pytest.approx(rotary.attention_scaling)
+    assert ours.original_max_positions == top and ours.uses_long(length) == (length > top)
+    cos, sin = rotary(torch.zeros(1, 1, 16), torch.arange(length)[None])
+    table = ours.table(range(length))
+    assert table.shape == (length, 6, 2)
+    np.testing.assert_allclose(table[..., 0], cos[0, :, :6].numpy(), atol=2e-5)
+    np.testing.assert_allclose(table[..., 1], sin[0, :, :6].numpy(), atol=2e-5)
+    # a step of generation: its position's row in a sequence of that length
+    np.testing.assert_array_equal(ours.table([length - 1]), table[-1:])
+
+
+def test_longrope_picks_its_factors_by_the_sequence_length_given():
+    ours = rope_frequencies(12, THETA, {"rope_type": "longrope", **LONG}, MAX_POSITIONS, original_max_positions=16,
+                            generation_recomputes=True)
+    assert not np.array_equal(ours.table(range(4), seq_len=16), ours.table(range(4), seq_len=17))
+    np.testing.assert_array_equal(ours.table(range(4), seq_len=16), ours.table(range(4)))
+    assert ours.recomputes(16, 17) and ours.recomputes(3, 20) and not ours.recomputes(17, 18)
+    assert not ours.recomputes(0, 20) and not ours.recomputes(5, 16)  # a prefill; still short
+    plain = rope_frequencies(12, THETA, None)
+    assert not plain.recomputes(16, 17) and not plain.uses_long(10**6)
+    # other families' transformers generation keeps the keys rotated with the short factors
+    kept = rope_frequencies(12, THETA, {"rope_type": "longrope", **LONG}, MAX_POSITIONS, original_max_positions=16)
+    assert kept.uses_long(17) and not kept.recomputes(16, 17)
+
+
+def test_the_old_su_name_is_longrope():
+    rope = {"short_factor": LONG["short_factor"], "long_factor": LONG["long_factor"]}
+    su = rope_frequencies(12, THETA, {"type": "su", **rope}, MAX_POSITIONS, original_max_positions=16)
+    longrope = rope_frequencies(12, THETA, {"rope_type": "longrope", **rope}, MAX_POSITIONS, original_max_positions=16)
+    np.testing.assert_array_equal(su.table(range(40)), longrope.table(range(40)))
+
+
+def test_a_partial_rotary_factor_must_give_the_rotated_width():
+    scaling = {"rope_type": "longrope", **LONG, "partial_rotary_factor": 0.5}
+    with pytest.raises(RopeScalingError, match="rotates 12 of its 16 head dims") as info:
+        rope_frequencies(12, THETA, scaling, MAX_POSITIONS, head_dim=16)
+    assert info.value.key == "partial_rotary_factor"
+    assert rope_frequencies(12, THETA, {**scaling, "partial_rotary_factor": 0.75}, MAX_POSITIONS, head_dim=16)

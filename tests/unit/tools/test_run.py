@@ -251,8 +251,8 @@ def test_a_folder_named_like_the_weights_is_e028(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("config, words", [
-    ({"rope_scaling": {"rope_type": "longrope", "factor": 2.0}},
-     "'rope_scaling' has rope_type 'longrope', which is not supported (supported: default, linear, dynamic"),
+    ({"rope_scaling": {"rope_type": "mrope", "factor": 2.0}},
+     "'rope_scaling' has rope_type 'mrope', which is not supported (supported: default, linear, dynamic"),
     ({"rope_scaling": {"rope_type": "llama3"}}, "'rope_scaling' has no 'factor', which rope_type 'llama3' needs"),
     ({"rope_scaling": "bad"}, "'rope_scaling' is 'bad', not an object"),
     ({"rope_parameters": {"rope_theta": 10000.0, "rope_type": "linear", "factor": -2}},

@@ -5,9 +5,10 @@ from modeldsl.dsl import Param, Tensor, forward, graph, module, save
 
 @module
 class RMSNorm:
-    """y = x / sqrt(mean(x^2) + eps) * weight."""
+    """y = x / sqrt(mean(x^2) + eps) * (weight + offset); offset 1.0 is Gemma's (1 + weight), with
+    weights stored around 0."""
 
-    def __init__(self, d: int, eps: float = 1e-6):
+    def __init__(self, d: int, eps: float = 1e-6, offset: float = 0.0):
         pass
 
     weight = Param(Tensor["d"])
@@ -16,7 +17,11 @@ class RMSNorm:
     @forward
     def forward(self, in_: Tensor["*", "d"]) -> Tensor["*", "d"]:
         with graph() as g:
-            out, rstd = g.rmsnorm(in_, "weight", eps=self.eps)
+            if self.offset != 0.0:
+                offset_weight = g.add_scalar("weight", value=self.offset)
+                out, rstd = g.rmsnorm(in_, offset_weight, eps=self.eps)
+            else:
+                out, rstd = g.rmsnorm(in_, "weight", eps=self.eps)
             return out
 
 

@@ -1,0 +1,120 @@
+"""The std Granite in the Python DSL (the twin of std/models/granite.module)."""
+
+from modeldsl.dsl import (Array, Param, Tensor, field, forward, fuse, graph, hf_config, hf_export, hf_mapping, model,
+                          split, tied_to)
+from modeldsl.std.python.blocks.dense import DenseTransformerBlock
+from modeldsl.std.python.modules.norm import RMSNorm
+
+
+@model
+@hf_config(
+    architecture="GraniteForCausalLM",
+    config_class="GraniteConfig",
+    param_mapping={
+        "vocab_size": "vocab_size",
+        "d_model": "hidden_size",
+        "n_layers": "num_hidden_layers",
+        "num_heads": "num_attention_heads",
+        "num_kv_heads": field("num_key_value_heads", null="num_heads", absent="num_heads"),
+        "head_dim": field("head_dim", null="default"),
+        "d_ff": "intermediate_size",
+        "max_seq": "max_position_embeddings",
+        "eps": field("rms_norm_eps", absent=1e-6),
+        "rope_theta": field("rope_theta", absent=10000.0),
+        "tie_embeddings": field("tie_word_embeddings", absent=False),
+        "attention_bias": field("attention_bias", absent=False),
+        "mlp_bias": field("mlp_bias", absent=False),
+        "embedding_multiplier": field("embedding_multiplier", absent=1.0),
+        "attention_multiplier": field("attention_multiplier", absent=1.0),
+        "residual_multiplier": field("residual_multiplier", absent=1.0),
+        "logits_scaling": field("logits_scaling", absent=1.0),
+    },
+    require={"hidden_act": "silu"},
+)
+@hf_mapping({
+    "embedding": "model.embed_tokens.weight",
+    "final_norm.weight": "model.norm.weight",
+    "lm_head?": "lm_head.weight",
+    "blocks[{layer}].ln1.weight": "model.layers.{layer}.input_layernorm.weight",
+    "blocks[{layer}].attention.qkv_weight": fuse("model.layers.{layer}.self_attn.q_proj.weight",
+                                                 "model.layers.{layer}.self_attn.k_proj.weight",
+                                                 "model.layers.{layer}.self_attn.v_proj.weight", dim=0),
+    "blocks[{layer}].attention.out_weight": "model.layers.{layer}.self_attn.o_proj.weight",
+    "blocks[{layer}].attention.qkv_bias?": fuse("model.layers.{layer}.self_attn.q_proj.bias",
+                                                "model.layers.{layer}.self_attn.k_proj.bias",
+                                                "model.layers.{layer}.self_attn.v_proj.bias", dim=0),
+    "blocks[{layer}].attention.out_bias?": "model.layers.{layer}.self_attn.o_proj.bias",
+    "blocks[{layer}].ln2.weight": "model.layers.{layer}.post_attention_layernorm.weight",
+    "blocks[{layer}].mlp.up_weight": fuse("model.layers.{layer}.mlp.gate_proj.weight",
+                                          "model.layers.{layer}.mlp.up_proj.weight", dim=0),
+    "blocks[{layer}].mlp.down_weight": "model.layers.{layer}.mlp.down_proj.weight",
+    "blocks[{layer}].mlp.up_bias?": fuse("model.layers.{layer}.mlp.gate_proj.bias",
+                                         "model.layers.{layer}.mlp.up_proj.bias", dim=0),
+    "blocks[{layer}].mlp.down_bias?": "model.layers.{layer}.mlp.down_proj.bias",
+})
+@hf_export({
+    "blocks[{layer}].attention.qkv_weight": split({
+        "model.layers.{layer}.self_attn.q_proj.weight": [0, "num_heads * head_dim"],
+        "model.layers.{layer}.self_attn.k_proj.weight": ["num_heads * head_dim",
+                                                         "(num_heads + num_kv_heads) * head_dim"],
+        "model.layers.{layer}.self_attn.v_proj.weight": ["(num_heads + num_kv_heads) * head_dim",
+                                                         "(num_heads + 2 * num_kv_heads) * head_dim"],
+    }, dim=0),
+    "blocks[{layer}].mlp.up_weight": split({
+        "model.layers.{layer}.mlp.gate_proj.weight": [0, "d_ff"],
+        "model.layers.{layer}.mlp.up_proj.weight": ["d_ff", "2 * d_ff"],
+    }, dim=0),
+    "blocks[{layer}].attention.qkv_bias": split({
+        "model.layers.{layer}.self_attn.q_proj.bias": [0, "num_heads * head_dim"],
+        "model.layers.{layer}.self_attn.k_proj.bias": ["num_heads * head_dim",
+                                                       "(num_heads + num_kv_heads) * head_dim"],
+        "model.layers.{layer}.self_attn.v_proj.bias": ["(num_heads + num_kv_heads) * head_dim",
+                                                       "(num_heads + 2 * num_kv_heads) * head_dim"],
+    }, dim=0),
+    "blocks[{layer}].mlp.up_bias": split({
+        "model.layers.{layer}.mlp.gate_proj.bias": [0, "d_ff"],
+        "model.layers.{layer}.mlp.up_proj.bias": ["d_ff", "2 * d_ff"],
+    }, dim=0),
+})
+class Granite:
+    """Granite 3.x (GraniteForCausalLM): Llama-style blocks with its muP scalars, as transformers'
+    Granite: the embedding output times embedding_multiplier, attention_multiplier as the softmax
+    scale (in place of 1/sqrt(head_dim)), each attention and MLP output times residual_multiplier
+    before its residual add, and the logits divided by logits_scaling; biases on the q/k/v/o
+    projections with attention_bias and on the MLP's with mlp_bias; tied or untied LM head.
+
+    freqs are the RoPE (cos, sin) pairs of the T positions, computed by the
+    runtime from rope_theta (and the checkpoint's rope_scaling).
+    """
+
+    def __init__(self, vocab_size: int = 32000, d_model: int = 4096, n_layers: int = 32, num_heads: int = 32,
+                 num_kv_heads: int = 32, head_dim: int = "d_model // num_heads", d_ff: int = 11008,
+                 max_seq: int = 2048, eps: float = 1e-6, rope_theta: float = 10000.0, tie_embeddings: bool = False,
+                 attention_bias: bool = False, mlp_bias: bool = False, embedding_multiplier: float = 1.0,
+                 attention_multiplier: float = 1.0, residual_multiplier: float = 1.0, logits_scaling: float = 1.0):
+        assert self.num_heads % self.num_kv_heads == 0, \
+            "num_attention_heads must be a multiple of num_key_value_heads"
+        assert self.attention_multiplier > 0.0, "attention_multiplier, the softmax scale, must be positive"
+        assert self.logits_scaling != 0.0, "logits_scaling divides the logits and must not be 0"
+
+    embedding = Param(Tensor["vocab_size", "d_model"])
+    blocks = Param(Array["n_layers", DenseTransformerBlock("d_model", "num_heads", "num_kv_heads", "head_dim",
+                                                           "d_ff", "eps", "attention_bias", False, 0,
+                                                           "attention_bias", "mlp_bias",
+                                                           softmax_scale="attention_multiplier",
+                                                           residual_multiplier="residual_multiplier")])
+    final_norm = Param(RMSNorm("d_model", "eps"))
+    lm_head = Param(tied_to("embedding"), when="tie_embeddings")
+    lm_head = Param(Tensor["vocab_size", "d_model"], when="not tie_embeddings")  # noqa: F811 - the other case
+
+    @forward
+    def forward(self, tokens: Tensor["B", "T", "int32"], freqs: Tensor["T", "head_dim // 2", 2, "fp32"]
+                ) -> Tensor["B", "T", "vocab_size"]:
+        with graph() as g:
+            embedded = g.embedding(tokens, "embedding")
+            x0 = g.scale(embedded, factor=self.embedding_multiplier, hook="AfterEmbedding")
+            xN = self.blocks(x0, freqs)
+            xF = self.final_norm(xN, hook="BeforeLMHead")
+            raw_logits = g.matmul(xF, "lm_head", transpose="NT")
+            logits = g.scale(raw_logits, factor=1.0 / self.logits_scaling)
+            return logits
