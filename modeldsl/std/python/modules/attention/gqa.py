@@ -22,13 +22,14 @@ class GQA:
 
     softmax_scale > 0 replaces attention's 1/sqrt(head_dim) (Granite's attention_multiplier);
     qk_norm_whole RMS-normalizes the whole q projection [q_dim] and k projection [kv_dim]
-    before the head split and RoPE, weights q_norm [q_dim] and k_norm [kv_dim] (OLMo-2).
+    before the head split and RoPE, weights q_norm [q_dim] and k_norm [kv_dim] (OLMo-2);
+    softcap > 0 caps the scaled scores to softcap * tanh(s / softcap) (Gemma 2).
     """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, head_dim: int, use_qkv_bias: bool = False,
                  use_qk_norm: bool = False, sliding_window: int = 0, eps: float = 1e-6,
                  use_out_bias: bool = False, rotary_pass: int = 0, softmax_scale: float = 0.0,
-                 qk_norm_whole: bool = False):
+                 qk_norm_whole: bool = False, softcap: float = 0.0):
         self.q_dim = self.num_heads * self.head_dim
         self.kv_dim = self.num_kv_heads * self.head_dim
         assert self.num_heads % self.num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads (GQA)"
@@ -39,6 +40,7 @@ class GQA:
         assert not (self.use_qk_norm and self.qk_norm_whole), \
             "use_qk_norm (per head) and qk_norm_whole (over the whole q and k projections) exclude each other"
         assert self.softmax_scale >= 0.0, "softmax_scale must be 0 (1/sqrt(head_dim)) or a positive scale"
+        assert self.softcap >= 0.0, "softcap must be 0 (none) or positive"
 
     qkv_weight = Param(Tensor["q_dim + 2 * kv_dim", "d_model"])
     qkv_bias = Param(Tensor["q_dim + 2 * kv_dim"], when="use_qkv_bias")
@@ -85,16 +87,16 @@ class GQA:
             if self.sliding_window > 0:
                 if self.softmax_scale > 0.0:
                     att, lse = g.flash_attention(q_rot, k_rot, v, causal=True, softmax_scale=self.softmax_scale,
-                                                 window_size=self.sliding_window, layout="bthd")
+                                                 window_size=self.sliding_window, layout="bthd", softcap=self.softcap)
                 else:
                     att, lse = g.flash_attention(q_rot, k_rot, v, causal=True, window_size=self.sliding_window,
-                                                 layout="bthd")
+                                                 layout="bthd", softcap=self.softcap)
             else:
                 if self.softmax_scale > 0.0:
                     att, lse = g.flash_attention(q_rot, k_rot, v, causal=True, softmax_scale=self.softmax_scale,
-                                                 layout="bthd")
+                                                 layout="bthd", softcap=self.softcap)
                 else:
-                    att, lse = g.flash_attention(q_rot, k_rot, v, causal=True, layout="bthd")
+                    att, lse = g.flash_attention(q_rot, k_rot, v, causal=True, layout="bthd", softcap=self.softcap)
             att_flat = g.view(att, ["B", "T", "q_dim"], hook="AfterAttention")
             if self.use_out_bias:
                 out_proj = g.matmul(att_flat, "out_weight", transpose="NT")
