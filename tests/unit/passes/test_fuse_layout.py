@@ -88,7 +88,7 @@ def heads_first_models(root: Path) -> Path:
     attention = (STD_ROOT / "modules" / "attention" / "gqa.module").read_text()
     for head in ("q_heads", "k_heads", "v\n"):
         attention = attention.replace(f"head_dim]) -> {head}", f"head_dim]) -> transpose(1, 2) -> {head}")
-    attention = attention.replace("rope(layout=bthd)", "rope()").replace(", layout=bthd)", ")")
+    attention = attention.replace("rope(layout=bthd)", "rope()").replace(", layout=bthd)", ")").replace(", layout=bthd, ", ", ")
     attention = attention.replace("att -> view([B, T, q_dim])", "att -> transpose(1, 2) -> view([B, T, q_dim])")
     assert attention.count("transpose(1, 2)") == 4 and "bthd" not in attention
     (root / "modules" / "attention").mkdir(parents=True, exist_ok=True)
