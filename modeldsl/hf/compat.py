@@ -264,7 +264,7 @@ def unsupported_fields(model_name: str, declared: dict[str, Any], hf: Any, mappe
     nor ignores, where the config gives it a value other than its neutral one."""
     required = declared.get("require") if isinstance(declared.get("require"), dict) else {}
     ignored = set(_names(declared.get("ignore")))
-    problems = _per_layer_type_rope(model_name, hf)
+    problems = _per_layer_type_rope(model_name, hf, mapped)
     for name, value, where in _fields(hf):
         if name in mapped or name in ignored:
             continue
@@ -300,12 +300,26 @@ def _window_from_max_window_layers(value: Any, hf: Any) -> bool:
     return value == ["full_attention"] * first + ["sliding_attention"] * (layers - first)
 
 
-def _per_layer_type_rope(model_name: str, hf: Any) -> list[Diagnostic]:
-    """E037 for RoPE parameters per kind of layer (Gemma-3's ``{"full_attention": {...}, ...}``)."""
+LOCAL_ROPE = ("sliding_attention", "rope_local_base_freq")  # the kind of layer with a RoPE of its own, its theta
+
+
+def _per_layer_type_rope(model_name: str, hf: Any, mapped: set[str]) -> list[Diagnostic]:
+    """E037 for RoPE parameters per kind of layer (Gemma-3's ``{"full_attention": {...}, ...}``), but
+    for a model that maps the local theta (config.py lifts full_attention's to ``rope_theta`` and
+    ``rope_scaling``, sliding_attention's theta to ``rope_local_base_freq``) where the local one is unscaled."""
     rope = hf.get("rope_parameters")
     kinds = [k for k, v in rope.items() if isinstance(v, dict)] if isinstance(rope, dict) else []
     if not kinds:
         return []
+    local_kind, local_theta = LOCAL_ROPE
+    if local_theta in mapped and set(kinds) <= {"full_attention", local_kind}:
+        local_type = rope.get(local_kind, {}).get("rope_type", "default")
+        if local_type in ("default", None):
+            return []
+        return [Diagnostic("E037", f"config.json gives the {local_kind} layers rope_type {_show(local_type)}, but "
+                           f"{model_name} rotates them with unscaled frequencies of {local_theta}",
+                           _span(hf, "rope_parameters"), f"set rope_parameters.{local_kind}.rope_type to "
+                           "\"default\", as the family's checkpoints have it")]
     return [Diagnostic("E037", f"config.json gives 'rope_parameters' per kind of layer ({', '.join(kinds)}), which "
                        f"{model_name} does not implement", _span(hf, "rope_parameters"),
                        "load the checkpoint with a model of its family")]
@@ -355,10 +369,12 @@ def _number(value: Any) -> bool:
 
 def _same(value: Any, expected: Any) -> bool:
     """Equal as config values: numbers within a relative 1e-6, booleans as 0/1, others exactly; a
-    required list is a pattern the config's list repeats whole (Gemma 2's ``layer_types``:
-    ``["sliding_attention", "full_attention"]`` for an even number of alternating layers)."""
+    required list is a pattern the config's list repeats, the last repetition possibly cut short (Gemma
+    2's ``layer_types``: ``["sliding_attention", "full_attention"]`` for alternating layers, Gemma 3's
+    five sliding then one full, 26 layers ending on two sliding ones)."""
     if isinstance(expected, (list, tuple)) and expected and isinstance(value, list):
-        return len(value) % len(expected) == 0 and value == list(expected) * (len(value) // len(expected))
+        repeats = -(-len(value) // len(expected))
+        return value == (list(expected) * repeats)[:len(value)]
     if isinstance(value, bool) or isinstance(expected, bool):
         flags = all(isinstance(v, bool) or (_integer(v) and v in (0, 1)) for v in (value, expected))
         return flags and int(value) == int(expected)

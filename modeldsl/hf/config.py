@@ -48,7 +48,9 @@ its ``absent=`` / ``null=`` (the DSL default / E030 without). An exported
 
 Configs written by transformers 5 keep ``rope_theta`` and the scaling under
 ``rope_parameters``; :func:`normalize` lifts them to the older top-level
-``rope_theta`` / ``rope_scaling`` so one mapping reads both (a mapped
+``rope_theta`` / ``rope_scaling`` so one mapping reads both (Gemma 3's
+``rope_parameters`` per kind of layer: the ``full_attention`` one, and the
+``sliding_attention`` theta as the older ``rope_local_base_freq``; a mapped
 ``partial_rotary_factor`` is read in ``rope_parameters`` first, where
 transformers 5 reads it, then at the top level), gives the
 expert count under both of its names (``num_experts``, ``num_local_experts``),
@@ -223,7 +225,9 @@ def _special_floats(value: Any) -> Any:
 
 
 def normalize(config: dict[str, Any]) -> HFConfig:
-    """``rope_parameters`` (transformers 5) lifted to the top-level ``rope_theta`` / ``rope_scaling``,
+    """``rope_parameters`` (transformers 5) lifted to the top-level ``rope_theta`` / ``rope_scaling``
+(Gemma 3's per kind of layer: ``full_attention``'s, and ``sliding_attention``'s theta to
+``rope_local_base_freq``),
     transformers 5's ``{"__float__": "Infinity"}`` read as the float; a ``rope_parameters`` or
     ``rope_scaling`` that is not an object is E030 at the field."""
     result = HFConfig({name: _special_floats(value) for name, value in config.items()})
@@ -235,6 +239,11 @@ def normalize(config: dict[str, Any]) -> HFConfig:
                                               "object", result.span(name), f"'{name}' is null or an object such "
                                               "as {\"rope_type\": \"default\", \"rope_theta\": 10000.0}")])
     rope = result.get("rope_parameters")
+    if isinstance(rope, dict) and any(isinstance(value, dict) for value in rope.values()):
+        local = rope.get("sliding_attention")
+        if isinstance(local, dict) and local.get("rope_theta") is not None:
+            result.setdefault("rope_local_base_freq", local["rope_theta"])
+        rope = rope.get("full_attention")  # Gemma 3's per kind of layer: the global layers' is the model's
     if isinstance(rope, dict):
         if rope.get("rope_theta") is not None:
             result.setdefault("rope_theta", rope["rope_theta"])

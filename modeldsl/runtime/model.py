@@ -7,7 +7,9 @@ into the IR (``mdsl-specialize``), and fills the parameters through
 ``hf_mapping``. The forward function's inputs follow one convention: the
 integer input is the token ids, an input named ``freqs`` is the RoPE table
 of the positions (from ``rope_theta``, ``head_dim`` and the checkpoint's
-``rope_scaling``), computed here.
+``rope_scaling``), and one named ``local_freqs`` the unscaled RoPE table of
+``rope_local_theta`` (Gemma 3's sliding-window layers, ``rope_local_base_freq``),
+both computed here.
 
 Bad arguments are coded diagnostics (:class:`DiagnosticError`), never raw
 Python errors: token ids that are not integers of the vocabulary, an empty
@@ -54,6 +56,10 @@ STORAGE = {"fp32": np.dtype(np.float32), "bf16": NUMPY_DTYPES[DType.BF16]}
 # the architectures whose transformers generation runs the whole sequence again where longrope switches to
 # its long factors (Phi3ForCausalLM.prepare_inputs_for_generation); the others keep the cached keys
 GENERATION_RECOMPUTES = {"Phi3ForCausalLM"}
+# the forward inputs that are RoPE tables: name -> the config value of their theta; only freqs takes the
+# checkpoint's rope_scaling (local_freqs: Gemma 3's sliding-window layers, whose rope_type is default)
+ROPE_INPUTS = {"freqs": "rope_theta", "local_freqs": "rope_local_theta"}
+RopeTables = dict[str, np.ndarray]
 
 
 def _quiet_numpy(method: Callable) -> Callable:
@@ -84,7 +90,8 @@ class Model:
         float_dtype = np.float32 if self.dtype == "fp32" else None
         self.executor = GraphExecutor(self.model, self.weights, float_dtype)
         self.forward_func = self.executor.funcs["forward"]
-        self.rope = self._rope()
+        self.ropes = self._ropes()
+        self.rope = self.ropes.get("freqs")
         self.schedule = ProfiledForward(self.model, self.weights, storage="fp32" if self.dtype == "fp32" else None,
                                         max_tokens=self.max_positions, device=self.device, params=self.params)
 
@@ -103,19 +110,27 @@ class Model:
         (``max_position_embeddings``), or None for a model without one."""
         return self.config("max_seq")
 
-    def _rope(self) -> RopeFrequencies | None:
-        """The RoPE frequencies of the ``freqs`` input (RopeScalingError for a bad ``rope_scaling``)."""
-        arg = next((a for a in self.forward_func.body.block.args if a.name_hint == "freqs"), None)
-        if arg is None:
-            return None
-        shape = arg.type.shape
-        if len(shape) != 3 or shape[1] is STAR or not shape[1].is_const() or shape[1].evaluate({}) < 1 \
-                or not shape[2] == 2:
-            raise DiagnosticError([Diagnostic("E004", f"the forward input 'freqs' is {arg.type}; the runtime gives "
-                                              "the RoPE table as [T, head_dim // 2, 2]", None,
-                                              "declare it as freqs: [T, head_dim // 2, 2, fp32]")])
-        half = shape[1].evaluate({})
-        theta = self.config("rope_theta", self.hf_config.get("rope_theta", 10000.0))
+    def _ropes(self) -> dict[str, RopeFrequencies]:
+        """The RoPE frequencies of each RoPE input (:data:`ROPE_INPUTS`) the forward takes
+        (RopeScalingError for a bad ``rope_scaling``)."""
+        ropes = {}
+        for arg in self.forward_func.body.block.args:
+            if arg.name_hint not in ROPE_INPUTS:
+                continue
+            shape = arg.type.shape
+            if len(shape) != 3 or shape[1] is STAR or not shape[1].is_const() or shape[1].evaluate({}) < 1 \
+                    or not shape[2] == 2:
+                raise DiagnosticError([Diagnostic("E004", f"the forward input '{arg.name_hint}' is {arg.type}; the "
+                                                  "runtime gives the RoPE table as [T, head_dim // 2, 2]", None,
+                                                  f"declare it as {arg.name_hint}: [T, head_dim // 2, 2, fp32]")])
+            ropes[arg.name_hint] = self._rope(arg.name_hint, 2 * shape[1].evaluate({}))
+        return ropes
+
+    def _rope(self, name: str, rotary_dim: int) -> RopeFrequencies:
+        theta_name = ROPE_INPUTS[name]
+        theta = self.config(theta_name, self.hf_config.get(theta_name, 10000.0))
+        if name != "freqs":
+            return rope_frequencies(rotary_dim, theta)
         max_positions = self.max_positions
         if max_positions is None and isinstance(self.hf_config.get("max_position_embeddings"), int):
             max_positions = self.hf_config["max_position_embeddings"]
@@ -123,34 +138,39 @@ class Model:
         # goes before the scaling's, as in transformers' standardize_rope_params
         original = self.config("original_max_seq", self.hf_config.get("original_max_position_embeddings"))
         served = declared_types(declarations(self.model))[0]
-        return rope_frequencies(2 * half, theta, self.hf_config.get("rope_scaling"), max_positions,
+        return rope_frequencies(rotary_dim, theta, self.hf_config.get("rope_scaling"), max_positions,
                                 head_dim=self.config("head_dim"), original_max_positions=original,
                                 generation_recomputes=bool(GENERATION_RECOMPUTES & set(served)))
 
-    def rope_freqs(self, positions: Sequence[int], seq_len: int | None = None) -> np.ndarray:
-        """The RoPE table of ``positions`` in a sequence of ``seq_len`` positions (default: the last
-        position + 1), which picks longrope's short or long factors."""
-        assert self.rope is not None
-        return self.rope.table(np.asarray(positions), seq_len)
+    def rope_tables(self, positions: Sequence[int], seq_len: int | None = None) -> RopeTables:
+        """The RoPE table of each RoPE input for ``positions`` in a sequence of ``seq_len`` positions
+        (default: the last position + 1), which picks longrope's short or long factors."""
+        return {name: rope.table(np.asarray(positions), seq_len) for name, rope in self.ropes.items()}
 
-    def inputs(self, tokens: np.ndarray, start: int, rope_table: np.ndarray | None = None,
+    def inputs(self, tokens: np.ndarray, start: int, rope_tables: RopeTables | None = None,
                length: int | None = None) -> list[np.ndarray]:
-        """The forward's inputs for ``tokens`` at positions ``start..``; ``rope_table``: the RoPE table
-        of positions ``0..`` already computed (a decoder's: its rows are the same bits); ``length``: how
+        """The forward's inputs for ``tokens`` at positions ``start..``; ``rope_tables``: the RoPE tables
+        of positions ``0..`` already computed (a decoder's: their rows are the same bits); ``length``: how
         many of the tokens are real where the rest pad a profile (the sequence then ends at ``start +
         length``, which picks longrope's factors)."""
         values = []
         end = start + tokens.shape[-1]
         seq_len = start + (length if length is not None else tokens.shape[-1])
+        held = rope_tables is not None and all(end <= len(table) for table in rope_tables.values())
+        tables = None
         for arg in self.forward_func.body.block.args:
-            if arg.name_hint == "freqs":
-                held = rope_table is not None and end <= len(rope_table)
-                values.append(rope_table[start:end] if held else self.rope_freqs(range(start, end), seq_len))
+            if arg.name_hint in ROPE_INPUTS:
+                if held:
+                    values.append(rope_tables[arg.name_hint][start:end])
+                    continue
+                tables = tables or self.rope_tables(range(start, end), seq_len)
+                values.append(tables[arg.name_hint])
             elif not arg.type.dtype.is_float:
                 values.append(tokens.astype(NUMPY_DTYPES[arg.type.dtype]))
             else:
                 raise DiagnosticError([Diagnostic("E029", f"the forward input '{arg.name_hint}' is neither the "
-                                                  "token ids nor 'freqs'; call the executor directly", None)])
+                                                  f"token ids nor a RoPE table ({', '.join(ROPE_INPUTS)}); call "
+                                                  "the executor directly", None)])
         return values
 
     # ------------------------------------------------------------------ running
@@ -275,14 +295,14 @@ class Model:
 
             return graph_step
         capacity = self.schedule.bucket(total)
-        tables: dict[bool, np.ndarray] = {}
+        tables: dict[bool, RopeTables] = {}
 
-        def table(end: int) -> np.ndarray | None:
-            if rope is None:
+        def table(end: int) -> RopeTables | None:
+            if not self.ropes:
                 return None
-            long = rope.uses_long(end)
+            long = rope is not None and rope.uses_long(end)
             if long not in tables:
-                tables[long] = self.rope_freqs(range(total), end)
+                tables[long] = self.rope_tables(range(total), end)
             return tables[long]
 
         def step(tokens: list[int], start: int) -> np.ndarray:

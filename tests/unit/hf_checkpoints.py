@@ -19,6 +19,7 @@ ARCHITECTURES = {
     "granite": ("GraniteConfig", "GraniteForCausalLM"),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "mamba": ("MambaConfig", "MambaForCausalLM"),
@@ -96,6 +97,19 @@ CASES = {
     "gemma2-softcap": ("gemma2", "gemma2.module", {"num_hidden_layers": 4, "head_dim": 8, "sliding_window": 5,
                                                    "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
                                                    "query_pre_attn_scalar": 12}),
+    # 3 layers: a pair and a last local layer (the stack tail)
+    "gemma2-odd-layers": ("gemma2", "gemma2.module", {"num_hidden_layers": 3, "head_dim": 8, "sliding_window": 5}),
+    # Gemma 3: 8 layers, a group of five local layers and a global one, then two local ones (the stack tail);
+    # the global RoPE linearly scaled, the local one of another theta (a model that swapped the tables fails);
+    # attn_logit_softcapping set, as transformers' Gemma 3 reads and never applies it
+    "gemma3-groups": ("gemma3", "gemma3.module", {
+        "num_hidden_layers": 8, "head_dim": 8, "sliding_window": 5, "query_pre_attn_scalar": 12,
+        "final_logit_softcapping": 3.0, "attn_logit_softcapping": 2.0, "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}}),
+    # 3 local layers only (no group), untied, a 1B-like top-level rope_local_base_freq
+    "gemma3-local-untied": ("gemma3", "gemma3.module", {"num_hidden_layers": 3, "head_dim": 8, "sliding_window": 5,
+                                                        "tie_word_embeddings": False, "rope_local_base_freq": 50.0}),
 }
 
 

@@ -21,12 +21,13 @@ SERVED = {
     "qwen3": (("qwen3", {"head_dim": 16}), "qwen.module", "Qwen3"),
     "mistral": (("mistral", {"sliding_window": 5}), "mistral.module", "Mistral"),
     "qwen2": (("qwen2", {}), "qwen2.module", "Qwen2"),
+    "gemma3": (("gemma3", {"head_dim": 8, "num_hidden_layers": 7, "sliding_window": 5}), "gemma3.module", "Gemma3"),
 }
 
 
 def test_the_std_declarations_are_listed_by_kind():
-    assert registry.list_models() == ["FalconH1", "Gemma2", "Granite", "Llama", "Mamba", "Mistral", "Mixtral", "Olmo2", "Phi3",
-                                       "Qwen3", "Qwen2", "Qwen3Moe"]
+    assert registry.list_models() == ["FalconH1", "Gemma2", "Gemma3", "Granite", "Llama", "Mamba", "Mistral", "Mixtral",
+                                       "Olmo2", "Phi3", "Qwen3", "Qwen2", "Qwen3Moe"]
     assert "DenseTransformerBlock" in registry.list_blocks()
     assert {"Linear", "RMSNorm", "SwiGLU_MLP", "GQA", "MHA", "MQA"} <= set(registry.list_modules())
     assert registry.get_module("MQA").path == STD_ROOT / "modules" / "attention" / "mqa.module"
@@ -37,6 +38,7 @@ def test_the_std_declarations_are_listed_by_kind():
     assert (llama.architectures, llama.model_types) == (("LlamaForCausalLM",), ("llama",))
     assert registry.get_any("RMSNorm") == registry.get_module("RMSNorm")
     assert registry.architectures() == {"FalconH1ForCausalLM": "FalconH1", "Gemma2ForCausalLM": "Gemma2",
+                                        "Gemma3ForCausalLM": "Gemma3",
                                         "GraniteForCausalLM": "Granite", "LlamaForCausalLM": "Llama",
                                         "MambaForCausalLM": "Mamba",
                                         "MistralForCausalLM": "Mistral",
@@ -47,7 +49,7 @@ def test_the_std_declarations_are_listed_by_kind():
 
 
 def test_an_unknown_name_is_a_key_error_naming_the_known_ones():
-    with pytest.raises(KeyError, match="there are: FalconH1, Gemma2, Granite, Llama, Mamba, Mistral, Mixtral, Olmo2, Phi3, Qwen3, Qwen2, Qwen3Moe"):
+    with pytest.raises(KeyError, match="there are: FalconH1, Gemma2, Gemma3, Granite, Llama, Mamba, Mistral, Mixtral, Olmo2, Phi3, Qwen3, Qwen2, Qwen3Moe"):
         registry.get_model("Gemma")
     with pytest.raises(KeyError):
         registry.get_any("NoSuchThing")
@@ -60,11 +62,12 @@ def test_a_checkpoint_is_served_by_its_architectures_else_by_its_model_type():
         == "Mistral"  # the class names decide
     assert registry.model_for_checkpoint({"model_type": "qwen3"}).name == "Qwen3"
     with pytest.raises(DiagnosticError) as err:
-        registry.model_for_checkpoint({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}, "x/config.json")
+        registry.model_for_checkpoint({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox"}, "x/config.json")
     (diagnostic,) = err.value.diagnostics
     assert diagnostic.code == "E036" and "x/config.json: no std model serves the checkpoint, which is " \
-        "Gemma3ForCausalLM" in diagnostic.message
-    assert "FalconH1ForCausalLM (FalconH1), Gemma2ForCausalLM (Gemma2), GraniteForCausalLM (Granite), " \
+        "GPTNeoXForCausalLM" in diagnostic.message
+    assert "FalconH1ForCausalLM (FalconH1), Gemma2ForCausalLM (Gemma2), Gemma3ForCausalLM (Gemma3), " \
+        "GraniteForCausalLM (Granite), " \
         "LlamaForCausalLM (Llama), MambaForCausalLM (Mamba), MistralForCausalLM (Mistral), " \
         "MixtralForCausalLM (Mixtral), Olmo2ForCausalLM (Olmo2), Phi3ForCausalLM (Phi3), " \
         "Qwen3ForCausalLM (Qwen3), Qwen2ForCausalLM (Qwen2), Qwen3MoeForCausalLM (Qwen3Moe)" in diagnostic.hint
@@ -92,9 +95,9 @@ def test_load_needs_a_model_file_or_a_checkpoint():
 
 
 def unserved_checkpoint(tmp_path):
-    folder = shutil.copytree(cached_checkpoint("llama"), tmp_path / "gemma3")
+    folder = shutil.copytree(cached_checkpoint("llama"), tmp_path / "gpt_neox")
     config = json.loads((folder / "config.json").read_text())
-    config.update(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text")
+    config.update(architectures=["GPTNeoXForCausalLM"], model_type="gpt_neox")
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
 
@@ -104,5 +107,5 @@ def test_mdsl_run_without_a_model_file(tmp_path, capsys):
     assert "new tokens:" in capsys.readouterr().out
     assert main(["--hf", str(unserved_checkpoint(tmp_path)), "--tokens", "1,2"]) == 1
     err = capsys.readouterr().err
-    assert "config.json:2:3: error[E036]: no std model serves the checkpoint, which is Gemma3ForCausalLM" in err
+    assert "config.json:2:3: error[E036]: no std model serves the checkpoint, which is GPTNeoXForCausalLM" in err
     assert "^" in err and "LlamaForCausalLM (Llama)" in err

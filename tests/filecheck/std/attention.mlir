@@ -8,7 +8,7 @@
 // RUN: mdsl-opt %S/../../../modeldsl/std/modules/attention/mqa.module --top MQA | filecheck %s --check-prefix=MQA
 // RUN: mdsl-opt %S/../../../modeldsl/std/blocks/dense.module --top DenseTransformerBlock | filecheck %s --check-prefix=BLOCK
 
-// ATTN: mdsl.graph.model @GQA config {use_qkv_bias = false, use_qk_norm = false, sliding_window = 0 : i64, eps = 1.000000e-06 : f64, use_out_bias = false, rotary_pass = 0 : i64, softmax_scale = 0.000000e+00 : f64, qk_norm_whole = false, softcap = 0.000000e+00 : f64} attributes {baked = ["rotary_pass", "sliding_window"]} {
+// ATTN: mdsl.graph.model @GQA config {use_qkv_bias = false, use_qk_norm = false, sliding_window = 0 : i64, eps = 1.000000e-06 : f64, use_out_bias = false, rotary_pass = 0 : i64, softmax_scale = 0.000000e+00 : f64, qk_norm_whole = false, softcap = 0.000000e+00 : f64, qk_norm_offset = 0.000000e+00 : f64} attributes {baked = ["rotary_pass", "sliding_window"]} {
 // ATTN-NEXT: mdsl.graph.param @qkv_weight : !mdsl.graph.tensor<[head_dim*num_heads + 2*head_dim*num_kv_heads, d_model], bf16>
 // ATTN-NEXT: mdsl.graph.param @out_weight : !mdsl.graph.tensor<[d_model, head_dim*num_heads], bf16>
 // ATTN: mdsl.graph.func @forward(%x: !mdsl.graph.tensor<[B, T, d_model], bf16>, %freqs: !mdsl.graph.tensor<[T, (head_dim - rotary_pass) floordiv 2, 2], fp32>)

@@ -6,10 +6,11 @@ import json
 import shutil
 import warnings
 
+import numpy as np
 import pytest
 
 import modeldsl
-from hf_checkpoints import OTHER_FAMILIES, cached_checkpoint
+from hf_checkpoints import OTHER_FAMILIES, cached_checkpoint, transformers_model
 from modeldsl.diagnostics import DiagnosticError, DiagnosticSink
 from modeldsl.hf.compat import DiagnosticWarning
 from modeldsl.resolve.imports import STD_ROOT
@@ -206,3 +207,65 @@ def test_qwen2_layer_types_other_than_its_window_layers_are_refused(tmp_path):
     other = edited(ckpt, tmp_path, layer_types=["sliding_attention", "full_attention", "sliding_attention"])
     (error,) = diagnostics_of(other, qwen2)
     assert error.code == "E037" and "'layer_types'" in error.message
+
+
+GEMMA3 = STD_ROOT / "models" / "gemma3.module"
+GEMMA3_CONFIG = {"head_dim": 8, "num_hidden_layers": 7, "sliding_window": 5}
+LOCAL, GLOBAL = "sliding_attention", "full_attention"
+
+
+@pytest.mark.parametrize("module, arch, config, layer_types", [
+    ("gemma2.module", "gemma2", {"head_dim": 8, "num_hidden_layers": 3}, [GLOBAL, LOCAL, GLOBAL]),
+    ("gemma2.module", "gemma2", {"head_dim": 8, "num_hidden_layers": 3}, [LOCAL, LOCAL, GLOBAL]),
+    ("gemma3.module", "gemma3", GEMMA3_CONFIG, [LOCAL] * 6 + [GLOBAL]),
+    ("gemma3.module", "gemma3", GEMMA3_CONFIG, [LOCAL, GLOBAL] * 3 + [LOCAL]),
+])
+def test_gemma_layer_types_other_than_the_repeated_pattern_are_refused(module, arch, config, layer_types, tmp_path):
+    """Gemma 2 alternates local and global layers, Gemma 3 repeats five local ones and a global one; the
+    pattern may end cut short (a tail of local layers), any other layer_types is E037 at the field."""
+    ckpt = cached_checkpoint(arch, **config)
+    modeldsl.load(STD_ROOT / "models" / module, hf=ckpt)
+    (error,) = diagnostics_of(edited(ckpt, tmp_path, layer_types=layer_types), STD_ROOT / "models" / module)
+    assert error.code == "E037" and "'layer_types'" in error.message and error.span.text == '"layer_types"'
+
+
+def test_gemma3_reads_the_older_config_fields_and_refuses_another_window_pattern(tmp_path):
+    """Hub configs of Gemma 3 give rope_local_base_freq and sliding_window_pattern at the top level (no
+    layer_types, no rope_parameters); a pattern other than 6 is E037."""
+    ckpt = cached_checkpoint("gemma3", **GEMMA3_CONFIG)
+    older = edited(ckpt, tmp_path, rope_theta=10000.0, rope_local_base_freq=10.0, sliding_window_pattern=6)
+    text = json.loads((older / "config.json").read_text())
+    for field in ("layer_types", "rope_parameters", "_sliding_window_pattern"):
+        text.pop(field, None)
+    (older / "config.json").write_text(json.dumps(text))
+    model = modeldsl.load(GEMMA3, hf=older)
+    assert (model.config("rope_theta"), model.config("rope_local_theta")) == (10000.0, 10.0)
+    assert not np.array_equal(model.ropes["freqs"].inv_freq, model.ropes["local_freqs"].inv_freq)
+    import torch
+
+    tokens = [3, 17, 42, 5, 9, 33, 2, 61]
+    with torch.no_grad():
+        expected = transformers_model(older)(torch.tensor([tokens])).logits[0].numpy()
+    assert np.abs(model.forward(tokens) - expected).max() <= 1e-4
+    (older / "config.json").write_text(json.dumps({**text, "sliding_window_pattern": 4}))
+    (error,) = diagnostics_of(older, GEMMA3)
+    assert error.code == "E037" and "'sliding_window_pattern'" in error.message
+
+
+def test_rope_parameters_per_kind_of_layer(tmp_path):
+    """Gemma 3 reads the global layers' RoPE (theta, scaling) and the local layers' theta from rope_parameters
+    per kind of layer; a scaled local RoPE is E037, and so is any RoPE per kind of layer for a model without
+    local layers."""
+    ckpt = cached_checkpoint("gemma3", **GEMMA3_CONFIG)
+    rope = {GLOBAL: {"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0},
+            LOCAL: {"rope_type": "default", "rope_theta": 20.0}}
+    model = modeldsl.load(GEMMA3, hf=edited(ckpt, tmp_path / "scaled", rope_parameters=rope))
+    assert (model.config("rope_theta"), model.config("rope_local_theta")) == (500.0, 20.0)
+    np.testing.assert_allclose(model.ropes["freqs"].inv_freq, 500.0 ** -(np.arange(0, 8, 2) / 8) / 4.0)
+    np.testing.assert_allclose(model.ropes["local_freqs"].inv_freq, 20.0 ** -(np.arange(0, 8, 2) / 8))
+    scaled_local = {**rope, LOCAL: {"rope_type": "linear", "factor": 2.0, "rope_theta": 20.0}}
+    (error,) = diagnostics_of(edited(ckpt, tmp_path / "local", rope_parameters=scaled_local), GEMMA3)
+    assert error.code == "E037" and "rope_type \"linear\"" in error.message
+    llama = edited(cached_checkpoint("llama"), tmp_path / "llama", rope_parameters=rope)
+    (error,) = diagnostics_of(llama)
+    assert error.code == "E037" and "per kind of layer" in error.message

@@ -113,7 +113,8 @@ def test_save_hf_round_trips_through_the_model(tmp_path):
 @pytest.mark.parametrize("name", ["llama-biases", "qwen3-attention-bias", "qwen2-qkv-bias", "qwen2-sliding-window",
                                   "qwen2-mixed-windows", "gemma2-softcap", "granite-multipliers", "granite-tied",
                                   "phi3-gqa-sliding-window", "phi3-partial-rotary", "phi3-longrope", "olmo2-gqa",
-                                  "olmo2-tied-biases"])
+                                  "olmo2-tied-biases", "gemma2-odd-layers", "gemma3-groups",
+                                  "gemma3-local-untied"])
 def test_save_hf_writes_the_checkpoint_back_bitwise_and_transformers_reloads_it_whole(name, tmp_path):
     arch, module, config = CASES[name]
     path = cached_checkpoint(arch, **config)

@@ -2,7 +2,7 @@
 
 from modeldsl.dsl import (Array, Param, Tensor, field, forward, fuse, graph, hf_config, hf_export, hf_mapping, model,
                           split, tied_to)
-from modeldsl.std.python.blocks.gemma import Gemma2LayerPair
+from modeldsl.std.python.blocks.gemma import Gemma2Layer, Gemma2LayerPair
 from modeldsl.std.python.modules.norm import RMSNorm
 
 
@@ -34,8 +34,7 @@ from modeldsl.std.python.modules.norm import RMSNorm
     "final_norm.weight": "model.norm.weight",
     "lm_head?": "lm_head.weight",
     "pairs[{layer}].local_layer.input_norm.weight": "model.layers.{2 * layer}.input_layernorm.weight",
-    "pairs[{layer}].local_layer.attention.qkv_weight": fuse("model.layers.{2 * layer}.self_attn.q_proj.weight", "model.layers.{2 * layer}.self_attn.k_proj.weight",
-                                     "model.layers.{2 * layer}.self_attn.v_proj.weight", dim=0),
+    "pairs[{layer}].local_layer.attention.qkv_weight": fuse("model.layers.{2 * layer}.self_attn.q_proj.weight", "model.layers.{2 * layer}.self_attn.k_proj.weight", "model.layers.{2 * layer}.self_attn.v_proj.weight", dim=0),
     "pairs[{layer}].local_layer.attention.out_weight": "model.layers.{2 * layer}.self_attn.o_proj.weight",
     "pairs[{layer}].local_layer.post_attention_norm.weight": "model.layers.{2 * layer}.post_attention_layernorm.weight",
     "pairs[{layer}].local_layer.pre_mlp_norm.weight": "model.layers.{2 * layer}.pre_feedforward_layernorm.weight",
@@ -43,21 +42,27 @@ from modeldsl.std.python.modules.norm import RMSNorm
     "pairs[{layer}].local_layer.mlp.down_weight": "model.layers.{2 * layer}.mlp.down_proj.weight",
     "pairs[{layer}].local_layer.post_mlp_norm.weight": "model.layers.{2 * layer}.post_feedforward_layernorm.weight",
     "pairs[{layer}].global_layer.input_norm.weight": "model.layers.{2 * layer + 1}.input_layernorm.weight",
-    "pairs[{layer}].global_layer.attention.qkv_weight": fuse("model.layers.{2 * layer + 1}.self_attn.q_proj.weight", "model.layers.{2 * layer + 1}.self_attn.k_proj.weight",
-                                     "model.layers.{2 * layer + 1}.self_attn.v_proj.weight", dim=0),
+    "pairs[{layer}].global_layer.attention.qkv_weight": fuse("model.layers.{2 * layer + 1}.self_attn.q_proj.weight", "model.layers.{2 * layer + 1}.self_attn.k_proj.weight", "model.layers.{2 * layer + 1}.self_attn.v_proj.weight", dim=0),
     "pairs[{layer}].global_layer.attention.out_weight": "model.layers.{2 * layer + 1}.self_attn.o_proj.weight",
     "pairs[{layer}].global_layer.post_attention_norm.weight": "model.layers.{2 * layer + 1}.post_attention_layernorm.weight",
     "pairs[{layer}].global_layer.pre_mlp_norm.weight": "model.layers.{2 * layer + 1}.pre_feedforward_layernorm.weight",
     "pairs[{layer}].global_layer.mlp.up_weight": fuse("model.layers.{2 * layer + 1}.mlp.gate_proj.weight", "model.layers.{2 * layer + 1}.mlp.up_proj.weight", dim=0),
     "pairs[{layer}].global_layer.mlp.down_weight": "model.layers.{2 * layer + 1}.mlp.down_proj.weight",
     "pairs[{layer}].global_layer.post_mlp_norm.weight": "model.layers.{2 * layer + 1}.post_feedforward_layernorm.weight",
+    "tail[{layer}].input_norm.weight": "model.layers.{2 * (n_layers // 2) + layer}.input_layernorm.weight",
+    "tail[{layer}].attention.qkv_weight": fuse("model.layers.{2 * (n_layers // 2) + layer}.self_attn.q_proj.weight", "model.layers.{2 * (n_layers // 2) + layer}.self_attn.k_proj.weight", "model.layers.{2 * (n_layers // 2) + layer}.self_attn.v_proj.weight", dim=0),
+    "tail[{layer}].attention.out_weight": "model.layers.{2 * (n_layers // 2) + layer}.self_attn.o_proj.weight",
+    "tail[{layer}].post_attention_norm.weight": "model.layers.{2 * (n_layers // 2) + layer}.post_attention_layernorm.weight",
+    "tail[{layer}].pre_mlp_norm.weight": "model.layers.{2 * (n_layers // 2) + layer}.pre_feedforward_layernorm.weight",
+    "tail[{layer}].mlp.up_weight": fuse("model.layers.{2 * (n_layers // 2) + layer}.mlp.gate_proj.weight", "model.layers.{2 * (n_layers // 2) + layer}.mlp.up_proj.weight", dim=0),
+    "tail[{layer}].mlp.down_weight": "model.layers.{2 * (n_layers // 2) + layer}.mlp.down_proj.weight",
+    "tail[{layer}].post_mlp_norm.weight": "model.layers.{2 * (n_layers // 2) + layer}.post_feedforward_layernorm.weight",
 })
 @hf_export({
     "pairs[{layer}].local_layer.attention.qkv_weight": split({
         "model.layers.{2 * layer}.self_attn.q_proj.weight": [0, "num_heads * head_dim"],
         "model.layers.{2 * layer}.self_attn.k_proj.weight": ["num_heads * head_dim", "(num_heads + num_kv_heads) * head_dim"],
-        "model.layers.{2 * layer}.self_attn.v_proj.weight": ["(num_heads + num_kv_heads) * head_dim",
-                                         "(num_heads + 2 * num_kv_heads) * head_dim"],
+        "model.layers.{2 * layer}.self_attn.v_proj.weight": ["(num_heads + num_kv_heads) * head_dim", "(num_heads + 2 * num_kv_heads) * head_dim"],
     }, dim=0),
     "pairs[{layer}].local_layer.mlp.up_weight": split({
         "model.layers.{2 * layer}.mlp.gate_proj.weight": [0, "d_ff"],
@@ -66,18 +71,27 @@ from modeldsl.std.python.modules.norm import RMSNorm
     "pairs[{layer}].global_layer.attention.qkv_weight": split({
         "model.layers.{2 * layer + 1}.self_attn.q_proj.weight": [0, "num_heads * head_dim"],
         "model.layers.{2 * layer + 1}.self_attn.k_proj.weight": ["num_heads * head_dim", "(num_heads + num_kv_heads) * head_dim"],
-        "model.layers.{2 * layer + 1}.self_attn.v_proj.weight": ["(num_heads + num_kv_heads) * head_dim",
-                                         "(num_heads + 2 * num_kv_heads) * head_dim"],
+        "model.layers.{2 * layer + 1}.self_attn.v_proj.weight": ["(num_heads + num_kv_heads) * head_dim", "(num_heads + 2 * num_kv_heads) * head_dim"],
     }, dim=0),
     "pairs[{layer}].global_layer.mlp.up_weight": split({
         "model.layers.{2 * layer + 1}.mlp.gate_proj.weight": [0, "d_ff"],
         "model.layers.{2 * layer + 1}.mlp.up_proj.weight": ["d_ff", "2 * d_ff"],
     }, dim=0),
+    "tail[{layer}].attention.qkv_weight": split({
+        "model.layers.{2 * (n_layers // 2) + layer}.self_attn.q_proj.weight": [0, "num_heads * head_dim"],
+        "model.layers.{2 * (n_layers // 2) + layer}.self_attn.k_proj.weight": ["num_heads * head_dim", "(num_heads + num_kv_heads) * head_dim"],
+        "model.layers.{2 * (n_layers // 2) + layer}.self_attn.v_proj.weight": ["(num_heads + num_kv_heads) * head_dim", "(num_heads + 2 * num_kv_heads) * head_dim"],
+    }, dim=0),
+    "tail[{layer}].mlp.up_weight": split({
+        "model.layers.{2 * (n_layers // 2) + layer}.mlp.gate_proj.weight": [0, "d_ff"],
+        "model.layers.{2 * (n_layers // 2) + layer}.mlp.up_proj.weight": ["d_ff", "2 * d_ff"],
+    }, dim=0),
 })
 class Gemma2:
-    """mma 2: embeddings times sqrt(d_model); layers that alternate a local one (attention within
+    """Gemma 2: embeddings times sqrt(d_model); layers that alternate a local one (attention within
     sliding_window) and a global one (full attention), as transformers' default layer_types, held as
-    a stack of n_layers // 2 Gemma2LayerPair (std/blocks/gemma.module); RMSNorms of (1 + weight)
+    a stack of n_layers // 2 Gemma2LayerPair (std/blocks/gemma.module) and, for an odd number of
+    layers, a last local one (the stack tail); RMSNorms of (1 + weight)
     before and after attention and the GeGLU MLP (tanh GELU); attention scores scaled by
     query_pre_attn_scalar ** -0.5 and capped to attn_softcap * tanh(s / attn_softcap); logits capped
     to final_softcap * tanh(l / final_softcap) (a softcap of 0, a null in config.json, is none).
@@ -94,8 +108,6 @@ class Gemma2:
                  embed_scale: float = "sqrt(d_model)"):
         assert self.num_heads % self.num_kv_heads == 0, \
             "num_attention_heads must be a multiple of num_key_value_heads"
-        assert self.n_layers % 2 == 0, \
-            "Gemma 2's layers alternate sliding and full attention in pairs: num_hidden_layers must be even"
         assert self.sliding_window > 0, "the sliding-attention layers need a positive sliding_window"
         assert self.query_pre_attn_scalar > 0.0, "query_pre_attn_scalar must be positive"
         assert self.attn_softcap >= 0.0 and self.final_softcap >= 0.0, "a softcapping is 0 (none) or positive"
@@ -103,6 +115,8 @@ class Gemma2:
     embedding = Param(Tensor["vocab_size", "d_model"])
     pairs = Param(Array["n_layers // 2", Gemma2LayerPair("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff",
                                                          "eps", "softmax_scale", "attn_softcap", "sliding_window")])
+    tail = Param(Array["n_layers % 2", Gemma2Layer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps",
+                                                  "softmax_scale", "attn_softcap", "sliding_window")])
     final_norm = Param(RMSNorm("d_model", "eps", 1.0))
     lm_head = Param(tied_to("embedding"), when="tie_embeddings")
     lm_head = Param(Tensor["vocab_size", "d_model"], when="not tie_embeddings")  # noqa: F811 - the other case
@@ -113,7 +127,8 @@ class Gemma2:
         with graph() as g:
             embedded = g.embedding(tokens, "embedding")
             x0 = g.scale(embedded, factor=self.embed_scale, hook="AfterEmbedding")
-            xN = self.pairs(x0, freqs)
+            x_pairs = self.pairs(x0, freqs)
+            xN = self.tail(x_pairs, freqs)
             xF = self.final_norm(xN, hook="BeforeLMHead")
             if self.final_softcap > 0.0:
                 raw_logits = g.matmul(xF, "lm_head", transpose="NT")

@@ -23,13 +23,14 @@ class GQA:
     softmax_scale > 0 replaces attention's 1/sqrt(head_dim) (Granite's attention_multiplier);
     qk_norm_whole RMS-normalizes the whole q projection [q_dim] and k projection [kv_dim]
     before the head split and RoPE, weights q_norm [q_dim] and k_norm [kv_dim] (OLMo-2);
-    softcap > 0 caps the scaled scores to softcap * tanh(s / softcap) (Gemma 2).
+    softcap > 0 caps the scaled scores to softcap * tanh(s / softcap) (Gemma 2);
+    qk_norm_offset 1.0 multiplies the per-head q and k norms by (1 + weight) (Gemma 3).
     """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, head_dim: int, use_qkv_bias: bool = False,
                  use_qk_norm: bool = False, sliding_window: int = 0, eps: float = 1e-6,
                  use_out_bias: bool = False, rotary_pass: int = 0, softmax_scale: float = 0.0,
-                 qk_norm_whole: bool = False, softcap: float = 0.0):
+                 qk_norm_whole: bool = False, softcap: float = 0.0, qk_norm_offset: float = 0.0):
         self.q_dim = self.num_heads * self.head_dim
         self.kv_dim = self.num_kv_heads * self.head_dim
         assert self.num_heads % self.num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads (GQA)"
@@ -72,7 +73,12 @@ class GQA:
             k_heads = g.view(k_normed, ["B", "T", "num_kv_heads", "head_dim"])
             v = g.view(v_flat, ["B", "T", "num_kv_heads", "head_dim"])
             if self.use_qk_norm:
-                q, k, q_rstd, k_rstd = g.qk_norm(q_heads, k_heads, "q_norm", "k_norm", eps=self.eps)
+                if self.qk_norm_offset != 0.0:
+                    q_norm_weight = g.add_scalar("q_norm", value=self.qk_norm_offset)
+                    k_norm_weight = g.add_scalar("k_norm", value=self.qk_norm_offset)
+                    q, k, q_rstd, k_rstd = g.qk_norm(q_heads, k_heads, q_norm_weight, k_norm_weight, eps=self.eps)
+                else:
+                    q, k, q_rstd, k_rstd = g.qk_norm(q_heads, k_heads, "q_norm", "k_norm", eps=self.eps)
             else:
                 q = q_heads
                 k = k_heads
