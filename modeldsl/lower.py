@@ -393,6 +393,12 @@ class Lowering(BackwardLowering):
             instance.params[entry.name] = instance.params[target.id]
             return
         if isinstance(expr, ast.ArrayType):
+            if stack is not None:
+                self.sink.error("E003", f"'{entry.name}' is a stack inside a block that is itself stacked "
+                                f"('{stack.span.text.strip() if stack.span is not None else path}'); stacks do not "
+                                "nest", expr.span, "declare the inner layers as named parameters (layer_0, "
+                                "layer_1, ...), or make the two stacks siblings in the model")
+                raise LoweringFailed()
             count = self.const(expr.count, instance.env, "layer count")
             body = self.instantiate(expr.element, instance.env, f"{path}.", instance.namespace)
             stacked = StackedInstance(body, Expr.of(count), expr.span)
