@@ -550,11 +550,17 @@ def _typed(param: ast.Param, rule: FieldRule, value: Any, sizes: set[str], deriv
     return float(value) if kind == "float" else value
 
 
+SPECIAL_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
 def export_config(model: ModelOp) -> dict[str, Any]:
     """A ``config.json`` for a model that was not imported: its config values under
     their HF field names (null where a literal ``null=`` gives the value), a list field
     mapped with ``index=`` written whole from the parameters of its elements, with the
-    architecture and model type of ``hf_config``."""
+    architecture and model type of ``hf_config``. The special token ids it does not map are
+    null: the config classes' defaults name tokens of their tokenizers (Phi-3's pad and eos
+    32000), which a model of another vocabulary does not have, and transformers refuses a
+    pad id outside the vocabulary."""
     config: dict[str, Any] = {}
     values = model.config_values
     nulls = _literal_nulls(model)
@@ -574,6 +580,8 @@ def export_config(model: ModelOp) -> dict[str, Any]:
     for field, params in lists.items():
         if all(name in exported for name in params):
             config[field] = [exported[name] for name in params]
+    for field in SPECIAL_TOKEN_IDS:
+        config.setdefault(field, None)
     section = model.hf_config.data if model.hf_config is not None else {}
     if "architecture" in section:
         architectures = python_value(section["architecture"])

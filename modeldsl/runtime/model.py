@@ -49,7 +49,7 @@ from modeldsl.registry import model_for_checkpoint
 from modeldsl.runtime.executor import NUMPY_DTYPES, GraphExecutor, KVCache
 from modeldsl.runtime.fits import check_fits_on, parameter_bytes
 from modeldsl.runtime.profiles import ParamsArena, ProfiledForward, params_arena
-from modeldsl.runtime.rope import SUPPORTED, RopeFrequencies, RopeScalingError, rope_frequencies
+from modeldsl.runtime.rope import SUPPORTED, RopeFrequencies, RopeScalingError, rope_frequencies, rope_type
 from modeldsl.symbolic import STAR
 
 STORAGE = {"fp32": np.dtype(np.float32), "bf16": NUMPY_DTYPES[DType.BF16]}
@@ -60,6 +60,9 @@ GENERATION_RECOMPUTES = {"Phi3ForCausalLM"}
 # checkpoint's rope_scaling (local_freqs: Gemma 3's sliding-window layers, whose rope_type is default)
 ROPE_INPUTS = {"freqs": "rope_theta", "local_freqs": "rope_local_theta"}
 RopeTables = dict[str, np.ndarray]
+# the rope types transformers' config class of an architecture accepts, where it narrows them (Phi3Config's
+# validate_rope); the others take every type of rope.py
+ROPE_TYPES = {"Phi3ForCausalLM": ("default", "longrope")}
 
 
 def _quiet_numpy(method: Callable) -> Callable:
@@ -138,6 +141,12 @@ class Model:
         # goes before the scaling's, as in transformers' standardize_rope_params
         original = self.config("original_max_seq", self.hf_config.get("original_max_position_embeddings"))
         served = declared_types(declarations(self.model))[0]
+        scaling = self.hf_config.get("rope_scaling")
+        for architecture in set(served) & set(ROPE_TYPES):
+            if rope_type(scaling) not in ROPE_TYPES[architecture]:
+                raise RopeScalingError(f"has rope_type '{rope_type(scaling)}', which {architecture} does not take "
+                                       f"(transformers' config class takes {', '.join(ROPE_TYPES[architecture])})",
+                                       "rope_type")
         return rope_frequencies(rotary_dim, theta, self.hf_config.get("rope_scaling"), max_positions,
                                 head_dim=self.config("head_dim"), original_max_positions=original,
                                 generation_recomputes=bool(GENERATION_RECOMPUTES & set(served)))

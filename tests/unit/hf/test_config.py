@@ -349,7 +349,8 @@ def lowered(source, name, config=None):
 
 def test_an_exported_config_writes_a_list_field_whole_and_reads_back(tmp_path):
     exported = export_config(lowered(LISTS, "Scaled", {"width": 8, "a": 0.25, "b": 1.0, "c": 5}))
-    assert exported == {"hidden_size": 8, "scales": [0.25, 1.0, 5], "model_type": "scaled"}  # 1.0 is not null
+    assert exported == {"hidden_size": 8, "scales": [0.25, 1.0, 5], "model_type": "scaled",  # 1.0 is not null
+                        "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     assert lists_config(tmp_path, scales=exported["scales"]) == {"width": 8, "a": 0.25, "b": 1.0, "c": 5}
     gap = LISTS.replace("c: field(scales, index=2, null=3)", "c: field(scales, index=3)")
     with pytest.raises(DiagnosticError) as info:  # what no element maps cannot be written

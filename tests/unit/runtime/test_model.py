@@ -1,5 +1,7 @@
 """The std DSL models on tiny random transformers checkpoints: logits, generation, bf16."""
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -133,12 +135,17 @@ def test_save_hf_writes_the_checkpoint_back_bitwise_and_transformers_reloads_it_
     ("llama.module", {}), ("qwen.module", {}), ("mistral.module", {}),
     ("llama.module", {"attention_bias": True, "mlp_bias": True}), ("qwen.module", {"attention_bias": True}),
     ("qwen2.module", {}), ("qwen2.module", {"use_sliding_window": True, "sliding_window": 5, "max_window_layers": 0}),
-], ids=["llama", "qwen3", "mistral", "llama-biases", "qwen3-attention-bias", "qwen2", "qwen2-sliding-window"])
+    ("phi3.module", {}), ("granite.module", {}), ("olmo2.module", {}), ("gemma2.module", {"n_layers": 3}),
+    ("gemma3.module", {"n_layers": 7, "sliding_window": 5}),
+], ids=["llama", "qwen3", "mistral", "llama-biases", "qwen3-attention-bias", "qwen2", "qwen2-sliding-window", "phi3",
+        "granite", "olmo2", "gemma2-odd-layers", "gemma3"])
 def test_a_random_model_exports_a_checkpoint_transformers_loads(module, extra, tmp_path):
-    config = dict(vocab_size=64, d_model=32, n_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, d_ff=48, eps=1e-6,
-                  **extra)
+    config = {**dict(vocab_size=64, d_model=32, n_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, d_ff=48, eps=1e-6),
+              **extra}
     model = modeldsl.load(MODELS / module, config=config)
     model.save_hf(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert [written[f] for f in ("bos_token_id", "eos_token_id", "pad_token_id")] == [None] * 3  # no tokenizer
     np.testing.assert_allclose(model.forward(TOKENS), reference_logits(tmp_path, TOKENS), atol=1e-5)
 
 
@@ -210,3 +217,16 @@ def test_save_hf_under_a_regular_file_is_e028(tiny, tmp_path):
     target = tmp_path / "file" / "out"
     message = coded(lambda: tiny.save_hf(target), "E028")
     assert str(target) in message and "Not a directory" in message
+
+
+@pytest.mark.parametrize("scaling", [{"rope_type": "linear", "factor": 2.0}, {"rope_type": "dynamic", "factor": 2.0}])
+def test_phi3_takes_only_the_rope_types_of_transformers_phi3(scaling, tmp_path):
+    """transformers' Phi3Config refuses every rope type but default and longrope; so does the std Phi-3 (E030),
+    where the std Llama computes them."""
+    arch, _, checkpoint_config = CASES["phi3-partial-rotary"]
+    path = shutil.copytree(cached_checkpoint(arch, **checkpoint_config), tmp_path / "phi3")
+    config = json.loads((path / "config.json").read_text())
+    config["rope_parameters"] = {**config["rope_parameters"], **scaling}
+    (path / "config.json").write_text(json.dumps(config))
+    message = coded(lambda: modeldsl.load(MODELS / "phi3.module", hf=path), "E030")
+    assert f"rope_type '{scaling['rope_type']}', which Phi3ForCausalLM does not take" in message

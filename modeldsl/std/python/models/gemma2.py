@@ -22,7 +22,7 @@ from modeldsl.std.python.modules.norm import RMSNorm
         "eps": field("rms_norm_eps", absent=1e-6),
         "rope_theta": field("rope_theta", absent=10000.0),
         "tie_embeddings": field("tie_word_embeddings", absent=True),
-        "query_pre_attn_scalar": field("query_pre_attn_scalar", absent=256.0),
+        "query_pre_attn_scalar": field("query_pre_attn_scalar", absent=256),
         "attn_softcap": field("attn_logit_softcapping", null=0.0, absent=50.0),
         "final_softcap": field("final_logit_softcapping", null=0.0, absent=30.0),
         "sliding_window": field("sliding_window", absent=4096),
@@ -103,13 +103,13 @@ class Gemma2:
     def __init__(self, vocab_size: int = 256000, d_model: int = 2304, n_layers: int = 26, num_heads: int = 8,
                  num_kv_heads: int = 4, head_dim: int = 256, d_ff: int = 9216, max_seq: int = 8192,
                  eps: float = 1e-6, rope_theta: float = 10000.0, tie_embeddings: bool = True,
-                 query_pre_attn_scalar: float = 256.0, attn_softcap: float = 50.0, final_softcap: float = 30.0,
+                 query_pre_attn_scalar: int = 256, attn_softcap: float = 50.0, final_softcap: float = 30.0,
                  sliding_window: int = 4096, softmax_scale: float = "query_pre_attn_scalar ** -0.5",
                  embed_scale: float = "sqrt(d_model)"):
         assert self.num_heads % self.num_kv_heads == 0, \
             "num_attention_heads must be a multiple of num_key_value_heads"
         assert self.sliding_window > 0, "the sliding-attention layers need a positive sliding_window"
-        assert self.query_pre_attn_scalar > 0.0, "query_pre_attn_scalar must be positive"
+        assert self.query_pre_attn_scalar > 0, "query_pre_attn_scalar must be positive"
         assert self.attn_softcap >= 0.0 and self.final_softcap >= 0.0, "a softcapping is 0 (none) or positive"
 
     embedding = Param(Tensor["vocab_size", "d_model"])

@@ -24,7 +24,7 @@ from modeldsl.std.python.modules.norm import RMSNorm
         "rope_theta": field("rope_theta", absent=1000000.0),
         "rope_local_theta": field("rope_local_base_freq", absent=10000.0),
         "tie_embeddings": field("tie_word_embeddings", absent=True),
-        "query_pre_attn_scalar": field("query_pre_attn_scalar", absent=256.0),
+        "query_pre_attn_scalar": field("query_pre_attn_scalar", absent=256),
         "final_softcap": field("final_logit_softcapping", null=0.0, absent=0.0),
         "sliding_window": field("sliding_window", absent=4096),
     },
@@ -192,13 +192,13 @@ class Gemma3:
     def __init__(self, vocab_size: int = 262208, d_model: int = 2304, n_layers: int = 26, num_heads: int = 8,
                  num_kv_heads: int = 4, head_dim: int = 256, d_ff: int = 9216, max_seq: int = 131072,
                  eps: float = 1e-6, rope_theta: float = 1000000.0, rope_local_theta: float = 10000.0,
-                 tie_embeddings: bool = True, query_pre_attn_scalar: float = 256.0, final_softcap: float = 0.0,
+                 tie_embeddings: bool = True, query_pre_attn_scalar: int = 256, final_softcap: float = 0.0,
                  sliding_window: int = 4096,
                  softmax_scale: float = "query_pre_attn_scalar ** -0.5", embed_scale: float = "sqrt(d_model)"):
         assert self.num_heads % self.num_kv_heads == 0, \
             "num_attention_heads must be a multiple of num_key_value_heads"
         assert self.sliding_window > 0, "the sliding-attention layers need a positive sliding_window"
-        assert self.query_pre_attn_scalar > 0.0, "query_pre_attn_scalar must be positive"
+        assert self.query_pre_attn_scalar > 0, "query_pre_attn_scalar must be positive"
         assert self.final_softcap >= 0.0, "final_logit_softcapping is 0 (none) or positive"
 
     embedding = Param(Tensor["vocab_size", "d_model"])
