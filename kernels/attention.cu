@@ -1,6 +1,7 @@
 // Attention, forward and backward: a plain CUDA flash attention (kernels/reference.py:
-// flash_attention without ALiBi, flash_attention_backward). It is the executor's fallback where
-// cuDNN's SDPA does not run (fp32, no cuDNN); no tensor cores: fp32 FMAs on tiles in shared memory.
+// flash_attention without ALiBi, flash_attention_backward; logit softcapping included). It is the
+// executor's fallback where cuDNN's SDPA does not run (fp32, no cuDNN, softcap); no tensor cores:
+// fp32 FMAs on tiles in shared memory.
 //
 // Tensors: q, out, d_out, d_q are [B, H, T, D] and k, v, d_k, d_v are [B, Hkv, S, D] in the
 // "bhtd" layout, or [B, T, H, D] / [B, S, Hkv, D] in "bthd" (mdsl.sched.attention's layouts): the
@@ -11,8 +12,10 @@
 //
 // Semantics (as the reference): query i sits at position pos = i + S - T; key j is seen when
 // causal: j <= pos; window w > 0: causal pos - j < w, else |pos - j| < w (w = 0: no window).
-// Scores are scale * q.k (scale defaults to 1/sqrt(D) in kernels/cuda.py). GQA: query head h reads
-// kv head h / (H / Hkv). A query that sees no key (causal or windowed with T > S) gets lse = -inf
+// Scores are scale * q.k (scale defaults to 1/sqrt(D) in kernels/cuda.py), softcapped to
+// c * tanh(s / c) before the mask where softcap c > 0 (Gemma 2's attn_logit_softcapping; c = 0:
+// none, and the kernels do exactly what they do without it). GQA: query head h reads kv head
+// h / (H / Hkv). A query that sees no key (causal or windowed with T > S) gets lse = -inf
 // and out = NaN, as the reference; the backward is not planned for such shapes.
 //
 // Threads: every kernel runs blocks of 128 threads, seen as 16 row groups x 8 column groups
@@ -28,7 +31,8 @@
 // BQ = 64 query rows when D <= 64 else 32 (kernels/cuda.py: attention_tiles); the last query tile
 // runs first (blockIdx.x reversed: causal tiles with the most keys start early). The block keeps
 // its query tile (pre-multiplied by scale * log2(e)) in shared memory and walks key tiles of
-// BK = 32: K into shared memory, scores in registers, masked (-inf), online softmax in base 2
+// BK = 32: K into shared memory, scores in registers, softcapped (in base 2: c log2(e) tanh(s / (c
+// log2(e))) of the base-2 score s), masked (-inf), online softmax in base 2
 // (running max m and sum l per row, the accumulator rescaled), P into shared memory, then V into
 // the same buffer and acc += P V. Only the key tiles some query of the block may see are visited
 // (causal: none past the tile's last position; window: none before its first position - w + 1,
@@ -43,12 +47,13 @@
 //      32 keys of one kv head. K (pre-multiplied by scale * log2(e)) and V stay in shared memory;
 //      the block walks every query head of the kv group and every query tile (BQ = 32 rows when
 //      D <= 64 else 8) that may see its keys: Q, d_out, lse, delta into shared memory;
-//      P^T = exp2(K Q^T - lse log2 e) and dP^T = V d_out^T in registers; dS = P (dP - delta);
+//      P^T = exp2(K Q^T - lse log2 e) and dP^T = V d_out^T in registers; dS = P (dP - delta)
+//      (softcapped: P from the capped scores S = c tanh(s / c), and dS times 1 - (S / c)^2);
 //      P^T and dS^T into shared memory; d_v += P^T d_out and d_k += dS^T Q in registers (so the
 //      GQA sum over the group's heads is in the block). Writes d_k = scale * acc_k, d_v.
 //   3. mdsl_attention_bwd_dq_*: block (128, 1, 1), grid (ceil(T / 32), H, B): one block per 32
 //      query rows of one head, Q and d_out in shared memory, walking key tiles (BK = 32 when
-//      D <= 64 else 8): recomputes P and dP, dS into shared memory, d_q += dS K; writes
+//      D <= 64 else 8): recomputes P and dP (and the softcap), dS into shared memory, d_q += dS K; writes
 //      d_q = scale * acc in the storage type.
 #include "common.cuh"
 
@@ -101,7 +106,17 @@ struct Geometry {
   i64 k_sb, k_sh, k_st;  // k, v, d_k, d_v
   float scale;
   int causal;
-  i64 window;  // 0: none
+  i64 window;      // 0: none
+  float cap2;      // softcap c in base 2, c * log2(e) (the tiles' scores are base 2); 0: none
+  float inv_cap2;  // 1 / cap2 (0: none)
+
+  // The softcapped base-2 score cap2 * tanh(s / cap2) of a base-2 score s (call only where cap2 > 0);
+  // slope = 1 - tanh^2 = 1 - (S / c)^2, its derivative, which dS is multiplied by.
+  __device__ __forceinline__ float capped(float s, float& slope) const {
+    const float t = tanhf(s * inv_cap2);
+    slope = 1.f - t * t;
+    return cap2 * t;
+  }
 
   // May query i see key j?
   __device__ __forceinline__ bool allowed(i64 i, i64 j) const {
@@ -138,6 +153,19 @@ struct Geometry {
     }
   }
 };
+
+// body(Capped<true>()) where the geometry softcaps, else body(Capped<false>()): a score loop compiled
+// twice, apart. d_q's loop takes it (a branch per score there makes ptxas spill on sm_90a); the
+// forward and d_k/d_v branch per score (their loops compiled twice spill on sm_80).
+template <bool B>
+struct Capped {
+  static constexpr bool value = B;
+};
+template <typename F>
+__device__ __forceinline__ void with_softcap(const Geometry& g, F&& body) {
+  if (g.cap2 > 0.f) body(Capped<true>());
+  else body(Capped<false>());
+}
 
 template <typename T>
 __device__ __forceinline__ bool vectorizable(const void* p, i64 D, i64 sb, i64 sh, i64 st) {
@@ -314,7 +342,12 @@ __device__ void attention_fwd(const Geometry& g, const T* q, const T* k, const T
 #pragma unroll
       for (int j = 0; j < CK; ++j) {
         const i64 kj = k0 + cg + kColGroups * j;
-        if (qi >= g.Tq || kj >= k1 || !g.allowed(qi, kj)) s[i][j] = -INFINITY;
+        if (qi >= g.Tq || kj >= k1 || !g.allowed(qi, kj)) {
+          s[i][j] = -INFINITY;
+        } else if (g.cap2 > 0.f) {  // softcapped before the mask
+          float slope;
+          s[i][j] = g.capped(s[i][j], slope);
+        }
         mx = fmaxf(mx, s[i][j]);
       }
       const float m_new = fmaxf(m[i], row_max(mx));
@@ -433,8 +466,14 @@ __device__ void attention_dkdv(const Geometry& g, const T* d_out, const T* q, co
           const i64 qi = t0 + r;
           float p = 0.f, ds = 0.f;
           if (kj < k1 && qi < g.Tq && g.allowed(qi, kj)) {
-            p = exp2f(st[i][j] - lse2[r]);
-            ds = p * (dpt[i][j] - dl[r]);
+            if (g.cap2 > 0.f) {
+              float slope;
+              p = exp2f(g.capped(st[i][j], slope) - lse2[r]);
+              ds = p * (dpt[i][j] - dl[r]) * slope;
+            } else {
+              p = exp2f(st[i][j] - lse2[r]);
+              ds = p * (dpt[i][j] - dl[r]);
+            }
           }
           Pt[(rg + kRowGroups * i) * PLD + r] = p;
           dSt[(rg + kRowGroups * i) * PLD + r] = ds;
@@ -500,17 +539,24 @@ __device__ void attention_dq(const Geometry& g, const T* d_out, const T* q, cons
     float s[RQ][CK], dp[RQ][CK];
     dot_tile<RQ, CK, LD>(s, Qs, Ks, D4);
     dot_tile<RQ, CK, LD>(dp, dOs, Vs, D4);
+    with_softcap(g, [&](auto capped) {
 #pragma unroll
-    for (int i = 0; i < RQ; ++i) {
-      const i64 qi = q0 + rg + kRowGroups * i;
+      for (int i = 0; i < RQ; ++i) {
+        const i64 qi = q0 + rg + kRowGroups * i;
 #pragma unroll
-      for (int j = 0; j < CK; ++j) {
-        const i64 kj = k0 + cg + kColGroups * j;
-        float ds = 0.f;
-        if (qi < g.Tq && kj < k1 && g.allowed(qi, kj)) ds = exp2f(s[i][j] - lse2[i]) * (dp[i][j] - dl[i]);
-        dS[(rg + kRowGroups * i) * PLD + cg + kColGroups * j] = ds;
+        for (int j = 0; j < CK; ++j) {
+          const i64 kj = k0 + cg + kColGroups * j;
+          float ds = 0.f;
+          if (qi < g.Tq && kj < k1 && g.allowed(qi, kj)) {
+            float x = s[i][j], slope;
+            if constexpr (decltype(capped)::value) x = g.capped(x, slope);
+            ds = exp2f(x - lse2[i]) * (dp[i][j] - dl[i]);
+            if constexpr (decltype(capped)::value) ds *= slope;
+          }
+          dS[(rg + kRowGroups * i) * PLD + cg + kColGroups * j] = ds;
+        }
       }
-    }
+    });
     __syncthreads();
     pm_tile<RQ, NC, LD, PLD, BK>(acc, dS, Ks, D);
   }
@@ -543,20 +589,23 @@ __device__ void dq(const Geometry& g, const T* d_out, const T* q, const T* k, co
 }  // namespace
 
 // The geometry parameters of every attention kernel but the delta one, in order (kernels/cuda.py):
-// i64 B, H, Hkv, T, S, D, q_sb, q_sh, q_st, k_sb, k_sh, k_st; f32 scale; i32 causal; i64 window.
-#define MDSL_GEOMETRY Geometry{B, H, Hkv, T, S, D, q_sb, q_sh, q_st, k_sb, k_sh, k_st, scale, causal, window}
+// i64 B, H, Hkv, T, S, D, q_sb, q_sh, q_st, k_sb, k_sh, k_st; f32 scale; i32 causal; i64 window;
+// f32 softcap (c > 0, or 0: none).
+#define MDSL_GEOMETRY                                                                                  \
+  Geometry{B, H, Hkv, T, S, D, q_sb, q_sh, q_st, k_sb, k_sh, k_st, scale, causal, window,               \
+           softcap > 0.f ? softcap * kLog2e : 0.f, softcap > 0.f ? 1.f / (softcap * kLog2e) : 0.f}
 
 extern "C" __global__ void __launch_bounds__(128)
 mdsl_attention_fwd_bf16(const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, i64 B, i64 H, i64 Hkv,
                         i64 T, i64 S, i64 D, i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale,
-                        int causal, i64 window) {
+                        int causal, i64 window, float softcap) {
   __shared__ float4 smem[kFwdShared / 4];
   fwd(MDSL_GEOMETRY, q, k, v, out, lse, reinterpret_cast<float*>(smem));
 }
 extern "C" __global__ void __launch_bounds__(128)
 mdsl_attention_fwd_f32(const float* q, const float* k, const float* v, float* out, float* lse, i64 B, i64 H, i64 Hkv,
                        i64 T, i64 S, i64 D, i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale,
-                       int causal, i64 window) {
+                       int causal, i64 window, float softcap) {
   __shared__ float4 smem[kFwdShared / 4];
   fwd(MDSL_GEOMETRY, q, k, v, out, lse, reinterpret_cast<float*>(smem));
 }
@@ -576,7 +625,7 @@ extern "C" __global__ void __launch_bounds__(128)
 mdsl_attention_bwd_dkdv_bf16(const bf16* d_out, const bf16* q, const bf16* k, const bf16* v, const float* lse,
                              const float* delta, bf16* d_k, bf16* d_v, i64 B, i64 H, i64 Hkv, i64 T, i64 S, i64 D,
                              i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale, int causal,
-                             i64 window) {
+                             i64 window, float softcap) {
   __shared__ float4 smem[kDkdvShared / 4];
   dkdv(MDSL_GEOMETRY, d_out, q, k, v, lse, delta, d_k, d_v, reinterpret_cast<float*>(smem));
 }
@@ -584,7 +633,7 @@ extern "C" __global__ void __launch_bounds__(128)
 mdsl_attention_bwd_dkdv_f32(const float* d_out, const float* q, const float* k, const float* v, const float* lse,
                             const float* delta, float* d_k, float* d_v, i64 B, i64 H, i64 Hkv, i64 T, i64 S, i64 D,
                             i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale, int causal,
-                            i64 window) {
+                            i64 window, float softcap) {
   __shared__ float4 smem[kDkdvShared / 4];
   dkdv(MDSL_GEOMETRY, d_out, q, k, v, lse, delta, d_k, d_v, reinterpret_cast<float*>(smem));
 }
@@ -592,14 +641,16 @@ mdsl_attention_bwd_dkdv_f32(const float* d_out, const float* q, const float* k, 
 extern "C" __global__ void __launch_bounds__(128)
 mdsl_attention_bwd_dq_bf16(const bf16* d_out, const bf16* q, const bf16* k, const bf16* v, const float* lse,
                            const float* delta, bf16* d_q, i64 B, i64 H, i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb,
-                           i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale, int causal, i64 window) {
+                           i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale, int causal, i64 window,
+                           float softcap) {
   __shared__ float4 smem[kDqShared / 4];
   dq(MDSL_GEOMETRY, d_out, q, k, v, lse, delta, d_q, reinterpret_cast<float*>(smem));
 }
 extern "C" __global__ void __launch_bounds__(128)
 mdsl_attention_bwd_dq_f32(const float* d_out, const float* q, const float* k, const float* v, const float* lse,
                           const float* delta, float* d_q, i64 B, i64 H, i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb,
-                          i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale, int causal, i64 window) {
+                          i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale, int causal, i64 window,
+                           float softcap) {
   __shared__ float4 smem[kDqShared / 4];
   dq(MDSL_GEOMETRY, d_out, q, k, v, lse, delta, d_q, reinterpret_cast<float*>(smem));
 }

@@ -206,7 +206,7 @@ _kernel("adamw", "adamw", "ptr param, ptr grad, ptr exp_avg, ptr exp_avg_sq, ptr
                           f"ptr grad_scale, i64 n, {_ADAMW}, f64 weight_decay, f64 lr_scale")
 _kernel("adamw", "adamw_multi", f"ptr tensors, i64 count, ptr lr, ptr step, ptr grad_scale, {_ADAMW}")
 _ATTN = ("i64 B, i64 H, i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, "
-         "f32 scale, i32 causal, i64 window")
+         "f32 scale, i32 causal, i64 window, f32 softcap")
 _kernel("attention", "attention_fwd", f"ptr q, ptr k, ptr v, ptr out, ptr lse, {_ATTN}")
 _kernel("attention", "attention_bwd_pre",
         "ptr d_out, ptr out, ptr delta, i64 B, i64 H, i64 T, i64 D, i64 q_sb, i64 q_sh, i64 q_st")
@@ -1002,13 +1002,16 @@ def _adamw_multi(p: Problem) -> Plan:
 
 # Attention (attention.cu): flash_attention without ALiBi and flash_attention_backward, in the
 # layouts of mdsl.sched.attention (attribute ``layout``: "bhtd", the default, or "bthd"; lse is
-# [B, H, T] in both). Every block has ATTENTION_THREADS threads; the tiles by head dim are
-# attention.cu's constants. Not covered: ALiBi, softcap, D > 128, a negative window_size, empty tensors, grids
-# past 65535 heads or batches, and the backward where a query sees no key (causal or windowed with
-# T > S: the reference's gradients are NaN there).
+# [B, H, T] in both), with attention-logit softcapping (attribute ``softcap`` c > 0: the scaled
+# scores become c * tanh(s / c) before the mask; 0 or absent: none). Every block has
+# ATTENTION_THREADS threads; the tiles by head dim are attention.cu's constants. Not covered: ALiBi,
+# D > 128, a negative window_size, a softcap outside ATTENTION_SOFTCAP, empty tensors, grids past
+# 65535 heads or batches, and the backward where a query sees no key (causal or windowed with T > S:
+# the reference's gradients are NaN there).
 ATTENTION_THREADS = 128
 ATTENTION_MAX_D = 128
 ATTENTION_LAYOUTS = ("bhtd", "bthd")
+ATTENTION_SOFTCAP = (1e-30, 1e30)  # the softcaps c taken: c log2(e) and its inverse stay normal fp32 numbers
 
 
 def attention_tiles(d: int) -> dict[str, int]:
@@ -1030,12 +1033,13 @@ class AttentionGeometry:
     scale: float
     causal: bool
     window: int  # 0: none
+    softcap: float = 0.0  # c > 0: scores c * tanh(s / c); 0: none
 
     def args(self) -> tuple[Arg, ...]:
         """The geometry parameters of attention.cu's kernels (all but the delta kernel), in order."""
         return (i64(self.b), i64(self.h), i64(self.hkv), i64(self.t), i64(self.s), i64(self.d),
                 *(i64(x) for x in self.q_strides), *(i64(x) for x in self.k_strides), f32(self.scale),
-                i32(self.causal), i64(self.window))
+                i32(self.causal), i64(self.window), f32(self.softcap))
 
 
 def attention_geometry(p: Problem, q: Shape, k: Shape, v: Shape) -> AttentionGeometry:
@@ -1063,12 +1067,13 @@ def attention_geometry(p: Problem, q: Shape, k: Shape, v: Shape) -> AttentionGeo
     window = int(p.attrs.get("window_size") or 0)
     if window < 0:
         raise NotCovered(f"attention window_size {window}")
-    if p.attrs.get("softcap"):
-        raise NotCovered(f"attention softcap {p.attrs['softcap']}: the CUDA kernel has no logit softcapping")
+    softcap = float(p.attrs.get("softcap") or 0.0)
+    if softcap and not ATTENTION_SOFTCAP[0] <= softcap <= ATTENTION_SOFTCAP[1]:
+        raise NotCovered(f"attention softcap {softcap}: the CUDA kernel takes c in {ATTENTION_SOFTCAP} (or 0: none)")
     causal = p.attrs.get("causal", True)
     return AttentionGeometry(b, h, hkv, t, s, d, q_strides, k_strides,
                              1.0 / math.sqrt(d) if scale is None else float(scale),
-                             True if causal is None else bool(causal), window)
+                             True if causal is None else bool(causal), window, softcap)
 
 
 _ATTENTION_BLOCK: Dim3 = (ATTENTION_THREADS, 1, 1)

@@ -9,7 +9,11 @@ exists. The masked corner of a strip is set to ``-inf`` through a strided
 view of one 1-d mask over the query-key distance ``d = i - j`` (the element
 ``[r, c]`` of a strip is ``mask[shift + r - c]``): no per-block mask arrays.
 ALiBi subtracts ``slope_h |d|`` the same way. Query head ``h`` reads kv head
-``h // (Hq / Hkv)`` directly, without repeating K and V.
+``h // (Hq / Hkv)`` directly, without repeating K and V. Attention-logit
+softcapping (``softcap`` c > 0, Gemma 2) caps the scaled scores to ``c tanh(s /
+c)`` before ALiBi and the mask, as the reference; the backward keeps ``tanh(s /
+c)`` of its strip and multiplies ``dS`` by ``1 - tanh^2`` (without a cap, every
+step is the one it was).
 
 A work item is a stack of query heads: some heads of one kv group, or the
 whole groups of some kv heads, of one batch row, as many as fit
@@ -83,8 +87,9 @@ class Attention:
     one call of a compiled kernel (:mod:`~modeldsl.kernels.cpu.compiled`) instead of numpy passes."""
 
     def __init__(self, pool: Pool, q, k, v, dtype: np.dtype, causal: bool, softmax_scale, window: int | None,
-                 alibi: bool, jit: bool = False):
+                 alibi: bool, jit: bool = False, softcap: float = 0.0):
         self.pool, self.dtype, self.jit = pool, dtype, jit
+        self.softcap = dtype.type(softcap) if softcap else None  # c of c tanh(s / c); None: no cap
         self.batch, self.heads, self.tq, self.depth = q.shape
         self.kv_heads, self.capacity = k.shape[1], k.shape[2]
         self.group = self.heads // self.kv_heads
@@ -120,13 +125,20 @@ class Attention:
                 hi = min(self.tk, last + self.window)
         return lo, hi
 
-    def scores(self, s: np.ndarray, wide: np.ndarray, q_block, k_span, i0: int, j_lo: int, slope) -> None:
-        """``s = scale q k^T - slope |d|``, masked keys at ``-inf``, for a stack ``[kv, heads, rows, span]``
-        (``k_span``: ``[kv, 1, span, D]``; ``slope``: ``[kv, heads, 1, 1]`` or None; ``wide``: scratch of
-        ``s``'s size)."""
+    def scores(self, s: np.ndarray, wide: np.ndarray, q_block, k_span, i0: int, j_lo: int, slope,
+               tanh: np.ndarray | None = None) -> None:
+        """``s = cap(scale q k^T) - slope |d|``, masked keys at ``-inf``, for a stack ``[kv, heads, rows,
+        span]`` (``k_span``: ``[kv, 1, span, D]``; ``slope``: ``[kv, heads, 1, 1]`` or None; ``wide``:
+        scratch of ``s``'s size). With a softcap c, ``cap(x) = c tanh(x / c)`` (the reference's steps),
+        and ``tanh`` (an array of ``s``'s shape, or None) gets ``tanh(x / c)``."""
         np.matmul(q_block, k_span.swapaxes(-1, -2), out=s)
         if self.scale != 1:
             s *= self.scale
+        if self.softcap is not None:
+            t = s if tanh is None else tanh
+            np.divide(s, self.softcap, out=t)
+            np.tanh(t, out=t)
+            np.multiply(self.softcap, t, out=s)
         rows, span = s.shape[-2:]
         shift = i0 + self.tk - self.tq - j_lo  # d at [0, 0]
         center = shift + self.capacity - 1
@@ -149,6 +161,9 @@ class Attention:
 
     def window_or_0(self) -> int:
         return self.window or 0
+
+    def softcap_or_0(self) -> float:
+        return 0.0 if self.softcap is None else float(self.softcap)
 
     def work(self) -> int:
         return self.batch * self.heads * self.tq * self.tk * self.depth // 64
@@ -230,7 +245,8 @@ class Forward:
             if g.jit:
                 np.matmul(self.q[b, kvs, hs, i0:i1], self.k[b, kvs, :, j_lo:j_hi].swapaxes(-1, -2), out=s)
                 compiled.softmax_strip(s.reshape(stack_rows, span), lse_all[:stack_rows], g.scale,
-                                       self.flat_slopes[kvs, hs], rows, g.shift(i0, j_lo), g.causal, g.window_or_0())
+                                       self.flat_slopes[kvs, hs], rows, g.shift(i0, j_lo), g.causal, g.window_or_0(),
+                                       g.softcap_or_0())
             else:
                 g.scores(s, wide, self.q[b, kvs, hs, i0:i1], self.k[b, kvs, :, j_lo:j_hi], i0, j_lo,
                          None if self.slopes is None else self.slopes[kvs, hs])
@@ -293,6 +309,8 @@ class Backward:
         self.sizes = [(g.stack * g.rows * g.span, 3), (g.stack * g.span * depth, 1), (g.stack_kv * g.span * depth, 1),
                       (g.stack * g.rows * depth, 1), (g.stack * g.rows, 2), (g.stack_kv * g.capacity * g.depth, 1),
                       (g.stack_kv * g.capacity * g.value_depth, 1)]
+        if g.softcap is not None:  # a strip for tanh(s / c) (the compiled path: 1 - tanh^2)
+            self.sizes.append((g.stack * g.rows * g.span, 1))
         _reserve(g, self.sizes)
 
     def pairs(self, start: int, stop: int, thread: int) -> None:
@@ -300,6 +318,7 @@ class Backward:
         ``dK``, ``dV`` summed over their query heads and blocks in scratch, in a fixed order."""
         g = self.g
         scratch = _carve(g, thread, self.sizes)
+        tanh_all = scratch.pop() if g.softcap is not None else None
         dk_all, dv_all = scratch[-2:]
         dk = dk_all[:g.stack_kv * g.tk * g.depth].reshape(g.stack_kv, g.tk, g.depth)
         dv = dv_all[:g.stack_kv * g.tk * g.value_depth].reshape(g.stack_kv, g.tk, g.value_depth)
@@ -310,13 +329,13 @@ class Backward:
             dv.fill(0)
             for h in range(0, g.group, g.stack_q):
                 for block in range(g.blocks):
-                    self.block(b, kvs, slice(h, h + g.stack_q), block, scratch[:-2], dk, dv)
+                    self.block(b, kvs, slice(h, h + g.stack_q), block, scratch[:-2], dk, dv, tanh_all)
             np.copyto(self.d_k[b, kvs], dk)
             np.copyto(self.d_v[b, kvs], dv)
 
-    def block(self, b: int, kvs: slice, hs: slice, block: int, scratch, dk, dv) -> None:
+    def block(self, b: int, kvs: slice, hs: slice, block: int, scratch, dk, dv, tanh_all=None) -> None:
         """One query block of the query heads ``hs`` of the kv heads ``kvs``: their ``d_q`` rows, and
-        their share of ``dk``, ``dv`` added in."""
+        their share of ``dk``, ``dv`` added in (``tanh_all``: a strip's scratch, with a softcap)."""
         g = self.g
         p_all, dp_all, wide, part_all, sum_all, od_all, di_all, lse_all = scratch
         i0, i1, j_lo, j_hi = g.block(block)
@@ -328,12 +347,14 @@ class Backward:
         lse = lse_all[:stack_rows]
         np.copyto(lse.reshape(*heads, rows), self.lse[b, kvs, hs, i0:i1], casting="unsafe")
         p_rows = p.reshape(stack_rows, span)
-        if g.jit:  # P in one compiled call
+        tanh = None if tanh_all is None else tanh_all[:stack_rows * span].reshape(*heads, rows, span)
+        if g.jit:  # P in one compiled call (and with a softcap, its derivatives 1 - tanh^2 into tanh)
             np.matmul(q, k_span.swapaxes(-1, -2), out=p)
             compiled.probabilities_strip(p_rows, lse, g.scale, self.flat_slopes[kvs, hs], rows,
-                                         g.shift(i0, j_lo), g.causal, g.window_or_0())
+                                         g.shift(i0, j_lo), g.causal, g.window_or_0(), g.softcap_or_0(),
+                                         None if tanh is None else tanh.reshape(stack_rows, span))
         else:
-            g.scores(p, wide, q, k_span, i0, j_lo, None if self.slopes is None else self.slopes[kvs, hs])
+            g.scores(p, wide, q, k_span, i0, j_lo, None if self.slopes is None else self.slopes[kvs, hs], tanh)
             _by_rows(np.subtract, p_rows, lse, wide)
             np.exp(p_rows, out=p_rows)
         part = part_all[:g.stack * span * g.value_depth].reshape(*heads, span, g.value_depth)
@@ -342,9 +363,9 @@ class Backward:
         d_s = dp_all[:stack_rows * span].reshape(*heads, rows, span)
         np.matmul(d_out, v_span.swapaxes(-1, -2), out=d_s)
         d_s_rows = d_s.reshape(stack_rows, span)
-        if g.jit:  # dS, its scale included, in one compiled call
+        if g.jit:  # dS, its scale (and softcap factor) included, in one compiled call
             compiled.score_grads_strip(d_s_rows, p_rows, _stacked(d_out), _stacked(self.out[b, kvs, hs, i0:i1]),
-                                       g.scale)
+                                       g.scale, None if tanh is None else tanh.reshape(stack_rows, span))
         else:
             od = od_all[:stack_rows * g.value_depth].reshape(*heads, rows, g.value_depth)
             np.multiply(d_out, self.out[b, kvs, hs, i0:i1], out=od)
@@ -352,6 +373,10 @@ class Backward:
             np.sum(od.reshape(stack_rows, g.value_depth), axis=1, out=di)
             _by_rows(np.subtract, d_s_rows, di, wide)
             d_s *= p
+            if tanh is not None:  # the reference's d_s (1 - tanh(s / c)^2)
+                np.square(tanh, out=tanh)
+                np.subtract(1.0, tanh, out=tanh)
+                d_s *= tanh
         part = part_all[:g.stack * span * g.depth].reshape(*heads, span, g.depth)
         np.matmul(d_s.swapaxes(-1, -2), q, out=part)
         if not g.jit:
@@ -400,14 +425,15 @@ def _geometry(pool: Pool, q, k, v, operands, params, alibi: bool, jit: bool) -> 
         return None
     if (window is not None and window <= 0) or k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         return None
-    if params.get("softcap"):
-        return None  # attention-logit softcapping (Gemma 2): the reference
+    softcap = float(params.get("softcap") or 0.0)
+    if softcap and not 0 < dtype.type(softcap) < math.inf:
+        return None  # a softcap c must be positive and finite in the operands' dtype (0: none)
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or q.shape[2] > k.shape[2]:
         return None
     scale = params.get("softmax_scale")
     jit = jit and compiled.takes(*operands)
     return Attention(pool, q, k, v, dtype, bool(params.get("causal", True)),
-                     None if scale is None else float(scale), window, alibi, jit)
+                     None if scale is None else float(scale), window, alibi, jit, softcap)
 
 
 def _slopes(slopes, heads: int):

@@ -112,7 +112,8 @@ void swiglu_backward_rows(i64 rows, i64 width, float *d_gate, i64 sdg, float *d_
  * A strip is [stacked rows, span]: its row r is query r % rows of the block, of the stack's head
  * r / rows; its column c is key j_lo + c; `shift` is the distance i - j at its first row and
  * column. A key is seen where 0 <= d (causal) and |d| < window (window > 0). ALiBi slopes (NULL:
- * none) of stacked head h at slopes[(h / heads) * group + h % heads]. */
+ * none) of stacked head h at slopes[(h / heads) * group + h % heads]. A softcap c > 0 caps the
+ * scaled scores s to c tanh(s / c) before ALiBi (Gemma 2; 0: none, and the loops of no cap run). */
 static inline void seen(i64 d0, i64 span, int causal, i64 window, i64 *lo, i64 *hi) {
     i64 h = causal ? (d0 + 1 < span ? d0 + 1 : span) : (window > 0 ? (d0 + window < span ? d0 + window : span) : span);
     i64 l = window > 0 ? (d0 - window + 1 > 0 ? d0 - window + 1 : 0) : 0;
@@ -120,9 +121,19 @@ static inline void seen(i64 d0, i64 span, int causal, i64 window, i64 *lo, i64 *
     *hi = h > l ? h : l;
 }
 
-static inline void scale_scores(float *x, i64 n, float scale, const float *slopes, i64 head, i64 heads, i64 group,
-                                i64 d_first) {
-    if (slopes) {
+static inline void scale_scores(float *x, i64 n, float scale, float softcap, float *factor, const float *slopes,
+                                i64 head, i64 heads, i64 group, i64 d_first) {
+    if (softcap > 0.0f) { /* c tanh(s / c), and (factor: not NULL) its derivative 1 - tanh^2 */
+        for (i64 c = 0; c < n; c++) {
+            float t = tanhf(x[c] * scale / softcap);
+            x[c] = softcap * t;
+            if (factor) factor[c] = 1.0f - t * t;
+        }
+        if (slopes) {
+            float slope = slopes[(head / heads) * group + head % heads];
+            for (i64 c = 0; c < n; c++) x[c] = x[c] - slope * fabsf((float)(d_first - c));
+        }
+    } else if (slopes) {
         float slope = slopes[(head / heads) * group + head % heads];
         for (i64 c = 0; c < n; c++) x[c] = x[c] * scale - slope * fabsf((float)(d_first - c));
     } else {
@@ -135,25 +146,29 @@ static inline void zero_outside(float *row, i64 span, i64 lo, i64 hi) {
     memset(row + hi, 0, (span - hi) * sizeof(float));
 }
 
-/* Row r of a strip: its seen keys zeroed around, scaled (and ALiBi'd) in place; *x, *n the seen part. */
-static inline void seen_scores(float *s, i64 r, i64 span, float scale, const float *slopes, i64 heads, i64 group,
-                               i64 rows, i64 shift, int causal, i64 window, float **x, i64 *n) {
+/* Row r of a strip: its seen keys zeroed around, scaled (softcapped, ALiBi'd) in place; *x, *n the seen
+ * part. `factors` (NULL: none; a strip like s): the softcap's derivatives 1 - tanh^2 at the seen keys,
+ * 0 around them. */
+static inline void seen_scores(float *s, float *factors, i64 r, i64 span, float scale, float softcap,
+                               const float *slopes, i64 heads, i64 group, i64 rows, i64 shift, int causal, i64 window,
+                               float **x, i64 *n) {
     i64 d0 = shift + r % rows, lo, hi;
     seen(d0, span, causal, window, &lo, &hi);
-    float *row = s + r * span;
+    float *row = s + r * span, *factor = factors ? factors + r * span : NULL;
     zero_outside(row, span, lo, hi);
+    if (factor) zero_outside(factor, span, lo, hi);
     *x = row + lo;
     *n = hi - lo;
-    scale_scores(*x, *n, scale, slopes, r / rows, heads, group, d0 - lo);
+    scale_scores(*x, *n, scale, softcap, factor ? factor + lo : NULL, slopes, r / rows, heads, group, d0 - lo);
 }
 
-/* s = softmax(scale s - slope |d|) over the keys each row sees (the others 0), lse its log-sum-exp. */
-void softmax_strip(i64 total, i64 span, float *s, float *lse, float scale, const float *slopes, i64 heads, i64 group,
-                   i64 rows, i64 shift, int causal, i64 window) {
+/* s = softmax(cap(scale s) - slope |d|) over the keys each row sees (the others 0), lse its log-sum-exp. */
+void softmax_strip(i64 total, i64 span, float *s, float *lse, float scale, float softcap, const float *slopes,
+                   i64 heads, i64 group, i64 rows, i64 shift, int causal, i64 window) {
     for (i64 r = 0; r < total; r++) {
         float *x;
         i64 n;
-        seen_scores(s, r, span, scale, slopes, heads, group, rows, shift, causal, window, &x, &n);
+        seen_scores(s, NULL, r, span, scale, softcap, slopes, heads, group, rows, shift, causal, window, &x, &n);
         float m = row_max(x, n), sum = 0.0f;
         {
             REDUCE for (i64 c = 0; c < n; c++) {
@@ -168,21 +183,24 @@ void softmax_strip(i64 total, i64 span, float *s, float *lse, float scale, const
     }
 }
 
-/* s = exp(scale s - slope |d| - lse) over the keys each row sees (the others 0). */
-void probabilities_strip(i64 total, i64 span, float *s, const float *lse, float scale, const float *slopes, i64 heads,
-                         i64 group, i64 rows, i64 shift, int causal, i64 window) {
+/* s = exp(cap(scale s) - slope |d| - lse) over the keys each row sees (the others 0); with a softcap,
+ * factors (a strip like s) = its derivatives 1 - tanh^2 there (0 elsewhere). */
+void probabilities_strip(i64 total, i64 span, float *s, const float *lse, float scale, float softcap, float *factors,
+                         const float *slopes, i64 heads, i64 group, i64 rows, i64 shift, int causal, i64 window) {
     for (i64 r = 0; r < total; r++) {
         float *x;
         i64 n;
-        seen_scores(s, r, span, scale, slopes, heads, group, rows, shift, causal, window, &x, &n);
+        seen_scores(s, softcap > 0.0f ? factors : NULL, r, span, scale, softcap, slopes, heads, group, rows, shift,
+                    causal, window, &x, &n);
         float offset = lse[r];
         for (i64 c = 0; c < n; c++) x[c] = fast_exp(x[c] - offset);
     }
 }
 
-/* d_s = scale p (d_s - sum(d_out out)) row by row; d_out, out: [heads, rows, Dv] by strides. */
-void score_grads_strip(i64 total, i64 span, float *d_s, const float *p, const float *d_out, i64 dh, i64 dr,
-                       const float *out, i64 oh, i64 orow, i64 depth, i64 rows, float scale) {
+/* d_s = scale p (d_s - sum(d_out out)) row by row (times the softcap's factors 1 - tanh^2 where not NULL:
+ * probabilities_strip's); d_out, out: [heads, rows, Dv] by strides. */
+void score_grads_strip(i64 total, i64 span, float *d_s, const float *p, const float *factors, const float *d_out,
+                       i64 dh, i64 dr, const float *out, i64 oh, i64 orow, i64 depth, i64 rows, float scale) {
     for (i64 r = 0; r < total; r++) {
         const float *dy = d_out + (r / rows) * dh + (r % rows) * dr, *o = out + (r / rows) * oh + (r % rows) * orow;
         float delta = 0.0f;
@@ -191,7 +209,12 @@ void score_grads_strip(i64 total, i64 span, float *d_s, const float *p, const fl
         }
         float *grad = d_s + r * span;
         const float *prob = p + r * span;
-        for (i64 c = 0; c < span; c++) grad[c] = prob[c] * (grad[c] - delta) * scale;
+        if (factors) {
+            const float *factor = factors + r * span;
+            for (i64 c = 0; c < span; c++) grad[c] = prob[c] * (grad[c] - delta) * factor[c] * scale;
+        } else {
+            for (i64 c = 0; c < span; c++) grad[c] = prob[c] * (grad[c] - delta) * scale;
+        }
     }
 }
 

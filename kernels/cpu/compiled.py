@@ -66,9 +66,9 @@ SIGNATURES: dict[str, tuple] = {
     "swiglu_rows": (I64, I64, PTR, I64, PTR, I64, PTR, I64),
     "silu_backward_rows": (I64, I64, PTR, I64, PTR, I64, PTR, I64),
     "swiglu_backward_rows": (I64, I64, PTR, I64, PTR, I64, PTR, I64, PTR, I64, PTR, I64),
-    "softmax_strip": (I64, I64, PTR, PTR, FLOAT, PTR, I64, I64, I64, I64, INT, I64),
-    "probabilities_strip": (I64, I64, PTR, PTR, FLOAT, PTR, I64, I64, I64, I64, INT, I64),
-    "score_grads_strip": (I64, I64, PTR, PTR, PTR, I64, I64, PTR, I64, I64, I64, I64, FLOAT),
+    "softmax_strip": (I64, I64, PTR, PTR, FLOAT, FLOAT, PTR, I64, I64, I64, I64, INT, I64),
+    "probabilities_strip": (I64, I64, PTR, PTR, FLOAT, FLOAT, PTR, PTR, I64, I64, I64, I64, INT, I64),
+    "score_grads_strip": (I64, I64, PTR, PTR, PTR, PTR, I64, I64, PTR, I64, I64, I64, I64, FLOAT),
     "cross_entropy_rows": (I64, I64, PTR, I64, I64, PTR, PTR, PTR, PTR, PTR, INT, INT),
     "rope_rows": (I64, I64, PTR, PTR, PTR, I64, I64, I64, INT, INT, INT),
     "rmsnorm_rows": (I64, I64, I64, PTR, PTR, PTR, PTR, FLOAT, PTR, PTR, INT),
@@ -206,23 +206,32 @@ def _slopes(slopes: np.ndarray) -> tuple[int, int, int]:
     return address(slopes), slopes.shape[1], row_stride(slopes)
 
 
-def softmax_strip(s, lse, scale, slopes, rows: int, shift: int, causal: bool, window: int) -> None:
-    """``s [R, span] = softmax(scale s - slope |d|)`` over the keys each row sees (the others 0),
-    ``lse`` its log-sum-exp (the layout of a strip: ``compiled.c``)."""
-    kernel("softmax_strip")(s.shape[0], s.shape[1], address(s), address(lse), scale, *_slopes(slopes), rows, shift,
-                            causal, window)
+def softmax_strip(s, lse, scale, slopes, rows: int, shift: int, causal: bool, window: int,
+                  softcap: float = 0.0) -> None:
+    """``s [R, span] = softmax(cap(scale s) - slope |d|)`` over the keys each row sees (the others 0),
+    ``lse`` its log-sum-exp (the layout of a strip: ``compiled.c``); ``cap(x) = c tanh(x / c)`` with
+    ``softcap`` c > 0 (0: none)."""
+    kernel("softmax_strip")(s.shape[0], s.shape[1], address(s), address(lse), scale, softcap, *_slopes(slopes), rows,
+                            shift, causal, window)
 
 
-def probabilities_strip(s, lse, scale, slopes, rows: int, shift: int, causal: bool, window: int) -> None:
-    """``s = exp(scale s - slope |d| - lse)`` over the keys each row sees (the others 0)."""
-    kernel("probabilities_strip")(s.shape[0], s.shape[1], address(s), address(lse), scale, *_slopes(slopes), rows,
-                                  shift, causal, window)
+def probabilities_strip(s, lse, scale, slopes, rows: int, shift: int, causal: bool, window: int,
+                        softcap: float = 0.0, factors: np.ndarray | None = None) -> None:
+    """``s = exp(cap(scale s) - slope |d| - lse)`` over the keys each row sees (the others 0); with
+    ``softcap`` c > 0, ``factors`` (shaped as ``s``) gets the cap's derivatives ``1 - tanh^2`` there
+    (0 elsewhere)."""
+    if softcap and (factors is None or factors.shape != s.shape):
+        raise ValueError("a softcapped probabilities_strip takes factors shaped as its strip")
+    kernel("probabilities_strip")(s.shape[0], s.shape[1], address(s), address(lse), scale, softcap,
+                                  address(factors) if softcap else None, *_slopes(slopes), rows, shift, causal, window)
 
 
-def score_grads_strip(d_s, p, d_out, out, scale) -> None:
-    """``d_s = scale p (d_s - sum(d_out out))`` row by row (``d_out``, ``out``: ``[heads, rows, Dv]``)."""
+def score_grads_strip(d_s, p, d_out, out, scale, factors: np.ndarray | None = None) -> None:
+    """``d_s = scale p (d_s - sum(d_out out))`` row by row (``d_out``, ``out``: ``[heads, rows, Dv]``),
+    times ``factors`` (probabilities_strip's softcap derivatives) where given."""
     elements = [stride // 4 for stride in (*d_out.strides[:2], *out.strides[:2])]
-    kernel("score_grads_strip")(d_s.shape[0], d_s.shape[1], address(d_s), address(p), address(d_out), *elements[:2],
+    kernel("score_grads_strip")(d_s.shape[0], d_s.shape[1], address(d_s), address(p),
+                                None if factors is None else address(factors), address(d_out), *elements[:2],
                                 address(out), *elements[2:], d_out.shape[2], d_out.shape[1], scale)
 
 

@@ -347,7 +347,7 @@ class GemmCommand(Command):
 
 @dataclass(eq=False)
 class AttentionCommand(Command):
-    """Fused attention (q, k, v) -> (out, lse): causal, GQA, sliding window; bhtd or bthd."""
+    """Fused attention (q, k, v) -> (out, lse): causal, GQA, sliding window, softcap; bhtd or bthd."""
 
     q: TensorRef | None = None
     k: TensorRef | None = None
@@ -358,7 +358,9 @@ class AttentionCommand(Command):
     window: int = 0
     softmax_scale: float | None = None  # None: 1/sqrt(D)
     layout: str = "bhtd"
-    softcap: float = 0.0  # attention-logit softcapping (0: none); neither cuDNN nor the kernel takes it
+    # attention-logit softcapping (0: none): cuDNN's SDPA graph declines it (NotCovered), so the device runs
+    # the plain attention.cu kernel (``kernel``), which takes it
+    softcap: float = 0.0
     kernel: KernelCommand | None = None  # the plain CUDA attention kernel's launch, where cuDNN cannot
     kind = "attention"
 
@@ -698,7 +700,7 @@ def attention_launch(name: str, arguments: list[TensorRef | None], outputs: list
     """A ``flash_attention`` (without ALiBi) or ``flash_attention_backward`` launch as an attention command."""
     options = {"causal": bool(params.get("causal", True)), "window": int(params.get("window_size") or 0),
                "softmax_scale": params.get("softmax_scale"), "choice": choice,
-               "softcap": float(params.get("softcap") or 0.0)}
+               "softcap": float(params.get("softcap") or 0.0), "layout": str(params.get("layout") or "bhtd")}
     if name == "flash_attention" and len(arguments) >= 3 and all(a is None for a in arguments[3:]):
         q, k, v = arguments[:3]
         return with_kernel(AttentionCommand(q=q, k=k, v=v, out=outputs[0], lse=outputs[1], **options))

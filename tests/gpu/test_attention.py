@@ -4,7 +4,8 @@
 Random inputs on several shapes: ragged T and S (not multiples of any tile), T < S (queries at
 the end), one query, GQA and MQA, head dims 2..128 (ragged ones take the scalar load paths);
 non-causal, causal, causal with a sliding window and the symmetric (non-causal) window; both
-layouts of mdsl.sched.attention ("bhtd", "bthd"); bf16 and fp32; every output starts as NaN
+layouts of mdsl.sched.attention ("bhtd", "bthd"); attention-logit softcapping (caps of 5 and 50 on
+scores large enough that both bend them); bf16 and fp32; every output starts as NaN
 (poisoned), so an element a kernel forgets to write fails. The reference runs in float64 on the
 values the kernels read (inputs rounded to the variant's storage type, lse to fp32). Tolerances,
 relative and, for elements near zero, relative to the tensor's largest value: bf16 outputs 1e-2;
@@ -181,3 +182,57 @@ def test_the_default_scale_is_one_over_sqrt_d():
     (launch,) = plan.launches
     params = dict(zip((name for name, _ in launch.kernel.params), (a.value for a in launch.args)))
     assert math.isclose(params["scale"], 1 / 8) and params["causal"] == 1 and params["window"] == 0
+    assert params["softcap"] == 0.0
+
+
+# Softcapping (Gemma 2's attn_logit_softcapping): (B, H, Hkv, T, S, D) with GQA, MQA on the wide
+# tiles, T < S with a ragged head dim, and several tiles of every kernel
+SOFTCAP_SHAPES = [(2, 4, 2, 37, 37, 64), (1, 4, 1, 70, 70, 128), (1, 2, 2, 33, 50, 10), (1, 2, 1, 130, 130, 64)]
+SOFTCAPS = (5.0, 50.0)
+
+
+def capped_inputs(rng, shape, layout, softcap, attrs):
+    """q (times 2 c), k, v: scores of about twice the cap c, which it bends into a few near c (a
+    softmax of the capped scores spreads over them; without the cap it is nearly one-hot). Checked:
+    the reference's out with the cap is not within bf16's tolerance of the one without it, so a
+    kernel that ignored the cap would fail."""
+    q, k, v = inputs(rng, shape, layout)
+    q = 2 * softcap * q
+    rq, rk, rv = (heads_first(rounded(x, "bf16"), layout) for x in (q, k, v))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        capped, _ = REFERENCES["flash_attention"](rq, rk, rv, **attrs, softcap=softcap)
+        plain, _ = REFERENCES["flash_attention"](rq, rk, rv, **attrs)
+    with pytest.raises(AssertionError):
+        close(plain, capped, TOL["bf16"], "the cap does not bite")
+    return q, k, v
+
+
+@pytest.mark.parametrize("softcap", SOFTCAPS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("causal, window", MASKS, ids=ids(MASKS))
+@pytest.mark.parametrize("shape", SOFTCAP_SHAPES, ids=ids(SOFTCAP_SHAPES))
+def test_flash_attention_softcap(runner, shape, causal, window, variant, layout, softcap):
+    """Forward and backward with the scaled scores capped to c tanh(s / c) before the mask."""
+    rng = np.random.default_rng(37)
+    attrs = {"causal": causal, "window_size": window}
+    q, k, v = capped_inputs(rng, shape, layout, softcap, attrs)
+    check_attention(runner, q, k, v, {**attrs, "softcap": softcap}, variant, layout, rng)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_flash_attention_softcap_with_a_scale_on_misaligned_buffers(runner, variant):
+    """An explicit softmax_scale under the cap, through the one-element loads and stores."""
+    rng = np.random.default_rng(38)
+    attrs = {"causal": True, "window_size": 20, "softmax_scale": 0.5}
+    q, k, v = capped_inputs(rng, (1, 4, 2, 45, 45, 32), "bthd", 5.0, attrs)
+    check_attention(runner, q, k, v, {**attrs, "softcap": 5.0}, variant, "bthd", rng, offset=MISALIGN[variant])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape, causal, window, layout", LARGE[:2], ids=ids(LARGE[:2]))
+def test_flash_attention_softcap_large(runner, shape, causal, window, variant, layout):
+    rng = np.random.default_rng(39)
+    attrs = {"causal": causal, "window_size": window}
+    q, k, v = capped_inputs(rng, shape, layout, 50.0, attrs)
+    check_attention(runner, q, k, v, {**attrs, "softcap": 50.0}, variant, layout, rng)

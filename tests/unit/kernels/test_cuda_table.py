@@ -220,6 +220,10 @@ def cases():
         attrs = {"causal": causal, "window_size": window, "layout": layout}
         yield "flash_attention", [q, k, k, None], [q, (b, h, t)], attrs, variant, "int32"
         yield "flash_attention_backward", [q, q, k, k, q, (b, h, t)], [q, k, k], attrs, variant, "int32"
+        if causal and window is None:  # softcapped (Gemma 2's attn_logit_softcapping)
+            capped = {**attrs, "softcap": 50.0}
+            yield "flash_attention", [q, k, k, None], [q, (b, h, t)], capped, variant, "int32"
+            yield "flash_attention_backward", [q, q, k, k, q, (b, h, t)], [q, k, k], capped, variant, "int32"
     for variant in cuda.VARIANTS:  # MoE (moe.cu): (tokens, top_k, experts, channels)
         for n, k, e, c in ((1, 1, 1, 1), (9, 2, 5, 33), (4096, 8, 128, 4096)):
             a = n * k
@@ -373,6 +377,10 @@ def test_embedding_backward_zeroes_its_gradient_first():
     ("flash_attention", [(1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)], {"layout": "bhdt"}),
     ("flash_attention", [(1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)], {"window_size": -1}),
     ("flash_attention", [(1, 2, 0, 64), (1, 2, 8, 64), (1, 2, 8, 64)], {}),
+    ("flash_attention", [(1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)], {"softcap": -1.0}),
+    ("flash_attention", [(1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)], {"softcap": math.inf}),
+    ("flash_attention", [(1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)], {"softcap": math.nan}),
+    ("flash_attention_backward", [(1, 2, 8, 64)] * 5 + [(1, 2, 8)], {"softcap": 1e-40}),  # 0 in fp32
     ("flash_attention_backward", [(1, 2, 9, 64), (1, 2, 9, 64), (1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 9, 64),
                                   (1, 2, 9)], {"causal": True}),  # the first query sees no key
     ("flash_attention_backward", [(1, 2, 9, 64), (1, 2, 9, 64), (1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 9, 64),
@@ -381,6 +389,33 @@ def test_embedding_backward_zeroes_its_gradient_first():
 def test_what_the_kernels_do_not_cover_is_reported(name, inputs, attrs):
     with pytest.raises(cuda.NotCovered):
         cuda.plan(name, inputs, [], attrs, "fp32")
+
+
+@pytest.mark.parametrize("layout", cuda.ATTENTION_LAYOUTS)
+@pytest.mark.parametrize("variant", cuda.VARIANTS)
+def test_softcapped_attention_is_covered_and_every_launch_takes_the_cap(variant, layout):
+    """Attention-logit softcapping (Gemma 2) runs on attention.cu: the forward, d_k/d_v and d_q
+    launches get the cap as their ``softcap`` argument (0 without one); the delta launch has none."""
+    q, k, lse = ((2, 8, 37, 64), (2, 4, 37, 64), (2, 8, 37)) if layout == "bhtd" else \
+        ((2, 37, 8, 64), (2, 37, 4, 64), (2, 8, 37))
+    for softcap, want in ((30.0, 30.0), (0.0, 0.0), (None, 0.0)):
+        attrs = {"causal": True, "window_size": 16, "layout": layout}
+        if softcap is not None:
+            attrs["softcap"] = softcap
+        forward = cuda.plan("flash_attention", [q, k, k, None], [q, lse], attrs, variant)
+        backward = cuda.plan("flash_attention_backward", [q, q, k, k, q, lse], [q, k, k], attrs, variant)
+        launches = [*forward.launches, *backward.launches]
+        assert [s.kernel.name for s in launches] == ["attention_fwd", "attention_bwd_pre", "attention_bwd_dkdv",
+                                                     "attention_bwd_dq"]
+        for step in launches:
+            params = dict(zip((name for name, _ in step.kernel.params), step.args))
+            if step.kernel.name == "attention_bwd_pre":
+                assert "softcap" not in params
+                continue
+            assert step.kernel.params[-1] == ("softcap", "f32") and params["softcap"].kind == "f32"
+            assert params["softcap"].value == want and params["window"].value == 16
+        check_plan("flash_attention", forward, [q, k, k, None], [q, lse])
+        check_plan("flash_attention_backward", backward, [q, q, k, k, q, lse], [q, k, k])
 
 
 def test_unknown_primitive_and_variant():

@@ -20,6 +20,7 @@ from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime import cuda_executor
 from modeldsl.runtime.cuda_device import DeviceError, EmulatedDevice, fill_pattern
 from modeldsl.runtime.cuda_executor import (
+    AttentionBackwardCommand,
     AttentionCommand,
     CopyCommand,
     CudaExecutor,
@@ -27,6 +28,7 @@ from modeldsl.runtime.cuda_executor import (
     KernelCommand,
     StridedCopyCommand,
     TensorRef,
+    attention_launch,
     coalesced,
 )
 from modeldsl.runtime.cuda_train import CudaTrainer
@@ -350,3 +352,41 @@ def test_a_fully_recomputed_training_step_gives_the_cpu_schedule_executors_gradi
     assert device_loss == loss
     np.testing.assert_array_equal(gpu.device.download(grads.address, grads.nbytes), cpu.arenas["grads"])
     assert np.abs(cpu.arenas["grads"].view(np.float32)).max() > 0
+
+
+# ---------------------------------------------------------------------------- attention launches
+BTHD_BACKWARD = """
+mdsl.sched.program @attention_backward arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 4096) {
+  %d_out = mdsl.sched.buffer external offset 0 bytes 384 {input = 0 : i64} : !mdsl.sched.buffer<[1, 6, 4, 4], fp32>
+  %q = mdsl.sched.buffer external offset 384 bytes 384 {input = 1 : i64} : !mdsl.sched.buffer<[1, 6, 4, 4], fp32>
+  %k = mdsl.sched.buffer external offset 768 bytes 192 {input = 2 : i64} : !mdsl.sched.buffer<[1, 6, 2, 4], fp32>
+  %v = mdsl.sched.buffer external offset 960 bytes 192 {input = 3 : i64} : !mdsl.sched.buffer<[1, 6, 2, 4], fp32>
+  %out = mdsl.sched.buffer external offset 1152 bytes 384 {input = 4 : i64} : !mdsl.sched.buffer<[1, 6, 4, 4], fp32>
+  %lse = mdsl.sched.buffer external offset 1536 bytes 96 {input = 5 : i64} : !mdsl.sched.buffer<[1, 4, 6], fp32>
+  %d_q = mdsl.sched.buffer external offset 1664 bytes 384 {output = 0 : i64} : !mdsl.sched.buffer<[1, 6, 4, 4], fp32>
+  %d_k = mdsl.sched.buffer external offset 2048 bytes 192 {output = 1 : i64} : !mdsl.sched.buffer<[1, 6, 2, 4], fp32>
+  %d_v = mdsl.sched.buffer external offset 2304 bytes 192 {output = 2 : i64} : !mdsl.sched.buffer<[1, 6, 2, 4], fp32>
+  mdsl.sched.launch "flash_attention_backward"(%d_out, %q, %k, %v, %out, %lse) -> (%d_q, %d_k, %d_v) {causal = true, layout = "bthd", softcap = 2.0 : f64} : (!mdsl.sched.buffer<[1, 6, 4, 4], fp32>, !mdsl.sched.buffer<[1, 6, 4, 4], fp32>, !mdsl.sched.buffer<[1, 6, 2, 4], fp32>, !mdsl.sched.buffer<[1, 6, 2, 4], fp32>, !mdsl.sched.buffer<[1, 6, 4, 4], fp32>, !mdsl.sched.buffer<[1, 4, 6], fp32>) -> (!mdsl.sched.buffer<[1, 6, 4, 4], fp32>, !mdsl.sched.buffer<[1, 6, 2, 4], fp32>, !mdsl.sched.buffer<[1, 6, 2, 4], fp32>)
+}
+"""
+
+
+def test_an_attention_backward_launch_keeps_its_layout_and_softcap():
+    """A ``flash_attention_backward`` launch (the backward of a training step) runs with the launch's layout
+    and softcap, as a kernel command (its empty ALiBi slot) or as an attention command (without the slot): a
+    bthd backward run as bhtd would read every tensor in the wrong order."""
+    from modeldsl.kernels import reference as ref
+
+    executor = CudaExecutor(parsed_program(BTHD_BACKWARD), {}, device=EmulatedDevice())
+    (command,) = executor.commands
+    assert isinstance(command, KernelCommand) and (command.params["layout"], command.params["softcap"]) == ("bthd", 2.0)
+    attention = attention_launch("flash_attention_backward", list(command.arguments[:6]), list(command.outputs),
+                                 command.params)
+    assert isinstance(attention, AttentionBackwardCommand) and (attention.layout, attention.softcap) == ("bthd", 2.0)
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) * 3 for s in ((1, 6, 4, 4), (1, 6, 2, 4), (1, 6, 2, 4)))
+    out, lse = ref.flash_attention(q, k, v, layout="bthd", softcap=2.0)
+    d_out = rng.standard_normal(out.shape).astype(np.float32)
+    expected = ref.flash_attention_backward(d_out, q, k, v, out, lse, layout="bthd", softcap=2.0)
+    for got, want in zip(executor.execute(d_out, q, k, v, out, lse), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
