@@ -390,3 +390,23 @@ def test_an_attention_backward_launch_keeps_its_layout_and_softcap():
     expected = ref.flash_attention_backward(d_out, q, k, v, out, lse, layout="bthd", softcap=2.0)
     for got, want in zip(executor.execute(d_out, q, k, v, out, lse), expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- the std families
+@pytest.mark.parametrize("name", ["gemma3-groups", "gemma2-softcap", "gemma2-odd-layers", "phi3-longrope",
+                                  "qwen2-mixed-windows", "olmo2-tied-biases", "granite-multipliers"])
+def test_the_families_forward_gives_the_cpu_executors_logits_on_the_device(name):
+    """Each family's forward profile (two RoPE tables and groups of six for Gemma 3, softcapped attention,
+    stack tails, partial rotary, several stacks, post-norms, multipliers) runs on the device with no launch
+    left to the host, giving the CPU schedule executor's logits."""
+    from hf_checkpoints import CASES, cached_checkpoint
+
+    arch, module, config = CASES[name]
+    loaded = modeldsl.load(STD_ROOT / "models" / module, hf=cached_checkpoint(arch, **config))
+    program = compile_profile(loaded.model, *TOKENS.shape, "fp32")
+    inputs = loaded.inputs(TOKENS % loaded.config("vocab_size"), 0)
+    (expected,) = ScheduleExecutor(program, loaded.weights).execute(*inputs)
+    executor = CudaExecutor(program, loaded.weights, device=EmulatedDevice())
+    assert executor.fallbacks == []
+    (logits,) = executor.execute(*inputs)
+    np.testing.assert_array_equal(logits, expected)
