@@ -7,10 +7,10 @@ from modeldsl.std.python.modules.norm import RMSNorm
 
 
 @module
-class Gemma2Layer:
-    """One Gemma 2 decoder layer: RMSNorms of (1 + weight) before and after each branch,
+class GemmaLayer:
+    """One Gemma 2 or Gemma 3 decoder layer: RMSNorms of (1 + weight) before and after each branch,
     x + post_attention_norm(attn(input_norm(x))), then + post_mlp_norm(mlp(pre_mlp_norm(.))),
-    the MLP a GeGLU of tanh-approximated GELU (gelu_pytorch_tanh). With qk_norm, a Gemma 3 layer:
+    the MLP a GeGLU of tanh-approximated GELU (gelu_pytorch_tanh). Gemma 3's layers take qk_norm:
     per-head RMSNorms of (1 + weight) on q and k before RoPE."""
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, head_dim: int, d_ff: int,
@@ -52,9 +52,9 @@ class Gemma2LayerPair:
                  sliding_window: int = 0):
         pass
 
-    local_layer = Param(Gemma2Layer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
+    local_layer = Param(GemmaLayer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
                               "softcap", "sliding_window"))
-    global_layer = Param(Gemma2Layer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
+    global_layer = Param(GemmaLayer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
                                 "softcap", 0))
 
     @forward
@@ -76,17 +76,17 @@ class Gemma3LayerGroup:
                  eps: float = 1e-6, softmax_scale: float = 0.0625, sliding_window: int = 4096):
         pass
 
-    local_0 = Param(Gemma2Layer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
+    local_0 = Param(GemmaLayer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
                                  0.0, "sliding_window", True))
-    local_1 = Param(Gemma2Layer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
+    local_1 = Param(GemmaLayer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
                                  0.0, "sliding_window", True))
-    local_2 = Param(Gemma2Layer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
+    local_2 = Param(GemmaLayer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
                                  0.0, "sliding_window", True))
-    local_3 = Param(Gemma2Layer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
+    local_3 = Param(GemmaLayer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
                                  0.0, "sliding_window", True))
-    local_4 = Param(Gemma2Layer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
+    local_4 = Param(GemmaLayer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
                                  0.0, "sliding_window", True))
-    global_layer = Param(Gemma2Layer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
+    global_layer = Param(GemmaLayer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps", "softmax_scale",
                                  0.0, 0, True))
 
     @forward

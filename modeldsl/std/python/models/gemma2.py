@@ -2,7 +2,7 @@
 
 from modeldsl.dsl import (Array, Param, Tensor, field, forward, fuse, graph, hf_config, hf_export, hf_mapping, model,
                           split, tied_to)
-from modeldsl.std.python.blocks.gemma import Gemma2Layer, Gemma2LayerPair
+from modeldsl.std.python.blocks.gemma import GemmaLayer, Gemma2LayerPair
 from modeldsl.std.python.modules.norm import RMSNorm
 
 
@@ -115,7 +115,7 @@ class Gemma2:
     embedding = Param(Tensor["vocab_size", "d_model"])
     pairs = Param(Array["n_layers // 2", Gemma2LayerPair("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff",
                                                          "eps", "softmax_scale", "attn_softcap", "sliding_window")])
-    tail = Param(Array["n_layers % 2", Gemma2Layer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps",
+    tail = Param(Array["n_layers % 2", GemmaLayer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps",
                                                   "softmax_scale", "attn_softcap", "sliding_window")])
     final_norm = Param(RMSNorm("d_model", "eps", 1.0))
     lm_head = Param(tied_to("embedding"), when="tie_embeddings")

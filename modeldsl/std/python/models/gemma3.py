@@ -2,7 +2,7 @@
 
 from modeldsl.dsl import (Array, Param, Tensor, field, forward, fuse, graph, hf_config, hf_export, hf_mapping, model,
                           split, tied_to)
-from modeldsl.std.python.blocks.gemma import Gemma2Layer, Gemma3LayerGroup
+from modeldsl.std.python.blocks.gemma import GemmaLayer, Gemma3LayerGroup
 from modeldsl.std.python.modules.norm import RMSNorm
 
 
@@ -204,7 +204,7 @@ class Gemma3:
     embedding = Param(Tensor["vocab_size", "d_model"])
     groups = Param(Array["n_layers // 6", Gemma3LayerGroup("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff",
                                                            "eps", "softmax_scale", "sliding_window")])
-    tail = Param(Array["n_layers % 6", Gemma2Layer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps",
+    tail = Param(Array["n_layers % 6", GemmaLayer("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "eps",
                                                   "softmax_scale", 0.0, "sliding_window", True)])
     final_norm = Param(RMSNorm("d_model", "eps", 1.0))
     lm_head = Param(tied_to("embedding"), when="tie_embeddings")
