@@ -226,10 +226,9 @@ def _special_floats(value: Any) -> Any:
 
 def normalize(config: dict[str, Any]) -> HFConfig:
     """``rope_parameters`` (transformers 5) lifted to the top-level ``rope_theta`` / ``rope_scaling``
-(Gemma 3's per kind of layer: ``full_attention``'s, and ``sliding_attention``'s theta to
-``rope_local_base_freq``),
-    transformers 5's ``{"__float__": "Infinity"}`` read as the float; a ``rope_parameters`` or
-    ``rope_scaling`` that is not an object is E030 at the field."""
+    (Gemma 3's per kind of layer: ``full_attention``'s, and ``sliding_attention``'s theta to
+    ``rope_local_base_freq``), transformers 5's ``{"__float__": "Infinity"}`` read as the float; a
+    ``rope_parameters`` or ``rope_scaling`` that is not an object is E030 at the field."""
     result = HFConfig({name: _special_floats(value) for name, value in config.items()})
     result.source = getattr(config, "source", None)
     for name in ("rope_parameters", "rope_scaling"):

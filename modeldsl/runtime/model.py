@@ -130,6 +130,8 @@ class Model:
         return ropes
 
     def _rope(self, name: str, rotary_dim: int) -> RopeFrequencies:
+        """The frequencies of the RoPE input ``name``: its theta's, and for ``freqs`` the checkpoint's
+        scaling (a rope type the architecture's transformers config class refuses is a RopeScalingError)."""
         theta_name = ROPE_INPUTS[name]
         theta = self.config(theta_name, self.hf_config.get(theta_name, 10000.0))
         if name != "freqs":
@@ -147,7 +149,7 @@ class Model:
                 raise RopeScalingError(f"has rope_type '{rope_type(scaling)}', which {architecture} does not take "
                                        f"(transformers' config class takes {', '.join(ROPE_TYPES[architecture])})",
                                        "rope_type")
-        return rope_frequencies(rotary_dim, theta, self.hf_config.get("rope_scaling"), max_positions,
+        return rope_frequencies(rotary_dim, theta, scaling, max_positions,
                                 head_dim=self.config("head_dim"), original_max_positions=original,
                                 generation_recomputes=bool(GENERATION_RECOMPUTES & set(served)))
 
