@@ -415,12 +415,13 @@ def run_training(args) -> int:
                              total_steps=args.steps, min_lr_ratio=args.min_lr_ratio, clip_norm=args.clip)
         batches = PackedBatches(tokens, args.seq)
     if model.device is None:
-        trainer = Trainer(model, config, dtype=args.dtype, recompute=args.recompute or "annotated")
+        trainer = Trainer(model, config, dtype=args.dtype, recompute=args.recompute or "annotated",
+                          warn=lambda diagnostic: _warn(args, [diagnostic]))
     else:
         from modeldsl.runtime.cuda_train import CudaTrainer
 
         trainer = CudaTrainer(model, config, dtype=args.dtype, device=model.device,
-                              recompute=args.recompute or "annotated")
+                              recompute=args.recompute or "annotated", warn=lambda diagnostic: _warn(args, [diagnostic]))
     if state is not None:
         try:
             trainer.restore(state.step, state.moments)

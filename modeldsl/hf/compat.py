@@ -165,6 +165,31 @@ def math_field(name: str) -> tuple[Neutral, str] | None:
     return next(((neutral, what) for pattern, neutral, what in PATTERNS if pattern.match(name)), None)
 
 
+# fields that change only what training computes (dropout, the router's noise), which the trainer does not
+# implement: a value other than 0 is W007 when a run trains
+TRAINING_ONLY: dict[str, str] = {
+    "attention_dropout": "dropout of the attention probabilities",
+    "hidden_dropout": "dropout of the hidden states",
+    "resid_pdrop": "dropout of the residual branches",
+    "embd_pdrop": "dropout of the embeddings",
+    "router_jitter_noise": "the router's multiplicative jitter noise",
+}
+
+
+def training_only_fields(hf: Any) -> list[Diagnostic]:
+    """W007 for each field of :data:`TRAINING_ONLY` set to something other than 0 (or null): training
+    runs without it, unlike transformers' training mode; inference is the same either way."""
+    problems = []
+    for name, what in TRAINING_ONLY.items():
+        value = hf.get(name) if hasattr(hf, "get") else None
+        if value is not None and not (_number(value) and value == 0):
+            problems.append(Diagnostic("W007", f"config.json sets '{name}' to {_show(value)}: {what}, which "
+                                       "modeldsl's training does not apply (transformers applies it in training "
+                                       "mode)", _span(hf, name), f"training runs as with '{name}': 0; losses "
+                                       "and gradients follow that"))
+    return problems
+
+
 # ---------------------------------------------------------------------------- the checks
 def check_compatible(model: ModelOp, hf: Any, mapped: set[str], force_architecture: bool = False
                      ) -> list[Diagnostic]:

@@ -31,6 +31,7 @@ import math
 import zipfile
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,7 @@ from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ReturnOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.dialects.sched import ProgramOp
 from modeldsl.graph_builder import GraphBuilder
+from modeldsl.hf.compat import training_only_fields, warn_python
 from modeldsl.passes.autodiff import gradient_function
 from modeldsl.passes.lower_to_sched import lower_function
 from modeldsl.passes.optimizer_step import optimizer_program
@@ -163,8 +165,11 @@ class Trainer:
     device: Any = None  # a modeldsl.runtime.cuda_device.Device the programs run on; None: the CPU
     recompute: str = "annotated"  # mdsl-recompute's mode (see compile_training_step)
     fuse: bool = True  # mdsl-fuse, every pattern on (False: none)
+    warn: Callable[[Diagnostic], None] | None = None  # where W007 for training-only config fields go (None: warnings)
 
     def __post_init__(self) -> None:
+        for diagnostic in training_only_fields(self.model.hf_config):
+            (self.warn or warn_python)(diagnostic)
         if self.model.dtype != "fp32":
             raise ExecutionError(f"the model is loaded as {self.model.dtype}; load it in fp32 (its weights are the "
                                  f"master copy) and give the training dtype to the {type(self).__name__}")

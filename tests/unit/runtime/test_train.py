@@ -32,6 +32,13 @@ def shifted_labels(tokens: np.ndarray) -> np.ndarray:
     ("qwen3_moe", "qwen3_moe.module", 1, 3, {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
                                              "head_dim": 16, "norm_topk_prob": True}),
     ("mamba", "mamba.module", 1, 3, {"state_size": 4, "expand": 2, "conv_kernel": 4, "time_step_rank": 2}),
+    # Gemma 2 with softcaps, Gemma 3 with a group of six and a tail; no pad id (nn.Embedding(padding_idx) would
+    # give that row no gradient)
+    ("gemma2", "gemma2.module", 1, 3, {"num_hidden_layers": 3, "head_dim": 8, "sliding_window": 5,
+                                       "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+                                       "pad_token_id": None}),
+    ("gemma3", "gemma3.module", 1, 3, {"num_hidden_layers": 7, "head_dim": 8, "sliding_window": 5,
+                                       "pad_token_id": None}),
 ])
 def test_training_losses_equal_a_torch_adamw_loop(tmp_path, arch, module, accumulate, steps, config):
     path = make_checkpoint(tmp_path / "ckpt", arch, **config)
@@ -144,3 +151,21 @@ def test_a_model_loaded_in_bf16_is_refused_for_training():
     model = modeldsl.load(STD_ROOT / "models" / "llama.module", hf=EXAMPLE, dtype="bf16")
     with pytest.raises(ExecutionError, match="load it in fp32"):
         Trainer(model)
+
+
+def test_training_warns_of_the_config_fields_it_does_not_apply(tmp_path):
+    """Dropout and the router's jitter noise change only transformers' training mode: a run trains without
+    them, and says so (W007 at the field); fields at 0 say nothing."""
+    from modeldsl.hf.compat import DiagnosticWarning
+
+    path = make_checkpoint(tmp_path / "ckpt", "llama", attention_dropout=0.1)
+    model = modeldsl.load(STD_ROOT / "models" / "llama.module", hf=path)
+    seen = []
+    Trainer(model, warn=seen.append)
+    assert [(d.code, d.span.text) for d in seen] == [("W007", '"attention_dropout"')]
+    assert "dropout of the attention probabilities" in seen[0].message
+    with pytest.warns(DiagnosticWarning, match="attention_dropout"):
+        Trainer(model)
+    quiet = []
+    Trainer(modeldsl.load(STD_ROOT / "models" / "llama.module", hf=EXAMPLE), warn=quiet.append)
+    assert quiet == []
