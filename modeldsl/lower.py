@@ -203,11 +203,11 @@ class Lowering(BackwardLowering):
     def hf_entry(self, stmt: ast.Stmt) -> tuple[str, Attribute]:
         if isinstance(stmt, ast.Section) and stmt.body and stmt.value is None:
             nested = dict(self.hf_entry(inner) for inner in stmt.body)
-            return source_text(stmt.key), DictionaryAttr(nested)
+            return _hf_key(stmt.key), DictionaryAttr(nested)
         if isinstance(stmt, ast.Section) and stmt.value is not None:
-            return source_text(stmt.key), self.hf_value(stmt.value.expr)
+            return _hf_key(stmt.key), self.hf_value(stmt.value.expr)
         if isinstance(stmt, ast.Flow) and len(stmt.chain) == 2:
-            return source_text(stmt.chain[0]), self.hf_value(stmt.chain[1])
+            return _hf_key(stmt.chain[0]), self.hf_value(stmt.chain[1])
         self.sink.error("E010", "a weight mapping is `name: \"hf.tensor.name\"`, `name: fuse(...)`, "
                         "`name: transform(...)`, `name: tied_to(...)` or `name -> split(...)`", stmt.span)
         raise LoweringFailed()
@@ -1693,6 +1693,12 @@ def _module_key(target: Instance, inputs: Sequence[SSAValue], slots: Sequence[Pa
         scope = scope.parent
     return (decl.name, decl.span.location, tuple(env), tuple(str(v.type) for v in inputs),
             tuple((str(s.type), s.frozen) for s in slots))
+
+
+def _hf_key(node: ast.Expr) -> str:
+    """An hf_* entry's key: its path as written, or the text of a quoted one (a path pattern such as
+    ``"groups[{layer}].local_{k}.mlp.down_weight"``, which is no expression)."""
+    return node.value if isinstance(node, ast.Str) else source_text(node)
 
 
 def _holds_stack(instance: Instance) -> bool:

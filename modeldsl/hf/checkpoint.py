@@ -3,7 +3,10 @@
 Each ``hf_mapping`` entry is a rule from a DSL parameter to checkpoint
 tensors. Its key names the parameter (``final_norm.weight``), possibly per
 layer of a stack (``blocks[{layer}].ln1.weight``, filled into the stacked
-parameter's row ``layer``) and possibly optional (``lm_head?``). Its value is
+parameter's row ``layer``), possibly several numbered ones (a ``{name}`` inside
+a parameter name, ``"groups[{layer}].local_{k}.mlp.down_weight"``: one rule per
+parameter it matches, ``k`` bound to its number for the tensor names) and
+possibly optional (``lm_head?``). Its value is
 
 - ``"hf.name.{layer}"``: one tensor (a placeholder may be an expression of the
   layer and the model's integer config values, ``"model.layers.{2 * layer + 1}"``
@@ -48,7 +51,7 @@ import re
 import shutil
 from collections.abc import Callable, Iterator
 from fnmatch import fnmatchcase
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +84,7 @@ class Rule:
     var: str | None
     optional: bool
     source: Attribute
+    bindings: tuple[tuple[str, int], ...] = ()  # the names a key pattern (``local_{k}``) bound for this target
 
     @property
     def op(self) -> str:
@@ -90,8 +94,9 @@ class Rule:
 
     @property
     def written(self) -> str:
-        """The key as written in hf_mapping (with its ``?``)."""
-        return self.key + ("?" if self.optional else "")
+        """The key as written in hf_mapping (with its ``?``), and the names its pattern bound."""
+        bound = ", ".join(f"{name} = {value}" for name, value in self.bindings)
+        return self.key + ("?" if self.optional else "") + (f" ({bound})" if bound else "")
 
     def arg(self, name: str, default: Any = None) -> Any:
         value = self.source.data.get(name) if isinstance(self.source, DictionaryAttr) else None
@@ -130,15 +135,37 @@ def parse_rules(model: ModelOp) -> list[Rule]:
         raise CheckpointError("E010", f"@{model.sym_name.data} has no hf_mapping section",
                               "write hf_mapping: to map checkpoint tensors to parameters")
     rules = []
+    params = [op.sym_name.data for op in model.body.block.ops if isinstance(op, ParamOp)]
     for key, source in model.hf_mapping.data.items():
         optional = key.endswith("?")
         key = key.rstrip("?")
         match = KEY.match(key)
         if match:
-            rules.append(Rule(key, f"{match['stack']}.{match['rest']}", match["var"], optional, source))
+            rule = Rule(key, f"{match['stack']}.{match['rest']}", match["var"], optional, source)
         else:
-            rules.append(Rule(key, key, None, optional, source))
+            rule = Rule(key, key, None, optional, source)
+        rules += _expanded(rule, params)
     return rules
+
+
+def _expanded(rule: Rule, params: list[str]) -> list[Rule]:
+    """The rule once per parameter its key names: a key whose path holds ``{name}`` inside a
+    parameter name (``"groups[{layer}].local_{k}.mlp.down_weight"``) is a pattern that binds
+    ``name`` to the integer of each parameter it matches (``groups.local_0...``, ``local_1``, ...),
+    which the tensor names' placeholders then take (``{6 * layer + k}``); E010 where it matches none."""
+    if not PLACEHOLDER.search(rule.target):
+        return [rule]
+    parts = re.split(r"(\{\w+\})", rule.target)
+    pattern = re.compile("".join(f"(?P<{part[1:-1]}>\\d+)" if part.startswith("{") else re.escape(part)
+                                 for part in parts))
+    found = sorted({tuple((name, int(value)) for name, value in m.groupdict().items())
+                    for m in map(pattern.fullmatch, params) if m is not None}, key=lambda bound: [v for _, v in bound])
+    if not found and not rule.optional:
+        raise CheckpointError("E010", f"hf_mapping {rule.written}: the pattern matches no parameter of the model",
+                              "a {name} in a key stands for the integer in parameter names such as local_0, "
+                              "local_1; check the path against the model's parameters")
+    return [replace(rule, target=PLACEHOLDER.sub(lambda m: str(dict(bound)[m.group(1)]), rule.target),
+                    bindings=bound) for bound in found]
 
 
 class Checkpoint:
@@ -735,15 +762,16 @@ def _fill(template: str, rule: Rule, layer: int | None, config: dict[str, int]) 
     """The template with the stack's layer filled in: ``{layer}``, or an expression of it and the
     config values (``{2 * layer + 1}``, ``{layer + max_window_layers}``: one stack of a model whose
     layers alternate, or are split over several stacks). ``{expert}`` stays for stack_experts."""
-    if rule.var is None:
+    if rule.var is None and not rule.bindings:
         return template
+    values = {**config, **dict(rule.bindings), **({rule.var: layer} if rule.var is not None else {})}
 
     def value(match: re.Match) -> str:
         text = match.group(1).strip()
         if text == "expert":
             return match.group(0)
         try:
-            return str(Expr.parse(text).evaluate({**config, rule.var: layer}))
+            return str(Expr.parse(text).evaluate(values))
         except (SymbolicError, ValueError, ZeroDivisionError) as err:
             raise CheckpointError("E010", f"hf rule {rule.written}: cannot evaluate '{{{text}}}' in '{template}': "
                                   f"{err}", f"a tensor name's placeholder is {{{rule.var}}} or an expression of "

@@ -311,3 +311,80 @@ def test_a_placeholder_that_does_not_evaluate_is_e010(tmp_path):
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(interleaved, tmp_path / "in", np.dtype(np.float32))
     assert info.value.code == "E010" and "'{2 * layer + nope}'" in info.value.message
+
+
+NUMBERED = """
+module Layer(d: int):
+  params:
+    w: [d, d]
+  forward:
+    in: x: [B, d]
+    out: [B, d]
+    graph:
+      x -> matmul(w, transpose=NT) -> out
+
+block Triple(d: int):
+  params:
+    sub_0: Layer(d)
+    sub_1: Layer(d)
+    last: Layer(d)
+  forward:
+    in: x: [B, d]
+    out: [B, d]
+    graph:
+      x -> sub_0 -> a
+      a -> sub_1 -> b
+      b -> last -> out
+
+model Numbered(d: int = 4, groups: int = 2):
+  params:
+    head_0: [d, d]
+    head_1: [d, d]
+    triples: [groups] x Triple(d)
+  forward:
+    in: x: [B, d]
+    out: [B, d]
+    graph:
+      x -> triples -> out
+  hf_mapping:
+    "head_{h}": "heads.{h}.w"
+    "triples[{layer}].sub_{k}.w": "layers.{3 * layer + k}.w"
+    triples[{layer}].last.w: "layers.{3 * layer + 2}.w"
+"""
+
+
+def numbered(source: str = NUMBERED) -> ModelOp:
+    module = lower_program(parse_source(source, "numbered.module"))
+    SpecializePass().apply(Context(), module)
+    return next(op for op in module.walk() if isinstance(op, ModelOp))
+
+
+def test_a_quoted_key_with_a_name_placeholder_maps_every_numbered_parameter(tmp_path):
+    """``"triples[{layer}].sub_{k}.w"`` is a pattern: one rule per parameter sub_0, sub_1, with k bound to its
+    number in the tensor names; outside a stack too (``"head_{h}"``); it loads and saves back bitwise."""
+    model = numbered()
+    assert set(model.hf_mapping.data) == {"head_{h}", "triples[{layer}].sub_{k}.w", "triples[{layer}].last.w"}
+    rng = np.random.default_rng(2)
+    tensors = write_checkpoint(tmp_path / "in", {
+        **{f"layers.{i}.w": rng.standard_normal((4, 4)).astype(np.float32) for i in range(6)},
+        **{f"heads.{h}.w": rng.standard_normal((4, 4)).astype(np.float32) for h in range(2)}})
+    weights, record = load_checkpoint(model, tmp_path / "in", np.dtype(np.float32))
+    for layer in range(2):
+        for k in range(2):
+            np.testing.assert_array_equal(weights[f"triples.sub_{k}.w"][layer], tensors[f"layers.{3 * layer + k}.w"])
+        np.testing.assert_array_equal(weights["triples.last.w"][layer], tensors[f"layers.{3 * layer + 2}.w"])
+    np.testing.assert_array_equal(weights["head_1"], tensors["heads.1.w"])
+    save_checkpoint(model, weights, record, tmp_path / "out")
+    written = SafetensorsFile(tmp_path / "out" / "model.safetensors")
+    assert sorted(written.keys()) == sorted(tensors)
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(written.array(name), value)
+
+
+def test_a_key_pattern_that_matches_no_parameter_is_e010(tmp_path):
+    model = numbered(NUMBERED.replace('"head_{h}"', '"tail_{h}"'))
+    write_checkpoint(tmp_path / "in", {"heads.0.w": np.zeros((4, 4), np.float32)})
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(model, tmp_path / "in", np.dtype(np.float32))
+    assert info.value.code == "E010" and "tail_{h}" in info.value.message and "matches no parameter" in \
+        info.value.message
