@@ -6,7 +6,7 @@
 // Tensors: q, out, d_out, d_q are [B, H, T, D] and k, v, d_k, d_v are [B, Hkv, S, D] in the
 // "bhtd" layout, or [B, T, H, D] / [B, S, Hkv, D] in "bthd" (mdsl.sched.attention's layouts): the
 // kernels take element strides (q_sb, q_sh, q_st) for batch, head and token of the first group and
-// (k_sb, k_sh, k_st) of the second; D is contiguous (stride 1), 1 <= D <= 128. lse and the
+// (k_sb, k_sh, k_st) of the second; D is contiguous (stride 1), 1 <= D <= 256. lse and the
 // backward's delta are fp32 [B, H, T] (contiguous in both layouts). Storage bf16 or fp32; every
 // product, sum and exponential is fp32.
 //
@@ -23,38 +23,46 @@
 // row's max and sum are three xor shuffles). A thread owns tile rows rg + 16 i, score columns
 // cg + 8 j, and the head dims 32 c + 4 cg + e (e < 4) of its rows. Tiles sit in shared memory as
 // fp32 rows of DMAX + 4 floats (16-byte aligned, conflict-free float4 reads), DMAX = 64 when
-// D <= 64 else 128; dims D..DMAX are zero. Global loads and stores move 4 elements at a time
-// when D, the strides and the pointer allow it, else one element at a time (any D, any
-// alignment). Static shared memory only, at most 48 KiB per block; no dynamic shared memory.
+// D <= 64, 128 when D <= 128, else 256; dims D..DMAX are zero. Global loads and stores move 4
+// elements at a time when D, the strides and the pointer allow it, else one element at a time
+// (any D, any alignment). Static shared memory only, at most 48 KiB per block; no dynamic shared
+// memory. D <= 128 runs mdsl_attention_{fwd,bwd_dkdv,bwd_dq}_* (DMAX 64 or 128, a branch on D at
+// the top); D > 128 runs kernels of their own, mdsl_attention_{fwd,bwd_dkdv,bwd_dq}_d256_*
+// (DMAX = 256, the same device code on smaller tiles), so that neither's registers or shared
+// memory are the other's. Four tiles of 256 dims do not fit 48 KiB: where d_k/d_v and d_q hold
+// four, two of them take turns in one buffer at DMAX = 256 (below).
 //
-// Forward, mdsl_attention_fwd_{bf16,f32}: block (128, 1, 1), grid (ceil(T / BQ), H, B) with
-// BQ = 64 query rows when D <= 64 else 32 (kernels/cuda.py: attention_tiles); the last query tile
-// runs first (blockIdx.x reversed: causal tiles with the most keys start early). The block keeps
-// its query tile (pre-multiplied by scale * log2(e)) in shared memory and walks key tiles of
-// BK = 32: K into shared memory, scores in registers, softcapped (in base 2: c log2(e) tanh(s / (c
-// log2(e))) of the base-2 score s), masked (-inf), online softmax in base 2
-// (running max m and sum l per row, the accumulator rescaled), P into shared memory, then V into
-// the same buffer and acc += P V. Only the key tiles some query of the block may see are visited
-// (causal: none past the tile's last position; window: none before its first position - w + 1,
-// nor, non-causal, past its last + w - 1); masks inside a tile are per element. Writes
-// out = acc / l and lse = ln 2 * (m + log2 l).
+// Forward, mdsl_attention_fwd_{,d256_}{bf16,f32}: block (128, 1, 1), grid (ceil(T / BQ), H, B)
+// with BQ = 64 query rows when D <= 64, 32 when D <= 128, else 16 (kernels/cuda.py:
+// attention_tiles); the last query tile runs first (blockIdx.x reversed: causal tiles with the
+// most keys start early). The block keeps its query tile (pre-multiplied by scale * log2(e)) in
+// shared memory and walks key tiles of BK = 32 (16 when D > 128): K into shared memory, scores in
+// registers, softcapped (in base 2: c log2(e) tanh(s / (c log2(e))) of the base-2 score s),
+// masked (-inf), online softmax in base 2 (running max m and sum l per row, the accumulator
+// rescaled), P into shared memory, then V into the same buffer and acc += P V. Only the key tiles
+// some query of the block may see are visited (causal: none past the tile's last position;
+// window: none before its first position - w + 1, nor, non-causal, past its last + w - 1); masks
+// inside a tile are per element. Writes out = acc / l and lse = ln 2 * (m + log2 l).
 //
 // Backward (the standard recomputation from the saved lse; no atomics, deterministic), three
 // launches:
-//   1. mdsl_attention_bwd_pre_*: delta[b, h, t] = sum_d d_out * out (fp32 scratch). Block
+//   1. mdsl_attention_bwd_pre_* (any D): delta[b, h, t] = sum_d d_out * out (fp32 scratch). Block
 //      (128, 1, 1), a warp per row, grid (min(ceil(B H T / 4), 65536), 1, 1), grid-stride.
-//   2. mdsl_attention_bwd_dkdv_*: block (128, 1, 1), grid (ceil(S / 32), Hkv, B): one block per
-//      32 keys of one kv head. K (pre-multiplied by scale * log2(e)) and V stay in shared memory;
-//      the block walks every query head of the kv group and every query tile (BQ = 32 rows when
-//      D <= 64 else 8) that may see its keys: Q, d_out, lse, delta into shared memory;
+//   2. mdsl_attention_bwd_dkdv_{,d256_}*: block (128, 1, 1), grid (ceil(S / BK), Hkv, B): one
+//      block per BK = 32 keys (16 when D > 128) of one kv head. K (pre-multiplied by scale *
+//      log2(e)) and V stay in shared memory; the block walks every query head of the kv group and
+//      every query tile (BQ = 32 rows when D <= 64 else 8) that may see its keys: Q, d_out, lse,
+//      delta into shared memory (D > 128: Q and d_out take turns in one buffer, Q loaded twice: Q
+//      for K Q^T, then d_out for V d_out^T and d_v, then Q again for d_k);
 //      P^T = exp2(K Q^T - lse log2 e) and dP^T = V d_out^T in registers; dS = P (dP - delta)
 //      (softcapped: P from the capped scores S = c tanh(s / c), and dS times 1 - (S / c)^2);
 //      P^T and dS^T into shared memory; d_v += P^T d_out and d_k += dS^T Q in registers (so the
 //      GQA sum over the group's heads is in the block). Writes d_k = scale * acc_k, d_v.
-//   3. mdsl_attention_bwd_dq_*: block (128, 1, 1), grid (ceil(T / 32), H, B): one block per 32
-//      query rows of one head, Q and d_out in shared memory, walking key tiles (BK = 32 when
-//      D <= 64 else 8): recomputes P and dP (and the softcap), dS into shared memory, d_q += dS K; writes
-//      d_q = scale * acc in the storage type.
+//   3. mdsl_attention_bwd_dq_{,d256_}*: block (128, 1, 1), grid (ceil(T / BQ), H, B): one block
+//      per BQ = 32 query rows (16 when D > 128) of one head, Q and d_out in shared memory, walking
+//      key tiles (BK = 32 when D <= 64 else 8; D > 128: V then K take turns in one buffer, each
+//      loaded once): recomputes P and dP (and the softcap), dS into shared memory, d_q += dS K;
+//      writes d_q = scale * acc in the storage type.
 #include "common.cuh"
 
 using namespace mdsl;
@@ -73,22 +81,27 @@ constexpr int kSharedFloats = 48 * 1024 / 4;
 __host__ __device__ constexpr int pad8(int n) { return n + ((8 - n % 32) + 32) % 32; }
 __host__ __device__ constexpr int row_floats(int dmax) { return dmax + 4; }
 
-// Tile shapes, by DMAX (kernels/cuda.py: attention_tiles mirrors the grid-defining ones).
-__host__ __device__ constexpr int fwd_bq(int dmax) { return dmax == 64 ? 64 : 32; }
-constexpr int kFwdBK = 32;
-constexpr int kDkdvBK = 32;
+// Tile shapes, by DMAX (kernels/cuda.py: attention_tiles mirrors the grid-defining ones). Rows of
+// a tile split among the 16 row groups (multiples of 16) or the 8 column groups (multiples of 8).
+__host__ __device__ constexpr int fwd_bq(int dmax) { return dmax == 64 ? 64 : dmax == 128 ? 32 : 16; }
+__host__ __device__ constexpr int fwd_bk(int dmax) { return dmax == 256 ? 16 : 32; }
+__host__ __device__ constexpr int dkdv_bk(int dmax) { return dmax == 256 ? 16 : 32; }
 __host__ __device__ constexpr int dkdv_bq(int dmax) { return dmax == 64 ? 32 : 8; }
-constexpr int kDqBQ = 32;
+__host__ __device__ constexpr int dq_bq(int dmax) { return dmax == 256 ? 16 : 32; }
 __host__ __device__ constexpr int dq_bk(int dmax) { return dmax == 64 ? 32 : 8; }
+// Two tiles take turns in one buffer (d_k/d_v: Q and d_out; d_q: K and V) where four would not fit.
+__host__ __device__ constexpr bool one_buffer(int dmax) { return dmax == 256; }
 
 __host__ __device__ constexpr int fwd_floats(int dmax) {
-  return (fwd_bq(dmax) + kFwdBK) * row_floats(dmax) + fwd_bq(dmax) * pad8(kFwdBK);
+  return (fwd_bq(dmax) + fwd_bk(dmax)) * row_floats(dmax) + fwd_bq(dmax) * pad8(fwd_bk(dmax));
 }
 __host__ __device__ constexpr int dkdv_floats(int dmax) {
-  return (2 * kDkdvBK + 2 * dkdv_bq(dmax)) * row_floats(dmax) + 2 * kDkdvBK * pad8(dkdv_bq(dmax)) + 2 * dkdv_bq(dmax);
+  return (2 * dkdv_bk(dmax) + (one_buffer(dmax) ? 1 : 2) * dkdv_bq(dmax)) * row_floats(dmax) +
+         2 * dkdv_bk(dmax) * pad8(dkdv_bq(dmax)) + 2 * dkdv_bq(dmax);
 }
 __host__ __device__ constexpr int dq_floats(int dmax) {
-  return (2 * kDqBQ + 2 * dq_bk(dmax)) * row_floats(dmax) + kDqBQ * pad8(dq_bk(dmax));
+  return (2 * dq_bq(dmax) + (one_buffer(dmax) ? 1 : 2) * dq_bk(dmax)) * row_floats(dmax) +
+         dq_bq(dmax) * pad8(dq_bk(dmax));
 }
 __host__ __device__ constexpr int max2(int a, int b) { return a > b ? a : b; }
 constexpr int kFwdShared = max2(fwd_floats(64), fwd_floats(128));
@@ -96,6 +109,8 @@ constexpr int kDkdvShared = max2(dkdv_floats(64), dkdv_floats(128));
 constexpr int kDqShared = max2(dq_floats(64), dq_floats(128));
 static_assert(kFwdShared <= kSharedFloats && kDkdvShared <= kSharedFloats && kDqShared <= kSharedFloats,
               "attention tiles exceed 48 KiB of shared memory");
+static_assert(fwd_floats(256) <= kSharedFloats && dkdv_floats(256) <= kSharedFloats && dq_floats(256) <= kSharedFloats,
+              "the DMAX = 256 attention tiles exceed 48 KiB of shared memory");
 
 __device__ __forceinline__ i64 imin(i64 a, i64 b) { return a < b ? a : b; }
 __device__ __forceinline__ i64 imax(i64 a, i64 b) { return a > b ? a : b; }
@@ -237,11 +252,12 @@ __device__ __forceinline__ void dot_tile(float (&s)[RS][CS], const float* A, con
 
 // acc[i][4 c + e] += sum_{k < N} P[(rg + 16 i) * PLD + k] * M[k * LD + 32 c + 4 cg + e]
 // (P a score tile in shared memory, M a shared tile of rows of head dims); chunks of 32 dims
-// past D are skipped.
-template <int RA, int NC, int LD, int PLD, int N>
+// past D are skipped. UNROLL: the k loop's unrolling (d_k/d_v at DMAX = 256 takes 1: two
+// accumulators of 256 dims and four k steps of loads in flight spill).
+template <int RA, int NC, int LD, int PLD, int N, int UNROLL = 4>
 __device__ __forceinline__ void pm_tile(float (&acc)[RA][4 * NC], const float* P, const float* M, int D) {
   const int rg = threadIdx.x / kColGroups, cg = threadIdx.x % kColGroups;
-#pragma unroll 4
+#pragma unroll UNROLL
   for (int k = 0; k < N; ++k) {
     float p[RA];
 #pragma unroll
@@ -300,7 +316,7 @@ __device__ __forceinline__ float row_sum(float v) {
 
 template <typename T, int DMAX>
 __device__ void attention_fwd(const Geometry& g, const T* q, const T* k, const T* v, T* out, float* lse, float* smem) {
-  constexpr int BQ = fwd_bq(DMAX), BK = kFwdBK, LD = row_floats(DMAX), PLD = pad8(BK);
+  constexpr int BQ = fwd_bq(DMAX), BK = fwd_bk(DMAX), LD = row_floats(DMAX), PLD = pad8(BK);
   constexpr int RQ = BQ / kRowGroups, CK = BK / kColGroups, NC = DMAX / 32;
   float* Qs = smem;
   float* KVs = Qs + BQ * LD;
@@ -410,12 +426,14 @@ __device__ void attention_delta(const T* d_out, const T* out, float* delta, i64 
 template <typename T, int DMAX>
 __device__ void attention_dkdv(const Geometry& g, const T* d_out, const T* q, const T* k, const T* v, const float* lse,
                                const float* delta, T* d_k, T* d_v, float* smem) {
-  constexpr int BK = kDkdvBK, BQ = dkdv_bq(DMAX), LD = row_floats(DMAX), PLD = pad8(BQ);
+  constexpr int BK = dkdv_bk(DMAX), BQ = dkdv_bq(DMAX), LD = row_floats(DMAX), PLD = pad8(BQ);
   constexpr int RK = BK / kRowGroups, CQ = BQ / kColGroups, NC = DMAX / 32;
+  constexpr bool ONE = one_buffer(DMAX);  // Q and d_out take turns in Qs
+  constexpr int UNROLL = DMAX == 256 ? 1 : 4;  // pm_tile's
   float* Ks = smem;
   float* Vs = Ks + BK * LD;
   float* Qs = Vs + BK * LD;
-  float* dOs = Qs + BQ * LD;
+  float* dOs = ONE ? Qs : Qs + BQ * LD;
   float* Pt = dOs + BQ * LD;
   float* dSt = Pt + BK * PLD;
   float* lse2 = dSt + BK * PLD;
@@ -448,7 +466,7 @@ __device__ void attention_dkdv(const Geometry& g, const T* d_out, const T* q, co
       const i64 rows = imin(BQ, g.Tq - t0);
       __syncthreads();  // the previous tile's products are done with Qs, dOs, Pt, dSt
       load_tile<T, BQ, DMAX>(Qs, q + q_off + t0 * g.q_st, g.q_st, rows, D, vq, 1.f);
-      load_tile<T, BQ, DMAX>(dOs, d_out + q_off + t0 * g.q_st, g.q_st, rows, D, vq, 1.f);
+      if constexpr (!ONE) load_tile<T, BQ, DMAX>(dOs, d_out + q_off + t0 * g.q_st, g.q_st, rows, D, vq, 1.f);
       for (int r = threadIdx.x; r < BQ; r += kThreads) {
         lse2[r] = r < rows ? lse_h[t0 + r] * kLog2e : 0.f;
         dl[r] = r < rows ? delta_h[t0 + r] : 0.f;
@@ -456,6 +474,11 @@ __device__ void attention_dkdv(const Geometry& g, const T* d_out, const T* q, co
       __syncthreads();
       float st[RK][CQ], dpt[RK][CQ];
       dot_tile<RK, CQ, LD>(st, Ks, Qs, D4);
+      if constexpr (ONE) {
+        __syncthreads();  // every thread is done with Q
+        load_tile<T, BQ, DMAX>(dOs, d_out + q_off + t0 * g.q_st, g.q_st, rows, D, vq, 1.f);
+        __syncthreads();
+      }
       dot_tile<RK, CQ, LD>(dpt, Vs, dOs, D4);
 #pragma unroll
       for (int i = 0; i < RK; ++i) {
@@ -480,8 +503,13 @@ __device__ void attention_dkdv(const Geometry& g, const T* d_out, const T* q, co
         }
       }
       __syncthreads();
-      pm_tile<RK, NC, LD, PLD, BQ>(acc_v, Pt, dOs, D);
-      pm_tile<RK, NC, LD, PLD, BQ>(acc_k, dSt, Qs, D);
+      pm_tile<RK, NC, LD, PLD, BQ, UNROLL>(acc_v, Pt, dOs, D);
+      if constexpr (ONE) {
+        __syncthreads();  // every thread is done with d_out: Q again
+        load_tile<T, BQ, DMAX>(Qs, q + q_off + t0 * g.q_st, g.q_st, rows, D, vq, 1.f);
+        __syncthreads();
+      }
+      pm_tile<RK, NC, LD, PLD, BQ, UNROLL>(acc_k, dSt, Qs, D);
     }
   }
   float scale[RK], one[RK];
@@ -497,12 +525,13 @@ __device__ void attention_dkdv(const Geometry& g, const T* d_out, const T* q, co
 template <typename T, int DMAX>
 __device__ void attention_dq(const Geometry& g, const T* d_out, const T* q, const T* k, const T* v, const float* lse,
                              const float* delta, T* d_q, float* smem) {
-  constexpr int BQ = kDqBQ, BK = dq_bk(DMAX), LD = row_floats(DMAX), PLD = pad8(BK);
+  constexpr int BQ = dq_bq(DMAX), BK = dq_bk(DMAX), LD = row_floats(DMAX), PLD = pad8(BK);
   constexpr int RQ = BQ / kRowGroups, CK = BK / kColGroups, NC = DMAX / 32;
+  constexpr bool ONE = one_buffer(DMAX);  // V and K take turns in Ks
   float* Qs = smem;
   float* dOs = Qs + BQ * LD;
   float* Ks = dOs + BQ * LD;
-  float* Vs = Ks + BK * LD;
+  float* Vs = ONE ? Ks : Ks + BK * LD;
   float* dS = Vs + BK * LD;
   const int rg = threadIdx.x / kColGroups, cg = threadIdx.x % kColGroups;
   const int D = (int) g.D, D4 = (D + 3) / 4;
@@ -533,12 +562,20 @@ __device__ void attention_dq(const Geometry& g, const T* d_out, const T* q, cons
   for (i64 k0 = lo / BK * BK; k0 < hi; k0 += BK) {
     const i64 k1 = imin(k0 + BK, g.Tk);
     __syncthreads();  // the previous tile's dS K is done with Ks and dS
-    load_tile<T, BK, DMAX>(Ks, kb + k0 * g.k_st, g.k_st, k1 - k0, D, vk, 1.f);
+    if constexpr (!ONE) load_tile<T, BK, DMAX>(Ks, kb + k0 * g.k_st, g.k_st, k1 - k0, D, vk, 1.f);
     load_tile<T, BK, DMAX>(Vs, vb + k0 * g.k_st, g.k_st, k1 - k0, D, vk, 1.f);
     __syncthreads();
     float s[RQ][CK], dp[RQ][CK];
-    dot_tile<RQ, CK, LD>(s, Qs, Ks, D4);
-    dot_tile<RQ, CK, LD>(dp, dOs, Vs, D4);
+    if constexpr (ONE) {
+      dot_tile<RQ, CK, LD>(dp, dOs, Vs, D4);
+      __syncthreads();  // every thread is done with V
+      load_tile<T, BK, DMAX>(Ks, kb + k0 * g.k_st, g.k_st, k1 - k0, D, vk, 1.f);
+      __syncthreads();
+      dot_tile<RQ, CK, LD>(s, Qs, Ks, D4);
+    } else {
+      dot_tile<RQ, CK, LD>(s, Qs, Ks, D4);
+      dot_tile<RQ, CK, LD>(dp, dOs, Vs, D4);
+    }
     with_softcap(g, [&](auto capped) {
 #pragma unroll
       for (int i = 0; i < RQ; ++i) {
@@ -653,6 +690,56 @@ mdsl_attention_bwd_dq_f32(const float* d_out, const float* q, const float* k, co
                            float softcap) {
   __shared__ float4 smem[kDqShared / 4];
   dq(MDSL_GEOMETRY, d_out, q, k, v, lse, delta, d_q, reinterpret_cast<float*>(smem));
+}
+
+// D > 128 (DMAX = 256): the same parameters.
+extern "C" __global__ void __launch_bounds__(128)
+mdsl_attention_fwd_d256_bf16(const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, i64 B, i64 H,
+                             i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh,
+                             i64 k_st, float scale, int causal, i64 window, float softcap) {
+  __shared__ float4 smem[fwd_floats(256) / 4];
+  attention_fwd<bf16, 256>(MDSL_GEOMETRY, q, k, v, out, lse, reinterpret_cast<float*>(smem));
+}
+extern "C" __global__ void __launch_bounds__(128)
+mdsl_attention_fwd_d256_f32(const float* q, const float* k, const float* v, float* out, float* lse, i64 B, i64 H,
+                            i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh,
+                            i64 k_st, float scale, int causal, i64 window, float softcap) {
+  __shared__ float4 smem[fwd_floats(256) / 4];
+  attention_fwd<float, 256>(MDSL_GEOMETRY, q, k, v, out, lse, reinterpret_cast<float*>(smem));
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+mdsl_attention_bwd_dkdv_d256_bf16(const bf16* d_out, const bf16* q, const bf16* k, const bf16* v, const float* lse,
+                                  const float* delta, bf16* d_k, bf16* d_v, i64 B, i64 H, i64 Hkv, i64 T, i64 S,
+                                  i64 D, i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale,
+                                  int causal, i64 window, float softcap) {
+  __shared__ float4 smem[dkdv_floats(256) / 4];
+  attention_dkdv<bf16, 256>(MDSL_GEOMETRY, d_out, q, k, v, lse, delta, d_k, d_v, reinterpret_cast<float*>(smem));
+}
+extern "C" __global__ void __launch_bounds__(128)
+mdsl_attention_bwd_dkdv_d256_f32(const float* d_out, const float* q, const float* k, const float* v,
+                                 const float* lse, const float* delta, float* d_k, float* d_v, i64 B, i64 H, i64 Hkv,
+                                 i64 T, i64 S, i64 D, i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st,
+                                 float scale, int causal, i64 window, float softcap) {
+  __shared__ float4 smem[dkdv_floats(256) / 4];
+  attention_dkdv<float, 256>(MDSL_GEOMETRY, d_out, q, k, v, lse, delta, d_k, d_v, reinterpret_cast<float*>(smem));
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+mdsl_attention_bwd_dq_d256_bf16(const bf16* d_out, const bf16* q, const bf16* k, const bf16* v, const float* lse,
+                                const float* delta, bf16* d_q, i64 B, i64 H, i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb,
+                                i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale, int causal,
+                                i64 window, float softcap) {
+  __shared__ float4 smem[dq_floats(256) / 4];
+  attention_dq<bf16, 256>(MDSL_GEOMETRY, d_out, q, k, v, lse, delta, d_q, reinterpret_cast<float*>(smem));
+}
+extern "C" __global__ void __launch_bounds__(128)
+mdsl_attention_bwd_dq_d256_f32(const float* d_out, const float* q, const float* k, const float* v, const float* lse,
+                               const float* delta, float* d_q, i64 B, i64 H, i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb,
+                               i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale, int causal,
+                               i64 window, float softcap) {
+  __shared__ float4 smem[dq_floats(256) / 4];
+  attention_dq<float, 256>(MDSL_GEOMETRY, d_out, q, k, v, lse, delta, d_q, reinterpret_cast<float*>(smem));
 }
 
 #undef MDSL_GEOMETRY

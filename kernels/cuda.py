@@ -33,7 +33,7 @@ than the last; reductions over non-adjacent dims; ``add``/``mul`` where both
 operands broadcast, or the broadcast one repeats in more than one run of dims
 (``[4, 1, 8]`` against ``[4, 5, 8]``); ``add3`` with broadcasting; rope of
 other than rank-4 q/k; fp16 storage (only casts); ``reduce_max_backward``; attention with
-ALiBi or a head dim over 128 (see ``attention_geometry``); for MoE (moe.cu), int64 index tensors,
+ALiBi or a head dim over 256 (see ``attention_geometry``); for MoE (moe.cu), int64 index tensors,
 empty tensors, ``grouped_gemm_weight_grad`` with more than 65535 groups, and more than 65535 column
 tiles (``grouped_gemm``: N, ``moe_router_backward``: C over 1048560); for Mamba (mamba.cu), a conv
 ``kernel_size`` over 8 (``MAMBA_MAX_CONV``), a scan state size over 256 (``MAMBA_MAX_STATE``),
@@ -207,12 +207,17 @@ _kernel("adamw", "adamw", "ptr param, ptr grad, ptr exp_avg, ptr exp_avg_sq, ptr
 _kernel("adamw", "adamw_multi", f"ptr tensors, i64 count, ptr lr, ptr step, ptr grad_scale, {_ADAMW}")
 _ATTN = ("i64 B, i64 H, i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, "
          "f32 scale, i32 causal, i64 window, f32 softcap")
-_kernel("attention", "attention_fwd", f"ptr q, ptr k, ptr v, ptr out, ptr lse, {_ATTN}")
+_ATTN_FWD = f"ptr q, ptr k, ptr v, ptr out, ptr lse, {_ATTN}"
+_ATTN_DKDV = f"ptr d_out, ptr q, ptr k, ptr v, ptr lse, ptr delta, ptr d_k, ptr d_v, {_ATTN}"
+_ATTN_DQ = f"ptr d_out, ptr q, ptr k, ptr v, ptr lse, ptr delta, ptr d_q, {_ATTN}"
+_kernel("attention", "attention_fwd", _ATTN_FWD)
 _kernel("attention", "attention_bwd_pre",
         "ptr d_out, ptr out, ptr delta, i64 B, i64 H, i64 T, i64 D, i64 q_sb, i64 q_sh, i64 q_st")
-_kernel("attention", "attention_bwd_dkdv",
-        f"ptr d_out, ptr q, ptr k, ptr v, ptr lse, ptr delta, ptr d_k, ptr d_v, {_ATTN}")
-_kernel("attention", "attention_bwd_dq", f"ptr d_out, ptr q, ptr k, ptr v, ptr lse, ptr delta, ptr d_q, {_ATTN}")
+_kernel("attention", "attention_bwd_dkdv", _ATTN_DKDV)
+_kernel("attention", "attention_bwd_dq", _ATTN_DQ)
+_kernel("attention", "attention_fwd_d256", _ATTN_FWD)  # head dims over 128 (ATTENTION_WIDE_D): the same parameters
+_kernel("attention", "attention_bwd_dkdv_d256", _ATTN_DKDV)
+_kernel("attention", "attention_bwd_dq_d256", _ATTN_DQ)
 _F32 = ("fp32",)  # kernels of int32 buffers or fp32 scratch alone: one variant
 _kernel("moe", "moe_offsets", "ptr indices, ptr offsets, i64 assignments, i64 experts", _F32)
 _kernel("moe", "moe_permute_scatter", "ptr indices, ptr offsets, ptr scatter, i64 assignments, i64 experts", _F32)
@@ -1004,20 +1009,31 @@ def _adamw_multi(p: Problem) -> Plan:
 # layouts of mdsl.sched.attention (attribute ``layout``: "bhtd", the default, or "bthd"; lse is
 # [B, H, T] in both), with attention-logit softcapping (attribute ``softcap`` c > 0: the scaled
 # scores become c * tanh(s / c) before the mask; 0 or absent: none). Every block has
-# ATTENTION_THREADS threads; the tiles by head dim are attention.cu's constants. Not covered: ALiBi,
-# D > 128, a negative window_size, a softcap outside ATTENTION_SOFTCAP, empty tensors, grids past
-# 65535 heads or batches, and the backward where a query sees no key (causal or windowed with T > S:
-# the reference's gradients are NaN there).
+# ATTENTION_THREADS threads; the tiles by head dim are attention.cu's constants. Head dims up to
+# ATTENTION_WIDE_D run attention_fwd, attention_bwd_dkdv and attention_bwd_dq; wider ones, up to
+# ATTENTION_MAX_D, their "_d256" twins (the same code on smaller tiles, with registers and static
+# shared memory of their own; attention_bwd_pre takes any D). Not covered: ALiBi, D > 256, a
+# negative window_size, a softcap outside ATTENTION_SOFTCAP, empty tensors, grids past 65535 heads
+# or batches, and the backward where a query sees no key (causal or windowed with T > S: the
+# reference's gradients are NaN there).
 ATTENTION_THREADS = 128
-ATTENTION_MAX_D = 128
+ATTENTION_WIDE_D = 128  # the widest head dim of the D <= 128 kernels; wider ones run the "_d256" kernels
+ATTENTION_MAX_D = 256
 ATTENTION_LAYOUTS = ("bhtd", "bthd")
 ATTENTION_SOFTCAP = (1e-30, 1e30)  # the softcaps c taken: c log2(e) and its inverse stay normal fp32 numbers
 
 
 def attention_tiles(d: int) -> dict[str, int]:
-    """Rows per block along the grid's x of each attention kernel (attention.cu: fwd_bq, kDkdvBK, kDqBQ):
+    """Rows per block along the grid's x of each attention kernel (attention.cu: fwd_bq, dkdv_bk, dq_bq):
     query rows of the forward and of d_q, keys of d_k/d_v."""
+    if d > ATTENTION_WIDE_D:
+        return {"fwd": 16, "dkdv": 16, "dq": 16}
     return {"fwd": 64 if d <= 64 else 32, "dkdv": 32, "dq": 32}
+
+
+def attention_kernel(name: str, d: int) -> str:
+    """The kernel of ``name`` (attention_fwd, attention_bwd_dkdv, attention_bwd_dq) for head dim ``d``."""
+    return f"{name}_d256" if d > ATTENTION_WIDE_D else name
 
 
 @dataclass(frozen=True)
@@ -1079,19 +1095,20 @@ def attention_geometry(p: Problem, q: Shape, k: Shape, v: Shape) -> AttentionGeo
 _ATTENTION_BLOCK: Dim3 = (ATTENTION_THREADS, 1, 1)
 
 
-@_primitive("flash_attention", "attention", "q k v alibi_slopes", "out lse", "attention_fwd",
+@_primitive("flash_attention", "attention", "q k v alibi_slopes", "out lse", "attention_fwd attention_fwd_d256",
             dtypes={"alibi_slopes": "fp32", "lse": "fp32"})
 def _flash_attention(p: Problem) -> Plan:
     if len(p.inputs) > 3 and p.inputs[3] is not None:
         raise NotCovered("attention with ALiBi: the CUDA kernel has no ALiBi bias")
     g = attention_geometry(p, *p.inputs[:3])
     grid = (_cdiv(g.t, attention_tiles(g.d)["fwd"]), g.h, g.b)
-    return Plan((_launch("attention_fwd", p.variant, grid, _ATTENTION_BLOCK, ptr("in:q"), ptr("in:k"), ptr("in:v"),
-                         ptr("out:out"), ptr("out:lse"), *g.args()),))
+    return Plan((_launch(attention_kernel("attention_fwd", g.d), p.variant, grid, _ATTENTION_BLOCK, ptr("in:q"),
+                         ptr("in:k"), ptr("in:v"), ptr("out:out"), ptr("out:lse"), *g.args()),))
 
 
 @_primitive("flash_attention_backward", "attention", "d_out q k v out lse alibi_slopes", "d_q d_k d_v",
-            "attention_bwd_pre attention_bwd_dkdv attention_bwd_dq", dtypes={"alibi_slopes": "fp32", "lse": "fp32"})
+            "attention_bwd_pre attention_bwd_dkdv attention_bwd_dq attention_bwd_dkdv_d256 attention_bwd_dq_d256",
+            dtypes={"alibi_slopes": "fp32", "lse": "fp32"})
 def _flash_attention_backward(p: Problem) -> Plan:
     if len(p.inputs) > 6 and p.inputs[6] is not None:
         raise NotCovered("attention backward with ALiBi: the CUDA kernel has no ALiBi bias")
@@ -1103,12 +1120,13 @@ def _flash_attention_backward(p: Problem) -> Plan:
     return Plan((_launch("attention_bwd_pre", p.variant, pre_grid, _ATTENTION_BLOCK, ptr("in:d_out"), ptr("in:out"),
                          ptr("scratch:delta"), i64(g.b), i64(g.h), i64(g.t), i64(g.d),
                          *(i64(x) for x in g.q_strides)),
-                 _launch("attention_bwd_dkdv", p.variant, (_cdiv(g.s, tiles["dkdv"]), g.hkv, g.b), _ATTENTION_BLOCK,
-                         ptr("in:d_out"), ptr("in:q"), ptr("in:k"), ptr("in:v"), ptr("in:lse"), ptr("scratch:delta"),
-                         ptr("out:d_k"), ptr("out:d_v"), *g.args()),
-                 _launch("attention_bwd_dq", p.variant, (_cdiv(g.t, tiles["dq"]), g.h, g.b), _ATTENTION_BLOCK,
-                         ptr("in:d_out"), ptr("in:q"), ptr("in:k"), ptr("in:v"), ptr("in:lse"), ptr("scratch:delta"),
-                         ptr("out:d_q"), *g.args())),
+                 _launch(attention_kernel("attention_bwd_dkdv", g.d), p.variant,
+                         (_cdiv(g.s, tiles["dkdv"]), g.hkv, g.b), _ATTENTION_BLOCK, ptr("in:d_out"), ptr("in:q"),
+                         ptr("in:k"), ptr("in:v"), ptr("in:lse"), ptr("scratch:delta"), ptr("out:d_k"),
+                         ptr("out:d_v"), *g.args()),
+                 _launch(attention_kernel("attention_bwd_dq", g.d), p.variant,
+                         (_cdiv(g.t, tiles["dq"]), g.h, g.b), _ATTENTION_BLOCK, ptr("in:d_out"), ptr("in:q"),
+                         ptr("in:k"), ptr("in:v"), ptr("in:lse"), ptr("scratch:delta"), ptr("out:d_q"), *g.args())),
                 scratch={"delta": 4 * rows})
 
 

@@ -2,7 +2,8 @@
 (kernels/reference.py: flash_attention, flash_attention_backward), on a GPU or the CPU emulator.
 
 Random inputs on several shapes: ragged T and S (not multiples of any tile), T < S (queries at
-the end), one query, GQA and MQA, head dims 2..128 (ragged ones take the scalar load paths);
+the end), one query, GQA and MQA, head dims 2..256 (ragged ones take the scalar load paths; over
+128 the "_d256" kernels, on smaller tiles);
 non-causal, causal, causal with a sliding window and the symmetric (non-causal) window; both
 layouts of mdsl.sched.attention ("bhtd", "bthd"); attention-logit softcapping (caps of 5 and 50 on
 scores large enough that both bend them); bf16 and fp32; every output starts as NaN
@@ -44,12 +45,18 @@ SHAPES = [
     (2, 2, 1, 5, 40, 6),  # a few queries over many keys
     (1, 2, 1, 65, 65, 100),  # D not a multiple of 32
     (1, 2, 2, 130, 130, 64),  # several tiles of every kernel
+    # head dims over 128 (the "_d256" kernels: tiles of 16 and 8 rows; Gemma 2's 256)
+    (1, 2, 1, 37, 37, 256),  # MQA, ragged: several tiles of every kernel, the last one partial
+    (1, 2, 2, 19, 33, 160),  # T < S, D not a multiple of 32
+    (2, 4, 2, 9, 9, 192),  # GQA, T and S below one tile
+    (1, 1, 1, 13, 20, 250),  # a ragged head dim (scalar loads)
 ]
 # GPU only, on fewer masks and layouts (the float64 reference takes seconds on these):
 # (shape, causal, window, layout)
 LARGE = [((2, 16, 8, 1024, 1024, 128), True, None, "bhtd"), ((2, 16, 8, 1024, 1024, 128), True, 256, "bthd"),
          ((1, 8, 8, 1000, 1000, 64), False, None, "bhtd"), ((1, 8, 8, 1000, 1000, 64), False, 100, "bthd"),
-         ((4, 32, 8, 256, 256, 64), True, None, "bthd")] if GPU else []
+         ((4, 32, 8, 256, 256, 64), True, None, "bthd"), ((1, 8, 4, 1000, 1000, 256), True, None, "bhtd"),
+         ((2, 8, 4, 1024, 1024, 256), True, 256, "bthd")] if GPU else []
 
 # (causal, window_size)
 MASKS = [(False, None), (True, None), (True, 16), (False, 9)]
@@ -126,8 +133,10 @@ def test_flash_attention_large(runner, shape, causal, window, variant, layout):
     check_attention(runner, q, k, v, {"causal": causal, "window_size": window}, variant, layout, rng)
 
 
-# S - T = 0 and 8 (tile-aligned positions), 1 and 9 (k0 - (S - T) just below a tile edge)
-EDGES = [(1, 2, 1, 96, 96, 64), (1, 2, 1, 95, 96, 64), (1, 2, 2, 72, 80, 128), (1, 2, 2, 71, 80, 128)]
+# S - T = 0 and 8 (tile-aligned positions), 1 and 9 (k0 - (S - T) just below a tile edge); D = 256 on
+# the tiles of 16 and 8 rows (windows 31 and 33 straddle two of 16)
+EDGES = [(1, 2, 1, 96, 96, 64), (1, 2, 1, 95, 96, 64), (1, 2, 2, 72, 80, 128), (1, 2, 2, 71, 80, 128),
+         (1, 1, 1, 48, 48, 256), (1, 1, 1, 40, 48, 256), (1, 1, 1, 39, 48, 256)]
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -142,32 +151,35 @@ def test_windows_at_tile_edges(runner, shape, window, causal):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_flash_attention_softmax_scale_and_peaked_scores(runner, variant):
+@pytest.mark.parametrize("shape", [(1, 2, 1, 50, 90, 64), (1, 2, 1, 30, 70, 256)], ids=ids)
+def test_flash_attention_softmax_scale_and_peaked_scores(runner, shape, variant):
     """An explicit softmax_scale, and scores large enough that the running max changes a lot
     between key tiles (the online softmax's rescaling)."""
     rng = np.random.default_rng(32)
-    q, k, v = inputs(rng, (1, 2, 1, 50, 90, 64), "bhtd", spread=3.0)
+    q, k, v = inputs(rng, shape, "bhtd", spread=3.0)
     check_attention(runner, q, k, v, {"causal": True, "softmax_scale": 0.7, "window_size": None}, variant, "bhtd",
                     rng)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_flash_attention_on_misaligned_buffers(runner, variant, layout):
+@pytest.mark.parametrize("shape", [(1, 4, 2, 37, 37, 64), (1, 4, 2, 21, 21, 256)], ids=ids)
+def test_flash_attention_on_misaligned_buffers(runner, shape, variant, layout):
     """Buffers off their 4-element alignment: the kernels' one-element loads and stores."""
     rng = np.random.default_rng(33)
-    q, k, v = inputs(rng, (1, 4, 2, 37, 37, 64), layout)
+    q, k, v = inputs(rng, shape, layout)
     check_attention(runner, q, k, v, {"causal": True, "window_size": None}, variant, layout, rng,
                     offset=MISALIGN[variant])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_queries_that_see_no_key(runner, variant):
+@pytest.mark.parametrize("d", [16, 256])
+def test_queries_that_see_no_key(runner, d, variant):
     """Causal with more queries than keys: the first queries see nothing; as the reference, their
     lse is -inf and their output NaN (the outputs start as 0 here, so the NaN was written). The
     backward is not covered there (the reference's gradients are NaN)."""
     rng = np.random.default_rng(34)
-    q, k, v = inputs(rng, (1, 2, 1, 9, 5, 16), "bhtd")
+    q, k, v = inputs(rng, (1, 2, 1, 9, 5, d), "bhtd")
     result = check_attention(runner, q, k, v, {"causal": True, "window_size": None}, variant, "bhtd", rng,
                              backward=False)
     assert np.isneginf(result.outputs["lse"][:, :, :4]).all() and np.isfinite(result.outputs["lse"][:, :, 4:]).all()
@@ -177,17 +189,20 @@ def test_queries_that_see_no_key(runner, variant):
                   [q.shape, k.shape, k.shape], {"causal": True}, variant)
 
 
-def test_the_default_scale_is_one_over_sqrt_d():
-    plan = cuda.plan("flash_attention", [(1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)], [], {}, "fp32")
+@pytest.mark.parametrize("d", [64, 256])
+def test_the_default_scale_is_one_over_sqrt_d(d):
+    plan = cuda.plan("flash_attention", [(1, 2, 8, d), (1, 2, 8, d), (1, 2, 8, d)], [], {}, "fp32")
     (launch,) = plan.launches
     params = dict(zip((name for name, _ in launch.kernel.params), (a.value for a in launch.args)))
-    assert math.isclose(params["scale"], 1 / 8) and params["causal"] == 1 and params["window"] == 0
+    assert math.isclose(params["scale"], 1 / math.sqrt(d)) and params["causal"] == 1 and params["window"] == 0
     assert params["softcap"] == 0.0
 
 
 # Softcapping (Gemma 2's attn_logit_softcapping): (B, H, Hkv, T, S, D) with GQA, MQA on the wide
-# tiles, T < S with a ragged head dim, and several tiles of every kernel
-SOFTCAP_SHAPES = [(2, 4, 2, 37, 37, 64), (1, 4, 1, 70, 70, 128), (1, 2, 2, 33, 50, 10), (1, 2, 1, 130, 130, 64)]
+# tiles, T < S with a ragged head dim, several tiles of every kernel, and Gemma 2's head dim 256
+# (GQA, ragged) and 192 (T < S) on the "_d256" kernels
+SOFTCAP_SHAPES = [(2, 4, 2, 37, 37, 64), (1, 4, 1, 70, 70, 128), (1, 2, 2, 33, 50, 10), (1, 2, 1, 130, 130, 64),
+                  (1, 4, 2, 37, 37, 256), (1, 2, 1, 21, 30, 192)]
 SOFTCAPS = (5.0, 50.0)
 
 
@@ -221,16 +236,20 @@ def test_flash_attention_softcap(runner, shape, causal, window, variant, layout,
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_flash_attention_softcap_with_a_scale_on_misaligned_buffers(runner, variant):
+@pytest.mark.parametrize("shape", [(1, 4, 2, 45, 45, 32), (1, 4, 2, 27, 27, 256)], ids=ids)
+def test_flash_attention_softcap_with_a_scale_on_misaligned_buffers(runner, shape, variant):
     """An explicit softmax_scale under the cap, through the one-element loads and stores."""
     rng = np.random.default_rng(38)
     attrs = {"causal": True, "window_size": 20, "softmax_scale": 0.5}
-    q, k, v = capped_inputs(rng, (1, 4, 2, 45, 45, 32), "bthd", 5.0, attrs)
+    q, k, v = capped_inputs(rng, shape, "bthd", 5.0, attrs)
     check_attention(runner, q, k, v, {**attrs, "softcap": 5.0}, variant, "bthd", rng, offset=MISALIGN[variant])
 
 
+LARGE_SOFTCAP = [*LARGE[:2], *LARGE[-2:]]  # D = 128 and Gemma 2's 256
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("shape, causal, window, layout", LARGE[:2], ids=ids(LARGE[:2]))
+@pytest.mark.parametrize("shape, causal, window, layout", LARGE_SOFTCAP, ids=ids(LARGE_SOFTCAP))
 def test_flash_attention_softcap_large(runner, shape, causal, window, variant, layout):
     rng = np.random.default_rng(39)
     attrs = {"causal": causal, "window_size": window}

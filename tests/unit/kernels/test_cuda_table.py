@@ -139,9 +139,11 @@ ROWS = [((1,), 1), ((3,), 5), ((2, 7), 33), ((4,), 64), ((5, 3), 100), ((2, 9), 
         ((16,), 4099), ((3,), 8192), ((1,), 40000), ((2,), 151936)]
 ELEMENTS = [(1,), (7,), (8,), (9, 31), (1000, 1001), (8, 1024, 2048), (3, 5, 7, 11)]
 HEADS = [(1, 1, 1, 2), (2, 4, 7, 64), (1, 3, 5, 6), (2, 16, 33, 128), (8, 16, 1024, 128), (1, 2, 3, 10)]
-# (B, H, Hkv, T, S, D): attention
+# (B, H, Hkv, T, S, D): attention (head dims over 128 on the "_d256" kernels: Gemma 2's 256)
 ATTENTION = [(1, 1, 1, 1, 1, 2), (2, 4, 2, 37, 37, 64), (1, 4, 1, 70, 70, 128), (1, 2, 2, 33, 50, 10),
-             (2, 3, 3, 5, 40, 100), (8, 16, 8, 1024, 1024, 128), (8, 32, 8, 1024, 1024, 64)]
+             (2, 3, 3, 5, 40, 100), (8, 16, 8, 1024, 1024, 128), (8, 32, 8, 1024, 1024, 64),
+             (1, 1, 1, 1, 1, 129), (2, 4, 2, 37, 37, 160), (1, 2, 1, 33, 50, 192), (2, 3, 3, 5, 40, 250),
+             (8, 16, 8, 1024, 1024, 256)]
 
 
 def cases():
@@ -372,7 +374,9 @@ def test_embedding_backward_zeroes_its_gradient_first():
     ("sub", [(1, 8), (4, 8)], {}),  # the first operand broadcast: sub and div do not commute
     ("div", [(8,), (4, 8)], {}),
     ("flash_attention", [(1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64), (2,)], {}),  # ALiBi
-    ("flash_attention", [(1, 2, 8, 256), (1, 2, 8, 256), (1, 2, 8, 256)], {}),  # D > 128
+    ("flash_attention", [(1, 2, 8, 257), (1, 2, 8, 257), (1, 2, 8, 257)], {}),  # D > 256
+    ("flash_attention", [(1, 8, 2, 264), (1, 8, 2, 264), (1, 8, 2, 264)], {"layout": "bthd"}),
+    ("flash_attention_backward", [(1, 2, 8, 264)] * 5 + [(1, 2, 8)], {}),
     ("flash_attention", [(1, 3, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)], {}),  # H not a multiple of Hkv
     ("flash_attention", [(1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)], {"layout": "bhdt"}),
     ("flash_attention", [(1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)], {"window_size": -1}),
@@ -416,6 +420,33 @@ def test_softcapped_attention_is_covered_and_every_launch_takes_the_cap(variant,
             assert params["softcap"].value == want and params["window"].value == 16
         check_plan("flash_attention", forward, [q, k, k, None], [q, lse])
         check_plan("flash_attention_backward", backward, [q, q, k, k, q, lse], [q, k, k])
+
+
+@pytest.mark.parametrize("d, tiles", [
+    (2, {"fwd": 64, "dkdv": 32, "dq": 32}), (64, {"fwd": 64, "dkdv": 32, "dq": 32}),
+    (65, {"fwd": 32, "dkdv": 32, "dq": 32}), (128, {"fwd": 32, "dkdv": 32, "dq": 32}),
+    (129, {"fwd": 16, "dkdv": 16, "dq": 16}), (160, {"fwd": 16, "dkdv": 16, "dq": 16}),
+    (192, {"fwd": 16, "dkdv": 16, "dq": 16}), (256, {"fwd": 16, "dkdv": 16, "dq": 16}),
+])
+@pytest.mark.parametrize("variant", cuda.VARIANTS)
+def test_attention_kernels_and_grids_by_head_dim(d, tiles, variant):
+    """Head dims up to 128 run attention.cu's first kernels, wider ones (up to 256) the "_d256" ones,
+    on smaller tiles: the grids divide T (forward, d_q) and S (d_k/d_v) by attention_tiles."""
+    b, h, hkv, t, s = 2, 8, 4, 37, 45
+    q, k, lse = (b, h, t, d), (b, hkv, s, d), (b, h, t)
+    assert cuda.attention_tiles(d) == tiles
+    wide = "_d256" if d > 128 else ""
+    (forward,) = cuda.plan("flash_attention", [q, k, k, None], [q, lse], {"causal": False}, variant).launches
+    pre, dkdv, dq = cuda.plan("flash_attention_backward", [q, q, k, k, q, lse], [q, k, k], {"causal": False},
+                              variant).launches
+    assert [forward.kernel.name, pre.kernel.name, dkdv.kernel.name, dq.kernel.name] == [
+        f"attention_fwd{wide}", "attention_bwd_pre", f"attention_bwd_dkdv{wide}", f"attention_bwd_dq{wide}"]
+    assert forward.grid == (-(-t // tiles["fwd"]), h, b) and dq.grid == (-(-t // tiles["dq"]), h, b)
+    assert dkdv.grid == (-(-s // tiles["dkdv"]), hkv, b)
+    assert all(step.block == (cuda.ATTENTION_THREADS, 1, 1) and step.shared == 0
+               for step in (forward, pre, dkdv, dq))
+    for step in (forward, dkdv, dq):
+        assert dict(zip((name for name, _ in step.kernel.params), (a.value for a in step.args)))["D"] == d
 
 
 def test_unknown_primitive_and_variant():
