@@ -215,7 +215,8 @@ def _write_atomic(path: Path, text: str) -> None:
 
 _ENTRY = re.compile(r"Compiling entry function '(?P<name>\w+)'")
 _FRAME = re.compile(r"(?P<stack>\d+) bytes stack frame, (?P<stores>\d+) bytes spill stores, (?P<loads>\d+) bytes spill loads")
-_USED = re.compile(r"Used (?P<registers>\d+) registers(?:, used (?P<barriers>\d+) barriers)?(?:, (?P<smem>\d+) bytes smem)?")
+_USED = re.compile(r"Used (?P<registers>\d+) registers(?:, used (?P<barriers>\d+) barriers)?"
+                   r"(?:, \d+ bytes cumulative stack size)?(?:, (?P<smem>\d+) bytes smem)?")
 
 
 def parse_resource_usage(output: str) -> dict[str, dict[str, int]]:

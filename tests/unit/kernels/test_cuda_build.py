@@ -99,10 +99,16 @@ ptxas info    : Function properties for mdsl_k_f32
 ptxas info    : Used 72 registers, used 1 barriers, 1056 bytes smem, 400 bytes cmem[0]
 ptxas info    : Compiling entry function 'mdsl_j_f32' for 'sm_90a'
 ptxas info    : Used 12 registers, used 0 barriers, 380 bytes cmem[0]
+ptxas info    : Compiling entry function 'mdsl_s_f32' for 'sm_90a'
+ptxas info    : Function properties for mdsl_s_f32
+    24 bytes stack frame, 12 bytes spill stores, 24 bytes spill loads
+ptxas info    : Used 96 registers, used 1 barriers, 24 bytes cumulative stack size, 43264 bytes smem, 480 bytes cmem[0]
 """
     usage = build_kernels.parse_resource_usage(report)
     assert usage["mdsl_k_f32"] == {"registers": 72, "smem": 1056, "stack": 8, "spill_stores": 4, "spill_loads": 4}
     assert usage["mdsl_j_f32"]["registers"] == 12 and usage["mdsl_j_f32"]["smem"] == 0
+    assert usage["mdsl_s_f32"] == {"registers": 96, "smem": 43264, "stack": 24, "spill_stores": 12,
+                                   "spill_loads": 24}  # a spilling kernel's line also gives its stack size
 
 
 @needs_nvcc
