@@ -1172,7 +1172,7 @@ def _moe_compute_offsets(p: Problem) -> Plan:
             "moe_permute_scatter moe_permute_gather", dtypes=_MOE_INDEX)
 def _moe_permute(p: Problem) -> Plan:
     """Ranks (one block per expert, in assignment order), then one warp per assignment copies its row."""
-    (tokens, c), (n, top_k), (e1,) = p.inputs[0], p.inputs[1], p.inputs[2]
+    (_, c), (n, top_k), (e1,) = p.inputs[0], p.inputs[1], p.inputs[2]
     _nonempty("moe_permute", *p.inputs)
     assignments, experts = n * top_k, e1 - 1
     if experts < 1:
