@@ -41,6 +41,11 @@ memory) is kept in an :class:`ImportRecord`, from which
 equals what was loaded is written as the original bytes, so an import and an
 export are bitwise identical even through a lossy transform (``negate_exp``)
 or a narrower load dtype; a changed one goes through the inverse of its rule.
+A multimodal wrapper's checkpoint holds the text model's tensors under a
+prefix, which the model's ``hf_config`` ``tensor_prefix`` gives per
+architecture (``Gemma3ForConditionalGeneration: "language_model."``): the rules
+read and write the names without it. The tensors ``ignore_tensors`` names (the
+wrapper's vision tower) are not read, and a save writes them back as they were.
 Every problem is a :class:`CheckpointError` naming the tensor and the rule.
 """
 
@@ -128,6 +133,7 @@ class ImportRecord:
     source: Path | None = None
     reads: dict[tuple[str, int | None], list[TensorRecord]] = field(default_factory=dict)
     arrays: dict[tuple[str, int | None], list[np.ndarray]] = field(default_factory=dict)
+    prefix: str = ""  # the wrapper's prefix of the mapped tensors' names (tensor_prefix)
 
 
 def parse_rules(model: ModelOp) -> list[Rule]:
@@ -169,9 +175,10 @@ def _expanded(rule: Rule, params: list[str]) -> list[Rule]:
 
 
 class Checkpoint:
-    """The tensors of a checkpoint folder, by name, across its safetensors files."""
+    """The tensors of a checkpoint folder, by name, across its safetensors files; with a ``prefix``
+    (a wrapper's, ``language_model.``), the tensors under it by their names without it."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, prefix: str = ""):
         self.directory = directory
         paths = sorted(directory.glob("*.safetensors"))
         if not paths:
@@ -180,6 +187,8 @@ class Checkpoint:
         self.files = [SafetensorsFile(p) for p in paths]
         self.where: dict[str, SafetensorsFile] = {}
         for f in self.files:
+            if prefix:
+                f.entries = {n.removeprefix(prefix): e for n, e in f.entries.items()}
             for name in f.keys():
                 if name in self.where:
                     raise CheckpointError("E034", f"checkpoint tensor '{name}' is in two files: "
@@ -224,9 +233,10 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
     may back it with the file's pages instead, see :func:`direct_pieces`), no second copy of
     the weights is made, and those arrays are the weights."""
     directory = Path(directory)
-    checkpoint = Checkpoint(directory)
+    prefix = tensor_prefix(model, directory)
+    checkpoint = Checkpoint(directory, prefix)
     params = {p.sym_name.data: p for p in model.walk() if isinstance(p, ParamOp)}
-    record = ImportRecord(directory)
+    record = ImportRecord(directory, prefix=prefix)
     config = config_integers(model)
     weights: dict[str, np.ndarray] = {}
     skipped: dict[str, tuple[Rule, str]] = {}  # parameter -> its optional rule and the first absent tensor
@@ -268,7 +278,7 @@ def direct_pieces(model: ModelOp, directory: str | Path, dtype: np.dtype,
     """(offset in its file, address, bytes) of each checkpoint tensor :func:`load_checkpoint` would
     read into an array of ``into`` as the file stores it (a ``direct`` or row-wise ``fuse`` rule,
     the file's dtype ``dtype``): the bytes a loader may map instead of reading."""
-    checkpoint, config = Checkpoint(Path(directory)), config_integers(model)
+    checkpoint, config = Checkpoint(Path(directory), tensor_prefix(model, Path(directory))), config_integers(model)
     for rule in parse_rules(model):
         out = into.get(rule.target)
         if out is None or out.dtype != dtype or rule.op not in ("direct", "fuse"):
@@ -283,6 +293,21 @@ def direct_pieces(model: ModelOp, directory: str | Path, dtype: np.dtype,
             for source, name, rows in _row_slices(names, checkpoint, target):
                 if source.dtype(name) == dtype:
                     yield source.data_start + source.entries[name][2], rows.ctypes.data, rows.nbytes
+
+
+def tensor_prefix(model: ModelOp, directory: Path) -> str:
+    """The prefix of the mapped tensors' names in the checkpoint: the ``hf_config`` ``tensor_prefix``
+    of the architecture its config.json names (a wrapper's: ``Gemma3ForConditionalGeneration:
+    "language_model."`` holds the text model under ``language_model.``), else none."""
+    section = model.hf_config.data if model.hf_config is not None else {}
+    prefixes = python_value(section["tensor_prefix"]) if "tensor_prefix" in section else {}
+    if not isinstance(prefixes, dict) or not prefixes:
+        return ""
+    try:
+        architectures = json.loads((directory / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return next((prefixes[a] for a in architectures if isinstance(a, str) and isinstance(prefixes.get(a), str)), "")
 
 
 def ignored_tensors(model: ModelOp) -> list[str]:
@@ -579,7 +604,8 @@ def save_checkpoint(model: ModelOp, weights: dict[str, np.ndarray], record: Impo
     original bytes of every tensor whose parameters still hold what was loaded)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = hf_tensors(model, weights, record, dtype)
+    tensors = {record.prefix + name: value for name, value in hf_tensors(model, weights, record, dtype).items()}
+    tensors |= carried_tensors(model, record)
     tmp = out / "model.safetensors.tmp"
     write_safetensors(tmp, tensors, {"format": "pt"})
     tmp.replace(out / "model.safetensors")
@@ -589,6 +615,20 @@ def save_checkpoint(model: ModelOp, weights: dict[str, np.ndarray], record: Impo
         for name in COPIED_FILES:
             if (record.source / name).is_file() and record.source.resolve() != out.resolve():
                 shutil.copyfile(record.source / name, out / name)
+
+
+def carried_tensors(model: ModelOp, record: ImportRecord) -> dict[str, np.ndarray]:
+    """The imported checkpoint's tensors that ``ignore_tensors`` names (a wrapper's vision tower), as
+    they are in its files (memory-mapped): an export writes them back unchanged."""
+    patterns = ignored_tensors(model)
+    if record.source is None or not patterns:
+        return {}
+    carried = {}
+    for path in sorted(record.source.glob("*.safetensors")):
+        source = SafetensorsFile(path)
+        carried |= {name: source.array(name) for name in source.keys()
+                    if any(fnmatchcase(name, p) for p in patterns)}
+    return carried
 
 
 def hf_tensors(model: ModelOp, weights: dict[str, np.ndarray], record: ImportRecord,

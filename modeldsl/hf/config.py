@@ -224,13 +224,27 @@ def _special_floats(value: Any) -> Any:
     return value
 
 
+# text_config fields a wrapper's own forward does not apply, so not lifted: transformers'
+# Gemma3ForConditionalGeneration computes its logits without the final softcapping its text model's
+# Gemma3ForCausalLM applies
+WRAPPER_SKIPS = {"Gemma3ForConditionalGeneration": ("final_logit_softcapping",)}
+
+
 def normalize(config: dict[str, Any]) -> HFConfig:
-    """``rope_parameters`` (transformers 5) lifted to the top-level ``rope_theta`` / ``rope_scaling``
-    (Gemma 3's per kind of layer: ``full_attention``'s, and ``sliding_attention``'s theta to
-    ``rope_local_base_freq``), transformers 5's ``{"__float__": "Infinity"}`` read as the float; a
-    ``rope_parameters`` or ``rope_scaling`` that is not an object is E030 at the field."""
+    """The config with, lifted to its top level: a multimodal wrapper's ``text_config`` fields (its
+    own ``architectures`` and ``model_type`` kept, none of :data:`WRAPPER_SKIPS`); ``rope_parameters``
+    (transformers 5) as ``rope_theta`` / ``rope_scaling`` (Gemma 3's per kind of layer:
+    ``full_attention``'s, and ``sliding_attention``'s theta as ``rope_local_base_freq``). transformers
+    5's ``{"__float__": "Infinity"}`` is read as the float; a ``rope_parameters`` or ``rope_scaling``
+    that is not an object is E030 at the field."""
     result = HFConfig({name: _special_floats(value) for name, value in config.items()})
     result.source = getattr(config, "source", None)
+    text = result.get("text_config")
+    if isinstance(text, dict):  # a multimodal wrapper's text model (Gemma3ForConditionalGeneration)
+        wrappers = [a for a in result.get("architectures") or [] if isinstance(a, str)]
+        unapplied = {field for wrapper in wrappers for field in WRAPPER_SKIPS.get(wrapper, ())}
+        result.update({name: value for name, value in text.items()
+                       if name not in ("architectures", "model_type") and name not in unapplied})
     for name in ("rope_parameters", "rope_scaling"):
         value = result.get(name)
         if value is not None and not isinstance(value, dict):

@@ -38,7 +38,7 @@ def test_the_std_declarations_are_listed_by_kind():
     assert (llama.architectures, llama.model_types) == (("LlamaForCausalLM",), ("llama",))
     assert registry.get_any("RMSNorm") == registry.get_module("RMSNorm")
     assert registry.architectures() == {"FalconH1ForCausalLM": "FalconH1", "Gemma2ForCausalLM": "Gemma2",
-                                        "Gemma3ForCausalLM": "Gemma3",
+                                        "Gemma3ForCausalLM": "Gemma3", "Gemma3ForConditionalGeneration": "Gemma3",
                                         "GraniteForCausalLM": "Granite", "LlamaForCausalLM": "Llama",
                                         "MambaForCausalLM": "Mamba",
                                         "MistralForCausalLM": "Mistral",
@@ -67,6 +67,7 @@ def test_a_checkpoint_is_served_by_its_architectures_else_by_its_model_type():
     assert diagnostic.code == "E036" and "x/config.json: no std model serves the checkpoint, which is " \
         "GPTNeoXForCausalLM" in diagnostic.message
     assert "FalconH1ForCausalLM (FalconH1), Gemma2ForCausalLM (Gemma2), Gemma3ForCausalLM (Gemma3), " \
+        "Gemma3ForConditionalGeneration (Gemma3), " \
         "GraniteForCausalLM (Granite), " \
         "LlamaForCausalLM (Llama), MambaForCausalLM (Mamba), MistralForCausalLM (Mistral), " \
         "MixtralForCausalLM (Mixtral), Olmo2ForCausalLM (Olmo2), Phi3ForCausalLM (Phi3), " \

@@ -8,18 +8,20 @@ from modeldsl.std.python.modules.norm import RMSNorm
 
 @model
 @hf_config(
-    architecture="Gemma3ForCausalLM",
+    architecture=["Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"],
     config_class="Gemma3TextConfig",
-    model_type="gemma3_text",
+    model_type=["gemma3_text", "gemma3"],
+    tensor_prefix={"Gemma3ForConditionalGeneration": "language_model."},
+    ignore_tensors=["vision_tower.*", "multi_modal_projector.*"],
     param_mapping={
-        "vocab_size": "vocab_size",
-        "d_model": "hidden_size",
-        "n_layers": "num_hidden_layers",
-        "num_heads": "num_attention_heads",
-        "num_kv_heads": field("num_key_value_heads", null="num_heads", absent="num_heads"),
+        "vocab_size": field("vocab_size", absent=262208),
+        "d_model": field("hidden_size", absent=2304),
+        "n_layers": field("num_hidden_layers", absent=26),
+        "num_heads": field("num_attention_heads", absent=8),
+        "num_kv_heads": field("num_key_value_heads", null="num_heads", absent=4),
         "head_dim": field("head_dim", absent=256),
-        "d_ff": "intermediate_size",
-        "max_seq": "max_position_embeddings",
+        "d_ff": field("intermediate_size", absent=9216),
+        "max_seq": field("max_position_embeddings", absent=131072),
         "eps": field("rms_norm_eps", absent=1e-6),
         "rope_theta": field("rope_theta", absent=1000000.0),
         "rope_local_theta": field("rope_local_base_freq", absent=10000.0),
@@ -99,7 +101,9 @@ from modeldsl.std.python.modules.norm import RMSNorm
     }, dim=0),
 })
 class Gemma3:
-    """Gemma 3 (text; Gemma3ForCausalLM: the 270M and 1B checkpoints): Gemma 2's layers with per-head
+    """Gemma 3's text model (Gemma3ForCausalLM: the 270M and 1B checkpoints; the text model of the
+    Gemma3ForConditionalGeneration ones, 4B to 27B, whose config.json holds it in text_config and whose
+    tensors hold it under language_model., the vision tower carried through an export unread): Gemma 2's layers with per-head
     QK-norms of (1 + weight), in groups of six as transformers' default layer_types (sliding_window_pattern
     6): five local layers (attention within sliding_window) then a global one (full attention), held as
     a stack of n_layers // 6 Gemma3LayerGroup (std/blocks/gemma.module) and the n_layers % 6 local
