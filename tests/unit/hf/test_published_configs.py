@@ -52,11 +52,14 @@ PUBLISHED = {
         "head_dim": 256, "num_hidden_layers": 7, "vocab_size": 262144, "max_position_embeddings": 32768,
         "query_pre_attn_scalar": 256, "sliding_window": 512, "rope_local_base_freq": 10000.0,
         "rope_theta": 1000000.0}),
-    "Gemma-3-4B-text": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
-        "hidden_size": 2560, "intermediate_size": 10240, "num_attention_heads": 8, "num_key_value_heads": 4,
-        "head_dim": 256, "num_hidden_layers": 7, "vocab_size": 262208, "max_position_embeddings": 131072,
-        "query_pre_attn_scalar": 256, "sliding_window": 1024, "rope_local_base_freq": 10000.0,
-        "rope_theta": 1000000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}),
+    # the Hub's config lists these text fields only (the rest are Gemma3TextConfig's defaults); a tiny vision tower
+    "Gemma-3-4B": ("Gemma3Config", "Gemma3ForConditionalGeneration", {
+        "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                        "num_hidden_layers": 7, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                        "sliding_window": 1024},
+        "vision_config": {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                          "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+        "mm_tokens_per_image": 4}),
 }
 
 
@@ -70,7 +73,7 @@ def test_a_published_configuration_matches_transformers(name, tmp_path):
         for tensor_name, tensor in hf.named_parameters():
             if "norm" in tensor_name:
                 tensor.add_(torch.randn_like(tensor) * 0.1)
-        expected = hf(torch.tensor([TOKENS])).logits[0].numpy()
+        expected = hf(input_ids=torch.tensor([TOKENS])).logits[0].numpy()
     hf.save_pretrained(tmp_path)
     del hf
     model = modeldsl.load(hf=tmp_path)
