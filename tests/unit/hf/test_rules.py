@@ -251,7 +251,7 @@ def test_a_split_range_outside_the_tensor_is_e032(tmp_path):
     assert "[4, 12)" in info.value.message and "blocks[{layer}].kv" in info.value.message
 
 
-INTERLEAVED = """
+LAYER = """
 module Layer(d: int):
   params:
     w: [d, d]
@@ -260,7 +260,8 @@ module Layer(d: int):
     out: [B, d]
     graph:
       x -> matmul(w, transpose=NT) -> out
-
+"""
+INTERLEAVED = LAYER + """
 model Interleaved(d: int = 4, pairs: int = 2, first: int = 1):
   params:
     lead: [first] x Layer(d)
@@ -313,16 +314,7 @@ def test_a_placeholder_that_does_not_evaluate_is_e010(tmp_path):
     assert info.value.code == "E010" and "'{2 * layer + nope}'" in info.value.message
 
 
-NUMBERED = """
-module Layer(d: int):
-  params:
-    w: [d, d]
-  forward:
-    in: x: [B, d]
-    out: [B, d]
-    graph:
-      x -> matmul(w, transpose=NT) -> out
-
+NUMBERED = LAYER + """
 block Triple(d: int):
   params:
     sub_0: Layer(d)
