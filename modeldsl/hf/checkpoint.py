@@ -186,8 +186,10 @@ class Checkpoint:
                                   "only safetensors checkpoints load (pickled .bin files never do)")
         self.files = [SafetensorsFile(p) for p in paths]
         self.where: dict[str, SafetensorsFile] = {}
+        self.prefixed: set[str] = set()  # the names read without the prefix
         for f in self.files:
             if prefix:
+                self.prefixed |= {n.removeprefix(prefix) for n in f.entries if n.startswith(prefix)}
                 f.entries = {n.removeprefix(prefix): e for n, e in f.entries.items()}
             for name in f.keys():
                 if name in self.where:
@@ -198,20 +200,28 @@ class Checkpoint:
                                           tensor=name)
                 self.where[name] = f
         self.used: set[str] = set()
+        self.prefix = prefix
 
     def __contains__(self, name: str) -> bool:
         return name in self.where
 
+    def written(self, name: str) -> str:
+        """``name`` as the files write it (with the prefix, where it was read without)."""
+        return self.prefix + name if name in self.prefixed or name not in self.where else name
+
     def get(self, name: str, rule: Rule) -> np.ndarray:
         if name not in self.where:
-            raise CheckpointError("E031", f"checkpoint tensor '{name}' is missing (hf_mapping: {rule.written})",
-                                  _close(name, list(self.where)), tensor=name)
+            missing = self.written(name)
+            raise CheckpointError("E031", f"checkpoint tensor '{missing}' is missing (hf_mapping: {rule.written})",
+                                  _close(missing, [self.written(n) for n in self.where]), tensor=missing)
         self.used.add(name)
         return self.where[name].array(name)
 
     def unused(self, ignored: list[str] = ()) -> list[str]:
-        """Tensors no rule read, except those matching the model's ``ignore_tensors`` patterns."""
-        return [n for n in self.where if n not in self.used and not any(fnmatchcase(n, p) for p in ignored)]
+        """Tensors no rule read (as the files name them), except those matching the model's
+        ``ignore_tensors`` patterns."""
+        return [self.written(n) for n in self.where
+                if n not in self.used and not any(fnmatchcase(n, p) for p in ignored)]
 
 
 def config_integers(model: ModelOp) -> dict[str, int]:

@@ -85,3 +85,25 @@ def test_a_hub_config_with_a_partial_text_config_takes_the_config_class_defaults
         (1000000.0, 10000.0, 131072)
     expected, _ = reference_logits(path)
     assert np.abs(model.forward(TOKENS) - expected).max() <= 1e-4
+
+
+def test_the_wrappers_tensors_are_named_as_its_files_write_them(checkpoint, tmp_path):
+    """A missing or unexpected text tensor of a wrapper is named with its prefix (E031, E040)."""
+    from modeldsl.diagnostics import DiagnosticError
+    from modeldsl.hf.safetensors_io import write_safetensors
+
+    source = SafetensorsFile(checkpoint / "model.safetensors")
+    tensors = {name: source.array(name) for name in source.keys()}
+    path = shutil.copytree(checkpoint, tmp_path / "extra", ignore=shutil.ignore_patterns("*.safetensors"))
+    write_safetensors(path / "model.safetensors", {**tensors, "language_model.model.layers.0.self_attn.q_proj.bias":
+                                                   np.zeros(32, np.float32)})
+    with pytest.raises(DiagnosticError) as info:
+        modeldsl.load(hf=path)
+    assert info.value.diagnostics[0].code == "E040"
+    assert "'language_model.model.layers.0.self_attn.q_proj.bias'" in info.value.diagnostics[0].message
+    tensors.pop("language_model.model.norm.weight")
+    write_safetensors(path / "model.safetensors", tensors)
+    with pytest.raises(DiagnosticError) as info:
+        modeldsl.load(hf=path)
+    assert info.value.diagnostics[0].code == "E031"
+    assert "'language_model.model.norm.weight' is missing" in info.value.diagnostics[0].message
