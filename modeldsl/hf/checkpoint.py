@@ -76,7 +76,9 @@ from modeldsl.symbolic import Expr, SymbolicError
 
 KEY = re.compile(r"^(?P<stack>[A-Za-z_]\w*)\[\{(?P<var>\w+)\}\]\.(?P<rest>.+)$")
 COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt")
+                "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+                "chat_template.json", "chat_template.jinja",  # the chat template, where not in tokenizer_config
+                "preprocessor_config.json", "processor_config.json")  # a multimodal wrapper's image processor
 RULES = "rules are a tensor name, fuse, split, transform, stack_experts or tied_to"
 
 

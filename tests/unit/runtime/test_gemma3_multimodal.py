@@ -58,14 +58,18 @@ def test_the_text_model_of_a_multimodal_checkpoint_matches_transformers(checkpoi
     assert model.generate(TOKENS[:6], 16)[:len(greedy)] == greedy
 
 
-def test_an_export_writes_the_vision_tower_back_and_transformers_reloads_it_whole(checkpoint, tmp_path):
-    modeldsl.load(hf=checkpoint).save_hf(tmp_path)
-    original, written = (SafetensorsFile(p / "model.safetensors") for p in (checkpoint, tmp_path))
+def test_an_export_writes_the_vision_tower_and_the_processor_back_and_transformers_reloads_it_whole(checkpoint,
+                                                                                                   tmp_path):
+    source, out = shutil.copytree(checkpoint, tmp_path / "source"), tmp_path / "out"
+    (source / "preprocessor_config.json").write_text('{"image_processor_type": "Gemma3ImageProcessor"}')
+    modeldsl.load(hf=source).save_hf(out)
+    assert (out / "preprocessor_config.json").read_text() == (source / "preprocessor_config.json").read_text()
+    original, written = (SafetensorsFile(p / "model.safetensors") for p in (source, out))
     assert sorted(written.keys()) == sorted(original.keys())
     assert any(name.startswith("vision_tower.") for name in written.keys())
     for name in original.keys():
         np.testing.assert_array_equal(written.array(name), original.array(name), err_msg=name)
-    _, info = transformers.Gemma3ForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
+    _, info = transformers.Gemma3ForConditionalGeneration.from_pretrained(out, output_loading_info=True)
     assert not any(info.values()), info
 
 
