@@ -704,8 +704,8 @@ def attention_launch(name: str, arguments: list[TensorRef | None], outputs: list
     if name == "flash_attention" and len(arguments) >= 3 and all(a is None for a in arguments[3:]):
         q, k, v = arguments[:3]
         return with_kernel(AttentionCommand(q=q, k=k, v=v, out=outputs[0], lse=outputs[1], **options))
-    if name == "flash_attention_backward" and len(arguments) == 6:
-        d_out, q, k, v, out, lse = arguments
+    if name == "flash_attention_backward" and len(arguments) >= 6 and all(a is None for a in arguments[6:]):
+        d_out, q, k, v, out, lse = arguments[:6]
         d_q, d_k, d_v = outputs
         return with_kernel(AttentionBackwardCommand(q=q, k=k, v=v, out=out, d_out=d_out, lse=lse, d_q=d_q, d_k=d_k,
                                                     d_v=d_v, **options))

@@ -28,7 +28,6 @@ from modeldsl.runtime.cuda_executor import (
     KernelCommand,
     StridedCopyCommand,
     TensorRef,
-    attention_launch,
     coalesced,
 )
 from modeldsl.runtime.cuda_train import CudaTrainer
@@ -372,17 +371,15 @@ mdsl.sched.program @attention_backward arenas(params = 0, activations = 0, works
 
 
 def test_an_attention_backward_launch_keeps_its_layout_and_softcap():
-    """A ``flash_attention_backward`` launch (the backward of a training step) runs with the launch's layout
-    and softcap, as a kernel command (its empty ALiBi slot) or as an attention command (without the slot): a
-    bthd backward run as bhtd would read every tensor in the wrong order."""
+    """A ``flash_attention_backward`` launch (the backward of a training step), its ALiBi slot empty, is an
+    attention command (cuDNN's SDPA backward or the plain kernel) with the launch's layout and softcap: a bthd
+    backward run as bhtd would read every tensor in the wrong order."""
     from modeldsl.kernels import reference as ref
 
     executor = CudaExecutor(parsed_program(BTHD_BACKWARD), {}, device=EmulatedDevice())
     (command,) = executor.commands
-    assert isinstance(command, KernelCommand) and (command.params["layout"], command.params["softcap"]) == ("bthd", 2.0)
-    attention = attention_launch("flash_attention_backward", list(command.arguments[:6]), list(command.outputs),
-                                 command.params)
-    assert isinstance(attention, AttentionBackwardCommand) and (attention.layout, attention.softcap) == ("bthd", 2.0)
+    assert isinstance(command, AttentionBackwardCommand) and (command.layout, command.softcap) == ("bthd", 2.0)
+    assert command.kernel is not None and command.kernel.params["layout"] == "bthd"
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal(s).astype(np.float32) * 3 for s in ((1, 6, 4, 4), (1, 6, 2, 4), (1, 6, 2, 4)))
     out, lse = ref.flash_attention(q, k, v, layout="bthd", softcap=2.0)
