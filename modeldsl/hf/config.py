@@ -81,7 +81,8 @@ from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
 from modeldsl.dialects.graph import ModelOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
-from modeldsl.hf.compat import NESTED, check_compatible, python_value, suspicious_values, warn_python
+from modeldsl.hf.compat import (NESTED, check_compatible, declarations, declared_types,
+                                 suspicious_values, warn_python)
 from modeldsl.hf.safetensors_io import CheckpointError, regular_file
 from modeldsl.instances import source_text
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate
@@ -457,7 +458,7 @@ def check_lists(hf: dict[str, Any], rules: dict[str, FieldRule], lists: dict[str
 
 
 def _mapped_values(decl: ast.Decl, model: ModelOp, hf: dict[str, Any], rules: dict[str, FieldRule]) -> dict[str, Any]:
-    sizes = size_symbols(model)
+    sizes, counts = size_symbols(model), layer_counts(model)
     values: dict[str, Any] = {}
     for param in decl.params or []:
         if param.name is None or param.rest:
@@ -493,7 +494,7 @@ def _mapped_values(decl: ast.Decl, model: ModelOp, hf: dict[str, Any], rules: di
                 values[param.name] = _typed(param, rule, value, sizes, derived=True)
         elif param.default is not None:
             value = _evaluate(param.default, values)
-            least = 0 if param.name in layer_counts(model) else 1  # a stack may have no layers
+            least = 0 if param.name in counts else 1  # a stack may have no layers
             if isinstance(value, int) and not isinstance(value, bool) and param.name in sizes and value < least:
                 raise CheckpointError("E030", f"'{param.name}' takes its default {source_text(param.default)} = "
                                       f"{value}, but it sizes the model's tensors and must be at least {least}",
@@ -595,15 +596,12 @@ def export_config(model: ModelOp) -> dict[str, Any]:
             config[field] = [exported[name] for name in params]
     for field in SPECIAL_TOKEN_IDS:
         config.setdefault(field, None)
-    section = model.hf_config.data if model.hf_config is not None else {}
-    if "architecture" in section:
-        architectures = python_value(section["architecture"])
-        config["architectures"] = architectures[:1] if isinstance(architectures, list) else [architectures]
-    model_types = python_value(section["model_type"]) if "model_type" in section else None
-    if model_types:  # the declared model type (falcon_h1) before the one of the class name (FalconH1Config)
-        config["model_type"] = model_types[0] if isinstance(model_types, list) else model_types
-    elif "config_class" in section:
-        config["model_type"] = section["config_class"].data.removesuffix("Config").lower()
+    # the declared model type (falcon_h1) goes before the one of the class name (FalconH1Config)
+    architectures, model_types = declared_types(declarations(model))
+    if architectures:
+        config["architectures"] = architectures[:1]
+    if model_types:
+        config["model_type"] = model_types[0]
     return config
 
 
