@@ -44,6 +44,7 @@ from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.dialects.dtypes import DTYPE_SPELLINGS, DType
+from modeldsl.dialects.fusion_patterns import SPEC_PATTERNS
 
 ANNOTATIONS_ATTR_NAME = "annotations"
 
@@ -483,7 +484,7 @@ SCALING_OPTIONS: dict[str, tuple[str, ...]] = {
     "per_block": ("block_size",),
     "dynamic": ("margin",),
 }
-FUSION_PATTERNS = ("residual_norm", "norm_linear", "gated_mlp", "attention_softmax", "bias_activation", "linear_bias_act")
+FUSION_PATTERNS = tuple(SPEC_PATTERNS)  # spec 7.5.1's, for hints (modeldsl.dialects.fusion_patterns)
 SHARD_STRATEGIES = ("column", "row", "replicated", "expert", "sequence", "batch", "head")
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 TRACE_LEVELS = ("ops", "tensors", "values")
@@ -567,7 +568,8 @@ class LifetimeAttr(AnnotationAttr):
 
 @irdl_attr_definition
 class HookAttr(AnnotationAttr):
-    """``@hook(point, mode=observe, priority=0)``: spec 7.3.1 (any hook point name; the standard ones are ``HOOK_POINTS``)."""
+    """``@hook(point, mode=observe, priority=0)``: spec 7.3.1 (any hook point name; the standard ones
+    are ``HOOK_POINTS``)."""
 
     name = "mdsl.graph.hook"
     DSL_NAME = "hook"
@@ -898,7 +900,8 @@ class TrainableAttr(AnnotationAttr):
 
 @irdl_attr_definition
 class GradientAttr(AnnotationAttr):
-    """``@gradient(mode=compute, scale=1.0, clip)``: spec 7.8.3 (the mode defaults to compute, as in ``@gradient(scale=0.1)``)."""
+    """``@gradient(mode=compute, scale=1.0, clip)``: spec 7.8.3 (the mode defaults to compute, as in
+    ``@gradient(scale=0.1)``)."""
 
     name = "mdsl.graph.gradient"
     DSL_NAME = "gradient"
@@ -966,7 +969,9 @@ def make_annotation(name: str, args: Sequence[Any] = (), kwargs: Mapping[str, An
     """
     cls = ANNOTATION_BY_NAME.get(name)
     if cls is None:
-        raise AnnotationError(f"unknown annotation @{name}", f"known annotations: {', '.join(sorted(ANNOTATION_BY_NAME))}")
+        raise AnnotationError(
+            f"unknown annotation @{name}", f"known annotations: {', '.join(sorted(ANNOTATION_BY_NAME))}"
+        )
     values: dict[str, Any] = dict(kwargs or {})
     positional = [p for p in cls.PARAMS if p.positional and p.name not in values]
     if len(args) > len(positional):

@@ -305,6 +305,24 @@ class ReturnOp(IRDLOperation):
             )
 
 
+@irdl_op_definition
+class BackwardStartOp(IRDLOperation):
+    """Where a gradient function's backward part starts, while a pass rewrites ops on either side of
+    it: ``mdsl-fuse`` places one at ``forward_ops`` and takes it out again, counting the ops before
+    it. It computes nothing and is never left in a pass's output."""
+
+    name = "mdsl.graph.backward_start"
+
+    traits = traits_def(HasParent(FuncOp))
+
+    assembly_format = "attr-dict"
+
+    def verify_(self) -> None:
+        func = self.parent_op()
+        if isinstance(func, FuncOp) and "forward_ops" not in func.attributes:
+            raise VerifyException("stands in a function that is no gradient function (it has no forward_ops)")
+
+
 def _lookup_func(op: Operation, callee: SymbolRefAttr) -> FuncOp:
     target = SymbolTable.lookup_symbol(op, callee)
     if not isinstance(target, FuncOp):
@@ -368,7 +386,8 @@ class StackSymbolUser(SymbolUserOpInterface):
 class StackOp(IRDLOperation):
     """Runs one block body ``count`` times, threading the carried values.
 
-    ``mdsl.graph.stack @block count #mdsl.graph.expr<n_layers> (%h : !t) shared(%freqs : !f) layers(%wq, %wk : !w, !w) -> !t``
+    ``mdsl.graph.stack @block count #mdsl.graph.expr<n_layers> (%h : !t) shared(%freqs : !f)
+    layers(%wq, %wk : !w, !w) -> !t``
     calls ``@block(carried..., shared..., per_layer[l]...)`` for ``l`` in
     ``0..count`` (from the last layer down with ``reverse``): carried values
     are threaded from layer to layer, shared values are the same for every
@@ -467,6 +486,7 @@ STRUCTURE_OPS: tuple[type[Operation], ...] = (
     ReturnOp,
     CallOp,
     StackOp,
+    BackwardStartOp,
 )
 
 Graph = Dialect(
@@ -487,4 +507,5 @@ __all__ = [
     "ReturnOp",
     "CallOp",
     "StackOp",
+    "BackwardStartOp",
 ]

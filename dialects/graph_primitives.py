@@ -1490,6 +1490,44 @@ class ScaleOp(UnaryElementwiseOp):
 
 
 @irdl_op_definition
+class DropoutOp(PrimitiveOp):
+    """``x * mask / (1 - p)`` in a training step, ``x`` otherwise: element ``e`` is dropped with
+    probability ``p`` by a counter-based hash of (``seed``, ``offset``, the enclosing layers, the
+    step counter, ``e``), so a recompute and the backward draw the same mask without storing it
+    (:mod:`modeldsl.kernels.dropout_mask`). ``training`` is set by ``mdsl-autodiff`` on the ops of
+    the forward it differentiates. ``step`` (an int64 ``[1]``, passed by keyword) is the counter;
+    without it ``mdsl-lower-to-sched`` gives an active launch the program's ``rng_step`` input, one
+    more each training step, and the graph interpreter its ``rng_step``."""
+
+    name = "mdsl.graph.dropout"
+    KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("step",)
+
+    x = operand_def(TensorType)
+    step = opt_operand_def(TensorType)
+    out = result_def(TensorType)
+    p = float_param(0.5)
+    seed = int_param(0)
+    offset = int_param(0)
+    training = bool_param(False)
+
+    def verify_shapes(self) -> None:
+        x, out = tensor(self.x), tensor(self.out)
+        check_same_shape("result", x, out)
+        check_same_dtype("result", x, out)
+        if self.step is not None:
+            step = tensor(self.step)
+            check_rank("step", step, 1)
+            check_dim("step length", step.shape[0], Expr.const(1))
+            check_dtype_in("step", step, (DType.INT64,))
+        p = self.p.value.data
+        if not 0.0 <= p < 1.0:
+            raise VerifyException(f"dropout p must be in [0, 1), got {p}")
+        for name in ("seed", "offset"):
+            if not 0 <= get_int(self, name) < 2**32:
+                raise VerifyException(f"dropout {name} must be in [0, 2^32), got {get_int(self, name)}")
+
+
+@irdl_op_definition
 class AddScalarOp(UnaryElementwiseOp):
     """``x + value`` (the ``+ eps`` of a written-out norm, the ``1 +`` of a written-out GELU)."""
 
@@ -1768,7 +1806,8 @@ class MoeComputeOffsetsOp(PrimitiveOp):
 
 @irdl_op_definition
 class MoePermuteOp(PrimitiveOp):
-    """Groups token copies by expert: ``(x [N, C], indices [N, K], expert_offsets [E + 1]) -> (permuted [N*K, C], scatter_indices [N*K])``."""
+    """Groups token copies by expert: ``(x [N, C], indices [N, K], expert_offsets [E + 1])
+    -> (permuted [N*K, C], scatter_indices [N*K])``."""
 
     name = "mdsl.graph.moe_permute"
 
@@ -1804,7 +1843,8 @@ class MoeUnpermuteOp(PrimitiveOp):
     combined = result_def(TensorType)
 
     def verify_shapes(self) -> None:
-        eo, w, scatter, out = (tensor(v) for v in (self.expert_outputs, self.weights, self.scatter_indices, self.combined))
+        eo, w, scatter, out = (tensor(v) for v in
+                               (self.expert_outputs, self.weights, self.scatter_indices, self.combined))
         check_rank("expert_outputs", eo, 2)
         check_rank("weights", w, 2)
         check_dtype_in("scatter_indices", scatter, INDEX_DTYPES)
@@ -2136,7 +2176,8 @@ def check_chunk(op: Operation) -> None:
 
 @irdl_op_definition
 class FusedLmHeadLossOp(PrimitiveOp):
-    """LM head and cross-entropy without materializing all logits: ``(x [N, C], weight [V, C], labels [N]) -> (loss, lse [N])``."""
+    """LM head and cross-entropy without materializing all logits: ``(x [N, C], weight [V, C], labels [N])
+    -> (loss, lse [N])``."""
 
     name = "mdsl.graph.fused_lm_head_loss"
     ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"reduction": REDUCTIONS}
@@ -2250,7 +2291,7 @@ PRIMITIVE_OPS: tuple[type[Operation], ...] = (
     FusedQkNormRopeOp, FusedQkNormRopeBackwardOp,
     SplitOp, ConcatOp, ViewOp, TransposeOp, PermuteOp, ContiguousOp,
     AddOp, AddBackwardOp, MulOp, MulBackwardOp, BiasAddOp, ScaleOp, Add3Op,
-    SubOp, DivOp, AddScalarOp, ExpOp, LogOp, TanhOp, SigmoidOp, RsqrtOp,
+    SubOp, DivOp, AddScalarOp, DropoutOp, ExpOp, LogOp, TanhOp, SigmoidOp, RsqrtOp,
     ReduceSumOp, ReduceMeanOp, ReduceMaxOp, ReduceMaxBackwardOp,
     EmbeddingOp, EmbeddingBackwardOp,
     MoeRouterOp, MoeRouterBackwardOp, MoeComputeOffsetsOp, MoePermuteOp, MoeUnpermuteOp, MoeUnpermuteBackwardOp,

@@ -277,7 +277,8 @@ def _parse_body(parser: Parser) -> Region:
 class ProgramOp(IRDLOperation):
     """A schedule with one arena per memory class:
 
-    ``mdsl.sched.program @train arenas(params = 1024, activations = 4096, workspace = 0, grads = 1024, optimizer = 2048, external = 256) { ... }``
+    ``mdsl.sched.program @train arenas(params = 1024, activations = 4096, workspace = 0, grads = 1024,
+    optimizer = 2048, external = 256) { ... }``
     """
 
     name = "mdsl.sched.program"
@@ -404,7 +405,8 @@ class BufferOp(IRDLOperation):
         end = self.offset.value.data + self.bytes.value.data
         if end > base.bytes.value.data:
             raise VerifyException(
-                f"alias [{self.offset.value.data}, {end}) exceeds the {base.bytes.value.data} bytes of the aliased buffer"
+                f"alias [{self.offset.value.data}, {end}) exceeds the {base.bytes.value.data} bytes"
+                " of the aliased buffer"
             )
 
     @classmethod
@@ -658,7 +660,9 @@ class GemmOp(SchedOp):
                     f"bias of epilogue '{name}' has {buffer_type(self.bias).numel} elements, expected {expected}"
                 )
         if self.aux is not None and buffer_type(self.aux).shape != c.shape:
-            raise VerifyException(f"aux must have the shape of C {list(c.shape)}, got {list(buffer_type(self.aux).shape)}")
+            raise VerifyException(
+                f"aux must have the shape of C {list(c.shape)}, got {list(buffer_type(self.aux).shape)}"
+            )
 
 
 def _attention_dims(t: BufferType, layout: str) -> tuple[int, int, int, int]:
@@ -678,7 +682,9 @@ def _verify_attention(op: Operation, q_v: SSAValue, k_v: SSAValue, v_v: SSAValue
     if k.shape != v.shape:
         raise VerifyException(f"k and v differ: {list(k.shape)} vs {list(v.shape)}")
     if bq != bk or dq != dk:
-        raise VerifyException(f"q [{bq}, {hq}, {tq}, {dq}] and k [{bk}, {hkv}, {tk}, {dk}] disagree on batch or head dim")
+        raise VerifyException(
+            f"q [{bq}, {hq}, {tq}, {dq}] and k [{bk}, {hkv}, {tk}, {dk}] disagree on batch or head dim"
+        )
     if hkv == 0 or hq % hkv:
         raise VerifyException(f"query heads ({hq}) must be a multiple of kv heads ({hkv})")
     if tq > tk:
@@ -708,8 +714,8 @@ class AttentionAttrs:
 
     @staticmethod
     def build(
-        causal: bool = True, window: int = 0, scale: float | None = None, layout: str = "bhtd", stream: str | None = None,
-        softcap: float = 0.0,
+        causal: bool = True, window: int = 0, scale: float | None = None, layout: str = "bhtd",
+        stream: str | None = None, softcap: float = 0.0,
     ) -> dict[str, Attribute]:
         """The attributes of a builder call, leaving defaults unset."""
         return _non_default(
@@ -948,7 +954,8 @@ class LayerViewOp(IRDLOperation):
     """The slice of layer ``%l`` of a stacked buffer (leading dim = layers); with
     ``rows = array<i64: start, count>`` only those rows of the layer's slice:
 
-    ``%w = mdsl.sched.layer_view %stacked[%l] {rows = array<i64: 0, 48>} : !mdsl.sched.buffer<[2, 96, 32], bf16> -> !mdsl.sched.buffer<[48, 32], bf16>``
+    ``%w = mdsl.sched.layer_view %stacked[%l] {rows = array<i64: 0, 48>} : !mdsl.sched.buffer<[2, 96, 32], bf16>
+    -> !mdsl.sched.buffer<[48, 32], bf16>``
     """
 
     name = "mdsl.sched.layer_view"

@@ -64,6 +64,8 @@ from typing import Any
 
 import numpy as np
 
+from modeldsl.kernels import dropout_mask
+
 Shape = tuple[int, ...]
 
 SOURCE_DIR = Path(__file__).resolve().parent
@@ -191,6 +193,7 @@ _kernel("elementwise", "div", "ptr a, ptr b, ptr out, i64 n, i64 b_n, i64 b_inne
 _kernel("elementwise", "add_scalar", "ptr x, ptr out, i64 n, f32 value")
 _kernel("elementwise", "causal_mask", "ptr x, ptr out, i64 n, i64 Tq, i64 Tk, i64 offset, i64 window, f32 fill")
 _kernel("elementwise", "add3", "ptr a, ptr b, ptr c, ptr out, i64 n")
+_kernel("elementwise", "dropout", "ptr x, ptr step, ptr out, i64 n, i32 key, i32 threshold, f32 scale")
 _kernel("elementwise", "add_inplace", "ptr acc, ptr x, i64 n", ("bf16", "fp32", "f32_bf16"))
 _kernel("reduction", "reduce_sum_rows", "ptr x, ptr out, i64 rows, i64 R, f32 divisor")
 _kernel("reduction", "reduce_sum_cols", "ptr x, ptr out, i64 outer, i64 R, i64 inner, f32 divisor")
@@ -825,7 +828,8 @@ def _binary(kernel: str, commutes: bool = True):
             if tuple(b) != tuple(out):
                 raise NotCovered(f"{kernel}: both operands ({a}, {b}) are broadcast")
             if not commutes:
-                raise NotCovered(f"{kernel}: the first operand ({a}) is broadcast: the kernel broadcasts the second only")
+                raise NotCovered(f"{kernel}: the first operand ({a}) is broadcast: "
+                                 "the kernel broadcasts the second only")
             first, second, a, b = "in:b", "in:a", b, a  # add and mul commute
         n = _numel(out)
         b_n, b_inner = broadcast_pattern(tuple(out), tuple(b))
@@ -863,6 +867,25 @@ def _add_scalar(p: Problem) -> Plan:
     grid, block = elementwise_config(n, vector_width(p.itemsize))
     return Plan((_launch("add_scalar", p.variant, grid, block, ptr("in:x"), ptr("out:out"), i64(n),
                          f32(p.attr("value"))),))
+
+
+@_primitive("dropout", "elementwise", "x step", "out", "dropout", dtypes={"step": "int64"})
+def _dropout(p: Problem) -> Plan:
+    """One thread per element, scalar loads (the mask decides per element). The key of the seed, the
+    offset and the launch's ``layers`` is folded here; the kernel folds in the step counter it reads
+    from ``step`` (none: 0), so a replayed graph draws each step's mask. Outside training, or with
+    p = 0, threshold 0 and scale 1 keep every element as it is."""
+    n, rate = _numel(p.inputs[0]), float(p.attr("p", 0.5))
+    grid, block = elementwise_config(n, 1)
+    if dropout_mask.active(rate, bool(p.attr("training", False))):
+        key = dropout_mask.launch_key(int(p.attr("seed", 0)), int(p.attr("offset", 0)), tuple(p.attr("layers", ())))
+        threshold, scale = dropout_mask.threshold(rate), 1.0 / (1.0 - rate)
+    else:
+        key, threshold, scale = 0, 0, 1.0
+    signed_key = key - (1 << 32) if key >= 1 << 31 else key  # the kernel's int, bit for bit
+    step = "in:step" if len(p.inputs) > 1 and p.inputs[1] is not None else None
+    return Plan((_launch("dropout", p.variant, grid, block, ptr("in:x"), ptr(step), ptr("out:out"), i64(n),
+                         i32(signed_key), i32(threshold), f32(scale)),))
 
 
 @_primitive("causal_mask", "elementwise", "x", "out", "causal_mask")

@@ -1,4 +1,4 @@
-// Elementwise arithmetic (kernels/reference.py: add, mul, sub, div, scale, add_scalar, add3, bias_add,
+// Elementwise arithmetic (kernels/reference.py: add, mul, sub, div, scale, add_scalar, add3, bias_add, dropout,
 // causal_mask) and
 // the in-place add that accumulates gradients (acc += x).
 //
@@ -73,6 +73,28 @@ __device__ void causal_mask(const T* x, T* out, i64 n, i64 Tq, i64 Tk, i64 offse
     const i64 j = e % Tk, last = (e / Tk) % Tq + offset;
     const bool masked = j > last || (window > 0 && j <= last - window);
     out[e] = masked ? from_f32<T>(fill) : x[e];
+  }
+}
+// Dropout (kernels/dropout_mask.py): element e is kept where the top 24 bits of
+// mix32(e ^ key) reach threshold, and scaled; the mask is drawn again wherever it is needed. The
+// launch's key (seed, offset, layers) comes folded; the step counter (element 0 of step, an int64
+// in device memory: none, 0) is folded in here, low half then high half.
+__device__ __forceinline__ unsigned mix32(unsigned x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  return x ^ (x >> 16);
+}
+__device__ __forceinline__ unsigned fold32(unsigned h, unsigned v) { return mix32(h ^ mix32(v ^ 0x9E3779B9u)); }
+template <typename T>
+__device__ void dropout(const T* x, const i64* step, T* out, i64 n, int key, int threshold, float scale) {
+  const unsigned long long s = step != nullptr ? (unsigned long long) step[0] : 0ull;
+  const unsigned k = fold32(fold32((unsigned) key, (unsigned) s), (unsigned) (s >> 32));
+  const i64 tid = (i64) blockIdx.x * blockDim.x + threadIdx.x, stride = (i64) gridDim.x * blockDim.x;
+  for (i64 e = tid; e < n; e += stride) {
+    const unsigned draw = mix32((unsigned) e ^ k) >> 8;
+    out[e] = draw >= (unsigned) threshold ? from_f32<T>(to_f32(x[e]) * scale) : from_f32<T>(0.0f);
   }
 }
 template <typename T> __device__ void add3(const T* a, const T* b, const T* c, T* out, i64 n) {
@@ -150,6 +172,15 @@ extern "C" __global__ void mdsl_causal_mask_bf16(const bf16* x, bf16* out, i64 n
 extern "C" __global__ void mdsl_causal_mask_f32(const float* x, float* out, i64 n, i64 Tq, i64 Tk, i64 offset,
                                                 i64 window, float fill) {
   causal_mask(x, out, n, Tq, Tk, offset, window, fill);
+}
+// out = x * mask / (1 - p) with the counter-based mask of (key, the step counter, element index)
+extern "C" __global__ void mdsl_dropout_bf16(const bf16* x, const i64* step, bf16* out, i64 n, int key,
+                                             int threshold, float scale) {
+  dropout(x, step, out, n, key, threshold, scale);
+}
+extern "C" __global__ void mdsl_dropout_f32(const float* x, const i64* step, float* out, i64 n, int key,
+                                            int threshold, float scale) {
+  dropout(x, step, out, n, key, threshold, scale);
 }
 // out = a + b + c (same shapes)
 extern "C" __global__ void mdsl_add3_bf16(const bf16* a, const bf16* b, const bf16* c, bf16* out, i64 n) {

@@ -30,6 +30,8 @@ from collections.abc import Callable, Sequence
 import ml_dtypes
 import numpy as np
 
+from modeldsl.kernels import dropout_mask
+
 # ----------------------------------------------------------------------------
 # Helpers
 # ----------------------------------------------------------------------------
@@ -719,6 +721,20 @@ def add_scalar(x, *, value):
     return x + x.dtype.type(value)
 
 
+def dropout(x, step=None, *, p=0.5, seed=0, offset=0, training=False, layers=()):
+    """x * mask / (1 - p) in training, the mask drawn from (seed, offset, layers, the step counter,
+    element index) by :mod:`modeldsl.kernels.dropout_mask` (so a recompute and the backward draw it
+    again); x itself outside training or with p = 0. ``step`` is the int64 ``[1]`` counter (None:
+    0); ``layers`` the layer indices of the layer loops around the launch, which the executors
+    give. Its gradient is the same op on the upstream gradient."""
+    (x,) = _prep(x)
+    if not dropout_mask.active(p, training):
+        return x.copy()
+    key = dropout_mask.key(seed, offset, layers, dropout_mask.step_of(step))
+    keep = dropout_mask.keep_mask(x.size, p, key).reshape(x.shape)
+    return np.where(keep, x * x.dtype.type(1.0 / (1.0 - p)), x.dtype.type(0))
+
+
 def causal_mask(x, *, offset=0, window_size=None, fill="neg_inf"):
     """x [*, Tq, Tk] with key j of query i set to ``fill`` (-inf or 0) where j > i + offset, or
     with a window w where j <= i + offset - w."""
@@ -1158,9 +1174,20 @@ def copy(x):
     return np.array(x, copy=True)
 
 
+def _is_narrow_float(dtype: np.dtype) -> bool:
+    """fp16 and the ml_dtypes floats (bf16, fp8, fp4): the floats narrower than float32."""
+    return dtype == np.float16 or (dtype.kind == "V" and dtype.type.__module__.startswith("ml_dtypes"))
+
+
 def cast(x, *, dtype):
-    """x converted to dtype (round to nearest even, as ml_dtypes and PyTorch)."""
-    return np.asarray(x).astype(dtype)
+    """x converted to dtype, rounding to nearest even as PyTorch does: float64 to a float
+    narrower than float32 rounds to float32 first (PyTorch's bf16 and fp16 take a float), so the
+    result does not depend on how a numpy or ml_dtypes version rounds float64 directly."""
+    x = np.asarray(x)
+    target = np.dtype(dtype)
+    if x.dtype == np.float64 and _is_narrow_float(target):
+        x = x.astype(np.float32)
+    return x.astype(target)
 
 
 # ----------------------------------------------------------------------------
@@ -1341,7 +1368,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         fused_qk_norm_rope, fused_qk_norm_rope_backward,
         split, concat, view, transpose, permute, contiguous,
         add, add_backward, mul, mul_backward, bias_add, scale, add3,
-        add_scalar, causal_mask, sub, div, exp, log, tanh, sigmoid, rsqrt,
+        add_scalar, causal_mask, dropout, sub, div, exp, log, tanh, sigmoid, rsqrt,
         reduce_sum, reduce_mean, reduce_max, reduce_max_backward,
         embedding, embedding_backward,
         moe_router, moe_router_backward, moe_compute_offsets, moe_permute, moe_unpermute, moe_unpermute_backward,

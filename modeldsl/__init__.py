@@ -17,13 +17,20 @@ def load(model_file=None, hf=None, dtype="fp32", **options):
     return _load(model_file, hf=hf, dtype=dtype, **options)
 
 
+COMPILER = ("compile_model", "compile_model_for_hf", "get_model_spec", "get_block_spec", "get_module_spec",
+            "list_registered_models", "list_registered_blocks", "list_registered_modules", "DSLError")
+
+
 def __getattr__(name):
     """``modeldsl.verify_backward(model, weights, inputs, ...)``: the finite-difference oracle of
     a model's derived gradient (:func:`modeldsl.verify_backward.verify_backward`). The attribute
     is the submodule ``modeldsl.verify_backward``, which is callable, so it stays callable once
-    anything imports the submodule."""
-    if name == "verify_backward":
-        import importlib
+    anything imports the submodule. ``modeldsl.compile_model`` and the other names of the Python
+    DSL's compiler API (:mod:`modeldsl.frontend.python.compiler`) load it when first asked for."""
+    import importlib
 
+    if name == "verify_backward":
         return importlib.import_module("modeldsl.verify_backward")
+    if name in COMPILER:
+        return getattr(importlib.import_module("modeldsl.frontend.python.compiler"), name)
     raise AttributeError(f"module 'modeldsl' has no attribute '{name}'")

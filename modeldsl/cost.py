@@ -4,7 +4,7 @@ Every work op (launch, gemm, attention, attention_backward, copy, memset,
 collective) is priced by what it moves and what it computes:
 
 - bytes read and written come from its buffer operands' types, with the roles
-  the memory planner gives them (:func:`modeldsl.passes.plan_memory._operand_roles`:
+  the memory planner gives them (:func:`modeldsl.dialects.sched_walk.operand_roles`:
   a gemm reads A, B, C when ``beta != 0`` and the bias/aux operands its
   epilogue reads, and writes C and the ones it writes; a copy moves its
   ``bytes`` or the whole buffer). A launch's trailing ``scratch`` output is
@@ -32,7 +32,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.ir import Operation, SSAValue
 
 from modeldsl.dialects.sched import (
     AttentionBackwardOp,
@@ -41,16 +41,14 @@ from modeldsl.dialects.sched import (
     CopyOp,
     GemmOp,
     LaunchOp,
-    LayerLoopOp,
     MemsetOp,
     ProgramOp,
-    RecomputeSegmentOp,
     buffer_type,
 )
+from modeldsl.dialects.sched_walk import At, ScheduleVisitor, operand_roles, walk
 from modeldsl.flops import FlopsUnknown, sched_op_flops
-from modeldsl.passes.plan_memory import _operand_roles, programs
+from modeldsl.passes.plan_memory import programs
 
-WORK_OPS = (LaunchOp, GemmOp, AttentionOp, AttentionBackwardOp, CopyOp, MemsetOp, CollectiveOp)
 KIND_OF_OP = {GemmOp: "gemm", AttentionOp: "attention", AttentionBackwardOp: "attention_backward",
               CopyOp: "copy", MemsetOp: "memset"}
 
@@ -145,7 +143,7 @@ def op_kind(op: Operation) -> str:
 def _accesses(op: Operation) -> list[tuple[SSAValue, bool, bool, int | None]]:
     """The planner's (value, read, write, leading bytes) roles, without a launch's scratch
     output and with an accumulating launch's outputs read too."""
-    roles = _operand_roles(op)
+    roles = operand_roles(op)
     if isinstance(op, LaunchOp):
         if "scratch" in op.attributes:
             roles = roles[:-1]
@@ -211,37 +209,30 @@ def op_cost(op: Operation, roofline: Roofline = H100_SXM) -> tuple[Cost, bool]:
 
 
 @dataclass
-class _Tally:
+class _Tally(ScheduleVisitor):
+    """Sums the cost of every work op the walk visits, times the runs it stands for."""
+
     roofline: Roofline
     kinds: dict[str, Cost] = field(default_factory=dict)
     total: Cost = Cost()
     recompute: Cost = Cost()
     unpriced: set[str] = field(default_factory=set)
 
-    def add(self, op: Operation, trips: int, in_recompute: bool) -> None:
+    def work(self, op: Operation, at: At) -> None:
         one, known = op_cost(op, self.roofline)
-        cost, kind = one.times(trips), op_kind(op)
+        cost, kind = one.times(at.runs), op_kind(op)
         self.kinds[kind] = self.kinds.get(kind, Cost()) + cost
         self.total += cost
-        if in_recompute:
+        if at.segment is not None:
             self.recompute += cost
         if not known:
             self.unpriced.add(kind)
-
-    def walk(self, block: Block, trips: int, in_recompute: bool) -> None:
-        for op in block.ops:
-            if isinstance(op, LayerLoopOp):
-                self.walk(op.body.block, trips * (op.upper.value.data - op.lower.value.data), in_recompute)
-            elif isinstance(op, RecomputeSegmentOp):
-                self.walk(op.body.block, trips, True)
-            elif isinstance(op, WORK_OPS):
-                self.add(op, trips, in_recompute)
 
 
 def program_cost(program: ProgramOp, roofline: Roofline = H100_SXM) -> ProgramCost:
     """The estimated cost of one run of ``program`` on ``roofline``."""
     tally = _Tally(roofline)
-    tally.walk(program.body.block, 1, False)
+    walk(program, tally)
     return ProgramCost(program.sym_name.data, roofline, tally.kinds, tally.total, tally.recompute,
                        tuple(sorted(tally.unpriced)))
 

@@ -1,7 +1,7 @@
 """Coded diagnostics for bad input of any kind: DSL source, checkpoints, configs, flags.
 
 A :class:`Diagnostic` has a code (E001-E027 and W001-W005 of spec 000
-Appendix C/D, plus project codes E028-E043 and W006-W012), a message, a
+Appendix C/D, plus project codes E028-E045 and W006-W012), a message, a
 hint and a location. It renders the way compilers print errors::
 
     model.module:12:5: error[E002]: undefined identifier 'wieght'
@@ -17,9 +17,8 @@ in a :class:`DiagnosticSink` and raised together as a
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 from dataclasses import dataclass, field
 
 CODES: dict[str, str] = {
@@ -66,6 +65,8 @@ CODES: dict[str, str] = {
     "E041": "IR does not verify",
     "E042": "@lifetime names an op that does not run where the tensor lives",
     "E043": "Kernel not available",
+    "E044": "Output folder holds files this run did not write",
+    "E045": "Output file exists and was not named",
     "W001": "User definition shadows primitive",
     "W002": "Local definition shadows import",
     "W003": "Suboptimal auto-derived backward",
@@ -141,12 +142,32 @@ class Span:
         }
 
     def caret_lines(self) -> str:
-        """The source line and a caret line under the span (first line only)."""
+        """The source line and a caret line under the span (first line only); a line longer than
+        :data:`SHOWN_COLUMNS` is cut around the span, with ``...`` where it was cut."""
         text = self.source.line(self.line)
         end = self.end_column if self.end_line == self.line else len(text) + 1
-        width = max(1, end - self.column)
+        shown, start, width = cut_around(text, self.column - 1, max(self.column, end) - 1)
         gutter = f"{self.line:>5} | "
-        return f"{gutter}{text}\n{' ' * (len(gutter) - 2)}| {' ' * (self.column - 1)}{'^' * width}\n"
+        return f"{gutter}{shown}\n{' ' * (len(gutter) - 2)}| {' ' * start}{'^' * width}\n"
+
+
+SHOWN_COLUMNS = 120
+ELLIPSIS = "..."
+
+
+def cut_around(text: str, start: int, end: int, columns: int = SHOWN_COLUMNS) -> tuple[str, int, int]:
+    """``text`` cut to about ``columns`` characters around ``text[start:end]`` (0-based, end
+    exclusive), as rustc shows long lines: the shown text, where its caret starts and how many
+    carets (at least one; a span wider than the window is shown from its start)."""
+    if len(text) <= columns:
+        return text, start, max(1, end - start)
+    room = columns - 2 * len(ELLIPSIS)
+    width = max(1, min(end - start, room // 2))
+    lo = max(0, min(start - (room - width) // 2, len(text) - room))
+    hi = min(len(text), lo + room)
+    prefix = ELLIPSIS if lo > 0 else ""
+    suffix = ELLIPSIS if hi < len(text) else ""
+    return prefix + text[lo:hi] + suffix, len(prefix) + start - lo, width
 
 
 @dataclass

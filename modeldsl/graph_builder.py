@@ -1,18 +1,23 @@
 """Building ``mdsl.graph`` primitive ops from Python: operands in, typed results out.
 
-Passes that create graph ops (autodiff's VJP rules, later fusion) call
+Passes that create graph ops (autodiff's VJP rules, fusion, the loss) call
 ``GraphBuilder.op("rmsnorm_backward", d_y, x, w, rstd)``: the result types
 come from the primitive's shape rule (:mod:`modeldsl.infer`), parameters are
 plain Python values converted to the op's attributes, and the op is verified
-before it is inserted.
+before it is inserted. Ops go in at an xDSL insertion point through a
+``Builder``: inside a pattern, give its ``PatternRewriter``
+(``GraphBuilder.at(InsertPoint.before(op), rewriter)``), so the walker's
+worklist sees every op a rewrite inserts.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from xdsl.builder import Builder
 from xdsl.dialects.builtin import FloatAttr, IntegerAttr, StringAttr
 from xdsl.ir import Block, Operation, SSAValue
+from xdsl.rewriter import InsertPoint
 
 from modeldsl.dialects.graph_types import DimsAttr
 from modeldsl.infer import infer_result_types
@@ -24,10 +29,25 @@ class GraphBuildError(Exception):
 
 
 class GraphBuilder:
-    """Appends primitive ops to a block (before ``before`` when given)."""
+    """Inserts primitive ops at an insertion point through a ``Builder`` (a pattern's rewriter, or a
+    plain builder there). ``GraphBuilder(block)`` appends to a block, ``GraphBuilder(block, before=op)``
+    inserts before ``op``; :meth:`at` takes the insertion point and the rewriter."""
 
-    def __init__(self, block: Block, before: Operation | None = None):
-        self.block, self.before = block, before
+    def __init__(self, block: Block | None = None, before: Operation | None = None, *,
+                 point: InsertPoint | None = None, builder: Builder | None = None):
+        if point is None:
+            point = InsertPoint.before(before) if before is not None else InsertPoint.at_end(block)
+        self.point = point
+        self.builder = builder if builder is not None else Builder(point)
+
+    @classmethod
+    def at(cls, point: InsertPoint, rewriter: Builder | None = None) -> GraphBuilder:
+        """Ops inserted at ``point``, through ``rewriter`` (a ``PatternRewriter``) when given."""
+        return cls(point=point, builder=rewriter)
+
+    @property
+    def block(self) -> Block:
+        return self.point.block
 
     def op(self, name: str, *operands: SSAValue | None, result_types: list | None = None,
            **params: Any) -> list[SSAValue]:
@@ -45,10 +65,7 @@ class GraphBuilder:
             op.verify_()
         except Exception as err:  # noqa: BLE001 - a rule that builds a wrong op is a bug; say which
             raise GraphBuildError(f"{name}: {err}") from err
-        if self.before is not None:
-            self.block.insert_op_before(op, self.before)
-        else:
-            self.block.add_op(op)
+        self.builder.insert(op, self.point)
         return list(op.results)
 
     def one(self, name: str, *operands: SSAValue | None, **params: Any) -> SSAValue:

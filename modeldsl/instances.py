@@ -1,7 +1,7 @@
 """The instances a lowering works with: modules with their arguments and parameters.
 
 Shared by the forward lowering (:mod:`modeldsl.lower`) and the backward
-lowering (:mod:`modeldsl.lower_backward`).
+lowering (:mod:`modeldsl.lower.backward`).
 """
 
 from __future__ import annotations

@@ -24,16 +24,14 @@ from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import Builtin, FileLineColLoc, IntAttr, ModuleOp, StringAttr
-from xdsl.dialects.func import Func
 from xdsl.ir import Block, BlockArgument, Operation, OpResult, SSAValue
 from xdsl.parser import Parser
+from xdsl.pattern_rewriter import PatternRewriter
 from xdsl.printer import Printer
+from xdsl.rewriter import Rewriter
 from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
 from xdsl.utils.lexer import Span
 from xdsl.utils.mlir_lexer import MLIRLexer, MLIRTokenKind
-
-from xdsl.pattern_rewriter import PatternRewriter
-from xdsl.rewriter import Rewriter
 
 from modeldsl.diagnostics import Diagnostic, Source
 from modeldsl.diagnostics import Span as SourceSpan
@@ -93,6 +91,8 @@ Rewriter.replace_op = staticmethod(_replace_op)
 
 def load_dialects(ctx: Context) -> Context:
     """Load builtin, func and the project's dialects eagerly (dotted names need it)."""
+    from xdsl.dialects.func import Func
+
     from modeldsl.dialects.graph import Graph
     from modeldsl.dialects.sched import Sched
 
@@ -308,13 +308,18 @@ def span_of_annotation(location: object, annotation: str) -> SourceSpan | None:
         return span
     end = start + len(annotation)
     if text[end:end + 1] == "(":
-        depth = 0
-        for end in range(end, len(text)):
-            depth += {"(": 1, ")": -1}.get(text[end], 0)
-            if depth == 0:
-                end += 1
-                break
+        end = _after_closing_paren(text, end)
     return SourceSpan(span.source, span.line, start + 1, span.line, end + 1)
+
+
+def _after_closing_paren(text: str, opening: int) -> int:
+    """The index after the parenthesis that closes the one at ``opening`` (the text's end when none does)."""
+    depth = 0
+    for at in range(opening, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[at], 0)
+        if depth == 0:
+            return at + 1
+    return len(text) - 1
 
 
 _SOURCES: dict[str, str] = {}

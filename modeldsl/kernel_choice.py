@@ -91,4 +91,5 @@ def carry_to_backward(forward: Operation, after: Operation | None, block: Block)
         op = op.next_op
 
 
-__all__ = ["KernelChoice", "carry_to_backward", "check_kernel_annotation", "implementations", "kernel_choice", "kernel_problem"]
+__all__ = ["KernelChoice", "carry_to_backward", "check_kernel_annotation", "implementations", "kernel_choice",
+           "kernel_problem"]

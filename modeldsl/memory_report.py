@@ -26,8 +26,8 @@ from modeldsl.flops import FlopsUnknown, ProgramFlops, program_flops
 from modeldsl.passes.plan_memory import (
     FIXED_ARENAS,
     REUSED_ARENAS,
-    build_program,
     buffer_address,
+    build_program,
     liveness,
     programs,
 )
@@ -309,12 +309,11 @@ def format_training(memory: TrainingMemory) -> str:
 
 def _human(n: float) -> str:
     """Bytes in B, KiB, MiB or GiB, with at most two decimals (1.25 KiB)."""
-    for unit in ("B", "KiB", "MiB"):
-        if abs(n) < 1024:
-            break
+    units = ["B", "KiB", "MiB", "GiB"]
+    while abs(n) >= 1024 and len(units) > 1:
         n /= 1024
-    else:
-        unit = "GiB"
+        units.pop(0)
+    unit = units[0]
     return f"{f'{n:.2f}'.rstrip('0').rstrip('.')} {unit}"
 
 
@@ -330,7 +329,9 @@ def plot_memory(module: Operation, path: str) -> None:
     """Draw every placed buffer of every program as a rectangle (``--emit=memory-plot FILE.png``):
     x is the schedule steps start..end+1, y the bytes offset..offset+bytes, one panel per
     non-empty arena. ``params`` and ``external`` buffers are never reused, so they span
-    the whole program; unused buffers are left out."""
+    the whole program; unused buffers are left out. The PNG replaces ``path`` atomically."""
+    from modeldsl.files import replacing_file
+
     try:
         import matplotlib
     except ImportError:  # pragma: no cover - matplotlib is a dependency
@@ -378,5 +379,8 @@ def plot_memory(module: Operation, path: str) -> None:
         ax.grid(axis="x", color="#dddddd", linewidth=0.5, zorder=1)
     axes[-1, 0].set_xlabel("schedule step")
     fig.tight_layout()
-    fig.savefig(path, format="png", dpi=110)
-    plt.close(fig)
+    try:
+        with replacing_file(path) as tmp:  # atomically: the old file or the whole new one, nothing else touched
+            fig.savefig(tmp, format="png", dpi=110)
+    finally:
+        plt.close(fig)

@@ -3,9 +3,12 @@
 Each ``mdsl.graph`` primitive op already declares, in IRDL, its operands
 (tensor inputs, in order, some optional or variadic), its results and its
 attributes with their defaults. This module derives the DSL view of the same
-facts — so a primitive is described once, by its op — and converts DSL
-argument values into the op's attributes. Later issues hang the VJP rule,
-the numpy reference and the kernels on the same entries.
+facts (the signature is read off the op, never written twice) and converts DSL
+argument values into the op's attributes. Everything else known about a
+primitive (its shape rule, VJP rule, FLOPs, scratch, in-place reuse,
+inference parameters, the kernels it must have) is its record in
+:mod:`modeldsl.prims`, keyed by the same op class; its kernels are in
+:mod:`modeldsl.kernels` under its name.
 """
 
 from __future__ import annotations
@@ -21,8 +24,7 @@ from xdsl.irdl import OptOperandDef, OptResultDef, VarOperandDef, VarResultDef
 
 from modeldsl.dialects.graph_primitives import PRIMITIVE_OPS, PrimitiveOp, bool_attr, float_attr, int_attr
 from modeldsl.dialects.graph_types import DimsAttr
-from modeldsl.symbolic import star_axes
-from modeldsl.symbolic import Expr, SymbolicError
+from modeldsl.symbolic import Expr, SymbolicError, star_axes
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,9 @@ class ParamSpec:
             return int_attr(value)
         if self.kind == "ints":
             value = self.python_value(value)
-            if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            if not isinstance(value, (list, tuple)) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value
+            ):
                 raise ValueError(f"expects a list of integers, got {value!r}")
             return DenseArrayBase.from_list(i64, list(value))
         if not isinstance(value, (list, tuple)):
@@ -199,7 +203,8 @@ def _param_kind(op: type[PrimitiveOp], name: str, definition: Any) -> str:
     if isinstance(default, IntegerAttr) and isinstance(default.type, IntegerType) and default.type.width.data == 1:
         return "bool"
     base = getattr(definition.constr, "attr", None)
-    for cls, kind in ((FloatAttr, "float"), (IntegerAttr, "int"), (DenseArrayBase, "ints"), (DimsAttr, "dims"), (StringAttr, "enum")):
+    for cls, kind in ((FloatAttr, "float"), (IntegerAttr, "int"), (DenseArrayBase, "ints"), (DimsAttr, "dims"),
+                      (StringAttr, "enum")):
         if base is cls or isinstance(default, cls):
             return kind
     raise AssertionError(f"cannot tell the kind of {op.name}.{name}")

@@ -24,13 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, Span
-from modeldsl.frontend.text import ast
 from modeldsl.frontend.python import parse_python_file
+from modeldsl.frontend.text import ast
 from modeldsl.frontend.text.parser import parse_file
-from modeldsl.hf.compat import plain_model_type
 from modeldsl.resolve.imports import STD_ROOT
 
 FOLDERS = {"model": "models", "block": "blocks", "module": "modules", "primitive": "primitives"}
+
+
+def plain_model_type(model_type: str) -> str:
+    """A model type without its underscores: ``qwen3_moe`` is ``Qwen3MoeConfig``'s ``qwen3moe``."""
+    return model_type.replace("_", "")
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,14 @@ differentiable input ``p``, a random direction ``v`` gives
 is the sum of the outputs weighted by a random cotangent. One directional
 derivative per tensor checks every rule the tensor's gradient passes through.
 
+The forward is run as a training step runs it (``training=True``: dropout active, as in the
+forward ``mdsl-autodiff`` differentiates), every run of it, the finite differences' and the
+backward's, with one step counter (``rng_step``), so they draw the same dropout masks and a
+gradient through a mask is compared with differences through that mask.
+
 The backward checked is, with ``which="auto"`` (the default), the model's
 *written* backward when it has one (``@backward``, lowered from a module's
-``backward:`` section, :mod:`modeldsl.lower_backward`), else the gradient
+``backward:`` section, :mod:`modeldsl.lower.backward`), else the gradient
 *derived* by ``mdsl-autodiff`` (``@forward_grad``); ``which="written"`` or
 ``"derived"`` chooses. The written one is called with the cotangents as its
 ``d_<output>`` arguments and the forward's values named in its ``saved``
@@ -87,15 +92,17 @@ class GradientCheck:
 
 def verify_backward(model: ModelOp, weights: dict[str, np.ndarray], inputs: Sequence[np.ndarray],
                     func: str = "forward", epsilon: float = 1e-6, seed: int = 0,
-                    which: str = "auto") -> list[GradientCheck]:
+                    which: str = "auto", training: bool = True, rng_step: int = 0) -> list[GradientCheck]:
     """Check every parameter's and differentiable input's gradient of ``@func`` (float64), as the
-    written ``@backward`` or the derived gradient computes it (``which``, see :func:`checked_backward`)."""
+    written ``@backward`` or the derived gradient computes it (``which``, see :func:`checked_backward`);
+    the forward runs as in a training step (``training``: dropout active) with the step counter
+    ``rng_step`` for the differences and the backward alike."""
     kind = checked_backward(model, func, which)
     grad_func = written_backward(model, func) if kind == "written" else _gradient_of(model, func)
     rng = np.random.default_rng(seed)
     weights = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
     inputs = [np.asarray(x, dtype=np.float64) if np.asarray(x).dtype.kind == "f" else np.asarray(x) for x in inputs]
-    executor = GraphExecutor(model, weights, float_dtype=np.float64)
+    executor = GraphExecutor(model, weights, float_dtype=np.float64, training=training, rng_step=rng_step)
     forward = executor.funcs.get(func)
     values: dict[str, np.ndarray] = {}
     if kind == "written" and forward is not None:

@@ -9,7 +9,9 @@ than once are added; ``@frozen`` parameters get none, nor do integer tensors
 (token ids, labels). The function records the parameters its gradients
 belong to (``grads``) and the forward values the backward ops read
 (``saved``: what a training schedule must keep, or recompute) and how many of
-its first ops are the forward's (``forward_ops``).
+its first ops are the forward's (``forward_ops``). The forward ops it clones get
+the attributes their registry record sets in training (dropout's
+``training = true``: the plain ``@forward`` stays the inference program).
 
 Calls are inlined. A call of a module's forward helper that names its
 written backward (``backward = @<path>_backward``, see :mod:`modeldsl.lower`;
@@ -54,10 +56,11 @@ from xdsl.passes import ModulePass
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError
 from modeldsl.dialects.annotations import annotations_of
-from modeldsl.kernel_choice import carry_to_backward
 from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.graph_builder import GraphBuilder, GraphBuildError
+from modeldsl.kernel_choice import carry_to_backward
+from modeldsl.prims import registry
 from modeldsl.vjp import RULES
 
 
@@ -88,6 +91,14 @@ def gradient_function(model: ModelOp, func_name: str = "forward", loop: bool = T
     if func_name not in funcs:
         raise AutodiffError(f"@{model.sym_name.data} has no function @{func_name}")
     return GradientBuilder(model, funcs, loop).build(funcs[func_name])
+
+
+def set_training_mode(op: Operation) -> None:
+    """The attributes a training step sets on a forward op (its registry record's ``training``:
+    dropout's ``training = true``), so the differentiated forward trains and the plain one infers."""
+    entry = registry().get(type(op))
+    for name, value in (entry.training.items() if entry is not None else ()):
+        op.attributes[name] = value
 
 
 def is_float(value: SSAValue) -> bool:
@@ -196,6 +207,7 @@ class GradientBuilder:
                     values[result] = value
             else:
                 clone = op.clone(value_mapper=dict(values))
+                set_training_mode(clone)
                 self.block.add_op(clone)
                 self.forward_ops.append(clone)
                 for old, new in zip(op.results, clone.results):

@@ -35,7 +35,8 @@ Each primitive becomes a launch of its registry kernel, except:
   fused result is never held (``split_gemms=false`` keeps one GEMM and the
   split: the graph interpreter's exact arithmetic, where BLAS rounds a
   narrower GEMM differently in the last bit);
-* ``flash_attention`` (without ALiBi) becomes ``attention``;
+* ``flash_attention`` (without ALiBi) becomes ``attention``, and its backward
+  ``flash_attention_backward`` (without ALiBi) ``attention_backward``;
 * ``view``, ``contiguous`` and splits along the outermost non-unit dim become
   aliases of their input at a byte offset: no copy.
 A ``stack`` becomes a ``layer_loop`` (``reverse`` for a reverse stack): the
@@ -74,11 +75,12 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError
-from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.annotations import LifetimeAttr, find_annotation, is_frozen
+from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.dialects.sched import (
+    AttentionBackwardOp,
     AttentionOp,
     BufferOp,
     BufferType,
@@ -92,8 +94,10 @@ from modeldsl.dialects.sched import (
     SchedOp,
     kernel_choice_attributes,
 )
+from modeldsl.dialects.sched_walk import KEYED_BY_LAYER
 from modeldsl.graph_builder import op_attr
 from modeldsl.kernel_choice import KernelChoice, kernel_choice
+from modeldsl.kernels import dropout_mask
 from modeldsl.kernels.registry import entry
 from modeldsl.passes import lower_gemm_epilogues as epilogues
 from modeldsl.primitives import PrimitiveSignature, primitives
@@ -101,6 +105,16 @@ from modeldsl.symbolic import SymbolicError
 
 # attributes of graph ops that are not kernel parameters
 NOT_PARAMS = {"annotations", "memory", "recompute", "operandSegmentSizes", "resultSegmentSizes"}
+RNG_STEP = "rng_step"  # the tag (and name) of a program's step counter input
+
+
+def rng_step_input(program: ProgramOp) -> int | None:
+    """The number of ``program``'s step counter input (``rng_step``, an int64 ``[1]``: its dropout
+    masks' counter), None when it has none (no dropout active in it)."""
+    for op in program.body.block.ops:
+        if isinstance(op, BufferOp) and RNG_STEP in op.attributes and "input" in op.attributes:
+            return op.attributes["input"].value.data
+    return None
 
 
 @dataclass(frozen=True)
@@ -189,6 +203,7 @@ class ScheduleBuilder:
         self.loops: list[tuple[LayerLoopOp, int]] = []
         self.position: SSAValue | None = None
         self.valid: SSAValue | None = None  # decoding with recurrent state: the real steps of a run
+        self.rng: SSAValue | None = None  # training with dropout: the step counter its masks are keyed with
         self.caches = 0
         self.recurrent = 0
         self.buffers: list[BufferOp] = []
@@ -333,7 +348,8 @@ class ScheduleBuilder:
         return op.result
 
     def layer_rows(self, view: LayerViewOp, offset: int, btype: BufferType) -> SSAValue | None:
-        """Rows of a layer view starting ``offset`` bytes into it, shaped ``btype`` (None where that is no row range)."""
+        """Rows of a layer view starting ``offset`` bytes into it, shaped ``btype`` (None where that is no
+        row range)."""
         shape = view.result.type.shape
         row_bytes = view.result.type.nbytes // shape[0] if shape and shape[0] else 0
         if not row_bytes or offset % row_bytes or btype.shape[1:] != shape[1:] or btype.dtype != view.result.type.dtype:
@@ -353,7 +369,8 @@ class ScheduleBuilder:
 
     def writer(self, buf: SSAValue, kind: type) -> Operation | None:
         """The one op of ``kind`` (top level) that writes ``buf``, when it is a root buffer no other op touches."""
-        if not isinstance(buf.owner, BufferOp) or buf.owner.alias_of is not None or buf.owner.arena.data != "activations":
+        owner = buf.owner
+        if not isinstance(owner, BufferOp) or owner.alias_of is not None or owner.arena.data != "activations":
             return None
         users = list({id(u.operation): u.operation for u in buf.uses
                       if u.operation.parent_block() is self.block and not isinstance(u.operation, BufferOp)}.values())
@@ -434,7 +451,8 @@ class ScheduleBuilder:
             self.launch(self.signatures[op.name], op)
         return self.values[value]
 
-    def alias(self, value: SSAValue, base: SSAValue, offset: int = 0, btype: BufferType | None = None) -> SSAValue | None:
+    def alias(self, value: SSAValue, base: SSAValue, offset: int = 0,
+              btype: BufferType | None = None) -> SSAValue | None:
         """A view of ``base`` (a buffer op's result) at a byte offset; None where ``base`` is a layer view."""
         if not isinstance(base.owner, BufferOp):
             return None
@@ -635,8 +653,6 @@ class ScheduleBuilder:
             return False  # ALiBi slopes: the reference kernel
         q, k, v = (self.buffer(x) for x in op.operands)
         out, lse = (self.result_buffer(r) for r in op.results)
-        window = op.attributes.get("window_size")
-        scale = op.attributes.get("softmax_scale")
         layout = op_attr(op, "layout", "bhtd")
         if self.kv_cache:
             caches = [self.cache_buffer(k, name, layout) for name in ("k", "v")]
@@ -649,10 +665,15 @@ class ScheduleBuilder:
             self.block.add_op(LaunchOp("kv_cache_attention", [q, k, v, *caches, self.position],
                                        [out, lse, *caches], attrs, inplace=True))
             return True
-        self.block.add_op(AttentionOp(q, k, v, out, lse, causal=op_attr(op, "causal", True),
-                                      window=window.value.data if window is not None else 0,
-                                      scale=scale.value.data if scale is not None else None, layout=layout,
-                                      softcap=op_attr(op, "softcap", 0.0)))
+        self.block.add_op(AttentionOp(q, k, v, out, lse, **_attention_options(op)))
+        return True
+
+    def lower_flash_attention_backward(self, op: Operation) -> bool:
+        if len(op.operands) != 6:
+            return False  # ALiBi slopes: the reference kernel
+        d_out, q, k, v, out, lse = (self.buffer(x) for x in op.operands)
+        d_q, d_k, d_v = (self.result_buffer(r) for r in op.results)
+        self.block.add_op(AttentionBackwardOp(q, k, v, out, d_out, lse, d_q, d_k, d_v, **_attention_options(op)))
         return True
 
     def cache_buffer(self, like: SSAValue, role: str, layout: str = "bhtd") -> SSAValue:
@@ -682,13 +703,48 @@ class ScheduleBuilder:
         self.block.add_op(view)
         return view.result
 
+    # runtime inputs of the schedule's own ----------------------------------
+    def next_input(self) -> int:
+        """The number of the next external input (after the function's and those added so far)."""
+        taken = [b.attributes["input"].value.data for b in self.buffers
+                 if isinstance(b.attributes.get("input"), IntegerAttr)]
+        return max(taken, default=-1) + 1
+
+    def rng_step(self) -> SSAValue:
+        """The program's step counter (an int64 ``[1]`` external input tagged ``rng_step``): what its
+        dropout launches key their masks with, one more each training step."""
+        if self.rng is None:
+            index = IntegerAttr(self.next_input(), i64)
+            self.rng = self.new_buffer(None, "external", {"input": index, RNG_STEP: UnitAttr()},
+                                       btype=BufferType([1], DType.INT64))
+            self.rng.name_hint = RNG_STEP
+        return self.rng
+
+    # dropout -------------------------------------------------------------
+    def lower_dropout(self, op: Operation) -> bool:
+        """Outside training (or with p = 0) an alias of x: no launch. In training a launch reading the
+        step counter (the op's ``step``, else the program's ``rng_step``), marked ``keyed_by_layer``
+        inside a layer loop: the executors mix the layers of the loops around it into its key."""
+        if not dropout_mask.active(op_attr(op, "p", 0.5), op_attr(op, "training", False)):
+            base = self.buffer(op.operands[0])
+            if self.alias(op.results[0], base) is None:  # a layer view: its result is the same slice
+                self.values[op.results[0]] = base
+            return True
+        step = self.buffer(op.step) if op.step is not None else self.rng_step()
+        attrs = {k: v for k, v in op.attributes.items() if k not in NOT_PARAMS}
+        if self.loops:
+            attrs[KEYED_BY_LAYER] = UnitAttr()
+        self.block.add_op(LaunchOp("dropout", [self.buffer(op.operands[0]), step],
+                                   [self.result_buffer(op.results[0])], attrs))
+        return True
+
     # recurrent state (Mamba) ---------------------------------------------
     def steps_input(self) -> SSAValue:
         """The ``valid`` input of a decoding program with recurrent state: how many of the run's
         steps are real (the rest pad the shape bucket and must not reach the state)."""
-        if self.valid is None:  # the input after the position
+        if self.valid is None:  # the input after the position (and any other runtime input)
             assert self.position is not None and isinstance(self.position.owner, BufferOp)
-            index = IntegerAttr(self.position.owner.attributes["input"].value.data + 1, i64)
+            index = IntegerAttr(self.next_input(), i64)
             self.valid = self.new_buffer(None, "external", {"input": index}, btype=BufferType([1], DType.INT32))
             self.valid.name_hint = "valid"
         return self.valid
@@ -791,6 +847,15 @@ class ScheduleBuilder:
         state = self.new_buffer(value, "activations")
         self.block.add_op(CopyOp(source, state))
         return state
+
+
+def _attention_options(op: Operation) -> dict[str, bool | int | float | str | None]:
+    """The ``attention``/``attention_backward`` attributes of a graph attention op (forward or backward)."""
+    window = op.attributes.get("window_size")
+    scale = op.attributes.get("softmax_scale")
+    return {"causal": op_attr(op, "causal", True), "window": window.value.data if window is not None else 0,
+            "scale": scale.value.data if scale is not None else None, "layout": op_attr(op, "layout", "bhtd"),
+            "softcap": op_attr(op, "softcap", 0.0)}
 
 
 def _only_user_splits_last_dim(value: SSAValue) -> Operation | None:

@@ -36,11 +36,11 @@ from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp, StringAttr, 
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 
+from modeldsl.diagnostics import PassOptionError
 from modeldsl.dialects.annotations import TrainableAttr, annotations_of
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import ModelOp, ParamOp
 from modeldsl.dialects.sched import BufferOp, BufferType, LaunchOp, MemsetOp, ProgramOp
-from modeldsl.diagnostics import Diagnostic, DiagnosticError
 from modeldsl.passes.lower_to_sched import gradient_buffers, parameter_buffers
 
 PROGRAM_NAME = "optimizer_step"
@@ -58,10 +58,12 @@ class OptimizerStepPass(ModulePass):
     clip_norm: float = 0.0
     storage: str = ""
 
-    def apply(self, ctx: Context, op: ModuleOp) -> None:
+    def __post_init__(self) -> None:
         if self.storage not in ("", "fp32"):
-            raise DiagnosticError([Diagnostic("E029", f"mdsl-optimizer-step: storage={self.storage} is not fp32", None,
-                                              "storage=fp32 or leave it out")])
+            raise PassOptionError(f"mdsl-optimizer-step: storage={self.storage} is not fp32", "storage",
+                                  "storage=fp32 or leave it out")
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
         for model in [m for m in op.body.block.ops if isinstance(m, ModelOp)]:
             program = optimizer_program(model, self.beta1, self.beta2, self.eps, self.weight_decay,
                                         self.clip_norm, self.storage == "fp32")
@@ -82,7 +84,8 @@ def optimizer_program(model: ModelOp, beta1: float = 0.9, beta2: float = 0.999, 
         if params[name].result.type.dtype != DType.FP32:  # a 16-bit parameter: updated through an fp32 master
             owned.insert(0, _buffer("optimizer", fp32, f"master.{name}", {"master": StringAttr(name)}))
         buffers += owned
-        state[name] = [b.result for b in owned] if len(owned) == 3 else [params[name].result, *(b.result for b in owned)]
+        updated = [] if len(owned) == 3 else [params[name].result]  # a master copy, else the parameter itself
+        state[name] = [*updated, *(b.result for b in owned)]
     lr = _buffer("external", BufferType([1], DType.FP32), "lr", {"input": _index(0)})
     step = _buffer("external", BufferType([1], DType.INT64), "step", {"input": _index(1)})
     norm = _buffer("external", BufferType([], DType.FP32), "grad_norm", {"output": _index(0)})

@@ -80,12 +80,10 @@ from xdsl.passes import ModulePass
 
 from modeldsl.dialects.sched import (
     ARENAS,
-    EPILOGUES,
     AttentionBackwardOp,
     AttentionOp,
     BufferOp,
     BufferType,
-    CollectiveOp,
     CopyOp,
     GemmOp,
     LaunchOp,
@@ -93,10 +91,8 @@ from modeldsl.dialects.sched import (
     LayerViewOp,
     MemsetOp,
     ProgramOp,
-    RecomputeSegmentOp,
-    StreamOp,
-    SyncOp,
 )
+from modeldsl.dialects.sched_walk import At, ScheduleVisitor, descend, operand_roles, trips, walk
 
 FIXED_ARENAS: tuple[str, ...] = ("params", "grads", "optimizer", "external")
 REUSED_ARENAS: tuple[str, ...] = ("activations", "workspace")
@@ -634,115 +630,102 @@ class ProgramModel:
     loop_ops: list[LayerLoopOp] = field(default_factory=list)
 
 
-def _operand_roles(op: Operation) -> list[tuple[SSAValue, bool, bool, int | None]]:
-    """(value, read, write, leading bytes) of each buffer operand of a work op."""
-    if isinstance(op, LaunchOp):
-        return [(v, True, False, None) for v in op.inputs] + [(v, False, True, None) for v in op.outputs]
-    if isinstance(op, GemmOp):
-        rule = EPILOGUES.get(op.epilogue.data)
-        roles = [(op.a, True, False, None), (op.b, True, False, None)]
-        if op.bias is not None:
-            writes = rule is not None and rule.bias in ("write_n", "write_m")
-            roles.append((op.bias, not writes, writes, None))
-        if op.aux is not None:
-            writes = rule is not None and rule.aux == "write"
-            roles.append((op.aux, not writes, writes, None))
-        roles.append((op.c, op.beta.value.data != 0.0, True, None))
-        return roles
-    if isinstance(op, AttentionOp):
-        return [(v, True, False, None) for v in (op.q, op.k, op.v)] + [(v, False, True, None) for v in (op.out, op.lse)]
-    if isinstance(op, AttentionBackwardOp):
-        reads = (op.q, op.k, op.v, op.out, op.d_out, op.lse)
-        return [(v, True, False, None) for v in reads] + [(v, False, True, None) for v in (op.d_q, op.d_k, op.d_v)]
-    if isinstance(op, MemsetOp):
-        return [(op.target, False, True, None)]
-    if isinstance(op, CopyOp):
-        n = None if op.nbytes is None else op.nbytes.value.data
-        return [(op.src, True, False, n), (op.dst, False, True, n)]
-    if isinstance(op, CollectiveOp):
-        return [(op.input, True, False, None), (op.output, False, True, None)]
-    # an op this planner does not know: every buffer operand is read and written
-    return [(v, True, True, None) for v in op.operands if isinstance(v.type, BufferType)]
+# (value, read, write, leading bytes) of each buffer operand of a work op (the walker's table)
+_operand_roles = operand_roles
+
+
+class _ModelReader(ScheduleVisitor):
+    """Reads the planner's model off a program, op by op in the walker's order: a step per work
+    op (in pre-order), a :class:`Loop` per ``layer_loop`` spanning its body's steps."""
+
+    def __init__(self, reuse_of: dict[str, dict[int, int]] | None):
+        self.reuse_of = reuse_of
+        self.buffers: list[Buf] = []
+        self.buffer_ops: list[BufferOp] = []
+        self.index: dict[SSAValue, int] = {}
+        self.views: dict[SSAValue, tuple[int, int | None, int | None]] = {}  # view -> (buffer, loop, slice bytes)
+        self.steps: list[Step] = []
+        self.step_ops: list[Operation] = []
+        self.loops: list[Loop] = []
+        self.loop_ops: list[LayerLoopOp] = []
+        self.loop_of_block: dict[Block, int] = {}
+        self.first_step: dict[int, int] = {}  # loop -> its first step
+
+    def model(self, program_op: ProgramOp) -> ProgramModel:
+        program = Program(tuple(self.buffers), tuple(self.steps), tuple(self.loops))
+        return ProgramModel(program_op, program, self.buffer_ops, self.step_ops, self.loop_ops)
+
+    def stack(self, at: At) -> tuple[int, ...]:
+        """The loops around an op, outermost first."""
+        return tuple(self.loop_of_block[loop.body.block] for loop in at.loops)
+
+    def buffer(self, op: BufferOp, at: At) -> None:
+        alias = None
+        if op.alias_of is not None:
+            if op.alias_of not in self.index:
+                raise ValueError("alias_of must name a buffer declared before the alias")
+            alias = self.index[op.alias_of]
+        name = op.result.name_hint or f"buf{len(self.buffers)}"
+        off = op.offset.value.data if (alias is not None and op.offset is not None) else 0
+        self.buffers.append(Buf(name, op.arena.data, op.bytes.value.data, alias, off, _lifetime_of(op)))
+        self.buffer_ops.append(op)
+        self.index[op.result] = len(self.buffers) - 1
+
+    def layer_view(self, op: LayerViewOp, at: At) -> None:
+        stack, lid = self.stack(at), None
+        if isinstance(op.layer, BlockArgument) and op.layer.block in self.loop_of_block:
+            lid = self.loop_of_block[op.layer.block]
+        elif stack:
+            lid = stack[-1]
+        if op.stacked in self.index:
+            self.views[op.result] = (self.index[op.stacked], lid, op.result.type.nbytes)
+        elif op.stacked in self.views:  # a view of a view: count it as the whole stacked buffer
+            self.views[op.result] = (self.views[op.stacked][0], lid, None)
+        else:
+            raise ValueError("layer_view of a value that is not a buffer")
+
+    def enter_loop(self, op: LayerLoopOp, at: At) -> None:
+        lid = len(self.loops)
+        self.loops.append(Loop(0, -1))
+        self.loop_ops.append(op)
+        self.loop_of_block[op.body.block] = lid
+        self.first_step[lid] = len(self.steps)
+
+    def exit_loop(self, op: LayerLoopOp, at: At) -> None:
+        lid = self.loop_of_block[op.body.block]
+        self.loops[lid] = Loop(self.first_step[lid], len(self.steps) - 1, trips(op), op.lower.value.data,
+                               op.reverse is not None)
+
+    def access(self, value: SSAValue, read: bool, write: bool, nbytes: int | None) -> Access:
+        if value in self.index:
+            return Access(self.index[value], read, write, nbytes)
+        if value in self.views:
+            b, lid, size = self.views[value]
+            return Access(b, read, write, size, True, lid)
+        raise ValueError(f"operand {value} is neither a buffer nor a layer_view of one")
+
+    def work(self, op: Operation, at: At) -> None:
+        accesses = tuple(self.access(v, r, w, nb) for v, r, w, nb in operand_roles(op))
+        reuse: tuple[tuple[int, int], ...] = ()
+        if self.reuse_of is not None and isinstance(op, LaunchOp):
+            reuse = _launch_reuse(op, self.reuse_of)
+        self.steps.append(Step(accesses, self.stack(at), reuse, _step_name(op)))
+        self.step_ops.append(op)
+
+    def other(self, op: Operation, at: At) -> None:
+        """A container of ops without buffer operands holds steps; any other op is one."""
+        if op.regions and not _has_buffer_operand(op):
+            descend(op, self, at)
+        else:
+            self.work(op, at)
 
 
 def build_program(program_op: ProgramOp, *, inplace: bool = True) -> ProgramModel:
     """Read the planner's model off a ``program`` op (``inplace``: collect the
     registry's in-place candidates of every launch)."""
-    buffers: list[Buf] = []
-    buffer_ops: list[BufferOp] = []
-    index: dict[SSAValue, int] = {}
-    views: dict[SSAValue, tuple[int, int | None, int]] = {}  # view -> (buffer, loop, slice bytes)
-    steps: list[Step] = []
-    step_ops: list[Operation] = []
-    loops: list[Loop] = []
-    loop_ops: list[LayerLoopOp] = []
-    loop_of_block: dict[Block, int] = {}
-    reuse_of = _reuse_table() if inplace else None
-
-    def add_buffer(op: BufferOp) -> None:
-        alias = None
-        if op.alias_of is not None:
-            if op.alias_of not in index:
-                raise ValueError("alias_of must name a buffer declared before the alias")
-            alias = index[op.alias_of]
-        name = op.result.name_hint or f"buf{len(buffers)}"
-        off = op.offset.value.data if (alias is not None and op.offset is not None) else 0
-        buffers.append(Buf(name, op.arena.data, op.bytes.value.data, alias, off, _lifetime_of(op)))
-        buffer_ops.append(op)
-        index[op.result] = len(buffers) - 1
-
-    def access(value: SSAValue, read: bool, write: bool, nbytes: int | None) -> Access:
-        if value in index:
-            return Access(index[value], read, write, nbytes)
-        if value in views:
-            b, lid, size = views[value]
-            return Access(b, read, write, size, True, lid)
-        raise ValueError(f"operand {value} is neither a buffer nor a layer_view of one")
-
-    def add_view(op: LayerViewOp, stack: tuple[int, ...]) -> None:
-        lid = None
-        if isinstance(op.layer, BlockArgument) and op.layer.block in loop_of_block:
-            lid = loop_of_block[op.layer.block]
-        elif stack:
-            lid = stack[-1]
-        if op.stacked in index:
-            views[op.result] = (index[op.stacked], lid, op.result.type.nbytes)
-        elif op.stacked in views:  # a view of a view: count it as the whole stacked buffer
-            views[op.result] = (views[op.stacked][0], lid, None)
-        else:
-            raise ValueError("layer_view of a value that is not a buffer")
-
-    def walk(block: Block, stack: tuple[int, ...]) -> None:
-        for op in block.ops:
-            if isinstance(op, BufferOp):
-                add_buffer(op)
-            elif isinstance(op, LayerViewOp):
-                add_view(op, stack)
-            elif isinstance(op, (StreamOp, SyncOp)):
-                continue
-            elif isinstance(op, LayerLoopOp):
-                lid = len(loops)
-                loops.append(Loop(0, -1))
-                loop_ops.append(op)
-                loop_of_block[op.body.block] = lid
-                first = len(steps)
-                walk(op.body.block, stack + (lid,))
-                trips = op.upper.value.data - op.lower.value.data
-                loops[lid] = Loop(first, len(steps) - 1, trips, op.lower.value.data, op.reverse is not None)
-            elif isinstance(op, RecomputeSegmentOp) or (op.regions and not _has_buffer_operand(op)):
-                for region in op.regions:
-                    for inner in region.blocks:
-                        walk(inner, stack)
-            else:
-                accesses = tuple(access(v, r, w, nb) for v, r, w, nb in _operand_roles(op))
-                reuse: tuple[tuple[int, int], ...] = ()
-                if reuse_of is not None and isinstance(op, LaunchOp):
-                    reuse = _launch_reuse(op, reuse_of)
-                steps.append(Step(accesses, stack, reuse, _step_name(op)))
-                step_ops.append(op)
-
-    walk(program_op.body.block, ())
-    return ProgramModel(program_op, Program(tuple(buffers), tuple(steps), tuple(loops)), buffer_ops, step_ops, loop_ops)
+    reader = _ModelReader(_reuse_table() if inplace else None)
+    walk(program_op, reader)
+    return reader.model(program_op)
 
 
 def _lifetime_of(op: BufferOp) -> Lifetime | None:

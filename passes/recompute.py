@@ -45,25 +45,31 @@ activations; starting from everything saved, the tensors whose recompute
 costs the fewest FLOPs per byte saved are recomputed (elementwise ops, norms
 and RoPE before GEMM and attention outputs) until the saved tensors fit;
 ``@memory`` annotations and ``policy=never`` still bind. ``budget=auto``
-fits the device's free memory (CUDA when present, else the host's available
-memory) less the parameters, gradients and AdamW state. The automatic mode
-prints its choice as a table on stderr (tensor, bytes per layer, recompute
-FLOPs per layer, decision) with the saved total.
+fits the device's free memory, which the caller gives as ``free_memory=BYTES``
+(``mdsl-opt`` and the trainer measure it: CUDA when present, else the host's
+available memory; a pass imports no runtime), less the parameters, gradients
+and AdamW state. The automatic mode's choice is a table (tensor, bytes per
+layer, recompute FLOPs per layer, decision, with the saved total) that the
+pass hands to its ``report`` callback (:meth:`RecomputePass.reporting`;
+``mdsl-opt --emit=recompute-report`` prints it).
+
+The pass runs once where a pipeline puts it: the :class:`Planner` takes each
+model's reverse stacks and gradient functions as they stand when it starts
+(``Planner.pending``), and its two patterns rewrite each of them once (the
+ops a rewrite makes are not pending).
 """
 
 from __future__ import annotations
 
 import math
 import re
-import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ArrayAttr, FileLineColLoc, IntAttr, ModuleOp, StringAttr
 from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 from xdsl.passes import ModulePass
-from xdsl.rewriter import InsertPoint
-from xdsl.dialects.test import TestOp
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
     PatternRewriter,
@@ -71,6 +77,7 @@ from xdsl.pattern_rewriter import (
     RewritePattern,
     op_type_rewrite_pattern,
 )
+from xdsl.rewriter import InsertPoint
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, PassOptionError
 from modeldsl.dialects.annotations import (
@@ -99,9 +106,18 @@ class RecomputePass(ModulePass):
     mode: str = "annotated"
     budget: str | int = ""
     finetune: str = "auto"
+    free_memory: int = 0
+    # where the automatic mode's table goes (not an option: set by reporting())
+    report: Callable[[str], None] | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.settings()  # refuse bad options where the pass is made (mdsl-opt points at them)
+
+    def reporting(self, report: Callable[[str], None] | None) -> RecomputePass:
+        """This pass, handing the automatic mode's table to ``report``."""
+        copy = replace(self)
+        object.__setattr__(copy, "report", report)
+        return copy
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         settings = self.settings()
@@ -110,8 +126,8 @@ class RecomputePass(ModulePass):
             walker = PatternRewriteWalker(GreedyRewritePatternApplier(
                 [RecomputeLayerTensors(planner), RecomputeTopLevelTensors(planner)]), apply_recursively=False)
             walker.rewrite_module(op)
-            if settings.mode == "auto":
-                print(planner.table(), file=sys.stderr)
+            if settings.mode == "auto" and self.report is not None:
+                self.report(planner.table())
 
     def settings(self) -> "Settings":
         """The options checked (PassOptionError, E029, for a bad one)."""
@@ -127,7 +143,11 @@ class RecomputePass(ModulePass):
         if self.finetune not in FINETUNE:
             raise PassOptionError(f"mdsl-recompute: finetune={self.finetune} is not one of {', '.join(FINETUNE)}",
                                   "finetune", "finetune=auto: lora where the model has @frozen parameters")
-        return Settings("auto" if budget else self.mode, parse_budget(budget) if budget else None, self.finetune)
+        if isinstance(self.free_memory, bool) or not isinstance(self.free_memory, int) or self.free_memory < 0:
+            raise PassOptionError(f"mdsl-recompute: free_memory={self.free_memory} is not a byte count",
+                                  "free_memory", "the device's free memory in bytes, for budget=auto")
+        return Settings("auto" if budget else self.mode, parse_budget(budget) if budget else None, self.finetune,
+                        self.free_memory)
 
 
 @dataclass(frozen=True)
@@ -135,6 +155,7 @@ class Settings:
     mode: str
     budget: int | str | None  # bytes, "auto" or None
     finetune: str
+    free_memory: int = 0  # the device's, for budget=auto
 
 
 def parse_budget(text: str) -> int | str:
@@ -195,6 +216,7 @@ class Planner:
         self.lora = settings.finetune == "lora" or (
             settings.finetune == "auto" and any(is_frozen(p) for p in model.params()))
         self.rows: list[TableRow] = []
+        self.pending: set[Operation] = {op for op in model.walk() if _plans(op)}  # each rewritten once
         self.budget_bytes: int | None = None
         self.forced: dict[SSAValue, bool] = {}  # auto mode: value -> recomputed
         self.full = settings.mode == "full"
@@ -295,7 +317,8 @@ class Planner:
     def choose_automatically(self) -> None:
         """Recompute the cheapest tensors per byte until the saved ones fit the budget."""
         regions = [r for r in (layer_region(self.model, s, False) for s in backward_stacks(self.model)) if r]
-        self.budget_bytes = self.settings.budget if isinstance(self.settings.budget, int) else auto_budget(self.model)
+        self.budget_bytes = self.settings.budget if isinstance(self.settings.budget, int) else \
+            auto_budget(self.model, self.settings.free_memory)
         self.fixed = sum(self.top_level_saved_bytes(top) for top in self.top_level_regions())
         candidates, bound = [], set()
         for region in regions:
@@ -311,7 +334,7 @@ class Planner:
                 candidates.append((self.replay_flops(value, region) / max(_nbytes(value), 1), value, region))
         candidates.sort(key=lambda c: (c[0], -_nbytes(c[1])))
         self.saved_total = self.saved_bytes(regions)
-        for _, value, region in candidates:
+        for _, value, _region in candidates:
             if self.saved_total <= self.budget_bytes:
                 break
             self.forced[value] = True
@@ -359,27 +382,26 @@ class Planner:
         return "\n".join(lines)
 
 
-def auto_budget(model: ModelOp) -> int:
-    """The device's free memory (the host's without CUDA) less parameters, gradients and AdamW state."""
+def _plans(op: Operation) -> bool:
+    """Whether the pass plans ``op``: a gradient function (its forward part), or a reverse stack."""
+    return (isinstance(op, FuncOp) and "forward_ops" in op.attributes) or \
+        (isinstance(op, StackOp) and op.reverse is not None)
+
+
+def auto_budget(model: ModelOp, free_memory: int) -> int:
+    """The device's ``free_memory`` less parameters, gradients and AdamW state (E029 where the caller
+    did not measure it)."""
+    if free_memory <= 0:
+        raise DiagnosticError([Diagnostic(
+            "E029", "mdsl-recompute: budget=auto, but no free memory was given", None,
+            "give free_memory=BYTES (mdsl-opt and mdsl-run measure the device's), or a budget: budget=2GiB")])
     state = 0
     for param in model.params():
         numel = math.prod(_dims(param.param_type))
         state += param.param_type.dtype.byte_size(numel)
         if not is_frozen(param):
             state += 12 * numel + (4 * numel if param.param_type.dtype.bits < 32 else 0)
-    return max(int(0.8 * (free_memory_bytes() - state)), 0)
-
-
-def free_memory_bytes() -> int:
-    """Free memory of the GPU where one is usable, else what the host can still allocate."""
-    from modeldsl.runtime.fits import available_bytes
-
-    try:
-        from modeldsl.runtime.cuda_device import make_device
-
-        return make_device("cuda").free_bytes()
-    except (RuntimeError, ImportError):
-        return available_bytes()
+    return max(int(0.8 * (free_memory - state)), 0)
 
 
 def _dims(t: TensorType) -> list[int]:
@@ -421,7 +443,7 @@ def _span(where: str, word: str):
 
 def backward_stacks(model: ModelOp) -> list[StackOp]:
     return [op for op in model.walk() if isinstance(op, StackOp) and op.reverse is not None
-            and "forward" in _func(model, op).attributes and "recompute_planned" not in op.attributes]
+            and "forward" in _func(model, op).attributes]
 
 
 def _func(model: ModelOp, stack: StackOp) -> FuncOp:
@@ -501,15 +523,35 @@ def _input_modes(func: FuncOp, args: list[SSAValue]) -> dict[SSAValue, tuple[str
 # ---------------------------------------------------------------------------- rewriting
 
 
+@dataclass
+class Readers:
+    """Where the backward reads a recomputed tensor: the uses of ``value`` (a backward body's saved
+    argument, or the forward value itself) by the ops ``within`` (None: every use)."""
+
+    value: SSAValue
+    within: set[Operation] | None = None
+
+    def operations(self) -> list[Operation]:
+        return [u.operation for u in self.value.uses if self.within is None or u.operation in self.within]
+
+    def redirect(self, replay: SSAValue, rewriter: PatternRewriter) -> None:
+        """These reads now read ``replay``."""
+        if self.within is None:
+            rewriter.replace_all_uses_with(self.value, replay)
+        else:
+            within = self.within
+            rewriter.replace_uses_with_if(self.value, replay, lambda use: use.operation in within)
+
+
 def clone_replay(ops: list[Operation], block: Block, mapping: dict[SSAValue, SSAValue],
-                 needed: dict[SSAValue, SSAValue], segment_of) -> None:
+                 needed: dict[SSAValue, Readers], segment_of, rewriter: PatternRewriter) -> None:
     """Clone ``ops`` (forward order) into ``block``, each just before the first op that reads what it
     computes; ``mapping`` gives the block's counterpart of each forward value the clones read, and
-    ``needed`` maps each recomputed forward value to the value of the block that stood for it."""
+    ``needed`` says where the backward reads each recomputed forward value."""
     position = {op: i for i, op in enumerate(block.ops)}
     anchors: dict[Operation, Operation] = {}
     for op in reversed(ops):
-        users = [u.operation for r in op.results if r in needed for u in needed[r].uses]
+        users = [user for r in op.results if r in needed for user in needed[r].operations()]
         users += [anchors[u.operation] for r in op.results for u in r.uses if u.operation in anchors]
         users = [u for u in users if u in position]
         anchors[op] = min(users, key=position.__getitem__) if users else block.last_op
@@ -518,12 +560,12 @@ def clone_replay(ops: list[Operation], block: Block, mapping: dict[SSAValue, SSA
         for key in ("memory", "checkpoint", "annotations", "user_annotations"):  # no hook fires twice
             clone.attributes.pop(key, None)
         clone.attributes["recompute"] = StringAttr(segment_of(anchors[op]))
-        block.insert_op_before(clone, anchors[op])
+        rewriter.insert(clone, InsertPoint.before(anchors[op]))
         for old, new in zip(op.results, clone.results):
             new.name_hint = old.name_hint
             mapping[old] = new
-    for value, stand_in in needed.items():
-        stand_in.replace_all_uses_with(mapping[value])
+    for value, readers in needed.items():
+        readers.redirect(mapping[value], rewriter)
 
 
 class RecomputeLayerTensors(RewritePattern):
@@ -535,8 +577,9 @@ class RecomputeLayerTensors(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: StackOp, rewriter: PatternRewriter) -> None:
         model = self.planner.model
-        if op.reverse is None or "recompute_planned" in op.attributes or not model.is_ancestor(op):
+        if op not in self.planner.pending:
             return
+        self.planner.pending.discard(op)
         bwd = _func(model, op)
         if "forward" not in bwd.attributes:
             return
@@ -547,12 +590,12 @@ class RecomputeLayerTensors(RewritePattern):
         choice = self.planner.choose(region)
         new_saved = [v for v in pair.saved if v in choice.keep] + \
             [v for v in choice.keep if v not in pair.saved]
-        self.rewrite_backward_body(pair, region, choice, new_saved)
+        self.rewrite_backward_body(pair, region, choice, new_saved, rewriter)
         self.rewrite_forward_body(pair, new_saved)
         self.rewrite_stacks(pair, new_saved, rewriter)
 
     def rewrite_backward_body(self, pair: LoopedPair, region: Region, choice: Choice,
-                              new_saved: list[SSAValue]) -> None:
+                              new_saved: list[SSAValue], rewriter: PatternRewriter) -> None:
         block = pair.bwd.body.block
         old_saved, old_args = pair.saved, pair.saved_args
         stand_ins = dict(zip(old_saved, old_args))
@@ -562,10 +605,10 @@ class RecomputeLayerTensors(RewritePattern):
                 stand_ins[value].name_hint = f"saved_{value.name_hint}" if value.name_hint else None
         mapping: dict[SSAValue, SSAValue] = {k: v for k, v in region.available.items() if v is not None}
         mapping.update({v: stand_ins[v] for v in new_saved})
-        needed = {v: stand_ins[v] for v in choice.recomputed}
+        needed = {v: Readers(stand_ins[v]) for v in choice.recomputed}
         names = {}
         segment = lambda anchor: names.setdefault(anchor, _segment_name(anchor, choice, needed))  # noqa: E731
-        clone_replay(choice.replay, block, mapping, needed, segment)
+        clone_replay(choice.replay, block, mapping, needed, segment, rewriter)
         for value in choice.recomputed:
             block.erase_arg(stand_ins[value])
         pair.bwd.function_type = type(pair.bwd.function_type).from_lists(
@@ -600,17 +643,16 @@ class RecomputeLayerTensors(RewritePattern):
                            [*old_backward.per_layer[:layers], *forward.collected], list(old_backward.shared),
                            [r.type for r in old_backward.collected], reverse=True)
         backward.attributes |= {k: v for k, v in old_backward.attributes.items()}
-        backward.attributes["recompute_planned"] = StringAttr(self.planner.settings.mode)
         rewriter.replace(old_backward, backward)
         for new, old in zip(backward.res, old_backward.res):
             new.name_hint = old.name_hint
         rewriter.erase(old_forward)
 
 
-def _segment_name(anchor: Operation, choice: Choice, needed: dict[SSAValue, SSAValue]) -> str:
+def _segment_name(anchor: Operation, choice: Choice, needed: dict[SSAValue, Readers]) -> str:
     """A recompute segment is named after the first recomputed tensor its anchor reads."""
     for value in choice.recomputed:
-        if any(u.operation is anchor for u in needed[value].uses):
+        if any(user is anchor for user in needed[value].operations()):
             return value.name_hint or "recompute"
     return choice.recomputed[0].name_hint or "recompute" if choice.recomputed else "recompute"
 
@@ -624,27 +666,20 @@ class RecomputeTopLevelTensors(RewritePattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: FuncOp, rewriter: PatternRewriter) -> None:
-        if "forward_ops" not in op.attributes or "recompute_planned" in op.attributes or \
-                not self.planner.model.is_ancestor(op):
+        if op not in self.planner.pending:
             return
-        op.attributes["recompute_planned"] = StringAttr(self.planner.settings.mode)
+        self.planner.pending.discard(op)
         block = op.body.block
         backward = list(block.ops)[op.attributes["forward_ops"].value.data:]
         region = top_level_region(self.planner.model, op)
         choice = self.planner.choose(region)
         if not choice.replay:
             return
-        members = set(backward)
-        needed = {}
-        for value in choice.recomputed:  # the backward's uses go to a stand-in until the clone exists
-            stand_in = TestOp(result_types=[value.type]).results[0]
-            value.replace_uses_with_if(stand_in, lambda use: use.operation in members)
-            needed[value] = stand_in
+        members = set(backward)  # the backward's reads move to the replays
+        needed = {value: Readers(value, members) for value in choice.recomputed}
         names: dict[Operation, str] = {}
         segment = lambda anchor: names.setdefault(anchor, _segment_name(anchor, choice, needed))  # noqa: E731
-        clone_replay(choice.replay, block, {}, needed, segment)
-        for stand_in in needed.values():
-            stand_in.owner.erase()
+        clone_replay(choice.replay, block, {}, needed, segment, rewriter)
 
 
 def top_level_region(model: ModelOp, func: FuncOp) -> Region:

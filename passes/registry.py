@@ -2,16 +2,23 @@
 
 Project passes are named ``mdsl-<verb>`` (no dots: the pipeline parser
 rejects them); each lives in its own file in this folder and is listed once
-here. A few general xDSL passes that work on any IR are listed too.
+here. A few general xDSL passes that work on any IR are listed too, and the
+named pipelines (:data:`PIPELINES`, ``passes/pipelines.py``), which ``mdsl-opt``
+expands into their stages.
 :func:`describe_pass` gives each pass's one-line description for
 ``mdsl-opt --list-passes``; :data:`OPTION_NOTES` describes the options of passes
-whose options are not their dataclass fields.
+whose options are not their dataclass fields. :data:`LISTINGS` is what
+``--list-passes`` (and ``--help``) prints for each pass, kept here so that
+listing the passes imports none of them (importing every pass, and the numerics
+they reach, once cost ``mdsl-opt --help`` over a second); a unit test checks it
+against what the pass classes say (:func:`describe_pass`, their fields).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from xdsl.passes import ModulePass
 
@@ -86,6 +93,23 @@ def _optimizer_step() -> type[ModulePass]:
     return OptimizerStepPass
 
 
+def _attach_loss() -> type[ModulePass]:
+    from modeldsl.passes.attach_loss import AttachLossPass
+
+    return AttachLossPass
+
+
+def _pipeline(name: str) -> PassFactory:
+    """The factory of the named pipeline ``name`` (:mod:`modeldsl.passes.pipelines`, imported on use)."""
+
+    def factory() -> type[ModulePass]:
+        from modeldsl.passes.pipelines import PIPELINES
+
+        return next(cls for cls in PIPELINES if cls.name == name)
+
+    return factory
+
+
 # Project passes, added by the issues that build them: name -> factory.
 PROJECT_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "mdsl-specialize": _specialize,
@@ -95,15 +119,26 @@ PROJECT_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "mdsl-recompute": _recompute,
     "mdsl-fuse": _fuse,
     "mdsl-optimizer-step": _optimizer_step,
+    "mdsl-attach-loss": _attach_loss,
 }
 
-PASSES: dict[str, Callable[[], type[ModulePass]]] = {**GENERAL_PASSES, **PROJECT_PASSES}
+# The named pipelines (passes/pipelines.py): mdsl-opt expands each into its stages.
+PIPELINES: dict[str, PassFactory] = {
+    name: _pipeline(name)
+    for name in ("mdsl-forward-profile", "mdsl-generate-step", "mdsl-train-step", "mdsl-optimizer-update")
+}
+
+PASSES: dict[str, Callable[[], type[ModulePass]]] = {**GENERAL_PASSES, **PROJECT_PASSES, **PIPELINES}
 
 
 DESCRIPTIONS: dict[str, str] = {
     "canonicalize": "apply every op's canonicalization patterns (folding, simplification)",
     "cse": "eliminate common subexpressions: pure ops with equal operands and attributes become one",
     "dce": "remove pure ops whose results are unused",
+    "mdsl-forward-profile": "a named pipeline: the planned forward of one shape bucket (mdsl-run, modeldsl.load)",
+    "mdsl-generate-step": "a named pipeline: the planned forward of one decoding step with a KV cache",
+    "mdsl-train-step": "a named pipeline: the planned gradient of one training micro-batch (mdsl-run --train)",
+    "mdsl-optimizer-update": "a named pipeline: the planned AdamW step of the parameters (mdsl-run --train)",
 }
 
 OPTION_NOTES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -114,6 +149,7 @@ OPTION_NOTES: dict[str, tuple[tuple[str, str], ...]] = {
          "(268435456, 256MiB, 2GiB; auto: the free memory)"),
         ("finetune=auto", "lora: policy=lora_only tensors recompute (auto: where the model has @frozen "
          "parameters); full"),
+        ("free_memory=0", "the device's free memory in bytes, for budget=auto (mdsl-opt measures it)"),
     ),
     "mdsl-specialize": (
         ("NAME=INT", "bind a symbol (B, T) or an integer config value (e.g. d_model=64)"),
@@ -121,6 +157,97 @@ OPTION_NOTES: dict[str, tuple[tuple[str, str], ...]] = {
     ),
 }
 
+
+
+@dataclass(frozen=True)
+class PassListing:
+    """A pass in ``--list-passes``: its one-line description, its (option, text) lines and, for a
+    named pipeline, its stages (at its example options) as pipeline text."""
+
+    description: str
+    options: tuple[tuple[str, str], ...] = ()
+    expansion: str = ""
+
+
+_FUSION_OPTIONS = (
+    ("fuse=bool", "default: true"),
+    ("disable=tuple[str, ...]", "default: ()"),
+    ("only=tuple[str, ...]", "default: ()"),
+    ("auto=bool", "default: true"),
+    ("lm_head_chunk=int", "default: 0"),
+)
+_SHAPE_OPTIONS = (("B=int", "required"), ("T=int", "required"), ("storage=str", "default: fp32"))
+_TRAIN_STEP = (
+    'mdsl-specialize{B=2 T=16},mdsl-attach-loss,'
+    'mdsl-fuse{only="dag_gelu","dag_silu","dag_softmax","dag_rmsnorm","dag_attention"},'
+    'mdsl-autodiff{func="train_loss"},mdsl-fuse{only="lm_head_loss"},mdsl-recompute,mdsl-fuse,'
+    'mdsl-lower-to-sched{func="train_loss_grad" storage="fp32" grads_arena=true},mdsl-plan-memory'
+)
+
+
+LISTINGS: dict[str, PassListing] = {
+    "canonicalize": PassListing(DESCRIPTIONS["canonicalize"]),
+    "cse": PassListing(DESCRIPTIONS["cse"]),
+    "dce": PassListing(DESCRIPTIONS["dce"]),
+    "mdsl-specialize": PassListing("bind symbolic dimensions and config values to integers",
+                                   OPTION_NOTES["mdsl-specialize"]),
+    "mdsl-plan-memory": PassListing("give every buffer of an mdsl.sched.program its arena offset", (
+        ("strategy=str", "default: first-fit"),
+        ("alignment=int", "default: 256"),
+        ("inplace=bool", "default: true"),
+    )),
+    "mdsl-lower-to-sched": PassListing("a specialized mdsl.graph function becomes an mdsl.sched program", (
+        ("func=str", "default: forward"),
+        ("storage=str", "default: ''"),
+        ("kv_cache=int", "default: 0"),
+        ("split_gemms=bool", "default: true"),
+        ("grads_arena=bool", "default: false"),
+    )),
+    "mdsl-autodiff": PassListing("derive a model function's gradient from the VJP rules", (
+        ("func=str", "default: forward"),
+        ("loop=bool", "default: true"),
+    )),
+    "mdsl-recompute": PassListing("what a training step saves for its backward, and what it recomputes",
+                                  OPTION_NOTES["mdsl-recompute"]),
+    "mdsl-fuse": PassListing("fusion as rewrite patterns on mdsl.graph", (
+        ("disable=tuple[str, ...]", "default: ()"),
+        ("auto=bool", "default: true"),
+        ("lm_head_chunk=int", "default: 0"),
+        ("only=tuple[str, ...]", "default: ()"),
+    )),
+    "mdsl-optimizer-step": PassListing("the AdamW update of a model's parameters as an mdsl.sched program", (
+        ("beta1=float", "default: 0.9"),
+        ("beta2=float", "default: 0.999"),
+        ("eps=float", "default: 1e-08"),
+        ("weight_decay=float", "default: 0.01"),
+        ("clip_norm=float", "default: 0.0"),
+        ("storage=str", "default: ''"),
+    )),
+    "mdsl-attach-loss": PassListing("a causal language model's training loss as a function of the model", (
+        ("ignore_index=int", "default: -100"),
+    )),
+    "mdsl-forward-profile": PassListing(
+        DESCRIPTIONS["mdsl-forward-profile"],
+        (*_SHAPE_OPTIONS, ("split_gemms=bool", "default: true"), *_FUSION_OPTIONS),
+        'mdsl-specialize{B=2 T=16},mdsl-fuse,mdsl-lower-to-sched{storage="fp32"},mdsl-plan-memory'),
+    "mdsl-generate-step": PassListing(
+        DESCRIPTIONS["mdsl-generate-step"],
+        (*_SHAPE_OPTIONS, ("split_gemms=bool", "default: true"), *_FUSION_OPTIONS, ("kv_cache=int", "default: 256")),
+        'mdsl-specialize{B=2 T=16},mdsl-fuse,mdsl-lower-to-sched{storage="fp32" kv_cache=256},mdsl-plan-memory'),
+    "mdsl-train-step": PassListing(
+        DESCRIPTIONS["mdsl-train-step"],
+        (*_SHAPE_OPTIONS, ("recompute=str", "default: annotated"), ("budget=str", "default: ''"),
+         ("finetune=str", "default: auto"), ("free_memory=int", "default: 0"), *_FUSION_OPTIONS),
+        _TRAIN_STEP),
+    "mdsl-optimizer-update": PassListing(DESCRIPTIONS["mdsl-optimizer-update"], (
+        ("beta1=float", "default: 0.9"),
+        ("beta2=float", "default: 0.999"),
+        ("eps=float", "default: 1e-08"),
+        ("weight_decay=float", "default: 0.01"),
+        ("clip_norm=float", "default: 0.0"),
+        ("storage=str", "default: fp32"),
+    ), 'mdsl-specialize{B=1 T=1},mdsl-optimizer-step{storage="fp32"},mdsl-plan-memory'),
+}
 
 def describe_pass(name: str, cls: type[ModulePass]) -> str:
     """One line: the registry's description, else the pass module's docstring headline

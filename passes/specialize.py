@@ -3,7 +3,9 @@
 ``mdsl-specialize{B=2 T=64}`` binds the batch and sequence symbols;
 ``mdsl-specialize{hf="DIR"}`` takes them from a checkpoint's config.json
 (through the model's ``hf_config``).
-``mdsl-specialize{d_model=64 n_layers=2}`` overrides integer config values
+Bindings are checked where the pass is made (``__post_init__``: a value that is
+not an integer or a boolean, or a size that is not positive, is a
+``PassOptionError`` at the option). ``mdsl-specialize{d_model=64 n_layers=2}`` overrides integer config values
 that only shapes use (the model's ``config`` is updated); values that
 lowering fixed into attributes or ``if`` choices (the model's ``baked``
 list), and float or boolean ones, can only change by lowering again. Every config integer of the model is bound
@@ -28,7 +30,7 @@ from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import PatternRewriteWalker, TypeConversionPattern
 from xdsl.utils.arg_spec import ArgSpec
 
-from modeldsl.diagnostics import Diagnostic, DiagnosticError
+from modeldsl.diagnostics import Diagnostic, DiagnosticError, PassOptionError
 from modeldsl.dialects.graph import ModelOp
 from modeldsl.dialects.graph_types import DimsAttr, ExprAttr, TensorType
 from modeldsl.symbolic import STAR, Expr
@@ -63,24 +65,32 @@ class SpecializePass(ModulePass):
     bindings: tuple[tuple[str, Any], ...] = field(default=())
     hf: str | None = None
 
+    def __post_init__(self) -> None:
+        for key, value in self.bindings:
+            _check_binding(key, value)
+        if self.hf is not None and not isinstance(self.hf, str):
+            raise PassOptionError(f"mdsl-specialize: hf={self.hf} is not a folder", "hf", 'hf="DIR"')
+
     @classmethod
     def from_spec(cls, spec: ArgSpec) -> "SpecializePass":
         pairs, hf = [], None
         for key, values in spec.normalize_parameter_names().parameters.items():
             if key == "hf" and len(values) == 1 and isinstance(values[0], str):
                 hf = values[0]
-            elif len(values) != 1 or isinstance(values[0], str):
-                given = " ".join(map(str, values))
-                raise DiagnosticError([Diagnostic(
-                    "E029", f"mdsl-specialize: {key}={given} is not an integer or a boolean", None,
-                    "bind integers (B=2 T=64 d_model=64); float config values change by lowering again")])
             else:
-                pairs.append((key, values[0]))
+                pairs.append((key, values[0] if len(values) == 1 else tuple(values)))
         return cls(tuple(pairs), hf)
 
     @classmethod
     def of(cls, **bindings: Any) -> "SpecializePass":
         return cls(tuple(bindings.items()))
+
+    def spec(self, *, include_default: bool = False) -> ArgSpec:
+        """As the pipeline spells it: ``mdsl-specialize{B=2 T=16 hf="DIR"}``."""
+        args = {key: (value,) for key, value in self.bindings}
+        if self.hf is not None:
+            args["hf"] = (self.hf,)
+        return ArgSpec(self.name, args)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for model in [m for m in op.walk() if isinstance(m, ModelOp)]:
@@ -132,9 +142,11 @@ def specialize_model(model: ModelOp, bindings: dict[str, Any]) -> None:
         _check_size(name, value)
     unknown = sorted(set(symbols) - _symbols_of(model))
     if unknown:
+        symbols_of_model = ", ".join(sorted(_symbols_of(model))) or "none"
         raise DiagnosticError([Diagnostic(
-            "E029", f"mdsl-specialize: {', '.join(unknown)} is neither a config value nor a symbol of @{model.sym_name.data}",
-            None, "config: " + (", ".join(config) or "none") + "; symbols: " + (", ".join(sorted(_symbols_of(model))) or "none"),
+            "E029", f"mdsl-specialize: {', '.join(unknown)} is neither a config value nor a symbol of "
+            f"@{model.sym_name.data}", None,
+            "config: " + (", ".join(config) or "none") + "; symbols: " + symbols_of_model,
         )])
     PatternRewriteWalker(BindSymbols({**integers, **symbols}), apply_recursively=False).rewrite_module(model)
 
@@ -151,6 +163,19 @@ def _value_of(attr: Attribute) -> Any:
     if isinstance(attr, IntegerAttr):
         return bool(attr.value.data) if _is_bool(attr) else attr.value.data
     return attr.value.data if isinstance(attr, FloatAttr) else None
+
+
+def _check_binding(name: str, value: Any) -> None:
+    """A binding is a boolean (a config flag) or a size: PassOptionError naming it otherwise."""
+    if isinstance(value, bool):
+        return
+    if not isinstance(value, int):
+        given = " ".join(map(str, value)) if isinstance(value, tuple) else value
+        raise PassOptionError(f"mdsl-specialize: {name}={given} is not an integer or a boolean", name,
+                              "bind integers (B=2 T=64 d_model=64); float config values change by lowering again")
+    if not 0 < value < 2**63:
+        raise PassOptionError(f"mdsl-specialize: {name}={value} is not a positive integer that fits in 64 bits",
+                              name, "sizes are positive: B=2 T=64")
 
 
 def _check_size(name: str, value: Any) -> None:

@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from modeldsl.files import write_file
 from modeldsl.tools.bench_deps import reporting_diagnostics, require_packages
 
 # name -> (transformers config class, DSL model file, HF config)
@@ -308,7 +309,7 @@ def run(argv: list[str] | None) -> int:
                       + (f"{row.tokens_per_s:,.0f} tokens/s" if row.tokens_per_s else row.note), flush=True)
     print(table(rows))
     if args.json is not None:
-        args.json.write_text(json.dumps({"settings": asdict(settings), "rows": [asdict(r) for r in rows]}, indent=1))
+        write_file(args.json, json.dumps({"settings": asdict(settings), "rows": [asdict(r) for r in rows]}, indent=1))
     return 0
 
 

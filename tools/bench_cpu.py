@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from modeldsl.files import write_file
 from modeldsl.tools.bench import SHAPES, Settings, batches, timed, torch_training_step
 from modeldsl.tools.bench_deps import reporting_diagnostics, require_packages
 
@@ -482,7 +483,7 @@ def run(argv: list[str] | None) -> int:
         rows += load_rows
     if args.json is not None:
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "child"}
-        args.json.write_text(json.dumps({"settings": settings, "rows": [asdict(r) for r in rows]}, indent=1))
+        write_file(args.json, json.dumps({"settings": settings, "rows": [asdict(r) for r in rows]}, indent=1))
     return 0
 
 

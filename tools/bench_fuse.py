@@ -74,8 +74,8 @@ def measure(shape: str, model, batch: int, tokens: int, storage: str | None, fus
 
 
 def gpu_rows(shape: str) -> list[Row]:
-    from modeldsl.tools.bench_recompute import Shape, model_of
     from modeldsl.tools.bench import SHAPES
+    from modeldsl.tools.bench_recompute import Shape, model_of
 
     model = model_of(Shape(shape, SHAPES[shape][1], SHAPES[shape][2], BATCH, TOKENS))
     rows = []
@@ -107,7 +107,7 @@ def tiny_rows(rounds: int) -> list[Row]:
         arguments = (*model.inputs(tokens, 0), labels, np.array(1.0, dtype=np.float32))
         runs.append((executor, arguments, []))
         rows.append(row)
-    for executor, arguments, times in runs:
+    for executor, arguments, _ in runs:
         executor.execute(*arguments)  # warm-up
     for _ in range(rounds):
         for executor, arguments, times in runs:
@@ -144,7 +144,8 @@ def verdicts(rows: list[Row]) -> list[str]:
                      f"{'met' if ratio <= 0.6 else 'MISSED'}")
     for (shape, variant), row in by.items():
         if variant == "all on":
-            lines.append(f"{shape}: logits in the plan with all on: {'yes (MISSED)' if row.logits_planned else 'no (met)'}")
+            verdict = "yes (MISSED)" if row.logits_planned else "no (met)"
+            lines.append(f"{shape}: logits in the plan with all on: {verdict}")
     return lines
 
 

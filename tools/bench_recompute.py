@@ -142,7 +142,8 @@ def table(all_rows: list[list[Row]]) -> str:
         for row in rows:
             lines.append(f"{row.shape:<12} {row.mode:<26} {row.saved / GiB:>9.2f} {row.transient / GiB:>9.2f} "
                          f"{row.arena / GiB:>9.2f} {row.arena / none.arena:>7.2f} "
-                         f"{100 * row.recompute / row.flops:>10.1f}% {100 * (row.flops - none.flops) / none.flops:>10.1f}%")
+                         f"{100 * row.recompute / row.flops:>10.1f}% "
+                         f"{100 * (row.flops - none.flops) / none.flops:>10.1f}%")
         lines += verdicts(rows)
     return "\n".join(lines)
 

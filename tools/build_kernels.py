@@ -109,8 +109,9 @@ def resolve_source(name: str | Path) -> Path:
     path = Path(text) if text.endswith(".cu") else _kernel_sources() / f"{text}.cu"
     if not path.is_file():
         known = ", ".join(families())
-        raise DiagnosticError([Diagnostic("E028", f"no kernel source '{text}'" + (f" ({path})" if path != Path(text) else ""),
-                                          None, f"kernel families: {known}")])
+        where = f" ({path})" if path != Path(text) else ""
+        raise DiagnosticError([Diagnostic("E028", f"no kernel source '{text}'{where}", None,
+                                          f"kernel families: {known}")])
     return path.resolve()
 
 
@@ -214,7 +215,8 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 _ENTRY = re.compile(r"Compiling entry function '(?P<name>\w+)'")
-_FRAME = re.compile(r"(?P<stack>\d+) bytes stack frame, (?P<stores>\d+) bytes spill stores, (?P<loads>\d+) bytes spill loads")
+_FRAME = re.compile(r"(?P<stack>\d+) bytes stack frame, (?P<stores>\d+) bytes spill stores, "
+                    r"(?P<loads>\d+) bytes spill loads")
 _USED = re.compile(r"Used (?P<registers>\d+) registers(?:, used (?P<barriers>\d+) barriers)?"
                    r"(?:, \d+ bytes cumulative stack size)?(?:, (?P<smem>\d+) bytes smem)?")
 

@@ -1,75 +1,116 @@
 #!/usr/bin/env bash
-# All the GPU work of a session in one call of the device tool:
+# Check modeldsl on a machine with an NVIDIA GPU, in one command, from the repository's root:
 #
-#   bash tools/gpu_check.sh fetch-wheels      # here (with network): the packages the GPU machine lacks -> .whl/
-#   run(command="bash tools/gpu_check.sh", carry=[".whl"])   # there: everything below, results under $OUT
+#   bash tools/gpu_check.sh                  # install, build the kernels, GPU tests, benchmark
+#   OUT=/tmp/check bash tools/gpu_check.sh   # the same, results into /tmp/check (default: out/gpu_check)
+#   bash tools/gpu_check.sh install          # only the install step
+#   bash tools/gpu_check.sh fetch-wheels     # on a machine with internet access: wheels for one without
 #
-# On the GPU machine it installs the carried wheels (xdsl, lark, cuda-python, nvmath-python, the
-# cuDNN frontend, ...) into /tmp/site, installs modeldsl itself without dependencies, builds the
-# CUDA kernels (mdsl-build-kernels), runs the GPU tests (pytest -m gpu) and the training-step
-# benchmark (tools/bench.py, modeldsl vs transformers eager vs torch.compile), and writes
-# $OUT/results.json (each step's exit status and seconds, the benchmark rows) beside the logs
-# (nvidia-smi.txt, install.log, build.log, pytest_gpu.log, bench.log, bench.json). A failing step
-# is recorded and the later ones still run; the script exits with the first failure's status.
+# It needs the NVIDIA driver, the CUDA toolkit's nvcc (12.0 or newer: on the PATH, or MDSL_NVCC or
+# CUDA_HOME) and Python 3.11 or newer with pip; run it inside a virtualenv. The steps:
+#
+#   1. nvidia-smi      the GPU and driver (nvidia-smi.txt)
+#   2. install         pip install -e '.[cuda,test]' (install.log); where a .whl/ folder exists, its
+#                      wheels instead, with no network (see fetch-wheels below)
+#   3. build-kernels   mdsl-build-kernels: every CUDA kernel for sm_80 and sm_90a, cached (build.log)
+#   4. pytest-gpu      python -m pytest -m gpu tests/gpu (pytest_gpu.log, pytest_gpu.xml)
+#   5. bench           python -m modeldsl.tools.bench: training-step tokens/s and peak memory of modeldsl
+#                      against transformers eager and torch.compile, 5 timed steps per row (bench.log,
+#                      bench.json)
+#
+# Each step's output goes to its log under $OUT; results.json there holds each step's exit status and
+# seconds and the benchmark's rows. A failing step is recorded and the later ones still run; the
+# script exits with the first failure's status. The whole check stops after GPU_CHECK_LIMIT_S seconds
+# (default 840, 14 minutes): a step still running then is stopped and recorded with exit status 124,
+# and the steps after it are not run.
+#
+# A GPU machine without internet access: on a machine with it, `bash tools/gpu_check.sh fetch-wheels`
+# downloads into .whl/ the wheels of the packages such a machine usually lacks (xdsl, lark,
+# cuda-python, nvmath-python, the cuDNN frontend, filecheck, lit; for Python $WHEEL_PYTHON, default
+# 3.12, on x86-64 Linux). Copy the repository with .whl/ over; there the install step puts those
+# wheels into /tmp/site and expects PyTorch, transformers, numpy, ml_dtypes, safetensors, tokenizers,
+# tqdm and CuPy to be installed already.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
-# the packages the GPU image lacks (it has torch, transformers, numpy, ml_dtypes, safetensors, tokenizers,
-# tqdm and cupy); versions pinned so one set of wheels installs without a resolver
+# the packages an offline GPU machine lacks; versions pinned so one set of wheels installs without a resolver
 WHEELS=(xdsl==0.74.0 lark==1.2.2 immutabledict==4.2.1 typing-extensions==4.15.0 ordered-set==4.1.0
         cuda-python==13.0.1 cuda-bindings==13.0.1 cuda-core==0.3.2 cuda-pathfinder==1.2.3
         nvmath-python==0.5.0 nvidia-cudnn-frontend==1.14.0 filecheck==1.0.1 lit==18.1.8)
+PYTHON=${PYTHON:-python3}
+SITE=/tmp/site  # where the wheels of .whl/ are installed
 
-if [[ "${1:-}" == "fetch-wheels" ]]; then
+fetch_wheels() {
     mkdir -p .whl
     mkdir -p .git/info && { grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude; }
     for spec in "${WHEELS[@]}"; do
-        python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-            --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-            --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d .whl "$spec" \
+        "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version "${WHEEL_PYTHON:-3.12}" \
+            --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+            --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+            --platform any -d .whl "$spec" \
             || echo "could not fetch $spec (pin another version above)" >&2
     done
     ls -la .whl
-    exit 0
+}
+
+carried() {  # whether a .whl/ folder holds wheels to install instead of the network
+    compgen -G ".whl/*.whl" > /dev/null
+}
+
+install() {
+    if carried; then
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+            .whl/*.whl || return 1
+        "$PYTHON" -m pip install -q --no-deps --no-build-isolation --no-index -e . || return 1
+    else
+        "$PYTHON" -m pip install -q -e '.[cuda,test]' || return 1
+    fi
+    "$PYTHON" -c "import modeldsl, xdsl, lark; print('modeldsl imports')"
+}
+
+if carried; then
+    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+    export PATH=$SITE/bin:$PATH
 fi
+case "${1:-}" in
+    fetch-wheels) fetch_wheels; exit $? ;;
+    install) install; exit $? ;;
+    "") ;;
+    *) echo "usage: bash tools/gpu_check.sh [install|fetch-wheels]" >&2; exit 2 ;;
+esac
 
 OUT=${OUT:-out/gpu_check}
 mkdir -p "$OUT"
-PYTHON=${PYTHON:-python3}
 STEPS="$OUT/steps.tsv"
 : > "$STEPS"
+LIMIT=${GPU_CHECK_LIMIT_S:-840}
 first_failure=0
 
-step() {  # step NAME LOG COMMAND...: run it, log it, record its status and time
+step() {  # step NAME LOG COMMAND...: run it within the time left, log it, record its status and time
     local name=$1 log=$2
     shift 2
-    local start=$SECONDS
+    local start=$SECONDS left=$((LIMIT - SECONDS)) rc
     echo "== $name: $*" | tee -a "$OUT/gpu_check.log"
-    "$@" > "$OUT/$log" 2>&1
-    local rc=$?
+    if (( left > 0 )); then
+        timeout --kill-after=30 "$left" "$@" > "$OUT/$log" 2>&1
+        rc=$?
+    else
+        echo "not run: the check's $LIMIT s were spent" > "$OUT/$log"
+        rc=124
+    fi
     printf '%s\t%d\t%d\t%s\n' "$name" "$rc" $((SECONDS - start)) "$log" >> "$STEPS"
     echo "   exit $rc after $((SECONDS - start)) s (log: $log)" | tee -a "$OUT/gpu_check.log"
     if [[ $rc -ne 0 && $first_failure -eq 0 ]]; then first_failure=$rc; fi
     return 0
 }
 
-install() {
-    if compgen -G ".whl/*.whl" > /dev/null; then
-        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-            .whl/*.whl || return 1
-    fi
-    "$PYTHON" -m pip install -q --no-deps --no-build-isolation --no-index -e . || return 1
-    "$PYTHON" -c "import modeldsl, xdsl, lark; print('modeldsl imports')"
-}
-
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-export PATH=/tmp/site/bin:$PATH
 export PYTHONUNBUFFERED=1
 step nvidia-smi nvidia-smi.txt nvidia-smi
-step install install.log install
-step build-kernels build.log "$PYTHON" -m modeldsl.tools.build_kernels --jobs 16
+step install install.log bash tools/gpu_check.sh install
+step build-kernels build.log "$PYTHON" -m modeldsl.tools.build_kernels --jobs "$(nproc)"
 step pytest-gpu pytest_gpu.log "$PYTHON" -m pytest -m gpu -q -rs tests/gpu --junitxml="$OUT/pytest_gpu.xml"
-step bench bench.log "$PYTHON" -m modeldsl.tools.bench --device cuda --recompute annotated,full --fuse on,off --json "$OUT/bench.json"
+step bench bench.log "$PYTHON" -m modeldsl.tools.bench --device cuda --recompute annotated,full --fuse on,off \
+    --steps 5 --warmup 2 --json "$OUT/bench.json"
 
 "$PYTHON" - "$OUT" <<'EOF'
 import json, sys

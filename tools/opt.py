@@ -27,7 +27,9 @@ After the pipeline, ``--emit=memory-report`` prints the memory plan of each
 ``mdsl.sched.program`` instead of the IR and ``--emit=memory-plot FILE.png``
 draws it (:mod:`modeldsl.memory_report`); ``--emit=cost-report`` prints each
 program's roofline cost estimate (:mod:`modeldsl.cost`; the device's peaks
-from ``--cost-bandwidth`` and ``--cost-flops``); ``--verify-backward`` checks the
+from ``--cost-bandwidth`` and ``--cost-flops``); ``--emit=recompute-report``
+prints the automatic ``mdsl-recompute``'s table (the pass hands it over; the
+tool gives ``budget=auto`` the device's free memory); ``--verify-backward`` checks the
 model's backward against finite differences
 (:mod:`modeldsl.tools.opt_verify_backward`).
 """
@@ -35,6 +37,8 @@ model's backward against finite differences
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -140,9 +144,11 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         self.verify_failed = False
         self.hf_config: dict = {}
         self.passes: list[ModulePass] = []
+        self.recompute_tables: list[str] = []  # --emit=recompute-report: mdsl-recompute's automatic choices
         self.observer: PipelineObserver | None = None
         self.lowering_warnings: list[Diagnostic] = []
         super().__init__(description="modeldsl IR optimizer driver", args=args)
+        load_dialects(self.ctx)  # once the flags are parsed: --help and --version need no dialect
         if self.args.emit == "memory-plot" and not self.args.plot_file:
             raise UserError("--emit=memory-plot needs the PNG file to write: --emit=memory-plot FILE.png")
         self.verify = verify_options(self.args)
@@ -151,7 +157,7 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
     # ------------------------------------------------------------------ registration
 
     def register_all_dialects(self) -> None:
-        load_dialects(self.ctx)
+        """Nothing before the flags are parsed: :meth:`__init__` loads the dialects after."""
 
     def register_all_passes(self) -> None:
         for name, factory in PASSES.items():
@@ -223,13 +229,16 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         arg_parser.add_argument("--print-ir-after-change", action="store_true",
                                 help="print the IR to stderr after every pass that changed it")
         arg_parser.add_argument(
-            "--emit", choices=("ir", "json", "ast", "memory-report", "memory-plot", "cost-report"), default="ir",
+            "--emit", choices=("ir", "json", "ast", "memory-report", "memory-plot", "cost-report", "recompute-report"),
+            default="ir",
             help="for Module DSL input (.module): 'ast' prints the parsed AST; after the pipeline, "
             "'json' writes the IR as JSON (docs/json-ir.md; mdsl-opt reads FILE.json back), "
             "'memory-report' prints each program's arena sizes, peak and largest buffers, "
             "'memory-plot FILE.png' draws its buffers over the schedule steps (planned programs only), and "
             "'cost-report' estimates each mdsl.sched program's time per op kind: launches, bytes read and "
-            "written, FLOPs and roofline time (max(bytes / bandwidth, FLOPs / peak) per op, summed)")
+            "written, FLOPs and roofline time (max(bytes / bandwidth, FLOPs / peak) per op, summed), and "
+            "'recompute-report' prints the automatic mode's choice of mdsl-recompute (each tensor's bytes and "
+            "recompute FLOPs per layer, saved or recomputed)")
         arg_parser.add_argument("--cost-bandwidth", default=None, metavar="BYTES/S",
                                 help="for --emit=cost-report: the memory bandwidth in bytes/s (default 3.35e12, "
                                 "an H100 SXM)")
@@ -237,7 +246,8 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
                                 help="for --emit=cost-report: the peak FLOP/s (default 989e12, an H100 SXM's "
                                 "dense bf16)")
         arg_parser.add_argument("--plot-file", default=None, metavar="FILE.png",
-                                help="where --emit=memory-plot writes its PNG (also given as --emit=memory-plot FILE.png)")
+                                help="where --emit=memory-plot writes its PNG (also given as --emit=memory-plot "
+                                "FILE.png)")
         arg_parser.add_argument("--diagnostics-format", choices=("text", "json"), default="text",
                                 help="how diagnostics are printed")
 
@@ -285,7 +295,7 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             self.args.passes = self.args.pass_pipeline
         shown = self.args.passes
         text, offset = normalize_pipeline(shown)
-        self.passes = build_pipeline(self.available_passes, text, offset, shown)
+        self.passes = [self.with_device_facts(p) for p in build_pipeline(self.available_passes, text, offset, shown)]
         self.observer = PipelineObserver(
             print_ir=self.print_for_dump,
             before=pass_names_flag(self.available_passes, "--print-ir-before", self.args.print_ir_before),
@@ -295,6 +305,19 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             after_change=self.args.print_ir_after_change,
             verify=None if self.args.disable_verify else self.verify_after_pass,
         )
+
+    def with_device_facts(self, pass_: ModulePass) -> ModulePass:
+        """``mdsl-recompute`` given what a pass may not find out itself: the device's free memory for
+        ``budget=auto``, and where its automatic mode's table goes (``--emit=recompute-report``)."""
+        if pass_.name != "mdsl-recompute":
+            return pass_
+        if str(pass_.budget) == "auto" and not pass_.free_memory:
+            from modeldsl.runtime.device_memory import free_memory_bytes
+
+            pass_ = dataclasses.replace(pass_, free_memory=free_memory_bytes())
+        if self.args.emit == "recompute-report":
+            pass_ = pass_.reporting(self.recompute_tables.append)
+        return pass_
 
     def print_for_dump(self, module: ModuleOp) -> str:
         return print_ir(module, generic=self.args.print_op_generic, debuginfo=self.args.print_debuginfo)
@@ -397,8 +420,8 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         kind = self.args.frontend or ("mlir" if from_stdin else os.path.splitext(path)[1].lstrip("."))
         if kind not in self.available_frontends:
             raise flag_error(f"cannot tell the kind of '{name}' from its extension '.{kind}'",
-                             "name it .mlir, .module, .py (the Python DSL) or .json, or give the kind with -f mlir / -f module / "
-                             "-f py / -f json")
+                             "name it .mlir, .module, .py (the Python DSL) or .json, or give the kind with -f mlir / "
+                             "-f module / -f py / -f json")
         remember_source(name, text)
         return InputText(name, text, kind, None if from_stdin else path)
 
@@ -406,9 +429,10 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         if self.args.output_file is None:
             sys.stdout.write(result.output)
             return
+        from modeldsl.files import write_file
+
         try:
-            with open(self.args.output_file, "w", encoding="utf-8") as out:
-                out.write(result.output)
+            write_file(self.args.output_file, result.output)  # atomically: the file whole, nothing else touched
         except OSError as err:
             raise DiagnosticError([Diagnostic("E028", f"cannot write '{self.args.output_file}': "
                                               f"{err.strerror or err}", None, "check the -o path")]) from None
@@ -417,7 +441,7 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         """Each chunk (``--split-input-file``) parsed, verified, run through the pipeline."""
         results = []
         for text, line_offset in self.chunks(source.text):
-            result = self.collect(lambda: self.process_mlir_chunk(source.name, text, line_offset))
+            result = self.collect(functools.partial(self.process_mlir_chunk, source.name, text, line_offset))
             if source.path is None and not self.args.frontend:
                 for diag in result.diagnostics:
                     if diag.code == "E001" and not diag.hint:
@@ -626,6 +650,8 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             return self.verify_backward_report(prog)
         if self.args.emit == "cost-report":
             return self.cost_report(prog)
+        if self.args.emit == "recompute-report":
+            return self.recompute_report()
         if self.args.emit == "json":
             from modeldsl.json_ir import dumps
 
@@ -637,11 +663,27 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         try:
             if self.args.emit == "memory-report":
                 return memory_report(prog)
-            plot_memory(prog, self.args.plot_file)
+            self.write_plot(prog, plot_memory)
         except NotPlanned as err:
             raise UserError(str(err)) from None
         print(f"mdsl-opt: wrote {self.args.plot_file}", file=sys.stderr)
         return ""
+
+    def recompute_report(self) -> str:
+        """``--emit=recompute-report``: the table of each automatic ``mdsl-recompute`` of the pipeline."""
+        if not self.recompute_tables:
+            raise flag_error("--emit=recompute-report: no mdsl-recompute ran in the automatic mode",
+                             "give mdsl-recompute (or mdsl-train-step) a budget: budget=2GiB, or budget=auto")
+        tables, self.recompute_tables = self.recompute_tables, []
+        return "\n".join(tables) + "\n"
+
+    def write_plot(self, prog: ModuleOp, plot_memory) -> None:
+        """``--emit=memory-plot FILE.png``: the plot (written atomically); E028 where it cannot be."""
+        try:
+            plot_memory(prog, self.args.plot_file)
+        except OSError as err:
+            raise DiagnosticError([Diagnostic("E028", f"cannot write '{self.args.plot_file}': "
+                                              f"{err.strerror or err}", None, "check the memory-plot path")]) from None
 
     def cost_report(self, prog: ModuleOp) -> str:
         """``--emit=cost-report``: the roofline estimate of every mdsl.sched program."""
@@ -656,15 +698,18 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
 
 def cost_roofline(args: argparse.Namespace):
     """The device of ``--emit=cost-report`` from ``--cost-bandwidth``/``--cost-flops``
-    (E029 for a value that is not a finite number above 0, or a flag without the report)."""
-    from modeldsl.cost import H100_SXM, Roofline
-
+    (E029 for a value that is not a finite number above 0, or a flag without the report);
+    None without the report (the cost model is imported only for it)."""
     given = [f for f, v in (("--cost-bandwidth", args.cost_bandwidth), ("--cost-flops", args.cost_flops))
              if v is not None]
+    if args.emit != "cost-report":
+        if given:
+            raise flag_error(f"{given[0]} is an option of --emit=cost-report", "add --emit=cost-report")
+        return None
+    from modeldsl.cost import H100_SXM, Roofline
+
     if not given:
         return H100_SXM
-    if args.emit != "cost-report":
-        raise flag_error(f"{given[0]} is an option of --emit=cost-report", "add --emit=cost-report")
     return Roofline(positive_float("--cost-bandwidth", args.cost_bandwidth, H100_SXM.bandwidth),
                     positive_float("--cost-flops", args.cost_flops, H100_SXM.peak_flops),
                     name="given peaks")

@@ -2,8 +2,9 @@
 
 ``--lock`` writes ``NAME.module.lock`` beside ``NAME.module``: every import the
 program resolves, with its version, where it came from and a hash of its
-content. ``--locked`` resolves the imports again and compares: an import whose
-version, origin or content differs from the lock file's, one the lock file does
+content (atomically, replacing an earlier lock file; a file of that name
+that is not a lock file is E045 and stays as it was). ``--locked`` resolves the imports again
+and compares: an import whose version, origin or content differs from the lock file's, one the lock file does
 not list and one it lists that is no longer imported are E039 (at the lock
 file's line, naming the import, with a hint to rerun ``--lock``); a missing
 lock file is E028.
@@ -11,12 +12,14 @@ lock file is E028.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, DiagnosticSink, Source, Span
 
 _ENTRY = re.compile(r"^  (?P<name>[^:\s]+): (?P<value>.+)$")
+LOCK_HEADER = b"version: 1\nresolved_modules:\n"  # how every lock file begins (ResolvedProgram.lock_manifest)
 
 
 def lock_path(module_path: str) -> Path:
@@ -36,14 +39,32 @@ def resolved_manifest(program) -> str:
 
 
 def write_lock(program, module_path: str) -> Path:
-    """Write the lock file beside the program's file; E028 when it cannot be written."""
+    """Write the lock file beside the program's file, atomically, replacing an earlier lock file
+    only: a file of that name that is not one is E045; E028 when it cannot be written."""
+    from modeldsl.files import write_file
+
     lock = lock_path(module_path)
+    manifest = resolved_manifest(program)
+    if os.path.lexists(lock) and not _is_lock_file(lock):
+        raise DiagnosticError([Diagnostic("E045", f"--lock: '{lock}' exists and is not a lock file; it is kept",
+                                          None, f"move '{lock}' away, then rerun mdsl-opt --lock {module_path}")])
     try:
-        lock.write_text(resolved_manifest(program))
+        write_file(lock, manifest)
     except OSError as err:
         raise DiagnosticError([Diagnostic("E028", f"cannot write '{lock}': {err.strerror or err}", None,
                                           "check that the folder of the .module file is writable")]) from None
     return lock
+
+
+def _is_lock_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file that begins as ``--lock`` writes them."""
+    if not path.is_file() or path.is_symlink():
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(LOCK_HEADER)) == LOCK_HEADER
+    except OSError:
+        return False
 
 
 def check_lock(program, module_path: str) -> None:

@@ -4,7 +4,8 @@ The pipeline text (``-p``/``--pass-pipeline``) is parsed here with its token
 positions kept, so a syntax error, an unknown pass or an unknown option is a
 coded diagnostic at ``<pipeline>:1:col`` with a caret under the pipeline text
 and a "did you mean" hint. :func:`pass_list` is ``--list-passes`` (every pass,
-its options with their types and defaults, a one-line description).
+its options with their types and defaults, a one-line description), from the
+registry's listings where it has them, so listing imports no pass.
 :class:`PipelineObserver` runs between passes as mlir-opt's instrumentation
 does: ``--print-ir-before/after[-all]``, ``--print-ir-after-change`` dump to stderr under
 ``// -----// IR Dump After Name (pass-name) //----- //`` headers, and
@@ -35,7 +36,7 @@ from xdsl.utils.arg_spec import (
 from xdsl.utils.exceptions import ArgSpecParseError
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, PassOptionError, Source, Span
-from modeldsl.passes.registry import OPTION_NOTES, PassFactory, describe_pass
+from modeldsl.passes.registry import LISTINGS, OPTION_NOTES, PassFactory, PassListing, describe_pass
 
 PIPELINE_NAME = "<pipeline>"
 
@@ -146,7 +147,9 @@ def _located_spec(spec: ArgSpec, tokens: list[SpecToken], offset: int) -> PassSp
 def build_pipeline(available: dict[str, PassFactory], text: str, offset: int = 0,
                    shown: str | None = None) -> list[ModulePass]:
     """The passes of a pipeline, each checked: unknown names and options are E029
-    with a caret under them and a "did you mean" hint."""
+    with a caret under them and a "did you mean" hint. A named pipeline
+    (:mod:`modeldsl.passes.pipelines`) is expanded into its stages, so every stage
+    is dumped, verified and timed as a pass of its own."""
     shown = text if shown is None else shown
     passes = []
     for element in parse_pipeline_text(text, offset, shown):
@@ -157,10 +160,18 @@ def build_pipeline(available: dict[str, PassFactory], text: str, offset: int = 0
         cls = available[name]()
         _check_options(cls, element, shown)
         try:
-            passes.append(cls.from_spec(element.spec))
+            passes.extend(expanded(cls.from_spec(element.spec)))
         except ValueError as err:
             raise _option_value_error(cls, element, shown, err) from None
     return passes
+
+
+def expanded(pass_: ModulePass) -> list[ModulePass]:
+    """A pass, or the stages of a named pipeline (which has ``stages()``), nested ones expanded too."""
+    stages = getattr(pass_, "stages", None)
+    if stages is None:
+        return [pass_]
+    return [inner for stage in stages() for inner in expanded(stage)]
 
 
 def _option_value_error(cls: type[ModulePass], element: PassSpec, shown: str, err: ValueError) -> DiagnosticError:
@@ -236,12 +247,28 @@ def pass_list(available: dict[str, PassFactory]) -> str:
     """``--list-passes``: each pass, a one-line description and its options with defaults."""
     lines = ["Available passes:"]
     for name, factory in available.items():
-        cls = factory()
+        listing = pass_listing(name, factory)
         lines.append(f"  {name}")
-        lines.append(f"      {describe_pass(name, cls)}")
-        for option, text in _option_lines(name, cls):
+        lines.append(f"      {listing.description}")
+        for option, text in listing.options:
             lines.append(f"      {option:<30} {text}".rstrip())
+        if listing.expansion:
+            lines.append(f"      stages: {listing.expansion}")
     return "\n".join(lines) + "\n"
+
+
+def pass_listing(name: str, factory: PassFactory) -> PassListing:
+    """The registry's listing of the pass (importing nothing), else what its class says."""
+    listing = LISTINGS.get(name)
+    return listing if listing is not None else listing_of_class(name, factory())
+
+
+def listing_of_class(name: str, cls: type[ModulePass]) -> PassListing:
+    """What the pass class says of itself: its description, its options with defaults and, for a
+    named pipeline, the stages of its example (``B=2 T=16``)."""
+    example = getattr(cls, "example", None)
+    expansion = ",".join(str(stage) for stage in expanded(example())) if example is not None else ""
+    return PassListing(describe_pass(name, cls), tuple(_option_lines(name, cls)), expansion)
 
 
 def _option_lines(name: str, cls: type[ModulePass]) -> list[tuple[str, str]]:

@@ -39,7 +39,8 @@ def roundtrip_chunk(text: str, name: str) -> str:
     custom = print_ir(module)
     _expect_equal(custom, _reprint(custom, f"{name} (custom print)"), "custom print does not re-parse to itself")
     generic = print_ir(module, generic=True)
-    _expect_equal(custom, _reprint(generic, f"{name} (generic print)"), "generic print does not re-parse to the same IR")
+    _expect_equal(custom, _reprint(generic, f"{name} (generic print)"),
+                  "generic print does not re-parse to the same IR")
     located = print_ir(module, debuginfo=True)
     _expect_equal(located, _reprint(located, f"{name} (print with locations)", debuginfo=True),
                   "print with locations does not re-parse to itself")

@@ -1,4 +1,5 @@
-"""``mdsl-run MODEL.module --hf DIR``: load a DSL model with a HuggingFace checkpoint and run it.
+"""``mdsl-run MODEL.module --hf DIR`` (or ``MODEL.py``, a Python DSL model): load a DSL model
+with a HuggingFace checkpoint and run it.
 
 ``--prompt TEXT`` (tokenized with the checkpoint's ``tokenizer.json`` when it
 has one, else as UTF-8 bytes) or ``--tokens 1,2,3``; ``--max-new-tokens N``
@@ -24,11 +25,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, DiagnosticSink, render_all
 from modeldsl.runtime.threads import ENV_VAR as THREADS_ENV_VAR
 from modeldsl.runtime.threads import parse_thread_count, set_pool_size
+from modeldsl.tokenizer import Tokenizer
 from modeldsl.tools import train as training
 from modeldsl.tools.version import modeldsl_version
 
@@ -59,7 +59,8 @@ def build_parser() -> Parser:
     p = Parser(prog="mdsl-run", description="Run a Module DSL model on a HuggingFace checkpoint.",
                formatter_class=HelpFormatter)
     p.add_argument("--version", action="version", version=f"mdsl-run (modeldsl {modeldsl_version()})")
-    p.add_argument("model", nargs="?", help="the .module file (e.g. modeldsl/std/models/llama.module); left out: "
+    p.add_argument("model", nargs="?", help="the model: a Module DSL .module file "
+                   "(e.g. modeldsl/std/models/llama.module) or a Python DSL .py file; left out: "
                    "the std model that serves the checkpoint's architecture (config.json's architectures)")
     p.add_argument("--hf", metavar="DIR", help="checkpoint folder: config.json + *.safetensors (required, "
                    "except with --train ... --resume OUT)")
@@ -69,10 +70,12 @@ def build_parser() -> Parser:
     source.add_argument("--tokens", metavar="IDS", help="comma-separated token ids, e.g. 1,2,3")
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help=f"tokens to generate after the prompt (0: only run the prompt) (default: {DEFAULT_NEW_TOKENS})")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature; 0 is greedy decoding")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="sampling temperature; 0 is greedy decoding")
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample from the K most likely tokens "
                    "(default: no limit; needs --temperature > 0)")
-    p.add_argument("--seed", type=int, default=None, metavar="S", help="random seed of the sampling (default: fresh each run; "
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="random seed of the sampling (default: fresh each run; "
                    "needs --temperature > 0)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence for each token")
     p.add_argument("--logits", metavar="FILE.npy", help="write the prompt's logits [T, vocab] (fp32)")
@@ -94,35 +97,6 @@ def build_parser() -> Parser:
                    help="how errors and warnings are printed")
     training.add_arguments(p)
     return p
-
-
-class Tokenizer:
-    """The checkpoint's ``tokenizer.json`` (offline), or UTF-8 bytes."""
-
-    def __init__(self, directory: Path):
-        path = directory / "tokenizer.json"
-        self.inner = None
-        if path.exists() and not path.is_file():  # a folder, FIFO or device: never read (a FIFO would block)
-            raise DiagnosticError([Diagnostic("E028", f"the tokenizer '{path}' is not a file", None,
-                                              "replace it with the checkpoint's tokenizer.json, or remove it to "
-                                              "tokenize as UTF-8 bytes (or pass --tokens)")])
-        if path.is_file():
-            from tokenizers import Tokenizer as HFTokenizer
-
-            try:
-                self.inner = HFTokenizer.from_file(str(path))
-            except Exception as err:  # noqa: BLE001 - tokenizers raises plain Exception for bad files
-                raise DiagnosticError([Diagnostic("E030", f"cannot read the tokenizer {path}: {err}", None,
-                                                  "replace tokenizer.json with the checkpoint's original one, or "
-                                                  "remove it to tokenize as UTF-8 bytes (or pass --tokens)")]) from None
-
-    def encode(self, text: str) -> list[int]:
-        return self.inner.encode(text).ids if self.inner is not None else list(text.encode("utf-8"))
-
-    def decode(self, ids: list[int]) -> str:
-        if self.inner is not None:
-            return self.inner.decode(ids)
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
 def prompt_ids(args, tokenizer: Tokenizer) -> list[int]:
@@ -149,6 +123,16 @@ def logits_path(flag: str) -> Path:
     return Path(flag if flag.endswith(".npy") else flag + ".npy")
 
 
+def _save_logits(target: Path, logits) -> None:
+    """``np.save`` into ``target`` atomically: the file is replaced in one step, nothing else is touched."""
+    import numpy as np
+
+    from modeldsl.files import replacing_file
+
+    with replacing_file(target) as tmp, open(tmp, "wb") as f:
+        np.save(f, logits)
+
+
 def check_flags(args) -> list[Diagnostic]:
     """Every flag check, before anything loads: errors raise, warnings are returned."""
     from modeldsl.runtime.model import sampling_problems
@@ -162,7 +146,7 @@ def check_flags(args) -> list[Diagnostic]:
                                           "see mdsl-run --help") for name, problem in problems])
     if args.model is not None and not Path(args.model).is_file():
         raise DiagnosticError([Diagnostic("E028", f"no such model file '{args.model}'", None,
-                                          "give the path of a .module file")])
+                                          "give the path of a .module or .py model file")])
     check_checkpoint_flag(args)
     if args.threads is not None:
         args.threads = parse_thread_count(args.threads, "mdsl-run: --threads")
@@ -246,7 +230,7 @@ def run(args) -> int:
         logits = model.forward(ids, engine=args.engine)
         target = logits_path(args.logits)
         try:
-            np.save(target, logits)
+            _save_logits(target, logits)
         except OSError as err:
             raise DiagnosticError([Diagnostic("E028", f"cannot write --logits '{target}': {err.strerror or err}",
                                               None, "give a path in a folder you can write")]) from None

@@ -11,10 +11,17 @@ activations with fp32 master weights and moments). A tqdm bar shows the loss and
 ``step N loss L lr R tokens/s S epoch E`` (``L`` in full precision: Python's
 ``repr`` of the float), and the loss curve is drawn into a PNG at the end.
 
-``--save OUT`` writes the trained weights as a HuggingFace checkpoint (fp32)
-and ``OUT/training_state.npz`` (optimizer moments, step, data position,
-random state, AdamW settings and the losses so far; no pickles), replacing
-OUT atomically (:mod:`modeldsl.runtime.atomic`). ``--resume OUT`` continues
+``--save OUT`` writes the trained weights as a HuggingFace checkpoint (each
+tensor in the loaded checkpoint's dtype, the fp32 weights rounded to nearest
+even; ``--save-dtype fp32|bf16`` chooses) and ``OUT/training_state.npz``
+(optimizer moments, step, data position, random state, AdamW settings, the
+losses so far and, where the tensors are narrower, the fp32 master weights;
+no pickles), replacing OUT atomically (:mod:`modeldsl.runtime.atomic`). OUT
+must be new, empty, a save of this run or the folder it resumes; anything
+else is E044 unless ``--overwrite`` (:mod:`modeldsl.runtime.saves`). The loss
+curve goes to a file named with ``--loss-plot`` (replaced atomically), else
+into OUT, else to ``./loss.png``, which an existing file there makes E045
+unless ``--overwrite``. ``--resume OUT`` continues
 such a run bit for bit: weights, tokenizer and state come from OUT, the
 settings too (flags given again must agree with them). ``--stop-after K``
 stops (and saves) after step K of ``--steps``, as Ctrl-C does after the step
@@ -26,17 +33,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
-import numpy as np
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, render_all
 
 STATE_FILE = "training_state.npz"
 PLOT_FILE = "loss.png"
+MASTERS = "master."  # training state arrays: the fp32 weights of a save written in a narrower dtype
+SAVE_DTYPES = ("fp32", "bf16")
 
 # the run's settings: flag -> attribute (a resumed run takes those left out from its state)
 SETTINGS = {
@@ -47,7 +56,8 @@ SETTINGS = {
 DEFAULTS = {"grad_accum": 1, "warmup": 0, "weight_decay": 0.01, "clip": 1.0, "min_lr_ratio": 0.0, "seed": 0,
             "dtype": "fp32"}
 TRAIN_ONLY = ("steps", "batch", "seq", "lr", "grad_accum", "warmup", "weight_decay", "clip", "min_lr_ratio",
-              "save", "resume", "stop_after", "loss_plot", "recompute")
+              "save", "resume", "stop_after", "loss_plot", "recompute", "save_dtype",
+              "overwrite")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,7 +75,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "0: no clipping)")
     g.add_argument("--min-lr-ratio", type=float, metavar="R", help="the cosine decays to R * LR (default 0)")
     g.add_argument("--save", metavar="OUT", help="write the trained checkpoint and training state to the folder "
-                   "OUT (replaced atomically)")
+                   "OUT (replaced atomically; a new or empty folder, or a save of this run)")
+    g.add_argument("--save-dtype", choices=SAVE_DTYPES, help="the dtype of the saved tensors (default: each "
+                   "tensor's dtype in the loaded checkpoint)")
+    g.add_argument("--overwrite", action="store_true", default=None,
+                   help="replace a --save folder that holds other files "
+                   "(everything in it) and an existing ./loss.png")
     g.add_argument("--resume", metavar="OUT", help="continue the run saved in OUT (its weights, tokenizer, "
                    "optimizer state and settings; --hf may be left out)")
     g.add_argument("--stop-after", type=int, metavar="K", help="stop after step K of --steps (and save)")
@@ -135,20 +150,76 @@ def check_train_flags(args) -> None:
     if args.stop_after is not None and not args.stop_after <= args.steps:
         raise _flag_error(f"--stop-after {args.stop_after} is past --steps {args.steps}",
                           f"give --stop-after {args.steps} or less")
+    args.overwrite = bool(args.overwrite)
+    args.run = _run_id(args)
     if args.save is not None:
-        out = Path(args.save)
-        if out.exists() and not out.is_dir():
-            raise _file_error(f"--save '{out}' is a file, not a folder", "give a folder path for the checkpoint")
-        ancestor = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
-        if not ancestor.is_dir():
-            raise _file_error(f"--save '{out}': '{ancestor}' is a file, not a folder", "give a folder path")
+        _check_save(args)
+    elif args.save_dtype is not None:
+        raise _flag_error("--save-dtype needs --save OUT", "give --save OUT, or leave --save-dtype out")
+    if args.loss_plot is None and args.save is None and os.path.lexists(PLOT_FILE) and not args.overwrite:
+        raise DiagnosticError([Diagnostic("E045", f"the loss curve goes to ./{PLOT_FILE}, which exists and which "
+                                          "this run did not write", None, f"give --loss-plot FILE.png (a file you "
+                                          f"name is replaced), --overwrite to replace ./{PLOT_FILE}, or move it "
+                                          "away")])
     if args.loss_plot is not None:
         target = Path(args.loss_plot)
+        name = _plot_in_save(target, args.save)
+        if name is not None:
+            _check_plot_name(name, args.save)
+            return  # drawn into the save folder, which the save creates
         if not target.parent.is_dir():
             raise _file_error(f"--loss-plot: the folder '{target.parent}' of '{target}' does not exist",
                               "create the folder first, or give another path")
         if target.is_dir():
             raise _flag_error(f"--loss-plot '{target}' is a folder", "give a file name such as loss.png")
+
+
+def _run_id(args) -> str:
+    """The id this run marks its saves with: the resumed save's (a continued run is the same
+    run), else a new one."""
+    from modeldsl.runtime.saves import new_run, saved_run
+
+    return (saved_run(args.resume) if args.resume is not None else None) or new_run()
+
+
+def save_target(args):
+    """Where ``--save`` writes and what it may replace (:class:`modeldsl.runtime.saves.SaveTarget`)."""
+    from modeldsl.runtime.saves import SaveTarget
+
+    return SaveTarget(Path(args.save), args.run, overwrite=args.overwrite,
+                      continues=Path(args.resume) if args.resume is not None else None,
+                      what=f"--save '{args.save}'", how="--overwrite")
+
+
+def _check_save(args) -> None:
+    """E028 for a --save path under a file; E044 for a folder that is not this run's to replace."""
+    from modeldsl.runtime.saves import previous_save
+
+    out = Path(args.save)
+    ancestor = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    if ancestor != out.absolute() and not ancestor.is_dir():
+        raise _file_error(f"--save '{out}': '{ancestor}' is a file, not a folder", "give a folder path")
+    previous_save(save_target(args), writes=("model.safetensors", "config.json", STATE_FILE, PLOT_FILE))
+
+
+def _plot_in_save(plot: Path, save: str | None) -> str | None:
+    """The name of the loss curve in the save folder where it goes there (it is then swapped in
+    with the save), else None."""
+    from modeldsl.runtime.saves import resolved
+
+    if save is None:
+        return None
+    return plot.name if Path(os.path.abspath(plot)).parent == resolved(save) else None
+
+
+def _check_plot_name(name: str, save: str) -> None:
+    """E029 for a loss curve in the save folder under the name of one of the save's own files."""
+    from modeldsl.hf.checkpoint import COPIED_FILES
+    from modeldsl.runtime.saves import MARKER
+
+    if name in ("model.safetensors", STATE_FILE, MARKER, *COPIED_FILES):
+        raise _flag_error(f"--loss-plot: '{name}' in --save '{save}' is a file of the save",
+                          f"give another name, such as {PLOT_FILE}")
 
 
 def _saved_run_problem(saved: dict, state) -> str | None:
@@ -257,7 +328,8 @@ def _check_resume(args) -> None:
     if not isinstance(run, dict) or any(k not in run for k in ("steps", "batch", "seq", "grad_accum", "seed")):
         raise _state_error(path, "it holds no run settings (steps, batch, seq, grad_accum, seed)")
     saved = {"steps": run["steps"], "batch": run["batch"], "seq": run["seq"], "grad_accum": run["grad_accum"],
-             "seed": run["seed"], "dtype": run.get("dtype", "fp32"), "lr": state.config.lr, "warmup": state.config.warmup_steps,
+             "seed": run["seed"], "dtype": run.get("dtype", "fp32"), "lr": state.config.lr,
+             "warmup": state.config.warmup_steps,
              "weight_decay": state.config.weight_decay, "clip": state.config.clip_norm,
              "min_lr_ratio": state.config.min_lr_ratio}
     problem = _saved_run_problem(saved, state)
@@ -347,6 +419,8 @@ def plot_losses(losses: list[float], path: Path, title: str) -> str | None:
     except Exception as err:  # noqa: BLE001 - a broken matplotlib installation
         return f"matplotlib failed: {type(err).__name__}: {err}"
     try:
+        import numpy as np
+
         steps = np.arange(1, len(losses) + 1)
         ax.plot(steps, losses, marker="o" if len(losses) <= 50 else None, markersize=3, linewidth=1.2)
         ax.set_xlabel("optimizer step")
@@ -365,14 +439,92 @@ def plot_losses(losses: list[float], path: Path, title: str) -> str | None:
     return None
 
 
+def _restore_masters(model, state, path: Path) -> None:
+    """Put the fp32 master weights a narrower save kept in its training state into the model
+    (the checkpoint's tensors are them rounded), so a resumed run continues bit for bit."""
+    import numpy as np
+
+    for key, value in state.arrays.items():
+        if not key.startswith(MASTERS):
+            continue
+        name = key.removeprefix(MASTERS)
+        weight = model.weights.get(name)
+        if weight is None or weight.shape != value.shape or not np.issubdtype(value.dtype, np.floating):
+            raise _state_error(path, f"its master weights '{name}' {value.dtype}{list(value.shape)} fit no "
+                               "parameter of the model (saved from another model?)")
+        if weight.flags.writeable:
+            np.copyto(weight, value, casting="unsafe")
+        else:  # still the loaded, read-only array
+            model.weights[name] = np.array(value, dtype=weight.dtype)
+
+
+def _save(args, model, trainer, meta: dict, losses: list[float], title: str) -> str | None:
+    """Write the checkpoint, the training state and (where it belongs to the save) the loss curve
+    into the save folder, swapped in atomically: what drawing the curve gave (:func:`plot_losses`;
+    "" where it is drawn elsewhere)."""
+    import numpy as np
+
+    from modeldsl.hf.checkpoint import save_checkpoint
+    from modeldsl.runtime.model import STORAGE
+    from modeldsl.runtime.saves import saving_folder
+    from modeldsl.runtime.train import save_training_state
+
+    out = Path(args.save)
+    plot = Path(args.loss_plot) if args.loss_plot is not None else out / PLOT_FILE
+    name = _plot_in_save(plot, args.save)
+    problem: str | None = ""
+    existed = out.exists()
+    try:
+        with saving_folder(save_target(args)) as folder:
+            written = save_checkpoint(model.model, model.weights, model.record, folder,
+                                      STORAGE[args.save_dtype] if args.save_dtype else None)
+            arrays = {"losses": np.asarray(losses, np.float64)}
+            if written - {"float32"}:  # rounded tensors: keep the masters for --resume
+                arrays |= {MASTERS + n: np.asarray(model.weights[n], np.float32) for n in trainer.optimizer.grads}
+            save_training_state(folder / STATE_FILE, trainer, meta, arrays)
+            if name is not None:
+                problem = plot_losses(losses, folder / name, title)
+    except OSError as err:
+        raise _file_error(f"cannot write the checkpoint to '{out}': {err.strerror or err}",
+                          "free disk space or give a folder you can write; "
+                          + ("the previous checkpoint there is unchanged" if existed
+                             else "nothing was written")) from None
+    return problem
+
+
+def _draw_outside(losses: list[float], plot: Path, title: str, replace: bool) -> str | None:
+    """Draw the loss curve into ``plot`` atomically (``replace``: over an existing file; else one
+    there is kept): None, or why it was not drawn (E028 when it cannot be written)."""
+    from modeldsl.files import replacing_file
+
+    class NotDrawn(Exception):
+        pass
+
+    try:
+        with replacing_file(plot, replace=replace) as tmp:
+            problem = plot_losses(losses, tmp, title)
+            if problem is not None:
+                raise NotDrawn(problem)
+    except NotDrawn as skipped:
+        return str(skipped)
+    except FileExistsError:
+        return f"'{plot}' appeared during the run; it is kept (give --loss-plot FILE.png or --overwrite)"
+    except OSError as err:
+        raise _file_error(f"cannot write the loss curve '{plot}': {err.strerror or err}",
+                          "give --loss-plot a path in a folder you can write") from None
+    return None
+
+
 def run_training(args) -> int:
+    import numpy as np
+    from tqdm import tqdm
+
     import modeldsl
     from modeldsl.diagnostics import DiagnosticSink
     from modeldsl.runtime.data import PackedBatches, check_vocabulary, fingerprint, read_documents, token_stream
     from modeldsl.runtime.optim import AdamWConfig
     from modeldsl.runtime.train import Trainer
-    from modeldsl.tools.run import Tokenizer
-    from tqdm import tqdm
+    from modeldsl.tokenizer import Tokenizer
 
     state = args.resumed
     source = Path(args.resume if state is not None else args.hf)
@@ -387,7 +539,8 @@ def run_training(args) -> int:
     if limit is not None and args.seq > limit:
         raise _flag_error(f"--seq {args.seq} is more than the model's {limit} positions (max_position_embeddings)",
                           f"give --seq {limit} or less")
-    how = "with tokenizer.json" if tokenizer.inner is not None else "as UTF-8 bytes: the checkpoint has no tokenizer.json"
+    how = ("with tokenizer.json" if tokenizer.inner is not None
+           else "as UTF-8 bytes: the checkpoint has no tokenizer.json")
     tokens = token_stream(documents, tokenizer.encode, _eos_id(source, tokenizer), f"the training data '{args.train}'")
     check_vocabulary(tokens, model.config("vocab_size"), f"the training data '{args.train}'", how)
 
@@ -414,6 +567,8 @@ def run_training(args) -> int:
         config = AdamWConfig(lr=args.lr, weight_decay=args.weight_decay, warmup_steps=args.warmup,
                              total_steps=args.steps, min_lr_ratio=args.min_lr_ratio, clip_norm=args.clip)
         batches = PackedBatches(tokens, args.seq)
+    if state is not None:
+        _restore_masters(model, state, source / STATE_FILE)
     if model.device is None:
         trainer = Trainer(model, config, dtype=args.dtype, recompute=args.recompute or "annotated",
                           warn=lambda diagnostic: _warn(args, [diagnostic]))
@@ -421,10 +576,11 @@ def run_training(args) -> int:
         from modeldsl.runtime.cuda_train import CudaTrainer
 
         trainer = CudaTrainer(model, config, dtype=args.dtype, device=model.device,
-                              recompute=args.recompute or "annotated", warn=lambda diagnostic: _warn(args, [diagnostic]))
+                              recompute=args.recompute or "annotated",
+                              warn=lambda diagnostic: _warn(args, [diagnostic]))
     if state is not None:
         try:
-            trainer.restore(state.step, state.moments)
+            trainer.restore(state.step, state.moments, state.rng_step)
         except ValueError as err:
             raise _state_error(source / STATE_FILE, f"{err} (saved from another model?)") from None
         if len(losses) != state.step:
@@ -469,37 +625,19 @@ def run_training(args) -> int:
 
     out = Path(args.save) if args.save is not None else None
     plot = Path(args.loss_plot) if args.loss_plot is not None else (out / PLOT_FILE if out else Path(PLOT_FILE))
-    title = f"{Path(args.model).stem if args.model else model.model.sym_name.data} on {Path(args.train).name}: {args.grad_accum}x{args.batch}x{args.seq} " \
-            f"tokens/step, lr {config.lr:g}"
+    title = f"{Path(args.model).stem if args.model else model.model.sym_name.data} on {Path(args.train).name}: " \
+            f"{args.grad_accum}x{args.batch}x{args.seq} tokens/step, lr {config.lr:g}"
     problem: str | None = ""  # "": not drawn yet; None: drawn; else why not
     if out is not None:
-        from modeldsl.hf.checkpoint import save_checkpoint
-        from modeldsl.runtime.atomic import replacing_folder
-        from modeldsl.runtime.train import save_training_state
-
         trainer.sync_weights()
         meta = {"run": {"steps": args.steps, "batch": args.batch, "seq": args.seq, "grad_accum": args.grad_accum,
                         "seed": args.seed, "dtype": args.dtype, "model": str(args.model) if args.model else None},
                 "data": {"file": str(args.train), "tokens": int(len(tokens)), "sha256": digest, **batches.state()},
                 "rng": rng.bit_generator.state}
-        try:
-            with replacing_folder(out) as folder:
-                save_checkpoint(model.model, model.weights, model.record, folder, np.dtype(np.float32))
-                save_training_state(folder / STATE_FILE, trainer, meta, {"losses": np.asarray(losses, np.float64)})
-                if plot == out / PLOT_FILE:  # the curve belongs to the checkpoint: swapped in with it
-                    problem = plot_losses(losses, folder / PLOT_FILE, title)
-        except OSError as err:
-            raise _file_error(f"cannot write the checkpoint to '{out}': {err.strerror or err}",
-                              "free disk space or give a folder you can write; "
-                              + ("the previous checkpoint there is unchanged" if out.exists() else
-                                 "nothing was written")) from None
+        problem = _save(args, model, trainer, meta, losses, title)
         print(f"saved the checkpoint and training state (step {trainer.step}) to {out}")
     if problem == "":
-        try:
-            problem = plot_losses(losses, plot, title)
-        except OSError as err:
-            raise _file_error(f"cannot write the loss curve '{plot}': {err.strerror or err}",
-                              "give --loss-plot a path in a folder you can write") from None
+        problem = _draw_outside(losses, plot, title, replace=args.loss_plot is not None or args.overwrite)
     if problem is None:
         print(f"wrote the loss curve to {plot}")
     else:

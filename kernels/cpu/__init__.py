@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from modeldsl.kernels.cpu import activation, attention, compiled, loss, norm, optim, rope, tensor
+from modeldsl.kernels.cpu import activation, attention, compiled, dropout, loss, norm, optim, rope, tensor
 
 CpuKernel = Callable[..., Callable[[], None] | None]
 
 CPU_KERNELS: dict[str, CpuKernel] = {
     **activation.KERNELS,
     **attention.KERNELS,
+    **dropout.KERNELS,
     **loss.KERNELS,
     **norm.KERNELS,
     **rope.KERNELS,

@@ -118,7 +118,8 @@ def _compiled_split_swiglu_backward(pool: Pool, outputs, inputs, params) -> Step
 
 
 JIT_KERNELS = {
-    **{name: partial(_compiled_rows, f"{name}_rows") for name in ("silu", "silu_backward", "swiglu", "swiglu_backward")},
+    **{name: partial(_compiled_rows, f"{name}_rows")
+       for name in ("silu", "silu_backward", "swiglu", "swiglu_backward")},
     "fused_split_swiglu": _compiled_split_swiglu,
     "fused_split_swiglu_backward": _compiled_split_swiglu_backward,
 }

@@ -7,9 +7,15 @@ cannot fuse them. Their compiled twins are the C functions of ``compiled.c``
 (float32), one loop over the data with a vectorizable ``exp``. They are built
 at the first use on a machine by the C compiler that the ``ziglang`` wheel
 ships (clang: ``-O3 -march=native``, each operation rounded as written but
-the sums it may reassociate, IEEE inf and NaN kept), into ``$MDSL_CACHE_DIR`` (default ``~/.cache/modeldsl``) under a name
+the sums it may reassociate, IEEE inf and NaN kept), into ``$MDSL_CACHE_DIR``
+(default ``~/.cache/modeldsl``) under a name
 that hashes the source, the flags and the CPU, so a later process only loads
-the library (ctypes, a few hundred KB of memory). Nothing is compiled at install
+the library (ctypes, a few hundred KB of memory). The build says so on stderr,
+a line before it and one with its time after it; processes that start at once
+build it one at a time (a lock file beside it), and each build lands by an
+atomic rename, so a reader never sees a partial library. The runtime loads the
+library before it starts a timer (:func:`prepare`), so no reported speed holds
+the build. Nothing is compiled at install
 time: ``ziglang`` installs from the package registry as a wheel. ctypes releases
 the GIL during a call, so the pool's threads run them truly at once.
 
@@ -40,6 +46,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -119,14 +126,51 @@ def build(target: Path) -> None:
         os.replace(built, target)
 
 
+BUILDING = "building the CPU kernels for this machine (once)..."
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def build_once(target: Path) -> None:
+    """Build ``target`` unless it exists, announced on stderr; one process at a time builds (an
+    exclusive lock on ``target.lock``), and one that waited finds the library built."""
+    if target.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "a") as lock:
+        _lock(lock)
+        if target.exists():  # another process built it while this one waited
+            return
+        _say(BUILDING)
+        started = time.perf_counter()
+        try:
+            build(target)
+        except (OSError, subprocess.SubprocessError) as err:
+            _say(f"the CPU kernels did not build ({type(err).__name__}); the numpy kernels run instead")
+            raise
+        _say(f"built the CPU kernels in {time.perf_counter() - started:.1f} s (cached in {target.parent})")
+
+
+def _lock(handle) -> None:
+    """Hold an exclusive lock on the open file ``handle`` until it closes (none where the platform
+    has no ``fcntl``: the atomic rename of :func:`build` still keeps readers safe)."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    fcntl.flock(handle, fcntl.LOCK_EX)
+
+
 @cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernels (built on the first call on this machine), or None where they cannot be
     built (no ``ziglang``, no writable cache): the numpy kernels then run everything."""
     try:
         target = library_path()
-        if not target.exists():
-            build(target)
+        build_once(target)
         lib = ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError):
         return None
@@ -139,6 +183,12 @@ def library() -> ctypes.CDLL | None:
 def enabled() -> bool:
     """Whether the compiled kernels run: ``MDSL_CPU_JIT`` is not ``0`` and the library loads."""
     return os.environ.get(ENV_VAR, "1").strip() != "0" and library() is not None
+
+
+def prepare() -> None:
+    """Build (once per machine, announced) and load the library now where the compiled kernels are
+    on: callers do it before they start a timer, so no measured time holds the build."""
+    enabled()
 
 
 def kernel(name: str) -> Callable:

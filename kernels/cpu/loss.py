@@ -260,8 +260,9 @@ def cross_entropy_backward(pool: Pool, outputs, inputs, params, jit: bool = Fals
         return None
     d_rows = grad_input(d_loss, dtype, out.shape[0])
     jit = jit and compiled.takes(logits, out)
-    made = _row_kernel(pool, logits, labels, params, (lambda rows, state, ws, lo, hi: _jit_grads(rows, out, state, ws, lo, hi))
-                       if jit else lambda rows, state, ws, lo, hi: row_grads(rows[lo:hi], out[lo:hi], state, ws, lo, hi),
+    made = _row_kernel(pool, logits, labels, params,
+                       (lambda rows, state, ws, lo, hi: _jit_grads(rows, out, state, ws, lo, hi)) if jit
+                       else lambda rows, state, ws, lo, hi: row_grads(rows[lo:hi], out[lo:hi], state, ws, lo, hi),
                        dtype)
     if made is None or d_rows is None:
         return None

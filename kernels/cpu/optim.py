@@ -239,7 +239,8 @@ class AdamwGroup:
         self.row_of = [rows.setdefault(scalar_key(launch), len(rows)) for launch in launches]
         self.leaders = [launches[self.row_of.index(r)] for r in range(len(rows))]
         self.rows = [np.zeros(8, launch.dtype) for launch in self.leaders]
-        self.work = [(index, lo, hi) for index, launch in enumerate(launches) for lo, hi in tiles_of(launch.param.size, tile)]
+        self.work = [(index, lo, hi) for index, launch in enumerate(launches)
+                     for lo, hi in tiles_of(launch.param.size, tile)]
         self.elements = sum(launch.param.size for launch in launches)
         self.dtypes = sorted({launch.dtype for launch in launches}, key=lambda d: d.itemsize)
         pool.workspace.reserve(scratch_bytes(tile, self.dtypes[-1], 2))

@@ -10,7 +10,7 @@ from typing import Any
 def read_model(model: Any, top: str | None = None) -> tuple[Any, str | None]:
     """The AST of a model given as a ``.module`` or ``.py`` file, or as a class of the Python DSL
     (its file; ``top`` defaults to the class), with the declaration to lower."""
-    from modeldsl.frontend.python.api import FILE
+    from modeldsl.frontend.python.classes import FILE
 
     if isinstance(model, type) and hasattr(model, FILE):
         if getattr(model, FILE) is None:

@@ -29,12 +29,16 @@ possibly optional (``lm_head?``). Its value is
   (``{layer}`` may appear too);
 - ``tied_to(other)``: nothing to load (the parameter is shared).
 
-Arrays are filled from memory-mapped files, one stacked buffer per parameter,
-so peak memory stays near one copy of the weights; given the arrays to fill
-(``into``: the views of the schedule's params arena), a tensor that a rule
-places whole (a tensor, a ``fuse`` along dim 0) is read from its file straight
-into its rows there, converted in bounded chunks, and only the other rules go
-through a per-tensor temporary. What was read (names,
+Each parameter (a stacked one whole) is filled in place, so peak memory stays
+near one copy of the weights: given the arrays to fill (``into``: the views of
+the schedule's params arena), a tensor that a rule places whole (a tensor, a
+``fuse`` along dim 0, one expert of a ``stack_experts``) is read from its file
+straight into its rows there, converted in bounded chunks (or backed by the
+file's pages, untouched until used); the other rules (``split``, a ``fuse``
+along another dim, the transforms) read their tensors' rows a bounded chunk at
+a time into one buffer and place each chunk before reading the next. No tensor
+is ever read through the memory map, whose pages would stay in the process's
+memory beside the copy. What was read (names,
 dtypes, part sizes, and the memory-mapped tensors themselves, which cost no
 memory) is kept in an :class:`ImportRecord`, from which
 :func:`save_checkpoint` writes the same tensors back. A parameter that still
@@ -55,8 +59,8 @@ import json
 import re
 import shutil
 from collections.abc import Callable, Iterator
-from fnmatch import fnmatchcase
 from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +74,7 @@ from modeldsl.dialects.graph import ModelOp, ParamOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.hf.compat import python_value, warn_python
 from modeldsl.hf.config import export_config
-from modeldsl.hf.safetensors_io import CheckpointError, Mapper, SafetensorsFile, write_safetensors
+from modeldsl.hf.safetensors_io import READ_CHUNK, CheckpointError, Mapper, SafetensorsFile, write_safetensors
 from modeldsl.runtime.threads import usable_cores
 from modeldsl.symbolic import Expr, SymbolicError
 
@@ -80,6 +84,8 @@ COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "toke
                 "chat_template.json", "chat_template.jinja",  # the chat template, where not in tokenizer_config
                 "preprocessor_config.json", "processor_config.json")  # a multimodal wrapper's image processor
 RULES = "rules are a tensor name, fuse, split, transform, stack_experts or tied_to"
+ROW_RULES = ("direct", "fuse", "stack_experts")  # rules that may place whole tensors one after another
+ROW_CHUNK = READ_CHUNK  # bytes of a tensor's rows read at a time where a rule slices, transposes or permutes them
 
 
 @dataclass
@@ -172,7 +178,7 @@ def _expanded(rule: Rule, params: list[str]) -> list[Rule]:
         raise CheckpointError("E010", f"hf_mapping {rule.written}: the pattern matches no parameter of the model",
                               "a {name} in a key stands for the integer in parameter names such as local_0, "
                               "local_1; check the path against the model's parameters")
-    return [replace(rule, target=PLACEHOLDER.sub(lambda m: str(dict(bound)[m.group(1)]), rule.target),
+    return [replace(rule, target=PLACEHOLDER.sub(lambda m, bound=bound: str(dict(bound)[m.group(1)]), rule.target),
                     bindings=bound) for bound in found]
 
 
@@ -288,12 +294,12 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
 def direct_pieces(model: ModelOp, directory: str | Path, dtype: np.dtype,
                   into: dict[str, np.ndarray]) -> Iterator[tuple[int, int, int]]:
     """(offset in its file, address, bytes) of each checkpoint tensor :func:`load_checkpoint` would
-    read into an array of ``into`` as the file stores it (a ``direct`` or row-wise ``fuse`` rule,
-    the file's dtype ``dtype``): the bytes a loader may map instead of reading."""
+    read into an array of ``into`` as the file stores it (a ``direct``, row-wise ``fuse`` or
+    ``stack_experts`` rule, the file's dtype ``dtype``): the bytes a loader may map instead of reading."""
     checkpoint, config = Checkpoint(Path(directory), tensor_prefix(model, Path(directory))), config_integers(model)
     for rule in parse_rules(model):
         out = into.get(rule.target)
-        if out is None or out.dtype != dtype or rule.op not in ("direct", "fuse"):
+        if out is None or out.dtype != dtype or rule.op not in ROW_RULES:
             continue
         for layer in [None] if rule.var is None else range(out.shape[0]):
             names = _names(rule, layer, config)
@@ -302,7 +308,7 @@ def direct_pieces(model: ModelOp, directory: str | Path, dtype: np.dtype,
             target = out if layer is None else out[layer]
             if not _rows_in_order(rule, [checkpoint.where[n].array(n) for n in names], target, config):
                 continue
-            for source, name, rows in _row_slices(names, checkpoint, target):
+            for source, name, rows in _row_slices(rule, names, checkpoint, target):
                 if source.dtype(name) == dtype:
                     yield source.data_start + source.entries[name][2], rows.ctypes.data, rows.nbytes
 
@@ -371,9 +377,11 @@ def _read(rule: Rule, layer: int | None, checkpoint: Checkpoint, record: ImportR
           shape: tuple[int, ...], dtype: np.dtype, config: dict[str, int],
           warn: Callable[[CheckpointError], None] | None = None, out: np.ndarray | None = None,
           mapper: Mapper | None = None) -> np.ndarray:
-    """One parameter (or one layer of a stacked one) through its rule, in ``dtype``; written
-    into ``out`` when it is given (straight from the files where the rule only places whole
-    tensors one after another: a tensor, or a ``fuse`` along dim 0)."""
+    """One parameter (or one layer of a stacked one) through its rule, in ``dtype``, written into
+    ``out`` (a new array where none is given). Nothing is held twice: a rule that places whole
+    tensors one after another (a tensor, a ``fuse`` along dim 0, an expert stack) reads each
+    straight into its place; the others read their tensors' rows a bounded chunk at a time and
+    place each chunk (sliced, transposed, permuted, converted) before reading the next."""
     names = _names(rule, layer, config)
     parts = [checkpoint.get(n, rule) for n in names]
     for name, part in zip(names, parts):
@@ -385,31 +393,56 @@ def _read(rule: Rule, layer: int | None, checkpoint: Checkpoint, record: ImportR
     if out is not None and out.shape == shape and _rows_in_order(rule, parts, out, config):
         _read_rows(rule, names, checkpoint, out, warn, mapper)
         return out
+    if any(p.ndim == 0 for p in parts):
+        return _read_scalars(rule, parts, names, shape, dtype, config, warn, out)
+    found, pieces = _pieces(rule, parts, names, config)
+    _check_shape(rule, names, found, shape)
+    out = out if out is not None else np.empty(shape, dtype)
+    _read_pieces(rule, pieces, checkpoint, out, warn)
+    return out
+
+
+def _read_scalars(rule: Rule, parts: list[np.ndarray], names: list[str], shape: tuple[int, ...], dtype: np.dtype,
+                  config: dict[str, int], warn: Callable[[CheckpointError], None] | None,
+                  out: np.ndarray | None) -> np.ndarray:
+    """A rule over 0-d tensors (which have no rows to read a chunk of), combined whole."""
     value = _combine(rule, parts, names, config)
-    if tuple(value.shape) != shape:
-        what = names[0] if len(names) == 1 else " + ".join(names)
-        raise CheckpointError("E032", f"checkpoint tensor '{what}' gives shape {tuple(value.shape)} but "
-                              f"{rule.written} needs {shape}", "the config.json and the weights disagree, or the "
-                              "mapping's fuse/split/transform is wrong", tensor=names[0])
+    _check_shape(rule, names, tuple(value.shape), shape)
     for name, part in zip(names, parts):
-        problem = non_finite(part)
-        if problem:
-            _warn(warn, CheckpointError("W011", f"checkpoint tensor '{name}' holds {problem} (hf_mapping: "
-                                        f"{rule.written})", "the logits will be NaN or infinite; the checkpoint is "
-                                        "corrupt or was saved after a diverged training step", tensor=name))
+        _warn_non_finite(warn, rule, name, non_finite(part))
     if out is None:
         return value.astype(dtype, copy=False)
     np.copyto(out, value, casting="unsafe")
     return out
 
 
+def _check_shape(rule: Rule, names: list[str], found: tuple[int, ...], shape: tuple[int, ...]) -> None:
+    """E032 where the rule gives the checkpoint's tensors another shape than the parameter's."""
+    if found != shape:
+        what = names[0] if len(names) == 1 else " + ".join(names)
+        raise CheckpointError("E032", f"checkpoint tensor '{what}' gives shape {found} but "
+                              f"{rule.written} needs {shape}", "the config.json and the weights disagree, or the "
+                              "mapping's fuse/split/transform is wrong", tensor=names[0])
+
+
+def _warn_non_finite(warn: Callable[[CheckpointError], None] | None, rule: Rule, name: str, problem: str) -> None:
+    """W011 for a checkpoint tensor whose values read hold NaN or Inf (``problem``; none when empty)."""
+    if problem:
+        _warn(warn, CheckpointError("W011", f"checkpoint tensor '{name}' holds {problem} (hf_mapping: "
+                                    f"{rule.written})", "the logits will be NaN or infinite; the checkpoint is "
+                                    "corrupt or was saved after a diverged training step", tensor=name))
+
+
 def _rows_in_order(rule: Rule, parts: list[np.ndarray], out: np.ndarray, config: dict[str, int]) -> bool:
-    """Whether ``parts``, one after another, are ``out``'s elements in order (a ``direct`` rule, or
-    a ``fuse`` along dim 0 of tensors of ``out``'s other dims), and ``out`` is C-contiguous."""
-    if not out.flags.c_contiguous or not parts or rule.op not in ("direct", "fuse"):
+    """Whether ``parts``, one after another, are ``out``'s elements in order (a ``direct`` rule, a
+    ``fuse`` along dim 0 of tensors of ``out``'s other dims, or a ``stack_experts`` of tensors of
+    ``out``'s shape after its first dim), and ``out`` is C-contiguous."""
+    if not out.flags.c_contiguous or not parts or rule.op not in ROW_RULES:
         return False
     if rule.op == "direct":
         return tuple(parts[0].shape) == out.shape
+    if rule.op == "stack_experts":
+        return out.ndim >= 1 and len(parts) == out.shape[0] and all(tuple(p.shape) == out.shape[1:] for p in parts)
     if not all(p.ndim == out.ndim >= 1 for p in parts) or _axis(rule, out.ndim, config) != 0:
         return False
     rows = sum(p.shape[0] for p in parts)
@@ -420,25 +453,199 @@ def _read_rows(rule: Rule, names: list[str], checkpoint: Checkpoint, out: np.nda
                warn: Callable[[CheckpointError], None] | None, mapper: Mapper | None) -> None:
     """Read each tensor from its file into its rows of ``out`` (W011 for NaN or Inf values,
     counted on the file's values as they are read)."""
-    for source, name, rows in _row_slices(names, checkpoint, out):
+    for source, name, rows in _row_slices(rule, names, checkpoint, out):
         seen = source.read_into(name, rows, _chunk_non_finite, threads=usable_cores(), mapper=mapper)
-        problem = _non_finite_text(sum(s[0] for s in seen), sum(s[1] for s in seen))
-        if problem:
-            _warn(warn, CheckpointError("W011", f"checkpoint tensor '{name}' holds {problem} (hf_mapping: "
-                                        f"{rule.written})", "the logits will be NaN or infinite; the checkpoint is "
-                                        "corrupt or was saved after a diverged training step", tensor=name))
+        _warn_non_finite(warn, rule, name, _non_finite_text(sum(s[0] for s in seen), sum(s[1] for s in seen)))
 
 
-def _row_slices(names: list[str], checkpoint: Checkpoint,
+def _row_slices(rule: Rule, names: list[str], checkpoint: Checkpoint,
                 out: np.ndarray) -> Iterator[tuple[SafetensorsFile, str, np.ndarray]]:
-    """Each tensor's file, name and its rows of ``out`` (the tensors one after another along dim 0;
-    a scalar ``out`` is the one tensor's)."""
+    """Each tensor's file, name and its place in ``out``: the tensors one after another along
+    dim 0 (a scalar ``out`` is the one tensor's), or for an expert stack, expert ``e`` in ``out[e]``."""
+    if rule.op == "stack_experts":
+        for expert, name in enumerate(names):
+            yield checkpoint.where[name], name, out[expert]
+        return
     row = 0
     for name in names:
         source = checkpoint.where[name]
         rows = source.shape(name)[0] if out.ndim else 1
         yield source, name, out[row:row + rows] if out.ndim else out
         row += rows
+
+
+# ---------------------------------------------------------------------------- rules read a chunk of rows at a time
+Place = Callable[[np.ndarray, np.ndarray, int], None]  # (the parameter, rows of a tensor as stored, their first row)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Rows ``start..stop`` (along dim 0) of one checkpoint tensor and where they go:
+    ``place(out, rows, first)`` writes the rows from row ``start + first`` on into the parameter
+    ``out``, converted to its dtype; ``block`` rows are read together (permute_qkv: a head)."""
+
+    name: str
+    start: int
+    stop: int
+    place: Place
+    block: int = 1
+
+
+def _read_pieces(rule: Rule, pieces: list[_Piece], checkpoint: Checkpoint, out: np.ndarray,
+                 warn: Callable[[CheckpointError], None] | None) -> None:
+    """Read each piece's rows from its file :data:`ROW_CHUNK` bytes at a time into one buffer,
+    placing each chunk in ``out`` before the next is read (W011 for NaN or Inf values among
+    the rows read, as the file stores them)."""
+    counts: dict[str, list[int]] = {}
+    for piece in pieces:
+        found = counts.setdefault(piece.name, [0, 0])
+        for first, rows in checkpoint.where[piece.name].row_chunks(piece.name, piece.start, piece.stop, piece.block,
+                                                                   ROW_CHUNK):
+            _count_non_finite(rows.reshape(-1), found)
+            piece.place(out, rows, first - piece.start)
+    for name, (nans, infs) in counts.items():
+        _warn_non_finite(warn, rule, name, _non_finite_text(nans, infs))
+
+
+def _pieces(rule: Rule, parts: list[np.ndarray], names: list[str],
+            config: dict[str, int]) -> tuple[tuple[int, ...], list[_Piece]]:
+    """The parameter's shape under ``rule`` from the (unread) tensors ``parts`` of at least one
+    dim, and where each tensor's rows go in it; the errors of :func:`_combine`, which builds
+    the same value whole."""
+    if not parts:
+        raise CheckpointError("E010", f"hf_mapping {rule.written}: {rule.op}(...) names no checkpoint tensor", RULES)
+    shapes = [tuple(p.shape) for p in parts]
+    if rule.op == "direct":
+        return shapes[0], [_Piece(names[0], 0, shapes[0][0], _rows_at(0))]
+    if rule.op == "fuse":
+        return _fuse_pieces(rule, names, shapes, config)
+    if rule.op == "split":
+        return _split_pieces(rule, names, shapes, config)
+    if rule.op == "transform":
+        shape, place, block = TRANSFORMS[_transform_name(rule)].place(shapes[0], rule, config)
+        return shape, [_Piece(names[0], 0, shapes[0][0], place, block)]
+    if rule.op == "stack_experts":
+        if len(set(shapes)) > 1:
+            listed = ", ".join(f"{n} {shape}" for n, shape in zip(names, shapes))
+            raise CheckpointError("E032", f"stack_experts of {rule.written}: the experts differ in shape: {listed}",
+                                  tensor=names[0])
+        return (len(shapes), *shapes[0]), [_Piece(n, 0, shapes[0][0], _rows_at(0, e)) for e, n in enumerate(names)]
+    raise CheckpointError("E010", f"hf_mapping {rule.written}: unknown rule '{rule.op}'", RULES)
+
+
+def _fuse_pieces(rule: Rule, names: list[str], shapes: list[tuple[int, ...]],
+                 config: dict[str, int]) -> tuple[tuple[int, ...], list[_Piece]]:
+    """The tensors one after another along ``dim``: their rows from an offset (dim 0), or each
+    row whole at an offset along ``dim`` of the same row."""
+    dim = _axis(rule, len(shapes[0]), config)
+    if not _fit(shapes, dim):
+        listed = ", ".join(f"{n} {shape}" for n, shape in zip(names, shapes))
+        raise CheckpointError("E032", f"fuse(dim={dim}) of {rule.written}: shapes do not fit: {listed}",
+                              tensor=names[0])
+    pieces, offset = [], 0
+    for name, shape in zip(names, shapes):
+        place = _rows_at(offset) if dim == 0 else _columns_at(dim, offset, slice(None))
+        pieces.append(_Piece(name, 0, shape[0], place))
+        offset += shape[dim]
+    return _concatenated(shapes, dim), pieces
+
+
+def _split_pieces(rule: Rule, names: list[str], shapes: list[tuple[int, ...]],
+                  config: dict[str, int]) -> tuple[tuple[int, ...], list[_Piece]]:
+    """The slices ``[start, end)`` along ``dim`` of the tensors, one after another: only the rows
+    of a slice along dim 0 are read; along another dim every row is, and its slice placed."""
+    sliced, pieces, offset = [], [], 0
+    for name, shape, (start, end) in zip(names, shapes, _split_ranges(rule, config)):
+        axis = _axis(rule, len(shape), config)
+        if not 0 <= start < end <= shape[axis]:
+            raise CheckpointError("E032", f"split range [{start}, {end}) of {rule.written} is outside checkpoint "
+                                  f"tensor '{name}' {shape} along dim {axis}",
+                                  "the config.json and the weights disagree, or the ranges are wrong", tensor=name)
+        sliced.append(shape[:axis] + (end - start,) + shape[axis + 1:])
+        if axis == 0:
+            pieces.append(_Piece(name, start, end, _rows_at(offset)))
+        else:
+            pieces.append(_Piece(name, 0, shape[0], _columns_at(axis, offset, slice(start, end))))
+        offset += end - start
+    dim = _axis(rule, len(shapes[0]), config)
+    if len(sliced) > 1 and not _fit(sliced, dim):
+        listed = ", ".join(f"{n} {shape}" for n, shape in zip(names, sliced))
+        raise CheckpointError("E032", f"split of {rule.written}: the slices do not fit together: {listed}",
+                              tensor=names[0])
+    return _concatenated(sliced, dim), pieces
+
+
+def _fit(shapes: list[tuple[int, ...]], dim: int) -> bool:
+    """Whether tensors of ``shapes`` concatenate along ``dim`` (one rank, the other dims equal)."""
+    return all(len(s) == len(shapes[0]) and s[:dim] + s[dim + 1:] == shapes[0][:dim] + shapes[0][dim + 1:]
+               for s in shapes)
+
+
+def _concatenated(shapes: list[tuple[int, ...]], dim: int) -> tuple[int, ...]:
+    first = shapes[0]
+    return first[:dim] + (sum(s[dim] for s in shapes),) + first[dim + 1:]
+
+
+def _rows_at(offset: int, slab: int | None = None) -> Place:
+    """Rows placed one after another from row ``offset`` of the parameter (of its ``slab``: one
+    expert of a stack)."""
+    def place(out: np.ndarray, rows: np.ndarray, first: int) -> None:
+        target = out if slab is None else out[slab]
+        _copy(target[offset + first:offset + first + len(rows)], rows)
+
+    return place
+
+
+def _columns_at(dim: int, offset: int, source: slice) -> Place:
+    """Each row's ``source`` slice along ``dim`` (> 0) placed from ``offset`` along it, in the same
+    rows of the parameter."""
+    def place(out: np.ndarray, rows: np.ndarray, first: int) -> None:
+        piece = rows[(slice(None),) * dim + (source,)]
+        index = (slice(first, first + len(rows)),) + (slice(None),) * (dim - 1)
+        _copy(out[index + (slice(offset, offset + piece.shape[dim]),)], piece)
+
+    return place
+
+
+def _copy(target: np.ndarray, values: np.ndarray) -> None:
+    np.copyto(target, values, casting="unsafe")
+
+
+def _transposed_rows(shape: tuple[int, ...], rule: Rule, config: dict[str, int]) -> tuple[tuple[int, ...], Place, int]:
+    """transpose: rows of the tensor become the parameter's last dim."""
+    def place(out: np.ndarray, rows: np.ndarray, first: int) -> None:
+        _copy(out[..., first:first + len(rows)], rows.T)
+
+    return shape[::-1], place, 1
+
+
+def _negated_exp_rows(shape: tuple[int, ...], rule: Rule,
+                      config: dict[str, int]) -> tuple[tuple[int, ...], Place, int]:
+    """negate_exp: ``-exp(x)`` of each chunk of rows, in fp32 as for the whole tensor."""
+    def place(out: np.ndarray, rows: np.ndarray, first: int) -> None:
+        _copy(out[first:first + len(rows)], -np.exp(rows.astype(np.float32)))
+
+    return shape, place, 1
+
+
+def _unpermuted_qkv_rows(shape: tuple[int, ...], rule: Rule,
+                         config: dict[str, int]) -> tuple[tuple[int, ...], Place, int]:
+    """permute_qkv: whole heads at a time, each head's rows [even; odd] put back in pairs."""
+    head_dim = _qkv_head_dim(rule, config, shape)
+
+    def place(out: np.ndarray, rows: np.ndarray, first: int) -> None:
+        heads, rest = len(rows) // head_dim, rows.shape[1:]
+        target = _view(out[first:first + len(rows)], (heads, head_dim // 2, 2, *rest))
+        _copy(target, rows.reshape(heads, 2, head_dim // 2, *rest).swapaxes(1, 2))
+
+    return shape, place, head_dim
+
+
+def _view(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``array`` seen in ``shape`` without a copy (AttributeError where none can be)."""
+    view = array.view()
+    view.shape = shape
+    return view
 
 
 def non_finite(x: np.ndarray, chunk: int = 1 << 20) -> str:
@@ -582,17 +789,23 @@ def _permute_qkv(x: np.ndarray, rule: Rule, config: dict[str, int], to_hf: bool 
     """HF's conversion stores the rows of each q/k head as [even rows; odd rows] (for
     rotate_half RoPE); Meta's interleaved layout pairs neighbouring rows. Loading
     undoes HF's permutation, saving applies it again."""
-    if rule.arg("head_dim") is None:
-        raise CheckpointError("E010", f"hf_mapping {rule.written}: permute_qkv needs head_dim=",
-                              "write transform(\"name\", fn: permute_qkv, head_dim=head_dim)")
-    head_dim = _size(rule.arg("head_dim"), config, rule)
-    if head_dim < 2 or head_dim % 2 or x.ndim == 0 or x.shape[0] % head_dim:
-        raise CheckpointError("E032", f"hf_mapping {rule.written}: permute_qkv with head_dim={head_dim} needs an "
-                              f"even head_dim that divides the rows of {tuple(x.shape)}")
+    head_dim = _qkv_head_dim(rule, config, tuple(x.shape))
     heads, rest = x.shape[0] // head_dim, x.shape[1:]
     if to_hf:
         return x.reshape(heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(x.shape)
     return x.reshape(heads, 2, head_dim // 2, *rest).swapaxes(1, 2).reshape(x.shape)
+
+
+def _qkv_head_dim(rule: Rule, config: dict[str, int], shape: tuple[int, ...]) -> int:
+    """permute_qkv's head_dim, checked against the shape of the tensor it permutes (E010, E032)."""
+    if rule.arg("head_dim") is None:
+        raise CheckpointError("E010", f"hf_mapping {rule.written}: permute_qkv needs head_dim=",
+                              "write transform(\"name\", fn: permute_qkv, head_dim=head_dim)")
+    head_dim = _size(rule.arg("head_dim"), config, rule)
+    if head_dim < 2 or head_dim % 2 or not shape or shape[0] % head_dim:
+        raise CheckpointError("E032", f"hf_mapping {rule.written}: permute_qkv with head_dim={head_dim} needs an "
+                              f"even head_dim that divides the rows of {shape}")
+    return head_dim
 
 
 @dataclass(frozen=True)
@@ -600,33 +813,83 @@ class Transform:
     load: Callable[[np.ndarray, Rule, dict[str, int]], np.ndarray]
     save: Callable[[np.ndarray, Rule, dict[str, int]], np.ndarray]
     exact: bool  # moves elements only: save(load(x)) is x bit for bit
+    # loading a chunk of rows at a time: (the tensor's shape, rule, config) -> (the parameter's shape, where a
+    # chunk of rows goes, the rows read together)
+    place: Callable[[tuple[int, ...], Rule, dict[str, int]], tuple[tuple[int, ...], Place, int]]
 
 
 TRANSFORMS: dict[str, Transform] = {
-    "transpose": Transform(lambda x, r, c: x.T, lambda x, r, c: x.T, True),
+    "transpose": Transform(lambda x, r, c: x.T, lambda x, r, c: x.T, True, _transposed_rows),
     "negate_exp": Transform(lambda x, r, c: -np.exp(x.astype(np.float32)),
-                            lambda x, r, c: np.log(-x.astype(np.float32)), False),
-    "permute_qkv": Transform(_permute_qkv, lambda x, r, c: _permute_qkv(x, r, c, to_hf=True), True),
+                            lambda x, r, c: np.log(-x.astype(np.float32)), False, _negated_exp_rows),
+    "permute_qkv": Transform(_permute_qkv, lambda x, r, c: _permute_qkv(x, r, c, to_hf=True), True,
+                             _unpermuted_qkv_rows),
 }
 
 
 def save_checkpoint(model: ModelOp, weights: dict[str, np.ndarray], record: ImportRecord,
-                    directory: str | Path, dtype: np.dtype | None = None) -> None:
+                    directory: str | Path, dtype: np.dtype | None = None) -> set[str]:
     """Write the parameters as HF tensors (original names, dtypes and part sizes; the
-    original bytes of every tensor whose parameters still hold what was loaded)."""
+    original bytes of every tensor whose parameters still hold what was loaded), each in its
+    checkpoint dtype or, given ``dtype``, every floating-point one in that (changed values
+    rounded to nearest even). The config (exported, or the imported one's) names the dtype
+    the tensors have (``dtype``, and ``torch_dtype`` where the config has it; the dtype of most
+    elements where they differ). Returns the names of the floating-point dtypes written."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {record.prefix + name: value for name, value in hf_tensors(model, weights, record, dtype).items()}
-    tensors |= carried_tensors(model, record)
+    carried = carried_tensors(model, record)
+    tensors |= {name: value.astype(dtype) if dtype is not None and _is_float(value.dtype) else value
+                for name, value in carried.items()}
     tmp = out / "model.safetensors.tmp"
     write_safetensors(tmp, tensors, {"format": "pt"})
     tmp.replace(out / "model.safetensors")
+    written = tensors_dtype(tensors)
     if record.source is None:
-        (out / "config.json").write_text(json.dumps(export_config(model), indent=2) + "\n")
+        config = export_config(model) | ({"dtype": written} if written else {})
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     else:
         for name in COPIED_FILES:
             if (record.source / name).is_file() and record.source.resolve() != out.resolve():
                 shutil.copyfile(record.source / name, out / name)
+        if written and (out / "config.json").is_file():
+            _name_dtype(out / "config.json", written)
+    return {value.dtype.name for value in tensors.values() if _is_float(value.dtype)}
+
+
+def tensors_dtype(tensors: dict[str, np.ndarray]) -> str | None:
+    """The dtype a config names for these tensors: that of most floating-point elements."""
+    elements: dict[str, int] = {}
+    for value in tensors.values():
+        if _is_float(value.dtype):
+            elements[value.dtype.name] = elements.get(value.dtype.name, 0) + value.size
+    return max(elements, key=elements.get) if elements else None
+
+
+def _name_dtype(path: Path, dtype: str) -> None:
+    """Make a copied config.json name ``dtype`` (``dtype``, ``torch_dtype`` where present, and
+    those of its sub-configs, ``text_config``); unchanged bytes where it names it already."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # not a JSON object: the load read it, so nothing to name here
+    if not isinstance(config, dict):
+        return
+    changed = _set_dtype(config, dtype, top=True)
+    if changed:
+        path.write_text(json.dumps(config, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def _set_dtype(config: dict, dtype: str, top: bool = False) -> bool:
+    changed = False
+    for key in ("dtype", "torch_dtype"):
+        if (key in config or (top and key == "dtype")) and config.get(key) != dtype:
+            config[key] = dtype
+            changed = True
+    for key, value in config.items():
+        if key.endswith("_config") and isinstance(value, dict) and ("dtype" in value or "torch_dtype" in value):
+            changed = _set_dtype(value, dtype) or changed
+    return changed
 
 
 def carried_tensors(model: ModelOp, record: ImportRecord) -> dict[str, np.ndarray]:

@@ -15,7 +15,8 @@ Three checks run on the config before any value is mapped:
   Granite, Phi-3, OLMo, ...) that change what the network computes, each with
   its neutral value (``attention_bias: false``, ``*_multiplier: 1.0``,
   ``hidden_act: "silu"``, no ``*_softcapping``, only ``full_attention`` layers
-  or, for a model that maps ``sliding_window``, only ``sliding_attention``, ...). A field the model maps in ``param_mapping`` is the model's business.
+  or, for a model that maps ``sliding_window``, only ``sliding_attention``, ...). A field the
+  model maps in ``param_mapping`` is the model's business.
   The model declares the rest in its ``hf_config``::
 
       require:                  # the values the model computes; overrides the table
@@ -47,6 +48,7 @@ from xdsl.ir import Attribute
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, Span
 from modeldsl.dialects.graph import ModelOp
+from modeldsl.registry import model_serving, plain_model_type
 
 Neutral = Callable[[Any, dict[str, Any]], bool]
 
@@ -151,6 +153,9 @@ FIELDS: dict[str, tuple[Neutral, str]] = {
     "n_routed_experts": (_off, "mixture-of-experts layers"),
     "time_step_limit": (_no_step_clamp, "a clamp of the Mamba-2 step size"),
 }
+# fields that transformers' config classes accept under two names for one setting (Gemma's configs carry
+# both, with the same value): one the model requires or maps, the other set to the same value, is accepted
+ALIASES: dict[str, str] = {"hidden_act": "hidden_activation", "hidden_activation": "hidden_act"}
 PATTERNS: list[tuple[re.Pattern[str], Neutral, str]] = [
     (re.compile(r".+_multiplier$"), _equals(1.0), "a scale of the activations"),
     (re.compile(r".+_softcapping$"), _off, "tanh soft-capping"),
@@ -233,11 +238,6 @@ def declared_types(declared: dict[str, Any]) -> tuple[list[str], list[str]]:
     return _names(declared.get("architecture")), types
 
 
-def plain_model_type(model_type: str) -> str:
-    """A model type without its underscores: ``qwen3_moe`` is ``Qwen3MoeConfig``'s ``qwen3moe``."""
-    return model_type.replace("_", "")
-
-
 def malformed_identity(hf: Any) -> list[Diagnostic]:
     """E030 for an ``architectures`` that is not a list of strings or a ``model_type`` that is
     not a string (transformers could not read either)."""
@@ -278,8 +278,6 @@ def architecture_mismatch(declared: dict[str, Any], hf: Any) -> Diagnostic | Non
 
 def std_model_for(architectures: list[str], model_type: str | None) -> str | None:
     """The std model file (``std/models/NAME.module``) that serves the architectures."""
-    from modeldsl.registry import model_serving  # the registry parses the std library
-
     entry = model_serving(architectures, model_type)
     return None if entry is None else f"std/models/{entry.path.name} ({entry.name})"
 
@@ -292,6 +290,8 @@ def unsupported_fields(model_name: str, declared: dict[str, Any], hf: Any, mappe
     problems = _per_layer_type_rope(model_name, hf, mapped)
     for name, value, where in _fields(hf):
         if name in mapped or name in ignored:
+            continue
+        if _names_the_same(name, value, required, hf, mapped):
             continue
         if name in required:
             if value is not None and not _same(value, required[name]):
@@ -311,6 +311,17 @@ def unsupported_fields(model_name: str, declared: dict[str, Any], hf: Any, mappe
                                        f"load the checkpoint with a model that maps '{name}'; a model that "
                                        f"computes it declares it in hf_config (param_mapping, require: or ignore:)"))
     return problems
+
+
+def _names_the_same(name: str, value: Any, required: dict[str, Any], hf: Any, mapped: set[str]) -> bool:
+    """Whether ``name`` is the other name of a field the model requires or maps, set to what that one
+    is (Gemma-2's ``hidden_act`` beside the ``hidden_activation`` the model requires)."""
+    alias = ALIASES.get(name)
+    if alias is None or name in required:
+        return False
+    if alias in required:
+        return _same(value, required[alias])
+    return alias in mapped and alias in hf and _same(value, hf.get(alias))
 
 
 def _window_from_max_window_layers(value: Any, hf: Any) -> bool:

@@ -81,13 +81,11 @@ from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
 from modeldsl.dialects.graph import ModelOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
-from modeldsl.hf.compat import (NESTED, check_compatible, declarations, declared_types,
-                                 suspicious_values, warn_python)
+from modeldsl.hf.compat import NESTED, check_compatible, declarations, declared_types, suspicious_values, warn_python
 from modeldsl.hf.safetensors_io import CheckpointError, regular_file
 from modeldsl.instances import source_text
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate
 from modeldsl.symbolic import Expr
-
 
 INT64 = (-(2**63), 2**63 - 1)
 MAX_CONFIG_BYTES = 64 * 1024 * 1024

@@ -7,20 +7,24 @@ documented format (an 8-byte little-endian header length, a JSON header of
 ``numpy.memmap`` and ``ml_dtypes.bfloat16``: no copy until a tensor is used,
 and nothing is ever unpickled. :meth:`SafetensorsFile.read_into` reads a tensor
 straight into an array the caller owns (the model's params arena), converting
-its dtype in bounded chunks (or has the caller back it with the file's pages).
+its dtype in bounded chunks (or has the caller back it with the file's pages,
+which it then leaves untouched); :meth:`SafetensorsFile.row_chunks` reads a
+tensor's rows a bounded chunk at a time, for a caller that moves them.
 Every inconsistency (short file, bad header, offsets outside the data) is a
 :class:`CheckpointError` naming file and tensor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
+import mmap
 import os
 import stat
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -44,7 +48,10 @@ DTYPES: dict[str, np.dtype] = {
 }
 NAMES = {v: k for k, v in DTYPES.items()}
 MAX_HEADER = 100 * 1024 * 1024
-READ_CHUNK = 64 * 1024 * 1024  # bytes of the file read (and converted) at a time
+READ_CHUNK = 16 * 1024 * 1024  # bytes of the file read (and converted) at a time, per thread: the bound of a
+# load's temporaries
+OWN_PAGES_FROM = 1 << 20  # bytes from which a chunk buffer is mapped anonymous memory of its own
+PRIVATE = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_PRIVATE") else {}
 MAX_READ = 1 << 30  # bytes one read call asks for (Linux returns at most 2 GiB - 4 KiB)
 # (file descriptor, file offset, the bytes of an array) -> the range of those bytes now backed by the file
 Mapper = Callable[[int, int, np.ndarray], tuple[int, int]]
@@ -166,8 +173,11 @@ class SafetensorsFile:
         up to ``threads`` threads (the kernel copies and numpy converts without the GIL).
         ``mapper`` (``out`` in the file's dtype) may first back ``out``'s bytes with the file's
         pages (see :class:`modeldsl.runtime.pages.PagedArena`); only the bytes it does not map are
-        read. Returns what ``inspect`` gives for each chunk as the file stores it, in order."""
-        dtype, shape, start, end = self.entries[name]
+        read into ``out``, and the mapped pages are not touched: ``inspect`` sees a chunk that has
+        mapped bytes in a bounded buffer read from the file, so they stay out of this process's
+        memory until they are used. Returns what ``inspect`` gives for each chunk as the file
+        stores it, in order."""
+        dtype, shape, start, _ = self.entries[name]
         if not out.flags.c_contiguous or out.size != math.prod(shape):
             raise ValueError(f"read_into '{name}': a C-contiguous array of {math.prod(shape)} elements is needed")
         flat = out.reshape(-1)
@@ -179,16 +189,20 @@ class SafetensorsFile:
                 mapped = mapper(f.fileno(), self.data_start + start, flat.view(np.uint8))
 
             def chunk(begin: int) -> Any:
-                count = min(step, flat.size - begin)
-                target = np.empty(count, dtype) if convert else flat[begin:begin + count]
-                raw, first = target.view(np.uint8), begin * dtype.itemsize
-                for lo, hi in ((0, mapped[0] - first), (mapped[1] - first, raw.size)):  # around the mapped bytes
-                    lo, hi = max(lo, 0), min(hi, raw.size)
-                    if lo < hi:
-                        self.read_bytes(f, self.data_start + start + first + lo, raw[lo:hi], name)
+                count, first = min(step, flat.size - begin), begin * dtype.itemsize
+                covered = _covered(mapped, first, count * dtype.itemsize)
+                buffered = convert or (inspect is not None and covered[0] < covered[1])
+                target = scratch((count,), dtype) if buffered else flat[begin:begin + count]
+                raw = target.view(np.uint8)
+                for lo, hi in ((0, raw.size),) if buffered else _around(covered, raw.size):
+                    self.read_bytes(f, self.data_start + start + first + lo, raw[lo:hi], name)
                 seen = inspect(target) if inspect is not None else None
                 if convert:
                     np.copyto(flat[begin:begin + count], target, casting="unsafe")
+                elif buffered:  # the file's pages back the covered bytes: only the others are copied in
+                    into = flat[begin:begin + count].view(np.uint8)
+                    for lo, hi in _around(covered, raw.size):
+                        into[lo:hi] = raw[lo:hi]
                 return seen
 
             begins = range(0, flat.size, step)
@@ -196,6 +210,22 @@ class SafetensorsFile:
                 return [chunk(b) for b in begins]
             with ThreadPoolExecutor(min(threads, len(begins))) as pool:
                 return list(pool.map(chunk, begins))
+
+    def row_chunks(self, name: str, start: int, stop: int, block: int = 1,
+                   chunk_bytes: int = READ_CHUNK) -> Iterator[tuple[int, np.ndarray]]:
+        """Rows ``start..stop`` of the tensor (along dim 0) as (first row, those rows as the file
+        stores them), read from the file about ``chunk_bytes`` at a time (a whole number of
+        ``block`` rows, at least one block) into one buffer every chunk reuses: a caller that
+        places each chunk before taking the next holds no more than that buffer."""
+        dtype, shape, begin, _ = self.entries[name]
+        row_bytes = math.prod(shape[1:]) * dtype.itemsize
+        rows = max(chunk_bytes // max(row_bytes, 1) // block, 1) * block
+        buffer = scratch((min(rows, max(stop - start, 0)), *shape[1:]), dtype)
+        with open(self.path, "rb", buffering=0) as f:
+            for first in range(start, stop, rows):
+                chunk = buffer[:min(rows, stop - first)]
+                self.read_bytes(f, self.data_start + begin + first * row_bytes, chunk, name)
+                yield first, chunk
 
     def read_bytes(self, f: io.RawIOBase, offset: int, target: np.ndarray, name: str) -> None:
         """Fill ``target`` with the file's bytes from ``offset`` (E034 if the file ends first)."""
@@ -206,6 +236,35 @@ class SafetensorsFile:
             if read <= 0:
                 raise self.corrupt(f"tensor '{name}' ends past the end of the file (was it truncated?)", name)
             done += read
+
+
+def scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A buffer of ``shape`` for chunks of a read: above :data:`OWN_PAGES_FROM` bytes in anonymous
+    pages of its own, given back to the system when the array goes (malloc keeps freed blocks below
+    its mmap threshold, up to 32 MiB, for later allocations, so a load's chunk buffers would stay in
+    the process's memory beside the weights)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < OWN_PAGES_FROM:
+        return np.empty(shape, dtype)
+    pages = mmap.mmap(-1, nbytes, **PRIVATE)
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # a fault per 2 MiB, not per 4 KiB: as fast as malloc's recycled blocks
+        with contextlib.suppress(OSError):  # a kernel without transparent huge pages
+            pages.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(pages, dtype).reshape(shape)
+
+
+def _covered(mapped: tuple[int, int], first: int, size: int) -> tuple[int, int]:
+    """The part (lo, hi) of the ``size`` bytes from ``first`` that the ``mapped`` byte range
+    covers, relative to ``first`` (lo == hi where it covers none)."""
+    lo = min(max(mapped[0] - first, 0), size)
+    return lo, max(min(mapped[1] - first, size), lo)
+
+
+def _around(covered: tuple[int, int], size: int) -> Iterator[tuple[int, int]]:
+    """The non-empty byte ranges of ``0..size`` outside ``covered``."""
+    for lo, hi in ((0, covered[0]), (covered[1], size)):
+        if lo < hi:
+            yield lo, hi
 
 
 def _naturals(value: object) -> bool:

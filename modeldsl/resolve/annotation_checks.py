@@ -24,36 +24,28 @@ from collections.abc import Iterable, Sequence
 
 from xdsl.ir import Block, Operation, SSAValue
 
+from modeldsl.dialects.fusion_patterns import KNOWN, PASS_PATTERNS, SPEC_PATTERNS
 from modeldsl.frontend.text import ast
-from modeldsl.graph_builder import GraphBuildError, GraphBuilder
+from modeldsl.graph_builder import GraphBuilder, GraphBuildError
 from modeldsl.primitives import STATISTICS, lookup_primitive
+from modeldsl.prims import by_name
 
-# The operations of each pattern of spec 7.5.1, as kinds of primitives in order.
-PATTERN_OPS: dict[str, tuple[str, ...]] = {
-    "residual_norm": ("add", "norm"),
-    "norm_linear": ("norm", "matmul"),
-    "gated_mlp": ("split", "gated"),
-    "attention_softmax": ("scale", "softmax"),
-    "bias_activation": ("add", "activation"),
-    "linear_bias_act": ("matmul", "add", "activation"),
-}
-KINDS: dict[str, tuple[str, ...]] = {
-    "add": ("add",), "bias_add": ("add",), "add3": ("add",),
-    "rmsnorm": ("norm",), "layernorm": ("norm",), "fused_residual_rmsnorm": ("add", "norm"),
-    "matmul": ("matmul",), "batched_matmul": ("matmul",), "grouped_gemm": ("matmul",),
-    "split": ("split",), "swiglu": ("gated", "activation"), "geglu": ("gated", "activation"),
-    "silu": ("activation",), "relu": ("activation",), "relu2": ("activation",), "gelu": ("activation",),
-    "scale": ("scale",), "softmax": ("softmax",),
-}
+# The operations of each pattern of spec 7.5.1, as kinds of primitives in order (the one list:
+# modeldsl.dialects.fusion_patterns).
+PATTERN_OPS: dict[str, tuple[str, ...]] = SPEC_PATTERNS
 # Ops whose result is a view (or a copy) of their operand: recomputing it costs nothing.
 VIEW_OPS = frozenset({"view", "transpose", "permute", "split", "contiguous", "copy"})
 
 
 def pass_patterns() -> dict[str, tuple[str, ...]]:
     """``mdsl-fuse``'s own patterns and the primitives each merges."""
-    from modeldsl.passes.fuse import PATTERNS  # here, not at the top: the fusion passes import this module
+    return PASS_PATTERNS
 
-    return {name: classes[0].primitives for name, classes in PATTERNS.items()}
+
+def fusion_kinds(primitive: str) -> tuple[str, ...]:
+    """The kinds of operation spec 7.5.1's patterns name ``primitive`` by (its registry record's)."""
+    entry = by_name().get(primitive)
+    return entry.fusion_kinds if entry is not None else ()
 
 
 def fusion_problem(pattern: str | None, ops: Sequence[str] | None, performed: Sequence[str]) -> tuple[str, str] | None:
@@ -70,19 +62,20 @@ def fusion_problem(pattern: str | None, ops: Sequence[str] | None, performed: Se
                         f"({' + '.join(own[pattern])})", f"the flow performs: {', '.join(performed) or 'nothing'}")
             return None
         if pattern not in PATTERN_OPS:
-            known = [*PATTERN_OPS, *(p for p in own if p not in PATTERN_OPS)]
+            known = list(KNOWN)
             close = difflib.get_close_matches(pattern, known, n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
             return f"unknown fusion pattern '{pattern}'", f"{hint}the patterns are {', '.join(known)}"
         wanted = PATTERN_OPS[pattern]
-        if not _in_order(wanted, [kind for op in performed for kind in KINDS.get(op, ())]):
+        if not _in_order(wanted, [kind for op in performed for kind in fusion_kinds(op)]):
             return (f"the flow does not perform the operations of fusion pattern '{pattern}' "
                     f"({' + '.join(wanted)})", f"the flow performs: {', '.join(performed) or 'nothing'}")
         return None
     if ops is not None:
         unknown = [op for op in ops if lookup_primitive(op) is None]
         if unknown:
-            return f"@fuse(ops=...) names '{unknown[0]}', which is not a primitive", "list primitives, e.g. ops=[matmul, add, silu]"
+            return (f"@fuse(ops=...) names '{unknown[0]}', which is not a primitive",
+                    "list primitives, e.g. ops=[matmul, add, silu]")
         if not _in_order(ops, performed):
             return (f"the flow does not perform {', '.join(ops)} in this order",
                     f"the flow performs: {', '.join(performed) or 'nothing'}")

@@ -335,7 +335,8 @@ def check_constraints(section: ast.Section, env: ConstEnv, sink: DiagnosticSink)
             sink.error(code, err.message, err.span, err.hint)
             continue
         if not isinstance(value, bool):
-            sink.error("E026", f"a constraint must be a comparison or boolean, not '{stmt.condition.span.text}'", stmt.condition.span,
+            sink.error("E026", f"a constraint must be a comparison or boolean, not '{stmt.condition.span.text}'",
+                       stmt.condition.span,
                        "write a condition such as `d_model % num_heads == 0`")
         elif not value:
             sink.error("E027", f"constraint violated: {stmt.message}", stmt.condition.span,

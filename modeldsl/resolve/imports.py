@@ -120,7 +120,8 @@ class Resolver:
                 self.sink.warning("W002", f"{decl.kind} {decl.name} shadows the imported {decl.name} "
                                   f"from {visible[decl.name].origin}", decl.span.word(decl.name), "rename one of them")
             if lookup_primitive(decl.name) is not None and decl.kind != "primitive":
-                self.sink.warning("W001", f"{decl.kind} {decl.name} shadows the primitive {decl.name}", decl.span.word(decl.name),
+                self.sink.warning("W001", f"{decl.kind} {decl.name} shadows the primitive {decl.name}",
+                                  decl.span.word(decl.name),
                                   "rename it unless you mean to replace the primitive")
             decls[decl.name] = decl
         check_primitive_decls(program.declarations, self.sink)
@@ -156,7 +157,8 @@ class Resolver:
                             item.span.word(name, last=True), "choose another alias")
         else:
             self.sink.error("E023", f"'{name}' is imported from both {previous.origin} and {imported.origin}",
-                            item.span.word(name, last=True), f"import one of them with an alias: import ... as Other{name}")
+                            item.span.word(name, last=True),
+                            f"import one of them with an alias: import ... as Other{name}")
 
     # ------------------------------------------------------------------ finding modules
     def import_names(self, item: ast.Node, base: Path) -> list[tuple[str, Imported]]:

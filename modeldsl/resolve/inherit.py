@@ -19,7 +19,8 @@ from modeldsl.frontend.text import ast
 INHERITABLE = ("module", "block")
 
 
-def merged(decl: ast.Decl, namespace: dict[str, ast.Decl], sink: DiagnosticSink, seen: tuple[str, ...] = ()) -> ast.Decl | None:
+def merged(decl: ast.Decl, namespace: dict[str, ast.Decl], sink: DiagnosticSink,
+           seen: tuple[str, ...] = ()) -> ast.Decl | None:
     """The declaration with everything it inherits folded in; None after an E011."""
     if decl.extends is None:
         return decl
@@ -30,7 +31,8 @@ def merged(decl: ast.Decl, namespace: dict[str, ast.Decl], sink: DiagnosticSink,
         return None
     if base is None or base.kind not in INHERITABLE:
         what = "an undefined name" if base is None else f"a {base.kind}"
-        sink.error("E011", f"{decl.name} extends {decl.extends}, which is {what}", decl.span.word(decl.extends, last=True),
+        sink.error("E011", f"{decl.name} extends {decl.extends}, which is {what}",
+                   decl.span.word(decl.extends, last=True),
                    "a module or block can extend a module or block")
         return None
     if decl.extends in seen or decl.extends == decl.name:

@@ -37,6 +37,7 @@ from typing import Any
 from modeldsl.diagnostics import DiagnosticSink, Span
 from modeldsl.frontend.text import ast
 from modeldsl.primitives import ParamSpec, PrimitiveSignature, TensorSlot, lookup_primitive, primitives
+from modeldsl.prims import by_name
 
 LIST_KINDS = ("ints", "dims")  # both written [int] in a declaration
 SCALAR_TYPES = {"float": "float", "int": "int", "bool": "bool", "dtype": "dtype"}
@@ -47,11 +48,11 @@ MISSING = object()
 
 def inference_params(name: str) -> list[ParamSpec]:
     """Parameters a primitive takes only for shape inference (not op attributes),
-    as :mod:`modeldsl.lower` passes them, with the defaults :mod:`modeldsl.infer` applies."""
-    from modeldsl.lower import INFERENCE_PARAMS  # lower imports the resolver: import at call time
-
+    as :mod:`modeldsl.lower` passes them (the ``inference_params`` of the primitive's record in
+    :mod:`modeldsl.prims`), with the defaults its shape rule applies."""
+    entry = by_name().get(name)
     specs = []
-    for pname in INFERENCE_PARAMS.get(name, ()):
+    for pname in entry.inference_params if entry is not None else ():
         if pname == "shape":
             specs.append(ParamSpec("shape", "dims", required=True))
         elif pname == "dtype":
@@ -410,7 +411,8 @@ class PrimitiveDeclChecker:
         partial = _elided(backward.body)
         forward = _section(decl.body, "forward")
         inputs = _section(forward.body, "in") if forward is not None else None
-        optional = frozenset(s.name for s in declared_slots(inputs) if s.optional) if inputs is not None else frozenset()
+        optional = (frozenset(s.name for s in declared_slots(inputs) if s.optional) if inputs is not None
+                    else frozenset())
         self.check_slots(name, kernel, backward, "in", kernel.positional_inputs, "tensor input", partial, optional)
         self.check_slots(name, kernel, backward, "out", kernel.outputs, "output", partial, optional)
         # The backward kernel gets its parameters from the forward's (check_params compared those).

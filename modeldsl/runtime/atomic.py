@@ -25,26 +25,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from modeldsl.files import process_alive
+
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
 
 def _sibling(target: Path, kind: str) -> Path:
     return target.parent / f".{target.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return True
-    return True
 
 
 def recover(target: Path) -> None:
@@ -57,7 +45,7 @@ def recover(target: Path) -> None:
         return
     for entry in entries:
         match = pattern.match(entry.name)
-        if not match or _alive(int(match[2])):
+        if not match or process_alive(int(match[2])):
             continue
         if match[1] == "old" and not os.path.lexists(target):
             os.rename(entry, target)

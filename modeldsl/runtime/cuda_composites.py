@@ -18,8 +18,9 @@ labels, lse) -> (d_x, d_weight)`` never hold all ``N x V`` logits. For each chun
   chunk's lse into the scratch) and the backward's steps on those logits; one logits GEMM per chunk.
 
 The launch's planned scratch (its last output) holds, from its start, each segment aligned to 256
-bytes: ``logits`` (``x``'s dtype ``[m, V]``; the planner sizes it for fp32), ``lse`` (merged: fp32 ``[m]``), ``loss_rows`` (forward and merged, reduction sum or mean: fp32 ``[N]``),
-``d_scale`` (backward and merged, mean: one fp32).
+bytes: ``logits`` (``x``'s dtype ``[m, V]``; the planner sizes it for fp32), ``lse`` (merged: fp32
+``[m]``), ``loss_rows`` (forward and merged, reduction sum or mean: fp32 ``[N]``), ``d_scale``
+(backward and merged, mean: one fp32).
 ``m``, the rows per chunk, is the launch's ``chunk`` (0: all ``N``), or the most rows whose segments
 fit where the scratch is smaller (the results do not depend on it beyond rounding). A launch these
 commands cannot run (no scratch, accumulate, mixed dtypes) falls back to the numpy reference.

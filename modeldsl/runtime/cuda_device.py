@@ -844,9 +844,9 @@ def gemm_problem(command: GemmCommand) -> GemmProblem:
     if batch > 1 and len(b.shape) == 2 and not command.transa:  # fold the batch into M
         ar, m, batch = ar * batch, m * batch, 1
     b_stride = br * bc if len(b.shape) > 2 else 0
-    name = lambda ref: np.dtype(ref.dtype).name
-    return GemmProblem(((name(b), bc, br, bc, batch, b_stride), (name(a), ac, ar, ac, batch, ar * ac),
-                        (name(c), n, m, n, batch, m * n)))
+    a_type, b_type, c_type = (np.dtype(ref.dtype).name for ref in (a, b, c))
+    return GemmProblem(((b_type, bc, br, bc, batch, b_stride), (a_type, ac, ar, ac, batch, ar * ac),
+                        (c_type, n, m, n, batch, m * n)))
 
 
 def attention_dims(shape: Sequence[int], layout: str) -> tuple[list[int], list[int]]:

@@ -3,7 +3,8 @@
 Two layers:
 
 - **Binding** (:func:`bind_program`): the program becomes, once, a flat list of commands
-  (layer loops unrolled as the CPU executor unrolls them). Every buffer is a
+  (layer loops unrolled as the CPU executor unrolls them: the same walk,
+  :mod:`modeldsl.dialects.sched_walk`). Every buffer is a
   :class:`TensorRef`: a device address (its arena's base plus its planned offset; aliases and
   layer views, row ranges included, by offset arithmetic), a shape and a dtype. A ``launch``
   becomes a :class:`KernelCommand` holding its ``kernels/cuda.py`` plan, whose pointer
@@ -14,8 +15,9 @@ Two layers:
   the primitive has no CUDA kernel or the plan raises ``NotCovered``, a reference fallback
   (counted in :attr:`CudaExecutor.fallbacks`, warned once per primitive). Launches of layout
   primitives (transpose, permute, concat, split, contiguous, copy, view) become device copies
-  (:class:`StridedCopyCommand`, :class:`CopyCommand`), ``zeros``/``ones``/``fill`` memsets, and
-  ``flash_attention``/``flash_attention_backward`` launches attention commands; a fused primitive
+  (:class:`StridedCopyCommand`, :class:`CopyCommand`) and ``zeros``/``ones``/``fill`` memsets (a
+  ``flash_attention`` launch, with its ALiBi slopes, is a kernel launch: mdsl-lower-to-sched makes
+  attention without them the ``attention``/``attention_backward`` ops); a fused primitive
   with a composite lowering (:mod:`modeldsl.runtime.cuda_composites`: the chunked LM-head loss)
   becomes a :class:`CompositeCommand` of GEMMs and kernel launches working in the launch's
   planned scratch. A ``gemm``
@@ -42,7 +44,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections import ChainMap
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -59,19 +62,16 @@ from modeldsl.dialects.sched import (
     CopyOp,
     GemmOp,
     LaunchOp,
-    LayerLoopOp,
     LayerViewOp,
     MemsetOp,
     ProgramOp,
-    RecomputeSegmentOp,
-    StreamOp,
-    SyncOp,
 )
+from modeldsl.dialects.sched_walk import TOP, At, ScheduleVisitor, layer_params, visit
+from modeldsl.kernel_choice import KernelChoice
 from modeldsl.kernels import cuda
 from modeldsl.kernels.reference import flash_attention, flash_attention_backward, gemm
 from modeldsl.kernels.registry import entry
 from modeldsl.primitives import lookup_primitive
-from modeldsl.kernel_choice import KernelChoice
 from modeldsl.runtime.cuda_device import Device, KernelUnavailable, aligned, fill_pattern
 from modeldsl.runtime.executor import DTYPE_KEYWORDS, SHAPE_KEYWORDS, SHAPES_KEYWORDS, ExecutionError, attribute_value
 from modeldsl.runtime.sched_executor import LAUNCH_ATTRIBUTES, numpy_dtype, root_offset, write_results
@@ -695,23 +695,6 @@ def with_kernel(command: AttentionCommand) -> AttentionCommand:
     return command
 
 
-def attention_launch(name: str, arguments: list[TensorRef | None], outputs: list[TensorRef],
-                     params: dict[str, Any], choice: KernelChoice | None = None) -> Command | None:
-    """A ``flash_attention`` (without ALiBi) or ``flash_attention_backward`` launch as an attention command."""
-    options = {"causal": bool(params.get("causal", True)), "window": int(params.get("window_size") or 0),
-               "softmax_scale": params.get("softmax_scale"), "choice": choice,
-               "softcap": float(params.get("softcap") or 0.0), "layout": str(params.get("layout") or "bhtd")}
-    if name == "flash_attention" and len(arguments) >= 3 and all(a is None for a in arguments[3:]):
-        q, k, v = arguments[:3]
-        return with_kernel(AttentionCommand(q=q, k=k, v=v, out=outputs[0], lse=outputs[1], **options))
-    if name == "flash_attention_backward" and len(arguments) >= 6 and all(a is None for a in arguments[6:]):
-        d_out, q, k, v, out, lse = arguments[:6]
-        d_q, d_k, d_v = outputs
-        return with_kernel(AttentionBackwardCommand(q=q, k=k, v=v, out=out, d_out=d_out, lse=lse, d_q=d_q, d_k=d_k,
-                                                    d_v=d_v, **options))
-    return None
-
-
 def fill_launch(name: str, outputs: list[TensorRef], params: dict[str, Any]) -> Command | None:
     """``zeros``, ``ones`` and ``fill`` as memsets."""
     values = {"zeros": 0.0, "ones": 1.0, "fill": params.get("value")}
@@ -832,7 +815,9 @@ def layout_launch(name: str, arguments: list[TensorRef | None], outputs: list[Te
     return [copy_command(piece, inputs[0].itemsize) for piece in pieces]
 
 
-def bind_launch(op: LaunchOp, refs: dict[SSAValue, TensorRef]) -> list[Command]:
+def bind_launch(op: LaunchOp, refs: Mapping[SSAValue, TensorRef], at: At = TOP) -> list[Command]:
+    """The commands of a launch where ``at`` says it runs (a launch marked ``keyed_by_layer``,
+    dropout's, gets the layers of its unrolled loops as its ``layers``)."""
     name = op.kernel.data
     try:
         reference = entry(name).reference
@@ -842,10 +827,11 @@ def bind_launch(op: LaunchOp, refs: dict[SSAValue, TensorRef]) -> list[Command]:
     # the executor's workspace holds the plans' scratch; a composite works in the planned one
     scratch = outputs.pop() if "scratch" in op.attributes else None
     arguments, params = reference_call(name, op, inputs, outputs)
+    params.update(layer_params(op, at))
     choice = recorded_choice(op)
-    special = attention_launch(name, arguments, outputs, params, choice) or fill_launch(name, outputs, params)
-    if special is not None:
-        return [special]
+    fill = fill_launch(name, outputs, params)
+    if fill is not None:
+        return [fill]
     copies = layout_launch(name, arguments, outputs, params)
     if copies is not None:
         return copies
@@ -914,7 +900,7 @@ class Binder:
             if isinstance(op, BufferOp):
                 self.place(op)
             else:
-                self.bound.commands += self.compile(op, self.refs)
+                self.bound.commands += self.compile(op)
         return self.bound
 
     def place(self, op: BufferOp) -> None:
@@ -943,44 +929,60 @@ class Binder:
             if isinstance(name, StringAttr):
                 self.bound.tagged[tag][name.data] = ref
 
-    def compile(self, op: Operation, refs: dict[SSAValue, TensorRef]) -> list[Command]:
-        if isinstance(op, (StreamOp, SyncOp)):
-            return []
-        if isinstance(op, LayerLoopOp):
-            return self.compile_loop(op, refs)
-        if isinstance(op, RecomputeSegmentOp):
-            return [c for inner in op.body.block.ops for c in self.compile(inner, refs)]
-        if isinstance(op, LayerViewOp):  # the layer is the enclosing loop's (compile_loop binds its index)
-            view, rows = refs[op.stacked].layer(refs[op.layer]), op.row_range
-            refs[op.result] = view if rows is None else view.rows(*rows)
-            return []
-        if isinstance(op, LaunchOp):
-            return bind_launch(op, refs)
-        if isinstance(op, GemmOp):
-            return [bind_gemm(op, refs)]
-        if isinstance(op, (AttentionOp, AttentionBackwardOp)):
-            return [bind_attention(op, refs)]
-        if isinstance(op, CopyOp):
-            return [bind_copy(op, refs)]
-        if isinstance(op, MemsetOp):
-            value = op.attributes.get("value")
-            return [MemsetCommand(target=refs[op.target], value=value.value.data if value is not None else 0.0)]
+    def compile(self, op: Operation) -> list[Command]:
+        """The commands of one top-level op (a layer loop unrolled: its body's commands for each layer)."""
+        compiler = CommandCompiler(self.refs)
+        visit(op, compiler)
+        return compiler.commands
+
+
+class CommandCompiler(ScheduleVisitor):
+    """Binds the ops of one top-level op to device commands, in order (the walk unrolls layer
+    loops). The references of layer slices live in ``refs`` over the binder's buffer references."""
+
+    unroll = True
+
+    def __init__(self, refs: dict[SSAValue, TensorRef]):
+        self.refs: ChainMap[SSAValue, TensorRef] = ChainMap({}, refs)
+        self.commands: list[Command] = []
+
+    def layer_view(self, op: LayerViewOp, at: At) -> None:
+        view, rows = self.refs[op.stacked].layer(at.layer(op.layer)), op.row_range
+        self.refs[op.result] = view if rows is None else view.rows(*rows)
+
+    def launch(self, op: LaunchOp, at: At) -> None:
+        self.commands += bind_launch(op, self.refs, at)
+
+    def gemm(self, op: GemmOp, at: At) -> None:
+        self.commands.append(bind_gemm(op, self.refs))
+
+    def attention(self, op: AttentionOp, at: At) -> None:
+        self.commands.append(bind_attention(op, self.refs))
+
+    def attention_backward(self, op: AttentionBackwardOp, at: At) -> None:
+        self.commands.append(bind_attention(op, self.refs))
+
+    def copy(self, op: CopyOp, at: At) -> None:
+        self.commands.append(bind_copy(op, self.refs))
+
+    def memset(self, op: MemsetOp, at: At) -> None:
+        value = op.attributes.get("value")
+        self.commands.append(MemsetCommand(target=self.refs[op.target],
+                                           value=value.value.data if value is not None else 0.0))
+
+    def buffer(self, op: BufferOp, at: At) -> None:
+        self.other(op, at)  # buffers are placed at the top level
+
+    def work(self, op: Operation, at: At) -> None:
+        self.other(op, at)
+
+    def other(self, op: Operation, at: At) -> None:
         raise ExecutionError(f"the CUDA executor cannot run {op.name}")
 
-    def compile_loop(self, loop: LayerLoopOp, refs: dict[SSAValue, TensorRef]) -> list[Command]:
-        layers = range(loop.lower.value.data, loop.upper.value.data)
-        commands: list[Command] = []
-        for layer in reversed(layers) if loop.reverse is not None else layers:
-            local = dict(refs)
-            local[loop.index] = layer
-            for op in loop.body.block.ops:
-                commands += self.compile(op, local)
-        return commands
 
-
-def bind_gemm(op: GemmOp, refs: dict[SSAValue, TensorRef]) -> GemmCommand:
-    optional = lambda value: refs[value] if value is not None else None
-    return GemmCommand(a=refs[op.a], b=refs[op.b], c=refs[op.c], bias=optional(op.bias), aux=optional(op.aux),
+def bind_gemm(op: GemmOp, refs: Mapping[SSAValue, TensorRef]) -> GemmCommand:
+    bias, aux = (refs[value] if value is not None else None for value in (op.bias, op.aux))
+    return GemmCommand(a=refs[op.a], b=refs[op.b], c=refs[op.c], bias=bias, aux=aux,
                        transa=bool(op.transa.value.data), transb=bool(op.transb.value.data),
                        alpha=op.alpha.value.data, beta=op.beta.value.data, epilogue=op.epilogue.data,
                        choice=recorded_choice(op))
@@ -996,7 +998,7 @@ def recorded_choice(op: Operation) -> KernelChoice | None:
                         workspace.value.data if isinstance(workspace, IntegerAttr) else None)
 
 
-def bind_attention(op: AttentionOp | AttentionBackwardOp, refs: dict[SSAValue, TensorRef]) -> AttentionCommand:
+def bind_attention(op: AttentionOp | AttentionBackwardOp, refs: Mapping[SSAValue, TensorRef]) -> AttentionCommand:
     options = {"causal": bool(op.causal.value.data), "window": op.window.value.data,
                "softmax_scale": op.scale.value.data if op.scale is not None else None, "layout": op.layout.data,
                "choice": recorded_choice(op), "softcap": op.softcap.value.data if op.softcap is not None else 0.0}
@@ -1008,7 +1010,7 @@ def bind_attention(op: AttentionOp | AttentionBackwardOp, refs: dict[SSAValue, T
                                                 d_k=refs[op.d_k], d_v=refs[op.d_v], **options))
 
 
-def bind_copy(op: CopyOp, refs: dict[SSAValue, TensorRef]) -> Command:
+def bind_copy(op: CopyOp, refs: Mapping[SSAValue, TensorRef]) -> Command:
     """A copy of bytes (all of them, or the leading ``bytes``); between dtypes, a cast."""
     src, dst = refs[op.src], refs[op.dst]
     if op.nbytes is not None:

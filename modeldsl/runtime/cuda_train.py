@@ -8,8 +8,9 @@ them; learning rate and step number from the host) and the same state API (``ste
 ``grad_norm``, ``state_arrays``, ``restore``, ``sync_weights``), on a
 :class:`modeldsl.runtime.cuda_device.Device` (a :class:`CudaDevice` by default; the
 :class:`EmulatedDevice` runs the same on the CPU). All programs share one device params arena (a
-:class:`modeldsl.runtime.profiles.ProfiledForward` on the device), filled once from the model's weights (``fp32``: the fp32 weights; ``bf16``: mixed precision, the
-16-bit weights, with fp32 masters in the optimizer arena), and the training and optimizer
+:class:`modeldsl.runtime.profiles.ProfiledForward` on the device), filled once from the model's
+weights (``fp32``: the fp32 weights; ``bf16``: mixed precision, the 16-bit weights, with fp32
+masters in the optimizer arena), and the training and optimizer
 programs share the grads arena. After the first step of each micro-batch shape nothing is
 allocated; from the second on every program replays its CUDA graph.
 """

@@ -9,7 +9,11 @@ the arguments at each call, so one lowered model serves prompts of any
 length; a specialized model simply has nothing left to bind.
 
 ``mdsl.graph.stack`` runs its block body once per layer with that layer's
-slice of the stacked parameters. A :class:`KVCache` turns every attention
+slice of the stacked parameters. ``dropout`` draws its mask as the schedule
+executors do: keyed with the layers of the stacks around it and the step
+counter (its ``step`` operand, else the executor's ``rng_step``); with
+``training`` every op runs as a training step runs it (dropout active), so the
+forward a finite difference takes is the one a derived gradient differentiates. A :class:`KVCache` turns every attention
 op into incremental decoding: its keys and values are appended to the
 cache of that op and layer, and the queries attend to everything cached.
 It carries the state of every recurrent op (Mamba's conv and scan, when the
@@ -32,6 +36,7 @@ from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import DimsAttr, TensorType
 from modeldsl.primitives import STAR_REDUCTIONS, PrimitiveSignature, primitives, star_reduction
+from modeldsl.prims import registry
 from modeldsl.runtime.threads import blas_threads
 from modeldsl.symbolic import STAR, Expr
 
@@ -93,6 +98,7 @@ class KVCache:
 
 
 RECURRENT = ("mamba_conv1d", "mamba_selective_scan")  # their last operand is the optional carried state
+KEYED = ("dropout",)  # keyed by the layers around them and the step counter (their optional last operand)
 
 
 @lru_cache(maxsize=1)
@@ -104,13 +110,14 @@ def _signatures_by_op() -> dict[str, PrimitiveSignature]:
 class Frame:
     values: dict[SSAValue, np.ndarray]
     layer: int | None = None
+    layers: tuple[int, ...] = ()  # the layer of every enclosing stack, outermost first
 
 
 class GraphExecutor:
     """Runs the functions of one model on numpy arrays."""
 
     def __init__(self, module: ModuleOp | ModelOp, weights: dict[str, np.ndarray],
-                 float_dtype: np.dtype | None = None):
+                 float_dtype: np.dtype | None = None, training: bool = False, rng_step: int = 0):
         self.model = module if isinstance(module, ModelOp) else next(
             op for op in module.walk() if isinstance(op, ModelOp))
         self.funcs = {op.sym_name.data: op for op in self.model.body.block.ops if isinstance(op, FuncOp)}
@@ -119,6 +126,8 @@ class GraphExecutor:
         self.symbols: dict[str, int] = {}
         self.cache: KVCache | None = None
         self.observers: list[Callable[[Operation, list[np.ndarray]], None]] = []
+        self.training = training  # run every op with the attributes a training step sets (dropout's training)
+        self.rng_step = rng_step  # the step counter of dropout ops without a step operand
 
     # ------------------------------------------------------------------ entry
     def run(self, name: str, *args: np.ndarray, cache: KVCache | None = None) -> list[np.ndarray]:
@@ -130,7 +139,7 @@ class GraphExecutor:
         for arg, value in zip(func.body.block.args, args, strict=True):
             self.bind(arg.type, value, arg.name_hint or "argument")
         with blas_threads(1):  # the oracle runs small models: one thread never waits on a busy machine
-            return self.call(func, list(args), None)
+            return self.call(func, list(args), None, ())
 
     def bind(self, ttype: TensorType, value: np.ndarray, what: str) -> None:
         """Bind the symbols of ``ttype`` from the shape of ``value`` (and check the rest)."""
@@ -147,8 +156,9 @@ class GraphExecutor:
                 raise ExecutionError(f"{what}: expected shape {ttype}, got {value.shape} "
                                      f"(with {self.symbols})")
 
-    def call(self, func: FuncOp, args: Sequence[np.ndarray], layer: int | None) -> list[np.ndarray]:
-        frame = Frame(dict(zip(func.body.block.args, args)), layer)
+    def call(self, func: FuncOp, args: Sequence[np.ndarray], layer: int | None,
+             layers: tuple[int, ...] = ()) -> list[np.ndarray]:
+        frame = Frame(dict(zip(func.body.block.args, args)), layer, layers)
         for op in func.body.block.ops:
             if isinstance(op, ReturnOp):
                 return [frame.values[v] for v in op.values]
@@ -167,7 +177,7 @@ class GraphExecutor:
             return self.run_stack(op, frame)
         if isinstance(op, CallOp):
             return self.call(self.funcs[op.callee.root_reference.data], [frame.values[v] for v in op.arguments],
-                             frame.layer)
+                             frame.layer, frame.layers)
         sig = _signatures_by_op().get(op.name)
         if sig is None:
             raise ExecutionError(f"the reference executor cannot run {op.name}")
@@ -181,6 +191,10 @@ class GraphExecutor:
         if sig.name == "flash_attention" and self.cache is not None:
             k, v = self.cache.extend((id(op), frame.layer), inputs[1], inputs[2], params.get("layout", "bhtd"))
             inputs = [inputs[0], k, v, *inputs[3:]]
+        if sig.name in KEYED:  # as the schedule runs it: the enclosing layers, the step counter
+            params["layers"] = list(frame.layers)
+            if inputs[-1] is None:
+                inputs[-1] = np.array([self.rng_step], dtype=np.int64)
         if sig.name in RECURRENT and self.cache is not None and inputs[-1] is None:
             return self.recur(op, sig, frame, inputs, params)
         out = sig.reference(*inputs, **params)
@@ -210,7 +224,8 @@ class GraphExecutor:
         count = op.count.data.evaluate(self.symbols)
         collected = [np.empty(self.shape_of(r.type), self.numpy_dtype(r.type.dtype)) for r in op.collected]
         for layer in reversed(range(count)) if op.reverse is not None else range(count):
-            results = self.call(body, [*carried, *shared, *(w[layer] for w in stacked)], layer)
+            results = self.call(body, [*carried, *shared, *(w[layer] for w in stacked)], layer,
+                                (*frame.layers, layer))
             carried = results[:len(carried)]
             for out, value in zip(collected, results[len(carried):]):
                 out[layer] = value
@@ -232,6 +247,10 @@ class GraphExecutor:
     def parameters(self, op: Operation, sig: PrimitiveSignature) -> dict[str, Any]:
         params = {p.name: attribute_value(op.attributes[p.name], p.kind, self.symbols) for p in sig.params
                   if p.name in op.attributes}
+        if self.training:
+            record = registry().get(type(op))
+            for name, value in (record.training.items() if record is not None else ()):
+                params[name] = attribute_value(value, sig.param(name).kind)
         result = op.results[0].type
         if sig.name in SHAPE_KEYWORDS:
             params["shape"] = tuple(d.evaluate(self.symbols) for d in result.shape)

@@ -3,8 +3,8 @@
 Loading reads the checkpoint's ``config.json`` through the model's
 ``hf_config``, lowers the DSL model with that configuration (so its
 constraints are checked against the checkpoint), binds the configuration
-into the IR (``mdsl-specialize``), and fills the parameters through
-``hf_mapping``. The forward function's inputs follow one convention: the
+into the IR (``mdsl-specialize``, :func:`modeldsl.passes.pipelines.bind_configuration`), and fills the
+parameters through ``hf_mapping``. The forward function's inputs follow one convention: the
 integer input is the token ids, an input named ``freqs`` is the RoPE table
 of the positions (from ``rope_theta``, ``head_dim`` and the checkpoint's
 ``rope_scaling``), and one named ``local_freqs`` the unscaled RoPE table of
@@ -16,7 +16,8 @@ Python errors: token ids that are not integers of the vocabulary, an empty
 sequence, a sequence longer than the model's positions
 (``max_position_embeddings``), invalid sampling arguments (E029); a
 checkpoint file that cannot be read or a checkpoint folder that cannot be
-written (E028); a malformed or unsupported ``rope_scaling`` (E030).
+written (E028); a malformed or unsupported ``rope_scaling`` (E030); a
+``save_hf`` folder that holds files the model did not save there (E044).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from xdsl.context import Context
 from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, DiagnosticSink
@@ -38,18 +38,24 @@ from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import ModelOp, ParamOp
 from modeldsl.frontend import read_model
 from modeldsl.hf.checkpoint import ImportRecord, direct_pieces, load_checkpoint, save_checkpoint
-from modeldsl.hf.compat import DiagnosticWarning  # noqa: F401 - the API's warning class
-from modeldsl.hf.compat import declarations, declared_types, warn_python
+from modeldsl.hf.compat import (
+    DiagnosticWarning,  # noqa: F401 - the API's warning class
+    declarations,
+    declared_types,
+    warn_python,
+)
 from modeldsl.hf.config import dsl_config, read_config
 from modeldsl.hf.safetensors_io import CheckpointError
 from modeldsl.ir import verify_module
+from modeldsl.kernels.cpu.compiled import prepare as prepare_cpu_kernels
 from modeldsl.lower import choose_top, lower_program
-from modeldsl.passes.specialize import SpecializePass
+from modeldsl.passes.pipelines import bind_configuration
 from modeldsl.registry import model_for_checkpoint
 from modeldsl.runtime.executor import NUMPY_DTYPES, GraphExecutor, KVCache
 from modeldsl.runtime.fits import check_fits_on, parameter_bytes
 from modeldsl.runtime.profiles import ParamsArena, ProfiledForward, params_arena
 from modeldsl.runtime.rope import SUPPORTED, RopeFrequencies, RopeScalingError, rope_frequencies, rope_type
+from modeldsl.runtime.saves import SaveTarget, new_run, saving_folder
 from modeldsl.symbolic import STAR
 
 STORAGE = {"fp32": np.dtype(np.float32), "bf16": NUMPY_DTYPES[DType.BF16]}
@@ -88,8 +94,11 @@ class Model:
     record: ImportRecord = field(default_factory=ImportRecord)
     device: Any = None  # a modeldsl.runtime.cuda_device.Device the schedule runs on; None: the CPU
     params: ParamsArena | None = None  # the schedule's params arena the weights are views of (the CPU)
+    save_id: str = field(default_factory=new_run, repr=False)  # marks its saves (save_hf)
 
     def __post_init__(self) -> None:
+        if self.device is None:  # the first use on a machine builds the CPU kernels: now, before any timer
+            prepare_cpu_kernels()
         float_dtype = np.float32 if self.dtype == "fp32" else None
         self.executor = GraphExecutor(self.model, self.weights, float_dtype)
         self.forward_func = self.executor.funcs["forward"]
@@ -326,15 +335,22 @@ class Model:
 
         return step
 
-    def save_hf(self, directory: str | Path, dtype: str | None = None) -> None:
+    def save_hf(self, directory: str | Path, dtype: str | None = None, overwrite: bool = False) -> None:
         """Write the weights as a HuggingFace checkpoint through the import record, each
-        tensor in its checkpoint dtype or, given ``dtype`` ("fp32", "bf16"), in that one
-        (E028 when the folder cannot be created or written)."""
+        tensor in its checkpoint dtype or, given ``dtype`` ("fp32", "bf16"), every floating-point
+        one in that (rounded to nearest even); config.json names the dtype written. The folder
+        is written atomically and holds only the save's files: a new or empty folder, or one this
+        model saved before, is (re)written; a folder holding anything else is E044 unless
+        ``overwrite`` (then it is replaced, everything in it included). E028 when the folder
+        cannot be created or written (:mod:`modeldsl.runtime.saves`)."""
         if dtype is not None and dtype not in STORAGE:
             raise _argument_error(f"dtype '{dtype}' is not fp32 or bf16")
+        target = SaveTarget(Path(directory), self.save_id, overwrite=bool(overwrite),
+                            what=f"save_hf('{directory}')", how="overwrite=True", owner="this model")
         try:
-            save_checkpoint(self.model, self.weights, self.record, directory,
-                            STORAGE[dtype] if dtype is not None else None)
+            with saving_folder(target) as folder:
+                save_checkpoint(self.model, self.weights, self.record, folder,
+                                STORAGE[dtype] if dtype is not None else None)
         except OSError as err:
             raise DiagnosticError([Diagnostic("E028", f"cannot write the checkpoint to '{directory}': "
                                               f"{_reason(err)}", None,
@@ -425,7 +441,7 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
             values = {**checkpoint_values, **values}
             _check_parameters_fit(default, values, storage, runs_on)
         module = lower_program(program, decl.name, values, sink)
-        SpecializePass().apply(Context(), module)
+        bind_configuration(module)
         _verify_specialized(module)
         model = _model_op(module)
         _check_parameters_fit(model, {}, storage, runs_on)

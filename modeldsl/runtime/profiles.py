@@ -31,16 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
 
+from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import ModelOp
 from modeldsl.dialects.sched import ProgramOp
-from modeldsl.passes.lower_to_sched import lower_function, parameter_buffers
-from modeldsl.passes.registry import PASSES
-from modeldsl.passes.fuse import FusePass
-from modeldsl.passes.specialize import SpecializePass
-from modeldsl.dialects.dtypes import DType
+from modeldsl.passes.lower_to_sched import parameter_buffers
+from modeldsl.passes.pipelines import ForwardProfile, GenerateStep, pipeline_of, planned
 from modeldsl.runtime.executor import NUMPY_DTYPES, ExecutionError
 from modeldsl.runtime.fits import check_fits_on
 from modeldsl.runtime.pages import PagedArena, best_shift
@@ -51,22 +47,18 @@ DEFAULT_BUCKETS = (1, 16, 64, 256, 1024, 4096)
 
 def plan(program: ProgramOp) -> ProgramOp:
     """Run ``mdsl-plan-memory`` (default options) on one program."""
-    holder = ModuleOp([program])
-    PASSES["mdsl-plan-memory"]()().apply(Context(), holder)
-    program.detach()
-    return program
+    return planned(program)
 
 
 def compile_profile(model: ModelOp, batch: int, tokens: int, storage: str | None, kv_cache: int = 0,
                     split_gemms: bool = True) -> ProgramOp:
-    """The planned forward schedule of ``model`` for ``[batch, tokens]`` inputs (with a KV
-    cache of ``kv_cache`` positions when it is positive; see ``mdsl-lower-to-sched``), every
-    ``mdsl-fuse`` pattern applied."""
-    module = ModuleOp([model.clone()])
-    SpecializePass.of(B=batch, T=tokens).apply(Context(), module)
-    FusePass().apply(Context(), module)
-    specialized = next(op for op in module.body.block.ops if isinstance(op, ModelOp))
-    return plan(lower_function(specialized, "forward", storage, kv_cache, split_gemms))
+    """The planned forward schedule of ``model`` for ``[batch, tokens]`` inputs: the pipeline
+    ``mdsl-forward-profile``, or with a KV cache of ``kv_cache`` positions ``mdsl-generate-step``
+    (:mod:`modeldsl.passes.pipelines`), every ``mdsl-fuse`` pattern applied."""
+    options = {"B": batch, "T": tokens, "storage": storage or "", "split_gemms": split_gemms}
+    if kv_cache:
+        return pipeline_of(GenerateStep, **options, kv_cache=kv_cache).program(model)
+    return pipeline_of(ForwardProfile, **options).program(model)
 
 
 @dataclass

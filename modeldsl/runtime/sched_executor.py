@@ -4,7 +4,8 @@ Each arena is allocated once, as one numpy byte array of its planned size;
 every buffer is a numpy view at its planned offset (an alias views its root
 at its byte offset, a ``layer_view`` a slice of a stacked buffer). The
 constructor turns the program into a flat list of steps, layer loops
-unrolled, with every view made in advance. A step is the primitive's fast
+unrolled (the schedule walker's order, :mod:`modeldsl.dialects.sched_walk`),
+with every view made in advance. A step is the primitive's fast
 CPU kernel (:mod:`modeldsl.kernels.cpu`) where it has one for these
 operands: it writes into the planned output views, takes its temporaries from
 the pool's workspace and splits its rows over the pool's threads, so a
@@ -20,7 +21,9 @@ nothing here, only which kernel the CUDA executor runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import ChainMap
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from xdsl.dialects.builtin import IntegerAttr, StringAttr
@@ -28,37 +31,41 @@ from xdsl.ir import Attribute, Operation, SSAValue
 
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.sched import (
+    KERNEL_CHOICE_ATTRIBUTES,
+    AttentionBackwardOp,
     AttentionOp,
     BufferOp,
     BufferType,
     CopyOp,
     GemmOp,
     LaunchOp,
-    LayerLoopOp,
     LayerViewOp,
     MemsetOp,
     ProgramOp,
-    RecomputeSegmentOp,
-    StreamOp,
-    SyncOp,
-    KERNEL_CHOICE_ATTRIBUTES,
 )
+from modeldsl.dialects.sched_walk import KEYED_BY_LAYER, TOP, At, ScheduleVisitor, layer_params, visit
 from modeldsl.kernels.cpu import cpu_kernel
 from modeldsl.kernels.cpu.compiled import enabled as compiled_kernels_enabled
 from modeldsl.kernels.cpu.gemm import gemm as cpu_gemm
 from modeldsl.kernels.cpu.optim import fuse_optimizer_steps
 from modeldsl.kernels.cpu.pool import BUFSIZE, pool_of
-from modeldsl.kernels.reference import flash_attention, gemm
+from modeldsl.kernels.reference import flash_attention, flash_attention_backward, gemm
 from modeldsl.kernels.registry import entry
 from modeldsl.primitives import lookup_primitive
 from modeldsl.runtime.executor import (
-    DTYPE_KEYWORDS, NUMPY_DTYPES, SHAPE_KEYWORDS, SHAPES_KEYWORDS, ExecutionError, attribute_value,
+    DTYPE_KEYWORDS,
+    NUMPY_DTYPES,
+    SHAPE_KEYWORDS,
+    SHAPES_KEYWORDS,
+    ExecutionError,
+    attribute_value,
 )
 from modeldsl.runtime.threads import blas_threads, pool_size
 
 Step = Callable[[], None]
 # launch attributes that are not kernel parameters
-LAUNCH_ATTRIBUTES = {"grid", "block", "inplace", "accumulate", "stream", "scratch", "absent", *KERNEL_CHOICE_ATTRIBUTES}
+LAUNCH_ATTRIBUTES = {"grid", "block", "inplace", "accumulate", "stream", "scratch", "absent", KEYED_BY_LAYER,
+                     *KERNEL_CHOICE_ATTRIBUTES}
 
 
 class ScheduleExecutor:
@@ -91,7 +98,7 @@ class ScheduleExecutor:
             if isinstance(op, BufferOp):
                 self.place(op)
             else:
-                compiled.append((op, self.compile(op, self.views)))
+                compiled.append((op, self.compile(op)))
         self.steps: list[Step] = fuse_optimizer_steps(self.threads, compiled, self.views)
         if params is not None:
             self.bind_params(params)
@@ -151,43 +158,13 @@ class ScheduleExecutor:
         return list(self.outputs)
 
     # ------------------------------------------------------------------ compiling steps
-    def compile(self, op: Operation, views: dict[SSAValue, np.ndarray]) -> list[Step]:
-        if isinstance(op, (StreamOp, SyncOp)):
-            return []
-        if isinstance(op, LayerLoopOp):
-            return self.compile_loop(op, views)
-        if isinstance(op, RecomputeSegmentOp):
-            return [step for inner in op.body.block.ops for step in self.compile(inner, views)]
-        if isinstance(op, LayerViewOp):  # the layer is the enclosing loop's (compile_loop binds its index)
-            rows, layer = op.row_range, views[op.layer]
-            views[op.result] = views[op.stacked][layer] if rows is None else \
-                views[op.stacked][layer][rows[0]:rows[0] + rows[1]]
-            return []
-        if isinstance(op, LaunchOp):
-            return [self.launch(op, views)]
-        if isinstance(op, GemmOp):
-            return [self.gemm(op, views)]
-        if isinstance(op, AttentionOp):
-            return [self.attention(op, views)]
-        if isinstance(op, CopyOp):
-            return [copy_step(views[op.operands[0]], views[op.operands[1]], op.attributes.get("bytes"))]
-        if isinstance(op, MemsetOp):
-            value = op.attributes.get("value")
-            target, fill = views[op.operands[0]], value.value.data if value is not None else 0.0
-            return [lambda: target.fill(fill)]
-        raise ExecutionError(f"the CPU executor cannot run {op.name}")
+    def compile(self, op: Operation) -> list[Step]:
+        """The steps of one top-level op (a layer loop unrolled: its body's steps for each layer)."""
+        compiler = StepCompiler(self)
+        visit(op, compiler)
+        return compiler.steps
 
-    def compile_loop(self, loop: LayerLoopOp, views: dict[SSAValue, np.ndarray]) -> list[Step]:
-        layers = range(loop.lower.value.data, loop.upper.value.data)
-        steps: list[Step] = []
-        for layer in reversed(layers) if loop.reverse is not None else layers:
-            local = dict(views)
-            local[loop.index] = layer
-            for op in loop.body.block.ops:
-                steps += self.compile(op, local)
-        return steps
-
-    def launch(self, op: LaunchOp, views: dict[SSAValue, np.ndarray]) -> Step:
+    def launch(self, op: LaunchOp, views: Mapping[SSAValue, np.ndarray], at: At = TOP) -> Step:
         try:
             kernels = entry(op.kernel.data)
         except KeyError as err:
@@ -212,6 +189,7 @@ class ScheduleExecutor:
                 params["dtype"] = outputs[0].dtype
             if sig.name in SHAPES_KEYWORDS:
                 params["shapes"] = tuple(o.shape for o in outputs)
+        params.update(layer_params(op, at))  # dropout in a layer loop: its layers key its mask
 
         accumulate = op.accumulate is not None
         fast = cpu_kernel(op.kernel.data)
@@ -226,7 +204,7 @@ class ScheduleExecutor:
 
         return step
 
-    def gemm(self, op: GemmOp, views: dict[SSAValue, np.ndarray]) -> Step:
+    def gemm(self, op: GemmOp, views: Mapping[SSAValue, np.ndarray]) -> Step:
         """``C = epilogue(alpha op(A) op(B) + beta C)`` with the reference's cuBLASLt epilogues."""
         a, b, c = views[op.a], views[op.b], views[op.c]
         bias, aux = (views[v] if v is not None else None for v in (op.bias, op.aux))
@@ -243,27 +221,93 @@ class ScheduleExecutor:
 
         return step
 
-    def attention(self, op: AttentionOp, views: dict[SSAValue, np.ndarray]) -> Step:
+    def attention(self, op: AttentionOp, views: Mapping[SSAValue, np.ndarray]) -> Step:
         q, k, v, out, lse = (views[x] for x in (op.q, op.k, op.v, op.out, op.lse))
-        softcap = op.softcap.value.data if op.softcap is not None else 0.0
-        fast = cpu_kernel("flash_attention")(self.threads, [out, lse], [q, k, v, None], {
-            "causal": bool(op.causal.value.data), "window_size": op.window.value.data or None,
-            "softmax_scale": op.scale.value.data if op.scale is not None else None, "layout": op.layout.data,
-            "softcap": softcap})
+        params = attention_params(op)
+        fast = cpu_kernel("flash_attention")(self.threads, [out, lse], [q, k, v, None], params)
         if fast is not None:
             return fast
         if op.layout.data == "bthd":
             q, k, v, out = (x.swapaxes(1, 2) for x in (q, k, v, out))
-        window = op.window.value.data or None
-        scale = op.scale.value.data if op.scale is not None else None
-        causal = bool(op.causal.value.data)
+        window, scale, causal, softcap = params["window_size"], params["softmax_scale"], params["causal"], \
+            params["softcap"]
 
         def step() -> None:
-            o, l = flash_attention(q, k, v, causal=causal, softmax_scale=scale, window_size=window, softcap=softcap)
-            np.copyto(out, o, casting="unsafe")
-            np.copyto(lse, l, casting="unsafe")
+            result, logsumexp = flash_attention(q, k, v, causal=causal, softmax_scale=scale, window_size=window,
+                                                softcap=softcap)
+            np.copyto(out, result, casting="unsafe")
+            np.copyto(lse, logsumexp, casting="unsafe")
 
         return step
+
+    def attention_backward(self, op: AttentionBackwardOp, views: Mapping[SSAValue, np.ndarray]) -> Step:
+        """``d_q, d_k, d_v`` of attention from its saved ``out`` and ``lse``: the CPU kernel of
+        ``flash_attention_backward``, or its reference."""
+        q, k, v, out, d_out, lse = (views[x] for x in (op.q, op.k, op.v, op.out, op.d_out, op.lse))
+        grads = [views[x] for x in (op.d_q, op.d_k, op.d_v)]
+        arguments, params = [d_out, q, k, v, out, lse, None], attention_params(op)
+        fast = cpu_kernel("flash_attention_backward")(self.threads, grads, arguments, params)
+        if fast is not None:
+            return fast
+
+        def step() -> None:
+            write_results(grads, flash_attention_backward(*arguments, **params))
+
+        return step
+
+
+def attention_params(op: AttentionOp | AttentionBackwardOp) -> dict[str, Any]:
+    """The ``flash_attention`` kernels' parameters of an attention op (forward or backward)."""
+    return {"causal": bool(op.causal.value.data), "window_size": op.window.value.data or None,
+            "softmax_scale": op.scale.value.data if op.scale is not None else None, "layout": op.layout.data,
+            "softcap": op.softcap.value.data if op.softcap is not None else 0.0}
+
+
+class StepCompiler(ScheduleVisitor):
+    """Turns the ops of one top-level op into the executor's steps, in order (the walk unrolls
+    layer loops). The views of layer slices live in ``views`` over the executor's buffer views."""
+
+    unroll = True
+
+    def __init__(self, executor: ScheduleExecutor):
+        self.executor = executor
+        self.views: ChainMap[SSAValue, np.ndarray] = ChainMap({}, executor.views)
+        self.steps: list[Step] = []
+
+    def layer_view(self, op: LayerViewOp, at: At) -> None:
+        rows, layer = op.row_range, at.layer(op.layer)
+        self.views[op.result] = self.views[op.stacked][layer] if rows is None else \
+            self.views[op.stacked][layer][rows[0]:rows[0] + rows[1]]
+
+    def launch(self, op: LaunchOp, at: At) -> None:
+        self.steps.append(self.executor.launch(op, self.views, at))
+
+    def gemm(self, op: GemmOp, at: At) -> None:
+        self.steps.append(self.executor.gemm(op, self.views))
+
+    def attention(self, op: AttentionOp, at: At) -> None:
+        self.steps.append(self.executor.attention(op, self.views))
+
+    def attention_backward(self, op: AttentionBackwardOp, at: At) -> None:
+        self.steps.append(self.executor.attention_backward(op, self.views))
+
+    def copy(self, op: CopyOp, at: At) -> None:
+        views = self.views
+        self.steps.append(copy_step(views[op.operands[0]], views[op.operands[1]], op.attributes.get("bytes")))
+
+    def memset(self, op: MemsetOp, at: At) -> None:
+        value = op.attributes.get("value")
+        target, fill = self.views[op.operands[0]], value.value.data if value is not None else 0.0
+        self.steps.append(lambda: target.fill(fill))
+
+    def buffer(self, op: BufferOp, at: At) -> None:
+        self.other(op, at)  # buffers are placed at the top level
+
+    def work(self, op: Operation, at: At) -> None:
+        self.other(op, at)
+
+    def other(self, op: Operation, at: At) -> None:
+        raise ExecutionError(f"the CPU executor cannot run {op.name}")
 
 
 def write_results(outputs: Sequence[np.ndarray], result, accumulate: bool = False) -> None:

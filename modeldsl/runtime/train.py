@@ -1,24 +1,28 @@
 """Training a loaded model on the CPU schedule executor.
 
-``add_loss_function`` gives a causal language model ``@train_loss(inputs...,
-labels) -> loss``: its forward, then the mean cross-entropy of the logits
-over the labels that are not ``-100``. ``mdsl-autodiff`` derives
-``@train_loss_grad``; each micro-batch shape is lowered to ``mdsl.sched``
-with ``grads_arena=true`` (the parameter gradients are added into the
-``grads`` arena) and planned once. ``mdsl-optimizer-step`` gives the update
-program: global norm, clipping factor, one in-place ``adamw`` launch per
+The programs come from the named pipelines (:mod:`modeldsl.passes.pipelines`):
+``mdsl-train-step`` gives a causal language model ``@train_loss(inputs...,
+labels) -> loss`` (``mdsl-attach-loss``: its forward, then the mean
+cross-entropy of the logits over the labels that are not ``-100``),
+``mdsl-autodiff`` derives ``@train_loss_grad``, and each micro-batch shape is
+lowered to ``mdsl.sched`` with ``grads_arena=true`` (the parameter gradients
+are added into the ``grads`` arena) and planned once.
+``mdsl-optimizer-update`` gives the update program: global norm, clipping factor, one in-place ``adamw`` launch per
 trainable parameter over the ``params``, ``grads`` and ``optimizer`` (the
 moments) arenas, and zeroed gradients. A :class:`Trainer` step runs the
 training program once per micro-batch (the loss gradient seeded with ``1/K``
 for ``K`` micro-batches, so the accumulated gradient is their mean), then
 the optimizer program with the step's learning rate (warmup + cosine, on the
-host) and step number. All programs share one params arena (in fp32 the
-model's own) and one grads arena; the moments, and in mixed precision
+host) and step number. A training program with dropout takes one more input, the step counter
+``rng_step`` its masks are keyed with (:mod:`modeldsl.kernels.dropout_mask`): the trainer's
+:attr:`Trainer.rng_step`, one more after every micro-batch, so each micro-batch of each step
+draws fresh masks while its forward, recomputes and backward draw the same. All programs share
+one params arena (in fp32 the model's own) and one grads arena; the moments, and in mixed precision
 (``bf16``: 16-bit weights and activations) the fp32 master weights, live in
 the optimizer program's arena.
 
 :func:`save_training_state` writes what a step depends on besides the
-weights (the moments, the step, the :class:`AdamWConfig` and any extra
+weights (the moments, the step, the dropout counter, the :class:`AdamWConfig` and any extra
 arrays and JSON metadata of the caller: data position, random state) to one
 ``.npz`` file without pickles; :func:`load_training_state` reads it back and
 :meth:`Trainer.restore` continues from it bit for bit.
@@ -28,107 +32,58 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import zipfile
-from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from xdsl.context import Context
-from xdsl.dialects.builtin import ModuleOp
 
-from modeldsl.diagnostics import Diagnostic, DiagnosticError, PassOptionError
-from modeldsl.dialects.dtypes import DType
-from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ReturnOp
-from modeldsl.dialects.graph_types import TensorType
+from modeldsl.diagnostics import Diagnostic
+from modeldsl.dialects.graph import ModelOp
 from modeldsl.dialects.sched import ProgramOp
-from modeldsl.graph_builder import GraphBuilder
+from modeldsl.files import replacing_file
 from modeldsl.hf.compat import training_only_fields, warn_python
-from modeldsl.passes.autodiff import gradient_function
-from modeldsl.passes.lower_to_sched import lower_function
-from modeldsl.passes.optimizer_step import optimizer_program
-from modeldsl.passes.fuse import BEFORE_AUTODIFF, BEFORE_RECOMPUTE, FusePass
-from modeldsl.passes.recompute import RecomputePass
-from modeldsl.passes.specialize import SpecializePass
+from modeldsl.passes.fuse import FusePass
+from modeldsl.passes.lower_to_sched import rng_step_input
+from modeldsl.passes.pipelines import OptimizerUpdate, TrainStep, pipeline_of
+from modeldsl.runtime.device_memory import free_memory_bytes
 from modeldsl.runtime.executor import ExecutionError
 from modeldsl.runtime.optim import AdamWConfig
-from modeldsl.runtime.profiles import ProfiledForward, plan
+from modeldsl.runtime.profiles import ProfiledForward
 from modeldsl.runtime.sched_executor import ScheduleExecutor, tagged_layout
 
-IGNORE_INDEX = -100
 STATE_FORMAT = "modeldsl-training-state"
 STATE_VERSION = 1
 MOMENTS = ("exp_avg.", "exp_avg_sq.")  # array name prefixes of the first and second moments
 TRAINING_DTYPES = ("fp32", "bf16")
 
 
-def add_loss_function(model: ModelOp) -> FuncOp:
-    """``@train_loss(forward inputs..., labels [B, T] int64) -> loss``: mean cross-entropy of the logits
-    (the forward's first result), plus each further result of the forward, a scalar auxiliary loss (a
-    mixture of experts' load-balancing loss, as transformers adds it when ``output_router_logits``)."""
-    forward = next(f for f in model.body.block.ops if isinstance(f, FuncOp) and f.sym_name.data == "forward")
-    inputs = list(forward.function_type.inputs.data)
-    logits_type, *aux_types = forward.function_type.outputs.data
-    if any(aux.shape for aux in aux_types):
-        raise DiagnosticError([Diagnostic("E029", "@forward returns more than logits, and not only scalars: "
-                                          "training adds a scalar auxiliary loss, and cannot add "
-                                          f"{', '.join(str(t) for t in aux_types)}", None,
-                                          "return the logits first, then scalar auxiliary losses")])
-    batch, tokens, vocab = logits_type.shape
-    labels_type = TensorType([batch, tokens], DType.INT64)
-    func = FuncOp("train_loss", [*inputs, labels_type], [], kind="helper")
-    block = func.body.block
-    for arg, old in zip(block.args, forward.body.block.args):
-        arg.name_hint = old.name_hint
-    block.args[-1].name_hint = "labels"
-    call = CallOp("forward", list(block.args[:-1]), [logits_type, *aux_types])
-    block.add_op(call)
-    builder = GraphBuilder(block)
-    rows = batch * tokens
-    flat_logits = builder.one("view", call.res[0], shape=[rows, vocab])
-    flat_labels = builder.one("view", block.args[-1], shape=[rows])
-    loss, _ = builder.op("cross_entropy", flat_logits, flat_labels, ignore_index=IGNORE_INDEX, reduction="mean")
-    for aux in call.res[1:]:
-        loss = builder.one("add", loss, aux)
-    block.add_op(ReturnOp(loss))
-    func.function_type = type(func.function_type).from_lists([a.type for a in block.args], [loss.type])
-    model.body.block.add_op(func)
-    return func
-
-
-def specialized(model: ModelOp, batch: int, tokens: int) -> ModelOp:
-    """A copy of ``model`` with ``B`` and ``T`` bound."""
-    module = ModuleOp([model.clone()])
-    SpecializePass.of(B=batch, T=tokens).apply(Context(), module)
-    return next(op for op in module.body.block.ops if isinstance(op, ModelOp))
-
-
 def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str | None = "fp32",
                           recompute: str = "annotated", fuse: bool | FusePass = True) -> ProgramOp:
     """The planned schedule of ``@train_loss_grad`` for ``[batch, tokens]`` micro-batches: inputs
-    (forward inputs..., labels, d_loss), output the loss; parameter gradients added into ``grads``.
+    (forward inputs..., labels, d_loss, and with dropout the step counter ``rng_step``), output the
+    loss; parameter gradients added into ``grads``.
+    The pipeline ``mdsl-train-step`` (:class:`~modeldsl.passes.pipelines.TrainStep`) makes it.
     ``recompute`` is ``mdsl-recompute``'s mode: ``none``, ``annotated``, ``full``, or ``auto:BYTES``
-    / ``auto`` (the automatic mode under that activation budget). ``fuse``: ``mdsl-fuse`` runs
-    after them, every pattern on (or the given ``FusePass``, with its options; False: none); its
-    patterns of written-out functions run before autodiff too, and the chunked LM-head loss before
-    recompute (so the recompute budget does not count the logits it takes out)."""
-    model = specialized(model, batch, tokens)
-    add_loss_function(model)
-    fuse = (fuse if isinstance(fuse, FusePass) else FusePass()) if fuse else None
-    if fuse is not None:
-        replace(fuse, only=BEFORE_AUTODIFF).apply(Context(), model.parent_op())
-    gradient_function(model, "train_loss")
-    try:
-        recompute_pass = RecomputePass(**recompute_options(recompute))
-    except PassOptionError as err:
-        raise DiagnosticError([err.diagnostic()]) from None
-    if fuse is not None:
-        replace(fuse, only=BEFORE_RECOMPUTE).apply(Context(), model.parent_op())
-    recompute_pass.apply(Context(), model.parent_op())
-    if fuse is not None:
-        fuse.apply(Context(), model.parent_op())
-    return plan(lower_function(model, "train_loss_grad", storage, grads_arena=True))
+    / ``auto`` (the automatic mode under that activation budget; ``auto``: the device's free memory;
+    its table goes to stderr). ``fuse``: every ``mdsl-fuse`` pattern on (or the given ``FusePass``'s
+    options; False: none)."""
+    options = {"B": batch, "T": tokens, "storage": storage or "", **training_recompute(recompute),
+               **fuse_options(fuse)}
+    pipeline = pipeline_of(TrainStep, **options)
+    return pipeline.reporting(_to_stderr).program(model)
+
+
+def training_recompute(spelling: str) -> dict[str, str | int]:
+    """The recompute options of ``mdsl-train-step`` for a ``--recompute`` spelling (the device's free
+    memory measured for ``auto``)."""
+    options = recompute_options(spelling)
+    if options.get("budget") == "auto":
+        return {"budget": "auto", "free_memory": free_memory_bytes()}
+    return {"recompute": options["mode"]} if "mode" in options else options
 
 
 def recompute_options(spelling: str) -> dict[str, str]:
@@ -141,10 +96,23 @@ def recompute_options(spelling: str) -> dict[str, str]:
     return {"mode": mode}
 
 
+def fuse_options(fuse: bool | FusePass) -> dict[str, object]:
+    """The fusion options of a pipeline: every pattern (True), none (False), or a ``FusePass``'s."""
+    if isinstance(fuse, FusePass):
+        return {"disable": fuse.disable, "auto": fuse.auto, "lm_head_chunk": fuse.lm_head_chunk, "only": fuse.only}
+    return {} if fuse else {"fuse": False}
+
+
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
 def compile_optimizer_step(model: ModelOp, config: AdamWConfig, storage: str | None = "fp32") -> ProgramOp:
-    """The planned ``@optimizer_step`` of ``model``: inputs (lr, step), output the gradient norm."""
-    return plan(optimizer_program(specialized(model, 1, 1), config.beta1, config.beta2, config.eps,
-                                  config.weight_decay, config.clip_norm, storage == "fp32"))
+    """The planned ``@optimizer_step`` of ``model``: inputs (lr, step), output the gradient norm. The
+    pipeline ``mdsl-optimizer-update`` (:class:`~modeldsl.passes.pipelines.OptimizerUpdate`) makes it."""
+    pipeline = pipeline_of(OptimizerUpdate, beta1=config.beta1, beta2=config.beta2, eps=config.eps,
+                           weight_decay=config.weight_decay, clip_norm=config.clip_norm, storage=storage or "")
+    return pipeline.program(model)
 
 
 @dataclass
@@ -166,6 +134,7 @@ class Trainer:
     recompute: str = "annotated"  # mdsl-recompute's mode (see compile_training_step)
     fuse: bool = True  # mdsl-fuse, every pattern on (False: none)
     warn: Callable[[Diagnostic], None] | None = None  # where W007 for training-only config fields go (None: warnings)
+    rng_step: int = 0  # dropout's step counter: micro-batches run so far (each draws its own masks)
 
     def __post_init__(self) -> None:
         for diagnostic in training_only_fields(self.model.hf_config):
@@ -218,8 +187,12 @@ class Trainer:
     def accumulate(self, tokens: np.ndarray, labels: np.ndarray, weight: float = 1.0) -> float:
         """Run one micro-batch: its loss; ``weight`` times its gradients are added into the grads arena."""
         executor = self.executor(*tokens.shape)
-        inputs = self.model.inputs(tokens, 0)
-        (loss, *_) = executor.execute(*inputs, labels.astype(np.int64), np.array(weight, dtype=np.float32))
+        inputs = [*self.model.inputs(tokens, 0), labels.astype(np.int64), np.array(weight, dtype=np.float32)]
+        counter = rng_step_input(executor.program)
+        if counter is not None:  # dropout: this micro-batch's masks, the same in its forward and backward
+            inputs.insert(counter, np.array([self.rng_step], dtype=np.int64))
+        (loss, *_) = executor.execute(*inputs)
+        self.rng_step += 1
         return float(loss)
 
     def train_step(self, micro_batches: list[tuple[np.ndarray, np.ndarray]]) -> float:
@@ -240,9 +213,9 @@ class Trainer:
         """The optimizer moments by name, ``exp_avg.PARAM`` and ``exp_avg_sq.PARAM`` (fp32 copies)."""
         return {name: read(view) for name, view in self.optimizer.moments.items()}
 
-    def restore(self, step: int, arrays: dict[str, np.ndarray]) -> None:
-        """Continue from :meth:`state_arrays` taken after ``step`` steps (ValueError when the
-        moments do not fit the model's trainable parameters)."""
+    def restore(self, step: int, arrays: dict[str, np.ndarray], rng_step: int | None = None) -> None:
+        """Continue from :meth:`state_arrays` taken after ``step`` steps, and dropout's counter from
+        ``rng_step`` where given (ValueError when the moments do not fit the model's trainable parameters)."""
         moments = {k: v for k, v in arrays.items() if k.startswith(MOMENTS)}
         views = self.optimizer.moments
         unknown = sorted(set(moments) - set(views))
@@ -262,6 +235,8 @@ class Trainer:
         for name, value in moments.items():
             write(views[name], value)
         self.step = int(step)
+        if rng_step is not None:
+            self.rng_step = int(rng_step)
 
 
 def read(view) -> np.ndarray:
@@ -286,21 +261,23 @@ class TrainingState:
     moments: dict[str, np.ndarray]
     meta: dict[str, Any]
     arrays: dict[str, np.ndarray]
+    rng_step: int = 0  # dropout's step counter (0 in a file saved before it was kept)
 
 
 def save_training_state(path: str | Path, trainer: Trainer, meta: dict[str, Any] | None = None,
                         arrays: dict[str, np.ndarray] | None = None) -> None:
-    """Write the trainer's step, AdamWConfig and moments, with the caller's JSON ``meta`` and
-    numeric ``arrays``, as an ``.npz`` file (no pickles: the metadata is one JSON string)."""
+    """Write the trainer's step, dropout counter, AdamWConfig and moments, with the caller's JSON ``meta`` and
+    numeric ``arrays``, as an ``.npz`` file (no pickles: the metadata is one JSON string),
+    replacing ``path`` atomically."""
     header = {"format": STATE_FORMAT, "version": STATE_VERSION, "step": trainer.step,
-              "config": asdict(trainer.config), "meta": meta or {}}
+              "rng_step": trainer.rng_step, "config": asdict(trainer.config), "meta": meta or {}}
     content = {"state": np.array(json.dumps(header, sort_keys=True))}
     for name, value in (arrays or {}).items():
         if name == "state" or name.startswith(MOMENTS):
             raise ValueError(f"'{name}' is a reserved training state name")
         content[name] = np.asarray(value)
     content.update(trainer.state_arrays())
-    with open(path, "wb") as f:
+    with replacing_file(path) as tmp, open(tmp, "wb") as f:  # atomically: the old file or the whole new one
         np.savez(f, **content)
 
 
@@ -331,9 +308,12 @@ def load_training_state(path: str | Path) -> TrainingState:
     step = header.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"its step {step!r} is not a non-negative integer")
+    rng_step = header.get("rng_step", 0)
+    if not isinstance(rng_step, int) or isinstance(rng_step, bool) or not 0 <= rng_step < 2**63:
+        raise ValueError(f"its dropout counter rng_step {str(rng_step)[:100]} is not a non-negative 64-bit integer")
     meta = header.get("meta") or {}
     if not isinstance(meta, dict):
         raise ValueError(f"its 'meta' entry {str(meta)[:100]} is not a dictionary")
     moments = {k: v for k, v in content.items() if k.startswith(MOMENTS)}
     arrays = {k: v for k, v in content.items() if not k.startswith(MOMENTS)}
-    return TrainingState(AdamWConfig(**config), step, moments, meta, arrays)
+    return TrainingState(AdamWConfig(**config), step, moments, meta, arrays, rng_step)

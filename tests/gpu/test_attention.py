@@ -24,8 +24,8 @@ import math
 
 import numpy as np
 import pytest
-
 from harness import GPU, close, ids, make_runner, rounded, run_plan, skip_without_runner
+
 from modeldsl.kernels import cuda
 from modeldsl.kernels.reference import REFERENCES
 

@@ -181,9 +181,11 @@ def test_attention_matches_the_reference(backend, dtype, layout, attrs):
 # ---------------------------------------------------------------------------- GEMM epilogues (cuBLASLt)
 X, W, B, Y = ("!mdsl.sched.buffer<[2, 16, 64], bf16>", "!mdsl.sched.buffer<[48, 64], bf16>",
               "!mdsl.sched.buffer<[48], bf16>", "!mdsl.sched.buffer<[2, 16, 48], bf16>")
-G2, X2, DW = "!mdsl.sched.buffer<[32, 48], bf16>", "!mdsl.sched.buffer<[32, 64], bf16>", "!mdsl.sched.buffer<[48, 64], fp32>"
+G2, X2, DW = ("!mdsl.sched.buffer<[32, 48], bf16>", "!mdsl.sched.buffer<[32, 64], bf16>",
+              "!mdsl.sched.buffer<[48, 64], fp32>")
 GEMMS = f"""
-mdsl.sched.program @gemms arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 65536) {{
+mdsl.sched.program @gemms arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, \
+external = 65536) {{
   %x = mdsl.sched.buffer external offset 0 bytes 4096 {{input = 0 : i64}} : {X}
   %w = mdsl.sched.buffer external offset 4096 bytes 6144 {{input = 1 : i64}} : {W}
   %b = mdsl.sched.buffer external offset 12288 bytes 96 {{input = 2 : i64}} : {B}
@@ -197,9 +199,11 @@ mdsl.sched.program @gemms arenas(params = 0, activations = 0, workspace = 0, gra
   %g2d = mdsl.sched.buffer external offset 0 bytes 3072 alias_of %g : {G2} from {Y}
   %x2d = mdsl.sched.buffer external offset 0 bytes 4096 alias_of %x : {X2} from {X}
   mdsl.sched.gemm %x, %w bias %b -> %y {{transb = true, epilogue = "bias"}} : {X}, {W} bias {B} -> {Y}
-  mdsl.sched.gemm %x, %w bias %b aux %aux -> %yt {{transb = true, epilogue = "gelu_aux_bias"}} : {X}, {W} bias {B} aux {Y} -> {Y}
+  mdsl.sched.gemm %x, %w bias %b aux %aux -> %yt {{transb = true, epilogue = "gelu_aux_bias"}} \
+: {X}, {W} bias {B} aux {Y} -> {Y}
   mdsl.sched.gemm %x, %w aux %aux -> %dg {{transb = true, epilogue = "dgelu"}} : {X}, {W} aux {Y} -> {Y}
-  mdsl.sched.gemm %g2d, %x2d bias %db -> %dw {{transa = true, beta = 1.0 : f64, epilogue = "bgrada"}} : {G2}, {X2} bias {B} -> {DW}
+  mdsl.sched.gemm %g2d, %x2d bias %db -> %dw {{transa = true, beta = 1.0 : f64, epilogue = "bgrada"}} \
+: {G2}, {X2} bias {B} -> {DW}
 }}
 """
 

@@ -21,8 +21,8 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
-
 from harness import GPU, close, ids, make_runner, rounded, run_plan, skip_without_runner, storage
+
 from modeldsl.kernels import cuda
 from modeldsl.kernels.reference import REFERENCES
 
@@ -378,6 +378,35 @@ def test_causal_mask(runner, shape, attrs, variant):
     assert np.isneginf(result.outputs["out"]).any() == (attrs.get("fill", "neg_inf") == "neg_inf")
 
 
+DROPOUTS = [((1,), {"p": 0.5}), ((7, 33), {"p": 0.1, "seed": 3}), ((4, 4099), {"p": 0.9, "seed": 2**32 - 1}),
+            ((2, 3, 1024), {"p": 0.25, "seed": 11, "offset": 5, "layers": [2]}), ((5, 100), {"p": 0.0}),
+            ((3, 700), {"p": 0.5, "seed": 1, "layers": [1, 0]})]
+STEPS = (None, 0, 7, 2**40 + 5)  # the counter operand (None: none, read as 0), 64 bits wide
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("shape, attrs", DROPOUTS, ids=[str(i) for i in range(len(DROPOUTS))])
+def test_dropout(runner, shape, attrs, training, variant):
+    """The counter-based mask of the reference (the same elements dropped) for each step counter the
+    kernel reads from device memory, kept elements scaled by 1 / (1 - p); x itself outside
+    training; a misaligned buffer too (the kernel is scalar)."""
+    x = np.random.default_rng(19).standard_normal(shape) + 4.0  # no element near zero: a drop shows
+    masks = []
+    for step in STEPS:
+        counter = None if step is None else np.array([step], dtype=np.int64)
+        result = check(runner, "dropout", [x, counter], {**attrs, "training": training}, variant)
+        dropped = result.outputs["out"] == 0
+        if x.size > 8 or not (training and attrs["p"] > 0):  # a few elements may all be kept
+            assert dropped.any() == (training and attrs["p"] > 0)
+        masks.append(dropped)
+    if training and attrs["p"] > 0 and x.size > 64:
+        assert (masks[0] == masks[1]).all() and not (masks[1] == masks[2]).all()  # none is step 0
+        assert not (masks[2] == masks[3]).all()
+    check(runner, "dropout", [x, np.array([3], dtype=np.int64)], {**attrs, "training": training}, variant,
+          offset=MISALIGN[variant])
+
+
 @pytest.mark.parametrize("variant", ["fp32", "bf16", "f32_bf16"])
 @pytest.mark.parametrize("shape", ELEMENTS, ids=ids(ELEMENTS))
 def test_add_inplace(runner, shape, variant):
@@ -410,7 +439,8 @@ def test_reduce_sum_mean(runner, shape, dims, variant, keepdim):
 
 @pytest.mark.parametrize("index_dtype", ["int32", "int64"])
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("shape, dims", [r for r in REDUCE if len(r[1]) == 1], ids=ids([r for r in REDUCE if len(r[1]) == 1]))
+@pytest.mark.parametrize("shape, dims", [r for r in REDUCE if len(r[1]) == 1],
+                         ids=ids([r for r in REDUCE if len(r[1]) == 1]))
 def test_reduce_max(runner, shape, dims, variant, index_dtype):
     rng = np.random.default_rng(17)
     x = rng.integers(-4, 5, size=shape).astype(np.float64)  # many ties: the first index wins
@@ -513,8 +543,8 @@ def test_adamw_multi_updates_every_tensor_of_its_table(runner, variant):
                                {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": wd, "lr_scale": ls})
         for buffer, expected in zip([bufs[0], bufs[2], bufs[3]], want):
             close(runner.download(buffer, shape, np.dtype(np.float32)), expected, TOL["fp32"], f"adamw_multi {shape}")
-        close(runner.download(bufs[4], shape, np.dtype(ml_dtypes.bfloat16)), want[0].astype(ml_dtypes.bfloat16), TOL["bf16"],
-              f"adamw_multi param_copy {shape}")
+        close(runner.download(bufs[4], shape, np.dtype(ml_dtypes.bfloat16)), want[0].astype(ml_dtypes.bfloat16),
+              TOL["bf16"], f"adamw_multi param_copy {shape}")
 
 
 def test_every_primitive_of_the_table_is_tested():

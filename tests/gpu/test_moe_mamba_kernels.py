@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from harness import GPU, close, ids, make_runner, rounded, run_plan, skip_without_runner
+
 from modeldsl.kernels import cuda
 from modeldsl.kernels.reference import REFERENCES
 

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from harness import GPU, ids, rounded, skip_without_runner
+from test_kernels import check, rope_inputs, runner  # noqa: F401 - runner is a fixture
+
 from modeldsl.kernels import cuda
 from modeldsl.kernels.reference import REFERENCES
 from modeldsl.runtime.cuda_device import EmulatedDevice
 from modeldsl.runtime.cuda_train import CudaTrainer
 from modeldsl.runtime.optim import AdamWConfig
 from modeldsl.runtime.train import Trainer
-from test_kernels import check, rope_inputs, runner  # noqa: F401 - runner is a fixture
 
 pytestmark = pytest.mark.gpu
 

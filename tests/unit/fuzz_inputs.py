@@ -599,7 +599,8 @@ TRAIN_FLAGS = [[flag, v] for flag, values in {
     "--stop-after": ["1", "0", "-1"], "--save": ["{dir}/out", "{dir}", "{dir}/data.txt", "/proc/nope"],
     "--resume": ["{dir}/out", "{dir}/ckpt", "{dir}/missing"], "--loss-plot": ["{dir}/loss.png", "{dir}"],
     "--dtype": ["bf16"], "--max-new-tokens": ["3"], "--prompt": ["hi"],
-    "--recompute": ["none", "full", "auto", "auto:1", "auto:64MiB", "auto:", "full:1", "x", ""]}.items() for v in values]
+    "--recompute": ["none", "full", "auto", "auto:1", "auto:64MiB", "auto:", "full:1",
+                    "x", ""]}.items() for v in values]
 CORPUS = ROOT / "examples" / "tiny_corpus.txt"
 DEFAULT_TRAIN = {"--steps": "1", "--batch": "1", "--seq": "8", "--lr": "1e-3"}
 
@@ -956,7 +957,8 @@ def run_case(case: Case, folder: Path, timeout: float = 5.0, memory: int = 8 << 
     with warnings.catch_warnings(record=True) as caught, debug_mode():
         warnings.simplefilter("always")
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), \
+            # in the case's folder: what a run writes where it was not told (./loss.png) stays there
+            with contextlib.chdir(folder), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), \
                     address_space_limit(memory), time_limit(timeout):
                 rc = main(argv)
         except FuzzTimeout as err:

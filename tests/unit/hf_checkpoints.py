@@ -66,7 +66,8 @@ CASES = {
     "falcon-h1-hybrid": ("falcon_h1", "falcon_h1.module", FALCON_H1),
     # Granite: the muP scalars of the public Granite-3 configs, with biases; tied with other scalars. Weights 10x
     # the default init so the scores are large enough to see the softmax scale (1/sqrt(head_dim) is off by 0.03)
-    "granite-multipliers": ("granite", "granite.module", {"embedding_multiplier": 12.0, "attention_multiplier": 0.015625,
+    "granite-multipliers": ("granite", "granite.module", {"embedding_multiplier": 12.0,
+                                                          "attention_multiplier": 0.015625,
                                                           "residual_multiplier": 0.22, "logits_scaling": 8.0,
                                                           "attention_bias": True, "mlp_bias": True,
                                                           "initializer_range": 0.2}),
@@ -113,7 +114,8 @@ CASES = {
 }
 
 
-def make_checkpoint(path: Path, arch: str = "llama", seed: int = 0, **config) -> Path:
+def make_checkpoint(path: Path, arch: str = "llama", seed: int = 0, dtype: str | None = None, **config) -> Path:
+    """A random checkpoint of ``arch`` (``dtype``: saved in that torch dtype, e.g. ``bfloat16``)."""
     import torch
     import transformers
 
@@ -125,6 +127,8 @@ def make_checkpoint(path: Path, arch: str = "llama", seed: int = 0, **config) ->
         for name, tensor in model.named_parameters():
             if "norm" in name or name.endswith(".bias"):
                 tensor.add_(torch.randn_like(tensor) * 0.1)
+    if dtype is not None:
+        model = model.to(getattr(torch, dtype))
     model.save_pretrained(path)
     return path
 

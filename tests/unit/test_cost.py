@@ -120,7 +120,8 @@ def test_the_chunked_lm_head_loss_counts_the_logits_it_moves_through_its_scratch
     assert op_bytes(backward) == (inputs + 3 * bf16_logits, outputs + 2 * bf16_logits)
     merged = only_op('  %seed = mdsl.sched.buffer activations bytes 4 : !loss\n'
                      '  mdsl.sched.launch "fused_lm_head_loss_grad"(%seed, %a16, %w16, %labels) -> '
-                     '(%loss, %dx16, %dw16, %ws) {scratch} : (!loss, !a16, !w16, !labels) -> (!loss, !a16, !w16, !ws)\n')
+                     '(%loss, %dx16, %dw16, %ws) {scratch} : (!loss, !a16, !w16, !labels) '
+                     '-> (!loss, !a16, !w16, !ws)\n')
     inputs, outputs = 4 + 64 * 128 * 2 + 256 * 128 * 2 + 64 * 8, 4 + 64 * 128 * 2 + 256 * 128 * 2
     assert op_bytes(merged) == (inputs + 4 * bf16_logits, outputs + 2 * bf16_logits)
 

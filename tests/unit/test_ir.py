@@ -63,7 +63,8 @@ def test_a_verifier_failure_without_a_parse_span_points_at_the_dsl_location():
 
 
 def test_parsed_ops_are_located_at_their_text_unless_they_say_otherwise():
-    text = IR.replace("%b = mdsl.graph.relu %a : (!x) -> !x", '%b = mdsl.graph.relu %a : (!x) -> !x loc("m.module":7:3)')
+    text = IR.replace("%b = mdsl.graph.relu %a : (!x) -> !x",
+                      '%b = mdsl.graph.relu %a : (!x) -> !x loc("m.module":7:3)')
     module, _ = parse_module(make_context(), text, "ir.mlir")
     a, b = relus(module)
     assert (a.location.filename.data, a.location.line.data, a.location.column.data) == ("ir.mlir", 4, 5)

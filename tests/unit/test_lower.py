@@ -4,13 +4,13 @@ import random
 from pathlib import Path
 
 import pytest
+from spec_blocks import spec_code_blocks
 
 from modeldsl.diagnostics import CODES, DiagnosticError
 from modeldsl.dialects.annotations import annotations_of
 from modeldsl.frontend.text.parser import parse_source
 from modeldsl.ir import print_ir, verify_module
 from modeldsl.lower import lower_program
-from spec_blocks import spec_code_blocks
 
 HEADER = "module M(d: int = 64, use_bias: bool = false):\n"
 
@@ -22,7 +22,8 @@ def lower(text: str, top: str | None = None):
 def errors(text: str, top: str | None = None) -> list[tuple[str, int, int, str]]:
     with pytest.raises(DiagnosticError) as info:
         lower(text, top)
-    return [(d.code, d.span.line if d.span else 0, d.span.column if d.span else 0, d.message) for d in info.value.diagnostics]
+    return [(d.code, d.span.line if d.span else 0, d.span.column if d.span else 0, d.message)
+            for d in info.value.diagnostics]
 
 
 def module(graph: str, params: str = "    w: [d, d]\n", io: str = "    in: x: [B, d]\n    out: [B, d]\n") -> str:
@@ -118,7 +119,8 @@ model M(use_window: bool = false, window_size: int = 3, full_from: int = 0):
 def test_a_conditional_of_config_values_picks_its_branch_in_a_let_and_in_module_arguments(config, kernel):
     """The integer config values a guard reads are baked: the let binding is the configured branch."""
     ir = lower_program(parse_source(WINDOWED, "m.module"), None, config)
-    names = [op.name.removeprefix("mdsl.graph.") for op in ir.walk() if op.name in ("mdsl.graph.relu", "mdsl.graph.silu")]
+    names = [op.name.removeprefix("mdsl.graph.") for op in ir.walk()
+             if op.name in ("mdsl.graph.relu", "mdsl.graph.silu")]
     assert names == ([kernel] * 2 if kernel else ["silu", "relu"])
 
 
@@ -128,7 +130,8 @@ def test_redefinition_is_e017():
 
 
 def test_shape_mismatch_is_reported_by_the_op_verifier_rules():
-    (err,) = errors(module("      x -> matmul(w, transpose=NT) -> out\n", io="    in: x: [B, d]\n    out: [B, 2 * d]\n"))
+    (err,) = errors(module("      x -> matmul(w, transpose=NT) -> out\n",
+                           io="    in: x: [B, d]\n    out: [B, 2 * d]\n"))
     assert err[0] == "E004" and "output 'out'" in err[3]
 
 
@@ -137,7 +140,8 @@ def test_declared_output_dtype_is_checked():
     assert err[0] == "E003" and "declared fp8_e4m3 but the graph computes bf16" in err[3]
 
 
-@pytest.mark.parametrize("source, target, warned", [("bf16", "fp32", False), ("fp32", "bf16", True), ("fp16", "bf16", False)])
+@pytest.mark.parametrize("source, target, warned",
+                         [("bf16", "fp32", False), ("fp32", "bf16", True), ("fp16", "bf16", False)])
 def test_implicit_float_casts_follow_spec_7_4_4(source, target, warned):
     from modeldsl.diagnostics import DiagnosticSink
 
@@ -272,7 +276,8 @@ def test_left_out_code_outside_graphs_is_e001():
 
 
 def test_a_module_inside_itself_is_e007():
-    text = "module Loop(d: int = 4):\n  params:\n    w: [d]\n  forward:\n    in: [d]\n    out: [d]\n    graph:\n      in -> Loop(w) -> out\n"
+    text = ("module Loop(d: int = 4):\n  params:\n    w: [d]\n  forward:\n    in: [d]\n    out: [d]\n"
+            "    graph:\n      in -> Loop(w) -> out\n")
     (err,) = errors(text)
     assert err[:3] == ("E007", 8, 13)
 

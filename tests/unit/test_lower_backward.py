@@ -152,7 +152,8 @@ def test_circular_gradient_dependency_is_e019():
 
 
 def test_circular_forward_dependency_is_e007_and_order_is_topological():
-    (err,) = errors(source(forward="      a -> relu() -> b\n      b -> relu() -> a\n      x -> matmul(w, transpose=NT) -> out\n"))
+    (err,) = errors(source(forward="      a -> relu() -> b\n      b -> relu() -> a\n"
+                                   "      x -> matmul(w, transpose=NT) -> out\n"))
     assert err[0] == "E007" and "circular data dependency" in err[3]
     ir = lower(source(forward="      h -> matmul(w, transpose=NT) -> out\n      x -> relu() -> h\n", save="x, h",
                       backward="      (d_out, w) -> matmul(transpose=NN) -> d_h\n"
@@ -219,7 +220,8 @@ def test_recompute_cycle_is_e022():
 def test_unknown_gradient_declaration_and_recompute_in_forward_are_reported():
     codes = errors(source(declared="    d_out: [B, d]\n    d_nothing: [B, d]\n"))
     assert codes[0][:2] == ("E002", 12) and "d_nothing" in codes[0][3]
-    codes = errors(source(forward="      recompute:\n        x -> relu() -> y\n      x -> matmul(w, transpose=NT) -> out\n"))
+    codes = errors(source(forward="      recompute:\n        x -> relu() -> y\n"
+                                  "      x -> matmul(w, transpose=NT) -> out\n"))
     assert codes[0][0] == "E001" and "backward graph" in codes[0][3]
 
 

@@ -5,11 +5,12 @@ in another exception (issue 13: no internal errors on any input)."""
 import random
 from pathlib import Path
 
+from spec_blocks import spec_code_blocks
+
 from modeldsl.diagnostics import DiagnosticError
 from modeldsl.frontend.text.parser import parse_source
 from modeldsl.ir import verify_module
 from modeldsl.lower import lower_program
-from spec_blocks import spec_code_blocks
 
 TESTS = Path(__file__).resolve().parents[1]
 INSERTS = ["->", "(", ")", "[", "]", ",", ":", "if", "else", "None", "_", "?", "...", "x", "0", "-1", "int",

@@ -150,12 +150,14 @@ def test_qualified_names_and_std_paths_without_the_prefix_resolve():
             "      y -> lin() -> out\n")
     module = lower(text)
     assert [op.sym_name.data for op in ops(module, "param")] == ["w", "lin.weight"]
-    ((code, line, column, message),) = errors(text.replace("std.modules.linear.Linear(w)", "std.modules.linar.Linear(w)"))
+    ((code, line, column, message),) = errors(text.replace("std.modules.linear.Linear(w)",
+                                                           "std.modules.linar.Linear(w)"))
     assert (code, line, column) == ("E014", 10, 12) and "'std.modules.linar.Linear'" in message
 
 
 def test_a_missing_single_name_import_names_the_module():
-    ((code, _, _, message),) = errors("import nosuch\nmodule M:\n  forward:\n    in: [4]\n    graph:\n      in -> out\n")
+    ((code, _, _, message),) = errors("import nosuch\nmodule M:\n"
+                                      "  forward:\n    in: [4]\n    graph:\n      in -> out\n")
     assert (code, message) == ("E002", "cannot find module 'nosuch'")
 
 
@@ -350,7 +352,8 @@ def test_if_on_an_optional_input_tests_whether_the_call_gives_it(call, bias_adds
 
 
 def test_top_naming_a_primitive_or_nothing_is_a_clear_e002():
-    text = "primitive relu:\n  forward:\n    in: x\n    out: y\nmodule M:\n  forward:\n    in: [4]\n    graph:\n      in -> out\n"
+    text = ("primitive relu:\n  forward:\n    in: x\n    out: y\n"
+            "module M:\n  forward:\n    in: [4]\n    graph:\n      in -> out\n")
     assert errors(text, "relu")[0][:2] == ("E002", 1) and "is a primitive declaration" in errors(text, "relu")[0][3]
     assert errors(text, "Nope")[0][3] == "no declaration named 'Nope'"
 
@@ -369,7 +372,8 @@ def test_stack_ranges_compute_what_the_whole_stack_computes():
     from modeldsl.runtime.executor import GraphExecutor
 
     text = (TESTS_DIR / "filecheck" / "frontend" / "stack-slices.module").read_text()
-    ranged = "      x0 -> blocks[0:8]() @partition(0) -> x8 @checkpoint\n      x8 -> blocks[8:n]() -> out @partition(1) @checkpoint\n"
+    ranged = ("      x0 -> blocks[0:8]() @partition(0) -> x8 @checkpoint\n"
+              "      x8 -> blocks[8:n]() -> out @partition(1) @checkpoint\n")
     assert ranged in text
     rng = np.random.default_rng(0)
     weights = {"blocks.w": (np.eye(8) + 0.2 * rng.standard_normal((16, 8, 8))).astype(np.float32)}

@@ -31,7 +31,8 @@ STEP = """
 !w = !mdsl.sched.buffer<[32, 16], bf16>
 !sw = !mdsl.sched.buffer<[3, 32, 16], bf16>
 !sh = !mdsl.sched.buffer<[3, 2, 32], bf16>
-mdsl.sched.program @step arenas(params = 5312, activations = ACTIVATIONS, workspace = 64, grads = 6336, optimizer = 0, external = 64) {
+mdsl.sched.program @step arenas(params = 5312, activations = ACTIVATIONS, workspace = 64, grads = 6336,
+    optimizer = 0, external = 64) {
   %w = mdsl.sched.buffer params offset 0 bytes 3072 {param = "w"} : !sw
   %norm = mdsl.sched.buffer params offset 3072 bytes 192 {param = "norm"} : !mdsl.sched.buffer<[3, 16], fp32>
   %frozen = mdsl.sched.buffer params offset 3264 bytes 2048 {param = "frozen"} : !mdsl.sched.buffer<[64, 16], bf16>

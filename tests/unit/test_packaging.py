@@ -1,6 +1,7 @@
 """The built wheel installs into a fresh virtualenv and every subpackage imports from it."""
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -29,10 +30,17 @@ def run(*cmd, **kwargs):
     return result.stdout
 
 
+NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", ".ci-venv", "build", "dist", "*.egg-info", "__pycache__",
+                                     ".pytest_cache", ".hypothesis", ".ruff_cache", "Output")
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
+    """The wheel built from a copy of the sources: setuptools writes build/ and egg-info beside what it builds."""
+    source = tmp_path_factory.mktemp("source") / "modeldsl"
+    shutil.copytree(ROOT, source, ignore=NOT_SOURCES)
     out = tmp_path_factory.mktemp("wheel")
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(ROOT))
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(source))
     (built,) = out.glob("modeldsl-*.whl")
     return built
 
@@ -58,8 +66,8 @@ def test_wheel_contains_the_mapped_folders(wheel):
     import zipfile
 
     names = zipfile.ZipFile(wheel).namelist()
-    for path in ("modeldsl/frontend/text/grammar.lark", "modeldsl/dialects/graph.py", "modeldsl/passes/registry.py", "modeldsl/tools/opt.py", "modeldsl/kernels/__init__.py",
-                 "modeldsl/kernels/cpu/compiled.c"):
+    for path in ("modeldsl/frontend/text/grammar.lark", "modeldsl/dialects/graph.py", "modeldsl/passes/registry.py",
+                 "modeldsl/tools/opt.py", "modeldsl/kernels/__init__.py", "modeldsl/kernels/cpu/compiled.c"):
         assert path in names
     # the whole standard library, std/primitives/*.module included
     std = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "modeldsl" / "std").rglob("*.module"))

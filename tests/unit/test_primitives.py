@@ -33,9 +33,11 @@ def test_matmul_signature():
         ("concat", ["inputs*"], ["out"], {"dim": ("int", -1, False)}),
         ("permute", ["x"], ["out"], {"dims": ("ints", None, True)}),
         ("flash_attention", ["q", "k", "v", "alibi_slopes?"], ["out", "lse"],
-         {"causal": ("bool", True, False), "softmax_scale": ("float", None, False), "window_size": ("int", None, False)}),
+         {"causal": ("bool", True, False), "softmax_scale": ("float", None, False),
+          "window_size": ("int", None, False)}),
         ("moe_router", ["x", "gate"], ["weights", "indices", "aux_loss"], {"top_k": ("int", None, True)}),
-        ("cross_entropy", ["logits", "labels"], ["loss", "lse"], {"ignore_index": ("int", -100, False), "reduction": ("enum", "mean", False)}),
+        ("cross_entropy", ["logits", "labels"], ["loss", "lse"],
+         {"ignore_index": ("int", -100, False), "reduction": ("enum", "mean", False)}),
         ("zeros", [], ["out"], {}),
     ],
 )
@@ -102,9 +104,13 @@ BINARY_BACKWARD = """mdsl.graph.model @m config {} {
                             %b: !mdsl.graph.tensor<[3, 1], fp32>) -> (!mdsl.graph.tensor<[2, 3, 4], fp32>,
       !mdsl.graph.tensor<[3, 1], fp32>, !mdsl.graph.tensor<[2, 3, 4], fp32>, !mdsl.graph.tensor<[3, 1], fp32>)
       attributes {kind = "backward"} {
-    %da, %db = mdsl.graph.add_backward %g : (!mdsl.graph.tensor<[2, 3, 4], fp32>) -> (!mdsl.graph.tensor<[2, 3, 4], fp32>, !mdsl.graph.tensor<[3, 1], fp32>)
-    %ma, %mb = mdsl.graph.mul_backward %g, %a, %b : (!mdsl.graph.tensor<[2, 3, 4], fp32>, !mdsl.graph.tensor<[2, 3, 4], fp32>, !mdsl.graph.tensor<[3, 1], fp32>) -> (!mdsl.graph.tensor<[2, 3, 4], fp32>, !mdsl.graph.tensor<[3, 1], fp32>)
-    mdsl.graph.return %da, %db, %ma, %mb : !mdsl.graph.tensor<[2, 3, 4], fp32>, !mdsl.graph.tensor<[3, 1], fp32>, !mdsl.graph.tensor<[2, 3, 4], fp32>, !mdsl.graph.tensor<[3, 1], fp32>
+    %da, %db = mdsl.graph.add_backward %g : (!mdsl.graph.tensor<[2, 3, 4], fp32>)
+        -> (!mdsl.graph.tensor<[2, 3, 4], fp32>, !mdsl.graph.tensor<[3, 1], fp32>)
+    %ma, %mb = mdsl.graph.mul_backward %g, %a, %b : (!mdsl.graph.tensor<[2, 3, 4], fp32>,
+        !mdsl.graph.tensor<[2, 3, 4], fp32>, !mdsl.graph.tensor<[3, 1], fp32>)
+        -> (!mdsl.graph.tensor<[2, 3, 4], fp32>, !mdsl.graph.tensor<[3, 1], fp32>)
+    mdsl.graph.return %da, %db, %ma, %mb : !mdsl.graph.tensor<[2, 3, 4], fp32>, !mdsl.graph.tensor<[3, 1], fp32>,
+        !mdsl.graph.tensor<[2, 3, 4], fp32>, !mdsl.graph.tensor<[3, 1], fp32>
   }
 }
 """
@@ -255,11 +261,11 @@ def test_the_spec_moe_experts_block_with_grouped_gemm_tn_matches_torch_and_finit
     import numpy as np
     import torch
     import torch.nn.functional as F
+    from spec_blocks import spec_code_blocks
 
     import modeldsl
     from modeldsl.runtime.executor import GraphExecutor
     from modeldsl.verify_backward import report, verify_backward
-    from spec_blocks import spec_code_blocks
 
     (text,) = [t for line, t in spec_code_blocks() if t.startswith("# MoE expert forward pass\nmodule MoEExperts")]
     text = text.replace("module MoEExperts(num_experts, d_model, d_ff):",
@@ -281,18 +287,20 @@ def test_the_spec_moe_experts_block_with_grouped_gemm_tn_matches_torch_and_finit
     assert ok and {c.name for c in checks} == {"gate_up_weights", "down_weights", "input permuted_tokens"}, text
 
 
-def test_the_spec_moe_layer_computes_its_own_offsets_and_matches_torch_and_finite_differences(tmp_path, numpy_cpu_kernels):
+def test_the_spec_moe_layer_computes_its_own_offsets_and_matches_torch_and_finite_differences(
+    tmp_path, numpy_cpu_kernels
+):
     """Spec 6.9.3's MoELayer: route (softmax, top 2 renormalized), moe_compute_offsets, permute, the experts'
     grouped GEMMs, unpermute; against a per-token torch loop over the chosen experts, and every gradient
     (router gate, experts, input) against finite differences."""
     import numpy as np
     import torch
     import torch.nn.functional as F
+    from spec_blocks import spec_code_blocks
 
     import modeldsl
     from modeldsl.runtime.executor import GraphExecutor
     from modeldsl.verify_backward import report, verify_backward
-    from spec_blocks import spec_code_blocks
 
     (text,) = [t for line, t in spec_code_blocks() if t.startswith("# Complete MoE forward\nmodule MoELayer")]
     (tmp_path / "moe.module").write_text(text)

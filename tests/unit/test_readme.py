@@ -35,6 +35,9 @@ SKIPPED = {  # command -> why test_readme_commands_run_as_written does not run i
         "about 10 s; tests/unit/tools/test_bench.py runs the same harness smaller",
     "python -m modeldsl.tools.bench_cpu --threads 2":
         "about 10 min; tests/unit/tools/test_bench_cpu.py runs the same harness on the tiny Llama",
+    "python -m modeldsl.tools.bench_load":
+        "about 4 min and 25 GB of checkpoints; tests/unit/tools/test_bench_load.py runs the same harness"
+        " on a tiny shape",
 }
 # words that stand for something the reader must fill in
 PLACEHOLDER = re.compile(r"\b(DIR|FILE|MODEL|OUT|DATA|NAME|PATH)\b|\.\.\.|<[a-z_]+>")
@@ -120,7 +123,7 @@ def test_the_dsl_example_is_the_file_and_lowers_to_the_ir_shown(scratch):
 
 def test_the_python_dsl_example_is_the_file_and_lowers_to_the_same_ir(scratch):
     text = README.read_text().split("## A model in the Module DSL", 1)[1]
-    (source,) = re.findall(r"```python\n(.*?)```", text.split("## Set up", 1)[0], re.S)
+    (source,) = re.findall(r"```python\n(.*?)```", text.split("\n## ", 1)[0], re.S)  # this section's only
     assert source == (ROOT / "examples" / "residual_mlp.py").read_text()
     shown = re.findall(r"```mlir\n(.*?)```", text, re.S)[0]
     result = run_in(scratch, ["mdsl-opt", "examples/residual_mlp.py"])

@@ -6,9 +6,9 @@ import shutil
 
 import numpy as np
 import pytest
+from hf_checkpoints import cached_checkpoint, transformers_model
 
 import modeldsl
-from hf_checkpoints import cached_checkpoint, transformers_model
 from modeldsl import registry
 from modeldsl.diagnostics import DiagnosticError
 from modeldsl.resolve.imports import STD_ROOT
@@ -49,7 +49,8 @@ def test_the_std_declarations_are_listed_by_kind():
 
 
 def test_an_unknown_name_is_a_key_error_naming_the_known_ones():
-    with pytest.raises(KeyError, match="there are: FalconH1, Gemma2, Gemma3, Granite, Llama, Mamba, Mistral, Mixtral, Olmo2, Phi3, Qwen3, Qwen2, Qwen3Moe"):
+    with pytest.raises(KeyError, match="there are: FalconH1, Gemma2, Gemma3, Granite, Llama, Mamba, Mistral, Mixtral, "
+                                       "Olmo2, Phi3, Qwen3, Qwen2, Qwen3Moe"):
         registry.get_model("Gemma")
     with pytest.raises(KeyError):
         registry.get_any("NoSuchThing")
@@ -62,7 +63,8 @@ def test_a_checkpoint_is_served_by_its_architectures_else_by_its_model_type():
         == "Mistral"  # the class names decide
     assert registry.model_for_checkpoint({"model_type": "qwen3"}).name == "Qwen3"
     with pytest.raises(DiagnosticError) as err:
-        registry.model_for_checkpoint({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox"}, "x/config.json")
+        registry.model_for_checkpoint({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox"},
+                                      "x/config.json")
     (diagnostic,) = err.value.diagnostics
     assert diagnostic.code == "E036" and "x/config.json: no std model serves the checkpoint, which is " \
         "GPTNeoXForCausalLM" in diagnostic.message

@@ -15,13 +15,13 @@ import re
 from dataclasses import fields
 
 import pytest
+from spec_blocks import spec_code_blocks
 
 from modeldsl.diagnostics import DiagnosticError
 from modeldsl.frontend.text import ast
 from modeldsl.frontend.text.parser import parse_source
 from modeldsl.ir import verify_module
 from modeldsl.lower import lower_program
-from spec_blocks import spec_code_blocks
 
 STD_IMPORTS = ("from std.modules.linear import Linear\nfrom std.modules.mlp import SwiGLU_MLP\n"
                "from std.modules.attention import GQA as CausalSelfAttention\n")
@@ -95,7 +95,8 @@ def marked_errors() -> list[tuple[int, str, str, str]]:
             program = parse_source(text, f"spec{line}.module")
         except DiagnosticError:
             continue  # E023's block is pseudocode; E025's example is commented out
-        found += [(line, d.name, codes[0], text) for d in program.declarations if d.kind in ("module", "block", "model")]
+        found += [(line, d.name, codes[0], text) for d in program.declarations
+                  if d.kind in ("module", "block", "model")]
     return found
 
 

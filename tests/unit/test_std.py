@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from xdsl.context import Context
 
+from modeldsl.diagnostics import DiagnosticSink
 from modeldsl.dialects.graph import ModelOp, ParamOp
 from modeldsl.dialects.graph_primitives import FlashAttentionOp
-from modeldsl.diagnostics import DiagnosticSink
 from modeldsl.frontend.text.parser import parse_source
 from modeldsl.ir import verify_module
 from modeldsl.lower import lower_program
@@ -130,6 +130,7 @@ def test_500_mutations_of_the_std_models_fail_only_with_located_coded_diagnostic
     import random
 
     from frontend.test_parser import mutations
+
     from modeldsl.diagnostics import CODES, DiagnosticError
 
     rng = random.Random(500)

@@ -3,12 +3,12 @@ lowered to ``@backward``, against float64 finite differences of its forward."""
 
 import numpy as np
 import pytest
+from written_backward_sources import TWO_LAYER
 
 import modeldsl
 from modeldsl.dialects.graph import FuncOp
 from modeldsl.ir import make_context, parse_module
 from modeldsl.resolve.imports import STD_ROOT
-from written_backward_sources import TWO_LAYER
 from modeldsl.verify_backward import (
     BackwardCheckError,
     checked_backward,

@@ -187,6 +187,18 @@ case("bias_add",
 case("scale",
      op(f"%c = mdsl.graph.scale %x {{factor = -0.75 : f64}} : ({t(2, 3)}) -> {t(2, 3)}"),
      {"x": (2, 3)}, [("c", (2, 3))])
+# dropout as a training step runs it (the differences are taken of that forward): the same
+# counter-based mask on the gradient
+for p_value in ("0.3", "0.0"):
+    case(f"dropout-p{p_value}",
+         op(f"%c = mdsl.graph.dropout %x {{p = {p_value} : f64, seed = 5 : i64, offset = 2 : i64, training = true}} "
+            f": ({t(4, 16)}) -> {t(4, 16)}"),
+         {"x": (4, 16)}, [("c", (4, 16))])
+# with a step counter operand (int64 [1], no gradient): the same step's mask on the gradient
+case("dropout-step",
+     op(f"%c = mdsl.graph.dropout %x, %step {{p = 0.5 : f64, seed = 5 : i64, training = true}} "
+        f": ({t(4, 16)}, {t(1, dtype='int64')}) -> {t(4, 16)}"),
+     {"x": (4, 16), "step": (1,)}, [("c", (4, 16))], dtypes={"step": "int64"}, init={"step": np.array([2**33 + 3])})
 for name in ("sub", "div"):
     for a_shape, b_shape, c_shape in [
         ((2, 3, 4), (2, 3, 4), (2, 3, 4)),
@@ -511,7 +523,7 @@ case("mamba_selective_scan",
 # ----------------------------------------------------------------------------
 
 
-NOT_DIFFERENTIATED = {"freqs", "slopes"}  # RoPE tables and ALiBi slopes get no gradient
+NOT_DIFFERENTIATED = {"freqs", "slopes", "step"}  # RoPE tables, ALiBi slopes and dropout's counter get no gradient
 
 
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
@@ -581,15 +593,16 @@ def test_a_wrong_rule_is_caught():
 
 
 SCHEDULE_CASES = {"reduce_max": "reduce_max_backward", "grouped_gemm": "grouped_gemm_weight_grad",
-                  "flash_attention": "flash_attention_backward", "moe_router": "moe_router_backward",
+                  "flash_attention": "attention_backward", "moe_router": "moe_router_backward",
                   "moe_permute": "moe_unpermute", "moe_unpermute": "moe_unpermute_backward",
                   "mamba_conv1d": "mamba_conv1d_backward", "mamba_selective_scan": "mamba_selective_scan_backward"}
 
 
 @pytest.mark.parametrize("c", [c for c in CASES if c.id.split("-")[0] in SCHEDULE_CASES], ids=lambda c: c.id)
 def test_the_gradient_runs_on_the_schedule_executor(c: Case, numpy_cpu_kernels):
-    """mdsl-lower-to-sched of the gradient launches the backward kernel; its results are the interpreter's."""
-    from modeldsl.dialects.sched import LaunchOp
+    """mdsl-lower-to-sched of the gradient launches the backward kernel (attention's backward
+    without ALiBi is its own op, mdsl.sched.attention_backward); its results are the interpreter's."""
+    from modeldsl.dialects.sched import AttentionBackwardOp, LaunchOp
     from modeldsl.passes.lower_to_sched import lower_function
     from modeldsl.runtime.executor import GraphExecutor
     from modeldsl.runtime.profiles import plan
@@ -605,7 +618,10 @@ def test_the_gradient_runs_on_the_schedule_executor(c: Case, numpy_cpu_kernels):
     weights = {n: w.astype(np.float32) for n, w in weights.items()}
     expected = GraphExecutor(model, weights).run("forward_grad", *inputs)
     program = plan(lower_function(model, "forward_grad", None))
-    assert SCHEDULE_CASES[c.id.split("-")[0]] in {op.kernel.data for op in program.walk() if isinstance(op, LaunchOp)}
+    kernels = {op.kernel.data for op in program.walk() if isinstance(op, LaunchOp)}
+    kernels |= {"attention_backward" for op in program.walk() if isinstance(op, AttentionBackwardOp)}
+    expected_kernel = "flash_attention_backward" if "alibi" in c.id else SCHEDULE_CASES[c.id.split("-")[0]]
+    assert expected_kernel in kernels
     for got, want in zip(run_program(program, weights, inputs), expected, strict=True):
         np.testing.assert_array_equal(got, want)
 

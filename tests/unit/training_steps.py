@@ -2,9 +2,9 @@
 checkpoints, and the loss and gradients of one fp32 step of a compiled program on the CPU."""
 
 import numpy as np
+from hf_checkpoints import cached_checkpoint
 
 import modeldsl
-from hf_checkpoints import cached_checkpoint
 from modeldsl.resolve.imports import STD_ROOT
 
 FAMILIES = [("llama", "llama.module", {}), ("qwen3", "qwen.module", {"head_dim": 16}),

@@ -1,4 +1,4 @@
-"""The Python decorator DSL (seed 001), read into the Module DSL's AST (see ``translate``)."""
+"""The Python decorator DSL, read into the Module DSL's AST (see ``translate``)."""
 
 from modeldsl.frontend.python.translate import parse_python_file, parse_python_source
 

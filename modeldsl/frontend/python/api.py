@@ -4,7 +4,10 @@ They let the file run as ordinary Python but compute nothing: modeldsl reads the
 (:mod:`modeldsl.frontend.python.translate`), never its objects, so a graph is never executed.
 A decorated class keeps its name and gains its kind (``__mdsl_kind__``) and file
 (``__mdsl_file__``), which ``modeldsl.load(TheClass, ...)`` lowers; calling it (``RMSNorm("d",
-"eps")`` in a ``Param``) records its arguments instead of running ``__init__``.
+"eps")`` in a ``Param``) records its arguments instead of running ``__init__``. Each decorated
+class is registered by kind and name (:mod:`modeldsl.frontend.python.classes`), which
+``list_registered_models()`` and the other names of the compiler API
+(:mod:`modeldsl.frontend.python.compiler`) read.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-KIND, FILE = "__mdsl_kind__", "__mdsl_file__"
+from modeldsl.frontend.python import classes
+from modeldsl.frontend.python.classes import ABSTRACT, FILE, KIND
 
 
 class Instance:
@@ -30,6 +34,7 @@ def _declaration(kind: str):
         except (OSError, TypeError):  # defined in `python -c` or an interactive session: no file to read
             setattr(cls, FILE, None)
         cls.__new__ = lambda klass, *args, **kwargs: Instance(klass, args, kwargs)  # type: ignore[method-assign]
+        classes.REGISTERED[kind][cls.__name__] = cls
         return cls
 
     return mark
@@ -67,7 +72,19 @@ def _sections(*entries: Any, **named: Any):
     return lambda cls: cls
 
 
-hf_config = hf_mapping = hf_export = _sections
+class _HfMapping:
+    """``@hf_mapping(name="hf.tensor", ...)`` and ``@hf_mapping.indexed("blocks", name="...{layer}...")``."""
+
+    def __call__(self, *entries: Any, **named: Any):
+        return _sections(*entries, **named)
+
+    def indexed(self, param: str, *entries: Any, index_var: str = "layer", **named: Any):
+        """The mappings of the stack ``param``'s elements, ``{layer}`` (or ``{index_var}``) its index."""
+        return _sections(*entries, **named)
+
+
+hf_config = hf_export = _sections
+hf_mapping = _HfMapping()
 
 
 class _Subscriptable:
@@ -88,9 +105,23 @@ class Param:
         self.type, self.when, self.annotations = type_, when, annotations
 
 
+def param(func=None, **options: Any):
+    """``@param def weight(self) -> Tensor[...]``, ``@param(frozen=True)``, ``@param(condition=lambda self:
+    self.use_bias)``: a parameter in the method style (its name the method's, its type the return's)."""
+    return func if callable(func) else _marker
+
+
 class Activation:
     """``ln1_rstd = Activation(Tensor["B", "T"], dtype="fp32", save=True)``: a memory hint for a tensor
     of the forward graph (see :mod:`modeldsl.frontend.python.slots`)."""
+
+    def __init__(self, type_: Any = None, **options: Any):
+        self.type, self.options = type_, options
+
+
+class Gradient:
+    """``d_ln1 = Gradient(Tensor["B", "T", "C"], gradient_of="ln1")``: the gradient slot of a forward
+    tensor, its type checked against that tensor's (see :mod:`modeldsl.frontend.python.slots`)."""
 
     def __init__(self, type_: Any = None, **options: Any):
         self.type, self.options = type_, options
@@ -111,8 +142,19 @@ def _call(name: str):
     return call
 
 
-tied_to, fuse, split, field, transform, stack_experts = (
-    _call(n) for n in ("tied_to", "fuse", "split", "field", "transform", "stack_experts"))
+fuse, split, field, transform, stack_experts = (
+    _call(n) for n in ("fuse", "split", "field", "transform", "stack_experts"))
+
+
+class tied_to(tuple):  # noqa: N801 - spelled as the DSL's tied_to(...)
+    """``Param(tied_to("embedding"))``, or ``@tied_to("embedding")`` on a ``@param`` method: a parameter
+    that is another one."""
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        return super().__new__(cls, ("tied_to", args, kwargs))
+
+    def __call__(self, function):
+        return function
 
 
 class _Builder:
@@ -131,6 +173,7 @@ class graph:  # noqa: N801 - used as `with graph() as g:`
 
 def abstract(cls: type) -> type:
     """``@abstract``: a declaration to extend, not to lower."""
+    setattr(cls, ABSTRACT, True)
     return cls
 
 
@@ -162,7 +205,22 @@ ANNOTATIONS = _annotation_names()
 globals().update({name: _annotation(name) for name in ANNOTATIONS})
 
 B, T = Dim("B"), Dim("T")
+
+from modeldsl.frontend.python.compiler import (  # noqa: E402 - its functions import what they need when called
+    DSLError,
+    compile_model,
+    compile_model_for_hf,
+    get_block_spec,
+    get_model_spec,
+    get_module_spec,
+    list_registered_blocks,
+    list_registered_models,
+    list_registered_modules,
+)
+
 __all__ = ["module", "block", "model", "primitive", "forward", "backward", "save", "recompute", "Tensor", "Array",
-           "Param", "Activation", "Dim",
+           "Param", "param", "Activation", "Gradient", "Dim",
+           "compile_model", "compile_model_for_hf", "get_model_spec", "get_block_spec", "get_module_spec",
+           "list_registered_models", "list_registered_blocks", "list_registered_modules", "DSLError",
            "graph", "B", "T", "tied_to", "fuse", "split", "field", "transform", "stack_experts", "hf_config",
            "hf_mapping", "hf_export", "abstract", "extends", *ANNOTATIONS]

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import ast as py
 
+from modeldsl.diagnostics import Diagnostic, DiagnosticError
 from modeldsl.frontend.python.nodes import Nodes, called_name, constant, is_string
 from modeldsl.frontend.text import ast
+
+INDEXED_OPTIONS = ("index_var",)
 
 
 class HuggingFaceSections(Nodes):
@@ -19,6 +22,54 @@ class HuggingFaceSections(Nodes):
                 raise self.error(arg, f"@{name} takes keywords or a dict of string keys")
             entries += [(k.value, v, k) for k, v in zip(arg.keys, arg.values)]
         return self.section(decorator, name, [self.hf_entry(key, value, where, name) for key, value, where in entries])
+
+    def indexed_mapping(self, decorator: py.expr) -> list[ast.Stmt]:
+        """``@hf_mapping.indexed("blocks", ln1_weight="model.layers.{layer}.input_layernorm.weight")`` (or a
+        dict of such entries; ``index_var="expert"`` for ``{expert}``): the entries
+        ``"blocks[{layer}].ln1_weight": ...`` of the stack ``blocks``'s elements."""
+        if not isinstance(decorator, py.Call) or not decorator.args or not is_string(decorator.args[0]):
+            raise self.error(decorator, "@hf_mapping.indexed names the stack first: @hf_mapping.indexed(\"blocks\", "
+                             "name=\"model.layers.{layer}.name\", ...)")
+        stack, rest = decorator.args[0].value, decorator.args[1:]
+        index = "layer"
+        for keyword in decorator.keywords:
+            if keyword.arg == "index_var":
+                if not (is_string(keyword.value) and keyword.value.value.isidentifier()):
+                    raise self.error(keyword.value, "index_var names the index: index_var=\"layer\"")
+                index = keyword.value.value
+        entries = [(k.arg, k.value, k) for k in decorator.keywords if k.arg not in (*INDEXED_OPTIONS, None)]
+        for arg in rest:
+            if not isinstance(arg, py.Dict) or not all(is_string(k) for k in arg.keys):
+                raise self.error(arg, "@hf_mapping.indexed takes the stack's name, then keywords or a dict of "
+                                 "string keys")
+            entries += [(k.value, v, k) for k, v in zip(arg.keys, arg.values)]
+        return self.indexed_entries(stack, index, entries)
+
+    def block_mappings(self, stmt: py.Assign) -> list[ast.Stmt]:
+        """``_hf_block_mappings_ = {"ln1_weight": "model.layers.{layer}...", ...}``: the mappings of the
+        elements of the stack ``blocks`` (``@hf_mapping.indexed("blocks", {...})``)."""
+        if not isinstance(stmt.value, py.Dict) or not all(is_string(k) for k in stmt.value.keys):
+            raise self.error(stmt.value, "_hf_block_mappings_ is a dict of the block parameters' mappings")
+        return self.indexed_entries("blocks", "layer", [(k.value, v, k) for k, v in zip(stmt.value.keys,
+                                                                                       stmt.value.values)])
+
+    def indexed_entries(self, stack: str, index: str, entries: list[tuple[str, py.expr, py.AST]]) -> list[ast.Stmt]:
+        found = []
+        for key, value, where in entries:
+            found.append(self.hf_entry(f"{stack}[{{{index}}}].{key}", value, where, "hf_mapping"))
+        return found
+
+    def check_mapped_once(self, entries: list[ast.Stmt]) -> None:
+        """E010 for a parameter mapped twice (by two decorators, or a decorator and ``hf_mapping=``)."""
+        seen: dict[str, ast.Stmt] = {}
+        for entry in entries:
+            key = entry.name if isinstance(entry, ast.Section) else None
+            if key is None:
+                continue
+            if key in seen:
+                raise DiagnosticError([Diagnostic("E010", f"'{key}' is mapped twice", entry.key.span,
+                                                  "map each parameter once")])
+            seen[key] = entry
 
     def hf_entry(self, key: str, value: py.expr, where: py.AST, section: str) -> ast.Stmt:
         key_node = ast.Name(self.inner(where) if isinstance(where, py.Constant) else self.span(where), key)

@@ -7,7 +7,11 @@ import ast as py
 from typing import Any
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
+from modeldsl.dialects.annotations import ANNOTATION_BY_NAME
 from modeldsl.frontend.text import ast
+
+KEYWORD_NAMES = {"in_": "in"}  # Python keywords the text DSL uses as names
+DTYPE_STEPS = ("cast", "zeros", "ones", "fill")  # their dtype= is the primitive's, not the @dtype annotation
 
 OPERATORS = {py.Add: "+", py.Sub: "-", py.Mult: "*", py.Div: "/", py.FloorDiv: "//", py.Mod: "%", py.Pow: "**",
              py.Eq: "==", py.NotEq: "!=", py.Lt: "<", py.Gt: ">", py.LtE: "<=", py.GtE: ">=",
@@ -171,3 +175,9 @@ def subscripts(node: py.Subscript) -> list[py.expr]:
 
 def is_docstring(stmt: py.stmt) -> bool:
     return isinstance(stmt, py.Expr) and isinstance(stmt.value, py.Constant)
+
+
+def is_annotation(keyword: py.keyword, call: py.Call) -> bool:
+    """Whether a step's keyword is an annotation (``hook=``, ``dtype=``) rather than a parameter."""
+    steps_dtype = isinstance(call.func, py.Attribute) and call.func.attr in DTYPE_STEPS
+    return keyword.arg in ANNOTATION_BY_NAME and not (steps_dtype and keyword.arg == "dtype")

@@ -1,4 +1,4 @@
-"""The Python decorator DSL (seed 001) read into the Module DSL's AST.
+"""The Python decorator DSL read into the Module DSL's AST.
 
 A ``.py`` file is never run to be lowered: its source is parsed with Python's ``ast``, and each
 class decorated ``@module``, ``@block`` or ``@model`` (and each function decorated ``@primitive``,
@@ -34,8 +34,14 @@ spelling (``docs/python-dsl.md`` has the whole table):
   ``fuse(...)``, ``split({...}, dim=0)``, ``transform(...)``, ``field(...)`` are their calls.
 - ``from modeldsl.std.modules.norm import RMSNorm`` imports the std library's declaration (the
   text DSL's ``from std.modules.norm import RMSNorm``).
+- The builder calls that are not one primitive (``g.matmul_bias``, ``g.call``, ``g.custom``,
+  ``out_name=``, ...) are rewritten first (:mod:`.builder`); ``@param`` methods are ``Param``
+  attributes, ``Array["n", "Block"]`` binds the block's parameters by name (:func:`bind_by_name`),
+  ``@hf_mapping.indexed`` and ``Param(hf_mapping=)`` join the model's ``hf_mapping:``, and
+  ``Gradient`` slots check their tensors' types (:mod:`.slots`).
 
-Anything else is E001 at its place, naming what the DSL takes there.
+An unknown decorator is E008 with the closest known one (:mod:`.decorators`), an unknown builder
+call E014; anything else the DSL does not take is E001 at its place, naming what it takes there.
 """
 
 from __future__ import annotations
@@ -47,17 +53,23 @@ from typing import Any
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
 from modeldsl.dialects.annotations import ANNOTATION_BY_NAME
 from modeldsl.files import read_regular_file
+from modeldsl.frontend.python.builder import BuilderCalls
+from modeldsl.frontend.python.decorators import BLOCK_MAPPINGS, HF_SECTIONS, KINDS, Decorators, decorator_name
 from modeldsl.frontend.python.hf import HuggingFaceSections
 from modeldsl.frontend.python.nodes import (
-    called_name, is_docstring, is_string, self_attribute, subscript_of, subscripts,
+    KEYWORD_NAMES,
+    called_name,
+    is_annotation,
+    is_docstring,
+    is_string,
+    self_attribute,
+    subscript_of,
+    subscripts,
 )
 from modeldsl.frontend.python.primitives import Primitives
-from modeldsl.frontend.python.slots import apply_slots, is_slot
+from modeldsl.frontend.python.slots import apply_gradient_slots, apply_slots, is_gradient_slot, is_slot
 from modeldsl.frontend.text import ast
 
-KINDS = ("module", "block", "model")
-HF_SECTIONS = ("hf_config", "hf_mapping", "hf_export")
-KEYWORD_NAMES = {"in_": "in"}  # Python keywords the text DSL uses as names
 STD_PACKAGE = ("modeldsl", "std")
 
 
@@ -80,6 +92,7 @@ def parse_python_source(text: str, name: str = "<input>") -> ast.Program:
                                           Span(source, line, column, line, column + 1),
                                           "the Python DSL is Python: fix the syntax")]) from None
     translator = Translator(source)
+    translator.file_names = _file_names(tree)
     items: list[Any] = []
     backwards = {_backward_of(node): node for node in tree.body if isinstance(node, py.FunctionDef)
                  and _backward_of(node) is not None}
@@ -88,13 +101,61 @@ def parse_python_source(text: str, name: str = "<input>") -> ast.Program:
             items += translator.imports(node)
         elif isinstance(node, py.ClassDef) and _kind(node) is not None:
             items.append(translator.declaration(node))
+        elif isinstance(node, py.ClassDef):
+            translator.check_undeclared_class(node)
         elif isinstance(node, py.FunctionDef) and any(called_name(d) == "primitive" for d in node.decorator_list):
             items.append(translator.primitive(node, backwards.get(node.name)))
-    return ast.Program(Span(source, 1, 1, 1, 1), source, items)
+    program = ast.Program(Span(source, 1, 1, 1, 1), source, items)
+    bind_by_name(program, translator.by_name)
+    return program
 
 
-class Translator(HuggingFaceSections, Primitives):
+def _file_names(tree: py.Module) -> set[str]:
+    """The names a file's classes and imports bind."""
+    names = {node.name for node in tree.body if isinstance(node, (py.ClassDef, py.FunctionDef))}
+    for node in tree.body:
+        if isinstance(node, (py.Import, py.ImportFrom)):
+            names |= {alias.asname or alias.name.split(".")[0] for alias in node.names}
+    return names
+
+
+_BINDING: set[str] = set()  # the files whose by-name stacks are being bound (an import cycle stops there)
+
+
+def bind_by_name(program: ast.Program, pending: list[tuple[ast.Call, set[str]]]) -> None:
+    """``Array["n_layers", "Block"]``: the element is ``Block`` with each of its parameters that the
+    declaration holding the stack also has, bound by name (``Block(d_model=d_model, ...)``); a
+    parameter it lacks is the lowering's E012."""
+    if not pending or program.source.name in _BINDING:
+        return
+    declared = {d.name: d for d in program.declarations}
+    _BINDING.add(program.source.name)
+    try:
+        if any(call.func.id not in declared for call, _ in pending):
+            from modeldsl.diagnostics import DiagnosticSink
+            from modeldsl.resolve.imports import Resolver
+
+            try:
+                declared = {**Resolver(DiagnosticSink()).namespace(program), **declared}
+            except DiagnosticError:
+                pass  # the imports are reported when the program is resolved
+    finally:
+        _BINDING.discard(program.source.name)
+    for call, names in pending:
+        decl = declared.get(call.func.id)
+        for param in (decl.params or []) if decl is not None else []:
+            if param.name in names:
+                call.args.append(ast.Arg(call.span, ast.Name(call.span, param.name), param.name, "="))
+
+
+class Translator(HuggingFaceSections, Primitives, BuilderCalls, Decorators):
     """The decorated classes and functions of one file as Module DSL declarations."""
+
+    def __init__(self, source: Source):
+        super().__init__(source)
+        self.by_name: list[tuple[ast.Call, set[str]]] = []  # stacks of "Block" to bind by name
+        self.names: set[str] = set()  # the parameters and let names of the class being read
+        self.mappings: list[ast.Stmt] = []  # its parameters' hf_mapping=
 
     # ------------------------------------------------------------------ imports
     def imports(self, node: py.ImportFrom) -> list[ast.FromImport]:
@@ -112,7 +173,9 @@ class Translator(HuggingFaceSections, Primitives):
 
     # ------------------------------------------------------------------ declarations
     def declaration(self, node: py.ClassDef) -> ast.Decl:
-        self.aliases = {}
+        self.aliases, self.mappings = {}, []
+        self.check_class_words(node)
+        self.members = {name: member_type for name, member_type in _members(node)}
         body: list[ast.Stmt] = []
         doc = py.get_docstring(node, clean=True)
         if doc is not None:
@@ -124,38 +187,83 @@ class Translator(HuggingFaceSections, Primitives):
         extends = self.extends(node)
         init = next((s for s in node.body if isinstance(s, py.FunctionDef) and s.name == "__init__"), None)
         params, let = self.signature(init) if init is not None else ([], [])
+        self.names = {p.name for p in params} | {b.name for b in let if isinstance(b, ast.Binding)}
         if let:
             body.append(self.section(init, "let", let))
-        entries = [self.parameter(s, added=extends is not None) for s in node.body if _is_param(s)]
+        entries = [self.parameter(s, added=extends is not None) if isinstance(s, py.Assign)
+                   else self.method_parameter(s, added=extends is not None) for s in node.body if _is_param(s)]
         if entries:
             body.append(self.section(node, "params", entries))
         functions = {name: next((s for s in node.body if isinstance(s, py.FunctionDef) and _has(s, name)), None)
                      for name in ("forward", "backward")}
-        self.refuse_unsupported(node)
         slots = [s for s in node.body if is_slot(s)]
+        gradients = [s for s in node.body if is_gradient_slot(s)]
         if functions["forward"] is not None:
             body.append(self.forward(functions["forward"]))
             apply_slots(self, slots, body[-1])
-        elif slots:
-            raise self.error(slots[0], "activation slots name tensors of the forward graph, which this class lacks")
-        for decorator in node.decorator_list:
-            if called_name(decorator) in HF_SECTIONS:
-                body.append(self.hf_section(decorator))
+            apply_gradient_slots(self, gradients, body[-1], slots)
+        elif slots or gradients:
+            raise self.error((slots or gradients)[0], "activation and gradient slots name tensors of the forward "
+                             "graph, which this class lacks")
+        body += self.hf_sections(node, _kind(node) or "module")
         if functions["backward"] is not None:
             body.append(self.backward(functions["backward"], functions["forward"]))
         abstract = any(called_name(d) == "abstract" for d in node.decorator_list)
         return ast.Decl(self.span(node), _kind(node) or "module", node.name, params, body, extends, abstract)
 
-    def refuse_unsupported(self, node: py.ClassDef) -> None:
-        """E001 for what seed 001 spells and modeldsl does not take, rather than dropping it unread."""
-        for stmt in node.body:
-            call = stmt.value if isinstance(stmt, py.Assign) and isinstance(stmt.value, py.Call) else None
-            if call is not None and called_name(call) == "Gradient":
-                raise self.error(stmt, "gradient slots are not taken: a gradient is derived (mdsl-autodiff) or "
-                                 "written in @backward, under its own name")
-            if isinstance(stmt, py.FunctionDef) and _has(stmt, "param"):
-                raise self.error(stmt, "the method style of parameters is not taken",
-                                 f"write it as a class attribute: {stmt.name} = Param(Tensor[...])")
+    def hf_sections(self, node: py.ClassDef, kind: str) -> list[ast.Section]:
+        """``@hf_config``, ``@hf_export``, and one ``hf_mapping`` (where the first ``@hf_mapping`` is) of
+        ``@hf_mapping``, ``@hf_mapping.indexed``, ``_hf_block_mappings_`` and the parameters' ``hf_mapping=``."""
+        sections: list[ast.Section] = []
+        mapping: ast.Section | None = None
+        for decorator in node.decorator_list:
+            name = decorator_name(decorator)
+            if name in ("hf_mapping", "hf_mapping.indexed"):
+                entries = self.hf_section(decorator).body if name == "hf_mapping" else self.indexed_mapping(decorator)
+                if mapping is None:
+                    mapping = self.section(decorator, "hf_mapping", [])
+                    sections.append(mapping)
+                mapping.body += entries
+            elif name in HF_SECTIONS:
+                sections.append(self.hf_section(decorator))
+        extra = [e for stmt in node.body if _is_block_mappings(stmt) for e in self.block_mappings(stmt)]
+        extra += self.mappings
+        if extra and mapping is None:
+            mapping = self.section(node, "hf_mapping", [])
+            sections.append(mapping)
+        if mapping is not None:
+            mapping.body += extra
+            if kind != "model":
+                raise DiagnosticError([Diagnostic("E010", f"a {kind} has no HuggingFace mapping of its own",
+                                                  mapping.body[0].span, "map the checkpoint in the model that holds "
+                                                  "it: @hf_mapping.indexed(\"blocks\", name=\"...{layer}...\")")])
+            self.check_mapped_once(mapping.body)
+        return sections
+
+    def method_parameter(self, func: py.FunctionDef, added: bool = False) -> ast.Section:
+        """``@param def weight(self) -> Tensor[...]: ...`` (``@param(frozen=True)``, ``@param(condition=lambda
+        self: self.use_bias)``, ``@tied_to("embedding")``): the parameter ``weight``, as ``Param(...)``."""
+        if len(func.args.args) != 1 or func.args.vararg or func.args.kwarg or func.args.kwonlyargs:
+            raise self.error(func, f"a @param method takes self only: def {func.name}(self) -> Tensor[...]")
+        if any(not is_docstring(s) and not isinstance(s, py.Pass) for s in func.body):
+            raise self.error(func.body[0], "a @param method's body is ... (its type is its return annotation)")
+        decorator = next(d for d in func.decorator_list if decorator_name(d) == "param")
+        tied = next((d for d in func.decorator_list if decorator_name(d) == "tied_to"), None)
+        if tied is not None:
+            kind = py.copy_location(py.Call(tied.func, tied.args, tied.keywords), tied) if isinstance(tied, py.Call) \
+                else tied
+        elif func.returns is not None:
+            kind = func.returns
+        else:
+            raise self.error(func, f"@param {func.name} has no type", "annotate it: -> Tensor[\"d\"]")
+        keywords = decorator.keywords if isinstance(decorator, py.Call) else []
+        keywords = [py.copy_location(py.keyword("when", k.value), k) if k.arg == "condition" else k
+                    for k in keywords]
+        if isinstance(decorator, py.Call) and decorator.args:
+            raise self.error(decorator.args[0], "@param takes keywords: @param(frozen=True, condition=...)")
+        call = py.copy_location(py.Call(py.Name("Param", py.Load()), [kind], keywords), func)
+        stmt = py.copy_location(py.Assign([py.copy_location(py.Name(func.name, py.Store()), func)], call), func)
+        return self.parameter(stmt, added)
 
     def extends(self, node: py.ClassDef) -> str | None:
         """``@extends("Base")``: the declaration this one inherits from."""
@@ -216,30 +324,52 @@ class Translator(HuggingFaceSections, Primitives):
         guard, annotations = None, []
         for keyword in call.keywords:
             if keyword.arg == "when":
-                guard = self.value(keyword.value)
+                guard = self.condition(keyword.value)
+            elif keyword.arg == "hf_mapping":
+                self.mappings.append(self.hf_entry(target.id, keyword.value, keyword, "hf_mapping"))
             elif keyword.arg == "restate" and isinstance(keyword.value, py.Constant):
                 added = added and not keyword.value.value
             elif keyword.arg in ANNOTATION_BY_NAME:
                 annotations.append(self.annotation(keyword))
             else:
                 raise self.error(keyword, f"Param takes no '{keyword.arg}'",
-                                 "give when= for a conditional parameter, or an annotation (frozen=True, ...)")
+                                 "give when= for a conditional parameter, hf_mapping= for its checkpoint tensor, or "
+                                 "an annotation (frozen=True, ...)")
         entry = self.entry(stmt, target.id, self.param_type(call.args[0]), guard, annotations)
         entry.added = added
         return entry
+
+    def condition(self, node: py.expr) -> ast.Expr:
+        """``when="use_bias"``, or a callable: ``lambda self: self.use_bias``."""
+        if isinstance(node, py.Lambda):
+            if [a.arg for a in node.args.args] != ["self"]:
+                raise self.error(node, "a condition is a lambda of self: lambda self: self.use_bias")
+            return self.expr(node.body)
+        return self.value(node)
 
     def param_type(self, node: py.expr) -> ast.Expr:
         if subscript_of(node, "Tensor"):
             return self.tensor_type(node)
         if subscript_of(node, "Array"):
-            count, element = subscripts(node)
             if len(subscripts(node)) != 2:
-                raise self.error(node, "an array is Array[count, Block(...)]")
-            return ast.ArrayType(self.span(node), self.value(count), self.instance(element))
+                raise self.error(node, "an array is Array[count, Block(...)] or Array[count, \"Block\"]")
+            count, element = subscripts(node)
+            return ast.ArrayType(self.span(node), self.value(count), self.element(element))
         if isinstance(node, py.Call):
             return self.instance(node)
         raise self.error(node, "a parameter's type is Tensor[...], a module (Module(args)), Array[n, Block(args)] "
                          "or tied_to(\"name\")")
+
+    def element(self, node: py.expr) -> ast.Expr:
+        """A stack's element: ``Block("d")``, or ``"Block"`` / ``Block`` (its parameters bound by name,
+        :func:`bind_by_name`)."""
+        if (is_string(node) and node.value.isidentifier()) or isinstance(node, py.Name):
+            name = node.value if is_string(node) else node.id
+            span = self.inner(node) if is_string(node) else self.span(node)
+            call = ast.Call(span, ast.Name(span, name), [])
+            self.by_name.append((call, set(self.names)))
+            return call
+        return self.instance(node)
 
     def instance(self, node: py.expr) -> ast.Expr:
         """``RMSNorm("d_model", "eps")``: a submodule with its arguments (strings are expressions)."""
@@ -324,10 +454,13 @@ class Translator(HuggingFaceSections, Primitives):
             calls += [(c, LIST_CALLS[c.func.attr]) for c in _list_calls(block.body, g)]
         entries: dict[str, tuple[py.AST, list[ast.Expr]]] = {}
         for call, kind in calls:
-            if not isinstance(call, py.Call) or not all(is_string(a) for a in call.args):
+            in_graph = call not in func.decorator_list
+            if not isinstance(call, py.Call) or not all(is_string(a) or (in_graph and isinstance(a, py.Name))
+                                                        for a in call.args):
                 raise self.error(call, f"{kind} lists name tensors by string: @{kind}(\"x\", \"rstd\")")
             names = entries.setdefault(kind, (call, []))[1]
-            names += [ast.Name(self.inner(a), _name(a.value)) for a in call.args]
+            names += [ast.Name(self.inner(a), _name(a.value)) if is_string(a)
+                      else ast.Name(self.span(a), self.tensor_name(a.id)) for a in call.args]
         return [self.entry(where, kind, ast.ListExpr(self.span(where), names))
                 for kind, (where, names) in entries.items()]
 
@@ -337,29 +470,52 @@ class Translator(HuggingFaceSections, Primitives):
         statements = [s for s in func.body if not is_docstring(s)]
         if not statements:
             return None
-        if len(statements) != 1 or not isinstance(statements[0], py.With) or not _is_with(statements[0], "graph"):
-            raise self.error(func, f"{func.name}'s body is one `with graph() as g:` block")
+        after = statements[1] if len(statements) == 2 and isinstance(statements[1], py.Return) else None
+        if len(statements) != 1 + (after is not None) or not isinstance(statements[0], py.With) \
+                or not _is_with(statements[0], "graph"):
+            raise self.error(func, f"{func.name}'s body is one `with graph() as g:` block (and a `return` after it)")
         block = statements[0]
-        steps = self.statements(block.body, block.items[0].optional_vars.id)
-        last = block.body[-1] if block.body else None
-        if isinstance(last, py.Return) and isinstance(last.value, py.Name) and last.value.id != "out" \
-                and func.name == "forward":
-            steps.append(_NamedOutput(self.span(last.value), _name(last.value.id)))
-        elif isinstance(last, py.Return) and isinstance(last.value, py.Tuple) and func.name == "forward" \
-                and all(isinstance(e, py.Name) for e in last.value.elts):
-            steps.append(_NamedOutput(self.span(last.value), *(_name(e.id) for e in last.value.elts)))
+        g = block.items[0].optional_vars.id
+        self.renames = {}
+        steps = self.statements(block.body, g)
+        ending = self.ending(block, after, g)
+        if ending is not None and func.name == "forward":
+            names = ending.elts if isinstance(ending, py.Tuple) else [ending]
+            plain = all(isinstance(e, py.Name) for e in names)
+            if plain and (len(names) > 1 or self.tensor_name(names[0].id) != "out"):
+                steps.append(_NamedOutput(self.span(ending), *(self.tensor_name(e.id) for e in names)))
         return steps
 
-    def statements(self, body: list[py.stmt], g: str) -> list[ast.Stmt]:
-        return [self.statement(s, g) for s in body
-                if not is_docstring(s) and not isinstance(s, py.Return) and _list_call(s, g) is None]
+    def ending(self, block: py.With, after: py.Return | None, g: str) -> py.expr | None:
+        """What a graph returns: ``return x`` ending the ``with`` block or after it, or ``g.output(x)``."""
+        last = block.body[-1] if block.body else None
+        output = last.value if isinstance(last, py.Expr) and _is_output(last.value, g) else None
+        inside = last.value if isinstance(last, py.Return) else None
+        if output is not None:
+            if output.keywords or not output.args:
+                raise self.error(output, f"{g}.output names the outputs: {g}.output(y) or {g}.output(a, b)")
+            inside = output.args[0] if len(output.args) == 1 else py.copy_location(py.Tuple(output.args, py.Load()),
+                                                                                     output)
+        if after is not None and inside is not None:
+            raise self.error(after, "the graph already returns its outputs", "return once")
+        return after.value if after is not None else inside
 
-    def statement(self, stmt: py.stmt, g: str) -> ast.Stmt:
+    def statements(self, body: list[py.stmt], g: str) -> list[ast.Stmt]:
+        steps = [self.statement(s, g) for s in body
+                 if not is_docstring(s) and not isinstance(s, py.Return) and _list_call(s, g) is None
+                 and not (isinstance(s, py.Expr) and _is_output(s.value, g))]
+        return [s for s in steps if s is not None]
+
+    def statement(self, stmt: py.stmt, g: str) -> ast.Stmt | None:
         if isinstance(stmt, py.Assign) and len(stmt.targets) == 1:
-            destination = self.destination(stmt.targets[0])
+            target = stmt.targets[0]
             if isinstance(stmt.value, py.Call):
-                return self.flow(stmt, stmt.value, destination, g)
-            return ast.Flow(self.span(stmt), [self.tensor(stmt.value, g), destination])
+                if self.input_alias(stmt.value, target, g):
+                    return None
+                call = self.output_names(stmt.value, target)
+                call = self.rewritten(call, g, len(target.elts) if isinstance(target, py.Tuple) else 1)
+                return self.flow(stmt, call, self.destination(target), g)
+            return ast.Flow(self.span(stmt), [self.tensor(stmt.value, g), self.destination(target)])
         if isinstance(stmt, py.If):
             return ast.If(self.span(stmt), self.expr(stmt.test), self.statements(stmt.body, g),
                           self.statements(stmt.orelse, g) if stmt.orelse else None)
@@ -370,15 +526,16 @@ class Translator(HuggingFaceSections, Primitives):
 
     def destination(self, target: py.expr) -> ast.Expr:
         if isinstance(target, py.Name):
-            return ast.Name(self.span(target), _name(target.id))
+            return ast.Name(self.span(target), self.tensor_name(target.id))
         if isinstance(target, py.Tuple) and all(isinstance(e, py.Name) for e in target.elts):
-            return ast.TupleExpr(self.span(target), [ast.Name(self.span(e), _name(e.id)) for e in target.elts])
+            return ast.TupleExpr(self.span(target), [ast.Name(self.span(e), self.tensor_name(e.id))
+                                                     for e in target.elts])
         raise self.error(target, "a graph step writes a name or a tuple of names")
 
     def flow(self, stmt: py.stmt, call: py.Call, destination: ast.Expr, g: str) -> ast.Flow:
         """One step, or a chain of them when a step's first argument is another step
         (``g.matmul(g.silu(h), "w2")`` is ``h -> silu() -> matmul(w2) -> ...``)."""
-        annotations = [self.annotation(k) for k in call.keywords if _is_annotation(k, call)]
+        annotations = [self.annotation(k) for k in call.keywords if is_annotation(k, call)]
         return ast.Flow(self.span(stmt), self.stages(call, g) + [destination], annotations)
 
     def stages(self, call: py.Call, g: str) -> list[ast.Expr]:
@@ -386,7 +543,7 @@ class Translator(HuggingFaceSections, Primitives):
         first = call.args[0] if call.args else None
         if isinstance(first, py.Call) and _is_step(first, g):
             inner = self.stages(first, g)
-            annotations = [self.annotation(k) for k in first.keywords if _is_annotation(k, first)]
+            annotations = [self.annotation(k) for k in first.keywords if is_annotation(k, first)]
             if annotations:
                 inner[-1] = ast.Annotated(inner[-1].span, inner[-1], annotations)
             return inner + [self.step(call, call.args[1:], g, chained=True)]
@@ -402,7 +559,7 @@ class Translator(HuggingFaceSections, Primitives):
         """The step ``call`` is, with ``args`` inside it: its non-tensor arguments, and in a chain also
         the tensors other than the one flowing in (``matmul(w2, transpose=NT)``)."""
         func = call.func
-        keywords = [k for k in call.keywords if not _is_annotation(k, call)]
+        keywords = [k for k in call.keywords if not is_annotation(k, call)]
         if self_attribute(func) and not keywords and not args:
             return ast.Name(self.span(func), func.attr)
         if not (isinstance(func, py.Attribute) and isinstance(func.value, py.Name) and func.value.id == g):
@@ -415,7 +572,7 @@ class Translator(HuggingFaceSections, Primitives):
 
     def tensor(self, node: py.expr, g: str) -> ast.Expr:
         if isinstance(node, py.Name):
-            return ast.Name(self.span(node), _name(node.id))
+            return ast.Name(self.span(node), self.tensor_name(node.id))
         if is_string(node):
             return ast.Name(self.inner(node), node.value)
         if self_attribute(node):
@@ -480,15 +637,6 @@ def _kind(node: py.ClassDef) -> str | None:
     return next((called_name(d) for d in node.decorator_list if called_name(d) in KINDS), None)
 
 
-DTYPE_STEPS = ("cast", "zeros", "ones", "fill")  # their dtype= is the primitive's, not the @dtype annotation
-
-
-def _is_annotation(keyword: py.keyword, call: py.Call) -> bool:
-    """Whether a step's keyword is an annotation (``hook=``, ``dtype=``) rather than a parameter."""
-    steps_dtype = isinstance(call.func, py.Attribute) and call.func.attr in DTYPE_STEPS
-    return keyword.arg in ANNOTATION_BY_NAME and not (steps_dtype and keyword.arg == "dtype")
-
-
 def _name(name: str) -> str:
     return KEYWORD_NAMES.get(name, name)
 
@@ -498,8 +646,32 @@ def _has(func: py.FunctionDef, decorator: str) -> bool:
 
 
 def _is_param(stmt: py.stmt) -> bool:
+    """``name = Param(...)`` or a ``@param`` method."""
+    if isinstance(stmt, py.FunctionDef):
+        return any(decorator_name(d) == "param" for d in stmt.decorator_list)
     return (isinstance(stmt, py.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], py.Name)
             and isinstance(stmt.value, py.Call) and called_name(stmt.value) == "Param")
+
+
+def _members(node: py.ClassDef) -> list[tuple[str, py.expr]]:
+    """The class's parameters by name, with their types (``Tensor[...]``, ``Array[...]``, a module call)."""
+    found = []
+    for stmt in node.body:
+        if isinstance(stmt, py.Assign) and _is_param(stmt) and stmt.value.args:
+            found.append((stmt.targets[0].id, stmt.value.args[0]))
+        elif isinstance(stmt, py.FunctionDef) and _is_param(stmt) and stmt.returns is not None:
+            found.append((stmt.name, stmt.returns))
+    return found
+
+
+def _is_block_mappings(stmt: py.stmt) -> bool:
+    return isinstance(stmt, py.Assign) and isinstance(stmt.targets[0], py.Name) and stmt.targets[0].id == BLOCK_MAPPINGS
+
+
+def _is_output(node: py.expr, g: str) -> bool:
+    """``g.output(...)``."""
+    return isinstance(node, py.Call) and isinstance(node.func, py.Attribute) and node.func.attr == "output" \
+        and isinstance(node.func.value, py.Name) and node.func.value.id == g
 
 
 def _is_with(stmt: py.With, name: str, builder: str | None = None) -> bool:

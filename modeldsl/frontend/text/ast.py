@@ -368,7 +368,8 @@ class _Builder(Transformer):
         return Span(self.source, meta.line, meta.column, meta.end_line, meta.end_column)
 
     def token_span(self, token: Token) -> Span:
-        return Span(self.source, token.line, token.column, token.end_line or token.line, token.end_column or token.column + 1)
+        return Span(self.source, token.line, token.column, token.end_line or token.line,
+                    token.end_column or token.column + 1)
 
     # program and imports ---------------------------------------------------
     @v_args(meta=True)
@@ -702,7 +703,8 @@ def dump(node: Any, indent: int = 0) -> str:
         if f.name in ("span", "source"):
             continue
         value = getattr(node, f.name)
-        if isinstance(value, (Node, list)) and (not isinstance(value, list) or any(isinstance(v, (Node, tuple)) for v in value)):
+        holds_nodes = not isinstance(value, list) or any(isinstance(v, (Node, tuple)) for v in value)
+        if isinstance(value, (Node, list)) and holds_nodes:
             children.append((f.name, value))
         elif value not in (None, [], False) or f.name in ("value",):
             scalars.append(f"{f.name}={value!r}")

@@ -11,7 +11,8 @@ Syntax errors become E001 diagnostics with the location, the offending line
 and a hint listing what was expected. So do inputs no later stage could take:
 bytes that are not UTF-8 (at the byte's line and column), expressions nested
 deeper than :data:`MAX_DEPTH` (every stage after the parser recurses over the
-tree) and integer literals outside i64.
+tree) and integer literals outside i64. Lark's LALR tables are built once and
+kept in the user's cache folder (:mod:`modeldsl.frontend.text.parser_cache`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from lark.indenter import DedentError, Indenter
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
 from modeldsl.files import read_regular_file
+from modeldsl.frontend.text.parser_cache import cached_parser
 
 GRAMMAR = Path(__file__).with_name("grammar.lark")
 OPEN = {"LPAR", "LSQB", "LBRACE"}
@@ -107,8 +109,14 @@ def _rewrite(stream: Iterator[Token]) -> Iterator[Token]:
 
 @lru_cache(maxsize=1)
 def _parser() -> Lark:
+    """The LALR parser of the grammar, built once per user cache (:mod:`.parser_cache`)."""
+    grammar = GRAMMAR.read_text()
+    return cached_parser(grammar, Path(__file__).read_bytes(), lambda: _build_parser(grammar))
+
+
+def _build_parser(grammar: str) -> Lark:
     return Lark(
-        GRAMMAR.read_text(),
+        grammar,
         parser="lalr",
         lexer="basic",
         postlex=ModuleDslIndenter(),
@@ -215,7 +223,8 @@ def _syntax_error(source: Source, err: UnexpectedInput) -> Diagnostic:
             if {"')'", "']'", "'}'"} & set(expected):
                 hint = "a bracket opened earlier is never closed"
     elif isinstance(err, UnexpectedCharacters):
-        message = f"unexpected character {source.text[err.pos_in_stream]!r}" if err.pos_in_stream < len(source.text) else "unexpected end of input"
+        message = (f"unexpected character {source.text[err.pos_in_stream]!r}"
+                   if err.pos_in_stream < len(source.text) else "unexpected end of input")
         expected = sorted(_pretty(t) for t in err.allowed or [])
     else:
         message = "unexpected end of input"

@@ -1,25 +1,20 @@
 // mdsl-fuse pattern lm_head_loss: the LM-head GEMM, the cross-entropy and, in backward,
 // cross_entropy_backward and the d_x / d_W GEMMs become fused_lm_head_loss(_backward), which hold
-// `chunk` rows of logits at a time (lm_head_chunk=, else the most rows whose fp32 logits fit in
-// 128 MiB). Each sed variant breaks one condition: logits another op reads, a GEMM with alpha, a
-// @nofuse on the GEMM; disable= turns it off and a negative chunk is E029. CSE (after the
-// patterns) leaves one view of x to rows for both. With the loss gradient %d an argument (known
-// where the forward stands) and lse read by the backward only, the two then merge into
-// fused_lm_head_loss_grad at the forward (FUSED, AUTO); they stay apart where the gradient is
-// computed after the forward (LATE) or another op reads lse (LSE).
+// `chunk` rows of logits at a time (lm_head_chunk=, else the most rows whose fp32 logits fit in 128
+// MiB). Each variant (Inputs/fuse-loss/) breaks one: logits another op reads, a GEMM with alpha, a
+// @nofuse on the GEMM; disable= turns it off and a negative chunk is E029. CSE (after the patterns)
+// leaves one view of x to rows for both. With the loss gradient %d an argument (known where the
+// forward stands) and lse read by the backward only, the two then merge into fused_lm_head_loss_grad
+// at the forward (FUSED, AUTO); they stay apart where the gradient is computed after the forward
+// (LATE) or another op reads lse (LSE).
 // RUN: mdsl-opt %s -p 'mdsl-fuse{lm_head_chunk=4}' | filecheck %s --check-prefix=FUSED
 // RUN: mdsl-opt %s -p 'mdsl-fuse' | filecheck %s --check-prefix=AUTO
 // RUN: mdsl-opt %s -p 'mdsl-fuse{disable=lm_head_loss}' | filecheck %s --check-prefix=OFF
-// RUN: sed 's/%d_x = mdsl.graph.matmul %d_logits, %head/%d_x = mdsl.graph.matmul %logits, %head/' %s > %t.read.mlir
-// RUN: mdsl-opt %t.read.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=OFF
-// RUN: sed 's/{transpose = "NT"}/{transpose = "NT", alpha = 2.0 : f64}/' %s > %t.alpha.mlir
-// RUN: mdsl-opt %t.alpha.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=OFF
-// RUN: sed 's/{transpose = "NT"}/{transpose = "NT", annotations = [#mdsl.graph.nofuse]}/' %s > %t.nofuse.mlir
-// RUN: mdsl-opt %t.nofuse.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=OFF
-// RUN: sed -e 's/cross_entropy_backward %d,/cross_entropy_backward %late,/' -e '/^ *%loss, %lse = mdsl.graph.cross_entropy/a\      %late = mdsl.graph.scale %d {factor = 0.5 : f64} : (!mdsl.graph.tensor<[], fp32>) -> !mdsl.graph.tensor<[], fp32>' %s > %t.late.mlir
-// RUN: mdsl-opt %t.late.mlir -p 'mdsl-fuse{lm_head_chunk=4}' | filecheck %s --check-prefix=LATE
-// RUN: sed -e 's/return %loss,/return %lse_too,/' -e '/^ *%loss, %lse = mdsl.graph.cross_entropy/a\      %lse_sum = mdsl.graph.reduce_sum %lse {dims = array<i64: 0>} : (!mdsl.graph.tensor<[16], fp32>) -> !mdsl.graph.tensor<[], fp32>\n      %lse_too = mdsl.graph.add %loss, %lse_sum : (!mdsl.graph.tensor<[], fp32>, !mdsl.graph.tensor<[], fp32>) -> !mdsl.graph.tensor<[], fp32>' %s > %t.lse.mlir
-// RUN: mdsl-opt %t.lse.mlir -p 'mdsl-fuse{lm_head_chunk=4}' | filecheck %s --check-prefix=LSE
+// RUN: mdsl-opt %S/Inputs/fuse-loss/read.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=OFF
+// RUN: mdsl-opt %S/Inputs/fuse-loss/alpha.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=OFF
+// RUN: mdsl-opt %S/Inputs/fuse-loss/nofuse.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=OFF
+// RUN: mdsl-opt %S/Inputs/fuse-loss/late.mlir -p 'mdsl-fuse{lm_head_chunk=4}' | filecheck %s --check-prefix=LATE
+// RUN: mdsl-opt %S/Inputs/fuse-loss/lse.mlir -p 'mdsl-fuse{lm_head_chunk=4}' | filecheck %s --check-prefix=LSE
 // RUN: not mdsl-opt %s -p 'mdsl-fuse{lm_head_chunk=-1}' 2>&1 | filecheck %s --check-prefix=BAD
 
 builtin.module {

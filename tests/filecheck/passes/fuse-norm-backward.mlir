@@ -1,22 +1,17 @@
 // mdsl-fuse pattern residual_norm, backward half (passes/fuse_norm.py: ResidualNormBackward): in a
-// block's backward, the norm's input gradient joins the residual stream's gradient,
-// rmsnorm_backward + add (either operand order) -> fused_residual_rmsnorm_backward, whose d_residual
-// is the sum (d_input, the same values, is unread). The final norm's backward, whose gradient no add
-// reads, stays. Each sed variant breaks one condition: d_x read by a second op, a broadcasting add of
+// block's backward, the norm's input gradient joins the residual stream's gradient, rmsnorm_backward +
+// add (either operand order) -> fused_residual_rmsnorm_backward, whose d_residual is the sum (d_input,
+// the same values, is unread). The final norm's backward, whose gradient no add reads, stays. Each
+// variant (Inputs/fuse-norm-backward/) breaks one: d_x read by a second op, a broadcasting add of
 // another shape, @nofuse on the add, a hook on rmsnorm_backward, a recompute replay; disable=
 // residual_norm turns both halves off.
 // RUN: mdsl-opt %s -p 'mdsl-fuse' | filecheck %s --check-prefix=FUSED
 // RUN: mdsl-opt %s -p 'mdsl-fuse{disable=residual_norm}' | filecheck %s --check-prefix=OFF
-// RUN: sed 's/mdsl.graph.return %g1, %g2, %dw1, %dw2, %dx3, %dw3 :/mdsl.graph.return %g1, %g2, %dw1, %dw2, %dx1, %dw3 :/' %s > %t.read.mlir
-// RUN: mdsl-opt %t.read.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=SECOND-READER
-// RUN: sed 's/%g1 = mdsl.graph.add %dx1, %dn : (!t, !t) -> !t/%g1 = mdsl.graph.add %dx1, %bias : (!t, !w) -> !t/' %s > %t.shape.mlir
-// RUN: mdsl-opt %t.shape.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=FIRST-KEPT
-// RUN: sed 's/%g1 = mdsl.graph.add %dx1, %dn : /%g1 = mdsl.graph.add %dx1, %dn {annotations = [#mdsl.graph.nofuse]} : /' %s > %t.nofuse.mlir
-// RUN: mdsl-opt %t.nofuse.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=FIRST-KEPT
-// RUN: sed 's/%dx1, %dw1 = mdsl.graph.rmsnorm_backward %dy1, %r1, %w1, %rstd1 :/%dx1, %dw1 = mdsl.graph.rmsnorm_backward %dy1, %r1, %w1, %rstd1 {annotations = [#mdsl.graph.hook<NormGrad>]} :/' %s > %t.hook.mlir
-// RUN: mdsl-opt %t.hook.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=FIRST-KEPT
-// RUN: sed 's/%dx1, %dw1 = mdsl.graph.rmsnorm_backward %dy1, %r1, %w1, %rstd1 :/%dx1, %dw1 = mdsl.graph.rmsnorm_backward %dy1, %r1, %w1, %rstd1 {recompute = "n1"} :/' %s > %t.replay.mlir
-// RUN: mdsl-opt %t.replay.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=FIRST-KEPT
+// RUN: mdsl-opt %S/Inputs/fuse-norm-backward/read.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=SECOND-READER
+// RUN: mdsl-opt %S/Inputs/fuse-norm-backward/shape.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=FIRST-KEPT
+// RUN: mdsl-opt %S/Inputs/fuse-norm-backward/nofuse.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=FIRST-KEPT
+// RUN: mdsl-opt %S/Inputs/fuse-norm-backward/hook.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=FIRST-KEPT
+// RUN: mdsl-opt %S/Inputs/fuse-norm-backward/replay.mlir -p 'mdsl-fuse' | filecheck %s --check-prefix=FIRST-KEPT
 
 !t = !mdsl.graph.tensor<[2, 8, 32], fp32>
 !w = !mdsl.graph.tensor<[32], fp32>

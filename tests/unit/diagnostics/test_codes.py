@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from modeldsl.diagnostics import CODES, Diagnostic, DiagnosticError, DiagnosticSink
+from modeldsl.diagnostics import CODES, Diagnostic, DiagnosticError, DiagnosticSink, cut_around
 from modeldsl.frontend.text.parser import parse_source
 from modeldsl.lower import lower_program
 
@@ -90,10 +90,11 @@ def test_case_reports_its_diagnostic_at_the_offending_token(path: Path):
     severity = "warning" if case.code.startswith("W") else "error"
     assert rendered.startswith(f"{path}:{case.line}:{case.column}: {severity}[{case.code}]: "), rendered
     source_line = path.read_text(encoding="utf-8").splitlines()[case.line - 1]
+    shown, caret_at, _ = cut_around(source_line, case.column - 1, case.column)  # the whole line up to 120 columns
     lines = rendered.splitlines()
-    assert lines[1] == f"{case.line:>5} | {source_line}", rendered
+    assert lines[1] == f"{case.line:>5} | {shown}", rendered
     caret = lines[2].split("| ", 1)[1]
-    assert caret.startswith(" " * (case.column - 1) + "^") and set(caret.strip()) == {"^"}, rendered
+    assert caret.startswith(" " * caret_at + "^") and set(caret.strip()) == {"^"}, rendered
 
 
 def test_cases_cover_every_required_code():

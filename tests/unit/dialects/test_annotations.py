@@ -86,7 +86,8 @@ def test_binding_annotations_are_marked():
 ROUND_TRIPS = [
     ("#mdsl.graph.memory<recompute>", "#mdsl.graph.memory<recompute>"),
     ("#mdsl.graph.memory<mode = offload, priority = 2, prefetch = true>", "#mdsl.graph.memory<offload, priority = 2>"),
-    ("#mdsl.graph.memory<stream, prefetch = false, async = false>", "#mdsl.graph.memory<stream, prefetch = false, async = false>"),
+    ("#mdsl.graph.memory<stream, prefetch = false, async = false>",
+     "#mdsl.graph.memory<stream, prefetch = false, async = false>"),
     ("#mdsl.graph.checkpoint<full>", "#mdsl.graph.checkpoint"),
     ("#mdsl.graph.checkpoint<granularity = selective, preserve = [\"attn_out\"]>",
      '#mdsl.graph.checkpoint<selective, preserve = ["attn_out"]>'),
@@ -94,11 +95,13 @@ ROUND_TRIPS = [
     ("#mdsl.graph.lifetime<sublayer>", "#mdsl.graph.lifetime<sublayer>"),
     ('#mdsl.graph.lifetime<operation, start = "op1", end = "op3">', '#mdsl.graph.lifetime<start = "op1", end = "op3">'),
     ("#mdsl.graph.hook<AfterQKVProjection, mode = observe>", "#mdsl.graph.hook<AfterQKVProjection>"),
-    ('#mdsl.graph.hook<"attn_out", mode = modify, priority = 2>', "#mdsl.graph.hook<attn_out, mode = modify, priority = 2>"),
+    ('#mdsl.graph.hook<"attn_out", mode = modify, priority = 2>',
+     "#mdsl.graph.hook<attn_out, mode = modify, priority = 2>"),
     ("#mdsl.graph.adapter<lora, rank = 8, alpha = 16.0, targets = [\"q\", \"v\"]>",
      '#mdsl.graph.adapter<lora, rank = 8, alpha = 16.0, targets = ["q", "v"]>'),
     ("#mdsl.graph.adapter<type = ia3>", "#mdsl.graph.adapter<ia3>"),
-    ("#mdsl.graph.adapter<prefix, length = 20, hidden_dim = 512>", "#mdsl.graph.adapter<prefix, length = 20, hidden_dim = 512>"),
+    ("#mdsl.graph.adapter<prefix, length = 20, hidden_dim = 512>",
+     "#mdsl.graph.adapter<prefix, length = 20, hidden_dim = 512>"),
     ("#mdsl.graph.adapter<adapter, bottleneck_dim = 32, activation = gelu>",
      "#mdsl.graph.adapter<adapter, bottleneck_dim = 32, activation = gelu>"),
     ('#mdsl.graph.probe<"logits", capture = histogram, frequency = 100>',
@@ -110,7 +113,8 @@ ROUND_TRIPS = [
     ("#mdsl.graph.precision<compute = fp8_e4m3, accumulate = fp32, output = bf16>",
      "#mdsl.graph.precision<compute = fp8_e4m3, output = bf16>"),
     ("#mdsl.graph.precision<policy = fp8_hybrid>", "#mdsl.graph.precision<policy = fp8_hybrid>"),
-    ("#mdsl.graph.scaling<delayed, history_len = 16, update_interval = 4>", "#mdsl.graph.scaling<delayed, update_interval = 4>"),
+    ("#mdsl.graph.scaling<delayed, history_len = 16, update_interval = 4>",
+     "#mdsl.graph.scaling<delayed, update_interval = 4>"),
     ("#mdsl.graph.scaling<per_block, block_size = [16, 16]>", "#mdsl.graph.scaling<per_block, block_size = [16, 16]>"),
     ("#mdsl.graph.scaling<dynamic, margin = 0.1>", "#mdsl.graph.scaling<dynamic, margin = 0.1>"),
     ("#mdsl.graph.recipe<FP8HybridRecipe>", "#mdsl.graph.recipe<FP8HybridRecipe>"),
@@ -119,7 +123,8 @@ ROUND_TRIPS = [
     ("#mdsl.graph.fuse<scope = global>", "#mdsl.graph.fuse<scope = global>"),
     ("#mdsl.graph.fuse_required<gated_mlp>", "#mdsl.graph.fuse_required<gated_mlp>"),
     ("#mdsl.graph.nofuse", "#mdsl.graph.nofuse"),
-    ('#mdsl.graph.nofuse<reason = "checking for \\"NaN\\" source">', '#mdsl.graph.nofuse<"checking for \\"NaN\\" source">'),
+    ('#mdsl.graph.nofuse<reason = "checking for \\"NaN\\" source">',
+     '#mdsl.graph.nofuse<"checking for \\"NaN\\" source">'),
     ('#mdsl.graph.kernel<"cudnn_fmha_v2", fallback = true>', '#mdsl.graph.kernel<"cudnn_fmha_v2">'),
     ('#mdsl.graph.kernel<"cutlass", autotune = false, workspace = 1024, fallback = false>',
      '#mdsl.graph.kernel<"cutlass", autotune = false, workspace = 1024, fallback = false>'),
@@ -194,15 +199,18 @@ def test_malformed_text_is_a_located_parse_error(ctx, text, message):
 @pytest.mark.parametrize(
     "cls, args, message",
     [
-        (MemoryAttr, {"mode": StringAttr("save"), "priority": IntegerAttr(0, i64)}, "'priority' equals its default and must be omitted"),
+        (MemoryAttr, {"mode": StringAttr("save"), "priority": IntegerAttr(0, i64)},
+         "'priority' equals its default and must be omitted"),
         (ShardAttr, {"strategy": StringAttr("row"), "size": IntegerAttr(2, i64)}, "@shard has no parameter 'size'"),
         (MemoryAttr, {"mode": IntegerAttr(1, i64)}, "@memory(mode=...) expects a word"),
         (MemoryAttr, {"mode": StringAttr("always")}, "'always' is not one of"),
         (MemoryAttr, {}, "@memory needs 'mode'"),
-        (MemoryAttr, {"mode": StringAttr("save"), "priority": IntegerAttr(3, i64)}, "@memory(save) does not take priority"),
+        (MemoryAttr, {"mode": StringAttr("save"), "priority": IntegerAttr(3, i64)},
+         "@memory(save) does not take priority"),
         (HookAttr, {"point": StringAttr("after attention")}, "'after attention' is not a name"),
         (HookAttr, {"point": StringAttr("P"), "priority": IntegerAttr(-1, i64)}, "@hook(priority=...) must be >= 0"),
-        (AdapterAttr, {"type": StringAttr("lora"), "dropout": FloatAttr(1.5, f64)}, "@adapter dropout must be in [0, 1), got 1.5"),
+        (AdapterAttr, {"type": StringAttr("lora"), "dropout": FloatAttr(1.5, f64)},
+         "@adapter dropout must be in [0, 1), got 1.5"),
         (TrainableAttr, {"lr_scale": FloatAttr(-1.0, f64)}, "@trainable(lr_scale=...) must be >= 0, got -1.0"),
         (TrainableAttr, {"grad_clip": FloatAttr(0.0, f64)}, "@trainable(grad_clip=...) must be > 0"),
     ],
@@ -229,19 +237,23 @@ def test_verify_runs_the_cross_parameter_rules():
     "name, args, kwargs, printed",
     [
         ("memory", ["recompute"], {}, "#mdsl.graph.memory<recompute>"),
-        ("memory", [], {"mode": "offload", "priority": 3, "prefetch": True}, "#mdsl.graph.memory<offload, priority = 3>"),
+        ("memory", [], {"mode": "offload", "priority": 3, "prefetch": True},
+         "#mdsl.graph.memory<offload, priority = 3>"),
         ("memory", ["offload"], {"priority": 1}, "#mdsl.graph.memory<offload, priority = 1>"),
         ("checkpoint", [], {}, "#mdsl.graph.checkpoint"),
-        ("checkpoint", [], {"granularity": "selective", "preserve": ["attn_out"]}, '#mdsl.graph.checkpoint<selective, preserve = ["attn_out"]>'),
+        ("checkpoint", [], {"granularity": "selective", "preserve": ["attn_out"]},
+         '#mdsl.graph.checkpoint<selective, preserve = ["attn_out"]>'),
         ("lifetime", [], {"scope": "sublayer"}, "#mdsl.graph.lifetime<sublayer>"),
         ("lifetime", [], {"start": "op1", "end": "op3"}, '#mdsl.graph.lifetime<start = "op1", end = "op3">'),
         ("hook", ["AfterQKVProjection"], {"mode": "modify"}, "#mdsl.graph.hook<AfterQKVProjection, mode = modify>"),
         ("hook", ["BeforeLMHead"], {"mode": "observe"}, "#mdsl.graph.hook<BeforeLMHead>"),
-        ("adapter", ["lora"], {"rank": 16, "alpha": 32, "targets": ["q", "k", "v"]}, '#mdsl.graph.adapter<lora, targets = ["q", "k", "v"]>'),
+        ("adapter", ["lora"], {"rank": 16, "alpha": 32, "targets": ["q", "k", "v"]},
+         '#mdsl.graph.adapter<lora, targets = ["q", "k", "v"]>'),
         ("adapter", ["lora"], {"rank": 8, "alpha": 16}, "#mdsl.graph.adapter<lora, rank = 8, alpha = 16.0>"),
         ("probe", ["qkv_output"], {"capture": "stats"}, '#mdsl.graph.probe<"qkv_output">'),
         ("dtype", ["bf16"], {}, "#mdsl.graph.dtype<bf16>"),
-        ("precision", [], {"compute": "fp8_e4m3", "output": "bf16"}, "#mdsl.graph.precision<compute = fp8_e4m3, output = bf16>"),
+        ("precision", [], {"compute": "fp8_e4m3", "output": "bf16"},
+         "#mdsl.graph.precision<compute = fp8_e4m3, output = bf16>"),
         ("precision", [], {"policy": "fp32"}, "#mdsl.graph.precision<policy = fp32>"),
         ("scaling", ["delayed"], {"history_len": 32}, "#mdsl.graph.scaling<delayed, history_len = 32>"),
         ("scaling", ["per_block"], {"block_size": [32, 32]}, "#mdsl.graph.scaling<per_block>"),
@@ -256,7 +268,8 @@ def test_verify_runs_the_cross_parameter_rules():
         ("shard", ["column"], {"tp_size": 4}, "#mdsl.graph.shard<column, tp_size = 4>"),
         ("shard", ["replicated"], {}, "#mdsl.graph.shard<replicated>"),
         ("partition", [0], {}, "#mdsl.graph.partition<0>"),
-        ("comm", ["all_reduce"], {"group": "dp", "bucket_size": 25_000_000}, '#mdsl.graph.comm<all_reduce, group = "dp", bucket_size = 25000000>'),
+        ("comm", ["all_reduce"], {"group": "dp", "bucket_size": 25_000_000},
+         '#mdsl.graph.comm<all_reduce, group = "dp", bucket_size = 25000000>'),
         ("assert", ["x > 0"], {"message": "bad"}, '#mdsl.graph.assert<"x > 0", message = "bad">'),
         ("profile", ["forward"], {"nvtx": True}, '#mdsl.graph.profile<"forward">'),
         ("trace", [], {"level": "tensors"}, "#mdsl.graph.trace<tensors>"),
@@ -400,14 +413,16 @@ def test_check_annotations_of_an_op(ctx):
 
 
 def test_check_annotation_set():
-    check_annotation_set([make_annotation("hook", ["A"]), make_annotation("hook", ["B"]), make_annotation("assert", ["c"])])
+    check_annotation_set([make_annotation("hook", ["A"]), make_annotation("hook", ["B"]),
+                          make_annotation("assert", ["c"])])
     check_annotation_set([DtypeAttr.of(type="bf16"), PrecisionAttr.of(compute="fp8_e4m3", output="bf16")])
     check_annotation_set([DtypeAttr.of(type="bf16"), PrecisionAttr.of(policy="fp8_hybrid")])
     cases = [
         ([MemoryAttr.of(mode="save"), MemoryAttr.of(mode="pin")], "@memory is given twice on one target"),
         ([make_annotation("alias"), make_annotation("noalias")], "@alias and @noalias contradict"),
         ([make_annotation("fuse", ["gated_mlp"]), NofuseAttr.of()], "@fuse and @nofuse contradict"),
-        ([DtypeAttr.of(type="fp32"), PrecisionAttr.of(policy="bf16")], "@dtype(fp32) contradicts the @precision output dtype bf16"),
+        ([DtypeAttr.of(type="fp32"), PrecisionAttr.of(policy="bf16")],
+         "@dtype(fp32) contradicts the @precision output dtype bf16"),
     ]
     for annotations, message in cases:
         with pytest.raises(AnnotationError) as info:
@@ -484,7 +499,8 @@ class TestMemoryPrecedence:
 
     def test_3_innermost_checkpoint_decides(self):
         none, full = CheckpointAttr.of(granularity="none"), CheckpointAttr.of()
-        disabled = effective_memory_policy("h", instance_checkpoint=none, block_checkpoint=full, needed_by_backward=True)
+        disabled = effective_memory_policy("h", instance_checkpoint=none, block_checkpoint=full,
+                                           needed_by_backward=True)
         assert (disabled.mode, disabled.source) == ("save", "default")
         enabled = effective_memory_policy("h", instance_checkpoint=full, block_checkpoint=none)
         assert (enabled.mode, enabled.source) == ("recompute", "checkpoint")
@@ -502,7 +518,8 @@ class TestMemoryPrecedence:
         assert effective_memory_policy("q_1", instance_checkpoint=CheckpointAttr.of(preserve=["q_*"])).mode == "save"
 
     def test_6_defaults(self):
-        assert effective_memory_policy("h", needed_by_backward=True) == effective_memory_policy("h", save=[], needed_by_backward=True)
+        assert effective_memory_policy("h", needed_by_backward=True) == effective_memory_policy(
+            "h", save=[], needed_by_backward=True)
         assert effective_memory_policy("h", needed_by_backward=True).mode == "save"
         assert effective_memory_policy("h").mode == "temporary"
 

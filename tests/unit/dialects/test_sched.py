@@ -136,7 +136,8 @@ def build_work_program() -> tuple[ModuleOp, dict[str, object]]:
     ).result
     dq, dk, dv = (place("grads", s).result for s in ([1, 4, 8, 16], [1, 2, 8, 16], [1, 2, 8, 16]))
     x, w, b = place("activations", [8, 64]).result, place("params", [32, 64]).result, place("params", [32]).result
-    y, pre, g = place("activations", [8, 32]).result, place("activations", [8, 32]).result, place("grads", [32, 64]).result
+    y, pre, g = (place("activations", [8, 32]).result, place("activations", [8, 32]).result,
+                 place("grads", [32, 64]).result)
     loop = LayerLoopOp(0, 2, reverse=True)
     segment = RecomputeSegmentOp("mlp", layer=loop.index)
     segment.body.block.add_op(
@@ -192,7 +193,8 @@ def test_work_op_builders_verify_and_round_trip():
         ("send", lambda op: op.attributes.pop("peer"), "send needs a 'peer' rank"),
         ("broadcast", lambda op: op.attributes.update(root=IntegerAttr(-2, 64)), "root rank must be non-negative"),
         ("memset", lambda op: op.attributes.update(stream=StringAttr("comm")), "stream must be a symbol reference"),
-        ("launch", lambda op: op.attributes.update(block=op.attributes["grid"].from_list(op.attributes["grid"].elt_type, [1, 1, 1, 1])),
+        ("launch", lambda op: op.attributes.update(
+            block=op.attributes["grid"].from_list(op.attributes["grid"].elt_type, [1, 1, 1, 1])),
          "block must have 1 to 3 positive dimensions"),
     ],
 )

@@ -4,11 +4,11 @@ import random
 import re
 
 import pytest
+from spec_blocks import SHARED_SPEC, SPEC, spec_code_blocks
 
 from modeldsl.diagnostics import DiagnosticError
 from modeldsl.frontend.text import ast
 from modeldsl.frontend.text.parser import parse_source
-from spec_blocks import SHARED_SPEC, SPEC, spec_code_blocks
 
 
 def test_the_vendored_spec_is_the_shared_one():
@@ -26,7 +26,8 @@ def test_every_program_of_spec_sections_10_and_11_parses():
 
 
 # Blocks of the spec that are prose or pseudocode, not DSL: each is rejected with E001.
-PSEUDOCODE = {"module    block     model", "models.llama.Attention(...)", "for i in range", "x must be contiguous", "if not contiguous, else no-op"}
+PSEUDOCODE = {"module    block     model", "models.llama.Attention(...)", "for i in range",
+              "x must be contiguous", "if not contiguous, else no-op"}
 
 
 def test_every_dsl_block_of_the_spec_parses_or_is_pseudocode_with_a_located_e001():

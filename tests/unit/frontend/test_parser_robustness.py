@@ -8,7 +8,8 @@ from modeldsl.diagnostics import DiagnosticError
 from modeldsl.frontend.text import ast
 from modeldsl.frontend.text.parser import MAX_DEPTH, decode_source, parse_source, read_source
 
-LET = "module M(d: int = 8, use_bias: bool = true):\n  let:\n    a = {}\n  forward:\n    in: [d]\n    graph:\n      in -> out\n"
+LET = ("module M(d: int = 8, use_bias: bool = true):\n  let:\n    a = {}\n"
+       "  forward:\n    in: [d]\n    graph:\n      in -> out\n")
 
 
 def error_of(text: str) -> tuple[str, int, int, str]:

@@ -8,9 +8,9 @@ import textwrap
 
 import numpy as np
 import pytest
+from hf_checkpoints import cached_checkpoint
 
 import modeldsl
-from hf_checkpoints import cached_checkpoint
 from modeldsl import registry
 from modeldsl.diagnostics import DiagnosticError, DiagnosticSink
 from modeldsl.frontend import read_model
@@ -461,15 +461,3 @@ def test_in_graph_save_and_mark_recompute_join_the_decorators_lists(tmp_path):
             save: [x, rstd]
             recompute: [h]
     ''', "Norm2")
-
-
-@pytest.mark.parametrize("member, message", [
-    ('d_x = Gradient(Tensor["B", "T", "d"], gradient_of="x")', "gradient slots are not taken"),
-    ('@param\n        def bias(self) -> Tensor["d"]:\n            ...', "method style of parameters"),
-])
-def test_what_seed_001_spells_and_modeldsl_does_not_take_is_e001_not_dropped(member, message):
-    source = SLOTS.replace("{slots}", member)
-    with pytest.raises(DiagnosticError) as err:
-        parse_python_source(textwrap.dedent(source), "unsupported.py")
-    (diagnostic,) = err.value.diagnostics
-    assert diagnostic.code == "E001" and message in diagnostic.message

@@ -2,7 +2,6 @@
 with every test that asks :func:`cached_checkpoint` for it; copy it before changing it)."""
 
 import pytest
-
 from hf_checkpoints import cached_checkpoint
 
 pytest.importorskip("torch")

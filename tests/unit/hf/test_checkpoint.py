@@ -68,7 +68,8 @@ def test_import_fuses_and_stacks_and_export_is_bitwise_identical(tiny_llama, tmp
     np.testing.assert_array_equal(weights["blocks.attention.qkv_weight"][1], np.concatenate([q, k, v]))
     model = llama_model(tiny_llama)
     save_checkpoint(model, weights, record, tmp_path / "out")
-    before, after = SafetensorsFile(tiny_llama / "model.safetensors"), SafetensorsFile(tmp_path / "out" / "model.safetensors")
+    before, after = (SafetensorsFile(tiny_llama / "model.safetensors"),
+                     SafetensorsFile(tmp_path / "out" / "model.safetensors"))
     assert sorted(before.keys()) == sorted(after.keys())
     for name in before.keys():
         assert before.dtype(name) == after.dtype(name)

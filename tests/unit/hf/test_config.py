@@ -8,9 +8,9 @@ import shutil
 
 import numpy as np
 import pytest
+from hf_checkpoints import cached_checkpoint, make_checkpoint, transformers_model
 
 import modeldsl
-from hf_checkpoints import cached_checkpoint, make_checkpoint, transformers_model
 from modeldsl.diagnostics import DiagnosticError
 from modeldsl.dialects.graph import ModelOp
 from modeldsl.frontend.text.parser import parse_source

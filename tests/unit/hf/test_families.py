@@ -8,9 +8,9 @@ import warnings
 
 import numpy as np
 import pytest
+from hf_checkpoints import OTHER_FAMILIES, cached_checkpoint, transformers_model
 
 import modeldsl
-from hf_checkpoints import OTHER_FAMILIES, cached_checkpoint, transformers_model
 from modeldsl.diagnostics import DiagnosticError, DiagnosticSink
 from modeldsl.hf.compat import DiagnosticWarning
 from modeldsl.resolve.imports import STD_ROOT

@@ -11,9 +11,9 @@ import warnings
 
 import numpy as np
 import pytest
+from hf_checkpoints import cached_checkpoint
 
 import modeldsl
-from hf_checkpoints import cached_checkpoint
 from modeldsl.diagnostics import DiagnosticError
 from modeldsl.hf.compat import DiagnosticWarning
 from modeldsl.hf.safetensors_io import SafetensorsFile, write_safetensors

@@ -4,9 +4,9 @@ layout) by undoing that permutation, and saves it back by applying it again."""
 
 import numpy as np
 import pytest
+from hf_checkpoints import make_checkpoint, transformers_model
 
 import modeldsl
-from hf_checkpoints import make_checkpoint, transformers_model
 from modeldsl.hf.safetensors_io import SafetensorsFile
 
 torch = pytest.importorskip("torch")
@@ -90,12 +90,15 @@ model MetaLlama(vocab_size: int, d_model: int, n_layers: int, num_heads: int, nu
     final_norm.weight: "model.norm.weight"
     lm_head: "lm_head.weight"
     blocks[{layer}].ln1.weight: "model.layers.{layer}.input_layernorm.weight"
-    blocks[{layer}].attention.q_weight: transform("model.layers.{layer}.self_attn.q_proj.weight", fn: permute_qkv, head_dim=head_dim)
-    blocks[{layer}].attention.k_weight: transform(permute_qkv, "model.layers.{layer}.self_attn.k_proj.weight", head_dim=d_model // num_heads)
+    blocks[{layer}].attention.q_weight: transform("model.layers.{layer}.self_attn.q_proj.weight", \
+fn: permute_qkv, head_dim=head_dim)
+    blocks[{layer}].attention.k_weight: transform(permute_qkv, "model.layers.{layer}.self_attn.k_proj.weight", \
+head_dim=d_model // num_heads)
     blocks[{layer}].attention.v_weight: "model.layers.{layer}.self_attn.v_proj.weight"
     blocks[{layer}].attention.out_weight: "model.layers.{layer}.self_attn.o_proj.weight"
     blocks[{layer}].ln2.weight: "model.layers.{layer}.post_attention_layernorm.weight"
-    blocks[{layer}].mlp.up_weight: fuse("model.layers.{layer}.mlp.gate_proj.weight", "model.layers.{layer}.mlp.up_proj.weight", dim=0)
+    blocks[{layer}].mlp.up_weight: fuse("model.layers.{layer}.mlp.gate_proj.weight", \
+"model.layers.{layer}.mlp.up_proj.weight", dim=0)
     blocks[{layer}].mlp.down_weight: "model.layers.{layer}.mlp.down_proj.weight"
 """
 TOKENS = [3, 17, 42, 5, 9, 33, 2, 61, 7, 12]

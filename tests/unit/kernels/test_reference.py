@@ -540,7 +540,8 @@ def test_qk_norm(b, hq, hkv, t, d):
     q, k, qw, kw, d_qn, d_kn = randn(44, (b, hq, t, d), (b, hkv, t, d), (d,), (d,), (b, hq, t, d), (b, hkv, t, d))
     q_norm, k_norm, q_rstd, k_rstd = ref("qk_norm", q, k, qw, kw, eps=eps)
     tq, tk = tt(q), tt(k)
-    expected = (torch_rmsnorm(tq, tt(qw), eps), torch_rmsnorm(tk, tt(kw), eps), torch_rstd(tq, eps), torch_rstd(tk, eps))
+    expected = (torch_rmsnorm(tq, tt(qw), eps), torch_rmsnorm(tk, tt(kw), eps),
+                torch_rstd(tq, eps), torch_rstd(tk, eps))
     check_all((q_norm, k_norm, q_rstd, k_rstd), expected)
 
     def fn(q_, k_, qw_, kw_):
@@ -596,7 +597,8 @@ def check_same_as_unfused_fp32(q, k, qw, kw, d_qr, d_kr, freqs, params):
 
 
 @covers("split")
-@pytest.mark.parametrize("shape, sizes, dim", [((2, 33), [3, 7, 23], -1), ((7, 4), [2, 5], 0), ((2, 9, 3), [4, 4, 1], 1)])
+@pytest.mark.parametrize("shape, sizes, dim",
+                         [((2, 33), [3, 7, 23], -1), ((7, 4), [2, 5], 0), ((2, 9, 3), [4, 4, 1], 1)])
 def test_split(shape, sizes, dim):
     (x,) = randn(50, shape)
     parts = ref("split", x, sizes=sizes, dim=dim)
@@ -605,7 +607,8 @@ def test_split(shape, sizes, dim):
 
 
 @covers("concat")
-@pytest.mark.parametrize("shapes, dim", [([(2, 3), (2, 30)], -1), ([(1, 4), (7, 4), (2, 4)], 0), ([(2, 1, 3), (2, 5, 3)], 1)])
+@pytest.mark.parametrize("shapes, dim",
+                         [([(2, 3), (2, 30)], -1), ([(1, 4), (7, 4), (2, 4)], 0), ([(2, 1, 3), (2, 5, 3)], 1)])
 def test_concat(shapes, dim):
     xs = randn(51, *shapes)
     check(ref("concat", *xs, dim=dim), torch.cat([tt(x) for x in xs], dim))
@@ -744,6 +747,118 @@ def test_causal_mask(shape, offset, window_size, fill):
 def test_causal_mask_keeps_float32():
     out = ref("causal_mask", np.ones((3, 3), dtype=np.float32))
     assert out.dtype == np.float32 and np.isneginf(out[0, 1]) and out[1, 0] == 1.0
+
+
+def torch_mix32(x: torch.Tensor) -> torch.Tensor:
+    """The low-bias 32-bit finalizer in int64 arithmetic, masked to 32 bits after each step."""
+    m = 0xFFFFFFFF
+    x = x & m
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & m
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & m
+    return x ^ (x >> 16)
+
+
+def torch_fold(h: torch.Tensor, value: int) -> torch.Tensor:
+    return torch_mix32(h ^ torch_mix32(torch.tensor(value & 0xFFFFFFFF) ^ 0x9E3779B9))
+
+
+def torch_dropout(x: np.ndarray, p: float, seed: int, offset: int, layers=(), step: int = 0) -> torch.Tensor:
+    """The counter-based dropout written again in PyTorch: key = mix32(seed ^ mix32(offset ^ 0x9E3779B9)),
+    folded (fold(h, v) = mix32(h ^ mix32(v ^ 0x9E3779B9))) with each layer, then the step's low and
+    high halves; element e kept where the top 24 bits of mix32(e ^ key) reach ceil(p 2^24), kept
+    ones times 1 / (1 - p)."""
+    key = torch_mix32(torch.tensor(seed) ^ torch_mix32(torch.tensor(offset) ^ 0x9E3779B9))
+    for layer in layers:
+        key = torch_fold(key, layer)
+    key = torch_fold(torch_fold(key, step & 0xFFFFFFFF), step >> 32)
+    index = torch.arange(x.size, dtype=torch.int64)
+    draws = torch_mix32(index ^ key) >> 8
+    keep = (draws >= math.ceil(p * 2**24)).reshape(x.shape)
+    return torch.where(keep, tt(x) * (1.0 / (1.0 - p)), torch.zeros((), dtype=torch.float64))
+
+
+def counter(step: int) -> np.ndarray:
+    return np.array([step], dtype=np.int64)
+
+
+DROPOUTS = [((5,), 0.5, 0, 0, (), 0), ((4, 33), 0.1, 7, 0, (3,), 1), ((2, 3, 64), 0.9, 2**32 - 1, 3, (), 2**33 + 9),
+            ((8, 8), 0.25, 5, 2**32 - 1, (1, 2), 12)]
+
+
+@covers("dropout")
+@pytest.mark.parametrize("shape, p, seed, offset, layers, step", DROPOUTS)
+def test_dropout_draws_the_counter_hash_mask(shape, p, seed, offset, layers, step):
+    (x,) = randn(69, shape)
+    got = ref("dropout", x, counter(step), p=p, seed=seed, offset=offset, training=True, layers=layers)
+    np.testing.assert_array_equal(got, torch_dropout(x, p, seed, offset, layers, step).numpy())
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_keeps_1_minus_p_and_scales_exactly(p):
+    """Over 2^18 elements the keep rate is 1 - p within 5 standard deviations; a kept element is
+    exactly x / (1 - p) (x * the fp64 scale), so the mean is kept in expectation."""
+    n = 1 << 18
+    x = 1.0 + np.random.default_rng(70).random(n)  # in [1, 2): no element is 0
+    got = ref("dropout", x, p=p, seed=11, training=True)
+    kept = got != 0
+    assert abs(kept.mean() - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
+    np.testing.assert_array_equal(got[kept], x[kept] * (1.0 / (1.0 - p)))
+    assert abs(got.mean() - x.mean()) < 5 * x.std() * math.sqrt(p / ((1 - p) * n)) + 0.01
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.8])
+def test_dropout_statistics_match_torch(p):
+    """Against torch.nn.functional.dropout (its own generator) on the same 2^20 elements: both keep
+    1 - p of them within 5 standard deviations of it (so of each other), over every step and layer
+    drawn; both scale a kept element to x / (1 - p) (torch in float32 rounding) and drop to 0; the
+    second moments of the outputs, E[y^2] = E[x^2] / (1 - p), agree within 5 of their standard errors."""
+    n = 1 << 20
+    x = 1.0 + np.random.default_rng(72).random(n)
+    torch.manual_seed(0)
+    theirs = torch.nn.functional.dropout(tt(x), p=p, training=True).numpy()
+    sigma = math.sqrt(p * (1 - p) / n)
+    for layers, step in (((), 0), ((), 1), ((3,), 1), ((0, 5), 2**32 + 1)):
+        ours = ref("dropout", x, counter(step), p=p, seed=1, training=True, layers=layers)
+        for y in (ours, theirs):
+            assert abs((y != 0).mean() - (1 - p)) < 5 * sigma
+            np.testing.assert_allclose(y[y != 0], x[y != 0] / (1 - p), rtol=1e-12)
+        second = [float(np.mean(y * y)) for y in (ours, theirs)]
+        spread = float(np.std(ours * ours)) / math.sqrt(n)
+        assert abs(second[0] - second[1]) < 5 * math.sqrt(2) * spread
+        assert abs(second[0] - np.mean(x * x) / (1 - p)) < 5 * spread
+
+
+def test_dropout_steps_and_layers_draw_independent_masks():
+    """Masks of other steps (the counter) and other layers keep each element independently: any two
+    agree on p^2 + (1 - p)^2 of the elements, within 5 standard deviations; the same step and layer
+    give the same mask, whatever else runs."""
+    p, n = 0.5, 1 << 16
+    x = 1.0 + np.random.default_rng(73).random(n)
+    masks = {(layers, step): ref("dropout", x, counter(step), p=p, seed=4, training=True, layers=layers) != 0
+             for layers in ((), (0,), (1,), (0, 1), (1, 0)) for step in (0, 1, 2, 2**32)}
+    agree = p * p + (1 - p) ** 2
+    keys = sorted(masks)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            assert abs((masks[a] == masks[b]).mean() - agree) < 5 * math.sqrt(agree * (1 - agree) / n), (a, b)
+    np.testing.assert_array_equal(masks[(1,), 2], ref("dropout", x, counter(2), p=p, seed=4, training=True,
+                                                       layers=(1,)) != 0)
+    np.testing.assert_array_equal(masks[(), 0], ref("dropout", x, p=p, seed=4, training=True) != 0)  # no counter: 0
+
+
+def test_dropout_masks_differ_by_seed_and_offset_and_the_identity_otherwise():
+    (x,) = randn(71, (64, 64))
+    base = ref("dropout", x, p=0.5, seed=1, training=True) != 0
+    for other in ({"seed": 2}, {"seed": 1, "offset": 1}):
+        mask = ref("dropout", x, p=0.5, training=True, **other) != 0
+        assert 0.4 < (mask != base).mean() < 0.6  # independent draws disagree on about half
+    for identity in ({"p": 0.0, "training": True}, {"p": 0.5, "training": False}):
+        np.testing.assert_array_equal(ref("dropout", x, **identity), x)
+    out = ref("dropout", x.astype(np.float32), p=0.5, training=True)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out[out != 0], x.astype(np.float32)[out != 0] * np.float32(2.0))
 
 
 MATH = {"exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "rsqrt": torch.rsqrt}

@@ -72,15 +72,14 @@ def test_an_op_without_a_rule_is_refused_naming_it():
 ])
 def test_the_written_backward_of_a_std_module_equals_the_derived_one(file, top, config, shape):
     """The std modules' written backward: sections compute what autodiff derives (float64)."""
+    from xdsl.context import Context
+
     from modeldsl.dialects.graph import FuncOp, ModelOp
     from modeldsl.frontend.text.parser import parse_file
     from modeldsl.lower import lower_program
+    from modeldsl.passes.specialize import SpecializePass
     from modeldsl.runtime.executor import GraphExecutor
     from modeldsl.runtime.model import random_weights
-
-    from xdsl.context import Context
-
-    from modeldsl.passes.specialize import SpecializePass
 
     module = lower_program(parse_file(STD_ROOT / "modules" / file), top, config)
     SpecializePass().apply(Context(), module)

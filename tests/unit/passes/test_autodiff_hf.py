@@ -16,6 +16,7 @@ parameter), and each tensor's max |a - b| / max |b| is at most 1e-4.
 
 import numpy as np
 import pytest
+from hf_checkpoints import CASES, make_checkpoint, transformers_model
 
 import modeldsl
 from modeldsl.dialects.graph import CallOp, StackOp
@@ -23,8 +24,6 @@ from modeldsl.hf.checkpoint import ImportRecord, hf_tensors
 from modeldsl.passes.autodiff import gradient_function
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime.executor import GraphExecutor
-
-from hf_checkpoints import CASES, make_checkpoint, transformers_model
 
 torch = pytest.importorskip("torch")
 

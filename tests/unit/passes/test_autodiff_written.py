@@ -300,7 +300,7 @@ def test_the_std_llama_gradient_uses_swiglu_mlps_written_backward_in_every_layer
 
     rule = vjp.RULES.pop("swiglu")  # the written backward calls swiglu_backward itself
     try:
-        grad = gradient_function(model.model)
+        gradient_function(model.model)
     finally:
         vjp.RULES["swiglu"] = rule
     block_backward = funcs(model.model)["blocks_bwd"]  # run once per layer by the reverse stack
@@ -323,8 +323,8 @@ def diagnostics(tmp_path, backward, module_extra=""):
 
 
 def test_a_missing_gradient_of_a_sub_modules_parameter_is_e005_at_the_modules_source(tmp_path):
-    warning, err = diagnostics(tmp_path, CORRECT.replace("      (d_out, saved.in) -> matmul(transpose=TN) -> d_weight\n",
-                                                         ""))
+    warning, err = diagnostics(
+        tmp_path, CORRECT.replace("      (d_out, saved.in) -> matmul(transpose=TN) -> d_weight\n", ""))
     assert warning.code == "W004" and warning.span.source.name.endswith("lib.module")  # saved.in is unread now
     assert err.code == "E005" and "d_weight" in err.message and "parameter 'proj.weight'" in err.message
     assert err.span.source.name.endswith("lib.module") and err.span.line == 10  # the backward: section

@@ -6,14 +6,14 @@ recompute on as with it off, and the loss and logits never leave the fused progr
 
 import numpy as np
 import pytest
+from training_steps import BATCH, FAMILIES, FAMILY_IDS, TOKENS, load_std, step_gradients
 
 from modeldsl.dialects.sched import BufferOp, LaunchOp
 from modeldsl.passes import fuse
 from modeldsl.passes.fuse import FusePass
-from modeldsl.passes.fuse_loss import LmHeadLoss, LmHeadLossBackward, LmHeadLossGrad
+from modeldsl.passes.fuse.loss import LmHeadLoss, LmHeadLossBackward, LmHeadLossGrad
 from modeldsl.runtime.profiles import compile_profile
 from modeldsl.runtime.train import compile_training_step
-from training_steps import BATCH, FAMILIES, FAMILY_IDS, TOKENS, load_std, step_gradients
 
 pytest.importorskip("transformers")
 

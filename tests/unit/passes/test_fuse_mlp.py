@@ -8,6 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from training_steps import BATCH, FAMILIES, FAMILY_IDS, TOKENS, load_std, step_gradients
 from xdsl.dialects import test as xdsl_test
 from xdsl.utils.exceptions import VerifyException
 
@@ -16,7 +17,6 @@ from modeldsl.dialects.graph_types import TensorType
 from modeldsl.dialects.sched import GemmOp, LaunchOp
 from modeldsl.passes.fuse import PATTERNS, FusePass
 from modeldsl.runtime.train import compile_training_step
-from training_steps import BATCH, FAMILIES, FAMILY_IDS, TOKENS, load_std, step_gradients
 
 pytest.importorskip("transformers")
 

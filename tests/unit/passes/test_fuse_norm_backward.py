@@ -1,9 +1,10 @@
 """residual_norm's backward half: ``fused_residual_rmsnorm_backward``'s reference is bitwise the
 unfused ``rmsnorm_backward`` + ``add`` in fp32 (either operand order of the add), and the pattern
-rewrites the pair in a graph only where the module docstring of passes/fuse_norm.py says."""
+rewrites the pair in a graph only where the module docstring of passes/fuse/norm.py says."""
 
 import numpy as np
 import pytest
+
 from modeldsl.dialects.graph_primitives import AddOp, FusedResidualRmsnormBackwardOp, RmsnormBackwardOp
 from modeldsl.ir import make_context, parse_module
 from modeldsl.kernels.reference import REFERENCES
@@ -64,7 +65,8 @@ def test_both_operand_orders_fuse(add):
 
 
 def test_a_second_reader_of_the_norm_gradient_keeps_the_pair():
-    body = f"{BWD}\n      %s = mdsl.graph.add %dx, %dn : ({T}, {T}) -> {T}\n      %t = mdsl.graph.add %s, %dx : ({T}, {T}) -> {T}"
+    body = (f"{BWD}\n      %s = mdsl.graph.add %dx, %dn : ({T}, {T}) -> {T}\n"
+            f"      %t = mdsl.graph.add %s, %dx : ({T}, {T}) -> {T}")
     assert fused(graph(body, "%t, %dw", f"{T}, {W}")) == ["RmsnormBackwardOp", "AddOp", "AddOp"]
 
 

@@ -8,6 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from training_steps import BATCH, TOKENS, load_std, step_gradients
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 
@@ -19,7 +20,6 @@ from modeldsl.passes.specialize import SpecializePass
 from modeldsl.runtime.profiles import plan
 from modeldsl.runtime.sched_executor import run_program
 from modeldsl.runtime.train import compile_training_step
-from training_steps import BATCH, TOKENS, load_std, step_gradients
 
 pytest.importorskip("transformers")
 

@@ -17,7 +17,8 @@ MODEL = """
 mdsl.graph.model @m config {} {
   mdsl.graph.param @f : !mdsl.graph.tensor<[3, 4], fp32> {annotations = [#mdsl.graph.frozen]}
   mdsl.graph.param @w : !mdsl.graph.tensor<[3, 4], fp32>
-  mdsl.graph.param @t : !mdsl.graph.tensor<[5], fp32> {annotations = [#mdsl.graph.trainable<lr_scale = 0.5, wd_scale = 0.0>]}
+  mdsl.graph.param @t : !mdsl.graph.tensor<[5], fp32>
+      {annotations = [#mdsl.graph.trainable<lr_scale = 0.5, wd_scale = 0.0>]}
 }
 """
 
@@ -63,8 +64,9 @@ def test_three_steps_equal_torch_adamw_with_param_groups(clip_norm):
     np.testing.assert_allclose(executor.moments["exp_avg_sq.w"], state["exp_avg_sq"].numpy(), rtol=1e-6)
 
 
-def test_a_storage_other_than_fp32_is_a_coded_error():
-    from modeldsl.diagnostics import DiagnosticError
+def test_a_storage_other_than_fp32_is_refused_where_the_pass_is_made():
+    from modeldsl.diagnostics import PassOptionError
 
-    with pytest.raises(DiagnosticError, match="E029"):
-        OptimizerStepPass(storage="fp16").apply(Context(), model_module())
+    with pytest.raises(PassOptionError, match="storage=fp16 is not fp32") as info:
+        OptimizerStepPass(storage="fp16")
+    assert info.value.option == "storage" and info.value.diagnostic().code == "E029"

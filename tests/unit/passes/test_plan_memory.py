@@ -47,8 +47,8 @@ from modeldsl.passes.plan_memory import (
     PlanMemoryPass,
     Program,
     Step,
-    build_program,
     buffer_address,
+    build_program,
     linear_scan,
     liveness,
     plan,
@@ -143,7 +143,7 @@ def random_spec(rng: random.Random, *, ir: bool = False) -> ProgramSpec:
     for s in range(n_steps):
         in_loop = bool(step_loops[s])
 
-        def operand() -> tuple[int, bool]:
+        def operand(chain: list[int] = chain, in_loop: bool = in_loop) -> tuple[int, bool]:
             if chain and rng.random() < 0.35:  # the value just made: chains of single uses
                 return chain[-1], False
             if in_loop and stacked and rng.random() < 0.2:
@@ -207,7 +207,7 @@ def spec_to_program(spec: ProgramSpec) -> Program:
     """The core model of a spec, with the registry's in-place candidates, as the pass builds it."""
     steps = []
     for op in spec.ops:
-        def acc(b: int, view: bool, read: bool, write: bool, nbytes: int | None = None) -> Access:
+        def acc(b: int, view: bool, read: bool, write: bool, nbytes: int | None = None, *, op: OpSpec = op) -> Access:
             if view:
                 return Access(b, read, write, spec.slice_bytes[b], True, op.loops[-1])
             return Access(b, read, write, nbytes)
@@ -264,7 +264,7 @@ def spec_to_ir(spec: ProgramSpec) -> ModuleOp:
             block.add_op(seg)
             block = seg.body.block
 
-        def value(b: int, view: bool):
+        def value(b: int, view: bool, block=block):
             if not view:
                 return values[b]
             v = LayerViewOp(values[b], blocks[-1].args[0])
@@ -632,9 +632,8 @@ def test_layer_loop_op_trip_count_and_view_loop_are_read_from_the_ir():
 def planned_llama():
     from pathlib import Path
 
-    from modeldsl.ir import make_context
-
     from modeldsl.frontend.text.parser import parse_source
+    from modeldsl.ir import make_context
     from modeldsl.lower import lower_program
     from modeldsl.passes.registry import PASSES
     from modeldsl.passes.specialize import SpecializePass
@@ -665,7 +664,7 @@ def test_memory_report_of_a_planned_model():
     peak = sum(program.arenas[a] for a in REUSED_ARENAS)
     assert f"peak: {peak} bytes of arenas (activations + workspace), {memory.peak_live_bytes} bytes" in text
     assert 0 < memory.peak_live_bytes <= peak
-    rows = lines[lines.index(next(l for l in lines if l.startswith("largest buffers"))) + 2:]
+    rows = lines[lines.index(next(line for line in lines if line.startswith("largest buffers"))) + 2:]
     assert len(rows) == 10
     sizes = [int(row.split()[2]) for row in rows]
     assert sizes == sorted(sizes, reverse=True) and sizes[0] == max(b.nbytes for b in memory.buffers)

@@ -5,15 +5,15 @@ saved activations shrink as the mode says."""
 
 import numpy as np
 import pytest
+from hf_checkpoints import cached_checkpoint
+from training_steps import BATCH, FAMILIES, TOKENS, step_gradients
 
 import modeldsl
-from hf_checkpoints import cached_checkpoint
 from modeldsl.diagnostics import DiagnosticError
 from modeldsl.dialects.sched import LayerLoopOp, RecomputeSegmentOp
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime.executor import ExecutionError
 from modeldsl.runtime.train import compile_training_step, recompute_options
-from training_steps import BATCH, FAMILIES, TOKENS, step_gradients
 
 pytest.importorskip("transformers")
 

@@ -66,12 +66,19 @@ module LlamaAttention(d_model, num_heads, max_seq) extends BaseAttention:
 @pytest.mark.parametrize(
     "child, message",
     [
-        ("module C(d: int = 8) extends Base:\n  forward:\n    graph:\n      in -> out\n", "does not take its parameter(s) h"),
-        ("module C(d: int = 8, h: int = 2) extends Nowhere:\n  forward:\n    graph:\n      in -> out\n", "extends Nowhere, which is an undefined name"),
-        ("module C(d: int = 8, h: int = 2) extends Base:\n  params:\n    +w: [d]\n  forward:\n    graph:\n      in -> out\n", "+w adds a parameter that Base already has"),
-        ("module C(d: int = 8, h: int = 2) extends Base:\n  params:\n    w: [d]\n  forward:\n    graph:\n      in -> out\n", "w is declared differently than in Base"),
+        ("module C(d: int = 8) extends Base:\n  forward:\n    graph:\n      in -> out\n",
+         "does not take its parameter(s) h"),
+        ("module C(d: int = 8, h: int = 2) extends Nowhere:\n  forward:\n    graph:\n      in -> out\n",
+         "extends Nowhere, which is an undefined name"),
+        ("module C(d: int = 8, h: int = 2) extends Base:\n  params:\n    +w: [d]\n"
+         "  forward:\n    graph:\n      in -> out\n",
+         "+w adds a parameter that Base already has"),
+        ("module C(d: int = 8, h: int = 2) extends Base:\n  params:\n    w: [d]\n"
+         "  forward:\n    graph:\n      in -> out\n",
+         "w is declared differently than in Base"),
         ("module C(d: int = 8, h: int = 2) extends Base:\n  params:\n    +v: [d]\n", "C extends Base but has no graph"),
-        ("model C(d: int = 8, h: int = 2) extends Base:\n  forward:\n    graph:\n      in -> out\n", "a model cannot extend another declaration"),
+        ("model C(d: int = 8, h: int = 2) extends Base:\n  forward:\n    graph:\n      in -> out\n",
+         "a model cannot extend another declaration"),
     ],
 )
 def test_incompatible_inheritance_is_e011(child, message):
@@ -82,7 +89,8 @@ def test_incompatible_inheritance_is_e011(child, message):
 
 def test_abstract_modules_cannot_be_lowered_or_instantiated():
     assert codes(BASE, "Base")[0] == ("E011", "Base is abstract and cannot be instantiated")
-    user = BASE + "module U(d: int = 4):\n  params:\n    inner: Base(d, 2)\n  forward:\n    in: [B, d]\n    graph:\n      in -> out\n"
+    user = BASE + ("module U(d: int = 4):\n  params:\n    inner: Base(d, 2)\n"
+                   "  forward:\n    in: [B, d]\n    graph:\n      in -> out\n")
     assert codes(user, "U")[0][0] == "E011"
 
 

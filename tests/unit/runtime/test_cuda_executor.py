@@ -36,7 +36,8 @@ from modeldsl.runtime.profiles import compile_profile
 from modeldsl.runtime.sched_executor import ScheduleExecutor
 from modeldsl.runtime.train import Trainer, compile_training_step
 
-pytestmark = pytest.mark.usefixtures("numpy_cpu_kernels")  # the devices run the references: bitwise on its numpy kernels
+# the devices run the references: bitwise on its numpy kernels
+pytestmark = pytest.mark.usefixtures("numpy_cpu_kernels")
 
 LLAMA = STD_ROOT / "models" / "llama.module"
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny_llama"
@@ -129,26 +130,35 @@ def test_restore_puts_the_moments_back_on_the_device():
 
 # ---------------------------------------------------------------------------- addresses
 VIEWS = """
-mdsl.sched.program @views arenas(params = 512, activations = 256, workspace = 0, grads = 0, optimizer = 0, external = 1024) {
+mdsl.sched.program @views arenas(params = 512, activations = 256, workspace = 0, grads = 0, optimizer = 0,
+    external = 1024) {
   %w = mdsl.sched.buffer params offset 0 bytes 384 {param = "w"} : !mdsl.sched.buffer<[2, 6, 8], fp32>
   %x = mdsl.sched.buffer external offset 0 bytes 192 {input = 0 : i64} : !mdsl.sched.buffer<[6, 8], fp32>
   %y = mdsl.sched.buffer external offset 256 bytes 384 {output = 0 : i64} : !mdsl.sched.buffer<[2, 6, 8], fp32>
   %acc = mdsl.sched.buffer activations offset 0 bytes 192 : !mdsl.sched.buffer<[2, 3, 8], fp32>
-  %flat = mdsl.sched.buffer activations offset 0 bytes 192 alias_of %acc : !mdsl.sched.buffer<[6, 8], fp32> from !mdsl.sched.buffer<[2, 3, 8], fp32>
-  %second = mdsl.sched.buffer activations offset 96 bytes 96 alias_of %acc : !mdsl.sched.buffer<[3, 8], fp32> from !mdsl.sched.buffer<[2, 3, 8], fp32>
+  %flat = mdsl.sched.buffer activations offset 0 bytes 192 alias_of %acc : !mdsl.sched.buffer<[6, 8], fp32>
+      from !mdsl.sched.buffer<[2, 3, 8], fp32>
+  %second = mdsl.sched.buffer activations offset 96 bytes 96 alias_of %acc : !mdsl.sched.buffer<[3, 8], fp32>
+      from !mdsl.sched.buffer<[2, 3, 8], fp32>
   %half = mdsl.sched.buffer external offset 640 bytes 96 {output = 1 : i64} : !mdsl.sched.buffer<[3, 8], fp32>
   %z = mdsl.sched.buffer external offset 768 bytes 192 {output = 2 : i64} : !mdsl.sched.buffer<[8, 6], fp32>
   mdsl.sched.layer_loop %l = 0 to 2 {
     %wl = mdsl.sched.layer_view %w[%l] : !mdsl.sched.buffer<[2, 6, 8], fp32> -> !mdsl.sched.buffer<[6, 8], fp32>
-    %rows = mdsl.sched.layer_view %w[%l] {rows = array<i64: 2, 3>} : !mdsl.sched.buffer<[2, 6, 8], fp32> -> !mdsl.sched.buffer<[3, 8], fp32>
+    %rows = mdsl.sched.layer_view %w[%l] {rows = array<i64: 2, 3>} : !mdsl.sched.buffer<[2, 6, 8], fp32>
+        -> !mdsl.sched.buffer<[3, 8], fp32>
     %yl = mdsl.sched.layer_view %y[%l] : !mdsl.sched.buffer<[2, 6, 8], fp32> -> !mdsl.sched.buffer<[6, 8], fp32>
     %al = mdsl.sched.layer_view %acc[%l] : !mdsl.sched.buffer<[2, 3, 8], fp32> -> !mdsl.sched.buffer<[3, 8], fp32>
-    mdsl.sched.launch "add"(%x, %wl) -> (%yl) : (!mdsl.sched.buffer<[6, 8], fp32>, !mdsl.sched.buffer<[6, 8], fp32>) -> (!mdsl.sched.buffer<[6, 8], fp32>)
-    mdsl.sched.launch "scale"(%rows) -> (%al) {factor = 2.0 : f64} : (!mdsl.sched.buffer<[3, 8], fp32>) -> (!mdsl.sched.buffer<[3, 8], fp32>)
+    mdsl.sched.launch "add"(%x, %wl) -> (%yl) : (!mdsl.sched.buffer<[6, 8], fp32>, !mdsl.sched.buffer<[6, 8], fp32>)
+        -> (!mdsl.sched.buffer<[6, 8], fp32>)
+    mdsl.sched.launch "scale"(%rows) -> (%al) {factor = 2.0 : f64} : (!mdsl.sched.buffer<[3, 8], fp32>)
+        -> (!mdsl.sched.buffer<[3, 8], fp32>)
   }
-  mdsl.sched.launch "scale"(%second) -> (%half) {factor = 0.5 : f64} : (!mdsl.sched.buffer<[3, 8], fp32>) -> (!mdsl.sched.buffer<[3, 8], fp32>)
-  mdsl.sched.launch "add"(%second, %x_rows) -> (%second) {inplace} : (!mdsl.sched.buffer<[3, 8], fp32>, !mdsl.sched.buffer<[3, 8], fp32>) -> (!mdsl.sched.buffer<[3, 8], fp32>)
-  mdsl.sched.launch "transpose"(%flat) -> (%z) {dim0 = 0 : i64, dim1 = 1 : i64} : (!mdsl.sched.buffer<[6, 8], fp32>) -> (!mdsl.sched.buffer<[8, 6], fp32>)
+  mdsl.sched.launch "scale"(%second) -> (%half) {factor = 0.5 : f64} : (!mdsl.sched.buffer<[3, 8], fp32>)
+      -> (!mdsl.sched.buffer<[3, 8], fp32>)
+  mdsl.sched.launch "add"(%second, %x_rows) -> (%second) {inplace} : (!mdsl.sched.buffer<[3, 8], fp32>,
+      !mdsl.sched.buffer<[3, 8], fp32>) -> (!mdsl.sched.buffer<[3, 8], fp32>)
+  mdsl.sched.launch "transpose"(%flat) -> (%z) {dim0 = 0 : i64, dim1 = 1 : i64} : (!mdsl.sched.buffer<[6, 8], fp32>)
+      -> (!mdsl.sched.buffer<[8, 6], fp32>)
 }
 """
 X_ROWS = ('  %x_rows = mdsl.sched.buffer external offset 96 bytes 96 alias_of %x : !mdsl.sched.buffer<[3, 8], fp32> '
@@ -206,7 +216,8 @@ def test_tagged_buffers_are_read_and_written_through_the_device(views_program):
 
 # ---------------------------------------------------------------------------- fallbacks
 FALLBACKS = """
-mdsl.sched.program @fallbacks arenas(params = 256, activations = 256, workspace = 0, grads = 0, optimizer = 0, external = 512) {
+mdsl.sched.program @fallbacks arenas(params = 256, activations = 256, workspace = 0, grads = 0, optimizer = 0,
+    external = 512) {
   %g = mdsl.sched.buffer params offset 0 bytes 32 {param = "g"} : !mdsl.sched.buffer<[8], fp32>
   %b = mdsl.sched.buffer params offset 128 bytes 32 {param = "b"} : !mdsl.sched.buffer<[8], fp32>
   %x = mdsl.sched.buffer external offset 0 bytes 128 {input = 0 : i64} : !mdsl.sched.buffer<[4, 8], fp32>
@@ -214,9 +225,13 @@ mdsl.sched.program @fallbacks arenas(params = 256, activations = 256, workspace 
   %s = mdsl.sched.buffer external offset 256 bytes 128 {output = 1 : i64} : !mdsl.sched.buffer<[4, 8], fp32>
   %mean = mdsl.sched.buffer activations offset 0 bytes 16 : !mdsl.sched.buffer<[4], fp32>
   %rstd = mdsl.sched.buffer activations offset 128 bytes 16 : !mdsl.sched.buffer<[4], fp32>
-  mdsl.sched.launch "layernorm"(%x, %g, %b) -> (%y, %mean, %rstd) {eps = 1.0e-05 : f64} : (!mdsl.sched.buffer<[4, 8], fp32>, !mdsl.sched.buffer<[8], fp32>, !mdsl.sched.buffer<[8], fp32>) -> (!mdsl.sched.buffer<[4, 8], fp32>, !mdsl.sched.buffer<[4], fp32>, !mdsl.sched.buffer<[4], fp32>)
-  mdsl.sched.launch "softmax"(%y) -> (%s) {dim = 0 : i64} : (!mdsl.sched.buffer<[4, 8], fp32>) -> (!mdsl.sched.buffer<[4, 8], fp32>)
-  mdsl.sched.launch "scale"(%s) -> (%s) {factor = 3.0 : f64, inplace} : (!mdsl.sched.buffer<[4, 8], fp32>) -> (!mdsl.sched.buffer<[4, 8], fp32>)
+  mdsl.sched.launch "layernorm"(%x, %g, %b) -> (%y, %mean, %rstd) {eps = 1.0e-05 : f64}
+      : (!mdsl.sched.buffer<[4, 8], fp32>, !mdsl.sched.buffer<[8], fp32>, !mdsl.sched.buffer<[8], fp32>)
+      -> (!mdsl.sched.buffer<[4, 8], fp32>, !mdsl.sched.buffer<[4], fp32>, !mdsl.sched.buffer<[4], fp32>)
+  mdsl.sched.launch "softmax"(%y) -> (%s) {dim = 0 : i64} : (!mdsl.sched.buffer<[4, 8], fp32>)
+      -> (!mdsl.sched.buffer<[4, 8], fp32>)
+  mdsl.sched.launch "scale"(%s) -> (%s) {factor = 3.0 : f64, inplace} : (!mdsl.sched.buffer<[4, 8], fp32>)
+      -> (!mdsl.sched.buffer<[4, 8], fp32>)
 }
 """
 
@@ -310,7 +325,10 @@ def test_the_cublaslt_problem_of_a_gemm_is_its_row_major_product(a_shape, b_shap
     a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
     expected = np.swapaxes(a, -1, -2) if transa else a
     expected = expected @ (np.swapaxes(b, -1, -2) if transb else b)
-    ref = lambda shape: TensorRef(0, shape, np.dtype(np.float32))
+
+    def ref(shape):
+        return TensorRef(0, shape, np.dtype(np.float32))
+
     command = cuda_executor.GemmCommand(a=ref(a_shape), b=ref(b_shape), c=ref(expected.shape), transa=transa,
                                         transb=transb)
     problem = gemm_problem(command)
@@ -355,7 +373,8 @@ def test_a_fully_recomputed_training_step_gives_the_cpu_schedule_executors_gradi
 
 # ---------------------------------------------------------------------------- attention launches
 BTHD_BACKWARD = """
-mdsl.sched.program @attention_backward arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0, external = 4096) {
+mdsl.sched.program @attention_backward arenas(params = 0, activations = 0, workspace = 0, grads = 0, optimizer = 0,
+    external = 4096) {
   %d_out = mdsl.sched.buffer external offset 0 bytes 384 {input = 0 : i64} : !mdsl.sched.buffer<[1, 6, 4, 4], fp32>
   %q = mdsl.sched.buffer external offset 384 bytes 384 {input = 1 : i64} : !mdsl.sched.buffer<[1, 6, 4, 4], fp32>
   %k = mdsl.sched.buffer external offset 768 bytes 192 {input = 2 : i64} : !mdsl.sched.buffer<[1, 6, 2, 4], fp32>
@@ -365,15 +384,21 @@ mdsl.sched.program @attention_backward arenas(params = 0, activations = 0, works
   %d_q = mdsl.sched.buffer external offset 1664 bytes 384 {output = 0 : i64} : !mdsl.sched.buffer<[1, 6, 4, 4], fp32>
   %d_k = mdsl.sched.buffer external offset 2048 bytes 192 {output = 1 : i64} : !mdsl.sched.buffer<[1, 6, 2, 4], fp32>
   %d_v = mdsl.sched.buffer external offset 2304 bytes 192 {output = 2 : i64} : !mdsl.sched.buffer<[1, 6, 2, 4], fp32>
-  mdsl.sched.launch "flash_attention_backward"(%d_out, %q, %k, %v, %out, %lse) -> (%d_q, %d_k, %d_v) {causal = true, layout = "bthd", softcap = 2.0 : f64} : (!mdsl.sched.buffer<[1, 6, 4, 4], fp32>, !mdsl.sched.buffer<[1, 6, 4, 4], fp32>, !mdsl.sched.buffer<[1, 6, 2, 4], fp32>, !mdsl.sched.buffer<[1, 6, 2, 4], fp32>, !mdsl.sched.buffer<[1, 6, 4, 4], fp32>, !mdsl.sched.buffer<[1, 4, 6], fp32>) -> (!mdsl.sched.buffer<[1, 6, 4, 4], fp32>, !mdsl.sched.buffer<[1, 6, 2, 4], fp32>, !mdsl.sched.buffer<[1, 6, 2, 4], fp32>)
+  mdsl.sched.attention_backward %q, %k, %v, %out, %d_out, %lse -> %d_q, %d_k, %d_v
+      {layout = "bthd", softcap = 2.0 : f64}
+      : !mdsl.sched.buffer<[1, 6, 4, 4], fp32>, !mdsl.sched.buffer<[1, 6, 2, 4], fp32>,
+        !mdsl.sched.buffer<[1, 6, 2, 4], fp32>, !mdsl.sched.buffer<[1, 6, 4, 4], fp32>,
+        !mdsl.sched.buffer<[1, 6, 4, 4], fp32>, !mdsl.sched.buffer<[1, 4, 6], fp32>
+      -> !mdsl.sched.buffer<[1, 6, 4, 4], fp32>, !mdsl.sched.buffer<[1, 6, 2, 4], fp32>,
+         !mdsl.sched.buffer<[1, 6, 2, 4], fp32>
 }
 """
 
 
-def test_an_attention_backward_launch_keeps_its_layout_and_softcap():
-    """A ``flash_attention_backward`` launch (the backward of a training step), its ALiBi slot empty, is an
-    attention command (cuDNN's SDPA backward or the plain kernel) with the launch's layout and softcap: a bthd
-    backward run as bhtd would read every tensor in the wrong order."""
+def test_an_attention_backward_keeps_its_layout_and_softcap():
+    """An ``attention_backward`` (the backward of a training step) is an attention command (cuDNN's SDPA
+    backward or the plain kernel) with the op's layout and softcap: a bthd backward run as bhtd would read
+    every tensor in the wrong order."""
     from modeldsl.kernels import reference as ref
 
     executor = CudaExecutor(parsed_program(BTHD_BACKWARD), {}, device=EmulatedDevice())

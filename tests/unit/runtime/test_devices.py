@@ -11,7 +11,8 @@ from modeldsl.diagnostics import DiagnosticError
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.tools.run import main
 
-pytestmark = pytest.mark.usefixtures("numpy_cpu_kernels")  # the devices run the references: bitwise on its numpy kernels
+# the devices run the references: bitwise on its numpy kernels
+pytestmark = pytest.mark.usefixtures("numpy_cpu_kernels")
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny_llama"
 LLAMA = STD_ROOT / "models" / "llama.module"

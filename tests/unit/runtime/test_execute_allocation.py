@@ -3,10 +3,10 @@ planned buffer and computes its temporaries in the workspace (tracemalloc sees n
 
 import numpy as np
 import pytest
-
-import modeldsl
 from cpu_kernel_harness import FEW_KB, traced_peak
 from hf_checkpoints import cached_checkpoint
+
+import modeldsl
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime.optim import AdamWConfig
 from modeldsl.runtime.train import Trainer

@@ -5,9 +5,8 @@ batch, and the emulated CUDA executor runs the same program to the same numbers.
 import numpy as np
 import pytest
 
-from modeldsl.dialects.sched import EPILOGUES
+from modeldsl.dialects.sched import EPILOGUES, ProgramOp
 from modeldsl.ir import make_context, parse_module
-from modeldsl.dialects.sched import ProgramOp
 from modeldsl.runtime.cuda_device import EmulatedDevice
 from modeldsl.runtime.cuda_executor import CudaExecutor
 from modeldsl.runtime.sched_executor import ScheduleExecutor
@@ -30,7 +29,8 @@ def program_text(epilogue: str, alpha: float, beta: float, transa: bool) -> tupl
         shapes["bias"] = [8] if transa else [4]
     inputs = ["x", "w"] + (["bias"] if rule.bias == "read" else []) + (["aux"] if rule.aux == "read" else []) \
         + (["c"] if beta else [])
-    outputs = ["c"] + (["bias"] if rule.bias in ("write_m", "write_n") else []) + (["aux"] if rule.aux == "write" else [])
+    outputs = ["c"] + (["bias"] if rule.bias in ("write_m", "write_n") else []) \
+        + (["aux"] if rule.aux == "write" else [])
     lines, offset = [], 0
     for name in ("x", "w", "bias", "aux", "c"):
         roles = [f"input = {inputs.index(name)} : i64"] if name in inputs else []

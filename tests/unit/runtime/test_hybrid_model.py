@@ -10,10 +10,10 @@ import shutil
 
 import numpy as np
 import pytest
+from hf_checkpoints import TINY, trainer_and_autograd_gradients, transformers_model
 from xdsl.dialects.builtin import IntegerType
 
 import modeldsl
-from hf_checkpoints import TINY, trainer_and_autograd_gradients, transformers_model
 from modeldsl.diagnostics import DiagnosticError, DiagnosticSink
 from modeldsl.hf.config import read_config
 from modeldsl.hf.safetensors_io import SafetensorsFile

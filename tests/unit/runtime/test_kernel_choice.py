@@ -29,7 +29,8 @@ from modeldsl.runtime.cuda_executor import AttentionBackwardCommand, AttentionCo
 from modeldsl.runtime.profiles import plan
 from modeldsl.runtime.sched_executor import ScheduleExecutor
 
-pytestmark = pytest.mark.usefixtures("numpy_cpu_kernels")  # the devices run the references: bitwise on its numpy kernels
+# the devices run the references: bitwise on its numpy kernels
+pytestmark = pytest.mark.usefixtures("numpy_cpu_kernels")
 
 SOURCE = """
 module Attn(h: int = 2, d: int = 4):

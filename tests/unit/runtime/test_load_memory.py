@@ -9,9 +9,9 @@ import tracemalloc
 import ml_dtypes
 import numpy as np
 import pytest
+from hf_checkpoints import cached_checkpoint, transformers_model
 
 import modeldsl
-from hf_checkpoints import cached_checkpoint, transformers_model
 from modeldsl.hf.safetensors_io import SafetensorsFile, write_safetensors
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime import pages
@@ -124,8 +124,50 @@ def test_writes_to_mapped_weights_stay_in_memory_and_a_save_over_the_checkpoint_
     model.weights["lm_head"][:3] += 1.0
     assert (folder / "model.safetensors").read_bytes() == file_bytes
     kept = {name: weight.copy() for name, weight in model.weights.items()}
-    model.save_hf(folder)  # replaces the file the weights are mapped from
+    model.save_hf(folder, overwrite=True)  # replaces the files the weights are mapped from (E044 without)
     again = modeldsl.load(LLAMA, hf=folder)
     for name, weight in model.weights.items():
         np.testing.assert_array_equal(weight, kept[name], err_msg=name)
         np.testing.assert_array_equal(again.weights[name], kept[name], err_msg=name)
+
+
+# a Mixtral of wide experts (8 x 2 layers x 3 tensors of 1536 x 512): 164 MB of fp32 weights, 92% of them
+# expert stacks, every tensor a whole number of 4 KiB pages; a second copy of any part shows above the bound
+WIDE_EXPERTS = ("MixtralConfig", dict(vocab_size=2048, hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
+                                      num_attention_heads=8, num_key_value_heads=2, num_local_experts=8,
+                                      num_experts_per_tok=2, max_position_embeddings=256))
+LOAD_ALLOWANCE = 48 << 20  # bytes a load holds besides the weights whatever their size (its IR, its imports)
+
+
+def peak_of_a_fresh_load(tmp_path, monkeypatch, file_dtype):
+    """bench_load's figures of loading the wide-experts checkpoint in ``file_dtype`` in a fresh process, and
+    the weights' fp32 bytes (skipped where the process cannot reset its peak, or memory is short)."""
+    from modeldsl.tools import bench_load
+
+    monkeypatch.setitem(bench_load.SHAPES, "wide-experts", WIDE_EXPERTS)
+    directory = bench_load.write_checkpoint("wide-experts", tmp_path / file_dtype, file_dtype)
+    weights = bench_load.weight_bytes(bench_load.checkpoint_tensors("wide-experts")[1])
+    if bench_load.memory_problem(weights, 3.0):
+        pytest.skip(bench_load.memory_problem(weights, 3.0))
+    result = bench_load.run_child({"runner": "modeldsl", "hf": str(directory), "vocab": 2048, "threads": 1})
+    assert "load_peak" in result, result
+    if not result["peak_reset"]:
+        pytest.skip("this system cannot reset a process's peak resident set (/proc/self/clear_refs)")
+    assert result["finite"]
+    return result, weights
+
+
+@linux
+def test_a_bf16_checkpoint_of_expert_stacks_loads_in_fp32_holding_each_weight_once(tmp_path, monkeypatch):
+    result, weights = peak_of_a_fresh_load(tmp_path, monkeypatch, "bf16")
+    for peak in ("load_peak", "forward_peak"):
+        held = result[peak] - result["baseline"]
+        assert held <= 1.1 * weights + LOAD_ALLOWANCE, f"{peak}: {held} bytes held for {weights} of weights"
+
+
+@linux
+@pytest.mark.skipif(not pages._MAPPABLE, reason="this system cannot map file pages")
+def test_an_fp32_checkpoint_of_expert_stacks_is_mapped_untouched_until_the_forward_reads_it(tmp_path, monkeypatch):
+    result, weights = peak_of_a_fresh_load(tmp_path, monkeypatch, "fp32")
+    assert result["load_peak"] - result["baseline"] <= 0.25 * weights + LOAD_ALLOWANCE  # checked, not read in
+    assert result["forward_peak"] - result["baseline"] <= 1.1 * weights + LOAD_ALLOWANCE

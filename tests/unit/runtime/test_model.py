@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hf_checkpoints import CASES, cached_checkpoint, transformers_model
 
 import modeldsl
-from hf_checkpoints import CASES, cached_checkpoint, transformers_model
 from modeldsl.diagnostics import DiagnosticError
 from modeldsl.hf.safetensors_io import SafetensorsFile
 from modeldsl.resolve.imports import STD_ROOT

@@ -5,9 +5,9 @@ test_sched_executor through hf_checkpoints.CASES; training steps in test_train.)
 
 import numpy as np
 import pytest
+from hf_checkpoints import cached_checkpoint, trainer_and_autograd_gradients
 
 import modeldsl
-from hf_checkpoints import cached_checkpoint, trainer_and_autograd_gradients
 from modeldsl.hf.safetensors_io import SafetensorsFile
 from modeldsl.resolve.imports import STD_ROOT
 

@@ -1,6 +1,5 @@
 """The learning-rate schedule and clipping rule against transformers and torch."""
 
-import numpy as np
 import pytest
 
 from modeldsl.runtime.optim import AdamWConfig
@@ -17,7 +16,8 @@ def test_the_schedule_is_transformers_cosine_with_warmup(warmup, total):
         scheduler = transformers.get_cosine_schedule_with_warmup(optimizer, warmup, total)
     else:
         scheduler = transformers.get_constant_schedule_with_warmup(optimizer, warmup)
-    for step in range(total + 1 if total else 25):  # past total_steps transformers turns back up; we stay at the minimum
+    # past total_steps transformers turns back up; we stay at the minimum
+    for step in range(total + 1 if total else 25):
         assert config.lr_at(step) == pytest.approx(scheduler.get_last_lr()[0], rel=1e-12, abs=1e-15), step
         optimizer.step()
         scheduler.step()

@@ -5,12 +5,12 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from hf_checkpoints import CASES, make_checkpoint
 
 import modeldsl
-from hf_checkpoints import CASES, make_checkpoint
+from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime.profiles import ProfiledForward, compile_profile
 from modeldsl.runtime.sched_executor import ScheduleExecutor
-from modeldsl.resolve.imports import STD_ROOT
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -100,10 +100,10 @@ def test_execute_allocates_nothing_after_warm_up(loaded):
 def test_a_profile_is_planned_once_per_bucket_and_padding_keeps_the_logits(loaded):
     profiled = ProfiledForward(loaded.model, loaded.weights, buckets=(8, 16), storage="fp32")
     short, longer = TOKENS[:, :5], TOKENS[:, :11]
-    np.testing.assert_allclose(profiled.run(short, lambda t: loaded.inputs(t, 0)), loaded.forward(short, engine="graph"),
-                               rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(profiled.run(longer, lambda t: loaded.inputs(t, 0)), loaded.forward(longer, engine="graph"),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(profiled.run(short, lambda t: loaded.inputs(t, 0)),
+                               loaded.forward(short, engine="graph"), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(profiled.run(longer, lambda t: loaded.inputs(t, 0)),
+                               loaded.forward(longer, engine="graph"), rtol=1e-5, atol=1e-5)
     first = dict(profiled.profiles)
     profiled.run(TOKENS[:, :7], lambda t: loaded.inputs(t, 0))
     assert sorted(profiled.profiles) == [(1, 8, 0), (1, 16, 0)] and profiled.profiles[(1, 8, 0)] is first[(1, 8, 0)]
@@ -121,7 +121,8 @@ def test_decoding_through_the_kv_cache_schedule_gives_the_graph_interpreters_log
     cache = KVCache()
     decode = loaded.decoder(len(prompt) + len(steps), use_cache=True, engine="schedule")
     tokens = list(prompt)
-    np.testing.assert_allclose(decode(tokens, 0), loaded.forward(prompt, cache, engine="graph")[-1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(decode(tokens, 0), loaded.forward(prompt, cache, engine="graph")[-1],
+                               rtol=1e-5, atol=1e-5)
     for token in steps:
         tokens.append(token)
         if loaded.rope is not None and loaded.rope.recomputes(cache.length, len(tokens)):

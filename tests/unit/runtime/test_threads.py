@@ -12,7 +12,8 @@ from modeldsl.runtime.sched_executor import ScheduleExecutor
 
 EXAMPLE = STD_ROOT.parents[1] / "examples" / "tiny_llama"
 TOKENS = np.array([[5, 6, 7, 8]])
-needs_blas = pytest.mark.skipif(not threads.blas_thread_counts(), reason="numpy's BLAS is not one threadpoolctl controls")
+needs_blas = pytest.mark.skipif(not threads.blas_thread_counts(),
+                                reason="numpy's BLAS is not one threadpoolctl controls")
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hf_checkpoints import make_checkpoint, transformers_model
 
 import modeldsl
-from hf_checkpoints import make_checkpoint, transformers_model
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime.optim import AdamWConfig
 from modeldsl.runtime.train import Trainer
@@ -93,13 +93,19 @@ def test_trainable_scales_the_learning_rate_and_weight_decay_of_a_parameter(tmp_
 def test_micro_batch_gradients_accumulate_in_the_grads_arena():
     """Two micro-batches weighted 1/2 leave the mean of their gradients (from the graph interpreter
     running @train_loss_grad) in the grads arena; the optimizer step reads and zeroes them."""
+    from xdsl.context import Context
+    from xdsl.dialects.builtin import ModuleOp
+
+    from modeldsl.passes.attach_loss import add_loss_function
     from modeldsl.passes.autodiff import gradient_function
+    from modeldsl.passes.specialize import SpecializePass
     from modeldsl.runtime.executor import GraphExecutor
-    from modeldsl.runtime.train import add_loss_function, specialized
 
     model = modeldsl.load(STD_ROOT / "models" / "llama.module", hf=EXAMPLE)
     trainer = Trainer(model, AdamWConfig(lr=1e-3))
-    graph = specialized(model.model, 2, 8)
+    module = ModuleOp([model.model.clone()])
+    SpecializePass.of(B=2, T=8).apply(Context(), module)
+    graph = next(iter(module.body.block.ops))
     add_loss_function(graph)
     names = [a.data for a in gradient_function(graph, "train_loss").attributes["grads"].data]
     oracle = GraphExecutor(graph, dict(model.weights), np.float32)

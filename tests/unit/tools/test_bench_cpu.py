@@ -58,7 +58,8 @@ def test_ratios_are_against_eager_and_compile_with_the_targets():
 
 
 def test_the_load_table_compares_time_with_transformers_and_rss_with_the_weights():
-    rows = [Row("load", "m", "modeldsl", 3.0, 1100 << 20, 1000 << 20), Row("load", "m", "transformers", 2.0, 2000 << 20)]
+    rows = [Row("load", "m", "modeldsl", 3.0, 1100 << 20, 1000 << 20),
+            Row("load", "m", "transformers", 2.0, 2000 << 20)]
     text = load_table(rows)
     assert "time 1.50x of transformers' (<= 1.0x: no)" in text
     assert "peak RSS 1.10x of the fp32 weights (<= 1.1x: yes)" in text

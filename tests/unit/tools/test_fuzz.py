@@ -19,10 +19,28 @@ from collections import Counter
 
 import numpy as np
 import pytest
-
-from fuzz_inputs import (CHECKPOINT_FILES, CORPUS, DEEP_SENTINEL, DIR, FIFO, FILECHECK, HUGE_SENTINEL, KINDS,
-                         LLAMA, STD, TINY_LLAMA, Case, CaseMaker, campaign, dump_json, failures, join_safetensors,
-                         report, run_case, split_safetensors)
+from fuzz_inputs import (
+    CHECKPOINT_FILES,
+    CORPUS,
+    DEEP_SENTINEL,
+    DIR,
+    FIFO,
+    FILECHECK,
+    HUGE_SENTINEL,
+    KINDS,
+    LLAMA,
+    STD,
+    TINY_LLAMA,
+    Case,
+    CaseMaker,
+    campaign,
+    dump_json,
+    failures,
+    join_safetensors,
+    report,
+    run_case,
+    split_safetensors,
+)
 
 SEED = 13
 COUNTS = {"dsl": 200, "mlir": 200, "checkpoint": 100, "run-dsl": 80, "pipeline": 200, "run-flags": 80,

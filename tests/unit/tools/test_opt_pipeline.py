@@ -8,9 +8,9 @@ import json
 import pytest
 
 from modeldsl.diagnostics import DiagnosticError
-from modeldsl.passes.registry import PASSES, describe_pass
+from modeldsl.passes.registry import LISTINGS, PASSES, describe_pass
 from modeldsl.tools.opt import main
-from modeldsl.tools.opt_pipeline import build_pipeline, normalize_pipeline, pass_list
+from modeldsl.tools.opt_pipeline import build_pipeline, listing_of_class, normalize_pipeline, pass_list
 
 IR = """!x = !mdsl.graph.tensor<[B, 64], fp32>
 mdsl.graph.model @m {
@@ -32,6 +32,22 @@ def test_every_pass_has_a_one_line_description_and_listed_options(name):
     for field in dataclasses.fields(cls):
         if field.init and field.name != "name" and name != "mdsl-specialize":
             assert f"{field.name}=" in listed
+
+
+@pytest.mark.parametrize("name", list(PASSES))
+def test_the_registry_listing_is_what_the_pass_class_says(name):
+    """--list-passes prints LISTINGS (so that it imports no pass): each entry must match the class."""
+    derived = listing_of_class(name, PASSES[name]())
+    assert LISTINGS.get(name) == derived, f"update LISTINGS[{name!r}] in passes/registry.py to {derived!r}"
+
+
+def test_the_registry_lists_only_registered_passes():
+    assert set(LISTINGS) == set(PASSES)
+
+
+def test_a_pass_without_a_listing_is_listed_from_its_class():
+    listed = pass_list({"unlisted-cse": PASSES["cse"]})
+    assert listed.startswith("Available passes:\n  unlisted-cse\n      ") and len(listed.splitlines()) == 3
 
 
 def test_pipeline_positions_survive_the_builtin_module_wrapper():

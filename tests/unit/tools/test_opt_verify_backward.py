@@ -5,12 +5,12 @@ import re
 
 import numpy as np
 import pytest
+from written_backward_sources import TWO_LAYER
 
 import modeldsl
 from modeldsl import vjp
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.tools.opt import main
-from written_backward_sources import TWO_LAYER
 
 TINY_LLAMA = "vocab_size=64,d_model=32,n_layers=2,num_heads=4,num_kv_heads=2,d_ff=48"
 
@@ -320,3 +320,42 @@ def test_the_std_moe_and_mamba_blocks_pass(capsys, file, top, shapes, tensors):
     assert code == 0, err
     rows = table(out)
     assert set(rows) == tensors and max(rows.values()) < 1e-6, out
+
+
+DROPOUT_MODEL = """
+block Blk(d: int = 8):
+  params:
+    w: [d, d]
+  forward:
+    in: x: [B, d]
+    out: [B, d]
+    graph:
+      x -> matmul(w, transpose=NT) -> h
+      h -> dropout(p=0.4, seed=3) -> a
+      a -> silu() -> s
+      (x, s) -> add() -> out
+
+model Dropped(d: int = 8, n: int = 3):
+  params:
+    blocks: [n] x Blk(d)
+    head: [d, d]
+  forward:
+    in: x: [B, d]
+    out: [B, d]
+    graph:
+      x -> dropout(p=0.25, seed=1) -> x0
+      x0 -> blocks -> xN
+      xN -> matmul(head, transpose=NT) -> out
+"""
+
+
+def test_a_model_with_dropout_in_training_passes(capsys, tmp_path):
+    """The derived gradient is the training forward's (its dropouts active, each layer's mask its own):
+    the finite differences are taken of that forward, with the same step counter, so they differ
+    through the same masks and agree."""
+    path = tmp_path / "dropped.module"
+    path.write_text(DROPOUT_MODEL)
+    code, out, err = run(capsys, str(path), "--verify-backward")
+    assert code == 0, out + err
+    rows = table(out)
+    assert set(rows) == {"blocks.w", "head", "input x"} and max(rows.values()) < 1e-6, out

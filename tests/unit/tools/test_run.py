@@ -26,7 +26,7 @@ def test_generates_from_a_prompt_with_the_checkpoint_tokenizer(capsys):
 
 
 def test_the_continuation_is_the_text_of_the_generated_tokens(capsys):
-    from modeldsl.tools.run import Tokenizer
+    from modeldsl.tokenizer import Tokenizer
 
     assert main([str(LLAMA), "--hf", str(EXAMPLE), "--prompt", "Hello, world"]) == 0
     out = capsys.readouterr().out
@@ -45,6 +45,7 @@ def test_max_new_tokens_defaults_to_16_and_help_shows_the_defaults(capsys):
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert "--max-new-tokens N tokens to generate after the prompt (0: only run the prompt) (default: 16)" in text
     assert "(default: 0.0)" in text and "(default: cpu)" in text and "(default: None)" not in text
+    assert "a Module DSL .module file (e.g. modeldsl/std/models/llama.module) or a Python DSL .py file" in text
 
 
 def test_without_a_tokenizer_the_token_ids_are_shown(tmp_path, capsys):
@@ -127,6 +128,8 @@ def test_bad_flags_are_coded_errors(args, code, words, capsys):
 def test_missing_files_are_e028(tmp_path, capsys):
     assert main([str(tmp_path / "nope.module"), "--hf", str(EXAMPLE)]) == 1
     assert "error[E028]" in capsys.readouterr().err
+    assert main([str(tmp_path / "nope.py"), "--hf", str(EXAMPLE)]) == 1
+    assert "give the path of a .module or .py model file" in capsys.readouterr().err
     assert main([str(LLAMA), "--hf", str(tmp_path / "nope"), "--tokens", "1"]) == 1
     assert "error[E028]" in capsys.readouterr().err
 

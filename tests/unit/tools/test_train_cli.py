@@ -310,7 +310,7 @@ def test_the_readme_training_commands_run_as_written(tmp_path, monkeypatch, caps
 def test_every_recompute_mode_trains_to_the_same_losses(capsys, straight):
     expected = losses_of(straight[0])
     for mode in ("none", "full", "auto:4KiB"):
-        out = train(capsys, "--recompute", mode)
+        out = train(capsys, "--recompute", mode, "--loss-plot", f"loss-{mode.replace(':', '-')}.png")
         assert losses_of(out) == expected, mode
 
 

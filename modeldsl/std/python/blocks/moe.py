@@ -34,6 +34,7 @@ class MoETransformerBlock:
             attn_out = self.attention(ln1_out, freqs, hook="AfterAttnOutProjection")
             residual_mid = g.add(x, attn_out)
             ln2_out = self.ln2(residual_mid)
-            mlp_out, assigned_out, probs_out, z_out = self.mlp(ln2_out, assigned, probs, z, hook="AfterMLPDownProjection")
+            mlp_out, assigned_out, probs_out, z_out = self.mlp(ln2_out, assigned, probs, z,
+                                                               hook="AfterMLPDownProjection")
             out = g.add(residual_mid, mlp_out)
             return out, assigned_out, probs_out, z_out

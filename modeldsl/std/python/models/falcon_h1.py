@@ -1,9 +1,23 @@
 """The std Falcon-H1 in the Python DSL (the twin of std/models/falcon_h1.module)."""
 
-from modeldsl.dsl import (Array, Param, Tensor, field, forward, fuse, graph, hf_config, hf_export, hf_mapping, model,
-                          split, tied_to)
+from modeldsl.dsl import (
+    Array,
+    Param,
+    Tensor,
+    field,
+    forward,
+    fuse,
+    graph,
+    hf_config,
+    hf_export,
+    hf_mapping,
+    model,
+    split,
+    tied_to,
+)
 from modeldsl.std.python.blocks.parallel import ParallelHybridBlock
 from modeldsl.std.python.modules.norm import RMSNorm
+
 
 @model
 @hf_config(

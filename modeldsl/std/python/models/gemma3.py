@@ -1,8 +1,21 @@
 """The std Gemma 3 (text) in the Python DSL (the twin of std/models/gemma3.module)."""
 
-from modeldsl.dsl import (Array, Param, Tensor, field, forward, fuse, graph, hf_config, hf_export, hf_mapping, model,
-                          split, tied_to)
-from modeldsl.std.python.blocks.gemma import GemmaLayer, Gemma3LayerGroup
+from modeldsl.dsl import (
+    Array,
+    Param,
+    Tensor,
+    field,
+    forward,
+    fuse,
+    graph,
+    hf_config,
+    hf_export,
+    hf_mapping,
+    model,
+    split,
+    tied_to,
+)
+from modeldsl.std.python.blocks.gemma import Gemma3LayerGroup, GemmaLayer
 from modeldsl.std.python.modules.norm import RMSNorm
 
 

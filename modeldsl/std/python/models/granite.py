@@ -1,7 +1,20 @@
 """The std Granite in the Python DSL (the twin of std/models/granite.module)."""
 
-from modeldsl.dsl import (Array, Param, Tensor, field, forward, fuse, graph, hf_config, hf_export, hf_mapping, model,
-                          split, tied_to)
+from modeldsl.dsl import (
+    Array,
+    Param,
+    Tensor,
+    field,
+    forward,
+    fuse,
+    graph,
+    hf_config,
+    hf_export,
+    hf_mapping,
+    model,
+    split,
+    tied_to,
+)
 from modeldsl.std.python.blocks.dense import DenseTransformerBlock
 from modeldsl.std.python.modules.norm import RMSNorm
 

@@ -1,7 +1,21 @@
 """The std Qwen3-MoE in the Python DSL (the twin of std/models/qwen3_moe.module)."""
 
-from modeldsl.dsl import (Array, Param, Tensor, field, forward, fuse, graph, hf_config, hf_export, hf_mapping, model,
-                          split, stack_experts, tied_to)
+from modeldsl.dsl import (
+    Array,
+    Param,
+    Tensor,
+    field,
+    forward,
+    fuse,
+    graph,
+    hf_config,
+    hf_export,
+    hf_mapping,
+    model,
+    split,
+    stack_experts,
+    tied_to,
+)
 from modeldsl.std.python.blocks.moe import MoETransformerBlock
 from modeldsl.std.python.modules.moe.router import RouterAuxLoss
 from modeldsl.std.python.modules.norm import RMSNorm

@@ -3,11 +3,11 @@ allocating nothing."""
 
 import numpy as np
 import pytest
+from cpu_kernel_harness import FEW_KB, allocation_peak, assert_the_reference, fast_and_reference, random
 
 from modeldsl.kernels.cpu import compiled, cpu_kernel
 from modeldsl.kernels.cpu.pool import Pool
 from modeldsl.kernels.reference import REFERENCES
-from cpu_kernel_harness import FEW_KB, allocation_peak, assert_the_reference, fast_and_reference, random
 
 SHAPES = [(5, 7), (2, 200, 700)]  # one tile, and two tiles of rows (one thread) or a block per thread
 
@@ -44,7 +44,8 @@ def test_the_compiled_exp_is_within_an_ulp_of_the_rounded_exp(kernel_path):
     """Over every float32 exponent the exp can give (normal results), and its limits as numpy's."""
     if kernel_path == "numpy":
         pytest.skip("the compiled path's exp")
-    x = np.concatenate([np.linspace(-87.3, 88.7, 1 << 21, dtype=np.float32), np.clip(random((4096,), np.float32, 5, 30.0), -87.3, 88.7)])
+    x = np.concatenate([np.linspace(-87.3, 88.7, 1 << 21, dtype=np.float32),
+                        np.clip(random((4096,), np.float32, 5, 30.0), -87.3, 88.7)])
     got, want = compiled.fast_exp(x), np.exp(x.astype(np.float64)).astype(np.float32)
     ulps = np.abs(got.view(np.int32).astype(np.int64) - want.view(np.int32).astype(np.int64))
     assert ulps.max() <= 1

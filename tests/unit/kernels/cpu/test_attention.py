@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cpu_kernel_harness import FEW_KB, allocation_peak, assert_the_reference, random
 
 from modeldsl.kernels.cpu import cpu_kernel
 from modeldsl.kernels.cpu.attention import STRIP
 from modeldsl.kernels.cpu.pool import Pool
 from modeldsl.kernels.reference import REFERENCES
-from cpu_kernel_harness import FEW_KB, allocation_peak, assert_the_reference, random
 
 pytestmark = pytest.mark.usefixtures("kernel_path")  # every test on the numpy and the compiled path
 

@@ -3,7 +3,6 @@ backward within rounding) and the compiled one (within rounding)."""
 
 import numpy as np
 import pytest
-
 from cpu_kernel_harness import FEW_KB, allocation_peak, assert_the_reference, fast_and_reference, random
 
 pytestmark = pytest.mark.usefixtures("kernel_path")  # every test on the numpy and the compiled path

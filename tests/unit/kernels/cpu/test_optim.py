@@ -1,10 +1,12 @@
-"""The optimizer's CPU kernels against their numpy references: global_norm, clip_factor and adamw bitwise (one launch and the fused multi-tensor step), the gradient memsets
+"""The optimizer's CPU kernels against their numpy references: global_norm, clip_factor and adamw bitwise
+(one launch and the fused multi-tensor step), the gradient memsets
 folded in only where nothing reads the gradient before them, and a Trainer bitwise the reference path."""
 
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cpu_kernel_harness import FEW_KB, allocation_peak, fast_and_reference, random
 
 import modeldsl
 import modeldsl.runtime.sched_executor as sched_executor
@@ -17,7 +19,6 @@ from modeldsl.kernels.reference import REFERENCES
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime.optim import AdamWConfig
 from modeldsl.runtime.train import Trainer
-from cpu_kernel_harness import FEW_KB, allocation_peak, fast_and_reference, random
 
 EXAMPLE = Path(__file__).resolve().parents[4] / "examples" / "tiny_llama"
 SIZES = [(7,), (3, 70, 700), (300, 257), (1000, 517)]  # one small piece; several, split over the threads
@@ -133,7 +134,8 @@ def executor_steps(ops, views, fuse):
 
     host = ScheduleExecutor.__new__(ScheduleExecutor)
     host.threads = Pool(2)
-    compiled = [(op, host.compile(op, views)) for op in ops]
+    host.views = views
+    compiled = [(op, host.compile(op)) for op in ops]
     if not fuse:
         return [s for _, steps in compiled for s in steps], host.threads
     return fuse_optimizer_steps(host.threads, compiled, views), host.threads

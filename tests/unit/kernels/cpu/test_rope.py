@@ -3,11 +3,11 @@ rounding), in both layouts, in place too."""
 
 import numpy as np
 import pytest
+from cpu_kernel_harness import FEW_KB, allocation_peak, assert_the_reference, fast_and_reference, random
 
 from modeldsl.kernels.cpu import cpu_kernel
 from modeldsl.kernels.cpu.pool import Pool
 from modeldsl.kernels.reference import REFERENCES
-from cpu_kernel_harness import FEW_KB, allocation_peak, assert_the_reference, fast_and_reference, random
 
 pytestmark = pytest.mark.usefixtures("kernel_path")  # every test on the numpy and the compiled path
 

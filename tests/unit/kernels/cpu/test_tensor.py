@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+from cpu_kernel_harness import FEW_KB, allocation_peak, fast_and_reference, random
 
 from modeldsl.kernels.cpu import cpu_kernel
 from modeldsl.kernels.cpu.pool import Pool
 from modeldsl.kernels.reference import REFERENCES
-from cpu_kernel_harness import FEW_KB, allocation_peak, fast_and_reference, random
 
 X = random((2, 3, 8), np.float32, 1)
 CASES = {

@@ -36,7 +36,8 @@ class GQA:
         assert self.num_heads % self.num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads (GQA)"
         assert self.head_dim % 2 == 0, "RoPE needs an even head_dim"
         assert self.rotary_pass % 2 == 0 and 0 <= self.rotary_pass and self.rotary_pass < self.head_dim, \
-            "RoPE rotates an even number of the head dims: rotary_pass, the last dims it leaves, is even and below head_dim"
+            ("RoPE rotates an even number of the head dims: rotary_pass, the last dims it leaves, "
+             "is even and below head_dim")
         assert self.sliding_window >= 0, "sliding_window must be 0 (none) or a positive window"
         assert not (self.use_qk_norm and self.qk_norm_whole), \
             "use_qk_norm (per head) and qk_norm_whole (over the whole q and k projections) exclude each other"
