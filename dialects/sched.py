@@ -200,6 +200,13 @@ def check_stream(op: Operation) -> None:
 # makes it binding (no other kernel may run the op), ``workspace_bytes`` sizes its workspace
 KERNEL_CHOICE_ATTRIBUTES: tuple[str, ...] = ("implementation", "fallback", "workspace_bytes")
 
+# a launch attribute: the kernel keys what it draws (dropout's mask) with the layers of the loops around
+# it, outermost first, which an unrolled walk knows (the executors pass them as its ``layers``)
+KEYED_BY_LAYER = "keyed_by_layer"
+# launch attributes that are not kernel parameters
+LAUNCH_ATTRIBUTES = {"grid", "block", "inplace", "accumulate", "stream", "scratch", "absent", KEYED_BY_LAYER,
+                     *KERNEL_CHOICE_ATTRIBUTES}
+
 
 def check_kernel_choice(op: Operation, primitive: str | None) -> None:
     """The kernel choice attributes of an op that runs ``primitive`` (None: an op that takes none)."""

@@ -31,6 +31,7 @@ from xdsl.ir import Block, Operation, SSAValue
 
 from modeldsl.dialects.sched import (
     EPILOGUES,
+    KEYED_BY_LAYER,
     AttentionBackwardOp,
     AttentionOp,
     BufferOp,
@@ -104,14 +105,10 @@ class At:
 
 TOP = At()
 
-# a launch attribute: the kernel keys what it draws (dropout's mask) with the layers of the loops around
-# it, outermost first, which an unrolled walk knows (the executors pass them as its ``layers``)
-KEYED_BY_LAYER = "keyed_by_layer"
-
-
 def layer_params(op: Operation, at: At) -> dict[str, list[int]]:
-    """The ``layers`` parameter an executor gives a launch marked :data:`KEYED_BY_LAYER` (the layer
-    of each enclosing loop, outermost first, in an unrolled walk); nothing for any other launch."""
+    """The ``layers`` parameter an executor gives a launch marked
+    :data:`~modeldsl.dialects.sched.KEYED_BY_LAYER` (the layer of each enclosing loop, outermost
+    first, in an unrolled walk); nothing for any other launch."""
     return {"layers": list(at.layers)} if KEYED_BY_LAYER in op.attributes else {}
 
 

@@ -80,6 +80,7 @@ from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.dialects.sched import (
+    KEYED_BY_LAYER,
     AttentionBackwardOp,
     AttentionOp,
     BufferOp,
@@ -94,7 +95,6 @@ from modeldsl.dialects.sched import (
     SchedOp,
     kernel_choice_attributes,
 )
-from modeldsl.dialects.sched_walk import KEYED_BY_LAYER
 from modeldsl.graph_builder import op_attr
 from modeldsl.kernel_choice import KernelChoice, kernel_choice
 from modeldsl.kernels import dropout_mask

@@ -300,8 +300,7 @@ def fuse_optimizer_steps(pool: Pool, compiled: list[tuple[Operation, list[Step]]
 
 def adamw_launch(op: Operation, views: dict) -> AdamwLaunch | None:
     """The fast form of a top-level ``adamw`` launch (None for any other op, or one it cannot run)."""
-    from modeldsl.dialects.sched import LaunchOp
-    from modeldsl.runtime.sched_executor import LAUNCH_ATTRIBUTES
+    from modeldsl.dialects.sched import LAUNCH_ATTRIBUTES, LaunchOp
 
     if not isinstance(op, LaunchOp) or op.kernel.data != "adamw" or op.accumulate is not None:
         return None

@@ -36,7 +36,7 @@ import numpy as np
 
 from modeldsl.kernels import cuda
 from modeldsl.kernels.registry import entry
-from modeldsl.runtime.cuda_executor import (
+from modeldsl.runtime.cuda_commands import (
     Command,
     CompositeCommand,
     GemmCommand,

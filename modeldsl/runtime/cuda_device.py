@@ -46,8 +46,8 @@ from modeldsl.kernels.cuda import NotCovered
 from modeldsl.runtime.executor import ExecutionError
 from modeldsl.runtime.fits import available_bytes
 
-if TYPE_CHECKING:  # the commands belong to the binding layer
-    from modeldsl.runtime.cuda_executor import (
+if TYPE_CHECKING:  # the commands (cuda_commands) run on the devices: they import this module
+    from modeldsl.runtime.cuda_commands import (
         AttentionBackwardCommand,
         AttentionCommand,
         BoundLaunch,

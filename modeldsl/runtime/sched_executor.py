@@ -31,7 +31,7 @@ from xdsl.ir import Attribute, Operation, SSAValue
 
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.sched import (
-    KERNEL_CHOICE_ATTRIBUTES,
+    LAUNCH_ATTRIBUTES,
     AttentionBackwardOp,
     AttentionOp,
     BufferOp,
@@ -43,7 +43,7 @@ from modeldsl.dialects.sched import (
     MemsetOp,
     ProgramOp,
 )
-from modeldsl.dialects.sched_walk import KEYED_BY_LAYER, TOP, At, ScheduleVisitor, layer_params, visit
+from modeldsl.dialects.sched_walk import TOP, At, ScheduleVisitor, layer_params, visit
 from modeldsl.kernels.cpu import cpu_kernel
 from modeldsl.kernels.cpu.compiled import enabled as compiled_kernels_enabled
 from modeldsl.kernels.cpu.gemm import gemm as cpu_gemm
@@ -63,9 +63,6 @@ from modeldsl.runtime.executor import (
 from modeldsl.runtime.threads import blas_threads, pool_size
 
 Step = Callable[[], None]
-# launch attributes that are not kernel parameters
-LAUNCH_ATTRIBUTES = {"grid", "block", "inplace", "accumulate", "stream", "scratch", "absent", KEYED_BY_LAYER,
-                     *KERNEL_CHOICE_ATTRIBUTES}
 
 
 class ScheduleExecutor:

@@ -28,17 +28,17 @@ from modeldsl.dialects.sched import ProgramOp
 from modeldsl.ir import make_context, parse_module
 from modeldsl.kernels.reference import fused_lm_head_loss, fused_lm_head_loss_backward, fused_lm_head_loss_grad
 from modeldsl.kernels.registry import entry
-from modeldsl.runtime.cuda_composites import chunked_scratch
-from modeldsl.runtime.cuda_device import CudaDevice, EmulatedDevice
-from modeldsl.runtime.cuda_executor import (
+from modeldsl.runtime.cuda_commands import (
     BoundLaunch,
     CompositeCommand,
-    CudaExecutor,
     FallbackWarning,
     GemmCommand,
     KernelCommand,
     TensorRef,
 )
+from modeldsl.runtime.cuda_composites import chunked_scratch
+from modeldsl.runtime.cuda_device import CudaDevice, EmulatedDevice
+from modeldsl.runtime.cuda_executor import CudaExecutor
 
 ROWS, WIDTH, VOCAB = 12, 16, 40
 STORAGE = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16}

@@ -13,10 +13,6 @@ import module_imports
 from module_imports import graph, strongly_connected
 
 KNOWN_CYCLES_BEING_REMOVED = {
-    # the CPU optimizer kernels read the launch attributes of the CPU schedule executor
-    ("modeldsl.kernels.cpu.optim", "modeldsl.runtime.sched_executor"),
-    # the CUDA composites use the command types that live beside the binder in cuda_executor
-    ("modeldsl.runtime.cuda_composites", "modeldsl.runtime.cuda_executor"),
     # modeldsl.frontend's read_model (in the package, which every frontend.text import runs) reads
     # the Python DSL's API, whose compiler functions call lowering, the JSON IR, the registry and
     # the runtime; the Python DSL's builder and translation import each other; and the Python

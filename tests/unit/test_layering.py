@@ -6,8 +6,7 @@
 - kernels (``kernels/``, ``modeldsl.kernels``) import no runtime;
 - frontends (``modeldsl.frontend``) import no pass.
 
-The imports that still cross a layer are listed in ``KNOWN_VIOLATIONS_BEING_REMOVED``; the test
-fails for a new one and for a listed one that is gone (delete its entry).
+The test fails for any import that crosses a layer, with its lines.
 """
 
 from __future__ import annotations
@@ -23,12 +22,6 @@ FORBIDDEN = {
     "modeldsl.kernels": (RUNTIME,),
     "modeldsl.frontend": (PASSES,),
 }
-
-KNOWN_VIOLATIONS_BEING_REMOVED = {
-    # the CPU optimizer kernels read the launch attributes of the CPU schedule executor
-    ("modeldsl.kernels.cpu.optim", "modeldsl.runtime.sched_executor"),
-}
-
 
 def within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
@@ -57,13 +50,8 @@ def test_crosses_judges_by_package_not_by_name_prefix():
     assert not crosses(Import("modeldsl.tools.opt", "modeldsl.passes.registry", 1))
 
 
-def test_no_layer_imports_one_it_must_not_beyond_the_known_ones():
-    new = {k: v for k, v in violations().items() if k not in KNOWN_VIOLATIONS_BEING_REMOVED}
-    assert not new, "imports across layers:\n" + "\n".join(
+def test_no_layer_imports_one_it_must_not():
+    found = violations()
+    assert not found, "imports across layers:\n" + "\n".join(
         f"  {importer} imports {imported} (line {', '.join(map(str, lines))})"
-        for (importer, imported), lines in new.items())
-
-
-def test_each_known_violation_is_still_there():
-    gone = sorted(KNOWN_VIOLATIONS_BEING_REMOVED - set(violations()))
-    assert not gone, f"fixed: remove them from KNOWN_VIOLATIONS_BEING_REMOVED: {gone}"
+        for (importer, imported), lines in found.items())

@@ -17,20 +17,21 @@ from modeldsl.dialects.sched import ProgramOp, RecomputeSegmentOp
 from modeldsl.ir import make_context, parse_module
 from modeldsl.kernels import cuda
 from modeldsl.resolve.imports import STD_ROOT
-from modeldsl.runtime import cuda_executor
-from modeldsl.runtime.cuda_device import DeviceError, EmulatedDevice, fill_pattern
-from modeldsl.runtime.cuda_executor import (
+from modeldsl.runtime import cuda_binding, cuda_commands, cuda_executor
+from modeldsl.runtime.cuda_binding import coalesced
+from modeldsl.runtime.cuda_commands import (
     AttentionBackwardCommand,
     AttentionCommand,
     CopyCommand,
-    CudaExecutor,
     FallbackWarning,
     KernelCommand,
     StridedCopyCommand,
     TensorRef,
-    coalesced,
 )
+from modeldsl.runtime.cuda_device import DeviceError, EmulatedDevice, fill_pattern
+from modeldsl.runtime.cuda_executor import CudaExecutor
 from modeldsl.runtime.cuda_train import CudaTrainer
+from modeldsl.runtime.executor import ExecutionError
 from modeldsl.runtime.optim import AdamWConfig
 from modeldsl.runtime.profiles import compile_profile
 from modeldsl.runtime.sched_executor import ScheduleExecutor
@@ -203,7 +204,7 @@ def test_a_shared_arena_is_used_where_it_is_given_and_must_be_large_enough(views
     assert second.allocations == first.allocations - 1  # all but the params arena
     np.testing.assert_array_equal(second.params["w"].read(), np.ones((2, 6, 8)))
     small = cuda_executor.DeviceArena(first.arenas["params"].address, 64)
-    with pytest.raises(cuda_executor.ExecutionError, match="shared params arena has 64 bytes"):
+    with pytest.raises(ExecutionError, match="shared params arena has 64 bytes"):
         CudaExecutor(views_program, arenas={"params": small}, device=device)
 
 
@@ -240,7 +241,7 @@ def test_launches_without_a_cuda_kernel_run_their_reference_on_host_copies(monke
     """layernorm has no CUDA kernel, softmax over dim 0 is not covered: both run on host copies
     (reported, warned once per primitive), the program still gives the CPU executor's results,
     and it is not captured as a graph."""
-    monkeypatch.setattr(cuda_executor, "_WARNED", set())
+    monkeypatch.setattr(cuda_commands, "_WARNED", set())
     program = parsed_program(FALLBACKS)
     rng = np.random.default_rng(1)
     weights = {"g": rng.standard_normal(8), "b": rng.standard_normal(8)}
@@ -267,14 +268,14 @@ def test_memset_patterns_repeat_the_stored_value():
     assert fill_pattern(0.0, np.dtype(np.float32)) == b"\0"
     assert fill_pattern(1.0, np.dtype(np.float32)) == np.float32(1).tobytes()
     assert fill_pattern(-1, np.dtype(np.int64)) == b"\xff"
-    with pytest.raises(cuda_executor.cuda.NotCovered):
+    with pytest.raises(cuda.NotCovered):
         fill_pattern(3.0, np.dtype(np.float64))
 
 
 def test_strided_copies_coalesce_contiguous_runs():
     assert coalesced((2, 3, 4), (12, 4, 1), (12, 4, 1)) == ((24,), (1,), (1,))
     assert coalesced((2, 1, 6, 4), (24, 24, 4, 1), (4, 4, 8, 1)) == ((2, 6, 4), (24, 4, 1), (4, 8, 1))
-    assert isinstance(cuda_executor.copy_command((0, 64, (4, 8), (8, 1), (8, 1)), 4), CopyCommand)
+    assert isinstance(cuda_binding.copy_command((0, 64, (4, 8), (8, 1), (8, 1)), 4), CopyCommand)
 
 
 def test_the_emulated_device_rejects_addresses_outside_its_allocations():
@@ -284,7 +285,7 @@ def test_the_emulated_device_rejects_addresses_outside_its_allocations():
     with pytest.raises(DeviceError, match="no allocation"):
         device.download(base + 96, 8)
     with pytest.raises(DeviceError):
-        device.prepare(KernelCommand(steps=(cuda_executor.BoundMemset(base + 64, 64),)))
+        device.prepare(KernelCommand(steps=(cuda_commands.BoundMemset(base + 64, 64),)))
     device.begin_capture()
     with pytest.raises(DeviceError, match="CUDA graph"):
         device.upload(base, np.zeros(1))
@@ -329,7 +330,7 @@ def test_the_cublaslt_problem_of_a_gemm_is_its_row_major_product(a_shape, b_shap
     def ref(shape):
         return TensorRef(0, shape, np.dtype(np.float32))
 
-    command = cuda_executor.GemmCommand(a=ref(a_shape), b=ref(b_shape), c=ref(expected.shape), transa=transa,
+    command = cuda_commands.GemmCommand(a=ref(a_shape), b=ref(b_shape), c=ref(expected.shape), transa=transa,
                                         transb=transb)
     problem = gemm_problem(command)
     got = column_major_matmul(problem, (b.reshape(-1), a.reshape(-1)), transb, transa)  # cuBLASLt's A is B

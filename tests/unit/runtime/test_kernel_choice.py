@@ -24,8 +24,9 @@ from modeldsl.kernels.registry import implementations, unavailable_kernel
 from modeldsl.lower import lower_program
 from modeldsl.passes.lower_to_sched import lower_function
 from modeldsl.passes.specialize import SpecializePass
+from modeldsl.runtime.cuda_commands import AttentionBackwardCommand, AttentionCommand, TensorRef
 from modeldsl.runtime.cuda_device import CudaDevice, EmulatedDevice, KernelUnavailable, sdpa_workspace
-from modeldsl.runtime.cuda_executor import AttentionBackwardCommand, AttentionCommand, CudaExecutor, TensorRef
+from modeldsl.runtime.cuda_executor import CudaExecutor
 from modeldsl.runtime.profiles import plan
 from modeldsl.runtime.sched_executor import ScheduleExecutor
 

@@ -9,7 +9,8 @@ from modeldsl.dialects.sched import LaunchOp
 from modeldsl.ir import make_context, parse_module
 from modeldsl.kernels import reference
 from modeldsl.passes.lower_to_sched import lower_function
-from modeldsl.runtime.cuda_executor import TensorRef, reference_call
+from modeldsl.runtime.cuda_binding import reference_call
+from modeldsl.runtime.cuda_commands import TensorRef
 from modeldsl.runtime.profiles import plan
 from modeldsl.runtime.sched_executor import ScheduleExecutor
 
