@@ -11,7 +11,11 @@ documents one of them, so the resolver checks that it says what the op does:
   choices, ``[int]`` for a list of integers or sizes, ``dtype``), optional
   (``T?``) or defaulted exactly as the op is; shape-only parameters that are
   no op attributes (``view``'s ``shape``, ``cast``'s ``dtype``, ...) count as
-  parameters too. Any disagreement is E003;
+  parameters too. Any disagreement is E003. A parameter with a default may be
+  left out (spec 6.1.2's ``batched_matmul`` has no ``alpha``, 6.4.1's
+  ``flash_attention`` no ``layout``), as long as no declared one follows it in
+  the op's positional order; the optional tensors the op takes by keyword
+  (``alibi_slopes: [H]? = None``) are parameters in the spec's spelling;
 * its ``forward:`` ``in:``/``out:`` list as many tensors as the op has operands
   and results, optional (``[C]?``) and variadic (``xs...``) in the same
   places, else E004 (the names may differ);
@@ -293,12 +297,13 @@ class PrimitiveDeclChecker:
                 self.extra_param(decl.name, sig, param)
                 continue
             self.compare_param(decl.name, param, spec)
-        missing = [p for p in expected if p.name not in seen]
+        missing = [p for p in expected if p.name not in seen and p.required]
+        where = _key_span(section) if section is not None else _name_span(decl)
         if missing and not elided and not (section is not None and _elided(section.body)):
-            where = _key_span(section) if section is not None else _name_span(decl)
             self.sink.error("E003", f"primitive {decl.name} does not declare the parameter(s) "
                             f"{', '.join(p.name for p in missing)} of its op",
                             where, "declare " + "; ".join(_spec_text(p) for p in missing))
+        self.check_left_out(decl.name, expected, seen)
         order = [name for name in seen if name in by_name]
         want = [p.name for p in expected if p.name in seen]
         if order != want:
@@ -306,6 +311,23 @@ class PrimitiveDeclChecker:
             self.sink.error("E003", f"primitive {decl.name} declares its parameters in the order "
                             f"{', '.join(order)}; calls pass them positionally as {', '.join(want)}",
                             seen[first].span, "declare the parameters in the op's order")
+
+    def check_left_out(self, name: str, expected: Sequence[ParamSpec], seen: dict[str, DeclParam]) -> None:
+        """A parameter with a default may be left out (the spec's batched_matmul has no ``alpha``), where
+        calls still mean what the declaration says: a call passes parameters positionally in the op's
+        order, so none it declares may follow one it leaves out (tensors, passed by keyword, aside)."""
+        positional = [p for p in expected if p.kind != "tensor"]
+        left_out = [p for p in positional if p.name not in seen and not p.required]
+        later = [p for p in positional if p.name in seen and left_out and
+                 positional.index(p) > positional.index(left_out[0])]
+        if later:
+            skipped = [p for p in left_out if positional.index(p) < positional.index(later[-1])]
+            self.sink.error("E003", f"primitive {name} leaves out the parameter(s) "
+                            f"{', '.join(p.name for p in skipped)} but declares {later[0].name} after them; calls "
+                            f"pass parameters positionally in the op's order ({', '.join(p.name for p in positional)})",
+                            seen[later[0].name].span,
+                            "declare " + "; ".join(_spec_text(p) for p in skipped) + f" before {later[0].name}, "
+                            "or leave out the parameters after them too")
 
     def extra_param(self, name: str, sig: PrimitiveSignature, param: DeclParam) -> None:
         as_input = next((s for s in sig.inputs if s.name == param.name), None)

@@ -100,13 +100,6 @@ SPEC_DISAGREEMENTS = {
     # in: (d_combined, weights, scatter_indices) cannot give d_weights = <d_combined, expert_outputs>:
     # the backward kernel takes expert_outputs too
     "moe_unpermute": [("E004", 3140, 9)],
-    # the spec's batched_matmul has no alpha; the GEMM has one (mdsl-fuse's attention_softmax puts the
-    # attention scale there, as scalar_alpha does for matmul)
-    "batched_matmul": [("E003", 1133, 3)],
-    # the spec's attention and rope take [B, H, T, D] only; mdsl-fuse's attention_layout gives them
-    # layout = bthd ([B, T, H, D]: no head transposes around them)
-    "flash_attention": [("E003", 1968, 3)],
-    "rope": [("E003", 2090, 3)],
 }
 
 
@@ -172,13 +165,84 @@ def test_a_declaration_that_disagrees_is_located_and_coded(old, new, code, line,
 
 
 def test_missing_parameters_are_named_with_the_declaration_they_need():
-    text = SOFTMAX.replace("  params:\n    dim: int = -1\n", "")
+    text = "primitive transpose:\n  forward:\n    in: x: [*]\n    out: [*]\n"
     sink = DiagnosticSink()
     check_primitive_decls(parse_source(text).declarations, sink)
     (diag,) = sink.diagnostics
     assert (diag.code, diag.span.line, diag.span.column) == ("E003", 1, 11)
-    assert "does not declare the parameter(s) dim" in diag.message and diag.hint == "declare dim: int = -1"
-    assert "^^^^^^^" in diag.render()
+    assert "does not declare the parameter(s) dim0, dim1" in diag.message
+    assert diag.hint == "declare dim0: int; dim1: int" and "^^^^^^^^^" in diag.render()
+    (found,) = check("primitive transpose:\n  params:\n    dim0: int\n  forward:\n    in: x: [*]\n    out: [*]\n")
+    assert found[:3] == ("E003", 2, 3) and "does not declare the parameter(s) dim1" in found[3]
+
+
+def test_a_parameter_with_a_default_may_be_left_out_where_no_declared_one_follows_it():
+    assert check(SOFTMAX.replace("  params:\n    dim: int = -1\n", "")) == []
+    head = "primitive matmul:\n  params:\n    transpose: enum(NN, NT, TN, TT) = NN\n"
+    tail = "  forward:\n    in: (A: [M, K], B: [K, N])\n    out: C: [M, N]\n"
+    assert check(head + "    accumulate: bool = false\n" + tail) == []  # alpha and beta left out
+    # calls pass parameters positionally in the op's order: beta would take the place of accumulate
+    (found,) = check(head + "    beta: float = 0.0\n" + tail)
+    assert found[:3] == ("E003", 4, 5), found
+    assert "leaves out the parameter(s) accumulate, alpha but declares beta after them" in found[3]
+
+
+def spec_declaration(name: str) -> str:
+    """The spec's own block ``primitive NAME:``, verbatim."""
+    (text,) = [text for _, text in spec_code_blocks() if text.startswith(f"primitive {name}:")]
+    return text
+
+
+@pytest.mark.parametrize("name", ["batched_matmul", "rope", "flash_attention"])
+def test_the_spec_declarations_that_leave_out_defaulted_parameters_agree_with_the_registry(name):
+    """Spec 6.1.2's batched_matmul has no alpha, 6.4.2's rope no layout, 6.4.1's flash_attention no
+    layout or softcap (all defaulted) and spells the optional tensor alibi_slopes as a parameter."""
+    text = spec_declaration(name)
+    assert {"batched_matmul": "accumulate: bool", "rope": "interleaved: bool",
+            "flash_attention": "alibi_slopes: [H]? = None"}[name] in text
+    assert check(text, f"{name}.module") == []
+
+
+SPEC_ATTENTION_USER = """
+module Scores():
+  forward:
+    in: (q: [1, 2, 4, 8], k: [1, 2, 4, 8])
+    out: [1, 2, 4, 4]
+    graph:
+      (q, k) -> batched_matmul(transpose=NT) -> out
+
+module Attention():
+  forward:
+    in: (q: [1, 2, 4, 8], k: [1, 2, 4, 8], v: [1, 2, 4, 8], slopes: [2])
+    out: [1, 2, 4, 8]
+    graph:
+      (q, k, v) -> flash_attention(true, alibi_slopes=slopes) -> out
+"""
+
+
+def test_a_program_with_the_spec_declarations_verbatim_lowers_and_runs():
+    import numpy as np
+
+    from modeldsl.ir import verify_module
+    from modeldsl.runtime.executor import GraphExecutor
+
+    text = "\n".join(spec_declaration(n) for n in ("batched_matmul", "rope", "flash_attention")) + SPEC_ATTENTION_USER
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 4, 8)) for _ in range(3))
+    slopes = np.array([0.5, 0.25])
+    scores = GraphExecutor(lower_program(parse_source(text, "spec.module"), "Scores"), {},
+                           float_dtype=np.float64).run("forward", q, k)[0]
+    np.testing.assert_allclose(scores, q @ np.swapaxes(k, -1, -2), rtol=1e-12)
+    module = lower_program(parse_source(text, "spec.module"), "Attention")
+    assert verify_module(module) == []
+    (op,) = [op for op in module.walk() if op.name == "mdsl.graph.flash_attention"]
+    assert [a.name_hint for a in op.operands] == ["q", "k", "v", "slopes"]  # the parameter is the tensor operand
+    (got,) = GraphExecutor(module, {}, float_dtype=np.float64).run("forward", q, k, v, slopes)
+    distance = np.abs(np.arange(4)[:, None] - np.arange(4)[None, :])
+    logits = q @ np.swapaxes(k, -1, -2) / np.sqrt(8) - slopes.reshape(1, 2, 1, 1) * distance
+    logits = np.where(np.tril(np.ones((4, 4), bool)), logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    np.testing.assert_allclose(got, weights / weights.sum(-1, keepdims=True) @ v, rtol=1e-10)
 
 
 @pytest.mark.parametrize(
