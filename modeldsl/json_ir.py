@@ -85,7 +85,7 @@ def compile_model(model: str | Path, config: dict[str, Any] | None = None, top: 
     a ``.module`` or Python DSL file (``top`` its declaration) or a Python DSL class, lowered with its
     defaults or the values of ``config`` (its parameters by name, as ``mdsl-opt --param``)."""
     from modeldsl.diagnostics import DiagnosticSink
-    from modeldsl.frontend import read_model
+    from modeldsl.frontend.read import read_model
     from modeldsl.lower import lower_program
     from modeldsl.registry import get_model
 

@@ -13,7 +13,9 @@ without the ``std.`` prefix (``import primitives``, ``import modules.linear``) i
 also looked for in the standard library, after the project's folders. Where no
 ``.module`` file is found, a ``NAME.py`` file of the Python DSL is read
 (:mod:`modeldsl.frontend.python`): ``std.python.modules.norm`` is
-``std/python/modules/norm.py``.
+``std/python/modules/norm.py``; its stacks of an imported block named by a string
+(``Array["n", "Blk"]``) get the block's parameters bound by name here, once the file's names are
+known (:func:`modeldsl.frontend.python.translate.bind_by_name`).
 
 Two imports of one name are E023, an alias that shadows a name already
 imported is E024, a local declaration that shadows an import is W002 and one
@@ -124,6 +126,11 @@ class Resolver:
                                   decl.span.word(decl.name),
                                   "rename it unless you mean to replace the primitive")
             decls[decl.name] = decl
+        if program.by_name:  # a Python DSL file's stacks of an imported block named by a string
+            from modeldsl.frontend.python.translate import bind_by_name
+
+            bind_by_name(program.by_name, decls)
+            program.by_name = []
         check_primitive_decls(program.declarations, self.sink)
         for decl in program.declarations:
             self.namespaces[id(decl)] = decls

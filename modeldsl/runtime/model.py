@@ -36,7 +36,7 @@ from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, DiagnosticSink
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import ModelOp, ParamOp
-from modeldsl.frontend import read_model
+from modeldsl.frontend.read import read_model
 from modeldsl.hf.checkpoint import ImportRecord, direct_pieces, load_checkpoint, save_checkpoint
 from modeldsl.hf.compat import (
     DiagnosticWarning,  # noqa: F401 - the API's warning class

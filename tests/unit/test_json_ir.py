@@ -12,7 +12,7 @@ from xdsl.dialects.builtin import ModuleOp
 
 from modeldsl import registry
 from modeldsl.diagnostics import DiagnosticSink
-from modeldsl.frontend import read_model
+from modeldsl.frontend.read import read_model
 from modeldsl.ir import make_context, print_ir, verify_module
 from modeldsl.json_ir import JsonIRError, compile_model, dumps, read_json, to_json
 from modeldsl.lower import lower_program

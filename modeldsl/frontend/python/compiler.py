@@ -114,7 +114,7 @@ def _warning(diagnostic: Diagnostic) -> dict[str, Any]:
 
 def _program(model: Any, top: str | None) -> tuple[Any, str]:
     """The parsed file of ``model`` and the declaration to lower."""
-    from modeldsl.frontend import read_model
+    from modeldsl.frontend.read import read_model
 
     if isinstance(model, type):
         _check_model_class(model)
@@ -258,7 +258,7 @@ _PARSED: dict[Path, tuple[float, Any]] = {}  # path -> (modification time, progr
 
 def _declaration(path: Path, name: str) -> Any:
     """The declaration ``name`` of a file, parsed once while the file is unchanged."""
-    from modeldsl.frontend import read_model
+    from modeldsl.frontend.read import read_model
 
     stamp = path.stat().st_mtime
     if _PARSED.get(path, (None,))[0] != stamp:

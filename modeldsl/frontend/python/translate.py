@@ -106,7 +106,7 @@ def parse_python_source(text: str, name: str = "<input>") -> ast.Program:
         elif isinstance(node, py.FunctionDef) and any(called_name(d) == "primitive" for d in node.decorator_list):
             items.append(translator.primitive(node, backwards.get(node.name)))
     program = ast.Program(Span(source, 1, 1, 1, 1), source, items)
-    bind_by_name(program, translator.by_name)
+    program.by_name = bind_by_name(translator.by_name, {d.name: d for d in program.declarations})
     return program
 
 
@@ -119,33 +119,22 @@ def _file_names(tree: py.Module) -> set[str]:
     return names
 
 
-_BINDING: set[str] = set()  # the files whose by-name stacks are being bound (an import cycle stops there)
-
-
-def bind_by_name(program: ast.Program, pending: list[tuple[ast.Call, set[str]]]) -> None:
+def bind_by_name(pending: list[tuple[ast.Call, set[str]]], declared: dict[str, ast.Decl]
+                 ) -> list[tuple[ast.Call, set[str]]]:
     """``Array["n_layers", "Block"]``: the element is ``Block`` with each of its parameters that the
     declaration holding the stack also has, bound by name (``Block(d_model=d_model, ...)``); a
-    parameter it lacks is the lowering's E012."""
-    if not pending or program.source.name in _BINDING:
-        return
-    declared = {d.name: d for d in program.declarations}
-    _BINDING.add(program.source.name)
-    try:
-        if any(call.func.id not in declared for call, _ in pending):
-            from modeldsl.diagnostics import DiagnosticSink
-            from modeldsl.resolve.imports import Resolver
-
-            try:
-                declared = {**Resolver(DiagnosticSink()).namespace(program), **declared}
-            except DiagnosticError:
-                pass  # the imports are reported when the program is resolved
-    finally:
-        _BINDING.discard(program.source.name)
+    parameter it lacks is the lowering's E012. A block ``declared`` lacks (an imported one) is left:
+    the stacks returned are bound by the resolver, in the file's namespace
+    (:meth:`modeldsl.resolve.imports.Resolver.namespace`)."""
+    left = []
     for call, names in pending:
         decl = declared.get(call.func.id)
+        if decl is None:
+            left.append((call, names))
         for param in (decl.params or []) if decl is not None else []:
             if param.name in names:
                 call.args.append(ast.Arg(call.span, ast.Name(call.span, param.name), param.name, "="))
+    return left
 
 
 class Translator(HuggingFaceSections, Primitives, BuilderCalls, Decorators):

@@ -338,6 +338,9 @@ class FromImport(Node):
 class Program(Node):
     source: Source = field(repr=False, compare=False)
     items: list[Union[Import, FromImport, Decl, ExprStmt]]
+    # the Python DSL's stacks of an imported block named by a string (``Array["n", "Blk"]``): the
+    # element's call and the names it may bind, for the resolver to bind once it knows the imports
+    by_name: list[tuple[Call, set[str]]] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def declarations(self) -> list[Decl]:
@@ -700,7 +703,7 @@ def dump(node: Any, indent: int = 0) -> str:
         return f"{pad}{node!r}\n"
     scalars, children = [], []
     for f in fields(node):
-        if f.name in ("span", "source"):
+        if f.name in ("span", "source", "by_name"):
             continue
         value = getattr(node, f.name)
         holds_nodes = not isinstance(value, list) or any(isinstance(v, (Node, tuple)) for v in value)

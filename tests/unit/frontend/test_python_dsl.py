@@ -13,8 +13,8 @@ from hf_checkpoints import cached_checkpoint
 import modeldsl
 from modeldsl import registry
 from modeldsl.diagnostics import DiagnosticError, DiagnosticSink
-from modeldsl.frontend import read_model
 from modeldsl.frontend.python import parse_python_source
+from modeldsl.frontend.read import read_model
 from modeldsl.frontend.text.parser import parse_source
 from modeldsl.ir import print_ir
 from modeldsl.lower import lower_program

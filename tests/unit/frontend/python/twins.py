@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, DiagnosticSink
-from modeldsl.frontend import read_model
 from modeldsl.frontend.python import parse_python_source
+from modeldsl.frontend.read import read_model
 from modeldsl.ir import print_ir
 from modeldsl.lower import lower_program
 
