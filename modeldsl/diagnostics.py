@@ -1,7 +1,7 @@
 """Coded diagnostics for bad input of any kind: DSL source, checkpoints, configs, flags.
 
 A :class:`Diagnostic` has a code (E001-E027 and W001-W005 of spec 000
-Appendix C/D, plus project codes E028-E045 and W006-W012), a message, a
+Appendix C/D, plus project codes E028-E045 and W006-W013), a message, a
 hint and a location. It renders the way compilers print errors::
 
     model.module:12:5: error[E002]: undefined identifier 'wieght'
@@ -79,6 +79,7 @@ CODES: dict[str, str] = {
     "W010": "Safety check overridden",
     "W011": "Suspicious checkpoint value",
     "W012": "Kernel not available; default kept",
+    "W013": "Annotation has no effect",
 }
 
 

@@ -40,6 +40,7 @@ from modeldsl.instances import (
 from modeldsl.kernel_choice import check_kernel_annotation
 from modeldsl.lower.backward import ForwardResult
 from modeldsl.lower.flows import unannotated
+from modeldsl.lower.inert import NOWHERE, inert_message, inert_reason
 from modeldsl.primitives import lookup_primitive
 from modeldsl.resolve.annotation_checks import (
     cheap_to_recompute,
@@ -53,14 +54,17 @@ from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate
 from modeldsl.resolve.user_annotations import recipe_fields, user_annotation
 from modeldsl.symbolic import Expr
 
+INERT_HINT = "remove it, or see docs/annotations.md for the annotations that take effect"
+
 
 class AnnotationsMixin:
     """Annotations: built-in and declared annotations, recipes, checkpoints and memory policies."""
 
     def annotations(self, nodes: Sequence[ast.Annotation], env: ConstEnv | None = None,
-                    namespace: dict[str, ast.Decl] | None = None) -> list[Attribute]:
+                    namespace: dict[str, ast.Decl] | None = None, target: str = "flow") -> list[Attribute]:
         """The built-in annotations of ``nodes`` as attributes, then the uses of annotations
-        the program declares (``annotation @name:``) as dictionaries (see :func:`split_user`)."""
+        the program declares (``annotation @name:``) as dictionaries (see :func:`split_user`).
+        Those that do not change the program on ``target`` (:mod:`modeldsl.lower.inert`) warn (W013)."""
         result, user = [], []
         namespace = namespace or self.decls
         for node in nodes:
@@ -79,6 +83,7 @@ class AnnotationsMixin:
                 attr = make_annotation(node.name, args, kwargs)
                 if isinstance(attr, RecipeAttr):
                     self.check_recipe(attr, node, namespace)
+                self.warn_inert(attr, node.span, target)
                 result.append(attr)
             except AnnotationError as err:
                 self.sink.error("E008", err.message, node.span, self.annotation_hint(node.name, err, namespace))
@@ -91,6 +96,23 @@ class AnnotationsMixin:
                 self.sink.error("E008", err.message, span, err.hint)
                 return user
         return result + user
+
+    def warn_inert(self, attr: AnnotationAttr, span: Span, target: str) -> None:
+        """W013 at an annotation that does not change the compiled program where it is written
+        (once per place: an instance lowered twice reports it once)."""
+        found = inert_reason(attr, target)
+        place = (span.source.name, span.line, span.column)
+        if found is None or place in self.inert_reported:
+            return
+        self.inert_reported.add(place)
+        self.sink.warning("W013", inert_message(*found), span, INERT_HINT)
+
+    def warn_inert_declaration(self, decl: ast.Decl, env: ConstEnv | None, namespace: dict[str, ast.Decl]) -> None:
+        """The annotation lines of an instantiated module or block: checked (E008), and W013 (they
+        are not applied; the top declaration's are, see :meth:`lower_recipes`)."""
+        nodes = [a for stmt in decl.body if isinstance(stmt, ast.AnnotationStmt) for a in stmt.annotations]
+        if nodes:
+            self.annotations(nodes, env, namespace, target="declaration")
 
     def annotation_hint(self, name: str, err: AnnotationError, namespace: dict[str, ast.Decl]) -> str:
         """For an unknown annotation: the closest built-in or declared one."""
@@ -124,10 +146,14 @@ class AnnotationsMixin:
                 self.sink.error("E001", "a recipe holds `key: value` entries", stmt.span,
                                 "e.g. forward_activation_dtype: fp8_e4m3")
             recipes[name] = DictionaryAttr(fields)
+            span = decl.span.word(decl.name)
+            if (span.source.name, span.line, span.column) not in self.inert_reported:
+                self.inert_reported.add((span.source.name, span.line, span.column))
+                self.sink.warning("W013", inert_message(f"recipe {decl.name}", NOWHERE["recipe"]), span, INERT_HINT)
         if recipes:
             self.model.attributes["recipes"] = DictionaryAttr(recipes)
         nodes = [a for stmt in top.body if isinstance(stmt, ast.AnnotationStmt) for a in stmt.annotations]
-        builtin, user = split_user(self.annotations(nodes, self.config_values, namespace))
+        builtin, user = split_user(self.annotations(nodes, self.config_values, namespace, target="model"))
         if builtin:
             self.model.attributes["annotations"] = ArrayAttr(builtin)
         if user:
@@ -152,7 +178,8 @@ class AnnotationsMixin:
                            instance: Instance) -> list[Attribute]:
         """Add the annotations ``nodes`` to each of ``ops`` (those that make the values a flow
         or a stage names); the built-in ones."""
-        annotations, user = split_user(self.annotations(nodes, instance.env, instance.namespace))
+        target = "flow" if self.backward is None else "backward"
+        annotations, user = split_user(self.annotations(nodes, instance.env, instance.namespace, target))
         kernel = next((n for n in nodes if n.name == "kernel"), None)
         for op in ops:
             _add_annotations(op, "annotations", annotations)

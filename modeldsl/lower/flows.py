@@ -87,7 +87,7 @@ class FlowsMixin:
         stages = flow.chain[1:-1]
         for index, stage in enumerate(stages):
             if index:
-                values = values[:_primary_outputs(last_ops, values)]
+                values = [self.read_back(v) for v in values[:_primary_outputs(last_ops, values)]]
             self.result_types_hint = self.gradient_targets(flow.chain[-1]) if index == len(stages) - 1 else None
             try:
                 values, made = self.apply(instance, unannotated(stage), values, scope)
@@ -96,10 +96,19 @@ class FlowsMixin:
             if made or not isinstance(unannotated(stage), ast.ListExpr):
                 last_ops = made
             if isinstance(stage, ast.Annotated) and stage.annotations:  # x -> blocks() @partition(0) -> y
-                self.attach_annotations(self.annotated_ops(values, stage.annotations), stage.annotations, instance)
+                attrs = self.attach_annotations(self.annotated_ops(values, stage.annotations), stage.annotations,
+                                                instance)
+                if self.dtype_of(attrs) is not None:
+                    values = self.cast_to_annotated(self.dtype_of(attrs), [(v.name_hint or "_", v) for v in values],
+                                                    stage.annotations[0].span)
         bound = self.bind(flow.chain[-1], values, scope, last_ops, flow)
         targets = self.annotated_ops([v for _, v in bound], flow.annotations) if flow.annotations else []
         annotations = self.attach_annotations(targets, flow.annotations, instance)
+        if self.dtype_of(annotations) is not None:  # the names now stand for the values cast to it
+            span = next(a.span for a in flow.annotations if a.name == "dtype")
+            for (name, _), cast in zip(bound, self.cast_to_annotated(self.dtype_of(annotations), bound, span)):
+                if name != "_":
+                    scope.rebind(name, cast)
         self.check_flow_annotations(instance, flow, annotations, self.performed_since(before))
         if self.backward is None:
             self.record_memory_policy(instance, bound, annotations)
@@ -168,7 +177,7 @@ class FlowsMixin:
                                 node.span, "pass it, or use it only under a guard that is false when it is left out")
                 raise LoweringFailed()
             if found is not None:
-                return found.value
+                return self.read_back(found.value)
             param = instance.params.get(node.id)
             if isinstance(param, ParamSlot):
                 return self.read_param(param)

@@ -154,8 +154,8 @@ class ForwardMixin:
         without a dtype defaults to bf16 as an activation (spec 3.3); integer and
         boolean results (indices, masks) keep their dtype."""
         actual = value.type
-        if untyped and declared is not SCALAR and not actual.dtype.is_float:
-            declared = declared.with_dtype(actual.dtype)
+        if untyped and declared is not SCALAR and (not actual.dtype.is_float or self.keeps_annotated_dtype(value)):
+            declared = declared.with_dtype(actual.dtype)  # an index, a mask, a value @dtype made
         if declared is SCALAR:
             if actual.rank != 0:
                 self.sink.error("E004", f"output '{name}' is declared scalar but the graph computes {actual}", span,

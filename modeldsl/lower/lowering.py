@@ -24,6 +24,7 @@ from modeldsl.lower.backward import BackwardLowering
 from modeldsl.lower.called_modules import CalledModulesMixin, ModuleFuncs
 from modeldsl.lower.calls import CallsMixin
 from modeldsl.lower.constants import ConstantsMixin
+from modeldsl.lower.dtypes import DtypesMixin
 from modeldsl.lower.emit import EmitMixin
 from modeldsl.lower.flows import FlowsMixin
 from modeldsl.lower.forward import ForwardMixin
@@ -39,7 +40,8 @@ LOWERABLE = ("module", "block", "model")  # declarations that lower to mdsl.grap
 
 
 class Lowering(HfSectionsMixin, ConstantsMixin, TensorTypesMixin, ParamsMixin, AnnotationsMixin, ForwardMixin,
-               FlowsMixin, CallsMixin, CalledModulesMixin, StacksMixin, IndexingMixin, EmitMixin, BackwardLowering):
+               FlowsMixin, CallsMixin, CalledModulesMixin, StacksMixin, IndexingMixin, EmitMixin, BackwardLowering,
+               DtypesMixin):
     """Lowers the declarations of one program, one top declaration per :meth:`lower`."""
 
     def __init__(self, program: ast.Program, sink: DiagnosticSink, resolved: ResolvedProgram | None = None):
@@ -66,6 +68,8 @@ class Lowering(HfSectionsMixin, ConstantsMixin, TensorTypesMixin, ParamsMixin, A
         self.tuple_outputs: dict[int, dict[str, int]] = {}  # by forward: section, `out: ([..], [..])` sizes
         self.graph_outputs: list[dict[str, int]] = []  # tuple outputs of the graphs being lowered, innermost last
         self.unlisted: set[tuple[Operation, int]] = set()  # results recompute only because save: leaves them out
+        self.inert_reported: set[tuple[str, int, int]] = set()  # where a W013 was reported (file, line, column)
+        self.retyped: dict[SSAValue, TensorType] = {}  # a value @dtype cast -> the type its consumers read
 
     def lower(self, top: ast.Decl, config: dict[str, Any] | None = None) -> ModuleOp:
         namespace = self.namespace_of(top)

@@ -75,7 +75,8 @@ class ParamsMixin:
             if bound:
                 instance.params[entry.name] = ParamSlot(path, ptype, bound.pop(0))
                 return
-            annotations, user = split_user(self.annotations(value.annotations, instance.env, instance.namespace))
+            annotations, user = split_user(self.annotations(value.annotations, instance.env, instance.namespace,
+                                                            target="param"))
             param = self.emit_param(path, ptype, stack, annotations)
             if user:
                 param.attributes["user_annotations"] = ArrayAttr(user)
@@ -109,6 +110,7 @@ class ParamsMixin:
     def declare_nested(self, child: Instance, stack: StackedInstance | None, bound: Sequence[SSAValue] = (),
                        named: dict[str, SSAValue] | None = None) -> None:
         self.active.append(child.decl.name)
+        self.warn_inert_declaration(child.decl, child.env, child.namespace)
         try:
             self.declare_params(child, stack, bound, named)
         finally:

@@ -1,0 +1,103 @@
+"""Annotations that do not change the compiled program in this version: W013 where they are written.
+
+Every annotation either changes the compiled program or warns at its location. This module is
+the one list of what does not (yet): :func:`inert_reason` says, for a checked annotation and
+the kind of thing it annotates, whether it takes effect, and if not what is missing. The
+lowering reports each such annotation once as ``W013 `@X` has no effect in this version: ...``.
+
+Targets: ``flow`` (the value a forward flow or one of its stages computes, a stack call),
+``backward`` (a flow of a written ``backward:`` graph), ``param`` (a parameter declaration),
+``model`` (an annotation line of the top declaration) and ``declaration`` (an annotation line of
+a module or block that is instantiated, not lowered as the top).
+"""
+
+from __future__ import annotations
+
+from modeldsl.dialects.annotations import AnnotationAttr
+from modeldsl.dialects.fusion_patterns import PASS_PATTERNS
+from modeldsl.resolve.annotation_checks import fusion_problem
+
+TARGETS = ("flow", "backward", "param", "model", "declaration")
+
+# Annotations another part of the compiler is making take effect: never reported here.
+OWNED_ELSEWHERE = frozenset({"gradient", "assert"})
+
+NO_OFFLOAD = "nothing is offloaded or streamed: every tensor and parameter stays in device memory"
+NO_DISTRIBUTION = "no pass distributes the program: it runs on one device"
+
+# Annotations that take effect nowhere yet, whatever they annotate.
+NOWHERE: dict[str, str] = {
+    "adapter": "no pass generates adapter weights or their hooks",
+    "precision": "no pass changes an op's compute, accumulation or output dtype (@dtype on the value casts it)",
+    "scaling": "there is no fp8/fp4 quantization with scale factors",
+    "recipe": "precision recipes are recorded on the model, but no pass applies them",
+    "shard": NO_DISTRIBUTION,
+    "comm": NO_DISTRIBUTION,
+    "partition": f"{NO_DISTRIBUTION} (@partition only feeds the E025 check of checkpoints)",
+    "profile": "the executors record no profile regions",
+    "trace": "the executors trace no ops",
+}
+
+# What each kind of target lacks, for the annotations it does not apply.
+OFF_TARGET = {
+    "param": "it applies to the values flows compute, not to parameter declarations",
+    "model": "annotations written on a declaration (not on a flow) are not applied",
+    "declaration": "annotations written on a declaration (not on a flow) are not applied",
+}
+# The annotations of parameter declarations (the others on a parameter are OFF_TARGET).
+ON_PARAMETERS = ("frozen", "trainable")
+
+
+def inert_reason(attr: AnnotationAttr, target: str) -> tuple[str, str] | None:
+    """``(label, what is missing)`` for an annotation that does not change the compiled program
+    where it is written (``label`` the annotation as the warning names it, ``@memory(offload)``),
+    None for one that takes effect (or that :data:`OWNED_ELSEWHERE` makes take effect)."""
+    name = attr.dsl_name
+    values, given = attr.values, attr.args.data
+    if name in OWNED_ELSEWHERE or name == "trainable" and set(given) <= {"grad_clip"} and given:
+        return None
+    if name in NOWHERE:
+        return f"@{name}", NOWHERE[name]
+    if target in ("model", "declaration"):
+        return f"@{name}", OFF_TARGET[target]
+    if target == "param":
+        if name == "memory":
+            return f"@memory({values['mode']})", NO_OFFLOAD if values["mode"] in ("pin", "offload", "stream") \
+                else "parameters are always kept; memory modes of activations apply to flows"
+        if name == "dtype":
+            return "@dtype", f"a parameter keeps its declared dtype (declare it in the shape: [..., {values['type']}])"
+        return None if name in ON_PARAMETERS else (f"@{name}", OFF_TARGET["param"])
+    if name in ON_PARAMETERS:
+        return f"@{name}", "it applies to parameter declarations"
+    if name == "memory":
+        if values["mode"] in ("pin", "offload", "stream"):
+            return f"@memory({values['mode']})", NO_OFFLOAD
+        if target == "backward":
+            return f"@memory({values['mode']})", "memory modes apply to forward tensors (what a backward saves)"
+        if "async" in given:
+            return f"@memory(async={'true' if values['async'] else 'false'})", \
+                "memory operations are not asynchronous"
+        return None
+    if name == "checkpoint" and target == "backward":
+        return "@checkpoint", "checkpoints apply to forward flows"
+    if name == "lifetime" and values["start"] is None and values["scope"] in ("operation", "sublayer"):
+        return f"@lifetime({values['scope']})", "the memory planner frees every tensor after its last use already"
+    if name == "kernel" and "autotune" in given:
+        return f"@kernel(autotune={'true' if values['autotune'] else 'false'})", "kernels are not autotuned"
+    if name == "fuse":
+        return _fusion_reason(values)
+    return None
+
+
+def _fusion_reason(values: dict) -> tuple[str, str] | None:
+    """``@fuse(pattern)`` or ``@fuse(ops=[...])`` that asks for nothing ``mdsl-fuse`` implements."""
+    pattern, ops = values["pattern"], values["ops"]
+    if pattern is not None and pattern not in PASS_PATTERNS:
+        return f"@fuse({pattern})", "no mdsl-fuse pattern implements it"
+    if ops is not None and not any(fusion_problem(p, None, list(ops)) is None for p in PASS_PATTERNS):
+        return f"@fuse(ops=[{', '.join(ops)}])", "no mdsl-fuse pattern merges these operations"
+    return None
+
+
+def inert_message(label: str, missing: str) -> str:
+    return f"`{label}` has no effect in this version: {missing}"
