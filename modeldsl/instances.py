@@ -30,6 +30,7 @@ class ParamSlot:
     type: TensorType
     value: SSAValue | None = None  # a block argument, or a bound caller tensor
     frozen: bool = False  # @frozen: no gradient
+    span: Span | None = None  # its name in the params: section (the location of its function arguments)
 
 
 @dataclass

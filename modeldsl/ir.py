@@ -85,8 +85,20 @@ def _replace_op(op, new_ops, *args, **kwargs):
     return _xdsl_replace_op(op, new_ops, *args, **kwargs)
 
 
+_xdsl_replace_value_with_new_type = Rewriter.replace_value_with_new_type
+
+
+def _replace_value_with_new_type(val, new_type):
+    """A block argument retyped (``mdsl-specialize`` binding its shape) keeps its location."""
+    new_value = _xdsl_replace_value_with_new_type(val, new_type)
+    if isinstance(val, BlockArgument) and isinstance(new_value, BlockArgument):
+        new_value.location = val.location
+    return new_value
+
+
 PatternRewriter.replace = _pattern_replace
 Rewriter.replace_op = staticmethod(_replace_op)
+Rewriter.replace_value_with_new_type = staticmethod(_replace_value_with_new_type)
 
 
 def load_dialects(ctx: Context) -> Context:
@@ -269,6 +281,14 @@ def located(op: Operation, span: SourceSpan | None) -> Operation:
     if span is not None and not isinstance(op.location, FileLineColLoc):
         op.location = FileLineColLoc(StringAttr(span.source.name), IntAttr(span.line), IntAttr(span.column))
     return op
+
+
+def located_argument(arg: BlockArgument, span: SourceSpan | None) -> BlockArgument:
+    """Give a function argument the DSL location of ``span`` (the input or parameter it stands
+    for), which ``--print-debuginfo`` prints after its type, unless it has one."""
+    if span is not None and not isinstance(arg.location, FileLineColLoc):
+        arg.location = FileLineColLoc(StringAttr(span.source.name), IntAttr(span.line), IntAttr(span.column))
+    return arg
 
 
 def locate_new_ops(block: Block | None, before: Operation | None, span: SourceSpan | None) -> None:

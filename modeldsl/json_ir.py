@@ -19,7 +19,7 @@ from typing import Any
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import FileLineColLoc, IntAttr, ModuleOp, StringAttr
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, BlockArgument, Operation, Region, SSAValue
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import ParseError
@@ -61,6 +61,18 @@ def _define(value: SSAValue, numbers: dict[SSAValue, int]) -> dict[str, Any]:
     return entry
 
 
+def _location_entry(location: FileLineColLoc) -> dict[str, Any]:
+    return {"file": location.filename.data, "line": location.line.data, "column": location.column.data}
+
+
+def _argument(arg: BlockArgument, numbers: dict[SSAValue, int]) -> dict[str, Any]:
+    """A block argument: a value, with the DSL location of the input or parameter it stands for."""
+    entry = _define(arg, numbers)
+    if isinstance(arg.location, FileLineColLoc):
+        entry["location"] = _location_entry(arg.location)
+    return entry
+
+
 def _op(op: Operation, numbers: dict[SSAValue, int]) -> dict[str, Any]:
     entry: dict[str, Any] = {"op": op.name, "operands": [numbers[v] for v in op.operands]}
     if op.successors:
@@ -71,10 +83,9 @@ def _op(op: Operation, numbers: dict[SSAValue, int]) -> dict[str, Any]:
     if op.attributes:
         entry["attributes"] = {k: _text(v) for k, v in op.attributes.items()}
     if isinstance(op.location, FileLineColLoc):
-        entry["location"] = {"file": op.location.filename.data, "line": op.location.line.data,
-                             "column": op.location.column.data}
+        entry["location"] = _location_entry(op.location)
     if op.regions:
-        entry["regions"] = [[{"arguments": [_define(a, numbers) for a in block.args],
+        entry["regions"] = [[{"arguments": [_argument(a, numbers) for a in block.args],
                               "ops": [_op(o, numbers) for o in block.ops]} for block in region.blocks]
                             for region in op.regions]
     return entry
@@ -154,6 +165,9 @@ class _Reader:
                                      for n, a in enumerate(arguments)])
             for n, (argument, given) in enumerate(zip(block.args, arguments)):
                 self.define(given, argument, f"{path}[{k}].arguments[{n}]")
+                location = _location(given.get("location"))
+                if location is not None:
+                    argument.location = location
             region.add_block(block)
             for n, op in enumerate(_list(entry.get("ops", []), f"{path}[{k}].ops")):
                 block.add_op(self.op(op, f"{path}[{k}].ops[{n}]"))

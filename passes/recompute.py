@@ -124,7 +124,7 @@ class RecomputePass(ModulePass):
         for model in [m for m in op.walk() if isinstance(m, ModelOp)]:
             planner = Planner(model, settings)
             walker = PatternRewriteWalker(GreedyRewritePatternApplier(
-                [RecomputeLayerTensors(planner), RecomputeTopLevelTensors(planner)]), apply_recursively=False)
+                [cls(planner) for classes in PATTERNS.values() for cls in classes]), apply_recursively=False)
             walker.rewrite_module(op)
             if settings.mode == "auto" and self.report is not None:
                 self.report(planner.table())
@@ -709,3 +709,10 @@ def top_level_region(model: ModelOp, func: FuncOp) -> Region:
     needed = [v for v in needed if v not in stacks]  # a stack's results belong to its loops
     available |= {r: None for r in stacks}
     return Region(forward, needed, available, [], modes, None)
+
+
+# The pass's rewrite patterns by name (``mdsl-opt --list-passes`` lists them).
+PATTERNS: dict[str, tuple[type[RewritePattern], ...]] = {
+    "layer_tensors": (RecomputeLayerTensors,),
+    "top_level_tensors": (RecomputeTopLevelTensors,),
+}

@@ -161,12 +161,14 @@ OPTION_NOTES: dict[str, tuple[tuple[str, str], ...]] = {
 
 @dataclass(frozen=True)
 class PassListing:
-    """A pass in ``--list-passes``: its one-line description, its (option, text) lines and, for a
+    """A pass in ``--list-passes``: its one-line description, its (option, text) lines, its rewrite
+    patterns (the ``PATTERNS`` table of its module: each name with its pattern classes) and, for a
     named pipeline, its stages (at its example options) as pipeline text."""
 
     description: str
     options: tuple[tuple[str, str], ...] = ()
     expansion: str = ""
+    patterns: tuple[tuple[str, str], ...] = ()  # (name, its rewrite pattern classes) of the pass's PATTERNS
 
 
 _FUSION_OPTIONS = (
@@ -208,12 +210,32 @@ LISTINGS: dict[str, PassListing] = {
         ("loop=bool", "default: true"),
     )),
     "mdsl-recompute": PassListing("what a training step saves for its backward, and what it recomputes",
-                                  OPTION_NOTES["mdsl-recompute"]),
+                                  OPTION_NOTES["mdsl-recompute"], patterns=(
+                                      ("layer_tensors", "RecomputeLayerTensors"),
+                                      ("top_level_tensors", "RecomputeTopLevelTensors"),
+                                  )),
     "mdsl-fuse": PassListing("fusion as rewrite patterns on mdsl.graph", (
         ("disable=tuple[str, ...]", "default: ()"),
         ("auto=bool", "default: true"),
         ("lm_head_chunk=int", "default: 0"),
         ("only=tuple[str, ...]", "default: ()"),
+    ), patterns=(
+        ("residual_norm", "ResidualNorm, ResidualNormBackward"),
+        ("scalar_alpha", "ScaleIntoAlpha, AlphaFromScale"),
+        ("transpose_flag", "TransposeIntoFlags"),
+        ("fold", "FoldIdentity, FoldTransposes, FoldViews, FoldScales"),
+        ("linear_bias_act", "LinearBiasAct"),
+        ("bias_activation", "BiasActivation"),
+        ("lm_head_loss", "LmHeadLossBackward, LmHeadLoss, LmHeadLossGrad"),
+        ("gated_mlp", "SplitGated, SplitGatedBackward"),
+        ("attention_layout", "AttentionLayout"),
+        ("dag_gelu", "DagGelu"),
+        ("dag_silu", "DagSilu"),
+        ("dag_softmax", "DagSoftmax"),
+        ("dag_rmsnorm", "DagRmsnorm"),
+        ("attention_softmax", "AttentionSoftmax"),
+        ("dag_attention", "DagAttention"),
+        ("qk_norm_rope", "QkNormRope, QkNormRopeBackward"),
     )),
     "mdsl-optimizer-step": PassListing("the AdamW update of a model's parameters as an mdsl.sched program", (
         ("beta1=float", "default: 0.9"),

@@ -75,6 +75,9 @@ from modeldsl.tools.opt_pipeline import (
 from modeldsl.tools.opt_verify_backward import VerifyBackwardMixin, flag_error, positive_float, verify_options
 from modeldsl.tools.version import modeldsl_version
 
+# What each input kind but IR is, for the --split-input-file error.
+SPLIT_KINDS = {"module": "Module DSL text (.module)", "py": "a Python DSL file (.py)", "json": "JSON IR (.json)"}
+
 
 class UserError(Exception):
     """Bad input or flags that have no better code: reported as E029, exit code 1."""
@@ -395,6 +398,11 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             sys.stdout.write(pass_list(self.available_passes))
             return
         source = self.read_input()
+        if self.args.split_input_file and source.kind != "mlir":
+            raise flag_error(f"--split-input-file cuts IR text at '// -----'; '{source.name}' is "
+                             f"{SPLIT_KINDS[source.kind]}, which is read whole",
+                             "drop --split-input-file, or put each case in a file of its own (a .mlir input "
+                             "splits; --verify-diagnostics checks the annotations of a whole .module file)")
         if source.kind in ("module", "py"):
             result = self.run_module_dsl(source)
         elif source.kind == "json":

@@ -252,6 +252,9 @@ def pass_list(available: dict[str, PassFactory]) -> str:
         lines.append(f"      {listing.description}")
         for option, text in listing.options:
             lines.append(f"      {option:<30} {text}".rstrip())
+        if listing.patterns:
+            lines.append("      patterns:")
+            lines += [f"        {pattern:<28} {classes}" for pattern, classes in listing.patterns]
         if listing.expansion:
             lines.append(f"      stages: {listing.expansion}")
     return "\n".join(lines) + "\n"
@@ -268,7 +271,15 @@ def listing_of_class(name: str, cls: type[ModulePass]) -> PassListing:
     named pipeline, the stages of its example (``B=2 T=16``)."""
     example = getattr(cls, "example", None)
     expansion = ",".join(str(stage) for stage in expanded(example())) if example is not None else ""
-    return PassListing(describe_pass(name, cls), tuple(_option_lines(name, cls)), expansion)
+    return PassListing(describe_pass(name, cls), tuple(_option_lines(name, cls)), expansion, pass_patterns(cls))
+
+
+def pass_patterns(cls: type[ModulePass]) -> tuple[tuple[str, str], ...]:
+    """The rewrite patterns of a pass: the ``PATTERNS`` table (name -> pattern classes) of its module."""
+    table = getattr(sys.modules.get(cls.__module__), "PATTERNS", None)
+    if not isinstance(table, dict):
+        return ()
+    return tuple((name, ", ".join(c.__name__ for c in classes)) for name, classes in table.items())
 
 
 def _option_lines(name: str, cls: type[ModulePass]) -> list[tuple[str, str]]:

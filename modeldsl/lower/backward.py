@@ -47,6 +47,7 @@ from modeldsl.dialects.graph_primitives import AddOp, check_same_shape
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
 from modeldsl.instances import LoweringFailed, ParamSlot, StackedInstance, param_slots, source_text, typed_entries
+from modeldsl.ir import located, located_argument
 from modeldsl.resolve.order import defined_names, used_names
 from modeldsl.resolve.scope import Scope
 
@@ -144,21 +145,25 @@ class BackwardLowering:
         tensors = forward.tensors()
         arg_types = [t for _, t, _ in grad_inputs] + [tensors[n] for n in saved_names]
         arg_types += [s.type for s in params or []]
-        func = FuncOp(name, arg_types, [], kind="backward")
+        func = located(FuncOp(name, arg_types, [], kind="backward"), section.span)
         if not nested:
             self.model.body.block.add_op(func)
         self.block, self.param_refs = func.body.block, {}
         scope = Scope(self.sink)
         args = list(func.body.block.args)
+        output_spans = {f"d_{n}": s for n, _, s in forward.outputs}
         for (grad, _, declared), arg in zip(grad_inputs, args):
             arg.name_hint = grad
+            located_argument(arg, output_spans.get(grad, section.span))
             self.define_input(scope, grad, arg, declared, section.span)
         saved_args = args[len(grad_inputs):len(grad_inputs) + len(saved_names)]
         for saved, arg in zip(saved_names, saved_args):
             arg.name_hint = f"saved_{saved}"
+            located_argument(arg, forward.scope.names[saved].span if saved in forward.scope.names else None)
         for slot, arg in zip(params or [], args[len(grad_inputs) + len(saved_names):]):
             slot.value = arg  # the caller restores the slots
             arg.name_hint = _relative(slot, instance)
+            located_argument(arg, slot.span)
         self.backward = BackwardState(dict(zip(saved_names, saved_args)), set(tensors),
                                       gradient_types={n: g.type for g in required for n in (g.name, *g.aliases)})
         self.cycle_code = "E019"

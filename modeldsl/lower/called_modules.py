@@ -26,6 +26,7 @@ from modeldsl.instances import (
     StackedInstance,
     param_slots,
 )
+from modeldsl.ir import located, located_argument
 from modeldsl.lower.backward import ForwardInput, ForwardResult
 from modeldsl.lower.forward import gradient_skipped
 from modeldsl.resolve.consts import ConstEnv
@@ -71,7 +72,7 @@ class CalledModulesMixin:
         """The ``@<path>_forward`` and ``@<path>_backward`` helpers of an instance."""
         name = self.helper_name(target.prefix.rstrip(".").replace(".", "_") or target.decl.name)
         types = [*input_types, *(s.type for s in slots)]
-        func = FuncOp(f"{name}_forward", types, [], kind="helper")
+        func = located(FuncOp(f"{name}_forward", types, [], kind="helper"), forward.span)
         outer_block, outer_refs, outer_values = self.block, self.param_refs, [s.value for s in slots]
         self.block, self.param_refs = func.body.block, {}
         args = list(func.body.block.args)
@@ -79,9 +80,11 @@ class CalledModulesMixin:
         for slot, arg, param in zip(slots, args[len(inner_inputs):], param_names):
             slot.value = arg
             arg.name_hint = param
+            located_argument(arg, slot.span)
         scope = Scope(self.sink)
         for (n, declared, s), arg in zip(inner_inputs, args):
             arg.name_hint = n
+            located_argument(arg, s)
             self.define_input(scope, n, arg, declared, s)
         self.active.append(target.decl.name)
         self.in_module_func += 1

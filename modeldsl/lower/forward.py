@@ -20,7 +20,7 @@ from modeldsl.instances import (
     typed_entries,
     unnamed_entries,
 )
-from modeldsl.ir import located
+from modeldsl.ir import located, located_argument
 from modeldsl.lower.annotations import record_input_memory
 from modeldsl.lower.backward import ForwardInput, ForwardResult
 from modeldsl.lower.tensor_types import SCALAR, has_dtype, scalar_name
@@ -51,6 +51,7 @@ class ForwardMixin:
         optional = self.optional_inputs.get(id(forward), set())
         for (name, _, span), arg in zip(inputs, func.body.block.args):
             arg.name_hint = name
+            located_argument(arg, span)
             scope.define(name, arg, span, "optional" if name in optional else "input")
         for name, span in self.failed_inputs.get(id(forward), []):
             scope.define(name, None, span, "poisoned")  # reported; its uses stay quiet

@@ -24,6 +24,7 @@ from modeldsl.instances import (
     ParamSlot,
     StackedInstance,
 )
+from modeldsl.ir import located
 from modeldsl.lower.annotations import split_user
 from modeldsl.resolve.consts import ConstEnv
 from modeldsl.resolve.imports import qualified_path
@@ -77,11 +78,11 @@ class ParamsMixin:
                 return
             annotations, user = split_user(self.annotations(value.annotations, instance.env, instance.namespace,
                                                             target="param"))
-            param = self.emit_param(path, ptype, stack, annotations)
+            param = located(self.emit_param(path, ptype, stack, annotations), entry.key.span)
             if user:
                 param.attributes["user_annotations"] = ArrayAttr(user)
             frozen = any(getattr(a, "DSL_NAME", None) == "frozen" for a in annotations)
-            instance.params[entry.name] = ParamSlot(path, ptype, frozen=frozen)
+            instance.params[entry.name] = ParamSlot(path, ptype, frozen=frozen, span=entry.key.span)
             return
         if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "tied_to":
             target = expr.args[0].value if expr.args else None

@@ -17,6 +17,7 @@ from modeldsl.instances import (
     StackedInstance,
     param_slots,
 )
+from modeldsl.ir import located, located_argument
 from modeldsl.lower.annotations import record_input_memory
 from modeldsl.resolve.consts import ConstEnv
 from modeldsl.resolve.scope import Scope
@@ -68,16 +69,18 @@ class StacksMixin:
         forward = self.forward_of(body.decl)
         inner_inputs, outputs = self.signature(forward, body.env)
         types = [t for _, t, _ in inner_inputs] + [s.type for s in slots]
-        func = FuncOp(name, types, [], kind="block")
+        func = located(FuncOp(name, types, [], kind="block"), forward.span)
         outer_block, outer_refs = self.block, self.param_refs
         self.block, self.param_refs = func.body.block, {}
         args = list(func.body.block.args)
         for slot, arg in zip(slots, args[len(inner_inputs):]):
             slot.value = arg
             arg.name_hint = slot.path.removeprefix(body.prefix).replace(".", "_")
+            located_argument(arg, slot.span)
         scope = Scope(self.sink)
         for (n, _, s), arg in zip(inner_inputs, args):
             arg.name_hint = n
+            located_argument(arg, s)
             scope.define(n, arg, s, "input")
         record_input_memory(func, body.decl, [n for n, _, _ in inner_inputs])
         try:

@@ -25,3 +25,12 @@ mdsl.graph.model @m {
 // FLAGHINT-NEXT: hint: did you mean '--print-ir-after-all'?
 // KIND: error[E029]: cannot tell the kind of '{{.*}}README.md' from its extension '.md'
 // KIND-NEXT: hint: name it .mlir, .module, .py (the Python DSL) or .json, or give the kind with -f mlir / -f module / -f py / -f json
+
+// --split-input-file splits IR only: on Module DSL, Python DSL or JSON IR input it is an error, not ignored.
+// RUN: not mdsl-opt %S/opt-debuginfo.module --split-input-file 2>&1 | filecheck %s --check-prefix=SPLITMODULE
+// RUN: not mdsl-opt -f py --split-input-file < %s 2>&1 | filecheck %s --check-prefix=SPLITPY
+// RUN: not mdsl-opt -f json --split-input-file < %s 2>&1 | filecheck %s --check-prefix=SPLITJSON
+// SPLITMODULE: error[E029]: --split-input-file cuts IR text at '// -----'; '{{.*}}opt-debuginfo.module' is Module DSL text (.module), which is read whole
+// SPLITMODULE-NEXT: hint: drop --split-input-file, or put each case in a file of its own
+// SPLITPY: error[E029]: --split-input-file cuts IR text at '// -----'; '<stdin>' is a Python DSL file (.py), which is read whole
+// SPLITJSON: error[E029]: --split-input-file cuts IR text at '// -----'; '<stdin>' is JSON IR (.json), which is read whole

@@ -25,6 +25,16 @@ mdsl.graph.model @m {
 // LIST-NEXT: strategy=str {{ +}} default: first-fit
 // LIST-NEXT: alignment=int {{ +}} default: 256
 // LIST-NEXT: inplace=bool {{ +}} default: true
+// LIST: {{^}}  mdsl-recompute
+// LIST: {{^}}      patterns:
+// LIST-NEXT: {{^}}        layer_tensors {{ +}} RecomputeLayerTensors
+// LIST-NEXT: {{^}}        top_level_tensors {{ +}} RecomputeTopLevelTensors
+// LIST: {{^}}  mdsl-fuse
+// LIST: {{^}}      patterns:
+// LIST-NEXT: {{^}}        residual_norm {{ +}} ResidualNorm, ResidualNormBackward
+// LIST-NEXT: {{^}}        scalar_alpha {{ +}} ScaleIntoAlpha, AlphaFromScale
+// LIST: {{^}}        qk_norm_rope {{ +}} QkNormRope, QkNormRopeBackward
+// LIST-NEXT: {{^}}  mdsl-optimizer-step
 
 // HELP: usage: mdsl-opt
 // HELP: --list-passes

@@ -41,6 +41,22 @@ def test_the_registry_listing_is_what_the_pass_class_says(name):
     assert LISTINGS.get(name) == derived, f"update LISTINGS[{name!r}] in passes/registry.py to {derived!r}"
 
 
+def test_list_passes_lists_each_passs_rewrite_patterns_under_it():
+    """mdsl-fuse's pattern names (those its only=/disable= take) with their classes and mdsl-recompute's
+    patterns, each under its pass; passes without a pattern table list none."""
+    from modeldsl.passes.fuse import PATTERNS as FUSE_PATTERNS
+    from modeldsl.passes.recompute import PATTERNS as RECOMPUTE_PATTERNS
+
+    assert [n for n, _ in LISTINGS["mdsl-fuse"].patterns] == list(FUSE_PATTERNS)
+    assert [n for n, _ in LISTINGS["mdsl-recompute"].patterns] == list(RECOMPUTE_PATTERNS)
+    listed = pass_list({name: PASSES[name] for name in ("mdsl-fuse", "mdsl-plan-memory", "mdsl-recompute")})
+    fuse, plan, recompute = listed.split("\n  mdsl-")[1:]
+    assert "      patterns:\n        residual_norm" in fuse and "ResidualNorm, ResidualNormBackward" in fuse
+    assert all(f"        {name} " in fuse for name in FUSE_PATTERNS)
+    assert "patterns:" not in plan
+    assert "        layer_tensors                RecomputeLayerTensors" in recompute
+
+
 def test_the_registry_lists_only_registered_passes():
     assert set(LISTINGS) == set(PASSES)
 
