@@ -4,6 +4,7 @@ stack, a primitive, or a type assertion ``[B, T, D]``.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import replace
 
 from xdsl.ir import Operation, SSAValue
@@ -21,7 +22,7 @@ from modeldsl.lower.constants import type_name
 from modeldsl.lower.flows import is_saved, names_failed_param
 from modeldsl.lower.params import qualified
 from modeldsl.lower.tensor_types import has_dtype
-from modeldsl.primitives import lookup_primitive
+from modeldsl.primitives import lookup_primitive, primitives
 from modeldsl.resolve.consts import ConstEnv
 from modeldsl.resolve.imports import std_module_declaring
 from modeldsl.resolve.scope import Scope
@@ -59,8 +60,18 @@ class CallsMixin:
         found = std_module_declaring(name) if isinstance(func, ast.Name) else None
         hint = f"import it: from {found} import {name}" if found else \
             "primitives are listed in spec section 6; modules must be declared or imported"
+        close = difflib.get_close_matches(name, self.callable_names(instance), n=1) if not found else []
+        if close:
+            hint = f"did you mean '{close[0]}'? {hint}"
         self.sink.error("E014", f"unknown primitive or module '{name}'", func.span, hint)
         raise LoweringFailed()
+
+    def callable_names(self, instance: Instance) -> list[str]:
+        """What a flow's stage may call here: the primitives, the module instances and stacks among
+        the parameters, and the modules and blocks the file declares or imports."""
+        params = [n for n, p in instance.params.items() if isinstance(p, (Instance, StackedInstance))]
+        decls = [n for n, d in instance.namespace.items() if d.kind in ("module", "block") and "." not in n]
+        return [*primitives(), *params, *decls]
 
     def inline_prefix(self, base: str) -> str:
         """``Linear.``, then ``Linear_2.``, ...: the parameters an inline call leaves unbound

@@ -5,6 +5,7 @@ a ``Module(...)`` entry is a nested instance, configured by its arguments.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ from modeldsl.instances import (
 from modeldsl.ir import located
 from modeldsl.lower.annotations import split_user
 from modeldsl.resolve.consts import ConstEnv
-from modeldsl.resolve.imports import qualified_path
+from modeldsl.resolve.imports import qualified_path, std_module_declaring
 from modeldsl.resolve.inherit import merged
 from modeldsl.symbolic import STAR, Expr
 
@@ -136,8 +137,12 @@ class ParamsMixin:
         expr = qualified(expr, namespace)
         if not isinstance(expr, ast.Name) or expr.id not in namespace or namespace[expr.id].kind == "primitive":
             name = expr.id if isinstance(expr, ast.Name) else "this expression"
-            self.sink.error("E002", f"undefined module '{name}'", expr.span,
-                            "declare the module in this file or import it")
+            found = std_module_declaring(name) if isinstance(expr, ast.Name) else None
+            modules = [n for n, d in namespace.items() if d.kind in ("module", "block") and "." not in n]
+            close = difflib.get_close_matches(name, modules, n=1) if isinstance(expr, ast.Name) else []
+            hint = f"import it: from {found} import {name}" if found else \
+                (f"did you mean '{close[0]}'? " if close else "") + "declare the module in this file or import it"
+            self.sink.error("E002", f"undefined module '{name}'", expr.span, hint)
             raise LoweringFailed()
         decl = self.concrete_decl(namespace[expr.id], expr.span)
         if decl.name in self.active:

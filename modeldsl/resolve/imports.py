@@ -21,7 +21,8 @@ Two imports of one name are E023, an alias that shadows a name already
 imported is E024, a local declaration that shadows an import is W002 and one
 that shadows a primitive is W001. Every ``primitive`` declaration of a
 resolved file is checked against the op registry
-(:mod:`modeldsl.resolve.primitive_decls`).
+(:mod:`modeldsl.resolve.primitive_decls`), and the section words of every declaration
+(:mod:`modeldsl.resolve.sections`: an unknown one is E001 with the closest known word).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from modeldsl.frontend.text import ast
 from modeldsl.frontend.text.parser import parse_source, read_source
 from modeldsl.primitives import lookup_primitive
 from modeldsl.resolve.primitive_decls import check_primitive_decls
+from modeldsl.resolve.sections import check_sections
 
 STD_ROOT = Path(__file__).resolve().parents[1] / "std"
 VERSION = re.compile(r"^v(\d+)$")
@@ -131,6 +133,7 @@ class Resolver:
 
             bind_by_name(program.by_name, decls)
             program.by_name = []
+        check_sections(program.declarations, self.sink)
         check_primitive_decls(program.declarations, self.sink)
         for decl in program.declarations:
             self.namespaces[id(decl)] = decls

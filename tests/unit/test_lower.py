@@ -303,7 +303,8 @@ def test_mutated_models_fail_only_with_located_coded_diagnostics():
 
 
 def test_a_weight_mapped_twice_is_e010():
-    text = module("      x -> out\n") + '  hf_mapping:\n    w: "a.weight"\n    w: "b.weight"\n'
+    model = module("      x -> out\n").replace("module M", "model M")  # hf_mapping: is a model's section
+    text = model + '  hf_mapping:\n    w: "a.weight"\n    w: "b.weight"\n'
     (err,) = errors(text)
     assert err[:2] == ("E010", 11) and "'w' is mapped twice" in err[3]
 

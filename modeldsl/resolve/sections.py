@@ -1,0 +1,128 @@
+"""The section words of Module DSL declarations: an unknown one is E001 with the closest known word.
+
+A section (``key: value`` with an optional indented body) means what its name says (spec
+Appendix A), so a misspelled name would otherwise be dropped without a word: ``recompte: [h]``
+under ``forward:`` would leave ``h`` saved. Where a section's key is a word of the language,
+not a name the program chooses (a parameter, a tensor, a mapping key), the resolver checks it:
+
+- a declaration's body: ``module`` / ``block`` / ``model`` / ``primitive`` / ``annotation`` each
+  take their own sections (``hf_config:`` is a model's, ``pattern:`` a block's, ``impl:`` a
+  primitive's); a section another kind takes is E001 saying whose it is;
+- ``forward:``: ``in:``, ``inputs:``, ``out:``, ``outputs:``, ``graph:``, ``save:``, ``recompute:``
+  (a primitive's: ``in:``, ``out:``, ``impl:``);
+- ``backward:``: the gradient declarations ``d_x: [...]``, ``in:``/``inputs:``/``out:``/``outputs:``
+  and ``graph:`` (a primitive's: ``in:`` and ``out:`` beside its ``d_x = ...`` formulas);
+- a primitive's ``impl:`` (``forward:``, ``backward:``), ``fusion:`` (``patterns:``) and a block's
+  ``pattern:`` (``sublayers:``);
+- ``let:``: a section with a body is ``constraint:`` (one with a value declares a symbol).
+
+A module's ``constants:`` section (spec 6.4.2's RoPE example) is a word of the spec that nothing
+lowers: E001 says so and how to pass the tensor instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+
+from modeldsl.diagnostics import DiagnosticSink
+from modeldsl.frontend.text import ast
+
+DECLARATION_SECTIONS: dict[str, tuple[str, ...]] = {
+    "module": ("let", "params", "forward", "backward"),
+    "block": ("let", "params", "forward", "backward", "pattern"),
+    "model": ("let", "params", "forward", "backward", "hf_config", "hf_mapping", "hf_export"),
+    "primitive": ("params", "forward", "backward", "save", "impl", "invariants", "constraints", "precision",
+                  "fusion", "memory"),
+    "annotation": ("params", "applies_to", "compiler_behavior", "runtime_behavior"),
+}
+FORWARD_SECTIONS = ("in", "inputs", "out", "outputs", "graph", "save", "recompute")
+BACKWARD_SECTIONS = ("in", "inputs", "out", "outputs", "graph")
+PRIMITIVE_FORWARD_SECTIONS = ("in", "out", "impl")
+PRIMITIVE_BACKWARD_SECTIONS = ("in", "out")
+NESTED_SECTIONS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("primitive", "impl"): ("forward", "backward"),
+    ("primitive", "fusion"): ("patterns",),
+    ("block", "pattern"): ("sublayers",),
+}
+UNLOWERED = {
+    "constants": "constants: sections are not lowered: declare the tensor as a forward input "
+                 "(inputs: freq_cis: [...]) and pass it in, or compute it in the graph",
+}
+
+
+def check_sections(declarations: Iterable[ast.Decl], sink: DiagnosticSink) -> None:
+    """E001 at each section of the declarations whose name is no word of its place."""
+    for decl in declarations:
+        known = DECLARATION_SECTIONS.get(decl.kind)
+        if known is None:
+            continue  # a recipe's keys are its fields (checked where recipes lower)
+        for section in _sections(decl.body):
+            name = section.name
+            if name is None:
+                continue
+            if name not in known:
+                _unknown(section, name, known, f"{decl.kind} {decl.name}", sink, decl.kind)
+                continue
+            _check_body(decl, section, sink)
+
+
+def _check_body(decl: ast.Decl, section: ast.Section, sink: DiagnosticSink) -> None:
+    name, kind = section.name, decl.kind
+    where = f"the {name}: section of {kind} {decl.name}"
+    if name == "forward" and kind != "annotation":
+        known = PRIMITIVE_FORWARD_SECTIONS if kind == "primitive" else FORWARD_SECTIONS
+        _check_words(section.body, known, where, sink)
+    elif name == "backward":
+        known = PRIMITIVE_BACKWARD_SECTIONS if kind == "primitive" else BACKWARD_SECTIONS
+        _check_words(section.body, known, where, sink, gradients=True)
+    elif (kind, name) in NESTED_SECTIONS:
+        _check_words(section.body, NESTED_SECTIONS[(kind, name)], where, sink)
+    elif name == "let":
+        for inner in _sections(section.body):
+            if inner.value is None and inner.name is not None and inner.name != "constraint":
+                _unknown(inner, inner.name, ("constraint",), where, sink,
+                         hint="a let: section holds `name = expression` bindings, `B: batch_dim` symbols and "
+                              "a constraint: section")
+
+
+def _check_words(body: Sequence[ast.Stmt], known: tuple[str, ...], where: str, sink: DiagnosticSink,
+                 gradients: bool = False) -> None:
+    for inner in _sections(body):
+        name = inner.name
+        if name is None or name in known or gradients and name.startswith("d_"):
+            continue
+        _unknown(inner, name, known, where, sink, gradients=gradients)
+
+
+def _unknown(section: ast.Section, name: str, known: Sequence[str], where: str, sink: DiagnosticSink,
+             kind: str | None = None, hint: str = "", gradients: bool = False) -> None:
+    span = section.key.span
+    if name in UNLOWERED:
+        sink.error("E001", f"{where} has a {name}: section, which this compiler does not lower", span,
+                   UNLOWERED[name])
+        return
+    owners = [k for k, words in DECLARATION_SECTIONS.items() if name in words and k != kind] if kind else []
+    if owners:
+        sink.error("E001", f"{where} has a {name}: section, which is a {' or '.join(owners)}'s", span,
+                   f"a {kind} takes {_listing(known)}")
+        return
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    words = _listing(known) + (" and gradient declarations d_x: [shape]" if gradients else "")
+    prefix = f"did you mean '{close[0]}:'? " if close else ""
+    sink.error("E001", f"unknown section '{name}:' in {where}", span, prefix + (hint or f"it takes {words}"))
+
+
+def _listing(known: Sequence[str]) -> str:
+    return ", ".join(f"{k}:" for k in known)
+
+
+def _sections(body: Sequence[ast.Stmt]) -> list[ast.Section]:
+    """The sections of a body, those under an ``if`` too."""
+    found: list[ast.Section] = []
+    for stmt in body:
+        if isinstance(stmt, ast.Section):
+            found.append(stmt)
+        elif isinstance(stmt, ast.If):
+            found += _sections(stmt.then) + _sections(stmt.orelse or [])
+    return found
