@@ -14,7 +14,8 @@ different may be bound equal later, so only provably different dimensions
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from xdsl.dialects.builtin import (
@@ -29,6 +30,7 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.irdl import (
+    AttrConstraint,
     AttrSizedOperandSegments,
     IRDLOperation,
     attr_def,
@@ -47,7 +49,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.dialects.annotations import check_annotations
 from modeldsl.dialects.dtypes import DType
-from modeldsl.dialects.graph_types import DimsAttr, TensorType
+from modeldsl.dialects.graph_types import DimsAttr, SymbolicAttr, TensorType
 from modeldsl.symbolic import STAR, Dim, Expr, definitely_different, numel
 
 UNIFORM_FORMAT = "operands attr-dict `:` functional-type(operands, results)"
@@ -62,12 +64,47 @@ INDEX_DTYPES = (DType.INT32, DType.INT64)
 # ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class OrSymbolic(AttrConstraint):
+    """A ``FloatAttr`` (``IntegerAttr``), or until ``mdsl-specialize`` binds its symbols a
+    ``#mdsl.graph.sym<... : f64>`` (``i64``): a parameter computed from module parameters and
+    sizes that have no value yet (``scale(1.0 / sqrt(d_head))``). ``attr`` is the plain kind."""
+
+    attr: type[Attribute]
+    kind: str  # the SymbolicAttr kind: f64 or i64
+
+    def verify(self, attr: Attribute, constraint_context) -> None:
+        if isinstance(attr, SymbolicAttr):
+            if attr.kind != self.kind:
+                raise VerifyException(f"{attr} should be a #mdsl.graph.sym of kind {self.kind}")
+        elif not isinstance(attr, self.attr):
+            raise VerifyException(f"{attr} should be of base attribute {self.attr.name} or #mdsl.graph.sym")
+
+    def get_bases(self) -> set[type[Attribute]] | None:
+        return {self.attr, SymbolicAttr}
+
+    def mapping_type_vars(self, type_var_mapping: Mapping) -> "OrSymbolic":
+        return self
+
+
+FLOAT_OR_SYMBOLIC = OrSymbolic(FloatAttr, "f64")
+INT_OR_SYMBOLIC = OrSymbolic(IntegerAttr, "i64")
+
+
 def enum_param(default: str):
     return attr_def(StringAttr, default_value=StringAttr(default))
 
 
-def float_param(default: float):
-    return attr_def(FloatAttr, default_value=FloatAttr(default, f64))
+def float_param(default: float | None = None):
+    """A float parameter (with its default); it may be symbolic until mdsl-specialize."""
+    if default is None:
+        return attr_def(FLOAT_OR_SYMBOLIC)
+    return attr_def(FLOAT_OR_SYMBOLIC, default_value=FloatAttr(default, f64))
+
+
+def count_param():
+    """A required integer parameter that counts (``num_experts``); it may be symbolic until mdsl-specialize."""
+    return attr_def(INT_OR_SYMBOLIC)
 
 
 def int_param(default: int):
@@ -204,6 +241,21 @@ def get_int(op: Operation, name: str) -> int:
     attr = op.attributes[name]
     assert isinstance(attr, IntegerAttr)
     return attr.value.data
+
+
+def count_value(op: Operation, name: str) -> int | Expr | None:
+    """An integer parameter that may be symbolic: its value, a dimension expression
+    (``num_experts``), or None for a symbolic one that is none (``min(a, b)``)."""
+    attr = op.attributes[name]
+    if isinstance(attr, SymbolicAttr):
+        value = attr.value()
+        return value if isinstance(value, Expr) else None
+    return get_int(op, name)
+
+
+def is_symbolic(op: Operation) -> bool:
+    """Whether a parameter of ``op`` is still a ``#mdsl.graph.sym`` (bound by mdsl-specialize)."""
+    return any(isinstance(a, SymbolicAttr) for a in op.attributes.values())
 
 
 # ----------------------------------------------------------------------------
@@ -933,7 +985,7 @@ class FlashAttentionOp(PrimitiveOp):
     out = result_def(TensorType)
     lse = result_def(TensorType)
     causal = bool_param(True)
-    softmax_scale = opt_attr_def(FloatAttr)
+    softmax_scale = opt_attr_def(FLOAT_OR_SYMBOLIC)
     window_size = opt_attr_def(IntegerAttr)
     layout = enum_param("bhtd")
     softcap = float_param(0.0)
@@ -989,7 +1041,7 @@ class FlashAttentionBackwardOp(PrimitiveOp):
     d_k = result_def(TensorType)
     d_v = result_def(TensorType)
     causal = bool_param(True)
-    softmax_scale = opt_attr_def(FloatAttr)
+    softmax_scale = opt_attr_def(FLOAT_OR_SYMBOLIC)
     window_size = opt_attr_def(IntegerAttr)
     layout = enum_param("bhtd")
     softcap = float_param(0.0)
@@ -1486,7 +1538,7 @@ class ScaleOp(UnaryElementwiseOp):
     """``x * factor``."""
 
     name = "mdsl.graph.scale"
-    factor = attr_def(FloatAttr)
+    factor = float_param()
 
 
 @irdl_op_definition
@@ -1532,7 +1584,7 @@ class AddScalarOp(UnaryElementwiseOp):
     """``x + value`` (the ``+ eps`` of a written-out norm, the ``1 +`` of a written-out GELU)."""
 
     name = "mdsl.graph.add_scalar"
-    value = attr_def(FloatAttr)
+    value = float_param()
 
 
 @irdl_op_definition
@@ -1733,7 +1785,7 @@ class MoeRouterOp(PrimitiveOp):
     weights = result_def(TensorType)
     indices = result_def(TensorType)
     aux_loss = result_def(TensorType)
-    top_k = attr_def(IntegerAttr)
+    top_k = count_param()
     normalize = bool_param(True)
     aux_loss_coef = float_param(0.01)
     use_sigmoid = bool_param(False)
@@ -1741,14 +1793,16 @@ class MoeRouterOp(PrimitiveOp):
     def verify_shapes(self) -> None:
         x, gate = tensor(self.x), tensor(self.gate)
         w, idx, aux = tensor(self.weights), tensor(self.indices), tensor(self.aux_loss)
-        k = self.top_k.value.data
+        k = count_value(self, "top_k")
         check_rank("x", x, 2)
         check_rank("gate", gate, 2)
         check_dim("hidden size of x and gate", x.shape[1], gate.shape[1])
-        if k <= 0:
+        if k is None:
+            return  # symbolic: checked again when mdsl-specialize binds it
+        if isinstance(k, int) and k <= 0:
             raise VerifyException(f"top_k must be positive, got {k}")
         experts = gate.shape[0].const_value()
-        if experts is not None and k > experts:
+        if experts is not None and isinstance(k, int) and k > experts:
             raise VerifyException(f"top_k ({k}) exceeds the number of experts ({experts})")
         expected = x.with_shape([x.shape[0], k])
         check_same_shape("weights", expected, w)
@@ -1791,15 +1845,17 @@ class MoeComputeOffsetsOp(PrimitiveOp):
 
     indices = operand_def(TensorType)
     offsets = result_def(TensorType)
-    num_experts = attr_def(IntegerAttr)
+    num_experts = count_param()
 
     def verify_shapes(self) -> None:
         idx, off = tensor(self.indices), tensor(self.offsets)
         check_rank("indices", idx, 2)
         check_dtype_in("indices", idx, INDEX_DTYPES)
         check_dtype_in("offsets", off, INDEX_DTYPES)
-        experts = get_int(self, "num_experts")
-        if experts < 1:
+        experts = count_value(self, "num_experts")
+        if experts is None:
+            return  # symbolic: checked again when mdsl-specialize binds it
+        if isinstance(experts, int) and experts < 1:
             raise VerifyException(f"num_experts must be at least 1, got {experts}")
         check_same_shape("offsets", off.with_shape([experts + 1]), off)
 
@@ -2075,7 +2131,7 @@ class OnesOp(ConstantFillOp):
 @irdl_op_definition
 class FillOp(ConstantFillOp):
     name = "mdsl.graph.fill"
-    value = attr_def(FloatAttr)
+    value = float_param()
 
 
 @irdl_op_definition

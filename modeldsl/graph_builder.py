@@ -19,7 +19,7 @@ from xdsl.dialects.builtin import FloatAttr, IntegerAttr, StringAttr
 from xdsl.ir import Block, Operation, SSAValue
 from xdsl.rewriter import InsertPoint
 
-from modeldsl.dialects.graph_types import DimsAttr
+from modeldsl.dialects.graph_types import DimsAttr, SymbolicAttr
 from modeldsl.infer import infer_result_types
 from modeldsl.primitives import lookup_primitive
 
@@ -74,7 +74,8 @@ class GraphBuilder:
 
 
 def op_attr(op: Operation, name: str, default: Any = None) -> Any:
-    """A graph op's attribute as a Python value (sizes stay symbolic ``Expr``); ``default`` when absent."""
+    """A graph op's attribute as a Python value (sizes stay symbolic ``Expr``, a ``#mdsl.graph.sym`` is its
+    expression); ``default`` when absent."""
     value = op.attributes.get(name)
     if value is None:
         return default
@@ -86,4 +87,6 @@ def op_attr(op: Operation, name: str, default: Any = None) -> Any:
         return bool(value.value.data) if value.type.width.data == 1 else value.value.data
     if isinstance(value, DimsAttr):
         return list(value.data)
+    if isinstance(value, SymbolicAttr):  # a size expression (num_experts) or a tree (1.0 / sqrt(d_head))
+        return value.value()
     return list(value.get_values())

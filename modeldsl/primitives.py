@@ -22,9 +22,17 @@ from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, Intege
 from xdsl.ir import Attribute, Operation
 from xdsl.irdl import OptOperandDef, OptResultDef, VarOperandDef, VarResultDef
 
-from modeldsl.dialects.graph_primitives import PRIMITIVE_OPS, PrimitiveOp, bool_attr, float_attr, int_attr
-from modeldsl.dialects.graph_types import DimsAttr
+from modeldsl.dialects.graph_primitives import (
+    PRIMITIVE_OPS,
+    OrSymbolic,
+    PrimitiveOp,
+    bool_attr,
+    float_attr,
+    int_attr,
+)
+from modeldsl.dialects.graph_types import DimsAttr, SymbolicAttr
 from modeldsl.symbolic import Expr, SymbolicError, star_axes
+from modeldsl.symbolic_scalar import ScalarExpr
 
 
 @dataclass(frozen=True)
@@ -40,13 +48,16 @@ class TensorSlot:
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """A compile-time parameter: kind is float, int, bool, enum, dims or ints."""
+    """A compile-time parameter: kind is float, int, bool, enum, dims or ints. A ``symbolic`` one
+    may be an expression of symbols without a value yet (a ``#mdsl.graph.sym``, bound by
+    ``mdsl-specialize``): ``scale(1.0 / sqrt(d_head))``, ``moe_compute_offsets(num_experts)``."""
 
     name: str
     kind: str
     default: Any = None
     required: bool = False
     choices: tuple[str, ...] = ()
+    symbolic: bool = False
 
     def python_value(self, value: Any) -> Any:
         """A list of integers written as sizes (``dims=[0, 1]``) becomes plain ints."""
@@ -65,6 +76,8 @@ class ParamSpec:
             if not isinstance(value, bool):
                 raise ValueError(f"expects true or false, got {value!r}")
             return bool_attr(value)
+        if self.kind in ("float", "int") and isinstance(value, (Expr, ScalarExpr)):
+            return self.symbolic_attribute(value)
         if self.kind == "float":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"expects a number, got {value!r}")
@@ -82,10 +95,29 @@ class ParamSpec:
             return DenseArrayBase.from_list(i64, list(value))
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"expects a list of sizes, got {value!r}")
+        if any(isinstance(v, ScalarExpr) for v in value):
+            raise ValueError(f"expects a list of sizes, got {', '.join(map(str, value))}")
         try:
             return DimsAttr.from_list([Expr.of(v) if not isinstance(v, Expr) else v for v in value])
         except SymbolicError as err:
             raise ValueError(str(err)) from None
+
+
+    def symbolic_attribute(self, value: Expr | ScalarExpr) -> Attribute:
+        """A value computed from symbols without a value yet (``1.0 / sqrt(d_head)``): the plain
+        attribute where it is known after all, a ``#mdsl.graph.sym`` where the op takes one."""
+        expr = ScalarExpr.of(value)
+        if not expr.symbols():
+            return self.to_attribute(expr.value)
+        if self.kind == "int" and not expr.is_int():
+            raise ValueError(f"expects an integer, got the float expression '{expr}'")
+        if self.kind == "int" and expr.as_dim() is None:
+            raise ValueError(f"expects an integer, got '{expr}', which is no size expression")
+        if not self.symbolic:
+            unbound = ", ".join(f"'{name}'" for name in sorted(expr.symbols()))
+            raise ValueError(f"expects {'an integer' if self.kind == 'int' else 'a number'} known when the "
+                             f"program is lowered, got '{expr}' ({unbound} has no value here)")
+        return SymbolicAttr(expr, "i64" if self.kind == "int" else "f64")
 
 
 # Outputs that hold statistics a forward saves for its backward (spec 6.2, 6.4):
@@ -227,6 +259,7 @@ def signature_of(op: type[PrimitiveOp]) -> PrimitiveSignature:
             _python_default(default),
             required=default is None and not optional,
             choices=op.ENUMS.get(name, ()),
+            symbolic=isinstance(attr_def.constr, OrSymbolic),
         ))
     return PrimitiveSignature(op.name.removeprefix("mdsl.graph."), op, inputs, outputs, tuple(params))
 

@@ -100,6 +100,7 @@ from modeldsl.kernel_choice import KernelChoice, kernel_choice
 from modeldsl.kernels import dropout_mask
 from modeldsl.kernels.registry import entry
 from modeldsl.passes import lower_gemm_epilogues as epilogues
+from modeldsl.passes.specialize import require_bound_attributes
 from modeldsl.primitives import PrimitiveSignature, primitives
 from modeldsl.symbolic import SymbolicError
 
@@ -146,6 +147,7 @@ def lower_function(model: ModelOp, func_name: str = "forward", storage: str | No
         raise _error(f"mdsl-lower-to-sched: storage={storage} is not fp32", "storage=fp32 or leave it out")
     if isinstance(kv_cache, bool) or not isinstance(kv_cache, int) or kv_cache < 0:
         raise _error(f"mdsl-lower-to-sched: kv_cache={kv_cache} is not a number of positions", "kv_cache=256")
+    require_bound_attributes(model, "mdsl-lower-to-sched")
     func = funcs[func_name]
     if grads_arena and "grads" not in func.attributes:
         raise _error(f"mdsl-lower-to-sched: grads_arena=true, but @{func_name} is no gradient function",

@@ -15,6 +15,15 @@ and the verifiers check them exactly. Symbols left unbound stay symbolic.
 Shapes in types, ``#mdsl.graph.dims`` and ``#mdsl.graph.expr`` attributes
 (split sizes, view shapes, stack counts) are all rewritten by one type
 conversion pattern.
+
+A primitive's parameter computed from symbols without a value
+(``#mdsl.graph.sym<1.0 / sqrt(d_head) : f64>``, the lowering's
+``scale(1.0 / sqrt(d_head))``) is evaluated once its symbols are bound, to the
+attribute the op expects (``FloatAttr``, ``IntegerAttr``), and the op is
+verified again with it (``moe_compute_offsets`` with ``num_experts=0`` is E029
+here); one with a symbol left unbound stays symbolic, and ``mdsl-lower-to-sched``
+refuses it (E029). Its value follows the ConstExpr rules: a division by zero or
+``sqrt`` of a negative number is E026.
 """
 
 from __future__ import annotations
@@ -29,11 +38,13 @@ from xdsl.ir import Attribute
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import PatternRewriteWalker, TypeConversionPattern
 from xdsl.utils.arg_spec import ArgSpec
+from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, PassOptionError
 from modeldsl.dialects.graph import ModelOp
-from modeldsl.dialects.graph_types import DimsAttr, ExprAttr, TensorType
-from modeldsl.symbolic import STAR, Expr
+from modeldsl.dialects.graph_types import DimsAttr, ExprAttr, SymbolicAttr, TensorType
+from modeldsl.ir import span_of_location
+from modeldsl.symbolic import STAR, Expr, SymbolicError
 
 
 class BindSymbols(TypeConversionPattern):
@@ -149,6 +160,53 @@ def specialize_model(model: ModelOp, bindings: dict[str, Any]) -> None:
             "config: " + (", ".join(config) or "none") + "; symbols: " + symbols_of_model,
         )])
     PatternRewriteWalker(BindSymbols({**integers, **symbols}), apply_recursively=False).rewrite_module(model)
+    bind_attributes(model, {**integers, **symbols})
+
+
+def bind_attributes(model: ModelOp, bindings: dict[str, int]) -> None:
+    """Evaluate every ``#mdsl.graph.sym`` parameter whose symbols are bound, and verify its op again."""
+    for op in model.walk():
+        changed = []
+        for name, attr in list(op.attributes.items()):
+            if not isinstance(attr, SymbolicAttr) or not attr.expr.symbols() & bindings.keys():
+                continue
+            given = _given(attr, bindings)
+            try:
+                op.attributes[name] = attr.bind(bindings)
+            except SymbolicError as err:
+                raise DiagnosticError([Diagnostic(
+                    "E026", f"mdsl-specialize: {_op_name(op)}'s {name} = {attr.expr} has no value with {given}: {err}",
+                    span_of_location(op.location), "bind sizes for which the parameter has a value")]) from None
+            changed.append(f"{name} = {attr.expr} ({given})")
+        if changed:
+            try:
+                op.verify_()
+            except VerifyException as err:
+                raise DiagnosticError([Diagnostic(
+                    "E029", f"mdsl-specialize: {_op_name(op)} with {', '.join(changed)} does not verify: {err}",
+                    span_of_location(op.location), "bind values the primitive takes")]) from None
+
+
+def require_bound_attributes(model: ModelOp, pass_name: str) -> None:
+    """E029 at the first op of ``model`` with a ``#mdsl.graph.sym`` parameter: ``pass_name`` needs its
+    value (kernels and executors only ever see concrete parameters)."""
+    for op in model.walk():
+        for name, attr in op.attributes.items():
+            if isinstance(attr, SymbolicAttr):
+                unbound = sorted(attr.expr.symbols())
+                raise DiagnosticError([Diagnostic(
+                    "E029", f"{pass_name}: {_op_name(op)}'s {name} is {attr.expr}, which needs "
+                    f"{', '.join(unbound)} bound", span_of_location(op.location),
+                    "bind " + ("it" if len(unbound) == 1 else "them") + " first: mdsl-specialize{"
+                    + " ".join(f"{n}=..." for n in unbound) + "}")])
+
+
+def _op_name(op) -> str:
+    return op.name.removeprefix("mdsl.graph.")
+
+
+def _given(attr: SymbolicAttr, bindings: dict[str, int]) -> str:
+    return " ".join(f"{name}={bindings[name]}" for name in sorted(attr.expr.symbols() & bindings.keys()))
 
 
 def _is_bool(attr: IntegerAttr) -> bool:
@@ -208,6 +266,8 @@ def _symbols_of(model: ModelOp) -> set[str]:
                     found.update(d.symbols())
         elif isinstance(attr, ExprAttr):
             found.update(attr.data.symbols())
+        elif isinstance(attr, SymbolicAttr):
+            found.update(attr.expr.symbols())
         for child in getattr(attr, "parameters", ()) or ():
             if isinstance(child, Attribute):
                 visit(child)

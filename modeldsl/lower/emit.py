@@ -27,7 +27,7 @@ from modeldsl.lower.constants import concretize
 from modeldsl.lower.tensor_types import dtype_typo
 from modeldsl.primitives import STAR_REDUCTIONS, PrimitiveSignature, star_reduction
 from modeldsl.prims import entry
-from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate
+from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate, symbolic
 from modeldsl.resolve.order import expression_names
 from modeldsl.resolve.scope import Scope
 from modeldsl.symbolic import STAR, Expr
@@ -155,23 +155,23 @@ class EmitMixin:
             promoted.append(value)
         return promoted
 
-    def require_configured(self, node: ast.Expr, env: ConstEnv) -> None:
-        """E026 naming the parameters without a value that a number computed now needs."""
+    def symbolic_param(self, node: ast.Expr, env: ConstEnv) -> Any:
+        """A parameter computed from integers without a value yet (a module parameter without a
+        default, a tensor size): its expression, which becomes a ``#mdsl.graph.sym`` attribute
+        that mdsl-specialize evaluates (``scale(1.0 / sqrt(d_head))``, ``scale(1.0 / (B * T))``)."""
         try:
-            evaluate(node, env)
-            return
-        except (NotConstant, ConstError):
-            pass
-        unset = sorted(n for n in expression_names(node) if isinstance(env.lookup(n)[1], Expr))
-        if unset:
-            names = ", ".join(f"'{n}'" for n in unset)
-            self.sink.error("E026", f"'{node.span.text}' needs the value of {names}, which has no default here",
-                            node.span, "give the parameter a default (d_head: int = 64) or a configured value")
-            raise LoweringFailed()
+            return symbolic(node, env, "parameter")
+        except NotConstant:
+            self.sink.error("E026", f"the parameter '{node.span.text}' is not known at compile time", node.span,
+                            "parameters are numbers computed from literals, parameters and sizes")
+        except ConstError as err:
+            self.sink.error(err.code, err.message, err.span, err.hint)
+        raise LoweringFailed()
 
     def param_value(self, node: ast.Expr, env: ConstEnv) -> Any:
-        """A primitive's parameter: an enum word, a list of sizes, or a ConstExpr."""
-        if isinstance(node, ast.Name) and not env.lookup(node.id)[0]:
+        """A primitive's parameter: an enum word, a list of sizes, or a ConstExpr (symbolic where it
+        reads integers that have no value yet)."""
+        if isinstance(node, ast.Name) and not env.lookup(node.id)[0] and node.id not in env.sizes:
             return node.id  # enum values (NT, silu) and dtypes
         if isinstance(node, ast.ListExpr):
             return [self.dim(item, env) if not isinstance(item, ast.Star) else STAR for item in node.items]
@@ -179,9 +179,15 @@ class EmitMixin:
             evaluate(node, env)
         except NotConstant:
             env = self.concretized(env, node)  # a float of integer config values: 1.0 / sqrt(d_head)
-            self.require_configured(node, env)
+            try:
+                evaluate(node, env)
+            except NotConstant:
+                return self.symbolic_param(node, env)  # ... of which some have no value here
+            except ConstError:
+                pass  # reported by const() below
         except ConstError:
-            pass  # reported by const() below
+            if expression_names(node) & env.sizes:  # reads a tensor size: 1.0 / (B * T)
+                return self.symbolic_param(node, self.concretized(env, node))
         value = self.const(node, env)
         if isinstance(value, Expr):
             self.baked |= value.symbols() & self.concrete.keys()

@@ -27,7 +27,7 @@ from xdsl.ir import Attribute, Operation, SSAValue
 
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph_primitives import PrimitiveOp
-from modeldsl.dialects.graph_types import DimsAttr, TensorType
+from modeldsl.dialects.graph_types import DimsAttr, SymbolicAttr, TensorType
 
 Shape = tuple[int, ...]
 # (operand types, parameters) -> result types
@@ -118,7 +118,8 @@ def half_last(t: TensorType) -> TensorType:
 
 
 def op_attr(op: Operation, name: str, default: Any = None) -> Any:
-    """A graph op's attribute as a Python value (sizes stay symbolic ``Expr``); ``default`` when absent."""
+    """A graph op's attribute as a Python value (sizes stay symbolic ``Expr``, a ``#mdsl.graph.sym`` is its
+    expression); ``default`` when absent."""
     value = op.attributes.get(name)
     if value is None:
         return default
@@ -130,4 +131,6 @@ def op_attr(op: Operation, name: str, default: Any = None) -> Any:
         return bool(value.value.data) if value.type.width.data == 1 else value.value.data
     if isinstance(value, DimsAttr):
         return list(value.data)
+    if isinstance(value, SymbolicAttr):  # a size expression (num_experts) or a tree (1.0 / sqrt(d_head))
+        return value.value()
     return list(value.get_values())

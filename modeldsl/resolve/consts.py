@@ -8,6 +8,11 @@ partial_rotary_factor)``). Integer parameters whose value is not fixed yet
 (a model's config, bound later from a HuggingFace config) are symbols, so
 ``d_model // num_heads`` evaluates to a symbolic dimension (:class:`modeldsl.symbolic.Expr`).
 
+:func:`symbolic` evaluates a primitive's parameter where some integer has no
+value yet (a module parameter without a default, a tensor size such as ``B``):
+it gives a :class:`modeldsl.symbolic_scalar.ScalarExpr` (``1.0 / sqrt(d_head)``)
+that ``mdsl-specialize`` evaluates once they are bound.
+
 Errors are coded diagnostics: E002 for an undefined name, E016 when an `if`
 guard depends on a tensor, E026 for a constraint that is not a boolean
 ConstExpr, E027 for a violated constraint (with the user's message).
@@ -26,6 +31,7 @@ from modeldsl.frontend.text import ast
 from modeldsl.frontend.text.ast import I64_MAX
 from modeldsl.primitives import lookup_primitive
 from modeldsl.symbolic import Expr, SymbolicError
+from modeldsl.symbolic_scalar import ScalarExpr
 
 Value = Any  # int | float | bool | str | None | Expr (symbolic integer)
 
@@ -177,6 +183,55 @@ def evaluate(node: ast.Expr, env: ConstEnv, context: str = "expression") -> Valu
         )
     raise ConstError("E026", f"{_describe(context)} is not a compile-time expression", node.span,
                      "only literals, parameters, let-bound names and sqrt/ceil_div/min/max/abs/int are allowed")
+
+
+def symbolic(node: ast.Expr, env: ConstEnv, context: str = "expression") -> Value:
+    """The value of a ConstExpr where integer parameters without a value and the sizes of the tensors
+    in ``env.sizes`` stay symbols: a number, a dimension ``Expr``, or a ``ScalarExpr`` where arithmetic
+    the ``Expr`` form has not (``/``, ``sqrt``, ...) meets a symbol. Whatever holds no symbol is
+    :func:`evaluate`'s, with its errors; ConstError (E026) for what has no symbolic value."""
+    if isinstance(node, ast.Name):
+        found, value = env.lookup(node.id)
+        if not found and node.id in env.sizes and not env.is_tensor(node.id):
+            return Expr.sym(node.id)
+        return evaluate(node, env, context)
+    if isinstance(node, ast.Unary) and node.op == "-":
+        value = symbolic(node.operand, env, context)
+        return -value if isinstance(value, (Expr, ScalarExpr)) else evaluate(node, env, context)
+    if isinstance(node, ast.Binary) and node.op in _ARITH:
+        lhs, rhs = symbolic(node.lhs, env, context), symbolic(node.rhs, env, context)
+        if not any(isinstance(v, (Expr, ScalarExpr)) for v in (lhs, rhs)):
+            return evaluate(node, env, context)
+        if _intlike(lhs) and _intlike(rhs) and node.op not in ("/", "**"):
+            return _symbolic(node, lhs, rhs)
+        return _scalar(node, node.op, node.op, lhs, rhs)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in INTRINSICS \
+            and not any(a.name is not None for a in node.args):
+        args = [symbolic(a.value, env, context) for a in node.args]
+        if not any(isinstance(v, (Expr, ScalarExpr)) for v in args):
+            return evaluate(node, env, context)
+        if node.func.id == "int" and len(args) == 1 and isinstance(args[0], Expr):
+            return args[0]
+        if node.func.id == "ceil_div" and len(args) == 2 and all(_intlike(a) for a in args):
+            return _ceil_div(*args)
+        return _scalar(node, node.func.id, f"{node.func.id}()", *args)
+    if isinstance(node, ast.Conditional):
+        taken = _truth(evaluate(node.condition, env, "if"), node.condition)
+        return symbolic(node.then if taken else node.orelse, env, context)
+    return evaluate(node, env, context)
+
+
+def _scalar(node: ast.Expr, op: str, what: str, *args: Value) -> ScalarExpr:
+    """A ScalarExpr of ``op`` (an operator or intrinsic) on numbers and symbolic values."""
+    for value in args:
+        if isinstance(value, bool) or not isinstance(value, (int, float, Expr, ScalarExpr)):
+            raise ConstError("E026", f"'{what}' needs numbers, not {_describe_value(value)}", node.span)
+    try:
+        if op in _ARITH:
+            return ScalarExpr.binary(op, *args)
+        return ScalarExpr.call(op, *args)
+    except SymbolicError as err:
+        raise ConstError("E026", f"'{node.span.text}': {err}", node.span) from None
 
 
 def _describe_value(value: Value) -> str:

@@ -34,11 +34,11 @@ from xdsl.ir import Attribute, Operation, SSAValue
 
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamRefOp, ReturnOp, StackOp
-from modeldsl.dialects.graph_types import DimsAttr, TensorType
+from modeldsl.dialects.graph_types import DimsAttr, SymbolicAttr, TensorType
 from modeldsl.primitives import STAR_REDUCTIONS, PrimitiveSignature, primitives, star_reduction
 from modeldsl.prims import registry
 from modeldsl.runtime.threads import blas_threads
-from modeldsl.symbolic import STAR, Expr
+from modeldsl.symbolic import STAR, Expr, SymbolicError
 
 NUMPY_DTYPES: dict[DType, np.dtype] = {
     DType.BF16: np.dtype(ml_dtypes.bfloat16),
@@ -289,4 +289,13 @@ def attribute_value(attr: Attribute, kind: str = "", symbols: dict[str, int] | N
         return list(attr.get_values())
     if isinstance(attr, DimsAttr):
         return [d.evaluate(symbols or {}) for d in attr.data]
+    if isinstance(attr, SymbolicAttr):  # 1.0 / (B * T): its sizes are bound by the arguments' shapes
+        try:
+            bound = attr.bind(symbols or {})
+        except SymbolicError as err:
+            raise ExecutionError(f"the parameter {attr.expr} has no value: {err}") from None
+        if isinstance(bound, SymbolicAttr):
+            raise ExecutionError(f"the parameter {attr.expr} needs {', '.join(sorted(bound.expr.symbols()))} "
+                                 "bound: run mdsl-specialize first")
+        return attribute_value(bound, kind)
     raise ExecutionError(f"cannot read the attribute {attr}")

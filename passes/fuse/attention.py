@@ -54,7 +54,14 @@ from xdsl.ir import Operation, SSAValue
 from xdsl.pattern_rewriter import PatternRewriter, op_type_rewrite_pattern
 from xdsl.rewriter import InsertPoint
 
-from modeldsl.dialects.graph_primitives import BatchedMatmulOp, CausalMaskOp, MatmulOp, ScaleOp, SoftmaxOp
+from modeldsl.dialects.graph_primitives import (
+    BatchedMatmulOp,
+    CausalMaskOp,
+    MatmulOp,
+    ScaleOp,
+    SoftmaxOp,
+    is_symbolic,
+)
 from modeldsl.graph_builder import GraphBuilder, op_attr
 from modeldsl.passes.fuse.common import FusionPattern, carry_checkpoint, keeps_no_mode, only_use
 from modeldsl.passes.fuse.gemm import swaps_last_two
@@ -122,6 +129,8 @@ def written_attention(root: BatchedMatmulOp) -> WrittenAttention | None:
     if found is None:
         return None
     gemm_ops, q, k = found
+    if any(is_symbolic(o) for o in [*gemm_ops, *ops]):
+        return None  # a #mdsl.graph.sym scale waits for mdsl-specialize
     scale = op_attr(gemm_ops[-1], "alpha", 1.0)
     scale *= next((op_attr(o, "factor") for o in ops if isinstance(o, ScaleOp)), 1.0)
     mask = next((o for o in ops if isinstance(o, CausalMaskOp)), None)

@@ -4,8 +4,9 @@ Every pattern is a :class:`FusionPattern` with the ``name`` a ``disable=`` optio
 ``@fuse(name)`` annotation use. Before it merges ops it asks :meth:`FusionPattern.may_fuse`:
 
 * no op is a barrier: ``@nofuse`` (spec 7.5.2), a ``@hook`` or a ``@probe`` (the executors
-  observe its result: fusing it away would lose the observation), or a replay that
-  ``mdsl-recompute`` marked (its segment is kept as it is);
+  observe its result: fusing it away would lose the observation), a replay that
+  ``mdsl-recompute`` marked (its segment is kept as it is), or an op with a parameter that
+  ``mdsl-specialize`` has not bound yet (a ``#mdsl.graph.sym``: its value is not known);
 * except an ``observe`` hook (spec 5.11.3: observe hooks can be fused with surrounding ops, the
   probe inserted post-fusion) on an op whose results the fused op yields unchanged, where the
   pattern says so (``carries_hooks``, the ops named by ``may_fuse(..., carrying=...)``): the
@@ -41,6 +42,7 @@ from modeldsl.dialects.annotations import (
     ProbeAttr,
     annotations_of,
 )
+from modeldsl.dialects.graph_primitives import is_symbolic
 from modeldsl.resolve.annotation_checks import fusion_problem
 
 BARRIERS = (NofuseAttr, HookAttr, ProbeAttr)
@@ -49,7 +51,7 @@ BARRIERS = (NofuseAttr, HookAttr, ProbeAttr)
 def is_barrier(op: Operation, carried: bool = False) -> bool:
     """Whether no pattern may merge ``op`` with another; ``carried``: the fused op yields ``op``'s
     results unchanged and carries its observe hooks (those are then no barrier)."""
-    if "recompute" in op.attributes:
+    if "recompute" in op.attributes or is_symbolic(op):  # a #mdsl.graph.sym parameter waits for mdsl-specialize
         return True
     return any(isinstance(a, BARRIERS) and not (carried and is_observe_hook(a)) for a in annotations_of(op))
 

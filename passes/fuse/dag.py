@@ -80,7 +80,8 @@ def producer(value: SSAValue, kind: type[Operation]) -> Operation | None:
 
 
 def close(value: float | None, wanted: float) -> bool:
-    return value is not None and math.isclose(value, wanted, rel_tol=RTOL)
+    """Whether ``value`` is a number (not None, nor a symbolic parameter) close to ``wanted``."""
+    return isinstance(value, (int, float)) and math.isclose(value, wanted, rel_tol=RTOL)
 
 
 def scaled_by(value: SSAValue, factor: float) -> ScaleOp | None:
