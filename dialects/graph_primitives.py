@@ -14,6 +14,7 @@ different may be bound equal later, so only provably different dimensions
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -1542,6 +1543,23 @@ class ScaleOp(UnaryElementwiseOp):
 
 
 @irdl_op_definition
+class ClipNormOp(UnaryElementwiseOp):
+    """``x * min(1, max_norm / (||x||_2 + 1e-6))``: ``x`` rescaled so its L2 norm (over the whole
+    tensor) is at most ``max_norm``, torch's ``clip_grad_norm_`` of one tensor. ``mdsl-autodiff``
+    puts it on a gradient annotated ``@gradient(clip=C)`` (spec 7.8.3); ``mdsl-lower-to-sched``
+    lowers it to the optimizer's ``global_norm`` and ``clip_factor`` kernels and a ``mul``."""
+
+    name = "mdsl.graph.clip_norm"
+    max_norm = attr_def(FloatAttr)
+
+    def verify_shapes(self) -> None:
+        super().verify_shapes()
+        value = self.max_norm.value.data
+        if not math.isfinite(value) or value <= 0:
+            raise VerifyException(f"max_norm must be a finite number above 0, got {value}")
+
+
+@irdl_op_definition
 class DropoutOp(PrimitiveOp):
     """``x * mask / (1 - p)`` in a training step, ``x`` otherwise: element ``e`` is dropped with
     probability ``p`` by a counter-based hash of (``seed``, ``offset``, the enclosing layers, the
@@ -2346,7 +2364,7 @@ PRIMITIVE_OPS: tuple[type[Operation], ...] = (
     FlashAttentionOp, FlashAttentionBackwardOp, RopeOp, RopeBackwardOp, QkNormOp, QkNormBackwardOp,
     FusedQkNormRopeOp, FusedQkNormRopeBackwardOp,
     SplitOp, ConcatOp, ViewOp, TransposeOp, PermuteOp, ContiguousOp,
-    AddOp, AddBackwardOp, MulOp, MulBackwardOp, BiasAddOp, ScaleOp, Add3Op,
+    AddOp, AddBackwardOp, MulOp, MulBackwardOp, BiasAddOp, ScaleOp, ClipNormOp, Add3Op,
     SubOp, DivOp, AddScalarOp, DropoutOp, ExpOp, LogOp, TanhOp, SigmoidOp, RsqrtOp,
     ReduceSumOp, ReduceMeanOp, ReduceMaxOp, ReduceMaxBackwardOp,
     EmbeddingOp, EmbeddingBackwardOp,

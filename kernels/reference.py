@@ -1354,6 +1354,15 @@ def clip_factor(norm, *, max_norm):
     return np.minimum(np.asarray(1.0, norm.dtype), np.asarray(max_norm, norm.dtype) / (norm + norm.dtype.type(1e-6)))
 
 
+def clip_norm(x, *, max_norm):
+    """``x`` rescaled so its L2 norm is at most ``max_norm``: what ``mdsl-lower-to-sched`` makes of it,
+    :func:`global_norm`, :func:`clip_factor` (torch's ``clip_grad_norm_`` rule), the factor cast to
+    ``x``'s dtype, and :func:`mul`."""
+    x = np.asarray(x)
+    factor = clip_factor(global_norm(x), max_norm=max_norm)
+    return mul(x, cast(factor, dtype=x.dtype))
+
+
 REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
     fn.__name__: fn
     for fn in (
@@ -1367,7 +1376,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         flash_attention, flash_attention_backward, kv_cache_attention, rope, rope_backward, qk_norm, qk_norm_backward,
         fused_qk_norm_rope, fused_qk_norm_rope_backward,
         split, concat, view, transpose, permute, contiguous,
-        add, add_backward, mul, mul_backward, bias_add, scale, add3,
+        add, add_backward, mul, mul_backward, bias_add, scale, clip_norm, add3,
         add_scalar, causal_mask, dropout, sub, div, exp, log, tanh, sigmoid, rsqrt,
         reduce_sum, reduce_mean, reduce_max, reduce_max_backward,
         embedding, embedding_backward,

@@ -55,7 +55,7 @@ from xdsl.ir import Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError
-from modeldsl.dialects.annotations import annotations_of
+from modeldsl.dialects.annotations import GradientAttr, annotations_of, find_annotation
 from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.graph_builder import GraphBuilder, GraphBuildError
@@ -141,6 +141,9 @@ class GradientBuilder:
         self.forward_ops: list[Operation | WrittenBackward | LoopedStack] = []
         self.grads: dict[SSAValue, SSAValue] = {}
         self.nondifferentiable: set[SSAValue] = set()  # arguments that get no gradient (frozen slices)
+        self.gradient_of: dict[SSAValue, GradientAttr] = {}  # a value's @gradient (spec 7.8.3)
+        self.per_layer: set[str] = set()  # parameters whose @gradient applies to each layer's slice
+        self.skipped = False  # a gradient was dropped (@gradient(skip)): its ops are dead code
 
     # ------------------------------------------------------------------ forward
     def build(self, func: FuncOp) -> FuncOp:
@@ -151,9 +154,11 @@ class GradientBuilder:
         self.model.body.block.add_op(grad_func)
         return grad_func
 
-    def derive(self, func: FuncOp, fixed_args: list[int] = ()) -> tuple[FuncOp, int, list[SSAValue]]:
+    def derive(self, func: FuncOp, fixed_args: list[int] = (),
+               arg_gradients: dict[int, GradientAttr] | None = None) -> tuple[FuncOp, int, list[SSAValue]]:
         """``@<func>_grad`` (not yet added to the model; the arguments numbered in ``fixed_args`` get
-        no gradient), where its backward starts, and its inputs."""
+        no gradient, those in ``arg_gradients`` have that ``@gradient``), where its backward starts,
+        and its inputs."""
         inputs = list(func.function_type.inputs.data)
         outputs = list(func.function_type.outputs.data)
         seeds = [t for t in outputs if isinstance(t, TensorType) and t.dtype.is_float]
@@ -164,6 +169,10 @@ class GradientBuilder:
         for arg, old in zip(args, func.body.block.args):
             arg.name_hint = old.name_hint
         self.nondifferentiable |= {args[i] for i in fixed_args}
+        for i, attr in input_gradients(func).items():
+            self.gradient_of[args[i]] = attr
+        for i, attr in (arg_gradients or {}).items():
+            self.gradient_of[args[i]] = attr
         results = self.inline(func.body.block, dict(zip(func.body.block.args, args)))
         seed_args = iter(args[len(inputs):])
         for value in results:
@@ -173,10 +182,13 @@ class GradientBuilder:
                 self.accumulate(value, seed)
         backward_start = len(self.block.ops)
         self.backward()
+        self.finish(args[:len(inputs)])
         params = self.parameter_gradients()
         differentiated = [a for a in args[:len(inputs)] if is_float(a) and a in self.grads]
         returned = [*results, *(g for _, g in params), *(self.grads[a] for a in differentiated)]
         self.block.add_op(ReturnOp(*returned))
+        if self.skipped:
+            erase_dead_ops(list(self.block.ops)[backward_start:])
         grad_func.function_type = type(grad_func.function_type).from_lists(
             [a.type for a in args], [v.type for v in returned])
         grad_func.attributes["grads"] = ArrayAttr([StringAttr(name) for name, _ in params])
@@ -213,7 +225,16 @@ class GradientBuilder:
                 for old, new in zip(op.results, clone.results):
                     new.name_hint = old.name_hint
                     values[old] = new
+            self.note_gradients(op, [values[r] for r in op.results])
         raise AutodiffError("a function without return")
+
+    def note_gradients(self, op: Operation, values: list[SSAValue]) -> None:
+        """Record the ``@gradient`` of each of ``values`` (the results of ``op`` in this function):
+        the one its result carries (``-> (w, i, aux_loss @gradient(skip))``), else the op's."""
+        for index, value in enumerate(values):
+            attr = result_gradient(op, index)
+            if attr is not None and is_float(value):
+                self.gradient_of[value] = attr
 
     def written_backward(self, callee: FuncOp, operands: list[SSAValue], results: list[SSAValue]) -> list[SSAValue]:
         """Record the call for the reverse sweep; its results, each output a value of its own."""
@@ -242,6 +263,12 @@ class GradientBuilder:
                                 "(mdsl-specialize binds it)")
         layers = count.const_value()
         slices = [self.layer_slices(values[v], layers) for v in op.per_layer]
+        for v, layer_slices in zip(op.per_layer, slices):
+            attr = self.gradient_of.get(values[v]) or self.param_gradient(values[v])
+            if attr is not None:  # a stacked parameter's @gradient: each layer's slice
+                self.gradient_of.update((s, attr) for s in layer_slices)
+                if isinstance(values[v].owner, ParamRefOp):
+                    self.per_layer.add(values[v].owner.param.root_reference.data)
         carried = [values[v] for v in op.carried]
         shared = [values[v] for v in op.shared]
         for layer in range(layers):
@@ -259,11 +286,15 @@ class GradientBuilder:
         fixed = [i for i, v in enumerate(per_layer)
                  if not is_float(v) or v in self.nondifferentiable or
                  (isinstance(v.owner, ParamRefOp) and v.owner.param.root_reference.data in frozen)]
+        slice_gradients = {i: self.gradient_of[v] for i, v in enumerate(per_layer) if v in self.gradient_of}
+        slice_gradients |= {i: attr for i, v in enumerate(per_layer) if (attr := self.param_gradient(v)) is not None}
         try:
             split = BlockGradient(self, self.funcs[op.body.root_reference.data], len(op.carried),
-                                  len(op.shared), fixed).split()
+                                  len(op.shared), fixed, slice_gradients).split()
         except NotLoopable:
             return None
+        self.per_layer |= {v.owner.param.root_reference.data for i, v in enumerate(per_layer)
+                           if i in slice_gradients and isinstance(v.owner, ParamRefOp)}
         forward_func, backward_func, differentiable = split
         forward = StackOp(forward_func.sym_name.data, op.count, [values[v] for v in op.carried], per_layer,
                           [values[v] for v in op.shared],
@@ -291,8 +322,41 @@ class GradientBuilder:
 
     # ------------------------------------------------------------------ backward
     def accumulate(self, value: SSAValue, grad: SSAValue) -> None:
+        attr = self.gradient_of.get(value) or self.param_gradient(value)
+        if attr is not None and attr["mode"] == "skip":
+            self.skipped = True  # @gradient(skip): the value is a constant of the backward
+            return
+        if attr is not None and attr["mode"] == "accumulate":
+            grad = self.transformed(grad, attr)  # each contribution scaled and clipped before the sum
         previous = self.grads.get(value)
         self.grads[value] = grad if previous is None else self.builder.one("add", previous, grad)
+
+    def transformed(self, grad: SSAValue, attr: GradientAttr) -> SSAValue:
+        """A gradient through ``@gradient(scale=S, clip=C)``: scaled by S, then its L2 norm clipped at C."""
+        if attr["scale"] != 1.0:
+            grad = self.builder.one("scale", grad, factor=float(attr["scale"]))
+        if attr["clip"] is not None:
+            grad = self.builder.one("clip_norm", grad, max_norm=float(attr["clip"]))
+        return grad
+
+    def finish(self, values) -> None:
+        """The gradients of ``values`` are complete (every use of them is differentiated): apply
+        their ``@gradient(scale, clip)`` (mode compute: to the total gradient)."""
+        for value in values:
+            attr = self.gradient_of.get(value)
+            if attr is not None and attr["mode"] not in ("skip", "accumulate") and value in self.grads:
+                self.grads[value] = self.transformed(self.grads[value], attr)
+
+    def param_gradient(self, value: SSAValue) -> GradientAttr | None:
+        """The ``@gradient`` declared on the parameter ``value`` reads (None for other values, and
+        for a stacked parameter whose layers' slices carry it)."""
+        if not isinstance(value.owner, ParamRefOp) or value.owner.param.root_reference.data in self.per_layer:
+            return None
+        param = self.params().get(value.owner.param.root_reference.data)
+        return find_annotation(param, GradientAttr) if param is not None else None
+
+    def params(self) -> dict[str, ParamOp]:
+        return {p.sym_name.data: p for p in self.model.body.block.ops if isinstance(p, ParamOp)}
 
     def backward(self) -> None:
         frozen = self.frozen_params()
@@ -300,11 +364,14 @@ class GradientBuilder:
             if isinstance(op, ParamRefOp):
                 continue  # its gradient is the parameter's (parameter_gradients)
             if isinstance(op, WrittenBackward):
+                self.finish(op.outputs)
                 self.call_backward(op, frozen)
                 continue
             if isinstance(op, LoopedStack):
+                self.finish(op.forward.carried_results)
                 self.stack_backward(op, frozen)
                 continue
+            self.finish(op.results)
             result_grads = [self.grads.get(r) for r in op.results]
             if all(g is None for g in result_grads):
                 continue
@@ -378,8 +445,10 @@ class GradientBuilder:
         return self.builder.one("cast", value, dtype=wanted.dtype)
 
     def frozen_params(self) -> set[str]:
+        """``@frozen`` parameters, and those declared ``@gradient(skip)``: no gradient reaches them."""
         return {p.sym_name.data for p in self.model.body.block.ops if isinstance(p, ParamOp)
-                and any(getattr(a, "DSL_NAME", None) == "frozen" for a in annotations_of(p))}
+                and any(getattr(a, "DSL_NAME", None) == "frozen" for a in annotations_of(p))
+                or isinstance(p, ParamOp) and skips_gradient(p)}
 
     def parameter_gradients(self) -> list[tuple[str, SSAValue]]:
         """(parameter, gradient) in declaration order, for every parameter the function reads."""
@@ -393,10 +462,13 @@ class GradientBuilder:
             name = param.sym_name.data
             if name not in refs or name in frozen:
                 continue
+            attr = find_annotation(param, GradientAttr) if name not in self.per_layer else None
             grads = [self.grads[r] for r in refs[name] if r in self.grads]
             total = grads[0] if grads else self.zeros(refs[name][0])
             for extra in grads[1:]:
                 total = self.builder.one("add", total, extra)
+            if attr is not None and attr["mode"] not in ("skip", "accumulate") and grads:  # accumulate: per use
+                total = self.transformed(total, attr)
             found.append((name, total))
         return found
 
@@ -428,15 +500,18 @@ class GradientBuilder:
 class BlockGradient:
     """The gradient of a block body split into ``@<body>_fwd`` and ``@<body>_bwd`` (see the module)."""
 
-    def __init__(self, outer: GradientBuilder, body: FuncOp, carried: int, shared: int, fixed: list[int]):
+    def __init__(self, outer: GradientBuilder, body: FuncOp, carried: int, shared: int, fixed: list[int],
+                 slice_gradients: dict[int, GradientAttr] | None = None):
         self.outer, self.body = outer, body
         self.carried, self.shared, self.fixed = carried, shared, fixed
+        self.slice_gradients = slice_gradients or {}  # a per-layer operand's @gradient, applied per layer
 
     def split(self) -> tuple[FuncOp, FuncOp, list[int]]:
         self.check_loopable()
         inner = GradientBuilder(self.outer.model, self.outer.funcs, loop=False)
         first_slice = self.carried + self.shared
-        grad, backward_start, args = inner.derive(self.body, [first_slice + i for i in self.fixed])
+        grad, backward_start, args = inner.derive(self.body, [first_slice + i for i in self.fixed],
+                                                  {first_slice + i: a for i, a in self.slice_gradients.items()})
         ops = list(grad.body.block.ops)
         ret = ops[-1]
         carried_args, shared_args, slice_args = args[:self.carried], args[self.carried:first_slice], args[first_slice:]
@@ -529,3 +604,40 @@ def move_ops(ops: list[Operation], block: Block, mapping: dict[SSAValue, SSAValu
             if operand in mapping:
                 op.operands[i] = mapping[operand]
         block.add_op(op)
+
+
+def result_gradient(op: Operation, index: int) -> GradientAttr | None:
+    """The ``@gradient`` of result ``index`` of ``op``: its own (``result_annotations``, from a flow's
+    ``-> (a, b @gradient(skip))``), else the op's."""
+    per_result = op.attributes.get("result_annotations")
+    if isinstance(per_result, ArrayAttr) and index < len(per_result.data):
+        own = per_result.data[index]
+        found = next((a for a in own.data if isinstance(a, GradientAttr)), None) if isinstance(own, ArrayAttr) else None
+        if found is not None:
+            return found
+    return find_annotation(op, GradientAttr)
+
+
+def input_gradients(func: FuncOp) -> dict[int, GradientAttr]:
+    """The ``@gradient`` of each input of a function (its ``input_gradients`` attribute, by input name)."""
+    recorded = func.attributes.get("input_gradients")
+    if recorded is None:
+        return {}
+    names = [a.name_hint for a in func.body.block.args]
+    return {names.index(name): attr for name, attr in recorded.data.items()
+            if name in names and isinstance(attr, GradientAttr)}
+
+
+def skips_gradient(param: ParamOp) -> bool:
+    """A parameter declared ``@gradient(skip)``: a constant of the backward, as ``@frozen``."""
+    attr = find_annotation(param, GradientAttr)
+    return attr is not None and attr["mode"] == "skip"
+
+
+def erase_dead_ops(ops: list[Operation]) -> None:
+    """Erase those of ``ops`` whose results nothing reads (the gradient ops a ``@gradient(skip)``
+    left unused), last first, so what only they read goes too."""
+    for op in reversed(ops):
+        if not isinstance(op, ReturnOp) and op.results and not any(r.uses for r in op.results):
+            op.detach()
+            op.erase()

@@ -105,7 +105,8 @@ from modeldsl.primitives import PrimitiveSignature, primitives
 from modeldsl.symbolic import SymbolicError
 
 # attributes of graph ops that are not kernel parameters
-NOT_PARAMS = {"annotations", "memory", "recompute", "operandSegmentSizes", "resultSegmentSizes"}
+NOT_PARAMS = {"annotations", "result_annotations", "memory", "recompute", "operandSegmentSizes",
+              "resultSegmentSizes"}
 RNG_STEP = "rng_step"  # the tag (and name) of a program's step counter input
 
 
@@ -739,6 +740,29 @@ class ScheduleBuilder:
         self.block.add_op(LaunchOp("dropout", [self.buffer(op.operands[0]), step],
                                    [self.result_buffer(op.results[0])], attrs))
         return True
+
+    def lower_clip_norm(self, op: Operation) -> bool:
+        """``@gradient(clip=C)``'s clipping: the optimizer's kernels on one tensor, ``global_norm`` into an
+        fp32 scalar, ``clip_factor`` (torch's ``clip_grad_norm_`` coefficient), the factor cast to the
+        tensor's dtype where that is not fp32, and a ``mul`` by it."""
+        x, name = self.buffer(op.operands[0]), op.results[0].name_hint or "clipped"
+        norm, factor = (self.workspace_scalar(f"{name}_{what}", DType.FP32) for what in ("norm", "factor"))
+        self.block.add_op(LaunchOp("global_norm", [x], [norm]))
+        self.block.add_op(LaunchOp("clip_factor", [norm], [factor], {"max_norm": op.attributes["max_norm"]}))
+        dtype = x.type.dtype
+        if dtype != DType.FP32:
+            cast = self.workspace_scalar(f"{name}_factor_{dtype.value}", dtype)
+            self.block.add_op(LaunchOp("cast", [factor], [cast]))
+            factor = cast
+        self.block.add_op(LaunchOp("mul", [x, factor], [self.result_buffer(op.results[0])]))
+        return True
+
+    def workspace_scalar(self, name: str, dtype: DType) -> SSAValue:
+        """A rank-0 buffer in ``workspace``."""
+        op = BufferOp("workspace", BufferType([], dtype))
+        op.result.name_hint = name
+        self.buffers.append(op)
+        return op.result
 
     # recurrent state (Mamba) ---------------------------------------------
     def steps_input(self) -> SSAValue:

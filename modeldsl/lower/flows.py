@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from xdsl.dialects.builtin import (
+    ArrayAttr,
     BoolAttr,
 )
-from xdsl.ir import Operation, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue
 
 from modeldsl.diagnostics import Span
 from modeldsl.dialects.graph import CallOp, ParamRefOp
@@ -102,6 +103,8 @@ class FlowsMixin:
                     values = self.cast_to_annotated(self.dtype_of(attrs), [(v.name_hint or "_", v) for v in values],
                                                     stage.annotations[0].span)
         bound = self.bind(flow.chain[-1], values, scope, last_ops, flow)
+        if isinstance(flow.chain[-1], ast.TupleExpr):
+            self.attach_result_annotations(flow.chain[-1].items, bound, instance)
         targets = self.annotated_ops([v for _, v in bound], flow.annotations) if flow.annotations else []
         annotations = self.attach_annotations(targets, flow.annotations, instance)
         if self.dtype_of(annotations) is not None:  # the names now stand for the values cast to it
@@ -113,6 +116,23 @@ class FlowsMixin:
         if self.backward is None:
             self.record_memory_policy(instance, bound, annotations)
             self.mark_checkpoint_region(before, annotations)
+
+    def attach_result_annotations(self, items: Sequence[ast.Expr], bound: list[tuple[str, SSAValue]],
+                                  instance: Instance) -> None:
+        """``-> (weights, indices, aux_loss @gradient(skip))``: an annotation of one name of a tuple
+        (``@gradient``, spec 7.8.3) belongs to that result alone: the op that makes it carries it in
+        ``result_annotations``, one array per result."""
+        for item, (_, value) in zip(items, bound):
+            nodes = [a for a in item.annotations if a.name == "gradient"] if isinstance(item, ast.Annotated) else []
+            if not nodes or not self.annotated_ops([value], nodes):
+                continue
+            attrs = [a for a in self.annotations(nodes, instance.env, instance.namespace) if isinstance(a, Attribute)]
+            owner = value.owner
+            current = owner.attributes.get("result_annotations")
+            per_result = [list(a.data) for a in current.data] if isinstance(current, ArrayAttr) \
+                else [[] for _ in owner.results]
+            per_result[value.index] += attrs
+            owner.attributes["result_annotations"] = ArrayAttr([ArrayAttr(a) for a in per_result])
 
     def annotated_ops(self, values: Sequence[SSAValue], nodes: Sequence[ast.Annotation]) -> list[Operation]:
         """The ops that make ``values``, which annotations ``nodes`` describe; E008 where a value is

@@ -10,6 +10,7 @@ from modeldsl.dialects.graph_primitives import (
     AddOp,
     AddScalarOp,
     BiasAddOp,
+    ClipNormOp,
     DivOp,
     DropoutOp,
     ExpOp,
@@ -140,6 +141,9 @@ ENTRIES = (
     Primitive(BiasAddOp, same(0), ONE, checked(vjp_bias_add), reuse=IN_PLACE, fusion_kinds=("add",)),
     Primitive(Add3Op, same(0), per_output_element(2), checked(vjp_add3), reuse=IN_PLACE, fusion_kinds=("add",)),
     unary(ScaleOp, vjp_scale, fusion_kinds=("scale",)),
+    # a gradient transform (@gradient(clip=C)): autodiff never differentiates through it
+    Primitive(ClipNormOp, same(0), per_output_element(3), no_vjp="a transform of the backward's gradients "
+              "(@gradient(clip=C)), never differentiated", cuda="none"),
     unary(AddScalarOp, vjp_add_scalar),
     unary(ExpOp, vjp_exp),
     unary(LogOp, vjp_log),

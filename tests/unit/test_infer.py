@@ -72,6 +72,7 @@ CASES = {
     "mul": ([T("B, 1, 64"), T("T, 64")], {}),
     "bias_add": ([X, VEC], {}),
     "scale": ([X], {"factor": 0.5}),
+    "clip_norm": ([X], {"max_norm": 1.0}),
     "add_scalar": ([X], {"value": 1e-6}),
     "sub": ([T("B, T, 64"), T("B, T, 1")], {}),
     "div": ([T("B, 1, 64"), T("T, 64")], {}),

@@ -1448,6 +1448,16 @@ def test_clip_factor_scales_like_torch_clip_grad_norm(max_norm):
     np.testing.assert_allclose(grad * factor, param.grad.numpy(), rtol=1e-12)
 
 
+@covers("clip_norm")
+@pytest.mark.parametrize("max_norm", [0.5, 100.0])
+def test_clip_norm_is_torch_clip_grad_norm_of_one_tensor(max_norm):
+    grad = np.random.default_rng(3).standard_normal((3, 4))
+    param = torch.nn.Parameter(torch.zeros(3, 4, dtype=torch.float64))
+    param.grad = torch.tensor(grad)
+    torch.nn.utils.clip_grad_norm_([param], max_norm=max_norm)
+    np.testing.assert_allclose(ref("clip_norm", grad, max_norm=max_norm), param.grad.numpy(), rtol=1e-12)
+
+
 def test_every_reference_is_covered():
     """A new reference kernel needs a test here (and a test of a removed one must go)."""
     assert COVERED == set(REFERENCES), (sorted(set(REFERENCES) - COVERED), sorted(COVERED - set(REFERENCES)))
