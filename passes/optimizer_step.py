@@ -9,6 +9,11 @@ model's order), so the two programs share the ``params`` and ``grads`` arenas,
 and keeps two fp32 moments per trainable parameter in the ``optimizer`` arena
 (tagged ``moment = "exp_avg.NAME"`` / ``"exp_avg_sq.NAME"``). Per step it
 
+0. clips the gradient of each parameter declared ``@trainable(grad_clip=C)``
+   (spec 7.8.2) on its own, as ``torch.nn.utils.clip_grad_norm_([p], C)``:
+   ``global_norm`` of that gradient, ``clip_factor`` and an in-place ``mul``
+   (a stacked block's parameter layer by layer: each layer's tensor is a
+   parameter of its own);
 1. launches ``global_norm`` over all the gradients (output 0: the norm
    before clipping) and, with ``clip_norm > 0``, ``clip_factor`` (torch's
    ``clip_grad_norm_`` coefficient);
@@ -39,7 +44,7 @@ from xdsl.passes import ModulePass
 from modeldsl.diagnostics import PassOptionError
 from modeldsl.dialects.annotations import TrainableAttr, annotations_of
 from modeldsl.dialects.dtypes import DType
-from modeldsl.dialects.graph import ModelOp, ParamOp
+from modeldsl.dialects.graph import ModelOp, ParamOp, ParamRefOp, StackOp
 from modeldsl.dialects.sched import BufferOp, BufferType, LaunchOp, MemsetOp, ProgramOp
 from modeldsl.passes.lower_to_sched import gradient_buffers, parameter_buffers
 
@@ -91,7 +96,9 @@ def optimizer_program(model: ModelOp, beta1: float = 0.9, beta2: float = 0.999, 
     norm = _buffer("external", BufferType([], DType.FP32), "grad_norm", {"output": _index(0)})
     buffers += [lr, step, norm]
     runtime = [lr.result, step.result]
-    work: list[Operation] = [LaunchOp("global_norm", [g.result for g in grads], [norm.result])] if grads else []
+    work, scratch = parameter_clipping(model, grads)
+    buffers += scratch
+    work += [LaunchOp("global_norm", [g.result for g in grads], [norm.result])] if grads else []
     if clip_norm > 0 and grads:
         factor = _buffer("workspace", BufferType([], DType.FP32), "clip_factor")
         buffers.append(factor)
@@ -114,6 +121,57 @@ def optimizer_program(model: ModelOp, beta1: float = 0.9, beta2: float = 0.999, 
     program.attributes["model"] = StringAttr(model.sym_name.data)
     program.body.block.add_ops([*buffers, *work])
     return program
+
+
+def parameter_clipping(model: ModelOp, grads: list[BufferOp]) -> tuple[list[Operation], list[BufferOp]]:
+    """The launches that clip each ``@trainable(grad_clip=C)`` parameter's gradient to an L2 norm of
+    at most C, in place (layer by layer for a stacked parameter), and the buffers they add."""
+    clips = {name: values["grad_clip"] for name, values in trainable_values(model).items()
+             if values["grad_clip"] is not None}
+    work: list[Operation] = []
+    buffers: list[BufferOp] = []
+    if not clips:
+        return work, buffers
+    norm = _buffer("workspace", BufferType([], DType.FP32), "param_grad_norm")
+    factor = _buffer("workspace", BufferType([], DType.FP32), "param_clip_factor")
+    layers = stacked_parameters(model)
+    for grad in grads:
+        name = grad.attributes["grad"].data
+        if name not in clips:
+            continue
+        pieces = [grad.result]
+        if name in layers:  # one alias per layer of the stacked gradient
+            btype = BufferType(grad.result.type.shape[1:], grad.result.type.dtype)
+            pieces = []
+            for layer in range(layers[name]):
+                piece = BufferOp("grads", btype, layer * btype.nbytes, btype.nbytes, grad.result)
+                piece.result.name_hint = f"d_{name}.{layer}"
+                buffers.append(piece)
+                pieces.append(piece.result)
+        for piece in pieces:
+            work += [LaunchOp("global_norm", [piece], [norm.result]),
+                     LaunchOp("clip_factor", [norm.result], [factor.result], {"max_norm": _float(clips[name])}),
+                     LaunchOp("mul", [piece, factor.result], [piece], inplace=True)]
+    return work, [*buffers, norm, factor]
+
+
+def stacked_parameters(model: ModelOp) -> dict[str, int]:
+    """The parameters a ``stack`` reads layer by layer, with their layer counts (their leading dim)."""
+    found = {}
+    for op in model.walk():
+        if isinstance(op, StackOp):
+            for value in op.per_layer:
+                count = value.type.shape[0] if isinstance(value.owner, ParamRefOp) else None
+                if count is not None and count.is_const():
+                    found[value.owner.param.root_reference.data] = count.const_value()
+    return found
+
+
+def trainable_values(model: ModelOp) -> dict[str, dict]:
+    """The ``@trainable(...)`` values (defaults included) of each parameter declared with one."""
+    return {param.sym_name.data: annotation.values
+            for param in model.body.block.ops if isinstance(param, ParamOp)
+            for annotation in annotations_of(param) if isinstance(annotation, TrainableAttr)}
 
 
 def parameter_scales(model: ModelOp) -> dict[str, tuple[float, float]]:
