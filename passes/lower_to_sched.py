@@ -75,7 +75,7 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError
-from modeldsl.dialects.annotations import LifetimeAttr, find_annotation, is_frozen
+from modeldsl.dialects.annotations import LifetimeAttr, NoaliasAttr, find_annotation, is_frozen
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
@@ -445,6 +445,8 @@ class ScheduleBuilder:
         if lifetime is not None:  # for mdsl-plan-memory, with where the annotation is
             buf.owner.attributes["lifetime"] = lifetime
             buf.owner.location = value.owner.location
+        if isinstance(value.owner, Operation) and find_annotation(value.owner, NoaliasAttr) is not None:
+            buf.owner.attributes["noalias"] = UnitAttr()  # mdsl-plan-memory shares its storage with no other
         return buf
 
     def buffer(self, value: SSAValue) -> SSAValue:

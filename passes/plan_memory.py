@@ -137,6 +137,7 @@ class Buf:
     alias_of: int | None = None
     offset: int = 0
     lifetime: Lifetime | None = None
+    noalias: bool = False  # @noalias: no in-place decision shares its storage with another buffer's
 
 
 @dataclass(frozen=True)
@@ -419,6 +420,8 @@ def decide_inplace(program: Program, live: Liveness) -> tuple[InPlace, ...]:
             if ob.alias_of is not None or o in merged or ob.arena not in REUSED_ARENAS or live.has_view[o]:
                 continue
             r = root[i]
+            if ob.noalias or ib.noalias or buffers[r].noalias:
+                continue
             if r == o or root_offset[i] != 0 or not ib.nbytes == buffers[r].nbytes == ob.nbytes:
                 continue
             # the input's group (as written in the IR) dies here, and not across a loop around it
@@ -667,7 +670,8 @@ class _ModelReader(ScheduleVisitor):
             alias = self.index[op.alias_of]
         name = op.result.name_hint or f"buf{len(self.buffers)}"
         off = op.offset.value.data if (alias is not None and op.offset is not None) else 0
-        self.buffers.append(Buf(name, op.arena.data, op.bytes.value.data, alias, off, _lifetime_of(op)))
+        self.buffers.append(Buf(name, op.arena.data, op.bytes.value.data, alias, off, _lifetime_of(op),
+                                "noalias" in op.attributes))
         self.buffer_ops.append(op)
         self.index[op.result] = len(self.buffers) - 1
 

@@ -112,6 +112,8 @@ class FlowsMixin:
             for (name, _), cast in zip(bound, self.cast_to_annotated(self.dtype_of(annotations), bound, span)):
                 if name != "_":
                     scope.rebind(name, cast)
+        self.apply_aliasing(annotations, bound, set(self.made_since(before)),
+                            {a.name: a.span for a in flow.annotations}, scope)
         self.check_flow_annotations(instance, flow, annotations, self.performed_since(before))
         if self.backward is None:
             self.record_memory_policy(instance, bound, annotations)
@@ -158,6 +160,14 @@ class FlowsMixin:
         names = [unannotated(n) for n in names]
         types = [self.backward.gradient_types.get(n.id) if isinstance(n, ast.Name) else None for n in names]
         return None if None in types else types
+
+    def made_since(self, before: Operation | None) -> list[Operation]:
+        """The ops added to the block after ``before``."""
+        op, made = before.next_op if before is not None else self.block.first_op, []
+        while op is not None:
+            made.append(op)
+            op = op.next_op
+        return made
 
     def performed_since(self, before: Operation | None) -> list[str]:
         """The primitives a flow added after ``before``, with those of the helpers it calls."""

@@ -19,6 +19,7 @@ from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
 from modeldsl.instances import Instance, LoweringFailed, source_text
 from modeldsl.ir import located
+from modeldsl.lower.aliasing import AliasingMixin
 from modeldsl.lower.annotations import AnnotationsMixin
 from modeldsl.lower.backward import BackwardLowering
 from modeldsl.lower.called_modules import CalledModulesMixin, ModuleFuncs
@@ -41,7 +42,7 @@ LOWERABLE = ("module", "block", "model")  # declarations that lower to mdsl.grap
 
 class Lowering(HfSectionsMixin, ConstantsMixin, TensorTypesMixin, ParamsMixin, AnnotationsMixin, ForwardMixin,
                FlowsMixin, CallsMixin, CalledModulesMixin, StacksMixin, IndexingMixin, EmitMixin, BackwardLowering,
-               DtypesMixin):
+               DtypesMixin, AliasingMixin):
     """Lowers the declarations of one program, one top declaration per :meth:`lower`."""
 
     def __init__(self, program: ast.Program, sink: DiagnosticSink, resolved: ResolvedProgram | None = None):

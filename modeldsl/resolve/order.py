@@ -5,7 +5,9 @@ order they are written: a flow may use a name that a later line defines. This
 module sorts the statements of one graph body (stable: independent statements
 keep their written order) and reports dependency cycles, naming the tensors
 on the cycle. An ``if`` and a ``recompute:`` block each move as one unit;
-their own bodies are sorted when they run.
+their own bodies are sorted when they run. A flow annotated ``@barrier`` is an
+ordering point: the statements written after it run after it (those it needs
+itself excepted: a data dependency comes first).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def topological_order(statements: Sequence[ast.Stmt], sink: DiagnosticSink,
         sorted({d for name in used_names(stmt) for d in definers.get(name, []) if d != index})
         for index, stmt in enumerate(statements)
     ]
+    _order_after_barriers(statements, needs)
     done: set[int] = set()
     ordered: list[int] = []
     progress = True
@@ -66,6 +69,26 @@ def topological_order(statements: Sequence[ast.Stmt], sink: DiagnosticSink,
     if stuck:
         _report_cycle(statements, needs, stuck, definers, sink, code)
     return [statements[i] for i in ordered], [statements[i] for i in stuck]
+
+
+def is_barrier(stmt: ast.Stmt) -> bool:
+    """Whether a statement is a flow annotated ``@barrier`` (spec 5.11.5)."""
+    return isinstance(stmt, ast.Flow) and any(a.name == "barrier" for a in stmt.annotations)
+
+
+def _order_after_barriers(statements: Sequence[ast.Stmt], needs: list[list[int]]) -> None:
+    """Each statement written after a ``@barrier`` flow needs it, unless the barrier needs that
+    statement (directly or not): its data comes first, and no cycle is made."""
+    for barrier in [i for i, stmt in enumerate(statements) if is_barrier(stmt)]:
+        before, stack = set(), list(needs[barrier])
+        while stack:  # what the barrier needs, transitively
+            index = stack.pop()
+            if index not in before:
+                before.add(index)
+                stack.extend(needs[index])
+        for later in range(barrier + 1, len(statements)):
+            if later not in before and barrier not in needs[later]:
+                needs[later] = sorted([*needs[later], barrier])
 
 
 def _report_cycle(statements: Sequence[ast.Stmt], needs: list[list[int]], stuck: list[int],

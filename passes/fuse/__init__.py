@@ -45,7 +45,7 @@ from modeldsl.dialects.annotations import FuseRequiredAttr, find_annotation
 from modeldsl.dialects.graph import BackwardStartOp, FuncOp
 from modeldsl.ir import span_of_annotation
 from modeldsl.passes.fuse.attention import AttentionSoftmax, DagAttention
-from modeldsl.passes.fuse.common import FusionPattern, FusionSwitch, requests_pattern
+from modeldsl.passes.fuse.common import FusionPattern, FusionSwitch, is_ordering_point, requests_pattern
 from modeldsl.passes.fuse.dag import DagGelu, DagRmsnorm, DagSilu, DagSoftmax
 from modeldsl.passes.fuse.epilogue import BiasActivation, LinearBiasAct
 from modeldsl.passes.fuse.fold import FoldIdentity, FoldScales, FoldTransposes, FoldViews
@@ -102,7 +102,8 @@ class FusePass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         running = self.running()
         on = frozenset(running - self.disabled()) if self.auto else frozenset()
-        switch = FusionSwitch(on, lm_head_chunk=self.lm_head_chunk)
+        switch = FusionSwitch(on, lm_head_chunk=self.lm_head_chunk,
+                              barrier_blocks={id(o.parent) for o in op.walk() if is_ordering_point(o)})
         required = _required_fusions(op, running)
         boundaries = _mark_backward_starts(op)
         patterns = [cls(switch) for name, classes in PATTERNS.items() if name in running for cls in classes]

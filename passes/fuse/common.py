@@ -7,6 +7,9 @@ Every pattern is a :class:`FusionPattern` with the ``name`` a ``disable=`` optio
   observe its result: fusing it away would lose the observation), a replay that
   ``mdsl-recompute`` marked (its segment is kept as it is), or an op with a parameter that
   ``mdsl-specialize`` has not bound yet (a ``#mdsl.graph.sym``: its value is not known);
+* no op is ``@alias``/``@noalias`` (a fused op would lose what they ask of the memory planner);
+* no two ops stand on either side of a ``@barrier`` (spec 5.11.5: an ordering point), which is
+  a barrier itself, so that it stays in place to divide its block (:func:`across_barrier`);
 * except an ``observe`` hook (spec 5.11.3: observe hooks can be fused with surrounding ops, the
   probe inserted post-fusion) on an op whose results the fused op yields unchanged, where the
   pattern says so (``carries_hooks``, the ops named by ``may_fuse(..., carrying=...)``): the
@@ -34,10 +37,13 @@ from xdsl.pattern_rewriter import RewritePattern
 
 from modeldsl.dialects.annotations import (
     ANNOTATIONS_ATTR_NAME,
+    AliasAttr,
     AnnotationAttr,
+    BarrierAttr,
     FuseAttr,
     FuseRequiredAttr,
     HookAttr,
+    NoaliasAttr,
     NofuseAttr,
     ProbeAttr,
     annotations_of,
@@ -45,7 +51,7 @@ from modeldsl.dialects.annotations import (
 from modeldsl.dialects.graph_primitives import is_symbolic
 from modeldsl.resolve.annotation_checks import fusion_problem
 
-BARRIERS = (NofuseAttr, HookAttr, ProbeAttr)
+BARRIERS = (NofuseAttr, HookAttr, ProbeAttr, BarrierAttr, AliasAttr, NoaliasAttr)
 
 
 def is_barrier(op: Operation, carried: bool = False) -> bool:
@@ -54,6 +60,30 @@ def is_barrier(op: Operation, carried: bool = False) -> bool:
     if "recompute" in op.attributes or is_symbolic(op):  # a #mdsl.graph.sym parameter waits for mdsl-specialize
         return True
     return any(isinstance(a, BARRIERS) and not (carried and is_observe_hook(a)) for a in annotations_of(op))
+
+
+def is_ordering_point(op: Operation) -> bool:
+    return any(isinstance(a, BarrierAttr) for a in annotations_of(op))
+
+
+def across_barrier(ops: Iterable[Operation], blocks: set[int]) -> bool:
+    """Whether two of ``ops`` in one block stand on either side of a ``@barrier`` op (the op and
+    what precedes it are one side); ``blocks``: the ids of the blocks that hold one."""
+    by_block: dict[int, set[Operation]] = {}
+    for op in ops:
+        if op.parent is not None and id(op.parent) in blocks:
+            by_block.setdefault(id(op.parent), set()).add(op)
+    for members in by_block.values():
+        if len(members) < 2:
+            continue
+        sides, side = set(), 0
+        for op in next(iter(members)).parent.ops:
+            if op in members:
+                sides.add(side)
+            side += is_ordering_point(op)
+        if len(sides) > 1:
+            return True
+    return False
 
 
 def is_observe_hook(annotation: AnnotationAttr) -> bool:
@@ -124,6 +154,7 @@ class FusionSwitch:
     enabled: frozenset[str] = frozenset()
     merged: dict[str, set[Operation]] = field(default_factory=dict)
     lm_head_chunk: int = 0  # rows per chunk of the fused LM-head loss (0: chosen by size)
+    barrier_blocks: set[int] = field(default_factory=set)  # ids of the blocks that hold a @barrier op
 
 
 class FusionPattern(RewritePattern):
@@ -142,7 +173,7 @@ class FusionPattern(RewritePattern):
         ``carrying``: those of ``ops`` whose results the fused op yields unchanged (their observe
         hooks are no barrier where the pattern ``carries_hooks``)."""
         carried = set(carrying) if self.carries_hooks else set()
-        if any(is_barrier(op, op in carried) for op in ops):
+        if any(is_barrier(op, op in carried) for op in ops) or across_barrier(ops, self.switch.barrier_blocks):
             return False
         return self.name in self.switch.enabled or any(self.requested_by(op) for op in ops)
 

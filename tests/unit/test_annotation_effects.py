@@ -8,6 +8,7 @@ constrain the memory planner.
 import textwrap
 
 import pytest
+from xdsl.context import Context
 
 from modeldsl.diagnostics import DiagnosticError, DiagnosticSink
 from modeldsl.dialects.annotations import annotations_of
@@ -16,6 +17,7 @@ from modeldsl.frontend.python import parse_python_source
 from modeldsl.frontend.text.parser import parse_source
 from modeldsl.ir import verify_module
 from modeldsl.lower import lower_program
+from modeldsl.passes.fuse import FusePass
 
 HEADER = "module M(d: int = 64):\n  params:\n    w1: [d, d]\n    w2: [d, d]\n"
 
@@ -196,3 +198,70 @@ def test_dtype_that_is_no_implicit_conversion_is_e003_at_the_annotation():
         lowered(module("x -> matmul(w1, transpose=NT) -> out @dtype(fp8_e4m3)\n"))
     (error,) = [d for d in info.value.diagnostics if d.code == "E003"]
     assert (error.span.line, error.span.column) == (9, 44) and "not an implicit conversion" in error.message
+
+
+# ------------------------------------------------------------------ @barrier
+
+BARRIER_ORDER = """\
+    y2 -> relu() -> y3 {barrier}
+    x -> gelu() -> z
+    x -> silu() -> y2
+    (y3, z) -> out
+"""
+
+
+def test_statements_written_after_a_barrier_run_after_it():
+    def order(barrier: str) -> list[str]:
+        ir, _ = lowered(module(BARRIER_ORDER.format(barrier=barrier), out="([B, d], [B, d])"))
+        return [n for n in forward_ops(ir) if n in ("relu", "gelu", "silu")]
+
+    assert order("") == ["gelu", "silu", "relu"]  # the earliest ready statement first
+    assert order("@barrier") == ["silu", "relu", "gelu"]  # silu, which the barrier reads, still comes first
+
+
+def test_no_fusion_crosses_a_barrier():
+    graph = """\
+        (x, w1) -> add() -> s
+        x -> silu() -> z {barrier}
+        (s, n) -> rmsnorm() -> (y, _)
+        (y, z) -> out
+    """
+
+    def fused(barrier: str) -> list[str]:
+        ir, _ = lowered(module(graph.format(barrier=barrier), params="    n: [d]\n", out="([B, d], [B, d])")
+                        .replace("w1: [d, d]", "w1: [B, d]"))
+        FusePass().apply(Context(), ir)
+        return [n for n in forward_ops(ir) if n not in ("param_ref", "return")]
+
+    assert fused("") == ["silu", "fused_residual_rmsnorm"]
+    assert fused("@barrier") == ["add", "silu", "rmsnorm"]
+
+
+# ------------------------------------------------------------------ @alias / @noalias
+
+def test_noalias_on_an_aliasing_flow_copies_and_alias_there_is_the_flow_as_it_is():
+    graph = """\
+        x -> matmul(w1, transpose=NT) -> h
+        h -> y {a}
+        y -> relu() -> out
+    """
+    plain, _ = lowered(module(graph.format(a="")))
+    ir, diagnostics = lowered(module(graph.format(a="@alias")))
+    assert forward_ops(ir) == forward_ops(plain) and diagnostics == []
+    assert not annotations_of(ops_of(ir, "matmul")[0])  # @alias described y, not the matmul's h
+    ir, _ = lowered(module(graph.format(a="@noalias")))
+    (copy,) = ops_of(ir, "copy")
+    assert [a.DSL_NAME for a in annotations_of(copy)] == ["noalias"] and not annotations_of(ops_of(ir, "matmul")[0])
+    assert ops_of(ir, "relu")[0].operands[0] is copy.results[0]
+    ir, _ = lowered(module("x -> view([B, d]) -> out @noalias\n"))
+    assert forward_ops(ir) == ["view", "copy", "return"]
+
+
+def test_noalias_on_a_computed_value_stays_on_its_op_and_alias_there_is_e008():
+    ir, _ = lowered(module("x -> matmul(w1, transpose=NT) -> relu() -> out @noalias\n"))
+    assert ops_of(ir, "copy") == [] and [a.DSL_NAME for a in annotations_of(ops_of(ir, "relu")[0])] == ["noalias"]
+    with pytest.raises(DiagnosticError) as info:
+        lowered(module("x -> matmul(w1, transpose=NT) -> relu() -> out @alias\n"))
+    (error,) = info.value.diagnostics
+    assert (error.code, error.span.line, error.span.column) == ("E008", 9, 54)
+    assert error.message == "@alias: 'out' is computed by relu into a buffer of its own"

@@ -465,6 +465,24 @@ def test_chained_inplace_counts_deaths_on_the_programs_own_aliases():
     assert memory.arenas["activations"] == t
 
 
+def test_a_noalias_buffer_shares_its_storage_in_place_with_no_other():
+    # the chain of the test above: with b @noalias, b takes no memory over (nor c b's), so the
+    # relu into b and the relu out of it each get a buffer of their own
+    t = 1024
+
+    def program(noalias: int | None) -> Program:
+        bufs = [Buf(n, "activations" if n in "abc" else "external", t, noalias=n == noalias) for n in "xabcy"]
+        return Program(tuple(bufs), (
+            Step((Access(0, read=True), Access(1, write=True)), reuse=((1, 0),)),
+            Step((Access(1, read=True), Access(2, write=True)), reuse=((1, 0),)),
+            Step((Access(2, read=True), Access(3, write=True)), reuse=((1, 0),)),
+            Step((Access(3, read=True), Access(4, write=True)))))
+
+    assert [(d.output, d.root) for d in plan(program(None)).inplace] == [(2, 1), (3, 1)]
+    assert plan(program("b")).inplace == ()
+    assert [(d.output, d.root) for d in plan(program("c")).inplace] == [(2, 1)]
+
+
 def test_liveness_of_loops():
     # step 0 outside; loop 1..3 (steps 1-3); step 4 outside
     t = 256
