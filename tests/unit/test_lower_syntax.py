@@ -211,7 +211,7 @@ def test_declared_annotations_are_kept_and_recipes_are_on_the_model():
     ("@recipe(Fp8)", "@recipe(Fp9)", 13, "unknown recipe 'Fp9'"),
 ])
 def test_bad_uses_of_declared_annotations_and_recipes_are_e008(old, new, line, words):
-    ((code, at, _, message),) = errors(ANNOTATED.replace(old, new))
+    ((code, at, _, message),) = [e for e in errors(ANNOTATED.replace(old, new)) if e[0] != "W013"]  # the recipe's
     assert (code, at) == ("E008", line) and words in message
 
 
