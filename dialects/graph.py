@@ -60,6 +60,7 @@ from xdsl.traits import (
 from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.dialects.annotations import ANNOTATIONS, check_annotations
+from modeldsl.dialects.graph_custom import CustomOp
 from modeldsl.dialects.graph_primitives import PRIMITIVE_OPS
 from modeldsl.dialects.graph_types import (
     GRAPH_TYPES_AND_ATTRS,
@@ -491,7 +492,7 @@ STRUCTURE_OPS: tuple[type[Operation], ...] = (
 
 Graph = Dialect(
     "mdsl.graph",
-    [*STRUCTURE_OPS, *PRIMITIVE_OPS],
+    [*STRUCTURE_OPS, *PRIMITIVE_OPS, CustomOp],
     [*GRAPH_TYPES_AND_ATTRS, *ANNOTATIONS],
 )
 
@@ -508,4 +509,5 @@ __all__ = [
     "CallOp",
     "StackOp",
     "BackwardStartOp",
+    "CustomOp",
 ]

@@ -1506,6 +1506,10 @@ def primitive(name: str) -> CudaPrimitive:
     try:
         return PRIMITIVES[name]
     except KeyError:
+        from modeldsl.prims import USER_REFERENCES
+
+        if name in USER_REFERENCES:  # modeldsl.register_primitive gives a reference, no CUDA kernel
+            raise KeyError(f"'{name}' is a user primitive without a CUDA kernel") from None
         raise KeyError(f"no CUDA kernel for '{name}' (covered: {', '.join(sorted(PRIMITIVES))})") from None
 
 

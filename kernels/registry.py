@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from modeldsl.prims import by_name
+from modeldsl.prims import USER_REFERENCES, by_name
 from modeldsl.prims.base import ScratchRule, Shape
 
 
@@ -61,11 +61,15 @@ def registry() -> dict[str, KernelEntry]:
 
 
 def entry(name: str) -> KernelEntry:
-    """The entry of kernel ``name``; KeyError naming the known kernels for an unknown one."""
-    try:
-        return registry()[name]
-    except KeyError:
-        raise KeyError(f"no kernel '{name}' in the registry (known: {', '.join(sorted(registry()))})") from None
+    """The entry of kernel ``name`` (a user primitive's: its registered reference, :mod:`modeldsl.prims.user`);
+    KeyError naming the known kernels for an unknown one."""
+    found = registry().get(name)
+    if found is not None:
+        return found
+    reference = USER_REFERENCES.get(name)
+    if reference is not None:
+        return kernel_entry(name, reference)
+    raise KeyError(f"no kernel '{name}' in the registry (known: {', '.join(sorted(registry()))})")
 
 
 # ----------------------------------------------------------------------------

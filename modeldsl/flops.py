@@ -34,6 +34,7 @@ from modeldsl.dialects.sched import (
     buffer_type,
 )
 from modeldsl.dialects.sched_walk import At, ScheduleVisitor, visit, walk
+from modeldsl.primitives import primitive_name
 from modeldsl.prims import by_name
 from modeldsl.prims.counts import (
     ATTENTION_BACKWARD_FACTOR,
@@ -115,7 +116,7 @@ def graph_op_flops(op: Operation) -> int:
         tuple(concrete_shape(r.type) for r in op.results),
         op.attributes,
     )
-    return apply_rule(op.name[len(GRAPH_PREFIX):], shapes)
+    return apply_rule(primitive_name(op), shapes)
 
 
 # ----------------------------------------------------------------------------

@@ -61,7 +61,7 @@ class GraphBuilder:
             types = result_types or infer_result_types(name, [v.type for v in present], params)
             attrs = {k: sig.param(k).to_attribute(sig.param(k).python_value(v))
                      for k, v in params.items() if v is not None and sig.param(k) is not None}
-            op = sig.op.make(sig.group_operands(present), sig.group_results(types), attrs)
+            op = sig.make(sig.group_operands(present), sig.group_results(types), attrs)
             op.verify_()
         except Exception as err:  # noqa: BLE001 - a rule that builds a wrong op is a bug; say which
             raise GraphBuildError(f"{name}: {err}") from err

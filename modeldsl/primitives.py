@@ -22,6 +22,7 @@ from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, Intege
 from xdsl.ir import Attribute, Operation
 from xdsl.irdl import OptOperandDef, OptResultDef, VarOperandDef, VarResultDef
 
+from modeldsl.dialects.graph_custom import CustomOp
 from modeldsl.dialects.graph_primitives import (
     PRIMITIVE_OPS,
     OrSymbolic,
@@ -144,12 +145,33 @@ class PrimitiveSignature:
     def absent_inputs(self, op: Operation) -> tuple[int, ...]:
         """The optional input slots of graph op ``op`` that are empty where grouping its
         operands in order would fill them (an absent bias before a present state)."""
+        if not any(slot.optional for slot in self.inputs):
+            return ()
         present = [getattr(op, slot.name) is not None for slot in self.inputs]
         optional = [i for i, slot in enumerate(self.inputs) if slot.optional]
         empty = [i for i in optional if not present[i]]
         if empty and any(present[i] for i in optional if i > empty[0]):
             return tuple(empty)
         return ()
+
+    @property
+    def custom(self) -> bool:
+        """A user primitive (:mod:`modeldsl.prims.user`): every call is an ``mdsl.graph.custom`` op."""
+        return self.op is CustomOp
+
+    def make(self, operands: Sequence[Any], result_types: Sequence[Any],
+             attributes: dict[str, Attribute] | None = None) -> Operation:
+        """The op of a call: one entry per input slot and output slot (as :meth:`group_operands`
+        and :meth:`group_results` give them) and the parameters' attributes. A user primitive's
+        call is ``mdsl.graph.custom "name"`` with every parameter written out (defaults too)."""
+        if not self.custom:
+            return self.op.make(operands, result_types, attributes)
+        attrs = {p.name: p.to_attribute(p.default) for p in self.params if not p.required and p.default is not None}
+        attrs.update(attributes or {})
+        flat = [v for entry in operands for v in (entry if isinstance(entry, (list, tuple)) else [entry])
+                if v is not None]
+        types = [t for entry in result_types for t in (entry if isinstance(entry, (list, tuple)) else [entry])]
+        return CustomOp.make_custom(self.name, flat, types, attrs)
 
     @property
     def positional_inputs(self) -> tuple[TensorSlot, ...]:
@@ -264,10 +286,35 @@ def signature_of(op: type[PrimitiveOp]) -> PrimitiveSignature:
     return PrimitiveSignature(op.name.removeprefix("mdsl.graph."), op, inputs, outputs, tuple(params))
 
 
+# the user primitives (modeldsl.register_primitive), by their registered names; filled by
+# modeldsl.prims.user, which keeps every table of a user primitive
+USER_SIGNATURES: dict[str, PrimitiveSignature] = {}
+
+
 @lru_cache(maxsize=1)
-def primitives() -> dict[str, PrimitiveSignature]:
-    """Every primitive by its DSL name (``matmul``, ``rmsnorm_backward``, ...)."""
+def builtin_primitives() -> dict[str, PrimitiveSignature]:
+    """Every ``mdsl.graph`` primitive op by its DSL name (``matmul``, ``rmsnorm_backward``, ...)."""
     return {sig.name: sig for sig in map(signature_of, PRIMITIVE_OPS)}
+
+
+def primitives() -> dict[str, PrimitiveSignature]:
+    """Every primitive by its DSL name: the ops', then the user primitives registered in this process."""
+    return {**builtin_primitives(), **USER_SIGNATURES} if USER_SIGNATURES else builtin_primitives()
+
+
+def primitive_name(op: Operation) -> str:
+    """The primitive a graph op runs: its op name without ``mdsl.graph.``, or the callee of an
+    ``mdsl.graph.custom`` (a user primitive's registered name)."""
+    return op.primitive if isinstance(op, CustomOp) else op.name.removeprefix("mdsl.graph.")
+
+
+def signature_of_op(op: Operation) -> PrimitiveSignature | None:
+    """The signature of the primitive graph op ``op`` runs (None for a structure op, or a custom op
+    of a primitive not registered in this process)."""
+    if isinstance(op, CustomOp):
+        return USER_SIGNATURES.get(op.primitive)
+    sig = builtin_primitives().get(op.name.removeprefix("mdsl.graph."))
+    return sig if sig is not None and sig.op.name == op.name else None
 
 
 # reductions whose dims index the operand's type, where a leading '*' is one dim (spec 10.2's Linear

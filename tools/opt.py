@@ -63,6 +63,7 @@ from modeldsl.ir import (
     verify_module,
 )
 from modeldsl.passes.registry import PASSES
+from modeldsl.prims.user import load_from_environment
 from modeldsl.tools.opt_pipeline import (
     PipelineObserver,
     build_pipeline,
@@ -760,6 +761,7 @@ def run_tool(argv: Sequence[str] | None) -> int:
     """mdsl-opt on ``argv``: its exit code, every problem reported as a coded diagnostic."""
     tool = None
     try:
+        load_from_environment()  # MDSL_PRIMITIVES: modules registering user primitives
         tool = MdslOptMain(args=argv)
         tool.run()
         if tool.verify_failed:

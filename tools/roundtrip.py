@@ -19,6 +19,7 @@ from xdsl.utils.exceptions import DiagnosticException, ParseError
 
 from modeldsl.diagnostics import DiagnosticError, render_all
 from modeldsl.ir import make_context, parse_module, print_ir, verify_module
+from modeldsl.prims.user import load_from_environment
 
 
 class RoundTripMismatch(Exception):
@@ -68,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     path = args[0]
     try:
+        load_from_environment()  # MDSL_PRIMITIVES: modules registering user primitives
         chunks = _read_text(path).split("// -----")
     except DiagnosticError as err:
         sys.stderr.write(render_all(err.diagnostics))

@@ -254,6 +254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         fmt = args.diagnostics_format
+        from modeldsl.prims.user import load_from_environment
+
+        load_from_environment()  # MDSL_PRIMITIVES: modules registering user primitives
         return run(args)
     except DiagnosticError as err:
         sys.stderr.write(render_all(err.diagnostics, fmt) + "\n")

@@ -26,6 +26,7 @@ from modeldsl.primitives import lookup_primitive, primitives
 from modeldsl.resolve.consts import ConstEnv
 from modeldsl.resolve.imports import std_module_declaring
 from modeldsl.resolve.scope import Scope
+from modeldsl.resolve.user_primitives import declared_signature, unresolved
 from modeldsl.symbolic import STAR, Expr
 
 
@@ -47,7 +48,8 @@ class CallsMixin:
             results = self.call_stack(stacked, inputs, stage.span, self.layer_range(func, stacked, instance.env))
             return results, [results[0].owner] if results else []
         if isinstance(func, ast.Name):
-            primitive = lookup_primitive(func.id)
+            # a primitive declaration of a user primitive binds its name to the registration impl: names
+            primitive = declared_signature(instance.namespace.get(func.id)) or lookup_primitive(func.id)
             param = instance.params.get(func.id)
             if isinstance(param, (Instance, StackedInstance)):
                 return self.call_instance(param, inputs, args, instance, scope, stage.span)
@@ -56,6 +58,8 @@ class CallsMixin:
                 return self.call_instance(child, inputs, [], instance, scope, stage.span)
             if primitive is not None:
                 return self.call_primitive(primitive, inputs, args, instance, scope, stage.span)
+        if isinstance(func, ast.Name) and unresolved(instance.namespace.get(func.id)):
+            raise LoweringFailed()  # its declaration's impl: names nothing registered (reported there)
         name = func.id if isinstance(func, ast.Name) else func.span.text
         found = std_module_declaring(name) if isinstance(func, ast.Name) else None
         hint = f"import it: from {found} import {name}" if found else \

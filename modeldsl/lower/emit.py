@@ -43,7 +43,7 @@ class EmitMixin:
         args = self.chosen_args(args, instance, scope)
         params: dict[str, Any] = {}
         spans: dict[str, Span] = {}
-        positional_params = [*entry(sig.op).inference_params, *(p.name for p in sig.params)]
+        positional_params = [*entry(sig.name).inference_params, *(p.name for p in sig.params)]
         keyword_tensors: dict[str, SSAValue] = {}
         env: ConstEnv | None = None  # the graph's constants, built for the first parameter
         for arg in args:
@@ -122,7 +122,7 @@ class EmitMixin:
         except (InferenceError, ValueError) as err:
             self.sink.error("E004", f"{sig.name}: {err}", span)
             raise LoweringFailed() from None
-        op = sig.op.make(grouped, sig.group_results(results), attrs)
+        op = sig.make(grouped, sig.group_results(results), attrs)
         try:
             op.verify_()
         except DTypeMismatch as err:

@@ -42,8 +42,9 @@ ScratchRule = Callable[[Sequence[Shape], Sequence[Shape], Mapping[str, Any]], in
 # How the CUDA executor runs a primitive: "kernel" (a launch plan in kernels/cuda.py), "gemm"
 # (cuBLASLt), "copy" (device copies of a layout op, where lowering has not made it a view),
 # "memset" (a constant), "composite" (runtime/cuda_composites.py sequences GEMMs and kernels),
-# "none" (not covered: the executor reports it)
-CUDA_KINDS = ("kernel", "gemm", "copy", "memset", "composite", "none")
+# "none" (not covered: the executor reports it), "host" (a user primitive: its numpy reference on host
+# copies, with a FallbackWarning, until a CUDA kernel is registered for it)
+CUDA_KINDS = ("kernel", "gemm", "copy", "memset", "composite", "none", "host")
 
 
 class InferenceError(Exception):
@@ -75,6 +76,8 @@ class Primitive:
     cuda: str = "kernel"
     # a fast CPU kernel in kernels/cpu (numpy or compiled C); else the executor runs the reference
     cpu: bool = False
+    # a user primitive's registered name (its op is the generic mdsl.graph.custom; modeldsl.prims.user)
+    custom_name: str = ""
 
     def __post_init__(self) -> None:
         assert self.cuda in CUDA_KINDS, f"{self.name}: cuda={self.cuda!r} is not one of {CUDA_KINDS}"
@@ -82,7 +85,7 @@ class Primitive:
     @property
     def name(self) -> str:
         """The primitive's name: the DSL's, the kernel registry's and ``mdsl.sched.launch``'s."""
-        return self.op.name.removeprefix("mdsl.graph.")
+        return self.custom_name or self.op.name.removeprefix("mdsl.graph.")
 
     def scratch_bytes(self, inputs: Sequence[Shape], outputs: Sequence[Shape],
                       params: Mapping[str, Any] | None = None) -> int:

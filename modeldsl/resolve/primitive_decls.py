@@ -42,6 +42,7 @@ from modeldsl.diagnostics import DiagnosticSink, Span
 from modeldsl.frontend.text import ast
 from modeldsl.primitives import ParamSpec, PrimitiveSignature, TensorSlot, lookup_primitive, primitives
 from modeldsl.prims import by_name
+from modeldsl.resolve.user_primitives import UNRESOLVED, user_signature
 
 LIST_KINDS = ("ints", "dims")  # both written [int] in a declaration
 SCALAR_TYPES = {"float": "float", "int": "int", "bool": "bool", "dtype": "dtype"}
@@ -260,7 +261,10 @@ class PrimitiveDeclChecker:
         self.sink = sink
 
     def check(self, decl: ast.Decl) -> None:
-        sig = lookup_primitive(decl.name)
+        sig = user_signature(decl, self.sink)  # a user primitive: the registration its impl: names
+        if sig is UNRESOLVED:
+            return
+        sig = sig or lookup_primitive(decl.name)
         if sig is None:
             self.unknown(decl.name, _name_span(decl), "primitive")
             return
@@ -273,7 +277,8 @@ class PrimitiveDeclChecker:
     def unknown(self, name: str, span: Span, what: str) -> None:
         close = difflib.get_close_matches(name, list(primitives()), n=1) if what != "backward kernel" else []
         hint = (f"did you mean '{close[0]}'? " if close else "") + {
-            "primitive": "the primitives are the mdsl.graph ops (spec section 6); compose other operations as a module",
+            "primitive": "the primitives are the mdsl.graph ops (spec section 6) and the Python functions registered "
+                         "with modeldsl.register_primitive (name one in impl:); compose other operations as a module",
             "backward kernel": "without a kernel of its own, give the gradients as formulas over primitives "
                                "(d_x = op(...)) or leave the backward: section to comments",
             "formula": "a gradient formula calls primitives; leave what no primitive computes to a comment",

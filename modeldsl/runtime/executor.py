@@ -33,9 +33,15 @@ from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, Module
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from modeldsl.dialects.dtypes import DType
-from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamRefOp, ReturnOp, StackOp
+from modeldsl.dialects.graph import CallOp, CustomOp, FuncOp, ModelOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import DimsAttr, SymbolicAttr, TensorType
-from modeldsl.primitives import STAR_REDUCTIONS, PrimitiveSignature, primitives, star_reduction
+from modeldsl.primitives import (
+    STAR_REDUCTIONS,
+    PrimitiveSignature,
+    builtin_primitives,
+    signature_of_op,
+    star_reduction,
+)
 from modeldsl.prims import registry
 from modeldsl.runtime.threads import blas_threads
 from modeldsl.symbolic import STAR, Expr, SymbolicError
@@ -103,7 +109,7 @@ KEYED = ("dropout",)  # keyed by the layers around them and the step counter (th
 
 @lru_cache(maxsize=1)
 def _signatures_by_op() -> dict[str, PrimitiveSignature]:
-    return {sig.op.name: sig for sig in primitives().values()}
+    return {sig.op.name: sig for sig in builtin_primitives().values()}
 
 
 @dataclass
@@ -178,9 +184,10 @@ class GraphExecutor:
         if isinstance(op, CallOp):
             return self.call(self.funcs[op.callee.root_reference.data], [frame.values[v] for v in op.arguments],
                              frame.layer, frame.layers)
-        sig = _signatures_by_op().get(op.name)
+        sig = signature_of_op(op) if isinstance(op, CustomOp) else _signatures_by_op().get(op.name)
         if sig is None:
-            raise ExecutionError(f"the reference executor cannot run {op.name}")
+            raise ExecutionError(f"the reference executor cannot run {op.name}" + (
+                f" \"{op.primitive}\" (no primitive of that name is registered)" if isinstance(op, CustomOp) else ""))
         inputs = self.operands(op, sig, frame)
         params = self.parameters(op, sig)
         if sig.name in STAR_REDUCTIONS and op.operands[0].type.is_variadic:
@@ -235,6 +242,8 @@ class GraphExecutor:
         return tuple(d.evaluate(self.symbols) for d in ttype.shape)
 
     def operands(self, op: Operation, sig: PrimitiveSignature, frame: Frame) -> list[np.ndarray | None]:
+        if isinstance(op, CustomOp):  # a user primitive: its operands are its inputs in order
+            return [frame.values[v] for v in op.operands]
         inputs: list[np.ndarray | None] = []
         for slot in sig.inputs:
             value = getattr(op, slot.name)
