@@ -43,6 +43,7 @@ from xdsl.parser import AttrParser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
+from modeldsl.dialects.assertions import Check, ConditionError, parse_condition
 from modeldsl.dialects.dtypes import DTYPE_SPELLINGS, DType
 from modeldsl.dialects.fusion_patterns import SPEC_PATTERNS
 
@@ -841,12 +842,25 @@ class CommAttr(AnnotationAttr):
 
 @irdl_attr_definition
 class AssertAttr(AnnotationAttr):
-    """``@assert(condition, message, enabled=true)``: spec 7.7.1."""
+    """``@assert(condition, message, enabled=true)``: spec 7.7.1 (``@assert(!has_nan(out), "NaN in out")``;
+    the message positional or ``message=``)."""
 
     name = "mdsl.graph.assert"
     DSL_NAME = "assert"
     REPEATABLE = True
-    PARAMS = (required("condition", "str"), optional("message", "str"), optional("enabled", "bool", True))
+    PARAMS = (required("condition", "str"), Param("message", "str", positional=True),
+              optional("enabled", "bool", True))
+
+    @classmethod
+    def check_values(cls, values: dict[str, Any]) -> None:
+        """The condition is a conjunction of the checks :mod:`modeldsl.dialects.assertions` reads."""
+        try:
+            parse_condition(values["condition"])
+        except ConditionError as err:
+            raise AnnotationError(err.message, err.hint) from None
+
+    def checks(self) -> list[Check]:
+        return parse_condition(self["condition"])
 
 
 @irdl_attr_definition

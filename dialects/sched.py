@@ -19,6 +19,7 @@ already has a verifier and a custom form that round-trips.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -72,6 +73,7 @@ from xdsl.traits import (
 )
 from xdsl.utils.exceptions import VerifyException
 
+from modeldsl.dialects.assertions import BOUNDED, RUNTIME_CHECKS, Check
 from modeldsl.dialects.dtypes import DType, parse_dtype_spelling, verify_dtype_spelling
 
 ARENAS: tuple[str, ...] = ("params", "activations", "workspace", "grads", "optimizer", "external")
@@ -851,6 +853,57 @@ class MemsetOp(SchedOp):
 
 
 @irdl_op_definition
+class AssertOp(SchedOp):
+    """A runtime check of ``@assert`` (spec 7.7.1) on a buffer the op before it wrote:
+
+    ``mdsl.sched.assert "no_nan"(%h) {message = "NaN in h", tensor = "h"} : !mdsl.sched.buffer<[2, 64], bf16>``
+
+    ``check`` is one of :data:`~modeldsl.dialects.assertions.RUNTIME_CHECKS` (``ge``/``gt``/``le``/``lt``
+    with a ``bound``: every element compared with it); ``tensor`` names the checked tensor and
+    ``message`` is the annotation's; ``condition`` (the annotation's condition) and ``at`` (its
+    source location) are optional. An executor that finds the check false stops the run with an
+    error naming the tensor, the layer (inside a layer loop) and the message (E046). A program
+    without ``@assert`` has none: it costs nothing."""
+
+    name = "mdsl.sched.assert"
+
+    value = operand_def(BufferType)
+    check = prop_def(StringAttr)
+    message = attr_def(StringAttr)
+    tensor = attr_def(StringAttr)
+    bound = opt_attr_def(FloatAttr)
+
+    assembly_format = "$check `(` $value `)` attr-dict `:` type($value)"
+
+    def __init__(self, check: str, value: SSAValue, tensor: str, message: str, bound: float | None = None,
+                 condition: str | None = None, at: str | None = None):
+        attrs = _non_default(message=StringAttr(message), tensor=StringAttr(tensor),
+                             bound=FloatAttr(float(bound), f64) if bound is not None else None,
+                             condition=StringAttr(condition) if condition else None,
+                             at=StringAttr(at) if at else None)
+        super().__init__(operands=[value], properties={"check": StringAttr(check)}, attributes=attrs)
+
+    def verify_op(self) -> None:
+        kind = self.check.data
+        _check_choice("check", kind, tuple(RUNTIME_CHECKS))
+        if (kind in BOUNDED) != (self.bound is not None):
+            raise VerifyException(f"check '{kind}' {'needs a' if kind in BOUNDED else 'takes no'} bound")
+        if self.bound is not None and not math.isfinite(self.bound.value.data):
+            raise VerifyException(f"the bound must be finite, got {self.bound.value.data}")
+        if not buffer_type(self.value).dtype.is_float:
+            raise VerifyException(f"an assertion checks a float buffer, not {buffer_type(self.value).dtype.value}")
+        if not self.tensor.data:
+            raise VerifyException("the checked tensor must be named")
+        for name in ("condition", "at"):
+            if name in self.attributes and not isinstance(self.attributes[name], StringAttr):
+                raise VerifyException(f"'{name}' must be a string")
+
+    def checks(self):
+        """The check as :class:`~modeldsl.dialects.assertions.Check`."""
+        return Check(self.check.data, self.tensor.data, self.bound.value.data if self.bound is not None else None)
+
+
+@irdl_op_definition
 class CopyOp(SchedOp):
     """Copies ``src`` into ``dst``: all of it (equal byte sizes), or the leading
     ``bytes`` bytes of each.
@@ -1191,6 +1244,7 @@ SCHED_OPS: tuple[type[Operation], ...] = (
     AttentionOp,
     AttentionBackwardOp,
     MemsetOp,
+    AssertOp,
     CopyOp,
     LayerLoopOp,
     LayerViewOp,

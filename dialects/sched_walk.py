@@ -5,8 +5,9 @@ each visit a program's ops in execution order through :func:`walk` (a block or a
 :func:`visit` (one op and what it holds), with a :class:`ScheduleVisitor`: one callback per op
 kind (``buffer``, ``layer_view``, ``marker`` for streams and syncs, ``launch``, ``gemm``,
 ``attention``, ``attention_backward``, ``memset``, ``copy``, ``collective``; the work kinds fall
-back to ``work``) and ``other`` for an op the dialect does not run (a container of ops without
-buffer operands may :func:`descend` into it). The walk itself handles the structure:
+back to ``work``; ``check`` for an ``@assert``'s runtime check) and ``other`` for an op the
+dialect does not run (a container of ops without buffer operands may :func:`descend` into it).
+The walk itself handles the structure:
 
 - a ``recompute_segment`` runs its body where it stands (:attr:`At.segment` names it);
 - a ``layer_loop`` runs its body once per layer, ``lower`` to ``upper - 1`` (backwards when
@@ -32,6 +33,7 @@ from xdsl.ir import Block, Operation, SSAValue
 from modeldsl.dialects.sched import (
     EPILOGUES,
     KEYED_BY_LAYER,
+    AssertOp,
     AttentionBackwardOp,
     AttentionOp,
     BufferOp,
@@ -65,6 +67,7 @@ CALLBACKS: dict[type[Operation], str] = {
     MemsetOp: "memset",
     CopyOp: "copy",
     CollectiveOp: "collective",
+    AssertOp: "check",
 }
 
 
@@ -154,6 +157,10 @@ class ScheduleVisitor:
     def collective(self, op: CollectiveOp, at: At) -> None:
         self.work(op, at)
 
+    def check(self, op: AssertOp, at: At) -> None:
+        """An ``@assert`` check: it reads its buffer and does no work (the FLOP count, the cost
+        model and liveness pass it by: it runs right after the op that wrote the buffer)."""
+
     def work(self, op: Operation, at: At) -> None:
         """Any work op whose own callback is not overridden."""
 
@@ -233,6 +240,8 @@ def operand_roles(op: Operation) -> list[Role]:
         return [(op.src, True, False, n), (op.dst, False, True, n)]
     if isinstance(op, CollectiveOp):
         return [(op.input, True, False, None), (op.output, False, True, None)]
+    if isinstance(op, AssertOp):
+        return [(op.value, True, False, None)]
     return [(v, True, True, None) for v in op.operands if isinstance(v.type, BufferType)]
 
 

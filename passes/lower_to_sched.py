@@ -70,17 +70,35 @@ import math
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import DenseArrayBase, FloatAttr, IntegerAttr, ModuleOp, StringAttr, UnitAttr, f64, i64
+from xdsl.dialects.builtin import (
+    DenseArrayBase,
+    FileLineColLoc,
+    FloatAttr,
+    IntegerAttr,
+    ModuleOp,
+    StringAttr,
+    UnitAttr,
+    f64,
+    i64,
+)
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError
-from modeldsl.dialects.annotations import LifetimeAttr, NoaliasAttr, find_annotation, is_frozen
+from modeldsl.dialects.annotations import (
+    AssertAttr,
+    LifetimeAttr,
+    NoaliasAttr,
+    annotations_of,
+    find_annotation,
+    is_frozen,
+)
 from modeldsl.dialects.dtypes import DType
-from modeldsl.dialects.graph import CallOp, CustomOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
+from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.dialects.sched import (
     KEYED_BY_LAYER,
+    AssertOp,
     AttentionBackwardOp,
     AttentionOp,
     BufferOp,
@@ -96,13 +114,12 @@ from modeldsl.dialects.sched import (
     kernel_choice_attributes,
 )
 from modeldsl.graph_builder import op_attr
-from modeldsl.ir import span_of_location
 from modeldsl.kernel_choice import KernelChoice, kernel_choice
 from modeldsl.kernels import dropout_mask
 from modeldsl.kernels.registry import entry
 from modeldsl.passes import lower_gemm_epilogues as epilogues
 from modeldsl.passes.specialize import require_bound_attributes
-from modeldsl.primitives import PrimitiveSignature, builtin_primitives, signature_of_op
+from modeldsl.primitives import PrimitiveSignature, primitives
 from modeldsl.symbolic import SymbolicError
 
 # attributes of graph ops that are not kernel parameters
@@ -197,14 +214,6 @@ def _error(message: str, hint: str | None = None) -> DiagnosticError:
     return DiagnosticError([Diagnostic("E029", message, None, hint)])
 
 
-def _unknown_op(op: Operation) -> DiagnosticError:
-    if isinstance(op, CustomOp):  # a user primitive this process has not registered
-        return DiagnosticError([Diagnostic("E014", f"mdsl-lower-to-sched: no primitive '{op.primitive}' is "
-                                           "registered", span_of_location(op.location),
-                                           "register it first: modeldsl.register_primitive(...)")])
-    return _error(f"mdsl-lower-to-sched cannot lower {op.name}")
-
-
 class ScheduleBuilder:
     """Walks graph functions in order, creating buffers and work ops."""
 
@@ -226,7 +235,7 @@ class ScheduleBuilder:
         self.split_gemms: dict[Operation, tuple[SSAValue, SSAValue, float]] = {}  # split -> (x, W, alpha)
         self.outputs: dict[SSAValue, int] = {}
         self.in_loop_grads: dict[SSAValue, SSAValue] = {}  # collected parameter gradient -> its grads buffer
-        self.signatures = {sig.op.name: sig for sig in builtin_primitives().values()}
+        self.signatures = {sig.op.name: sig for sig in primitives().values()}
 
     # ------------------------------------------------------------------ program
     def lower(self, func: FuncOp, grads_arena: bool = False) -> ProgramOp:
@@ -490,16 +499,56 @@ class ScheduleBuilder:
             for result, value in zip(op.res, self.run_body(callee.body.block, self.values)):
                 self.values[result] = self.buffer(value)
         else:
-            sig = signature_of_op(op)  # a user primitive's (mdsl.graph.custom): a launch of its reference
+            sig = self.signatures.get(op.name)
             if sig is None:
-                raise _unknown_op(op)
+                raise _error(f"mdsl-lower-to-sched cannot lower {op.name}")
             choice = kernel_choice(op, sig.name)  # @kernel: E043 where a binding choice cannot run it
             before = self.block.last_op
-            lower = None if sig.custom else getattr(self, f"lower_{sig.name}", None)
+            lower = getattr(self, f"lower_{sig.name}", None)
             if lower is None or not lower(op):
                 self.launch(sig, op)
             if choice is not None:
                 self.record_choice(choice, sig.name, before)
+        self.assertions(op)
+
+    def assertions(self, op: Operation) -> None:
+        """``@assert`` (spec 7.7.1) on the values ``op`` made: one ``mdsl.sched.assert`` per runtime
+        check, right after the work that wrote them; a shape check (one the frontend left to the
+        bound sizes) is decided here, E027 where it fails. Nothing without ``@assert``."""
+        for attr in annotations_of(op):
+            if not isinstance(attr, AssertAttr) or not attr["enabled"]:
+                continue
+            floats = [r for r in op.results if isinstance(r.type, TensorType) and r.type.dtype.is_float]
+            for check in attr.checks():
+                value = next((r for r in op.results if r.name_hint == check.tensor), None)
+                value = value if value is not None else floats[0] if len(floats) == 1 else None
+                if value is None:
+                    raise _error(f"mdsl-lower-to-sched: @assert checks '{check.tensor}', which {op.name} does not "
+                                 "compute", "assert on the tensors the flow computes")
+                at = op.location
+                where = f"{at.filename.data}:{at.line.data}:{at.column.data}" if isinstance(at, FileLineColLoc) \
+                    else None
+                if check.kind == "shape":
+                    self.shape_assertion(check, value, attr, where)
+                    continue
+                self.block.add_op(AssertOp(check.kind, self.buffer(value), check.tensor, attr["message"] or "",
+                                           check.bound, attr["condition"], where))
+
+    def shape_assertion(self, check, value: SSAValue, attr: AssertAttr, where: str | None) -> None:
+        """``x.shape[i] == size`` once the sizes are bound (``size`` an integer or a config value)."""
+        shape = self.shape(value)
+        size = check.size
+        if isinstance(size, str):
+            config = self.model.config.data if self.model.config is not None else {}
+            found = config.get(size)
+            size = found.value.data if isinstance(found, IntegerAttr) else None
+        if size is None:
+            raise _error(f"mdsl-lower-to-sched: @assert({check.text}) cannot be decided: '{check.size}' is no "
+                         "size of the model", "compare with an integer or a config value of the model")
+        if not -len(shape) <= check.dim < len(shape) or shape[check.dim] != size:
+            place = f" (the flow at {where})" if where else ""
+            raise DiagnosticError([Diagnostic("E027", f"@assert({check.text}) fails{place}: '{check.tensor}' is "
+                                              f"{list(shape)}: {attr['message'] or 'assertion failed'}", None)])
 
     def record_choice(self, choice: KernelChoice, primitive: str, before: Operation | None) -> None:
         """Put an op's ``@kernel`` choice on the work ops after ``before`` that run its primitive."""
@@ -588,7 +637,8 @@ class ScheduleBuilder:
             a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
         b, transb = self.gemm_operand(op.operands[1], mode[1] == "T")
         split = _only_user_splits_last_dim(op.results[0]) if self.split_projections else None
-        if split is not None and split is op.next_op and transb and not transa and len(self.shape(b)) == 2:
+        if split is not None and split is op.next_op and transb and not transa and len(self.shape(b)) == 2 \
+                and find_annotation(op, AssertAttr) is None:  # (an asserted projection is held)
             self.split_gemms[split] = (a, b, op_attr(op, "alpha", 1.0))
             return True
         if transa and len(self.shape(a)) > 2:  # a weight gradient: contract over every leading dim

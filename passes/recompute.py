@@ -631,6 +631,7 @@ class RecomputeLayerTensors(RewritePattern):
         forward = StackOp(pair.fwd.sym_name.data, count, list(old_forward.carried), list(old_forward.per_layer),
                           list(old_forward.shared), [StackOp.stacked_type(count, v.type) for v in new_saved])
         forward.attributes |= {k: v for k, v in old_forward.attributes.items()}
+        forward.location = old_forward.location  # (where an @assert on the stack's result stands)
         rewriter.insert(forward, InsertPoint.before(old_forward))
         body = old_forward.body.root_reference.data
         for new, old in zip(forward.carried_results, old_forward.carried_results):

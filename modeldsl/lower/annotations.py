@@ -23,6 +23,7 @@ from modeldsl.dialects.annotations import (
     ANNOTATION_BY_NAME,
     AnnotationAttr,
     AnnotationError,
+    AssertAttr,
     CheckpointAttr,
     FuseAttr,
     FuseRequiredAttr,
@@ -31,6 +32,7 @@ from modeldsl.dialects.annotations import (
     effective_memory_policy,
     make_annotation,
 )
+from modeldsl.dialects.assertions import Check
 from modeldsl.dialects.graph import FuncOp, ParamRefOp, StackOp
 from modeldsl.frontend.text import ast
 from modeldsl.instances import (
@@ -52,7 +54,7 @@ from modeldsl.resolve.annotation_checks import (
 )
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate
 from modeldsl.resolve.user_annotations import recipe_fields, user_annotation
-from modeldsl.symbolic import Expr
+from modeldsl.symbolic import Expr, definitely_different
 
 INERT_HINT = "remove it, or see docs/annotations.md for the annotations that take effect"
 
@@ -72,7 +74,8 @@ class AnnotationsMixin:
             declared = namespace.get(f"@{node.name}")
             try:
                 for arg in node.args:
-                    value = self.annotation_value(arg.value, env)
+                    condition = node.name == "assert" and (arg.name == "condition" or arg.name is None and not args)
+                    value = condition_text(arg.value) if condition else self.annotation_value(arg.value, env)
                     if arg.name is None:
                         args.append(value)
                     else:
@@ -181,12 +184,79 @@ class AnnotationsMixin:
         target = "flow" if self.backward is None else "backward"
         annotations, user = split_user(self.annotations(nodes, instance.env, instance.namespace, target))
         kernel = next((n for n in nodes if n.name == "kernel"), None)
+        annotations = self.check_assertions(ops, annotations, nodes, instance)
         for op in ops:
             _add_annotations(op, "annotations", annotations)
             _add_annotations(op, "user_annotations", user)
             if kernel is not None and lookup_primitive(op.name.removeprefix("mdsl.graph.")) is not None:
                 check_kernel_annotation(op, kernel.span, self.sink)  # E043 or W012 (spec 7.5.3)
         return annotations
+
+    def check_assertions(self, ops: Sequence[Operation], annotations: list[Attribute], nodes: list[ast.Annotation],
+                         instance: Instance) -> list[Attribute]:
+        """``@assert`` (spec 7.7.1) names the tensors the flow computes (E002 otherwise); a shape check
+        is decided here where the sizes tell (E027 where it fails), else left to ``mdsl-lower-to-sched``
+        (its size an integer or a size of the model); the condition kept holds the checks left (an
+        assertion with none left, or ``enabled=false``, is dropped: it costs nothing)."""
+        kept = []
+        results = {r.name_hint: r for op in ops for r in op.results if r.name_hint}
+        for attr in annotations:
+            if not isinstance(attr, AssertAttr):
+                kept.append(attr)
+                continue
+            node = next((n for n in nodes if n.name == "assert"), nodes[0])
+            left = []
+            for check in attr.checks():
+                value = results.get(check.tensor)
+                if value is None:
+                    close = difflib.get_close_matches(check.tensor, list(results), n=1)
+                    self.sink.error("E002", f"@assert checks '{check.tensor}', which this flow does not compute",
+                                    node.span, f"did you mean '{close[0]}'?" if close else
+                                    f"the flow computes: {', '.join(results) or 'no named tensor'}")
+                elif check.kind != "shape":
+                    left.append(check)
+                else:
+                    deferred = self.check_shape_assertion(check, value, attr, node, instance)
+                    left += [deferred] if deferred is not None else []
+            if left and attr["enabled"]:
+                condition = " && ".join(c.text for c in left)
+                kept.append(attr if condition == attr["condition"] else
+                            AssertAttr.of(condition=condition, message=attr["message"]))
+        return kept
+
+    def check_shape_assertion(self, check: Check, value: SSAValue, attr: AnnotationAttr, node: ast.Annotation,
+                              instance: Instance) -> Check | None:
+        """``x.shape[i] == size``: decided from the tensor's type and the module's sizes (None), or the
+        check ``mdsl-lower-to-sched`` decides once the sizes are bound."""
+        shape = list(value.type.shape)
+        if not -len(shape) <= check.dim < len(shape):
+            self.sink.error("E004", f"@assert: '{check.tensor}' has {len(shape)} dimensions, no dimension "
+                            f"{check.dim}", node.span)
+            return None
+        dim, size = shape[check.dim], check.size
+        if isinstance(size, str):
+            found, size = instance.env.lookup(size)
+            if not found:
+                self.sink.error("E002", f"@assert compares with '{check.size}', which is no size of the module",
+                                node.span, "compare with an integer or a parameter of the module")
+                return None
+        want = Expr.const(size) if isinstance(size, int) and not isinstance(size, bool) else size
+        if not isinstance(want, Expr) or not isinstance(dim, Expr):
+            self.sink.error("E008", f"@assert: '{check.text}' does not compare sizes", node.span)
+            return None
+        if dim == want:
+            return None
+        if definitely_different(dim, want):
+            self.sink.error("E027", f"@assert({check.text}) never holds: '{check.tensor}' is {value.type}: "
+                            f"{attr['message'] or 'assertion failed'}", node.span)
+            return None
+        bound = want.const_value() if want.is_const() else str(want)
+        if not isinstance(bound, int) and not str(bound).isidentifier():
+            self.sink.error("E008", f"@assert({check.text}) cannot be decided: dimension {check.dim} of "
+                            f"'{check.tensor}' is {dim}, and {check.size} is {want}", node.span,
+                            "compare with an integer or a size of the model")
+            return None
+        return Check("shape", check.tensor, dim=check.dim, size=bound)
 
     def mark_checkpoint_region(self, before: Operation | None, annotations: list[Attribute]) -> None:
         """A flow ``@checkpoint``: every op the flow made (the region ``mdsl-recompute`` replays)
@@ -322,6 +392,11 @@ def split_user(annotations: list[Attribute]) -> tuple[list[Attribute], list[Attr
     """Built-in annotations (typed attributes) apart from uses of declared ones (dictionaries)."""
     return ([a for a in annotations if not isinstance(a, DictionaryAttr)],
             [a for a in annotations if isinstance(a, DictionaryAttr)])
+
+
+def condition_text(node: ast.Expr) -> str:
+    """An ``@assert`` condition: a string as written, an expression (``!has_nan(out)``) as its text."""
+    return node.value if isinstance(node, ast.Str) else node.span.text
 
 
 def _annotation_value(node: ast.Expr) -> Any:

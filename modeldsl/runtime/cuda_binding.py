@@ -36,6 +36,7 @@ from xdsl.ir import Operation, SSAValue
 
 from modeldsl.dialects.sched import (
     LAUNCH_ATTRIBUTES,
+    AssertOp,
     AttentionBackwardOp,
     AttentionOp,
     BufferOp,
@@ -53,6 +54,7 @@ from modeldsl.kernels import cuda
 from modeldsl.kernels.registry import entry
 from modeldsl.primitives import lookup_primitive
 from modeldsl.runtime.cuda_commands import (
+    AssertCommand,
     AttentionBackwardCommand,
     AttentionCommand,
     Command,
@@ -377,6 +379,10 @@ class CommandCompiler(ScheduleVisitor):
         value = op.attributes.get("value")
         self.commands.append(MemsetCommand(target=self.refs[op.target],
                                            value=value.value.data if value is not None else 0.0))
+
+    def check(self, op: AssertOp, at: At) -> None:
+        """An ``@assert``'s check, on a host copy of the buffer where it stands."""
+        self.commands.append(AssertCommand(target=self.refs[op.value], op=op, layers=tuple(at.layers)))
 
     def buffer(self, op: BufferOp, at: At) -> None:
         self.other(op, at)  # buffers are placed at the top level

@@ -31,6 +31,7 @@ from modeldsl.dialects.sched import EPILOGUES
 from modeldsl.kernel_choice import KernelChoice
 from modeldsl.kernels import cuda
 from modeldsl.kernels.reference import flash_attention, flash_attention_backward, gemm
+from modeldsl.runtime import assertions
 from modeldsl.runtime.cuda_device import Device, fill_pattern
 from modeldsl.runtime.executor import ExecutionError
 from modeldsl.runtime.sched_executor import write_results
@@ -403,6 +404,34 @@ class AttentionBackwardCommand(AttentionCommand):
 
     def dispatch(self, device: Device) -> None:
         device.attention_backward(self)
+
+
+@dataclass(eq=False)
+class AssertCommand(Command):
+    """An ``@assert``'s check (spec 7.7.1): the buffer copied to the host where the op stands and
+    checked there (E046 when it fails). It runs on the host, so a program holding one is not captured
+    as a CUDA graph."""
+
+    target: TensorRef | None = None
+    op: Any = None  # the mdsl.sched.assert op
+    layers: tuple[int, ...] = ()
+    kind = "assert"
+    host = True  # reads device memory on the host (no graph capture)
+
+    @property
+    def label(self) -> str:
+        return f"assert {self.op.checks().text}"
+
+    @property
+    def refs(self) -> tuple[TensorRef | None, ...]:
+        return (self.target,)
+
+    def compute(self, arrays: list[np.ndarray | None]) -> None:
+        assertions.check(self.op, arrays[0], self.layers)
+
+    def dispatch(self, device: Device) -> None:
+        values = device.download(self.target.address, self.target.nbytes).view(self.target.dtype)
+        assertions.check(self.op, values.reshape(self.target.shape), self.layers)
 
 
 @dataclass(eq=False)

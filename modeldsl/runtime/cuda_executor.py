@@ -184,7 +184,8 @@ class CudaExecutor:
     # ------------------------------------------------------------------ running
     @property
     def capturable(self) -> bool:
-        return self.graphs and self.device.supports_graphs and not self.fallbacks
+        return self.graphs and self.device.supports_graphs and not self.fallbacks and \
+            not any(getattr(c, "host", False) for c in self.commands)  # (an @assert reads on the host)
 
     def execute(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Copy the inputs in, run every command, copy the outputs out."""

@@ -32,6 +32,7 @@ from xdsl.ir import Attribute, Operation, SSAValue
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.sched import (
     LAUNCH_ATTRIBUTES,
+    AssertOp,
     AttentionBackwardOp,
     AttentionOp,
     BufferOp,
@@ -52,6 +53,7 @@ from modeldsl.kernels.cpu.pool import BUFSIZE, pool_of
 from modeldsl.kernels.reference import flash_attention, flash_attention_backward, gemm
 from modeldsl.kernels.registry import entry
 from modeldsl.primitives import lookup_primitive
+from modeldsl.runtime import assertions
 from modeldsl.runtime.executor import (
     DTYPE_KEYWORDS,
     NUMPY_DTYPES,
@@ -296,6 +298,11 @@ class StepCompiler(ScheduleVisitor):
         value = op.attributes.get("value")
         target, fill = self.views[op.operands[0]], value.value.data if value is not None else 0.0
         self.steps.append(lambda: target.fill(fill))
+
+    def check(self, op: AssertOp, at: At) -> None:
+        """An ``@assert``'s check of the buffer's view where it stands (E046 when it fails)."""
+        view, layers = self.views[op.value], at.layers
+        self.steps.append(lambda: assertions.check(op, view, layers))
 
     def buffer(self, op: BufferOp, at: At) -> None:
         self.other(op, at)  # buffers are placed at the top level

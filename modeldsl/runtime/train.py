@@ -49,6 +49,7 @@ from modeldsl.hf.compat import training_only_fields, warn_python
 from modeldsl.passes.fuse import FusePass
 from modeldsl.passes.lower_to_sched import rng_step_input
 from modeldsl.passes.pipelines import OptimizerUpdate, TrainStep, pipeline_of
+from modeldsl.runtime.assertions import AssertionFailed
 from modeldsl.runtime.device_memory import free_memory_bytes
 from modeldsl.runtime.executor import ExecutionError
 from modeldsl.runtime.optim import AdamWConfig
@@ -200,7 +201,12 @@ class Trainer:
         Inf or NaN shows in it, not as numpy RuntimeWarnings)."""
         weight = 1.0 / len(micro_batches)
         with np.errstate(all="ignore"):
-            losses = [self.accumulate(tokens, labels, weight) for tokens, labels in micro_batches]
+            losses = []
+            for index, (tokens, labels) in enumerate(micro_batches):
+                try:
+                    losses.append(self.accumulate(tokens, labels, weight))
+                except AssertionFailed as failed:  # an @assert of the model: name the step and micro-batch
+                    raise failed.in_training_step(self.step + 1, index) from None
             lr = self.config.lr_at(self.step)
             self.step += 1
             (norm,) = self.optimizer.execute(np.array([lr], dtype=np.float32),

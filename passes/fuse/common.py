@@ -3,8 +3,8 @@
 Every pattern is a :class:`FusionPattern` with the ``name`` a ``disable=`` option and a
 ``@fuse(name)`` annotation use. Before it merges ops it asks :meth:`FusionPattern.may_fuse`:
 
-* no op is a barrier: ``@nofuse`` (spec 7.5.2), a ``@hook`` or a ``@probe`` (the executors
-  observe its result: fusing it away would lose the observation), a replay that
+* no op is a barrier: ``@nofuse`` (spec 7.5.2), a ``@hook``, a ``@probe`` or an ``@assert`` (the
+  executors observe or check its result: fusing it away would lose that), a replay that
   ``mdsl-recompute`` marked (its segment is kept as it is), or an op with a parameter that
   ``mdsl-specialize`` has not bound yet (a ``#mdsl.graph.sym``: its value is not known);
 * no op is ``@alias``/``@noalias`` (a fused op would lose what they ask of the memory planner);
@@ -39,6 +39,7 @@ from modeldsl.dialects.annotations import (
     ANNOTATIONS_ATTR_NAME,
     AliasAttr,
     AnnotationAttr,
+    AssertAttr,
     BarrierAttr,
     FuseAttr,
     FuseRequiredAttr,
@@ -51,7 +52,7 @@ from modeldsl.dialects.annotations import (
 from modeldsl.dialects.graph_primitives import is_symbolic
 from modeldsl.resolve.annotation_checks import fusion_problem
 
-BARRIERS = (NofuseAttr, HookAttr, ProbeAttr, BarrierAttr, AliasAttr, NoaliasAttr)
+BARRIERS = (NofuseAttr, HookAttr, ProbeAttr, BarrierAttr, AliasAttr, NoaliasAttr, AssertAttr)
 
 
 def is_barrier(op: Operation, carried: bool = False) -> bool:

@@ -11,6 +11,7 @@ from modeldsl.dialects.annotations import ANNOTATION_BY_NAME
 from modeldsl.frontend.text import ast
 
 KEYWORD_NAMES = {"in_": "in"}  # Python keywords the text DSL uses as names
+ANNOTATION_KEYWORDS = {"assert_": "assert"}  # annotations named by a Python keyword
 DTYPE_STEPS = ("cast", "zeros", "ones", "fill")  # their dtype= is the primitive's, not the @dtype annotation
 
 OPERATORS = {py.Add: "+", py.Sub: "-", py.Mult: "*", py.Div: "/", py.FloorDiv: "//", py.Mod: "%", py.Pow: "**",
@@ -178,6 +179,12 @@ def is_docstring(stmt: py.stmt) -> bool:
 
 
 def is_annotation(keyword: py.keyword, call: py.Call) -> bool:
-    """Whether a step's keyword is an annotation (``hook=``, ``dtype=``) rather than a parameter."""
+    """Whether a step's keyword is an annotation (``hook=``, ``dtype=``, ``assert_=``) rather than a parameter."""
     steps_dtype = isinstance(call.func, py.Attribute) and call.func.attr in DTYPE_STEPS
-    return keyword.arg in ANNOTATION_BY_NAME and not (steps_dtype and keyword.arg == "dtype")
+    name = annotation_name(keyword.arg)
+    return name in ANNOTATION_BY_NAME and not (steps_dtype and name == "dtype")
+
+
+def annotation_name(keyword: str | None) -> str | None:
+    """The annotation a keyword spells: its own name, ``assert_`` for ``@assert`` (a Python keyword)."""
+    return ANNOTATION_KEYWORDS.get(keyword, keyword)

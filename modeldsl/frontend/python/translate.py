@@ -58,6 +58,7 @@ from modeldsl.frontend.python.decorators import BLOCK_MAPPINGS, HF_SECTIONS, KIN
 from modeldsl.frontend.python.hf import HuggingFaceSections
 from modeldsl.frontend.python.nodes import (
     KEYWORD_NAMES,
+    annotation_name,
     called_name,
     is_annotation,
     is_docstring,
@@ -580,12 +581,23 @@ class Translator(HuggingFaceSections, Primitives, BuilderCalls, Decorators):
         """``hook="BeforeAttention"``, ``frozen=True``, ``kernel={"impl": "cudnn"}``, ``shard=("column",
         {"tp_size": "tp_size"})``: ``@hook(BeforeAttention)``, ``@frozen``, ``@kernel(impl=cudnn)``,
         ``@shard(column, tp_size=tp_size)`` (a tuple gives several arguments, a dict keyword ones)."""
-        value = keyword.value
+        value, name = keyword.value, annotation_name(keyword.arg)
         if isinstance(value, py.Constant) and value.value is True:
-            return ast.Annotation(self.span(keyword), keyword.arg, [])
+            return ast.Annotation(self.span(keyword), name, [])
         items = value.elts if isinstance(value, py.Tuple) else [value]
+        if name == "assert":  # assert_=("!has_nan(out)", "why"): the condition and message as written
+            return ast.Annotation(self.span(keyword), name, [a for item in items for a in self.text_args(item)])
         args = [a for item in items for a in self.annotation_args(item)]
-        return ast.Annotation(self.span(keyword), keyword.arg, args)
+        return ast.Annotation(self.span(keyword), name, args)
+
+    def text_args(self, item: py.expr) -> list[ast.Arg]:
+        """Arguments whose strings are text (an ``@assert``'s condition and message), not expressions."""
+        def text(v: py.expr) -> ast.Expr:
+            return ast.Str(self.span(v), v.value) if is_string(v) else self.word(v)
+        if isinstance(item, py.Dict):
+            return [ast.Arg(self.span(v), text(v), k.value, "=") for k, v in zip(item.keys, item.values)
+                    if is_string(k)]
+        return [ast.Arg(self.span(item), text(item))]
 
     def decorator_annotation(self, decorator: py.expr) -> ast.Annotation:
         """``@checkpoint``, ``@memory("save")``, ``@shard("column", tp_size="tp_size")`` on a class."""

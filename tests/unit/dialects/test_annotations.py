@@ -138,8 +138,9 @@ ROUND_TRIPS = [
      '#mdsl.graph.comm<all_reduce, group = "dp", bucket_size = 25000000>'),
     ('#mdsl.graph.comm<send, group = "default", async = true>', "#mdsl.graph.comm<send>"),
     ('#mdsl.graph.assert<"!has_nan(out)", message = "NaN in attention output">',
-     '#mdsl.graph.assert<"!has_nan(out)", message = "NaN in attention output">'),
-    ('#mdsl.graph.assert<condition = "x >= 0", enabled = false>', '#mdsl.graph.assert<"x >= 0", enabled = false>'),
+     '#mdsl.graph.assert<"!has_nan(out)", "NaN in attention output">'),
+    ('#mdsl.graph.assert<condition = "all(x >= 0)", enabled = false>',
+     '#mdsl.graph.assert<"all(x >= 0)", enabled = false>'),
     ('#mdsl.graph.profile<"attention", memory = true, nvtx = true>', '#mdsl.graph.profile<"attention", memory = true>'),
     ("#mdsl.graph.trace<ops>", "#mdsl.graph.trace"),
     ("#mdsl.graph.trace<level = tensors>", "#mdsl.graph.trace<tensors>"),
@@ -270,7 +271,8 @@ def test_verify_runs_the_cross_parameter_rules():
         ("partition", [0], {}, "#mdsl.graph.partition<0>"),
         ("comm", ["all_reduce"], {"group": "dp", "bucket_size": 25_000_000},
          '#mdsl.graph.comm<all_reduce, group = "dp", bucket_size = 25000000>'),
-        ("assert", ["x > 0"], {"message": "bad"}, '#mdsl.graph.assert<"x > 0", message = "bad">'),
+        ("assert", ["all(x > 0)"], {"message": "bad"}, '#mdsl.graph.assert<"all(x > 0)", "bad">'),
+        ("assert", ["!has_nan(x)", "bad"], {}, '#mdsl.graph.assert<"!has_nan(x)", "bad">'),
         ("profile", ["forward"], {"nvtx": True}, '#mdsl.graph.profile<"forward">'),
         ("trace", [], {"level": "tensors"}, "#mdsl.graph.trace<tensors>"),
         ("frozen", [], {}, "#mdsl.graph.frozen"),
@@ -356,6 +358,9 @@ def test_positional_and_keyword_forms_are_the_same_attribute():
         ("comm", ["all_reduce"], {"group": ""}, "@comm group must not be empty"),
         ("comm", ["scatter"], {}, "'scatter' is not one of"),
         ("assert", [], {"message": "m"}, "@assert needs 'condition'"),
+        ("assert", ["x > 0"], {}, "'x' is no check in the condition 'x > 0'"),
+        ("assert", ["!has_nan(x) || all(x > 0)"], {}, "'||' in the condition"),
+        ("assert", ["all(x >= 0"], {}, "expected ')' in the condition"),
         ("profile", ["p"], {"memory": 1}, "@profile(memory=...) expects true or false"),
         ("trace", ["everything"], {}, "'everything' is not one of ops, tensors, values"),
         ("gradient", ["skip"], {"scale": 0.5}, "@gradient(skip) computes no gradient and takes no scale"),
@@ -414,7 +419,7 @@ def test_check_annotations_of_an_op(ctx):
 
 def test_check_annotation_set():
     check_annotation_set([make_annotation("hook", ["A"]), make_annotation("hook", ["B"]),
-                          make_annotation("assert", ["c"])])
+                          make_annotation("assert", ["!has_nan(c)"])])
     check_annotation_set([DtypeAttr.of(type="bf16"), PrecisionAttr.of(compute="fp8_e4m3", output="bf16")])
     check_annotation_set([DtypeAttr.of(type="bf16"), PrecisionAttr.of(policy="fp8_hybrid")])
     cases = [
