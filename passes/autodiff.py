@@ -56,11 +56,13 @@ from xdsl.passes import ModulePass
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError
 from modeldsl.dialects.annotations import GradientAttr, annotations_of, find_annotation
-from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
+from modeldsl.dialects.graph import CallOp, CustomOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.graph_builder import GraphBuilder, GraphBuildError
+from modeldsl.ir import span_of_location
 from modeldsl.kernel_choice import carry_to_backward
-from modeldsl.prims import registry
+from modeldsl.primitives import primitive_name
+from modeldsl.prims import by_name, registry
 from modeldsl.vjp import RULES
 
 
@@ -99,6 +101,22 @@ def set_training_mode(op: Operation) -> None:
     entry = registry().get(type(op))
     for name, value in (entry.training.items() if entry is not None else ()):
         op.attributes[name] = value
+
+
+def user_vjp(op: Operation):
+    """The VJP rule of a user primitive's call (:mod:`modeldsl.prims.user`); E005 at the call for one
+    registered without ``vjp=`` (or not registered here), whose gradient is needed."""
+    if not isinstance(op, CustomOp):
+        return None
+    record = by_name().get(op.primitive)
+    if record is not None and record.vjp is not None:
+        return record.vjp
+    why = record.no_vjp if record is not None else f"{op.primitive} is not registered in this process"
+    raise DiagnosticError([Diagnostic(
+        "E005", f"missing required gradient: a gradient flows back through {op.primitive}, but {why}",
+        span_of_location(op.location, op.primitive),
+        f"register it with modeldsl.register_primitive(\"{op.primitive}\", ..., vjp=...), or keep the gradient "
+        "from reaching it (@frozen parameters, @gradient(skip))")])
 
 
 def is_float(value: SSAValue) -> bool:
@@ -376,8 +394,8 @@ class GradientBuilder:
             result_grads = [self.grads.get(r) for r in op.results]
             if all(g is None for g in result_grads):
                 continue
-            name = op.name.removeprefix("mdsl.graph.")
-            rule = RULES.get(name)
+            name = primitive_name(op)
+            rule = RULES.get(name) or user_vjp(op)
             if rule is None:
                 raise AutodiffError(f"no VJP rule for {name}")
             before = self.block.last_op

@@ -94,7 +94,7 @@ from modeldsl.dialects.annotations import (
     is_frozen,
 )
 from modeldsl.dialects.dtypes import DType
-from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
+from modeldsl.dialects.graph import CallOp, CustomOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.dialects.sched import (
     KEYED_BY_LAYER,
@@ -114,12 +114,13 @@ from modeldsl.dialects.sched import (
     kernel_choice_attributes,
 )
 from modeldsl.graph_builder import op_attr
+from modeldsl.ir import span_of_location
 from modeldsl.kernel_choice import KernelChoice, kernel_choice
 from modeldsl.kernels import dropout_mask
 from modeldsl.kernels.registry import entry
 from modeldsl.passes import lower_gemm_epilogues as epilogues
 from modeldsl.passes.specialize import require_bound_attributes
-from modeldsl.primitives import PrimitiveSignature, primitives
+from modeldsl.primitives import PrimitiveSignature, builtin_primitives, signature_of_op
 from modeldsl.symbolic import SymbolicError
 
 # attributes of graph ops that are not kernel parameters
@@ -214,6 +215,14 @@ def _error(message: str, hint: str | None = None) -> DiagnosticError:
     return DiagnosticError([Diagnostic("E029", message, None, hint)])
 
 
+def _unknown_op(op: Operation) -> DiagnosticError:
+    if isinstance(op, CustomOp):  # a user primitive this process has not registered
+        return DiagnosticError([Diagnostic("E014", f"mdsl-lower-to-sched: no primitive '{op.primitive}' is "
+                                           "registered", span_of_location(op.location),
+                                           "register it first: modeldsl.register_primitive(...)")])
+    return _error(f"mdsl-lower-to-sched cannot lower {op.name}")
+
+
 class ScheduleBuilder:
     """Walks graph functions in order, creating buffers and work ops."""
 
@@ -235,7 +244,7 @@ class ScheduleBuilder:
         self.split_gemms: dict[Operation, tuple[SSAValue, SSAValue, float]] = {}  # split -> (x, W, alpha)
         self.outputs: dict[SSAValue, int] = {}
         self.in_loop_grads: dict[SSAValue, SSAValue] = {}  # collected parameter gradient -> its grads buffer
-        self.signatures = {sig.op.name: sig for sig in primitives().values()}
+        self.signatures = {sig.op.name: sig for sig in builtin_primitives().values()}
 
     # ------------------------------------------------------------------ program
     def lower(self, func: FuncOp, grads_arena: bool = False) -> ProgramOp:
@@ -499,12 +508,12 @@ class ScheduleBuilder:
             for result, value in zip(op.res, self.run_body(callee.body.block, self.values)):
                 self.values[result] = self.buffer(value)
         else:
-            sig = self.signatures.get(op.name)
+            sig = signature_of_op(op)  # a user primitive's (mdsl.graph.custom): a launch of its reference
             if sig is None:
-                raise _error(f"mdsl-lower-to-sched cannot lower {op.name}")
+                raise _unknown_op(op)
             choice = kernel_choice(op, sig.name)  # @kernel: E043 where a binding choice cannot run it
             before = self.block.last_op
-            lower = getattr(self, f"lower_{sig.name}", None)
+            lower = None if sig.custom else getattr(self, f"lower_{sig.name}", None)
             if lower is None or not lower(op):
                 self.launch(sig, op)
             if choice is not None:
