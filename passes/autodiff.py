@@ -289,8 +289,12 @@ class GradientBuilder:
                     self.per_layer.add(values[v].owner.param.root_reference.data)
         carried = [values[v] for v in op.carried]
         shared = [values[v] for v in op.shared]
+        marked = input_gradients(body)
         for layer in range(layers):
-            inner = dict(zip(body.body.block.args, [*carried, *shared, *(s[layer] for s in slices)]))
+            operands = [*carried, *shared, *(s[layer] for s in slices)]
+            for index, attr in marked.items():  # the block's in: x @gradient(...), in each layer
+                self.gradient_of.setdefault(operands[index], attr)
+            inner = dict(zip(body.body.block.args, operands))
             carried = self.inline(body.body.block, inner)
         return carried
 

@@ -5,10 +5,12 @@ checked against its declared type (with the implicit casts of spec 7.4.4).
 
 from __future__ import annotations
 
-from xdsl.ir import SSAValue
+from xdsl.dialects.builtin import DictionaryAttr
+from xdsl.ir import Attribute, SSAValue
 from xdsl.utils.exceptions import VerifyException
 
 from modeldsl.diagnostics import Span
+from modeldsl.dialects.annotations import GradientAttr
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import FuncOp, ReturnOp
 from modeldsl.dialects.graph_primitives import CastOp, check_same_shape
@@ -56,6 +58,7 @@ class ForwardMixin:
         for name, span in self.failed_inputs.get(id(forward), []):
             scope.define(name, None, span, "poisoned")  # reported; its uses stay quiet
         record_input_memory(func, instance.decl, [name for name, _, _ in inputs])
+        self.record_input_gradients(func, forward, [name for name, _, _ in inputs], instance)
         results = self.run_graph(instance, forward, scope, outputs)
         self.block.add_op(ReturnOp(*results))
         func.function_type = type(func.function_type).from_lists(
@@ -67,6 +70,24 @@ class ForwardMixin:
             [(n, r.type, s) for (n, _, s), r in zip(outputs, results)],
             scope,
         )
+
+    def record_input_gradients(self, func: FuncOp, forward: ast.Section, names: list[str], instance: Instance) -> None:
+        """``in: (x: [B, d], mask: [B] @gradient(skip))``: each input's ``@gradient`` (spec 5.12.2, 7.8.3)
+        as ``input_gradients = {mask = #mdsl.graph.gradient<skip>}`` on the function, which
+        ``mdsl-autodiff`` applies to the input's gradient (E008 for a bad one)."""
+        found: dict[str, Attribute] = {}
+        for section in forward.body:
+            if not isinstance(section, ast.Section) or section.name not in ("in", "inputs"):
+                continue
+            for entry in typed_entries(section):
+                nodes = [a for a in entry.annotations if a.name == "gradient"]
+                if nodes and entry.name in names:
+                    attrs = [a for a in self.annotations(nodes, instance.env, instance.namespace)
+                             if isinstance(a, GradientAttr)]
+                    if attrs:
+                        found[entry.name] = attrs[0]
+        if found:
+            func.attributes["input_gradients"] = DictionaryAttr(found)
 
     def signature(self, forward: ast.Section, env: ConstEnv) -> tuple[list, list]:
         """(name, type, span) of the tensor inputs and of the outputs.

@@ -83,6 +83,7 @@ class StacksMixin:
             located_argument(arg, s)
             scope.define(n, arg, s, "input")
         record_input_memory(func, body.decl, [n for n, _, _ in inner_inputs])
+        self.record_input_gradients(func, forward, [n for n, _, _ in inner_inputs], body)
         try:
             results = self.run_graph(body, forward, scope, outputs)
             self.block.add_op(ReturnOp(*results))

@@ -297,3 +297,48 @@ def test_the_schedule_runs_the_clipped_gradient_as_the_graph_interpreter(tmp_pat
         got = [np.array(o) for o in executor.execute(x, seed)]
     for name, a, b in zip(["out", "d_blocks.w", "d_x"], got, expected):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+INPUTS = """block Blk(d: int = 4):
+  params:
+    w: [d, d]
+  forward:
+    in: x: [2, d, fp32] @gradient(scale=0.5)
+    out: [2, d, fp32]
+    graph:
+      x -> matmul(w, transpose=NT) -> h
+      h -> tanh() -> out
+
+model M(d: int = 4, n: int = 2):
+  params:
+    blocks: [n] x Blk(d)
+  forward:
+    in: (x: [2, d, fp32], m: [2, d, fp32] @gradient(skip))
+    out: [2, d, fp32]
+    graph:
+      x -> blocks -> y
+      (y, m) -> mul() -> out
+"""
+
+
+@pytest.mark.parametrize("loop", [True, False])
+def test_an_input_annotation_applies_to_its_gradient_in_each_layer(tmp_path, loop):
+    """``in: mask @gradient(skip)`` (spec 5.12.2): no gradient for that input; a block's ``in: x
+    @gradient(scale=0.5)``: the gradient reaching each layer's input is halved."""
+    weights, x, seed = data("blocks.w", layers=2)
+    m = np.random.default_rng(9).standard_normal((2, D))
+    (tmp_path / "m.module").write_text(INPUTS)
+    model = modeldsl.load(tmp_path / "m.module").model
+    grad = gradient_function(model, loop=loop)
+    assert [a.data for a in grad.attributes["input_grads"].data] == ["x"]
+    results = GraphExecutor(model, weights, float_dtype=np.float64).run(grad.sym_name.data, x, m, seed)
+    layers = [torch.tensor(w, requires_grad=True) for w in weights["blocks.w"]]
+    xt = torch.tensor(x, requires_grad=True)
+    h = xt
+    for w in layers:
+        h = h * 1.0
+        h.register_hook(lambda g: 0.5 * g)
+        h = torch.tanh(h @ w.T)
+    (h * torch.tensor(m)).backward(torch.tensor(seed))
+    np.testing.assert_allclose(results[1], np.stack([w.grad.numpy() for w in layers]), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(results[2], xt.grad.numpy(), rtol=1e-12, atol=1e-12)
