@@ -57,9 +57,12 @@ class DiagnosticWarning(UserWarning):
     """A modeldsl warning diagnostic (``.code``, ``.diagnostic``) raised through Python's ``warnings``."""
 
     def __init__(self, diagnostic: Diagnostic):
-        super().__init__(diagnostic.render().rstrip("\n"))
+        super().__init__(diagnostic)  # the args rebuild the warning (copy, pickle, pytest-xdist)
         self.diagnostic = diagnostic
         self.code = diagnostic.code
+
+    def __str__(self) -> str:
+        return self.diagnostic.render().rstrip("\n")
 
 
 def warn_python(diagnostic: Diagnostic) -> None:
