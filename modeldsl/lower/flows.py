@@ -14,9 +14,11 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Attribute, Operation, SSAValue
 
 from modeldsl.diagnostics import Span
+from modeldsl.dialects.annotations import GradientAttr
 from modeldsl.dialects.graph import CallOp, ParamRefOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
+from modeldsl.graph_builder import GraphBuilder
 from modeldsl.instances import (
     Instance,
     LoweringFailed,
@@ -112,12 +114,44 @@ class FlowsMixin:
             for (name, _), cast in zip(bound, self.cast_to_annotated(self.dtype_of(annotations), bound, span)):
                 if name != "_":
                     scope.rebind(name, cast)
+        if self.backward is not None:
+            self.transform_written_gradients(annotations, bound, flow, scope)
         self.apply_aliasing(annotations, bound, set(self.made_since(before)),
                             {a.name: a.span for a in flow.annotations}, scope)
         self.check_flow_annotations(instance, flow, annotations, self.performed_since(before))
         if self.backward is None:
             self.record_memory_policy(instance, bound, annotations)
             self.mark_checkpoint_region(before, annotations)
+
+    def transform_written_gradients(self, annotations: Sequence[Attribute], bound: list[tuple[str, SSAValue]],
+                                    flow: ast.Flow, scope: Scope) -> None:
+        """A written backward's ``d_out -> Linear_backward() -> d_in @gradient(scale=0.1)`` (spec 7.8.3):
+        the gradients the flow names are scaled by S, then their norm clipped at C (a ``scale`` and a
+        ``clip_norm`` op; the names stand for the results). W013 where that cannot apply: ``skip``,
+        ``accumulate`` or ``checkpoint`` in a written backward, or a flow that accumulates into a gradient."""
+        attr = next((a for a in annotations if isinstance(a, GradientAttr)), None)
+        if attr is None:
+            return
+        node = next(a for a in flow.annotations if a.name == "gradient")
+        if attr["mode"] != "compute" or flow_accumulates(flow):
+            why = "a flow that accumulates into a gradient" if attr["mode"] == "compute" else \
+                f"@gradient({attr['mode']}) in a written backward"
+            self.sink.warning("W013", f"`{node.span.text}` has no effect in this version: {why} computes the "
+                              "gradient as written", node.span,
+                              "scale or clip the gradient a flow computes: @gradient(scale=S, clip=C)")
+            return
+        builder = GraphBuilder(self.block)
+        for name, value in bound:
+            if name == "_" or not (isinstance(value.type, TensorType) and value.type.dtype.is_float):
+                continue
+            result = value
+            if attr["scale"] != 1.0:
+                result = builder.one("scale", result, factor=float(attr["scale"]))
+            if attr["clip"] is not None:
+                result = builder.one("clip_norm", result, max_norm=float(attr["clip"]))
+            if result is not value:
+                result.name_hint = name
+                scope.rebind(name, result)
 
     def attach_result_annotations(self, items: Sequence[ast.Expr], bound: list[tuple[str, SSAValue]],
                                   instance: Instance) -> None:

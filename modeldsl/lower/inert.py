@@ -54,6 +54,8 @@ def inert_reason(attr: AnnotationAttr, target: str) -> tuple[str, str] | None:
     None for one that takes effect (or that :data:`OWNED_ELSEWHERE` makes take effect)."""
     name = attr.dsl_name
     values, given = attr.values, attr.args.data
+    if name == "gradient":
+        return _gradient_reason(values, target)
     if name in OWNED_ELSEWHERE or name == "trainable" and set(given) <= {"grad_clip"} and given:
         return None
     if name in NOWHERE:
@@ -86,6 +88,19 @@ def inert_reason(attr: AnnotationAttr, target: str) -> tuple[str, str] | None:
         return f"@kernel(autotune={'true' if values['autotune'] else 'false'})", "kernels are not autotuned"
     if name == "fuse":
         return _fusion_reason(values)
+    return None
+
+
+def _gradient_reason(values: dict, target: str) -> tuple[str, str] | None:
+    """``@gradient(compute|accumulate|checkpoint)`` without ``scale=`` or ``clip=`` asks for what every
+    gradient does already (a written backward's flows: :mod:`modeldsl.lower.flows` says)."""
+    if target in ("model", "declaration"):
+        return "@gradient", OFF_TARGET[target]
+    mode = values["mode"]
+    if target in ("flow", "param") and mode != "skip" and values["scale"] == 1.0 and values["clip"] is None:
+        what = "what a backward saves or recomputes is @memory's and @checkpoint's" if mode == "checkpoint" \
+            else "every gradient is computed and summed over the uses of its value already"
+        return f"@gradient({mode})", f"{what}; scale=, clip= or skip change the gradient"
     return None
 
 

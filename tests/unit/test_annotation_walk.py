@@ -100,6 +100,8 @@ CASES = [
     Case("gradient", "@gradient(clip=1.0)", "h"),
     Case("gradient", "@gradient(skip)", "a"),
     Case("gradient", "@gradient(accumulate, clip=1.0)", "w1"),
+    Case("gradient", "@gradient(accumulate)", "h"),  # what every gradient does: W013
+    Case("gradient", "@gradient(checkpoint)", "w1"),
     Case("noalias", "@noalias", "a"),
     Case("barrier", "@barrier", "r"),
 ]

@@ -342,3 +342,38 @@ def test_an_input_annotation_applies_to_its_gradient_in_each_layer(tmp_path, loo
     (h * torch.tensor(m)).backward(torch.tensor(seed))
     np.testing.assert_allclose(results[1], np.stack([w.grad.numpy() for w in layers]), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(results[2], xt.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+WRITTEN = """module ScaledLinear(i: int = 4, o: int = 3):
+  params:
+    weight: [o, i]
+  forward:
+    in: [2, i, fp32]
+    out: [2, o, fp32]
+    graph:
+      in -> matmul(weight, transpose=NT) -> out
+    save: [in]
+  backward:
+    d_out: [2, o, fp32]
+    d_in: [2, i, fp32]
+    graph:
+      d_out -> matmul(weight, transpose=NN) -> d_in{annotation}
+      (d_out, saved.in) -> matmul(transpose=TN, accumulate=true) -> d_weight
+"""
+
+
+def test_the_spec_scaled_gradient_of_a_written_backward(tmp_path):
+    """Spec 7.8.3's ``d_out -> Linear_backward() -> d_in @gradient(scale=0.1)``: in a written backward
+    the gradient the flow names is scaled (and clipped), the others are as written."""
+    rng = np.random.default_rng(2)
+    weight, d_out, x = rng.standard_normal((3, 4)), rng.standard_normal((2, 3)), rng.standard_normal((2, 4))
+    grads = {}
+    for name, annotation in (("plain", ""), ("scaled", " @gradient(scale=0.1)"),
+                             ("clipped", " @gradient(scale=0.1, clip=0.01)")):
+        (tmp_path / f"{name}.module").write_text(WRITTEN.format(annotation=annotation))
+        model = modeldsl.load(tmp_path / f"{name}.module").model
+        grads[name] = GraphExecutor(model, {"weight": weight}, float_dtype=np.float64).run("backward", d_out, x)
+    np.testing.assert_allclose(grads["scaled"][0], 0.1 * grads["plain"][0], rtol=1e-12)
+    np.testing.assert_allclose(grads["scaled"][1], grads["plain"][1], rtol=1e-12)
+    expected = torch.tensor(0.1 * grads["plain"][0])
+    np.testing.assert_allclose(grads["clipped"][0], clip(expected, 0.01).numpy(), rtol=1e-12)
