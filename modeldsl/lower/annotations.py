@@ -28,6 +28,7 @@ from modeldsl.dialects.annotations import (
     FuseAttr,
     FuseRequiredAttr,
     RecipeAttr,
+    annotations_of,
     check_annotation_set,
     effective_memory_policy,
     make_annotation,
@@ -354,7 +355,9 @@ class AnnotationsMixin:
     def check_derived_backward(self, instance: Instance, forward: ForwardResult) -> None:
         """W003 (spec 5.12.6): a module whose backward is derived and whose save: list leaves
         out an intermediate tensor of its graph that a derived gradient reads and that is
-        more than a view of kept tensors (the derived backward then recomputes it)."""
+        more than a view of kept tensors (the derived backward then recomputes it). And W013 where
+        a stack's output is marked recompute (:meth:`warn_recomputed_stack_outputs`)."""
+        self.warn_recomputed_stack_outputs(instance, forward)
         decl = instance.decl
         saved = _tensor_list(decl, "save")
         if decl.sections("backward") or not saved:
@@ -373,6 +376,36 @@ class AnnotationsMixin:
                 self.sink.warning("W003", f"the derived backward reads '{tensor}' (for the gradient of {primitive}), "
                                   "which save: does not list, so it recomputes it", binding.span,
                                   f"add it: save: [{', '.join([*saved, tensor])}], or list it in recompute:")
+
+
+    def warn_recomputed_stack_outputs(self, instance: Instance, forward: ForwardResult) -> None:
+        """W013 at a ``recompute:`` entry or a ``@memory(recompute)`` that names a stack's output
+        (``x -> blocks -> h``): ``mdsl-recompute`` replays tensors inside a layer loop and outside
+        stacks, and a stack's outputs stay saved for its reverse loop, so the mark changes nothing.
+        (A ``save:`` list that leaves the output out marks nothing: its outputs are its consumers'.)"""
+        listed = _listed(instance.decl, "recompute")
+        for op in self.block.ops:
+            if not isinstance(op, StackOp):
+                continue
+            annotated = any(a.dsl_name == "memory" and a.values.get("mode") == "recompute"
+                            for a in find_memory_annotations(op))
+            for value, mode in zip(op.results, _memory_modes(op)):
+                if mode != "recompute" or (op, value.index) in self.unlisted or not value.name_hint:
+                    continue
+                name = value.name_hint
+                entry = next((span for pattern, span in listed if fnmatch.fnmatchcase(name, pattern)), None)
+                binding = forward.scope.names.get(name)
+                span = entry if entry is not None and not annotated else binding.span if binding else None
+                label = "@memory(recompute)" if annotated else f"recompute: [{name}]"
+                self.sink.warning("W013", inert_message(label, f"'{name}' is the output of the stack "
+                                  f"{op.body.root_reference.data}, which mdsl-recompute keeps saved (it replays "
+                                  "tensors inside a layer loop or outside stacks)"), span,
+                                  "to recompute inside the layers, write recompute: in the block, or "
+                                  "@checkpoint on the stack's flow")
+
+
+def find_memory_annotations(op: Operation) -> list[AnnotationAttr]:
+    return [a for a in annotations_of(op) if isinstance(a, AnnotationAttr) and a.dsl_name == "memory"]
 
 
 def _memory_modes(op: Operation) -> list[str]:
