@@ -63,7 +63,7 @@ from modeldsl.ir import (
     verify_module,
 )
 from modeldsl.passes.registry import PASSES
-from modeldsl.prims.user import load_from_environment
+from modeldsl.primitive_modules import load_from_environment
 from modeldsl.tools.opt_pipeline import (
     PipelineObserver,
     build_pipeline,

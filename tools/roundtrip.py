@@ -19,7 +19,7 @@ from xdsl.utils.exceptions import DiagnosticException, ParseError
 
 from modeldsl.diagnostics import DiagnosticError, render_all
 from modeldsl.ir import make_context, parse_module, print_ir, verify_module
-from modeldsl.prims.user import load_from_environment
+from modeldsl.primitive_modules import load_from_environment
 
 
 class RoundTripMismatch(Exception):

@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         fmt = args.diagnostics_format
-        from modeldsl.prims.user import load_from_environment
+        from modeldsl.primitive_modules import load_from_environment
 
         load_from_environment()  # MDSL_PRIMITIVES: modules registering user primitives
         return run(args)

@@ -40,22 +40,18 @@ reference on host copies, warning once (``FallbackWarning``). A reference whose 
 have the types its shape rule gives is E004 when it runs.
 
 The tools read ``MDSL_PRIMITIVES``: Python modules or ``.py`` files (separated by ``,``) that
-register primitives, imported before the program is read (:func:`load_from_environment`).
+register primitives, imported before the program is read (:func:`modeldsl.primitive_modules.load_from_environment`).
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
-import importlib.util
 import inspect
 import math
-import os
 import re
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
@@ -66,6 +62,7 @@ from modeldsl.diagnostics import Diagnostic, DiagnosticError
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph_custom import CALLEE, CUSTOM_CHECKS, CustomOp
 from modeldsl.dialects.graph_types import TensorType
+from modeldsl.primitive_modules import ENVIRONMENT
 from modeldsl.primitives import (
     USER_SIGNATURES,
     ParamSpec,
@@ -79,7 +76,6 @@ from modeldsl.prims.counts import OpShapes
 from modeldsl.prims.grads import zeros_like
 from modeldsl.symbolic import STAR, Expr, definitely_different
 
-ENVIRONMENT = "MDSL_PRIMITIVES"
 NUMPY_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8", "int32": "int32",
                "int64": "int64", "bool": "bool", "float64": "fp32"}
 
@@ -194,29 +190,6 @@ def impl_problem(path: str, declared: str) -> Diagnostic | None:
                       "under that name", None, hint)
 
 
-def load_from_environment() -> None:
-    """Import the modules and ``.py`` files ``MDSL_PRIMITIVES`` names (each once), which register
-    user primitives; E028 for one that cannot be loaded."""
-    for spelling in filter(None, (s.strip() for s in os.environ.get(ENVIRONMENT, "").split(","))):
-        if spelling in _LOADED:
-            continue
-        try:
-            if spelling.endswith(".py"):
-                path = Path(spelling)
-                spec = importlib.util.spec_from_file_location(f"mdsl_primitives_{path.stem}", path)
-                if spec is None or spec.loader is None:
-                    raise ImportError(f"not a Python file: {spelling}")
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-            else:
-                importlib.import_module(spelling)
-        except Exception as err:  # noqa: BLE001 - whatever stops the module: say which one
-            raise DiagnosticError([Diagnostic("E028", f"{ENVIRONMENT}: cannot load '{spelling}': {err}", None,
-                                              "name importable modules or .py files, separated by commas")]) from None
-        _LOADED.add(spelling)
-
-
-_LOADED: set[str] = set()
 
 
 def _install(signature: PrimitiveSignature, record: Primitive, kernel: Callable[..., Any]) -> None:
@@ -603,6 +576,6 @@ def _backward_kernel(prim: UserPrimitive) -> Callable[..., Any]:
     return kernel
 
 
-__all__ = ["ENVIRONMENT", "TensorSpec", "UserPrimitive", "find_registered", "impl_problem", "infer_types",
-           "load_from_environment", "register_primitive", "registered_primitives", "tensor_spec",
+__all__ = ["TensorSpec", "UserPrimitive", "find_registered", "impl_problem", "infer_types",
+           "register_primitive", "registered_primitives", "tensor_spec",
            "unregister_primitive", "user_reference"]
