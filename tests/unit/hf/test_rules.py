@@ -4,10 +4,12 @@ import numpy as np
 import pytest
 from xdsl.context import Context
 
+from modeldsl.diagnostics import DiagnosticError
 from modeldsl.dialects.graph import ModelOp
 from modeldsl.frontend.text.parser import parse_source
 from modeldsl.hf.checkpoint import ImportRecord, load_checkpoint, save_checkpoint
 from modeldsl.hf.safetensors_io import CheckpointError, SafetensorsFile, write_safetensors
+from modeldsl.ir import make_context, parse_module, print_ir
 from modeldsl.lower import lower_program
 from modeldsl.passes.specialize import SpecializePass
 
@@ -303,8 +305,16 @@ def test_a_layer_placeholder_may_be_an_expression_of_the_layer_and_the_config(tm
 
 
 def test_a_placeholder_that_does_not_evaluate_is_e010(tmp_path):
+    """At the tensor name when the model lowers (the name is no index and no config value), and at
+    load for IR that holds it (here printed and parsed back)."""
     bad = INTERLEAVED.replace("{2 * layer + first}", "{2 * layer + nope}")
-    module = lower_program(parse_source(bad, "interleaved.module"))
+    with pytest.raises(DiagnosticError) as lowered:
+        lower_program(parse_source(bad, "interleaved.module"))
+    (diagnostic,) = lowered.value.diagnostics
+    assert diagnostic.code == "E010" and "'{2 * layer + nope}'" in diagnostic.message
+    assert diagnostic.span.text.startswith('"layers.{2 * layer + nope}')
+    good = print_ir(lower_program(parse_source(INTERLEAVED, "interleaved.module")))
+    module, _ = parse_module(make_context(), good.replace("{2 * layer + first}", "{2 * layer + nope}"))
     SpecializePass().apply(Context(), module)
     interleaved = next(op for op in module.walk() if isinstance(op, ModelOp))
     rng = np.random.default_rng(1)
@@ -375,7 +385,17 @@ def test_a_quoted_key_with_a_name_placeholder_maps_every_numbered_parameter(tmp_
 
 
 def test_a_key_pattern_that_matches_no_parameter_is_e010(tmp_path):
-    model = numbered(NUMBERED.replace('"head_{h}"', '"tail_{h}"'))
+    """At the key when the model lowers, with the closest parameter, and at load for IR that holds it."""
+    bad = NUMBERED.replace('"head_{h}"', '"tail_{h}"')
+    with pytest.raises(DiagnosticError) as lowered:
+        lower_program(parse_source(bad, "numbered.module"))
+    (diagnostic,) = lowered.value.diagnostics
+    assert diagnostic.code == "E010" and "has no parameter 'tail_{h}'" in diagnostic.message
+    assert diagnostic.span.text == '"tail_{h}"'
+    good = print_ir(lower_program(parse_source(NUMBERED, "numbered.module")))
+    module, _ = parse_module(make_context(), good.replace('"head_{h}"', '"tail_{h}"'))
+    SpecializePass().apply(Context(), module)
+    model = next(op for op in module.walk() if isinstance(op, ModelOp))
     write_checkpoint(tmp_path / "in", {"heads.0.w": np.zeros((4, 4), np.float32)})
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(model, tmp_path / "in", np.dtype(np.float32))
