@@ -86,7 +86,11 @@ class ModelOp(IRDLOperation):
     default values; ``hf_config``, ``hf_mapping`` and ``hf_export`` carry the
     HuggingFace sections of the DSL model. ``baked`` lists the integer config
     values that lowering fixed into attributes or ``if`` choices (they stay
-    symbols in shapes, but only lowering again can change them).
+    symbols in shapes, but only lowering again can change them). ``invariants``
+    keeps the gradient invariants of the primitives it uses (spec 9.8.3,
+    ``{softmax = {backward_uses = ["out"], at = "file:line:col"}}``: each a
+    primitive of this dialect, each tensor one of its op's operands or results;
+    :mod:`modeldsl.invariants` checks them against the graph and its backward).
     """
 
     name = "mdsl.graph.model"
@@ -96,9 +100,14 @@ class ModelOp(IRDLOperation):
     hf_config = opt_attr_def(DictionaryAttr)
     hf_mapping = opt_attr_def(DictionaryAttr)
     hf_export = opt_attr_def(DictionaryAttr)
+    invariants = opt_attr_def(DictionaryAttr)
     body = region_def("single_block")
 
     traits = traits_def(SymbolOpInterface(), SymbolTable(), NoTerminator(), IsolatedFromAbove())
+
+    def verify_(self) -> None:
+        if self.invariants is not None:
+            _verify_invariants(self.invariants)
 
     assembly_format = "$sym_name (`config` $config^)? attr-dict-with-keyword $body"
 
@@ -471,6 +480,36 @@ class StackOp(IRDLOperation):
                 raise VerifyException(
                     f"{_stacked_what(self, i)} has {t.shape[0]} layers, the stack runs {self.count.data}"
                 )
+
+
+INVARIANT_KINDS = ("backward_uses",)  # the gradient invariants a primitive declaration may state
+
+
+def _verify_invariants(invariants: DictionaryAttr) -> None:
+    """A model's ``invariants``: primitive -> {kind -> [its op's slot names], at -> "file:line:col"}."""
+    ops = {op.name.removeprefix("mdsl.graph."): op for op in PRIMITIVE_OPS}
+    for primitive, kinds in invariants.data.items():
+        op = ops.get(primitive)
+        if op is None:
+            raise VerifyException(f"invariants name '{primitive}', which is no primitive of mdsl.graph")
+        if not isinstance(kinds, DictionaryAttr):
+            raise VerifyException(f"the invariants of {primitive} must be a dictionary of kinds")
+        definition = op.get_irdl_definition()
+        slots = [n for n, _ in definition.operands] + [n for n, _ in definition.results]
+        for kind, names in kinds.data.items():
+            if kind == "at":
+                if not isinstance(names, StringAttr):
+                    raise VerifyException(f"the 'at' of {primitive}'s invariants must be a string")
+                continue
+            if kind not in INVARIANT_KINDS:
+                raise VerifyException(f"'{kind}' of {primitive} is no invariant (they are: "
+                                      f"{', '.join(INVARIANT_KINDS)})")
+            if not isinstance(names, ArrayAttr) or not all(isinstance(n, StringAttr) for n in names.data):
+                raise VerifyException(f"{primitive}'s {kind} must be an array of tensor names")
+            for name in names.data:
+                if name.data not in slots:
+                    raise VerifyException(f"{primitive}'s {kind} names '{name.data}', which is none of its "
+                                          f"operands and results ({', '.join(slots)})")
 
 
 def _stacked_what(stack: "StackOp", index: int) -> str:

@@ -8,7 +8,10 @@ report's header says which. The model is specialized with small sizes
 value instead, so ``d_model=32,n_layers=2`` makes a model tiny), given random
 weights and inputs (seed 0), and each parameter's and float input's directional
 derivative is printed as a table; the exit code is 1 when an error is above
-``--verify-tolerance`` (default 1e-3). :class:`VerifyBackwardMixin` holds the
+``--verify-tolerance`` (default 1e-3). First the gradient invariants the model keeps (a
+primitive declaration's ``invariants: - backward_uses: [out]``, spec 9.8.3,
+:mod:`modeldsl.invariants`) are checked against that backward: E006 where it lacks a tensor
+one names, else a line of the report lists them as held. :class:`VerifyBackwardMixin` holds the
 driver's part of it; :func:`verify_options` checks the flags.
 """
 
@@ -97,6 +100,7 @@ class VerifyBackwardMixin:
             self.check_size(model, sizes)
             try:
                 kind = checked_backward(model, which=which)
+                held = self.check_invariants(model, kind)
                 inputs = random_inputs(model, sizes=sizes, rope=self.rope_of(model))
                 checks = verify_backward(model, random_weights(model), inputs, epsilon=self.verify.epsilon,
                                          which=which)
@@ -116,9 +120,24 @@ class VerifyBackwardMixin:
             out.append(f"verify-backward @{model.sym_name.data} ({shapes}; float64, epsilon "
                        f"{self.verify.epsilon:g}, seed 0): {what}\n")
             text, ok = report(checks, self.verify.tolerance)
-            out.append(text)
+            out.append(text + held)
             self.verify_failed |= not ok
         return "".join(out)
+
+    def check_invariants(self, model, kind: str) -> str:
+        """The model's gradient invariants (spec 9.8.3) against the backward the check runs: E006
+        where it lacks a tensor one names; the report's line of those that hold ("" for none)."""
+        from modeldsl.invariants import backward_problems, model_invariants
+
+        kept = model_invariants(model)
+        if not kept:
+            return ""
+        problems = backward_problems(model, kind)
+        if problems:
+            raise DiagnosticError(problems)
+        listed = "; ".join(f"{primitive} {k}: [{', '.join(names)}]" for primitive, kinds in sorted(kept.items())
+                           for k, names in kinds.items())
+        return f"invariants held by the {kind} backward: {listed}\n"
 
     def check_size(self, model, sizes: dict[str, int]) -> None:
         """E029 for a model too large for a float64 finite-difference check."""

@@ -40,6 +40,7 @@ from modeldsl.instances import (
     Instance,
     source_text,
 )
+from modeldsl.invariants import uses_of
 from modeldsl.kernel_choice import check_kernel_annotation
 from modeldsl.lower.backward import ForwardResult
 from modeldsl.lower.flows import unannotated
@@ -54,7 +55,8 @@ from modeldsl.resolve.annotation_checks import (
     stage_names,
 )
 from modeldsl.resolve.consts import ConstEnv, ConstError, NotConstant, evaluate
-from modeldsl.resolve.user_annotations import recipe_fields, user_annotation
+from modeldsl.resolve.scope import Scope
+from modeldsl.resolve.user_annotations import check_applies_to, recipe_fields, user_annotation
 from modeldsl.symbolic import Expr, definitely_different
 
 INERT_HINT = "remove it, or see docs/annotations.md for the annotations that take effect"
@@ -62,6 +64,21 @@ INERT_HINT = "remove it, or see docs/annotations.md for the annotations that tak
 
 class AnnotationsMixin:
     """Annotations: built-in and declared annotations, recipes, checkpoints and memory policies."""
+
+    def check_unlowered_annotations(self, instance: Instance, body: Sequence[ast.Stmt]) -> None:
+        """The annotations of the flows of an ``if`` branch that is not taken (so not lowered): an
+        unknown name or a wrong argument is the error it is in a taken branch (E008), one that has
+        no effect in this version warns (W013) as it does there."""
+        for stmt in body:
+            if isinstance(stmt, ast.If):
+                self.check_unlowered_annotations(instance, [*stmt.then, *(stmt.orelse or [])])
+            elif isinstance(stmt, ast.Flow):
+                nodes = [*stmt.annotations]
+                for expr in stmt.chain:
+                    items = expr.items if isinstance(expr, ast.TupleExpr) else [expr]
+                    nodes += [a for item in items if isinstance(item, ast.Annotated) for a in item.annotations]
+                if nodes:
+                    self.annotations(nodes, instance.env, instance.namespace)
 
     def annotations(self, nodes: Sequence[ast.Annotation], env: ConstEnv | None = None,
                     namespace: dict[str, ast.Decl] | None = None, target: str = "flow") -> list[Attribute]:
@@ -82,6 +99,7 @@ class AnnotationsMixin:
                     else:
                         kwargs[arg.name] = value
                 if declared is not None and node.name not in ANNOTATION_BY_NAME:
+                    check_applies_to(declared, target)
                     user.append(user_annotation(declared, args, kwargs))
                     continue
                 attr = make_annotation(node.name, args, kwargs)
@@ -275,14 +293,15 @@ class AnnotationsMixin:
             if not isinstance(op, ParamRefOp):
                 op.attributes["checkpoint"] = checkpoint
 
-    def check_flow_annotations(self, instance: Instance, flow: ast.Flow, annotations: list[Attribute],
-                               performed: list[str]) -> None:
-        """E013 for a fusion the flow cannot perform, E025 for a checkpoint across stages."""
+    def check_flow_annotations(self, instance: Instance, flow: ast.Flow, nodes: list[ast.Annotation],
+                               annotations: list[Attribute], performed: list[str]) -> None:
+        """E013 for a fusion the flow cannot perform, E025 for a checkpoint across stages (``nodes``:
+        the annotations written, of the flow or of one name of its tuple)."""
         for attr in annotations:
             if isinstance(attr, (FuseAttr, FuseRequiredAttr)):
                 problem = fusion_problem(attr.values["pattern"], attr.values["ops"], performed)
                 if problem is not None:
-                    node = next(a for a in flow.annotations if a.name == attr.dsl_name)
+                    node = next(a for a in nodes if a.name == attr.dsl_name)
                     self.sink.error("E013", problem[0], node.span, problem[1])
         if not any(isinstance(a, CheckpointAttr) for a in annotations):
             return
@@ -352,10 +371,26 @@ class AnnotationsMixin:
             else:
                 owner.attributes["memory"] = ArrayAttr([StringAttr(m) for m in modes])
 
+    def check_listed_tensors(self, instance: Instance, scope: Scope) -> None:
+        """E002 at an entry of the forward's ``save:`` or ``recompute:`` list that names (or, a
+        pattern, matches) no tensor of its graph: nothing would be saved or recomputed."""
+        names = [n for n in scope.names if n != "_"]
+        names += [n for n in _bound_anywhere(instance.decl) if n not in names]  # untaken branches too
+        for section in ("save", "recompute"):
+            for pattern, span in _listed(instance.decl, section):
+                if _matches_any(pattern, names) or "..." in pattern or span.location in self.checked_lists:
+                    continue
+                self.checked_lists.add(span.location)
+                close = difflib.get_close_matches(pattern, names, n=1)
+                self.sink.error("E002", f"{section}: lists '{pattern}', which is no tensor of the graph of "
+                                f"{instance.decl.name}", span, f"did you mean '{close[0]}'?" if close else
+                                f"its tensors: {', '.join(names)}")
+
     def check_derived_backward(self, instance: Instance, forward: ForwardResult) -> None:
         """W003 (spec 5.12.6): a module whose backward is derived and whose save: list leaves
         out an intermediate tensor of its graph that a derived gradient reads and that is
-        more than a view of kept tensors (the derived backward then recomputes it). And W013 where
+        more than a view of kept tensors (the derived backward then recomputes it); E006 instead where
+        the op's primitive declares that its backward uses it (``invariants:``, spec 9.8.3). And W013 where
         a stack's output is marked recompute (:meth:`warn_recomputed_stack_outputs`)."""
         self.warn_recomputed_stack_outputs(instance, forward)
         decl = instance.decl
@@ -366,6 +401,7 @@ class AnnotationsMixin:
         named = {b.value: (n, b) for n, b in forward.scope.names.items() if isinstance(b.value, SSAValue)}
         kept = {v for v, (n, b) in named.items() if b.kind in ("input", "optional") or _matches(n, patterns)}
         warned: set[SSAValue] = set()
+        declared = {(op, value): kind for op, kind, _, value in uses_of(self.model, iter(self.block.ops))}
         for op in self.block.ops:
             for value in read_by_gradient(op):
                 if value in kept or value in warned or value not in named or cheap_to_recompute(value, kept):
@@ -373,6 +409,11 @@ class AnnotationsMixin:
                 warned.add(value)
                 tensor, binding = named[value]
                 primitive = op.name.removeprefix("mdsl.graph.")
+                if (op, value) in declared:
+                    self.sink.error("E006", f"{primitive}'s backward uses '{tensor}' ({declared[(op, value)]}: its "
+                                    "declaration's invariant), which save: does not list", binding.span,
+                                    f"add it: save: [{', '.join([*saved, tensor])}]")
+                    continue
                 self.sink.warning("W003", f"the derived backward reads '{tensor}' (for the gradient of {primitive}), "
                                   "which save: does not list, so it recomputes it", binding.span,
                                   f"add it: save: [{', '.join([*saved, tensor])}], or list it in recompute:")
@@ -462,6 +503,31 @@ def _listed(decl: ast.Decl, name: str) -> list[tuple[str, Span]]:
 
 def _matches(name: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def _bound_anywhere(decl: ast.Decl) -> list[str]:
+    """The names the flows of a declaration's forward graph bind, in every ``if`` branch."""
+    found: list[str] = []
+
+    def walk(body: Sequence[ast.Stmt]) -> None:
+        for stmt in body:
+            if isinstance(stmt, ast.If):
+                walk(stmt.then)
+                walk(stmt.orelse or [])
+            elif isinstance(stmt, ast.Section):
+                walk(stmt.body)  # graph:, a recompute: block
+            elif isinstance(stmt, ast.Flow):
+                target = unannotated(stmt.chain[-1])
+                items = target.items if isinstance(target, ast.TupleExpr) else [target]
+                found.extend(item.id for item in map(unannotated, items) if isinstance(item, ast.Name))
+
+    for forward in decl.sections("forward"):
+        walk(forward.body)
+    return found
+
+
+def _matches_any(pattern: str, names: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for name in names)
 
 
 def record_input_memory(func: FuncOp, decl: ast.Decl, names: list[str]) -> None:

@@ -58,6 +58,9 @@ class FlowsMixin:
                         raise
                 elif isinstance(stmt, ast.If):
                     taken = self.guard(stmt.condition, self.graph_env(instance, scope))
+                    untaken = [stmt.then, stmt.orelse or []] if taken is None else [stmt.orelse if taken else stmt.then]
+                    for branch in untaken:
+                        self.check_unlowered_annotations(instance, branch or [])
                     if taken is None:
                         for branch in (stmt.then, stmt.orelse or []):
                             for inner in branch:
@@ -107,18 +110,29 @@ class FlowsMixin:
         bound = self.bind(flow.chain[-1], values, scope, last_ops, flow)
         if isinstance(flow.chain[-1], ast.TupleExpr):
             self.attach_result_annotations(flow.chain[-1].items, bound, instance)
-        targets = self.annotated_ops([v for _, v in bound], flow.annotations) if flow.annotations else []
-        annotations = self.attach_annotations(targets, flow.annotations, instance)
+        self.apply_flow_annotations(instance, flow, flow.annotations, bound, before, scope)
+        if isinstance(flow.chain[-1], ast.TupleExpr):  # -> (h @nofuse, gate): the value h names alone
+            for item, pair in zip(flow.chain[-1].items, bound):
+                nodes = [a for a in item.annotations if a.name != "gradient"] \
+                    if isinstance(item, ast.Annotated) else []
+                if nodes:
+                    self.apply_flow_annotations(instance, flow, nodes, [pair], before, scope)
+
+    def apply_flow_annotations(self, instance: Instance, flow: ast.Flow, nodes: list[ast.Annotation],
+                               bound: list[tuple[str, SSAValue]], before: Operation | None, scope: Scope) -> None:
+        """The annotations ``nodes`` of a flow (or of one name of its tuple) on the ops that make the
+        values ``bound`` names, with what each does there (casts, aliasing, gradients, memory modes)."""
+        targets = self.annotated_ops([v for _, v in bound], nodes) if nodes else []
+        annotations = self.attach_annotations(targets, nodes, instance)
         if self.dtype_of(annotations) is not None:  # the names now stand for the values cast to it
-            span = next(a.span for a in flow.annotations if a.name == "dtype")
+            span = next(a.span for a in nodes if a.name == "dtype")
             for (name, _), cast in zip(bound, self.cast_to_annotated(self.dtype_of(annotations), bound, span)):
                 if name != "_":
                     scope.rebind(name, cast)
         if self.backward is not None:
             self.transform_written_gradients(annotations, bound, flow, scope)
-        self.apply_aliasing(annotations, bound, set(self.made_since(before)),
-                            {a.name: a.span for a in flow.annotations}, scope)
-        self.check_flow_annotations(instance, flow, annotations, self.performed_since(before))
+        self.apply_aliasing(annotations, bound, set(self.made_since(before)), {a.name: a.span for a in nodes}, scope)
+        self.check_flow_annotations(instance, flow, nodes, annotations, self.performed_since(before))
         if self.backward is None:
             self.record_memory_policy(instance, bound, annotations)
             self.mark_checkpoint_region(before, annotations)

@@ -152,6 +152,7 @@ class ForwardMixin:
             self.run_statements(instance, graph.body, scope)
         finally:
             self.graph_outputs.pop()
+        self.check_listed_tensors(instance, scope)
         results = []
         for name, declared, span in outputs:
             binding = scope.lookup(name, span)

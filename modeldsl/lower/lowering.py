@@ -18,6 +18,7 @@ from modeldsl.dialects.graph import FuncOp, ModelOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.frontend.text import ast
 from modeldsl.instances import Instance, LoweringFailed, source_text
+from modeldsl.invariants import graph_problems, invariants_attribute
 from modeldsl.ir import located
 from modeldsl.lower.aliasing import AliasingMixin
 from modeldsl.lower.annotations import AnnotationsMixin
@@ -34,8 +35,10 @@ from modeldsl.lower.indexing import IndexingMixin
 from modeldsl.lower.params import ParamsMixin
 from modeldsl.lower.stacks import StacksMixin
 from modeldsl.lower.tensor_types import TensorTypesMixin
+from modeldsl.primitives import lookup_primitive
 from modeldsl.resolve.consts import ConstEnv
 from modeldsl.resolve.imports import ResolvedProgram, resolve_program
+from modeldsl.resolve.invariants import forward_slots, invariants_of, written_invariants
 
 LOWERABLE = ("module", "block", "model")  # declarations that lower to mdsl.graph
 
@@ -69,6 +72,7 @@ class Lowering(HfSectionsMixin, ConstantsMixin, TensorTypesMixin, ParamsMixin, A
         self.tuple_outputs: dict[int, dict[str, int]] = {}  # by forward: section, `out: ([..], [..])` sizes
         self.graph_outputs: list[dict[str, int]] = []  # tuple outputs of the graphs being lowered, innermost last
         self.unlisted: set[tuple[Operation, int]] = set()  # results recompute only because save: leaves them out
+        self.checked_lists: set[str] = set()  # save:/recompute: entries reported (an instance lowers many times)
         self.inert_reported: set[tuple[str, int, int]] = set()  # where a W013 was reported (file, line, column)
         self.retyped: dict[SSAValue, TensorType] = {}  # a value @dtype cast -> the type its consumers read
 
@@ -90,6 +94,7 @@ class Lowering(HfSectionsMixin, ConstantsMixin, TensorTypesMixin, ParamsMixin, A
             forward = self.lower_forward(instance)
         except LoweringFailed:
             return ModuleOp([self.model])
+        self.keep_invariants(namespace)
         self.check_derived_backward(instance, forward)
         self.lower_backward(instance, forward)
         self.model.body.block.add_ops(self.helpers)
@@ -97,6 +102,25 @@ class Lowering(HfSectionsMixin, ConstantsMixin, TensorTypesMixin, ParamsMixin, A
             self.model.attributes["baked"] = ArrayAttr([StringAttr(n) for n in sorted(self.baked)])
         return ModuleOp([self.model])
 
+    def keep_invariants(self, namespace: dict[str, ast.Decl]) -> None:
+        """The ``invariants:`` of the visible primitive declarations whose ops the model runs, kept on
+        the model op (spec 9.8.3, :mod:`modeldsl.invariants`), and E006 where the gradient the
+        compiler derives for such an op does not read what the invariant names."""
+        used = {op.name.removeprefix("mdsl.graph.") for root in (self.model, *self.helpers) for op in root.walk()}
+        kept: dict[str, tuple[dict[str, list[str]], Span | None]] = {}
+        spans: dict[tuple[str, str], Span] = {}  # (primitive, slot) -> the tensor's name in the invariant
+        for decl in namespace.values():
+            sig = lookup_primitive(decl.name) if decl.kind == "primitive" and decl.name in used else None
+            found = invariants_of(decl, sig) if sig is not None else {}
+            if found:
+                written, slots = written_invariants(decl), forward_slots(decl, sig)
+                kept[decl.name] = (found, written[0].span if written else None)
+                spans.update({(decl.name, slots[n]): span for w in written for n, span in w.tensors if n in slots})
+        if not kept:
+            return
+        self.model.attributes["invariants"] = invariants_attribute(kept)
+        for problem in graph_problems(self.model, spans):
+            self.sink.add(problem)
 
 
 def report_placeholders(decl: ast.Decl, sink: DiagnosticSink) -> None:

@@ -36,8 +36,10 @@ from modeldsl.diagnostics import DiagnosticError, DiagnosticSink, Span
 from modeldsl.frontend.text import ast
 from modeldsl.frontend.text.parser import parse_source, read_source
 from modeldsl.primitives import lookup_primitive
+from modeldsl.resolve.invariants import check_declared_invariants
 from modeldsl.resolve.primitive_decls import check_primitive_decls
 from modeldsl.resolve.sections import check_sections
+from modeldsl.resolve.user_annotations import check_builtin_declarations
 
 STD_ROOT = Path(__file__).resolve().parents[1] / "std"
 VERSION = re.compile(r"^v(\d+)$")
@@ -135,6 +137,8 @@ class Resolver:
             program.by_name = []
         check_sections(program.declarations, self.sink)
         check_primitive_decls(program.declarations, self.sink)
+        check_declared_invariants(program.declarations, self.sink)
+        check_builtin_declarations(program.declarations, self.sink)
         for decl in program.declarations:
             self.namespaces[id(decl)] = decls
         self.resolving.discard(key)

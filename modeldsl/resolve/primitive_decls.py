@@ -26,6 +26,10 @@ documents one of them, so the resolver checks that it says what the op does:
   whose outermost calls must be primitives (E014) with known keyword
   parameters and enum values (E003); comments alone leave the backward unsaid.
 
+* its ``invariants:`` (``- backward_uses: [out]``, spec 9.8.3) name tensors of its forward that its
+  ``save:`` list keeps (the resolver checks them next, :mod:`modeldsl.resolve.invariants`: E001,
+  E002, E006).
+
 A declaration holding ``...`` leaves parts out; it is only checked for what it
 writes.
 """

@@ -14,7 +14,13 @@ not a name the program chooses (a parameter, a tensor, a mapping key), the resol
   and ``graph:`` (a primitive's: ``in:`` and ``out:`` beside its ``d_x = ...`` formulas);
 - a primitive's ``impl:`` (``forward:``, ``backward:``), ``fusion:`` (``patterns:``) and a block's
   ``pattern:`` (``sublayers:``);
-- ``let:``: a section with a body is ``constraint:`` (one with a value declares a symbol).
+- ``let:``: a section with a body is ``constraint:`` (one with a value declares a symbol);
+- a primitive's ``precision:`` (``supported:``, ``accumulation:``) and ``constraints:`` (a list,
+  ``- product(shape) == product(x.shape)``); its ``memory:`` describes sizes under names of its
+  own (``workspace:``, ``saved:``), but not a forward's or backward's ``in:``/``out:``.
+
+A section written twice in one body (``impl:`` twice, ``save:`` twice under ``forward:``) is
+E001 at the second: one of them would be dropped.
 
 A module's ``constants:`` section (spec 6.4.2's RoPE example) is a word of the spec that nothing
 lowers: E001 says so and how to pass the tensor instead.
@@ -40,6 +46,12 @@ FORWARD_SECTIONS = ("in", "inputs", "out", "outputs", "graph", "save", "recomput
 BACKWARD_SECTIONS = ("in", "inputs", "out", "outputs", "graph")
 PRIMITIVE_FORWARD_SECTIONS = ("in", "out", "impl")
 PRIMITIVE_BACKWARD_SECTIONS = ("in", "out")
+PRIMITIVE_PRECISION_KEYS = ("supported", "accumulation")
+# declaration sections written with an indented body, and those written with a value
+BODY_SECTIONS = ("params", "forward", "backward", "impl", "fusion", "pattern", "hf_config", "hf_mapping",
+                 "hf_export", "precision", "memory", "constraints", "invariants", "let")
+VALUE_SECTIONS = ("save", "applies_to")
+SIGNATURE_WORDS = ("in", "inputs", "out", "outputs", "graph")  # a forward's or backward's, never memory:'s
 NESTED_SECTIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("primitive", "impl"): ("forward", "backward"),
     ("primitive", "fusion"): ("patterns",),
@@ -57,6 +69,7 @@ def check_sections(declarations: Iterable[ast.Decl], sink: DiagnosticSink) -> No
         known = DECLARATION_SECTIONS.get(decl.kind)
         if known is None:
             continue  # a recipe's keys are its fields (checked where recipes lower)
+        _check_repeats(decl.body, f"{decl.kind} {decl.name}", sink)
         for section in _sections(decl.body):
             name = section.name
             if name is None:
@@ -64,12 +77,15 @@ def check_sections(declarations: Iterable[ast.Decl], sink: DiagnosticSink) -> No
             if name not in known:
                 _unknown(section, name, known, f"{decl.kind} {decl.name}", sink, decl.kind)
                 continue
+            _check_form(section, f"{decl.kind} {decl.name}", sink)
             _check_body(decl, section, sink)
 
 
 def _check_body(decl: ast.Decl, section: ast.Section, sink: DiagnosticSink) -> None:
     name, kind = section.name, decl.kind
     where = f"the {name}: section of {kind} {decl.name}"
+    if name in ("forward", "backward", "precision") or (kind, name) in NESTED_SECTIONS:
+        _check_repeats(section.body, where, sink)
     if name == "forward" and kind != "annotation":
         known = PRIMITIVE_FORWARD_SECTIONS if kind == "primitive" else FORWARD_SECTIONS
         _check_words(section.body, known, where, sink)
@@ -78,6 +94,22 @@ def _check_body(decl: ast.Decl, section: ast.Section, sink: DiagnosticSink) -> N
         _check_words(section.body, known, where, sink, gradients=True)
     elif (kind, name) in NESTED_SECTIONS:
         _check_words(section.body, NESTED_SECTIONS[(kind, name)], where, sink)
+    elif (kind, name) == ("primitive", "precision"):
+        _check_words(section.body, PRIMITIVE_PRECISION_KEYS, where, sink)
+        for stmt in section.body:
+            if not isinstance(stmt, (ast.Section, ast.ExprStmt)):
+                sink.error("E001", f"{where} holds a statement", stmt.span,
+                           f"precision: lists {_listing(PRIMITIVE_PRECISION_KEYS)}")
+    elif (kind, name) == ("primitive", "constraints"):
+        for stmt in section.body:
+            if isinstance(stmt, ast.Section):
+                sink.error("E001", f"{where} holds a {stmt.key.span.text}: section", stmt.key.span,
+                           "constraints: is a list of conditions: - product(shape) == product(x.shape)")
+    elif (kind, name) == ("primitive", "memory"):
+        for inner in _sections(section.body):
+            if inner.name in SIGNATURE_WORDS:
+                sink.error("E001", f"{where} has an {inner.name}: section, which is a forward's or backward's",
+                           inner.key.span, "memory: describes the primitive's memory use (workspace:, saved:, ...)")
     elif name == "let":
         for inner in _sections(section.body):
             if inner.value is None and inner.name is not None and inner.name != "constraint":
@@ -111,6 +143,37 @@ def _unknown(section: ast.Section, name: str, known: Sequence[str], where: str, 
     words = _listing(known) + (" and gradient declarations d_x: [shape]" if gradients else "")
     prefix = f"did you mean '{close[0]}:'? " if close else ""
     sink.error("E001", f"unknown section '{name}:' in {where}", span, prefix + (hint or f"it takes {words}"))
+
+
+def _check_form(section: ast.Section, where: str, sink: DiagnosticSink) -> None:
+    """E001 where a section that holds an indented body is given a value (``params: [a, b]``), or
+    one that takes a value (``save: [x]``) holds a body."""
+    name = section.name
+    if name in BODY_SECTIONS and section.value is not None and not section.body:
+        sink.error("E001", f"the {name}: section of {where} takes an indented body, not a value", section.key.span,
+                   f"write its entries on the lines under {name}:")
+    elif name in VALUE_SECTIONS and section.value is None and section.body:
+        sink.error("E001", f"the {name}: section of {where} takes a list, not an indented body", section.key.span,
+                   f"write {name}: [a, b]")
+
+
+SIGNATURE_SECTIONS = frozenset({"in", "inputs", "out", "outputs"})
+
+
+def _check_repeats(body: Sequence[ast.Stmt], where: str, sink: DiagnosticSink) -> None:
+    """E001 at a section written a second time in the same body (``if`` branches are bodies of their own);
+    the signature sections (``in:``, ``out:``) add up, one tensor a line."""
+    seen: set[tuple[str, bool]] = set()
+    for stmt in body:
+        if isinstance(stmt, ast.Section) and stmt.name is not None and stmt.name not in SIGNATURE_SECTIONS:
+            key = (stmt.name, stmt.added)
+            if key in seen:
+                sink.error("E001", f"{where} has a second {'+' if stmt.added else ''}{stmt.name}: section",
+                           stmt.key.span, "write each section once: merge the two")
+            seen.add(key)
+        elif isinstance(stmt, ast.If):
+            _check_repeats(stmt.then, where, sink)
+            _check_repeats(stmt.orelse or [], where, sink)
 
 
 def _listing(known: Sequence[str]) -> str:

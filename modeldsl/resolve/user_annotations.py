@@ -5,12 +5,21 @@ annotation that is not one of the built-in ones is checked against the
 declaration's ``params:`` (names, count, required ones, ``enum(...)`` choices)
 and kept on its op or parameter as a dictionary in the ``user_annotations``
 attribute; a use of an annotation that is neither built in nor declared stays
-E008. ``recipe Name:`` declarations (spec 7.4.4) are ``key: value`` entries; the
+E008. A declaration's ``applies_to:`` list says where a use may be written: on a
+parameter only where it lists ``parameter``, on a flow only where it lists
+something else (``tensor_output``, ``operation``, an op name, ...); elsewhere E008.
+
+A declaration of a built-in annotation (the spec's ``annotation @memory:``)
+documents it: each parameter it lists must be one of the built-in's (E003 with
+the closest name), and the built-in's own checks apply to its uses.
+
+``recipe Name:`` declarations (spec 7.4.4) are ``key: value`` entries; the
 lowering keeps them on the model op, and ``@recipe(Name)`` must name one.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +27,8 @@ from typing import Any
 from xdsl.dialects.builtin import ArrayAttr, BoolAttr, DictionaryAttr, FloatAttr, IntegerAttr, StringAttr, f64, i64
 from xdsl.ir import Attribute
 
-from modeldsl.dialects.annotations import AnnotationError
+from modeldsl.diagnostics import DiagnosticSink
+from modeldsl.dialects.annotations import ANNOTATION_BY_NAME, AnnotationError
 from modeldsl.frontend.text import ast
 
 
@@ -46,6 +56,47 @@ def declared_params(decl: ast.Decl) -> list[DeclaredParam]:
                 choices = tuple(a.value.id for a in kind.args if isinstance(a.value, ast.Name))
             params.append(DeclaredParam(entry.name, entry.value.default is None and not optional, choices))
     return params
+
+
+def check_builtin_declarations(decls: Sequence[ast.Decl], sink: DiagnosticSink) -> None:
+    """E003 at a parameter that a declaration of a built-in annotation lists and the built-in lacks."""
+    for decl in decls:
+        builtin = ANNOTATION_BY_NAME.get(decl.name) if decl.kind == "annotation" else None
+        if builtin is None:
+            continue
+        known = [p.name for p in builtin.PARAMS]
+        for section in decl.sections("params"):
+            for entry in section.body:
+                if isinstance(entry, ast.Section) and entry.name is not None and entry.name not in known:
+                    close = difflib.get_close_matches(entry.name, known, n=1)
+                    sink.error("E003", f"the built-in @{decl.name} has no parameter '{entry.name}'", entry.key.span,
+                               (f"did you mean '{close[0]}'? " if close else "")
+                               + f"its parameters: {', '.join(known) or 'none'}")
+
+
+PARAMETER_KINDS = ("parameter",)  # the applies_to: word of a parameter declaration
+
+
+def applies_to(decl: ast.Decl) -> list[str] | None:
+    """The words of a declaration's ``applies_to: [...]`` (None where it has none)."""
+    section = next(iter(decl.sections("applies_to")), None)
+    if section is None or section.value is None or not isinstance(section.value.expr, ast.ListExpr):
+        return None
+    return [item.id for item in section.value.expr.items if isinstance(item, ast.Name)]
+
+
+def check_applies_to(decl: ast.Decl, target: str) -> None:
+    """AnnotationError (E008) where a use on ``target`` (``param``, ``flow``, ``backward``, ...) is
+    not among what the declaration's ``applies_to:`` lists."""
+    kinds = applies_to(decl)
+    if not kinds:
+        return
+    on_parameter = target == "param"
+    allowed = [k for k in kinds if (k in PARAMETER_KINDS) == on_parameter]
+    if not allowed:
+        where = "a parameter" if on_parameter else "a flow's value or operation"
+        raise AnnotationError(f"@{decl.name} applies to {', '.join(kinds)}, not to {where}",
+                              "write it where its declaration's applies_to: says, or add the kind there")
 
 
 def user_annotation(decl: ast.Decl, args: Sequence[Any], kwargs: Mapping[str, Any]) -> DictionaryAttr:

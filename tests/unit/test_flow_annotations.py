@@ -1,9 +1,9 @@
 """Flow annotations and ``save:``/``recompute:`` entries attach to the op that makes the value a flow
 binds, whatever the flow's form (issue 32, item 1): a stated type stage (``x -> silu() -> [B, d] -> h
-@X``, which makes no op of its own), tuple outputs, ``if`` branches, an inline module call or a
-module instance (the op inside the inlined graph), a stack (the stack op); each annotation kind
-(``@hook``, ``@nofuse``, ``@memory``, ``@lifetime``, a ``recompute:`` and a ``save:`` entry) through
-each form, and nowhere else. The memory modes then take effect in ``mdsl-recompute`` (the same
+@X``, which makes no op of its own), tuple outputs (and one name of a tuple), ``if`` branches, an
+inline module call or a module instance (the op inside the inlined graph), a stack (the stack op);
+each annotation kind (``@hook``, ``@nofuse``, ``@memory``, ``@lifetime``, a ``recompute:`` and a
+``save:`` entry) through each form, and nowhere else. The memory modes then take effect in ``mdsl-recompute`` (the same
 recompute segments). And a Python DSL ``Activation(..., recompute=True, recompute_policy=...)``
 slot is its Module DSL twin, on a single- and a multi-output step, before and after
 ``mdsl-autodiff`` + ``mdsl-recompute``."""
@@ -62,6 +62,7 @@ FORMS = {
     "stated type": ("      x -> silu() -> [B, d] -> h{A}\n", "silu", 0),
     "stated types between stages": ("      x -> relu() -> [B, d] -> silu() -> [B, d, bf16] -> h{A}\n", "silu", 0),
     "tuple outputs": ("      (x, w) -> rmsnorm(eps=1e-6) -> (h, rstd){A}\n", "rmsnorm", 0),
+    "one name of a tuple": ("      (x, w) -> rmsnorm(eps=1e-6) -> (h{A}, rstd)\n", "rmsnorm", 0),
     "if branches": ("      if gated:\n        x -> silu() -> h{A}\n      else:\n        x -> relu() -> h{A}\n",
                     "silu", 0),
     "inline module call": ("      x -> Inner(w) -> h{A}\n", "silu", 0),
@@ -146,6 +147,15 @@ def test_the_else_branch_carries_them_when_it_is_the_one_taken():
 def test_a_mid_chain_annotation_stays_with_its_stage(flows, made_by, kind):
     ops = forward_ops(lowered(HEAD + flows + USE))
     assert [op.name.removeprefix("mdsl.graph.") for op in ops if carried(op, kind)] == [made_by]
+
+
+def test_an_annotation_of_the_second_name_of_a_tuple_is_that_result_s_alone():
+    flows = "      (x, w) -> rmsnorm(eps=1e-6) -> (h, rstd @memory(recompute) @dtype(bf16))\n"
+    ops = forward_ops(lowered(HEAD + flows + USE))
+    norm = next(op for op in ops if op.name == "mdsl.graph.rmsnorm")
+    assert memory_modes(norm) == ["auto", "recompute"]
+    casts = [op for op in ops if op.name == "mdsl.graph.cast"]
+    assert [(c.operands[0].owner, c.operands[0].index) for c in casts] == [(norm, 1)]
 
 
 def recompute_segments(ir) -> list[tuple[str, str]]:

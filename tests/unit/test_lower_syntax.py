@@ -177,7 +177,7 @@ ANNOTATED = """annotation @tag:
   params:
     level: enum(low, high)
     note: string? = None
-  applies_to: [operation]
+  applies_to: [operation, parameter]
   compiler_behavior:
     - keep it as metadata
 

@@ -451,3 +451,26 @@ mdsl.graph.model @m {
   }
 }
 // CHECK: error[{{E[0-9]+}}]: 'mdsl.graph.flash_attention_backward' op alibi_slopes length: 2 != 4
+
+// -----
+
+// A model's invariants (kept from primitive declarations' invariants: sections) name a
+// primitive of the dialect, a known kind and the op's operand and result names.
+mdsl.graph.model @m attributes {invariants = {softmaxx = {backward_uses = ["out"]}}} {
+  mdsl.graph.param @w : !mdsl.graph.tensor<[4], fp32>
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.graph.model' op invariants name 'softmaxx', which is no primitive of mdsl.graph
+
+// -----
+
+mdsl.graph.model @m attributes {invariants = {softmax = {backward_uses = ["y"]}}} {
+  mdsl.graph.param @w : !mdsl.graph.tensor<[4], fp32>
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.graph.model' op softmax's backward_uses names 'y', which is none of its operands and results (x, out)
+
+// -----
+
+mdsl.graph.model @m attributes {invariants = {softmax = {saves = ["out"]}}} {
+  mdsl.graph.param @w : !mdsl.graph.tensor<[4], fp32>
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.graph.model' op 'saves' of softmax is no invariant (they are: backward_uses)
