@@ -17,10 +17,15 @@ not a name the program chooses (a parameter, a tensor, a mapping key), the resol
 - ``let:``: a section with a body is ``constraint:`` (one with a value declares a symbol);
 - a primitive's ``precision:`` (``supported:``, ``accumulation:``) and ``constraints:`` (a list,
   ``- product(shape) == product(x.shape)``); its ``memory:`` describes sizes under names of its
-  own (``workspace:``, ``saved:``), but not a forward's or backward's ``in:``/``out:``.
+  own (``workspace:``, ``saved:``), but not a forward's or backward's ``in:``/``out:``, a
+  section of the primitive (``impl:``) or of ``precision:``, nor a parameter (``p: float = 0``).
 
 A section written twice in one body (``impl:`` twice, ``save:`` twice under ``forward:``) is
-E001 at the second: one of them would be dropped.
+E001 at the second: one of them would be dropped; ``in:`` and ``out:`` add up, one tensor a line.
+The form of a body is checked too: a ``- item`` in a body of sections (``forward:``) or of
+declarations (``params:``), a statement in one of sections only (``impl:``, ``precision:``) or in
+``constraints:``, an empty primitive section (``fusion:`` with nothing under it) and an ``impl:``
+with a backward kernel but no forward one are E001.
 
 A module's ``constants:`` section (spec 6.4.2's RoPE example) is a word of the spec that nothing
 lowers: E001 says so and how to pass the tensor instead.
@@ -50,8 +55,14 @@ PRIMITIVE_PRECISION_KEYS = ("supported", "accumulation")
 # declaration sections written with an indented body, and those written with a value
 BODY_SECTIONS = ("params", "forward", "backward", "impl", "fusion", "pattern", "hf_config", "hf_mapping",
                  "hf_export", "precision", "memory", "constraints", "invariants", "let")
+PROSE_SECTIONS = ("compiler_behavior", "runtime_behavior")  # an annotation's, in words
 VALUE_SECTIONS = ("save", "applies_to")
+# a primitive's sections that describe it; written, they say something
+DESCRIBING_SECTIONS = ("impl", "fusion", "memory", "constraints", "invariants", "precision")
 SIGNATURE_WORDS = ("in", "inputs", "out", "outputs", "graph")  # a forward's or backward's, never memory:'s
+# a primitive's own sections, never memory:'s (save: is both: memory: may say what the backward keeps)
+NOT_MEMORY_WORDS = (*SIGNATURE_WORDS, *PRIMITIVE_PRECISION_KEYS,
+                    *(w for w in DECLARATION_SECTIONS["primitive"] if w not in ("save", "memory")))
 NESTED_SECTIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("primitive", "impl"): ("forward", "backward"),
     ("primitive", "fusion"): ("patterns",),
@@ -86,30 +97,36 @@ def _check_body(decl: ast.Decl, section: ast.Section, sink: DiagnosticSink) -> N
     where = f"the {name}: section of {kind} {decl.name}"
     if name in ("forward", "backward", "precision") or (kind, name) in NESTED_SECTIONS:
         _check_repeats(section.body, where, sink)
+    if kind == "primitive" and name in DESCRIBING_SECTIONS and section.value is None and not section.body:
+        sink.error("E001", f"{where} is empty", section.key.span,
+                   f"write what it says on the lines under {name}:, or remove it")
+    if (kind, name) == ("primitive", "impl"):
+        _check_impl(section, where, sink)
     if name == "forward" and kind != "annotation":
         known = PRIMITIVE_FORWARD_SECTIONS if kind == "primitive" else FORWARD_SECTIONS
         _check_words(section.body, known, where, sink)
+        _check_no_list_items(section.body, f"it takes {_listing(known)}", where, sink)
     elif name == "backward":
         known = PRIMITIVE_BACKWARD_SECTIONS if kind == "primitive" else BACKWARD_SECTIONS
         _check_words(section.body, known, where, sink, gradients=True)
+        _check_no_list_items(section.body, f"it takes {_listing(known)}", where, sink)
     elif (kind, name) in NESTED_SECTIONS:
         _check_words(section.body, NESTED_SECTIONS[(kind, name)], where, sink)
+        _check_sections_only(section.body, NESTED_SECTIONS[(kind, name)], where, sink)
+    elif name == "params":
+        _check_no_list_items(section.body, "it declares one parameter a line: name: type = default", where, sink)
     elif (kind, name) == ("primitive", "precision"):
         _check_words(section.body, PRIMITIVE_PRECISION_KEYS, where, sink)
-        for stmt in section.body:
-            if not isinstance(stmt, (ast.Section, ast.ExprStmt)):
-                sink.error("E001", f"{where} holds a statement", stmt.span,
-                           f"precision: lists {_listing(PRIMITIVE_PRECISION_KEYS)}")
+        _check_sections_only(section.body, PRIMITIVE_PRECISION_KEYS, where, sink)
     elif (kind, name) == ("primitive", "constraints"):
+        hint = "constraints: is a list of conditions: - product(shape) == product(x.shape)"
         for stmt in section.body:
             if isinstance(stmt, ast.Section):
-                sink.error("E001", f"{where} holds a {stmt.key.span.text}: section", stmt.key.span,
-                           "constraints: is a list of conditions: - product(shape) == product(x.shape)")
+                sink.error("E001", f"{where} holds a {stmt.key.span.text}: section", stmt.key.span, hint)
+            elif not isinstance(stmt, (ast.ListItem, ast.ExprStmt)):
+                sink.error("E001", f"{where} holds a statement", stmt.span, hint)
     elif (kind, name) == ("primitive", "memory"):
-        for inner in _sections(section.body):
-            if inner.name in SIGNATURE_WORDS:
-                sink.error("E001", f"{where} has an {inner.name}: section, which is a forward's or backward's",
-                           inner.key.span, "memory: describes the primitive's memory use (workspace:, saved:, ...)")
+        _check_memory(section.body, where, sink)
     elif name == "let":
         for inner in _sections(section.body):
             if inner.value is None and inner.name is not None and inner.name != "constraint":
@@ -125,6 +142,47 @@ def _check_words(body: Sequence[ast.Stmt], known: tuple[str, ...], where: str, s
         if name is None or name in known or gradients and name.startswith("d_"):
             continue
         _unknown(inner, name, known, where, sink, gradients=gradients)
+
+
+def _check_impl(section: ast.Section, where: str, sink: DiagnosticSink) -> None:
+    """E001 where ``impl:`` names a backward kernel but no forward one."""
+    names = {inner.name for inner in _sections(section.body)}
+    if "backward" in names and "forward" not in names:
+        backward = next(inner for inner in _sections(section.body) if inner.name == "backward")
+        sink.error("E001", f"{where} names a backward kernel but no forward kernel", backward.key.span,
+                   "name the forward kernel first: forward: kernels.NAME")
+
+
+def _check_memory(body: Sequence[ast.Stmt], where: str, sink: DiagnosticSink) -> None:
+    """E001 at what a primitive's memory: cannot hold: a section of the primitive or of its forward, or a
+    parameter declaration (``name: type = default``): its entries are sizes, ``workspace: O(B * T)``."""
+    hint = "memory: describes the primitive's memory use (workspace:, saved:, ...)"
+    for inner in _sections(body):
+        if inner.name in NOT_MEMORY_WORDS:
+            owner = ("forward's or backward's" if inner.name in SIGNATURE_WORDS else
+                     "precision:'s key" if inner.name in PRIMITIVE_PRECISION_KEYS else "primitive's")
+            article = "an" if inner.name[0] in "aeiou" else "a"
+            sink.error("E001", f"{where} has {article} {inner.name}: section, which is a {owner}", inner.key.span, hint)
+        elif inner.value is not None and inner.value.default is not None:
+            sink.error("E001", f"{where} declares '{inner.key.span.text}' with a default, as params: does",
+                       inner.key.span, hint + "; declare parameters under params:")
+
+
+def _check_sections_only(body: Sequence[ast.Stmt], known: tuple[str, ...], where: str,
+                         sink: DiagnosticSink) -> None:
+    """E001 at a statement (``d_x = ...``, a flow) in a body of sections only (``impl:``, ``fusion:``)."""
+    for stmt in body:
+        if not isinstance(stmt, (ast.Section, ast.ExprStmt, ast.If)):
+            sink.error("E001", f"{where} holds a statement", stmt.span, f"it takes the sections {_listing(known)}")
+
+
+def _check_no_list_items(body: Sequence[ast.Stmt], hint: str, where: str, sink: DiagnosticSink) -> None:
+    """E001 at a ``- item`` directly in a body of sections or declarations (``forward:``, ``params:``)."""
+    for stmt in body:
+        if isinstance(stmt, ast.ListItem):
+            sink.error("E001", f"{where} holds a list item", stmt.span, hint)
+        elif isinstance(stmt, ast.If):
+            _check_no_list_items([*stmt.then, *(stmt.orelse or [])], hint, where, sink)
 
 
 def _unknown(section: ast.Section, name: str, known: Sequence[str], where: str, sink: DiagnosticSink,
@@ -152,6 +210,9 @@ def _check_form(section: ast.Section, where: str, sink: DiagnosticSink) -> None:
     if name in BODY_SECTIONS and section.value is not None and not section.body:
         sink.error("E001", f"the {name}: section of {where} takes an indented body, not a value", section.key.span,
                    f"write its entries on the lines under {name}:")
+    elif name in PROSE_SECTIONS and section.value is not None and not isinstance(section.value.expr, ast.Str):
+        sink.error("E001", f"the {name}: section of {where} describes the annotation in words", section.key.span,
+                   f"write its lines under {name}: as - items")
     elif name in VALUE_SECTIONS and section.value is None and section.body:
         sink.error("E001", f"the {name}: section of {where} takes a list, not an indented body", section.key.span,
                    f"write {name}: [a, b]")

@@ -14,6 +14,8 @@ Every declaration of the seed and of the mutant is lowered; the mutant's :func:`
 - ``refused``: a coded error (parse or lowering),
 - ``warned``: a diagnostic the seed does not give,
 - ``changed``: the same diagnostics, but some declaration lowers to other IR,
+- ``untaken``: the same diagnostics and IR where a word of the vocabulary replaced another inside
+  an ``if``/``else`` branch, which the seed's configuration may not take (a typo there is refused),
 - ``silent``: the same diagnostics and the same IR: the word was accepted and ignored.
 
 No mutant may be ``silent``. Mutants are determined by ``(seed, index)``; a campaign::
@@ -77,6 +79,7 @@ class Mutant:
     old: str
     new: str
     line: int
+    branch_swap: bool = False  # a word of the vocabulary in place of another, inside an if/else branch
 
     @property
     def python(self) -> bool:
@@ -91,8 +94,9 @@ def in_comment_or_string(text: str, at: int) -> bool:
     return "#" in line or line.count('"') % 2 == 1 or line.count("'") % 2 == 1
 
 
-# words that mean the same here (a block is a module that may also be stacked)
-SYNONYMS = ({"in", "inputs"}, {"out", "outputs"}, {"block", "module"})
+# words that mean the same here (a block is a module that may also be stacked; a model, one that
+# mdsl-run runs: the three lower to the same IR)
+SYNONYMS = ({"in", "inputs"}, {"out", "outputs"}, {"block", "module", "model"})
 # sections whose keys are names the program chooses or prose, not words of the language (a
 # primitive's memory: names its sizes: workspace:, saved:)
 LISTS = ("params", "let", "compiler_behavior", "runtime_behavior", "memory")
@@ -104,15 +108,33 @@ def same_word(old: str, new: str) -> bool:
     return any(old in words and new in words for words in SYNONYMS)
 
 
-def under_a_list(text: str, at: int) -> bool:
-    """Whether the key at ``at`` is an entry of a ``params:`` or ``let:`` section (a name, not a section)."""
+def in_parentheses(text: str, at: int) -> bool:
+    """Whether ``at`` is inside ``( ... )``: ``out: (out: [B, T, D], lse: ...)`` names a tensor ``out``."""
+    return text.count("(", 0, at) > text.count(")", 0, at)
+
+
+def enclosing_lines(text: str, at: int) -> list[str]:
+    """The stripped lines, innermost first, whose bodies hold the line of ``at`` (by indentation)."""
     start = text.rfind("\n", 0, at) + 1
-    indent = at - start
+    indent = len(text[start:at]) - len(text[start:at].lstrip())
+    found = []
     for line in reversed(text[:start].split("\n")):
         stripped = line.lstrip()
         if stripped and not stripped.startswith("#") and len(line) - len(stripped) < indent:
-            return stripped.split(":")[0] in LISTS
-    return False
+            found.append(stripped)
+            indent = len(line) - len(stripped)
+    return found
+
+
+def in_a_branch(text: str, at: int) -> bool:
+    """Whether ``at`` is inside an ``if``/``elif``/``else`` body (which the configuration may not take)."""
+    return any(re.match(r"(if|elif)\b|else:", line) for line in enclosing_lines(text, at))
+
+
+def under_a_list(text: str, at: int) -> bool:
+    """Whether the key at ``at`` is an entry of a ``params:`` or ``let:`` section (a name, not a section)."""
+    parents = enclosing_lines(text, at)
+    return bool(parents) and parents[0].split(":")[0] in LISTS
 
 
 def documents_a_builtin(text: str, at: int) -> bool:
@@ -136,7 +158,7 @@ def sites(name: str, text: str) -> list[Site]:
         return found
     for m in SECTION_KEY.finditer(text):
         if m.group(1) in SECTIONS and not in_comment_or_string(text, m.start(1)) \
-                and not under_a_list(text, m.start(1)) \
+                and not in_parentheses(text, m.start(1)) and not under_a_list(text, m.start(1)) \
                 and not (m.group(1) in DOCUMENTATION and documents_a_builtin(text, m.start(1))):
             found.append(Site(m.start(1), m.end(1), tuple(SECTIONS)))
     for m in ANNOTATION.finditer(text):
@@ -194,7 +216,8 @@ def mutant(rng: random.Random) -> Mutant:
     documentation = documents_a_builtin(text, site.start)
     while new == old or same_word(old, new) or documentation and new in DOCUMENTATION:
         new = typo(rng, old) if rng.random() < 0.6 else rng.choice(site.vocabulary)
-    return Mutant(name, text[:site.start] + new + text[site.end:], old, new, text.count("\n", 0, site.start) + 1)
+    return Mutant(name, text[:site.start] + new + text[site.end:], old, new, text.count("\n", 0, site.start) + 1,
+                  new in site.vocabulary and in_a_branch(text, site.start))
 
 
 def mutants(seed: int, count: int) -> list[Mutant]:
@@ -209,7 +232,9 @@ def outcome(m: Mutant) -> str:
         return "refused"
     if result[0] - original[0]:
         return "warned"
-    return "changed" if result[1] != original[1] else "silent"
+    if result[1] != original[1]:
+        return "changed"
+    return "untaken" if m.branch_swap else "silent"
 
 
 def main(argv: list[str] | None = None) -> int:

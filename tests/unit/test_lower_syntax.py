@@ -389,3 +389,12 @@ def test_stack_ranges_compute_what_the_whole_stack_computes():
     ((code, line, _, message),) = errors(text.replace("blocks[0:8]()", "blocks[0]()"))
     range_line = text[:text.index("blocks[0:8]()")].count("\n") + 1
     assert (code, line) == ("E004", range_line) and "a range of its layers" in message
+
+
+def test_in_and_out_may_be_written_once_a_tensor_while_other_sections_may_not_repeat():
+    text = ("module M(d: int = 8):\n  forward:\n    in: x: [B, d]\n    in: y: [B, d]\n    out: [B, d]\n"
+            "    graph:\n      (x, y) -> add() -> out\n")
+    inputs, _ = forward_types(lower(text))
+    assert len(inputs) == 2
+    repeated = text.replace("    graph:", "    save: []\n    save: []\n    graph:")
+    assert [(c, line) for c, line, _, _ in errors(repeated)] == [("E001", 7)]
