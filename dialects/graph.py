@@ -139,13 +139,18 @@ class ModelOp(IRDLOperation):
         return SymbolTable.lookup_symbol(self, name)
 
 
+ADAPTER_ATTR = "adapter"  # the dictionary of a parameter mdsl-adapters declared
+
+
 @irdl_op_definition
 class ParamOp(IRDLOperation):
     """A parameter declaration: ``mdsl.graph.param @wq : !mdsl.graph.tensor<...>``.
 
     Per-layer parameters of a stack have the layer count as leading dimension.
     Annotations (frozen, trainable, shard, dtype, memory, ...) go in the
-    ``annotations`` attribute.
+    ``annotations`` attribute. A parameter ``mdsl-adapters`` declared (a LoRA
+    ``lora_A`` or ``lora_B``) carries its ``adapter`` dictionary: no checkpoint
+    rule fills it.
     """
 
     name = "mdsl.graph.param"
@@ -159,6 +164,10 @@ class ParamOp(IRDLOperation):
 
     def verify_(self) -> None:
         check_annotations(self)
+
+    @property
+    def is_adapter(self) -> bool:
+        return ADAPTER_ATTR in self.attributes
 
     def __init__(self, name: str, param_type: TensorType, annotations: Sequence[Attribute] = ()):
         attributes = {"annotations": ArrayAttr(annotations)} if annotations else {}

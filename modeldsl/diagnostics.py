@@ -68,6 +68,7 @@ CODES: dict[str, str] = {
     "E044": "Output folder holds files this run did not write",
     "E045": "Output file exists and was not named",
     "E046": "Runtime assertion failed",
+    "E047": "Adapter target not found or not adaptable",
     "W001": "User definition shadows primitive",
     "W002": "Local definition shadows import",
     "W003": "Suboptimal auto-derived backward",

@@ -99,6 +99,12 @@ def _attach_loss() -> type[ModulePass]:
     return AttachLossPass
 
 
+def _adapters() -> type[ModulePass]:
+    from modeldsl.passes.adapters import AdaptersPass
+
+    return AdaptersPass
+
+
 def _pipeline(name: str) -> PassFactory:
     """The factory of the named pipeline ``name`` (:mod:`modeldsl.passes.pipelines`, imported on use)."""
 
@@ -120,6 +126,7 @@ PROJECT_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "mdsl-fuse": _fuse,
     "mdsl-optimizer-step": _optimizer_step,
     "mdsl-attach-loss": _attach_loss,
+    "mdsl-adapters": _adapters,
 }
 
 # The named pipelines (passes/pipelines.py): mdsl-opt expands each into its stages.
@@ -248,6 +255,14 @@ LISTINGS: dict[str, PassListing] = {
     "mdsl-attach-loss": PassListing("a causal language model's training loss as a function of the model", (
         ("ignore_index=int", "default: -100"),
     )),
+    "mdsl-adapters": PassListing("LoRA adapters on the matmuls of the weights the targets name", (
+        ("rank=int", "default: 8"),
+        ("alpha=float", "default: 0.0"),
+        ("dropout=float", "default: 0.0"),
+        ("targets=tuple[str, ...]", "default: ('q_proj', 'v_proj')"),
+        ("rslora=bool", "default: false"),
+        ("seed=int", "default: 0"),
+    ), patterns=(("lora_path", "AddLoraPath"),)),
     "mdsl-forward-profile": PassListing(
         DESCRIPTIONS["mdsl-forward-profile"],
         (*_SHAPE_OPTIONS, ("split_gemms=bool", "default: true"), *_FUSION_OPTIONS),

@@ -276,7 +276,7 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
             _read(rule, layer, checkpoint, record, shape if layer is None else shape[1:], dtype, config, warn,
                   value if layer is None else value[layer], mapper)
         weights[rule.target] = value
-    missing = [p for p in params if p not in weights]
+    missing = [p for p in params if p not in weights and not params[p].is_adapter]
     if missing and missing[0] in skipped:
         rule, absent = skipped[missing[0]]
         raise CheckpointError("E031", f"checkpoint tensor '{absent}' is missing (hf_mapping: {rule.written}, an "

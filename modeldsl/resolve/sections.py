@@ -96,7 +96,7 @@ def _check_body(decl: ast.Decl, section: ast.Section, sink: DiagnosticSink) -> N
     name, kind = section.name, decl.kind
     where = f"the {name}: section of {kind} {decl.name}"
     if name in ("forward", "backward", "precision") or (kind, name) in NESTED_SECTIONS:
-        _check_repeats(section.body, where, sink)
+        _check_repeats(section.body, where, sink, signatures_add_up=kind != "primitive")
     if kind == "primitive" and name in DESCRIBING_SECTIONS and section.value is None and not section.body:
         sink.error("E001", f"{where} is empty", section.key.span,
                    f"write what it says on the lines under {name}:, or remove it")
@@ -114,7 +114,11 @@ def _check_body(decl: ast.Decl, section: ast.Section, sink: DiagnosticSink) -> N
         _check_words(section.body, NESTED_SECTIONS[(kind, name)], where, sink)
         _check_sections_only(section.body, NESTED_SECTIONS[(kind, name)], where, sink)
     elif name == "params":
-        _check_no_list_items(section.body, "it declares one parameter a line: name: type = default", where, sink)
+        hint = "it declares one parameter a line: name: type = default"
+        _check_no_list_items(section.body, hint, where, sink)
+        for inner in _sections(section.body):
+            if inner.value is None:
+                sink.error("E001", f"{where} declares '{inner.key.span.text}' with no type", inner.key.span, hint)
     elif (kind, name) == ("primitive", "precision"):
         _check_words(section.body, PRIMITIVE_PRECISION_KEYS, where, sink)
         _check_sections_only(section.body, PRIMITIVE_PRECISION_KEYS, where, sink)
@@ -123,6 +127,8 @@ def _check_body(decl: ast.Decl, section: ast.Section, sink: DiagnosticSink) -> N
         for stmt in section.body:
             if isinstance(stmt, ast.Section):
                 sink.error("E001", f"{where} holds a {stmt.key.span.text}: section", stmt.key.span, hint)
+            elif isinstance(stmt, ast.ListItem) and stmt.extra is not None:
+                sink.error("E001", f"{where} holds a 'key: value' item, not a condition", stmt.span, hint)
             elif not isinstance(stmt, (ast.ListItem, ast.ExprStmt)):
                 sink.error("E001", f"{where} holds a statement", stmt.span, hint)
     elif (kind, name) == ("primitive", "memory"):
@@ -157,6 +163,9 @@ def _check_memory(body: Sequence[ast.Stmt], where: str, sink: DiagnosticSink) ->
     """E001 at what a primitive's memory: cannot hold: a section of the primitive or of its forward, or a
     parameter declaration (``name: type = default``): its entries are sizes, ``workspace: O(B * T)``."""
     hint = "memory: describes the primitive's memory use (workspace:, saved:, ...)"
+    for stmt in body:
+        if not isinstance(stmt, (ast.Section, ast.ExprStmt, ast.ListItem, ast.If)):
+            sink.error("E001", f"{where} holds a statement", stmt.span, hint)
     for inner in _sections(body):
         if inner.name in NOT_MEMORY_WORDS:
             owner = ("forward's or backward's" if inner.name in SIGNATURE_WORDS else
@@ -221,20 +230,22 @@ def _check_form(section: ast.Section, where: str, sink: DiagnosticSink) -> None:
 SIGNATURE_SECTIONS = frozenset({"in", "inputs", "out", "outputs"})
 
 
-def _check_repeats(body: Sequence[ast.Stmt], where: str, sink: DiagnosticSink) -> None:
+def _check_repeats(body: Sequence[ast.Stmt], where: str, sink: DiagnosticSink, signatures_add_up: bool = True) -> None:
     """E001 at a section written a second time in the same body (``if`` branches are bodies of their own);
-    the signature sections (``in:``, ``out:``) add up, one tensor a line."""
+    a module's signature sections (``in:``, ``out:``) add up, one tensor a line (a primitive's do not:
+    each lists its tensors once, a tuple for more than one)."""
     seen: set[tuple[str, bool]] = set()
+    repeatable = SIGNATURE_SECTIONS if signatures_add_up else frozenset()
     for stmt in body:
-        if isinstance(stmt, ast.Section) and stmt.name is not None and stmt.name not in SIGNATURE_SECTIONS:
+        if isinstance(stmt, ast.Section) and stmt.name is not None and stmt.name not in repeatable:
             key = (stmt.name, stmt.added)
             if key in seen:
                 sink.error("E001", f"{where} has a second {'+' if stmt.added else ''}{stmt.name}: section",
                            stmt.key.span, "write each section once: merge the two")
             seen.add(key)
         elif isinstance(stmt, ast.If):
-            _check_repeats(stmt.then, where, sink)
-            _check_repeats(stmt.orelse or [], where, sink)
+            _check_repeats(stmt.then, where, sink, signatures_add_up)
+            _check_repeats(stmt.orelse or [], where, sink, signatures_add_up)
 
 
 def _listing(known: Sequence[str]) -> str:

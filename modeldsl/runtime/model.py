@@ -53,6 +53,7 @@ from modeldsl.passes.pipelines import bind_configuration
 from modeldsl.registry import model_for_checkpoint
 from modeldsl.runtime.executor import NUMPY_DTYPES, GraphExecutor, KVCache
 from modeldsl.runtime.fits import check_fits_on, parameter_bytes
+from modeldsl.runtime.lora import LoraOptions, adapt, init_adapters
 from modeldsl.runtime.profiles import ParamsArena, ProfiledForward, params_arena
 from modeldsl.runtime.rope import SUPPORTED, RopeFrequencies, RopeScalingError, rope_frequencies, rope_type
 from modeldsl.runtime.saves import SaveTarget, new_run, saving_folder
@@ -392,7 +393,7 @@ def choose_token(logits: np.ndarray, temperature: float, top_k: int | None, rng:
 def load(model_file: str | Path | None = None, hf: str | Path | None = None, dtype: str = "fp32",
          top: str | None = None, config: dict[str, Any] | None = None, progress: bool = False,
          sink: DiagnosticSink | None = None, device: str = "cpu", force_architecture: bool = False,
-         allow_unused_tensors: bool = False) -> Model:
+         allow_unused_tensors: bool = False, lora: Any = None) -> Model:
     """Load a DSL model with the weights of a HuggingFace checkpoint (or random
     weights, normal(0, 0.02) with seed 0, when ``hf`` is None). Without ``model_file``, the std
     model that serves the checkpoint's ``architectures`` / ``model_type`` (E036 listing the served
@@ -405,14 +406,19 @@ def load(model_file: str | Path | None = None, hf: str | Path | None = None, dty
     ``allow_unused_tensors``); a model whose parameters do not fit in the memory available
     is E038, checked before anything is allocated. Warnings (W006, W010, W011, ...) go to
     ``sink`` when one is given, else each is raised through Python's ``warnings`` as a
-    :class:`DiagnosticWarning` carrying its code."""
+    :class:`DiagnosticWarning` carrying its code.
+
+    ``lora`` adds LoRA adapters before the parameters are allocated (a rank, or a dictionary of
+    PEFT's ``LoraConfig`` options: ``dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])``;
+    :mod:`modeldsl.runtime.lora`): the targeted weights are frozen and the adapters start as PEFT's."""
     if dtype not in STORAGE:
         raise DiagnosticError([Diagnostic("E029", f"dtype '{dtype}' is not fp32 or bf16", None)])
     collected = sink if sink is not None else DiagnosticSink()
     before = len(collected.diagnostics)
     try:
+        adapters = LoraOptions.of(lora) if lora is not None else None
         model = _load(model_file, hf, dtype, top, config, progress, collected, device, force_architecture,
-                      allow_unused_tensors)
+                      allow_unused_tensors, adapters)
     except DiagnosticError as err:  # the warnings of this load ride along with the error
         riding = [d for d in collected.diagnostics[before:] if d.severity == "warning" and d not in err.diagnostics]
         raise DiagnosticError(riding + err.diagnostics) from None
@@ -425,7 +431,7 @@ def load(model_file: str | Path | None = None, hf: str | Path | None = None, dty
 
 def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | None,
           config: dict[str, Any] | None, progress: bool, sink: DiagnosticSink, device: str,
-          force_architecture: bool, allow_unused_tensors: bool) -> Model:
+          force_architecture: bool, allow_unused_tensors: bool, lora: LoraOptions | None = None) -> Model:
     runs_on = _device(device)
     if model_file is None:
         model_file, top = _served_model(hf, top)
@@ -444,6 +450,8 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
         bind_configuration(module)
         _verify_specialized(module)
         model = _model_op(module)
+        if lora is not None:
+            adapt(model, lora)
         _check_parameters_fit(model, {}, storage, runs_on)
         arena = params_arena(model, "fp32" if dtype == "fp32" else None, populate=hf is None) \
             if runs_on is None else None
@@ -456,6 +464,8 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
                                               mapper=arena.pages.map_file if arena is not None else None)
         else:
             weights, record = random_weights(model, storage, into=into), ImportRecord()
+        if lora is not None:
+            init_adapters(model, weights, storage, lora.seed, into)
         if arena is not None:
             _hold_once(weights, arena)
     except CheckpointError as err:

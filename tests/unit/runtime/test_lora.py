@@ -1,0 +1,127 @@
+"""LoRA adapters (``mdsl-adapters``) against PEFT on transformers: logits, gradients, training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hf_checkpoints import cached_checkpoint, transformers_model
+
+import modeldsl
+from modeldsl.resolve.imports import STD_ROOT
+from modeldsl.runtime.optim import AdamWConfig
+from modeldsl.runtime.train import Trainer
+
+torch = pytest.importorskip("torch")
+peft = pytest.importorskip("peft")
+
+MODULES = {"llama": "llama.module", "qwen3": "qwen.module"}
+TARGETS = {"q,v": ["q_proj", "v_proj"], "all-linear": "all-linear"}
+
+
+def peft_name(module: str, layer: int, role: str) -> str:
+    """PEFT's parameter name of an adapter of ``module`` (``model.layers.{layer}.self_attn.q_proj``)."""
+    return f"base_model.model.{module.format(layer=layer)}.lora_{role}.default.weight"
+
+
+def adapters(model) -> dict[str, tuple[str, str, int | None]]:
+    """Our adapter parameters: name -> (HF module template, role, layers or None)."""
+    found = {}
+    for param in model.model.params():
+        info = param.attributes.get("adapter")
+        if info is not None:
+            module, role = info.data["module"].data, info.data["role"].data
+            found[param.sym_name.data] = (module, role, "{layer}" in module)
+    return found
+
+
+def copy_into_peft(model, reference) -> None:
+    """PEFT's adapters set to ours."""
+    state = dict(reference.named_parameters())
+    with torch.no_grad():
+        for name, (module, role, stacked) in adapters(model).items():
+            value = model.weights[name]
+            for layer in range(value.shape[0]) if stacked else [None]:
+                state[peft_name(module, layer, role)].copy_(torch.tensor(value[layer] if stacked else value))
+
+
+def peft_model(path, rank: int, alpha: float, targets, rslora: bool = False):
+    config = peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0,
+                             use_rslora=rslora)
+    return peft.get_peft_model(transformers_model(path), config)
+
+
+def randomize_b(model, seed: int = 1) -> None:
+    """Nonzero lora_B (they start at zero), so that the adapters change the logits."""
+    rng = np.random.default_rng(seed)
+    for name, (_, role, _) in adapters(model).items():
+        if role == "B":
+            np.copyto(model.weights[name], rng.standard_normal(model.weights[name].shape) * 0.1, casting="unsafe")
+
+
+def shifted(tokens: np.ndarray) -> np.ndarray:
+    labels = np.full_like(tokens, -100)
+    labels[:, :-1] = tokens[:, 1:]
+    return labels
+
+
+@pytest.mark.parametrize("arch", MODULES)
+@pytest.mark.parametrize("targets", TARGETS)
+def test_adapted_logits_equal_peft(arch, targets):
+    path = cached_checkpoint(arch, head_dim=16) if arch == "qwen3" else cached_checkpoint(arch)
+    model = modeldsl.load(STD_ROOT / "models" / MODULES[arch], hf=path,
+                          lora=dict(r=4, lora_alpha=8, target_modules=TARGETS[targets]))
+    randomize_b(model)
+    reference = peft_model(path, 4, 8, TARGETS[targets]).eval()
+    copy_into_peft(model, reference)
+    tokens = np.random.default_rng(0).integers(0, 64, (2, 9))
+    with torch.no_grad():
+        expected = reference(torch.tensor(tokens)).logits.numpy()
+    ours = np.stack([model.forward(row) for row in tokens])
+    np.testing.assert_allclose(ours.reshape(expected.shape), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_fresh_adapter_changes_nothing():
+    path = cached_checkpoint("llama")
+    base = modeldsl.load(STD_ROOT / "models" / "llama.module", hf=path)
+    adapted = modeldsl.load(STD_ROOT / "models" / "llama.module", hf=path, lora=8)
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6]
+    np.testing.assert_array_equal(adapted.forward(tokens), base.forward(tokens))
+
+
+@pytest.mark.parametrize("arch", MODULES)
+@pytest.mark.parametrize("targets", TARGETS)
+def test_training_with_adapters_equals_peft(arch, targets):
+    """The A/B gradients of the first step and the losses of AdamW steps, with only the adapters trained."""
+    steps = 20 if (arch, targets) == ("llama", "q,v") else 4
+    path = cached_checkpoint(arch, head_dim=16) if arch == "qwen3" else cached_checkpoint(arch)
+    model = modeldsl.load(STD_ROOT / "models" / MODULES[arch], hf=path,
+                          lora=dict(r=4, lora_alpha=8, target_modules=TARGETS[targets]))
+    reference = peft_model(path, 4, 8, TARGETS[targets]).train()
+    copy_into_peft(model, reference)
+    config = AdamWConfig(lr=1e-2, beta1=0.9, beta2=0.95, weight_decay=0.1, warmup_steps=0, total_steps=steps,
+                         clip_norm=1.0)
+    trainer = Trainer(model, config)
+    assert set(trainer.optimizer.grads) == set(adapters(model))  # only the adapters get gradients and moments
+    trainable = [p for p in reference.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, foreach=False)
+    import transformers
+
+    schedule = transformers.get_cosine_schedule_with_warmup(optimizer, 0, steps)
+    rng = np.random.default_rng(0)
+    for step in range(steps):
+        tokens = rng.integers(0, 64, (2, 8))
+        ours = trainer.train_step([(tokens, shifted(tokens))])
+        optimizer.zero_grad()
+        loss = reference(torch.tensor(tokens), labels=torch.tensor(tokens)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        schedule.step()
+        assert ours == pytest.approx(loss.item(), rel=1e-5), step
+    trainer.sync_weights()
+    state = dict(reference.named_parameters())
+    for name, (module, role, stacked) in adapters(model).items():
+        value = model.weights[name]
+        for layer in range(value.shape[0]) if stacked else [None]:
+            np.testing.assert_allclose(value[layer] if stacked else value,
+                                       state[peft_name(module, layer, role)].detach().numpy(), rtol=1e-4, atol=1e-6)
