@@ -433,7 +433,8 @@ def declare_pairs(param: ParamOp, weight: Weight, shorts: set[str], lora: Lora) 
             op.attributes[ADAPTER_ATTR] = DictionaryAttr({
                 "kind": StringAttr("lora"), "role": StringAttr(role), "module": StringAttr(module),
                 "rank": IntegerAttr(lora.rank, i64), "alpha": FloatAttr(lora.alpha, f64),
-                "scaling": FloatAttr(lora.scaling, f64), "init": StringAttr(init)})
+                "scaling": FloatAttr(lora.scaling, f64), "init": StringAttr(init),
+                **({"dropout": FloatAttr(lora.dropout, f64)} if lora.dropout else {})})
             pair.append(op)
         builder.insert(pair[0])
         builder.insert(pair[1])

@@ -10,21 +10,41 @@ weights. The options take PEFT's ``LoraConfig`` names (``r``, ``lora_alpha``,
 ``lora_B`` zeros, so the adapted model computes what the base does until it trains; each
 layer of a stack draws its own ``lora_A``, from a generator seeded with ``seed`` and the
 parameter's name.
+
+PEFT's files: :func:`save_adapter` writes ``adapter_config.json`` and
+``adapter_model.safetensors`` as PEFT names them
+(``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``), which
+``peft.PeftModel.from_pretrained`` loads; :func:`read_adapter` reads such a folder, ours or
+one PEFT wrote (``modeldsl.load(..., adapter=DIR)``): its LoRA options from the config, its
+tensors by name. A config of a kind of adapter this runtime does not compute (DoRA, biases,
+``modules_to_save``, per-layer ranks) is E030; a tensor missing, of another shape or that no
+adapter takes is E031, E032 or E040, naming it. :func:`merged_weights` folds the adapters into
+the weights they adapt (``W + scaling * B @ A``, slice by slice), as PEFT's ``merge_and_unload``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError
 from modeldsl.dialects.graph import ModelOp, ParamOp
-from modeldsl.passes.adapters import Lora, adapter_info, add_adapters
+from modeldsl.hf.safetensors_io import CheckpointError, SafetensorsFile, regular_file, write_safetensors
+from modeldsl.passes.adapters import Lora, adapter_info, add_adapters, mapped_weights
+
+CONFIG_FILE = "adapter_config.json"
+TENSORS_FILE = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+# adapter_config.json keys whose non-default values ask for what this runtime does not compute
+UNSUPPORTED = {"use_dora": False, "bias": "none", "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {},
+               "layers_to_transform": None, "fan_in_fan_out": False, "lora_bias": False, "use_qalora": False}
 
 ALIASES = {"r": "rank", "lora_alpha": "alpha", "target_modules": "targets", "lora_dropout": "dropout",
            "use_rslora": "rslora"}
@@ -121,3 +141,125 @@ def init_adapters(model: ModelOp, weights: dict[str, np.ndarray], dtype: np.dtyp
 
 def adapter_names(model: ModelOp) -> Sequence[str]:
     return [p.sym_name.data for p in adapter_params(model)]
+
+
+# ----------------------------------------------------------------------------- PEFT's files
+
+
+def stacked(param: ParamOp) -> bool:
+    """Whether an adapter parameter is per layer of a stack (its module's name holds ``{layer}``)."""
+    return "{layer}" in str(adapter_info(param)["module"])
+
+
+def peft_names(param: ParamOp) -> list[str]:
+    """PEFT's tensor names of an adapter parameter, one per layer of a stacked one."""
+    info = adapter_info(param)
+    name = PEFT_PREFIX + str(info["module"]) + f".lora_{info['role']}.weight"
+    if not stacked(param):
+        return [name]
+    return [name.format(layer=layer) for layer in range(param.param_type.shape[0].evaluate({}))]
+
+
+def per_name(param: ParamOp, value: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """(PEFT's name, the value's part of it): a stacked parameter's layers, or the whole value."""
+    names = peft_names(param)
+    return list(zip(names, value)) if stacked(param) else [(names[0], value)]
+
+
+def peft_tensors(model: ModelOp, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The adapters as PEFT's ``adapter_model.safetensors`` holds them, in fp32."""
+    return {name: np.ascontiguousarray(part, dtype=np.float32)
+            for param in adapter_params(model) for name, part in per_name(param, weights[param.sym_name.data])}
+
+
+def peft_config(model: ModelOp, base: str | None = None) -> dict[str, Any]:
+    """PEFT's ``adapter_config.json`` of the model's adapters."""
+    params = adapter_params(model)
+    info = adapter_info(params[0])
+    modules = sorted({str(adapter_info(p)["module"]).rsplit(".", 1)[-1] for p in params})
+    rank, alpha = int(info["rank"]), float(info["alpha"])
+    rslora = not math.isclose(float(info["scaling"]), alpha / rank)
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base, "r": rank,
+            "lora_alpha": alpha, "target_modules": modules, "lora_dropout": float(info.get("dropout", 0.0)),
+            "use_rslora": rslora, "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
+            "init_lora_weights": True, "modules_to_save": None}
+
+
+def write_adapter(folder: Path, model: ModelOp, weights: Mapping[str, np.ndarray], base: str | None = None) -> None:
+    """``adapter_config.json`` and ``adapter_model.safetensors`` into ``folder`` (PEFT's layout)."""
+    if not adapter_params(model):
+        raise _error("the model has no adapters to save", "load it with lora=... or adapter=DIR")
+    (folder / CONFIG_FILE).write_text(json.dumps(peft_config(model, base), indent=2) + "\n", encoding="utf-8")
+    write_safetensors(folder / TENSORS_FILE, peft_tensors(model, weights))
+
+
+def read_adapter(directory: str | Path) -> tuple[LoraOptions, SafetensorsFile]:
+    """The LoRA options and the tensors file of a PEFT adapter folder (E028/E030 for what is wrong)."""
+    folder = Path(directory)
+    where = folder / CONFIG_FILE
+    regular_file(where, "the adapter config")
+    try:
+        config = json.loads(where.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise CheckpointError("E030", f"{where}: not readable JSON ({err})") from None
+    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
+        raise CheckpointError("E030", f"{where}: not a LoRA adapter (peft_type {config.get('peft_type')!r})"
+                              if isinstance(config, dict) else f"{where}: not a JSON object",
+                              "give the folder of a PEFT LoRA adapter")
+    for key, default in UNSUPPORTED.items():
+        if config.get(key, default) not in (default, None, [], {}):
+            raise CheckpointError("E030", f"{where}: '{key}' is {config[key]!r}; this runtime computes plain LoRA "
+                                  f"adapters only", f"an adapter trained with {key}={default!r} loads", field=key)
+    targets = config.get("target_modules")
+    if isinstance(targets, str):
+        targets = [targets]
+    if isinstance(targets, list):  # PEFT may write the modules' full names (model.layers.1.mlp.up_proj)
+        targets = sorted({t.rsplit(".", 1)[-1] if isinstance(t, str) else t for t in targets})
+    try:
+        options = LoraOptions.of({"r": config.get("r", 8), "lora_alpha": config.get("lora_alpha", 8),
+                                  "target_modules": targets or [], "use_rslora": bool(config.get("use_rslora"))})
+    except DiagnosticError as err:
+        raise CheckpointError("E030", f"{where}: {err.diagnostics[0].message}", err.diagnostics[0].hint) from None
+    tensors_path = folder / TENSORS_FILE
+    regular_file(tensors_path, "the adapter weights")
+    return options, SafetensorsFile(tensors_path)
+
+
+def fill_adapters(model: ModelOp, weights: dict[str, np.ndarray], tensors: SafetensorsFile) -> None:
+    """The adapters' values from PEFT's tensors (PEFT's names, with or without ``.default``)."""
+    available = {name.replace(".default.weight", ".weight"): name for name in tensors.keys()}
+    used = set()
+    for param in adapter_params(model):
+        for name, into in per_name(param, weights[param.sym_name.data]):
+            if name not in available:
+                raise CheckpointError("E031", f"adapter tensor '{name}' is missing", "the adapter was trained "
+                                      "for another model or other target_modules", tensor=name)
+            shape = tensors.shape(available[name])
+            if tuple(shape) != into.shape:
+                raise CheckpointError("E032", f"adapter tensor '{name}' has shape {list(shape)}, the model's "
+                                      f"adapter {list(into.shape)}", "the adapter was trained for another base "
+                                      "model (sizes) or another rank", tensor=name)
+            np.copyto(into, tensors.array(available[name]), casting="unsafe")
+            used.add(available[name])
+    unused = sorted(set(tensors.keys()) - used)
+    if unused:
+        raise CheckpointError("E040", f"adapter tensor '{unused[0]}' belongs to no adapter of the model",
+                              "the adapter targets modules this model does not have, or was trained for "
+                              "another architecture", tensor=unused[0])
+
+
+def merged_weights(model: ModelOp, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The adapted weights with their adapters folded in (``W[rows] += scaling * B @ A`` per part)."""
+    merged: dict[str, np.ndarray] = {}
+    parts = {(w.param, p.short): p for w in mapped_weights(model) for p in w.parts}
+    for param in adapter_params(model):
+        name = param.sym_name.data
+        if not name.endswith(".lora_A"):
+            continue
+        base, short = name.removesuffix(".lora_A").rsplit(".", 1)
+        part = parts[(base, short)]
+        a, b = (np.asarray(weights[name.removesuffix("A") + r], dtype=np.float64) for r in "AB")
+        value = merged.setdefault(base, np.array(weights[base], dtype=np.float64))
+        start, end = part.start.evaluate({}), part.end.evaluate({})
+        value[..., start:end, :] += float(adapter_info(param)["scaling"]) * (b @ a)
+    return {k: v.astype(np.asarray(weights[k]).dtype) for k, v in merged.items()}

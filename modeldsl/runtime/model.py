@@ -53,7 +53,16 @@ from modeldsl.passes.pipelines import bind_configuration
 from modeldsl.registry import model_for_checkpoint
 from modeldsl.runtime.executor import NUMPY_DTYPES, GraphExecutor, KVCache
 from modeldsl.runtime.fits import check_fits_on, parameter_bytes
-from modeldsl.runtime.lora import LoraOptions, adapt, init_adapters
+from modeldsl.runtime.lora import (
+    LoraOptions,
+    adapt,
+    adapter_params,
+    fill_adapters,
+    init_adapters,
+    merged_weights,
+    read_adapter,
+    write_adapter,
+)
 from modeldsl.runtime.profiles import ParamsArena, ProfiledForward, params_arena
 from modeldsl.runtime.rope import SUPPORTED, RopeFrequencies, RopeScalingError, rope_frequencies, rope_type
 from modeldsl.runtime.saves import SaveTarget, new_run, saving_folder
@@ -343,19 +352,48 @@ class Model:
         is written atomically and holds only the save's files: a new or empty folder, or one this
         model saved before, is (re)written; a folder holding anything else is E044 unless
         ``overwrite`` (then it is replaced, everything in it included). E028 when the folder
-        cannot be created or written (:mod:`modeldsl.runtime.saves`)."""
+        cannot be created or written (:mod:`modeldsl.runtime.saves`). A model with LoRA adapters is
+        saved merged (each adapted weight plus its adapters, as PEFT's ``merge_and_unload``): an
+        ordinary checkpoint of the base architecture."""
         if dtype is not None and dtype not in STORAGE:
             raise _argument_error(f"dtype '{dtype}' is not fp32 or bf16")
         target = SaveTarget(Path(directory), self.save_id, overwrite=bool(overwrite),
                             what=f"save_hf('{directory}')", how="overwrite=True", owner="this model")
+        weights = {**self.weights, **merged_weights(self.model, self.weights)}
         try:
             with saving_folder(target) as folder:
-                save_checkpoint(self.model, self.weights, self.record, folder,
+                save_checkpoint(self.model, weights, self.record, folder,
                                 STORAGE[dtype] if dtype is not None else None)
         except OSError as err:
             raise DiagnosticError([Diagnostic("E028", f"cannot write the checkpoint to '{directory}': "
                                               f"{_reason(err)}", None,
                                               "give a folder path whose parents are folders you can write")]) from None
+
+
+    def save_adapter(self, directory: str | Path, overwrite: bool = False) -> None:
+        """Write the LoRA adapters as PEFT does (``adapter_config.json``, ``adapter_model.safetensors``),
+        for ``peft.PeftModel.from_pretrained`` or ``modeldsl.load(..., adapter=DIR)``; the folder
+        rules of :meth:`save_hf` (E044 for a folder of other files unless ``overwrite``)."""
+        if not adapter_params(self.model):
+            raise _argument_error("the model has no LoRA adapters to save: load it with lora=... or adapter=DIR")
+        target = SaveTarget(Path(directory), self.save_id, overwrite=bool(overwrite),
+                            what=f"save_adapter('{directory}')", how="overwrite=True", owner="this model")
+        base = str(self.record.source) if self.record.source is not None else None
+        try:
+            with saving_folder(target) as folder:
+                write_adapter(folder, self.model, self.weights, base)
+        except OSError as err:
+            raise DiagnosticError([Diagnostic("E028", f"cannot write the adapter to '{directory}': "
+                                              f"{_reason(err)}", None,
+                                              "give a folder path whose parents are folders you can write")]) from None
+
+
+def _adapter_step(step: Callable, adapter: str | Path, *args: Any) -> Any:
+    """``step(adapter, ...)`` or ``step(...)`` on an adapter folder's files, its errors located there."""
+    try:
+        return step(adapter) if not args else step(*args)
+    except CheckpointError as err:
+        raise DiagnosticError([_diagnostic(err, adapter)]) from None
 
 
 def sampling_problems(max_new_tokens: Any, temperature: Any, top_k: Any, seed: Any) -> list[tuple[str, str]]:
@@ -393,7 +431,7 @@ def choose_token(logits: np.ndarray, temperature: float, top_k: int | None, rng:
 def load(model_file: str | Path | None = None, hf: str | Path | None = None, dtype: str = "fp32",
          top: str | None = None, config: dict[str, Any] | None = None, progress: bool = False,
          sink: DiagnosticSink | None = None, device: str = "cpu", force_architecture: bool = False,
-         allow_unused_tensors: bool = False, lora: Any = None) -> Model:
+         allow_unused_tensors: bool = False, lora: Any = None, adapter: str | Path | None = None) -> Model:
     """Load a DSL model with the weights of a HuggingFace checkpoint (or random
     weights, normal(0, 0.02) with seed 0, when ``hf`` is None). Without ``model_file``, the std
     model that serves the checkpoint's ``architectures`` / ``model_type`` (E036 listing the served
@@ -410,15 +448,19 @@ def load(model_file: str | Path | None = None, hf: str | Path | None = None, dty
 
     ``lora`` adds LoRA adapters before the parameters are allocated (a rank, or a dictionary of
     PEFT's ``LoraConfig`` options: ``dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])``;
-    :mod:`modeldsl.runtime.lora`): the targeted weights are frozen and the adapters start as PEFT's."""
+    :mod:`modeldsl.runtime.lora`): the model is frozen but for the adapters, which start as PEFT's.
+    ``adapter`` loads a PEFT LoRA adapter folder instead (``adapter_config.json``,
+    ``adapter_model.safetensors``: ours or one PEFT wrote), to generate with or to train on."""
     if dtype not in STORAGE:
         raise DiagnosticError([Diagnostic("E029", f"dtype '{dtype}' is not fp32 or bf16", None)])
     collected = sink if sink is not None else DiagnosticSink()
     before = len(collected.diagnostics)
     try:
+        if lora is not None and adapter is not None:
+            raise _argument_error("give lora= (new adapters) or adapter=DIR (trained ones), not both")
         adapters = LoraOptions.of(lora) if lora is not None else None
         model = _load(model_file, hf, dtype, top, config, progress, collected, device, force_architecture,
-                      allow_unused_tensors, adapters)
+                      allow_unused_tensors, adapters, adapter)
     except DiagnosticError as err:  # the warnings of this load ride along with the error
         riding = [d for d in collected.diagnostics[before:] if d.severity == "warning" and d not in err.diagnostics]
         raise DiagnosticError(riding + err.diagnostics) from None
@@ -431,7 +473,8 @@ def load(model_file: str | Path | None = None, hf: str | Path | None = None, dty
 
 def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | None,
           config: dict[str, Any] | None, progress: bool, sink: DiagnosticSink, device: str,
-          force_architecture: bool, allow_unused_tensors: bool, lora: LoraOptions | None = None) -> Model:
+          force_architecture: bool, allow_unused_tensors: bool, lora: LoraOptions | None = None,
+          adapter: str | Path | None = None) -> Model:
     runs_on = _device(device)
     if model_file is None:
         model_file, top = _served_model(hf, top)
@@ -441,6 +484,9 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
     hf_config: dict[str, Any] = {}
     storage = STORAGE[dtype]
     try:
+        tensors = None
+        if adapter is not None:
+            lora, tensors = _adapter_step(read_adapter, adapter)
         if hf is not None:
             hf_config = read_config(hf)
             checkpoint_values, default = _checkpoint_values(program, decl, hf_config, sink, force_architecture)
@@ -466,6 +512,8 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
             weights, record = random_weights(model, storage, into=into), ImportRecord()
         if lora is not None:
             init_adapters(model, weights, storage, lora.seed, into)
+        if tensors is not None:
+            _adapter_step(fill_adapters, adapter, model, weights, tensors)
         if arena is not None:
             _hold_once(weights, arena)
     except CheckpointError as err:

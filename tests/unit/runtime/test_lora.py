@@ -125,3 +125,109 @@ def test_training_with_adapters_equals_peft(arch, targets):
         for layer in range(value.shape[0]) if stacked else [None]:
             np.testing.assert_allclose(value[layer] if stacked else value,
                                        state[peft_name(module, layer, role)].detach().numpy(), rtol=1e-4, atol=1e-6)
+
+
+def adapted_llama(targets="q,v", rank=4, alpha=8):
+    path = cached_checkpoint("llama")
+    model = modeldsl.load(STD_ROOT / "models" / "llama.module", hf=path,
+                          lora=dict(r=rank, lora_alpha=alpha, target_modules=TARGETS[targets]))
+    randomize_b(model)
+    return path, model
+
+
+TOKENS = np.array([[3, 1, 4, 1, 5, 9, 2, 6, 5]])
+
+
+def our_logits(model) -> np.ndarray:
+    return np.stack([model.forward(row) for row in TOKENS]).reshape(1, TOKENS.shape[1], -1)
+
+
+@pytest.mark.parametrize("targets", TARGETS)
+def test_a_saved_adapter_loads_in_peft_with_our_logits(tmp_path, targets):
+    path, model = adapted_llama(targets)
+    model.save_adapter(tmp_path / "adapter")
+    assert sorted(p.name for p in (tmp_path / "adapter").iterdir() if not p.name.startswith(".")) == [
+        "adapter_config.json", "adapter_model.safetensors"]
+    reference = peft.PeftModel.from_pretrained(transformers_model(path), tmp_path / "adapter").eval()
+    with torch.no_grad():
+        expected = reference(torch.tensor(TOKENS)).logits.numpy()
+    np.testing.assert_allclose(our_logits(model), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("targets", TARGETS)
+def test_an_adapter_peft_wrote_loads_with_peft_logits(tmp_path, targets):
+    path = cached_checkpoint("llama")
+    torch.manual_seed(3)
+    reference = peft_model(path, 4, 8, TARGETS[targets])
+    with torch.no_grad():
+        for name, value in reference.named_parameters():
+            if "lora_B" in name:
+                value.normal_(0, 0.1)
+    reference.save_pretrained(tmp_path / "peft")
+    model = modeldsl.load(STD_ROOT / "models" / "llama.module", hf=path, adapter=tmp_path / "peft")
+    with torch.no_grad():
+        expected = reference.eval()(torch.tensor(TOKENS)).logits.numpy()
+    np.testing.assert_allclose(our_logits(model), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_merged_save_equals_peft_merge_and_unload(tmp_path):
+    path, model = adapted_llama("all-linear")
+    model.save_adapter(tmp_path / "adapter")
+    model.save_hf(tmp_path / "merged")
+    merged = peft.PeftModel.from_pretrained(transformers_model(path), tmp_path / "adapter").merge_and_unload()
+    ours = transformers_model(tmp_path / "merged")
+    theirs = dict(merged.named_parameters())
+    for name, value in ours.named_parameters():
+        np.testing.assert_allclose(value.detach().numpy(), theirs[name].detach().numpy(), rtol=1e-6, atol=1e-6,
+                                   err_msg=name)
+    plain = modeldsl.load(STD_ROOT / "models" / "llama.module", hf=tmp_path / "merged")
+    np.testing.assert_allclose(our_logits(plain), our_logits(model), rtol=1e-5, atol=1e-5)
+
+
+def test_an_adapter_for_another_base_is_a_coded_error_naming_the_tensor(tmp_path):
+    _, model = adapted_llama()
+    model.save_adapter(tmp_path / "adapter")
+    other = cached_checkpoint("llama", hidden_size=48)
+    with pytest.raises(modeldsl.diagnostics.DiagnosticError) as info:
+        modeldsl.load(STD_ROOT / "models" / "llama.module", hf=other, adapter=tmp_path / "adapter")
+    (diagnostic,) = info.value.diagnostics
+    assert diagnostic.code == "E032" and "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in \
+        diagnostic.message and str(tmp_path / "adapter") in diagnostic.message
+
+
+@pytest.mark.parametrize("change, code, words", [
+    ({"use_dora": True}, "E030", "'use_dora' is True"),
+    ({"peft_type": "IA3"}, "E030", "not a LoRA adapter"),
+    ({"target_modules": ["q_proj", "w_proj"]}, "E047", "'w_proj' names no linear module"),
+    ({"r": 0}, "E030", "r=0"),
+])
+def test_a_bad_adapter_config_is_a_coded_error(tmp_path, change, code, words):
+    _, model = adapted_llama()
+    model.save_adapter(tmp_path / "adapter")
+    config = tmp_path / "adapter" / "adapter_config.json"
+    import json
+
+    config.write_text(json.dumps({**json.loads(config.read_text()), **change}))
+    with pytest.raises(modeldsl.diagnostics.DiagnosticError) as info:
+        modeldsl.load(STD_ROOT / "models" / "llama.module", hf=cached_checkpoint("llama"), adapter=tmp_path / "adapter")
+    (diagnostic,) = info.value.diagnostics
+    assert diagnostic.code == code and words in diagnostic.message
+
+
+def test_first_step_gradients_of_the_adapters_equal_peft():
+    path, model = adapted_llama("all-linear")
+    reference = peft_model(path, 4, 8, TARGETS["all-linear"]).train()
+    copy_into_peft(model, reference)
+    trainer = Trainer(model, AdamWConfig(lr=1e-3))
+    tokens = np.random.default_rng(5).integers(0, 64, (2, 8))
+    trainer.accumulate(tokens, shifted(tokens))
+    reference(torch.tensor(tokens), labels=torch.tensor(tokens)).loss.backward()
+    state = dict(reference.named_parameters())
+    from modeldsl.runtime.train import read
+
+    for name, (module, role, stacked) in adapters(model).items():
+        grad = read(trainer.optimizer.grads[name])
+        for layer in range(grad.shape[0]) if stacked else [None]:
+            expected = state[peft_name(module, layer, role)].grad.numpy()
+            np.testing.assert_allclose(grad[layer] if stacked else grad, expected, rtol=1e-5,
+                                       atol=1e-5 * np.abs(expected).max())
