@@ -91,6 +91,10 @@ def build_parser() -> Parser:
                         "config fields that change the math are still checked)")
     p.add_argument("--allow-unused-tensors", action="store_true",
                    help="load a checkpoint with tensors no hf_mapping rule reads (E040 becomes W006)")
+    p.add_argument("--adapter", metavar="DIR", help="a PEFT LoRA adapter folder (adapter_config.json, "
+                   "adapter_model.safetensors) on the checkpoint: to generate with, or to train on with --train")
+    p.add_argument("--merge-lora", metavar="OUT", help="write the checkpoint with the adapters (--adapter, or "
+                   "those --train --lora trained) merged into its weights, as an ordinary checkpoint")
     p.add_argument("--threads", metavar="N", help=f"threads the CPU kernels split their rows over (BLAS runs on one "
                    f"inside each; default: ${THREADS_ENV_VAR}, else the cores this process may use)")
     p.add_argument("--diagnostics-format", choices=("text", "json"), default="text",
@@ -148,6 +152,7 @@ def check_flags(args) -> list[Diagnostic]:
         raise DiagnosticError([Diagnostic("E028", f"no such model file '{args.model}'", None,
                                           "give the path of a .module or .py model file")])
     check_checkpoint_flag(args)
+    check_adapter_flags(args)
     if args.threads is not None:
         args.threads = parse_thread_count(args.threads, "mdsl-run: --threads")
     if args.logits:
@@ -169,6 +174,22 @@ def check_flags(args) -> list[Diagnostic]:
                                    "greedy decoding (--temperature 0, the default)", None,
                                    "give --temperature T > 0 to sample, or leave the flag out"))
     return warnings
+
+
+def check_adapter_flags(args) -> None:
+    """``--adapter`` names a folder; ``--merge-lora`` has adapters to merge; not both kinds of adapters."""
+    trains_lora = args.train is not None and args.lora is not None
+    if args.adapter is not None and trains_lora:
+        raise DiagnosticError([Diagnostic("E029", "mdsl-run: --adapter DIR and --lora R both give adapters", None,
+                                          "train new adapters with --lora R, or go on training those of DIR "
+                                          "with --adapter DIR")])
+    if args.adapter is not None and not Path(args.adapter).is_dir():
+        raise DiagnosticError([Diagnostic("E028", f"--adapter: no such folder '{args.adapter}'", None,
+                                          "give the folder that holds adapter_config.json and "
+                                          "adapter_model.safetensors")])
+    if args.merge_lora is not None and args.adapter is None and not trains_lora:
+        raise DiagnosticError([Diagnostic("E029", "mdsl-run: --merge-lora OUT has no adapters to merge", None,
+                                          "give --adapter DIR, or train adapters with --train DATA --lora R")])
 
 
 def check_checkpoint_flag(args) -> None:
@@ -210,9 +231,14 @@ def run(args) -> int:
     sink = DiagnosticSink()
     model = modeldsl.load(args.model, hf=args.hf, dtype=args.dtype or "fp32", top=args.top, progress=True, sink=sink,
                           device=args.device, force_architecture=args.force_architecture,
-                          allow_unused_tensors=args.allow_unused_tensors)
+                          allow_unused_tensors=args.allow_unused_tensors, adapter=args.adapter)
     if sink.diagnostics:
         sys.stderr.write(render_all(sink.diagnostics, args.diagnostics_format) + "\n")
+    if args.merge_lora is not None:
+        model.save_hf(args.merge_lora)
+        print(f"saved the weights with the adapters of '{args.adapter}' merged in to {args.merge_lora}")
+        if args.prompt is None and args.tokens is None:
+            return 0
     ids = prompt_ids(args, tokenizer)
     limit = model.max_positions
     if limit is not None and len(ids) > limit:

@@ -57,7 +57,8 @@ DEFAULTS = {"grad_accum": 1, "warmup": 0, "weight_decay": 0.01, "clip": 1.0, "mi
             "dtype": "fp32"}
 TRAIN_ONLY = ("steps", "batch", "seq", "lr", "grad_accum", "warmup", "weight_decay", "clip", "min_lr_ratio",
               "save", "resume", "stop_after", "loss_plot", "recompute", "save_dtype",
-              "overwrite")
+              "overwrite", "lora", "lora_targets", "lora_dropout", "rslora")
+LORA_FLAGS = ("lora_targets", "lora_dropout", "rslora")  # each needs --lora R
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,6 +87,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop-after", type=int, metavar="K", help="stop after step K of --steps (and save)")
     g.add_argument("--loss-plot", metavar="FILE.png", help="where to draw the loss curve (default OUT/loss.png "
                    "with --save, else ./loss.png)")
+    g.add_argument("--lora", metavar="R[:ALPHA]", help="train LoRA adapters of rank R (scaling ALPHA / R; ALPHA "
+                   "defaults to R) instead of the whole model, which stays frozen; --save writes them as a PEFT "
+                   "adapter (adapter_config.json, adapter_model.safetensors)")
+    g.add_argument("--lora-targets", metavar="MODULES", help="the modules the adapters go on, comma-separated: "
+                   "q,k,v,o,gate,up,down (q_proj, ...) or all-linear (default: q,v)")
+    g.add_argument("--lora-dropout", type=float, metavar="P", help="dropout on the adapters' input (default 0)")
+    g.add_argument("--rslora", action="store_true", default=None, help="rank-stabilized LoRA: scaling ALPHA / sqrt(R)")
     g.add_argument("--recompute", metavar="MODE", help="what the backward recomputes instead of saving "
                    "(mdsl-recompute): none, annotated (the model's own @memory/@checkpoint/save:/recompute:; the "
                    "default), full (every stacked block checkpointed), auto[:BYTES] (the cheapest recomputes until "
@@ -270,6 +278,11 @@ def _check_values(args) -> None:
     number("weight_decay")
     number("clip")
     number("min_lr_ratio", high=1.0)
+    number("lora_dropout", high=0.99)
+    if args.lora is not None:
+        problems += lora_problems(args)
+    else:
+        problems += [f"--{n.replace('_', '-')} needs --lora R" for n in LORA_FLAGS if _given(args, n)]
     if args.recompute is not None:
         problems += recompute_problems(args.recompute)
     if problems:
@@ -305,6 +318,25 @@ def recompute_problems(spelling: str) -> list[str]:
         parse_budget(budget) if budget else None
     except PassOptionError:
         return [f"--recompute {spelling}: '{budget}' is no byte count (auto:268435456, auto:256MiB, auto:2GiB)"]
+    return []
+
+
+def lora_problems(args) -> list[str]:
+    """What is wrong with ``--lora R[:ALPHA]`` (also sets ``args.lora_options``, the options it gives)."""
+    rank, _, alpha = args.lora.partition(":")
+    try:
+        options = {"r": int(rank), **({"lora_alpha": float(alpha)} if alpha else {})}
+    except ValueError:
+        return [f"--lora {args.lora} is not R or R:ALPHA (a rank and a scaling numerator, e.g. 8:16)"]
+    if args.lora_targets is not None:
+        options["target_modules"] = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+    options |= {"lora_dropout": args.lora_dropout or 0.0, "use_rslora": bool(args.rslora), "seed": args.seed or 0}
+    from modeldsl.runtime.lora import LoraOptions
+
+    try:
+        args.lora_options = LoraOptions.of(options)
+    except DiagnosticError as err:
+        return ["--lora: " + err.diagnostics[0].message.removeprefix("lora: ")]
     return []
 
 
@@ -464,7 +496,8 @@ def _save(args, model, trainer, meta: dict, losses: list[float], title: str) -> 
     "" where it is drawn elsewhere)."""
     import numpy as np
 
-    from modeldsl.hf.checkpoint import save_checkpoint
+    from modeldsl.hf.checkpoint import copy_tokenizer, save_checkpoint
+    from modeldsl.runtime.lora import write_adapter
     from modeldsl.runtime.model import STORAGE
     from modeldsl.runtime.saves import saving_folder
     from modeldsl.runtime.train import save_training_state
@@ -476,8 +509,13 @@ def _save(args, model, trainer, meta: dict, losses: list[float], title: str) -> 
     existed = out.exists()
     try:
         with saving_folder(save_target(args)) as folder:
-            written = save_checkpoint(model.model, model.weights, model.record, folder,
-                                      STORAGE[args.save_dtype] if args.save_dtype else None)
+            if _has_adapters(model):  # the adapters as PEFT writes them, the tokenizer beside them
+                write_adapter(folder, model.model, model.weights, meta["run"]["base"])
+                copy_tokenizer(model.record, folder)
+                written = {"float32"}
+            else:
+                written = save_checkpoint(model.model, model.weights, model.record, folder,
+                                          STORAGE[args.save_dtype] if args.save_dtype else None)
             arrays = {"losses": np.asarray(losses, np.float64)}
             if written - {"float32"}:  # rounded tensors: keep the masters for --resume
                 arrays |= {MASTERS + n: np.asarray(model.weights[n], np.float32) for n in trainer.optimizer.grads}
@@ -515,6 +553,22 @@ def _draw_outside(losses: list[float], plot: Path, title: str, replace: bool) ->
     return None
 
 
+def _has_adapters(model) -> bool:
+    return any(p.is_adapter for p in model.model.params())
+
+
+def _base_and_adapter(args, state, source: Path) -> tuple[Path, Path | None]:
+    """The checkpoint to load and the adapter folder on it: a resumed LoRA run's base (its state
+    names it) with the run's adapter, else ``--hf`` with ``--adapter``."""
+    base = (state.meta.get("run") or {}).get("base") if state is not None else None
+    if base is not None:
+        if not Path(base, "config.json").is_file():
+            raise _file_error(f"--resume: the LoRA run in '{args.resume}' trained on the checkpoint '{base}', "
+                              "which is gone", "put the base checkpoint back there")
+        return Path(base), source
+    return source, Path(args.adapter) if args.adapter is not None else None
+
+
 def run_training(args) -> int:
     import numpy as np
     from tqdm import tqdm
@@ -531,9 +585,11 @@ def run_training(args) -> int:
     documents = read_documents(args.train)  # before the model loads: data problems are found at once
     tokenizer = Tokenizer(source)
     sink = DiagnosticSink()
-    model = modeldsl.load(args.model, hf=source, dtype="fp32", top=args.top, progress=True, sink=sink,
+    base, adapter = _base_and_adapter(args, state, source)
+    model = modeldsl.load(args.model, hf=base, dtype="fp32", top=args.top, progress=True, sink=sink,
                           device=args.device, force_architecture=args.force_architecture,
-                          allow_unused_tensors=args.allow_unused_tensors)
+                          allow_unused_tensors=args.allow_unused_tensors, adapter=adapter,
+                          lora=getattr(args, "lora_options", None) if adapter is None else None)
     _warn(args, sink.diagnostics)
     limit = model.max_positions
     if limit is not None and args.seq > limit:
@@ -631,11 +687,17 @@ def run_training(args) -> int:
     if out is not None:
         trainer.sync_weights()
         meta = {"run": {"steps": args.steps, "batch": args.batch, "seq": args.seq, "grad_accum": args.grad_accum,
-                        "seed": args.seed, "dtype": args.dtype, "model": str(args.model) if args.model else None},
+                        "seed": args.seed, "dtype": args.dtype, "model": str(args.model) if args.model else None,
+                        **({"base": str(Path(base).resolve())} if _has_adapters(model) else {})},
                 "data": {"file": str(args.train), "tokens": int(len(tokens)), "sha256": digest, **batches.state()},
                 "rng": rng.bit_generator.state}
         problem = _save(args, model, trainer, meta, losses, title)
-        print(f"saved the checkpoint and training state (step {trainer.step}) to {out}")
+        what = "LoRA adapter" if _has_adapters(model) else "checkpoint"
+        print(f"saved the {what} and training state (step {trainer.step}) to {out}")
+    if args.merge_lora is not None:
+        trainer.sync_weights()
+        model.save_hf(args.merge_lora, overwrite=args.overwrite)
+        print(f"saved the weights with the adapters merged in to {args.merge_lora}")
     if problem == "":
         problem = _draw_outside(losses, plot, title, replace=args.loss_plot is not None or args.overwrite)
     if problem is None:

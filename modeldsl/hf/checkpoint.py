@@ -83,6 +83,8 @@ COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "toke
                 "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
                 "chat_template.json", "chat_template.jinja",  # the chat template, where not in tokenizer_config
                 "preprocessor_config.json", "processor_config.json")  # a multimodal wrapper's image processor
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.json", "chat_template.jinja")
 RULES = "rules are a tensor name, fuse, split, transform, stack_experts or tied_to"
 ROW_RULES = ("direct", "fuse", "stack_experts")  # rules that may place whole tensors one after another
 ROW_CHUNK = READ_CHUNK  # bytes of a tensor's rows read at a time where a rule slices, transposes or permutes them
@@ -849,12 +851,20 @@ def save_checkpoint(model: ModelOp, weights: dict[str, np.ndarray], record: Impo
         config = export_config(model) | ({"dtype": written} if written else {})
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     else:
-        for name in COPIED_FILES:
-            if (record.source / name).is_file() and record.source.resolve() != out.resolve():
-                shutil.copyfile(record.source / name, out / name)
+        copy_tokenizer(record, out, COPIED_FILES)
         if written and (out / "config.json").is_file():
             _name_dtype(out / "config.json", written)
     return {value.dtype.name for value in tensors.values() if _is_float(value.dtype)}
+
+
+def copy_tokenizer(record: ImportRecord, out: Path, names: tuple[str, ...] | None = None) -> None:
+    """The loaded checkpoint's tokenizer files (and config and processor files: ``names``, default
+    the tokenizer's alone) into ``out``."""
+    if record.source is None or record.source.resolve() == Path(out).resolve():
+        return
+    for name in names if names is not None else TOKENIZER_FILES:
+        if (record.source / name).is_file():
+            shutil.copyfile(record.source / name, Path(out) / name)
 
 
 def tensors_dtype(tensors: dict[str, np.ndarray]) -> str | None:
