@@ -300,6 +300,19 @@ def step_memory_line(program, recompute: str) -> str:
             f"(saved {_mib(memory.saved)}, transient {_mib(memory.transient)}){share}")
 
 
+def adapter_line(model, trainer) -> str:
+    """The adapters' share of the parameters, and the gradient and optimizer state sized for them alone."""
+    import numpy as np
+
+    total = sum(int(np.prod(w.shape)) for w in model.weights.values())
+    trainable = sum(int(np.prod(trainer.optimizer.params[n].shape)) for n in trainer.optimizer.grads)
+    state = sum(trainer.optimizer.program.arenas.get(a, 0) for a in ("grads", "optimizer"))
+    modules = sorted({str(p.attributes["adapter"].data["module"].data).rsplit(".", 1)[-1]
+                      for p in model.model.params() if p.is_adapter})
+    return (f"LoRA on {', '.join(modules)}: {trainable:,} trainable parameters of {total:,} "
+            f"({trainable / total:.2%}); gradients and optimizer state {state / 2**10:,.1f} KiB")
+
+
 def _mib(size: int) -> str:
     return f"{size / 2**20:.1f} MiB"
 
@@ -651,6 +664,8 @@ def run_training(args) -> int:
           f"{args.grad_accum} x {args.batch} sequences of {args.seq} tokens per step"
           + (", bf16 mixed precision" if args.dtype == "bf16" else "") + f", on {args.device}")
     print(step_memory_line(trainer.executor(args.batch, args.seq).program, args.recompute or "annotated"))
+    if _has_adapters(model):
+        print(adapter_line(model, trainer))
     started = time.perf_counter()
     interrupted = False
     with _Interrupt() as interrupt, tqdm(total=args.steps, initial=first, unit="step", desc="training",

@@ -164,8 +164,9 @@ def _check_memory(body: Sequence[ast.Stmt], where: str, sink: DiagnosticSink) ->
     parameter declaration (``name: type = default``): its entries are sizes, ``workspace: O(B * T)``."""
     hint = "memory: describes the primitive's memory use (workspace:, saved:, ...)"
     for stmt in body:
-        if not isinstance(stmt, (ast.Section, ast.ExprStmt, ast.ListItem, ast.If)):
-            sink.error("E001", f"{where} holds a statement", stmt.span, hint)
+        if not isinstance(stmt, (ast.Section, ast.ExprStmt, ast.If)):
+            what = "a list item" if isinstance(stmt, ast.ListItem) else "a statement"
+            sink.error("E001", f"{where} holds {what}", stmt.span, hint)
     for inner in _sections(body):
         if inner.name in NOT_MEMORY_WORDS:
             owner = ("forward's or backward's" if inner.name in SIGNATURE_WORDS else
@@ -222,6 +223,9 @@ def _check_form(section: ast.Section, where: str, sink: DiagnosticSink) -> None:
     elif name in PROSE_SECTIONS and section.value is not None and not isinstance(section.value.expr, ast.Str):
         sink.error("E001", f"the {name}: section of {where} describes the annotation in words", section.key.span,
                    f"write its lines under {name}: as - items")
+    elif name in VALUE_SECTIONS and section.value is None and not section.body:
+        sink.error("E001", f"the {name}: section of {where} is empty", section.key.span,
+                   f"write {name}: [a, b], or remove it")
     elif name in VALUE_SECTIONS and section.value is None and section.body:
         sink.error("E001", f"the {name}: section of {where} takes a list, not an indented body", section.key.span,
                    f"write {name}: [a, b]")

@@ -1,0 +1,81 @@
+"""mdsl-run with LoRA: --train --lora saves a PEFT adapter, --resume continues it, --adapter and
+--merge-lora use it, bad flags are coded errors."""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import modeldsl
+from modeldsl.resolve.imports import STD_ROOT
+from modeldsl.tools.run import main
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLE = ROOT / "examples" / "tiny_llama"
+DATA = ROOT / "examples" / "tiny_corpus.txt"
+RUN = ["--hf", str(EXAMPLE), "--train", str(DATA), "--steps", "3", "--batch", "1", "--seq", "16", "--lr", "1e-2",
+       "--lora", "4:8", "--lora-targets", "q,v,down"]
+STEP = re.compile(r"^step (\d+) loss (\S+) ", re.M)
+
+
+@pytest.fixture(autouse=True)
+def in_a_temporary_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+def run(capsys, *flags: str, code: int = 0) -> str:
+    assert main(list(flags)) == code, capsys.readouterr().err
+    return capsys.readouterr().out
+
+
+def test_a_lora_run_saves_a_peft_adapter_that_resumes_bit_for_bit(tmp_path, capsys):
+    straight = run(capsys, *RUN, "--save", "a")
+    assert "saved the LoRA adapter and training state (step 3)" in straight
+    line = re.search(r"LoRA on down_proj, q_proj, v_proj: ([\d,]+) trainable parameters of [\d,]+ \([\d.]+%\); "
+                     r"gradients and optimizer state ([\d.,]+) KiB", straight)
+    trainable = int(line[1].replace(",", ""))
+    exact = trainable * 4 * 3 / 1024  # fp32 gradients and two moments of the adapters alone
+    assert exact <= float(line[2].replace(",", "")) <= exact + 6 * 3 * 256 / 1024  # each buffer 256-byte aligned
+    config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (4, 8.0, ["down_proj", "q_proj", "v_proj"])
+    assert not (tmp_path / "a" / "model.safetensors").exists()  # the base stays where it is
+    run(capsys, *RUN, "--save", "b", "--stop-after", "2")
+    resumed = run(capsys, "--train", str(DATA), "--resume", "b", "--save", "b")
+    assert STEP.findall(resumed) == STEP.findall(straight)[2:]
+    a, b = (modeldsl.load(hf=EXAMPLE, adapter=tmp_path / name).forward([1, 2, 3]) for name in "ab")
+    np.testing.assert_array_equal(a, b)
+
+
+def test_generation_with_an_adapter_and_its_merged_checkpoint_agree(tmp_path, capsys):
+    run(capsys, *RUN, "--save", "a", "--merge-lora", "merged")
+    adapted = run(capsys, "--hf", str(EXAMPLE), "--adapter", "a", "--tokens", "1,2,3", "--max-new-tokens", "5")
+    merged = run(capsys, "--hf", "merged", "--tokens", "1,2,3", "--max-new-tokens", "5")
+    new_tokens = re.compile(r"^new tokens: (.*)$", re.M)
+    assert new_tokens.findall(adapted) == new_tokens.findall(merged)
+    plain = modeldsl.load(STD_ROOT / "models" / "llama.module", hf=tmp_path / "merged").forward([1, 2, 3])
+    with_adapter = modeldsl.load(hf=EXAMPLE, adapter=tmp_path / "a").forward([1, 2, 3])
+    np.testing.assert_allclose(plain, with_adapter, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("flags, code, words", [
+    (["--lora", "8:x"], "E029", "--lora 8:x is not R or R:ALPHA"),
+    (["--lora", "0"], "E029", "r=0 is not a positive integer"),
+    (["--rslora"], "E029", "--rslora needs --lora R"),
+    (["--lora", "4", "--lora-targets", "q,w"], "E047", "the target 'w' names no linear module"),
+    (["--lora", "4", "--adapter", "."], "E029", "--adapter DIR and --lora R both give adapters"),
+    (["--lora", "4", "--lora-dropout", "1.5"], "E029", "--lora-dropout must be a number in [0, 0.99]"),
+])
+def test_bad_lora_flags_are_coded_errors(capsys, flags, code, words):
+    base = ["--hf", str(EXAMPLE), "--train", str(DATA), "--steps", "1", "--batch", "1", "--seq", "8", "--lr", "1e-3"]
+    assert main([*base, *flags]) != 0
+    err = capsys.readouterr().err
+    assert f"error[{code}]" in err and words in err, err
+
+
+def test_merge_without_adapters_and_a_missing_adapter_folder_are_coded_errors(capsys):
+    assert main(["--hf", str(EXAMPLE), "--merge-lora", "m"]) != 0
+    assert "error[E029]: mdsl-run: --merge-lora OUT has no adapters to merge" in capsys.readouterr().err
+    assert main(["--hf", str(EXAMPLE), "--adapter", "nowhere", "--prompt", "x"]) != 0
+    assert "error[E028]: --adapter: no such folder 'nowhere'" in capsys.readouterr().err
