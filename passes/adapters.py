@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from xdsl.builder import Builder
 from xdsl.context import Context
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
-from xdsl.ir import Attribute, Operation, SSAValue
+from xdsl.ir import Attribute, Operation, SSAValue, Use
 from xdsl.passes import ModulePass
 from xdsl.pattern_rewriter import (
     PatternRewriter,
@@ -202,18 +202,24 @@ def linear_weights(model: ModelOp, weights: Sequence[Weight]) -> list[Weight]:
 
 def _only_matmul_weight(value: SSAValue, funcs: dict[str, FuncOp]) -> bool:
     for use in value.uses:
-        op = use.operation
-        if op.name == "mdsl.graph.matmul" and use.index == 1 and op_attr(op, "transpose", "NN") == "NT":
-            continue
-        if isinstance(op, StackOp) and use.index >= len(op.carried) + len(op.shared):
-            callee = funcs[op.body.root_reference.data]
-        elif isinstance(op, CallOp):
-            callee = funcs[op.callee.root_reference.data]
-        else:
-            return False
-        if not _only_matmul_weight(callee.body.block.args[use.index], funcs):
+        reader = weight_reader(use, funcs)
+        if reader is None or isinstance(reader, FuncOp) and \
+                not _only_matmul_weight(reader.body.block.args[use.index], funcs):
             return False
     return True
+
+
+def weight_reader(use: Use, funcs: dict[str, FuncOp]) -> Operation | FuncOp | None:
+    """What reads a weight at ``use``: the matmul whose ``NT`` weight it is, the function a stack's
+    per-layer operand or a call's argument passes it on to, or None (another reader)."""
+    op = use.operation
+    if op.name == "mdsl.graph.matmul" and use.index == 1 and op_attr(op, "transpose", "NN") == "NT":
+        return op
+    if isinstance(op, StackOp) and use.index >= len(op.carried) + len(op.shared):
+        return funcs[op.body.root_reference.data]
+    if isinstance(op, CallOp):
+        return funcs[op.callee.root_reference.data]
+    return None
 
 
 def lora_name(param: str, part: Part, role: str) -> str:
@@ -238,27 +244,24 @@ class Threader:
     in :attr:`adapted` the weight values a matmul reads with their pairs."""
 
     def __init__(self, model: ModelOp):
-        self.model = model
         self.funcs = {f.sym_name.data: f for f in model.funcs()}
         self.adapted: dict[SSAValue, list[Pair]] = {}
         self.threaded: dict[tuple[str, int], list[Pair]] = {}  # (func, argument): its new arguments
 
     def thread(self, value: SSAValue, pairs: list[Pair], param: str) -> None:
+        """Only weights :func:`linear_weights` keeps come here: every reader is a matmul, a stack or a call."""
         for use in list(value.uses):
-            op = use.operation
-            if op.name == "mdsl.graph.matmul" and use.index == 1 and op_attr(op, "transpose", "NN") == "NT":
+            reader = weight_reader(use, self.funcs)
+            if isinstance(reader, FuncOp) and isinstance(use.operation, StackOp):
+                self.into_stack(use.operation, use.index, pairs, param)
+            elif isinstance(reader, FuncOp):
+                self.into_call(use.operation, use.index, pairs, param)
+            elif reader is not None:
                 self.adapted[value] = pairs
-            elif isinstance(op, StackOp) and use.index >= len(op.carried) + len(op.shared):
-                self.into_stack(op, use.index, pairs, param)
-            elif isinstance(op, CallOp):
-                self.into_call(op, use.index, pairs, param)
             else:
                 raise DiagnosticError([Diagnostic(
-                    "E047", f"mdsl-adapters: {param} is read by {op.name}"
-                    + (" as its first operand" if op.name == "mdsl.graph.matmul" and use.index == 0 else "")
-                    + (f" with transpose={op_attr(op, 'transpose', 'NN')}" if op.name == "mdsl.graph.matmul" else "")
-                    + ", not as the weight of y = matmul(x, W, transpose=NT)", None,
-                    "adapt the modules whose weights only matmuls read")])
+                    "E047", f"mdsl-adapters: {param} is read by {use.operation.name}, not as the weight of "
+                    "y = matmul(x, W, transpose=NT)", None, "adapt the modules whose weights only matmuls read")])
 
     def callee_pairs(self, func: FuncOp, index: int, pairs: list[Pair], param: str, per_layer: bool) -> list[Pair]:
         """The callee's arguments for the pairs of its argument ``index`` (added once per callee)."""
