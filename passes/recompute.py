@@ -267,6 +267,14 @@ class Planner:
         policy = memory["policy"] if memory is not None else "always"
         return policy == "always" or (policy == "lora_only" and self.lora)
 
+    def explicitly_saved(self, value: SSAValue, mode: str, rung: str) -> bool:
+        """Whether a tensor on a recompute's way is saved by its annotations: marked ``save``, or
+        marked ``recompute`` under a policy that does not apply (``lora_only`` without adapters,
+        ``never``)."""
+        if rung == "default":
+            return False
+        return mode == "save" or (mode in NOT_KEPT and not self.policy_allows(value))
+
     # ------------------------------------------------------------------ frontiers
     def choose(self, region: Region) -> Choice:
         """What ``region`` keeps, recomputes and replays (E021/E022 where a recompute cannot be)."""
@@ -289,8 +297,8 @@ class Planner:
                 self.not_derivable(value, target, region)
             keep.append(value)  # a carried input: saved
             return
-        if value not in recomputed and mode == "save" and rung != "default":
-            keep.append(value)  # explicitly saved: part of the frontier
+        if value not in recomputed and self.explicitly_saved(value, mode, rung):
+            keep.append(value)  # part of the frontier
             return
         op = value.owner
         if op in replay:
