@@ -231,3 +231,23 @@ def test_first_step_gradients_of_the_adapters_equal_peft():
             expected = state[peft_name(module, layer, role)].grad.numpy()
             np.testing.assert_allclose(grad[layer] if stacked else grad, expected, rtol=1e-5,
                                        atol=1e-5 * np.abs(expected).max())
+
+
+def fused_kernels(model) -> set[str]:
+    from modeldsl.dialects.sched import LaunchOp
+    from modeldsl.runtime.train import compile_training_step
+
+    program = compile_training_step(model.model, 2, 8)
+    return {op.kernel.data for op in program.walk() if isinstance(op, LaunchOp) and "fused" in op.kernel.data}
+
+
+@pytest.mark.parametrize("arch", MODULES)
+def test_every_fused_kernel_of_the_training_step_stays_with_adapters(arch):
+    """The adapters' path is its own two GEMMs and an add: the norms, SwiGLU, RoPE and the fused
+    LM-head loss fuse as they do without them."""
+    path = cached_checkpoint(arch, head_dim=16) if arch == "qwen3" else cached_checkpoint(arch)
+    plain = fused_kernels(modeldsl.load(STD_ROOT / "models" / MODULES[arch], hf=path))
+    adapted = fused_kernels(modeldsl.load(STD_ROOT / "models" / MODULES[arch], hf=path,
+                                          lora=dict(r=4, target_modules="all-linear")))
+    assert {"fused_residual_rmsnorm", "fused_split_swiglu", "fused_lm_head_loss_grad"} <= plain
+    assert adapted == plain
