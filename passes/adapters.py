@@ -32,7 +32,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from xdsl.builder import Builder
@@ -48,13 +48,21 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, PassOptionError
-from modeldsl.dialects.annotations import ANNOTATIONS_ATTR_NAME, FrozenAttr, TrainableAttr, annotations_of
+from modeldsl.dialects.annotations import (
+    ANNOTATIONS_ATTR_NAME,
+    AdapterAttr,
+    FrozenAttr,
+    TrainableAttr,
+    annotations_of,
+)
 from modeldsl.dialects.graph import ADAPTER_ATTR, CallOp, FuncOp, ModelOp, ParamOp, ParamRefOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.graph_builder import GraphBuilder, op_attr
 from modeldsl.symbolic import Expr
 
 ALL_LINEAR = "all-linear"
+DEFAULT_RANK = 8
+DEFAULT_TARGETS = ("q_proj", "v_proj")
 OUTPUT_MODULES = ("lm_head",)  # what all-linear leaves out, as PEFT does
 MOVED_ATTRS = (ANNOTATIONS_ATTR_NAME, "memory")  # what a matmul's value carries to the value that replaces it
 KEY = re.compile(r"^(?P<stack>[A-Za-z_]\w*)\[\{(?P<var>\w+)\}\]\.(?P<rest>.+)$")
@@ -223,7 +231,9 @@ def weight_reader(use: Use, funcs: dict[str, FuncOp]) -> Operation | FuncOp | No
 
 
 def lora_name(param: str, part: Part, role: str) -> str:
-    return f"{param}.{part.short}.lora_{role}"
+    """``blocks.attention.qkv_weight.q_proj.lora_A``; ``mlp.up_weight.lora_A`` where the module is the weight's own."""
+    own = param.rsplit(".", 1)[-1] == part.short
+    return f"{param}.lora_{role}" if own else f"{param}.{part.short}.lora_{role}"
 
 
 # ----------------------------------------------------------------------------- the IR
@@ -231,10 +241,11 @@ def lora_name(param: str, part: Part, role: str) -> str:
 
 @dataclass
 class Pair:
-    """One adapted part of a weight, and the values of its A and B where the weight's value is."""
+    """One adapted part of a weight, its options, and the values of its A and B where the weight's value is."""
 
     weight: Weight
     part: Part
+    lora: Lora
     a: SSAValue
     b: SSAValue
 
@@ -274,7 +285,7 @@ class Threader:
                 a = block.insert_arg(types[0], len(block.args))
                 b = block.insert_arg(types[1], len(block.args))
                 a.name_hint, b.name_hint = (f"{pair.part.short}_lora_{r}" for r in "AB")
-                inner.append(Pair(pair.weight, pair.part, a, b))
+                inner.append(Pair(pair.weight, pair.part, pair.lora, a, b))
             func.function_type = type(func.function_type).from_lists(
                 [a.type for a in block.args], list(func.function_type.outputs.data))
             self.threaded[key] = inner
@@ -314,9 +325,8 @@ def _replace(old: Operation, new: Operation) -> None:
 class AddLoraPath(RewritePattern):
     """``y = matmul(x, W, NT)`` of an adapted ``W``: ``y + scaling * B(A(dropout(x)))``, by part."""
 
-    def __init__(self, adapted: dict[SSAValue, list[Pair]], lora: Lora):
+    def __init__(self, adapted: dict[SSAValue, list[Pair]]):
         self.adapted = adapted
-        self.lora = lora
         self.count = 0  # matmuls adapted: each adapter's dropout draws masks of its own (offset)
 
     def match_and_rewrite(self, op: Operation, rewriter: PatternRewriter) -> None:
@@ -327,11 +337,19 @@ class AddLoraPath(RewritePattern):
         x, y = op.operands[0], op.results[0]
         uses = [u for u in y.uses]
         build = GraphBuilder.at(InsertPoint.after(op), rewriter)
-        source = x
-        if self.lora.dropout > 0:
-            source = build.one("dropout", x, p=self.lora.dropout, seed=self.lora.seed, offset=self.count)
-            source.name_hint = f"{x.name_hint or 'x'}_lora_dropout"
-        deltas = {p.part: self.low_rank_path(build, source, p) for p in pairs}
+        sources: dict[tuple[float, int], SSAValue] = {}  # the adapters' input by (dropout, seed)
+
+        def source(lora: Lora) -> SSAValue:
+            if lora.dropout == 0:
+                return x
+            key = (lora.dropout, lora.seed)
+            if key not in sources:
+                offset = self.count + (len(sources) << 20)  # a second dropout of one matmul draws its own masks
+                sources[key] = build.one("dropout", x, p=lora.dropout, seed=lora.seed, offset=offset)
+                sources[key].name_hint = f"{x.name_hint or 'x'}_lora_dropout"
+            return sources[key]
+
+        deltas = {p.part: self.low_rank_path(build, source(p.lora), p) for p in pairs}
         parts = pairs[0].weight.parts
         if len(parts) == 1:
             result = build.one("add", y, deltas[parts[0]])
@@ -351,7 +369,7 @@ class AddLoraPath(RewritePattern):
         """``scaling * B(A(source))``: two NT matmuls, the scaling in the second one's alpha."""
         down = build.one("matmul", source, pair.a, transpose="NT")
         down.name_hint = f"{pair.part.short}_lora_a"
-        up = build.one("matmul", down, pair.b, transpose="NT", alpha=self.lora.scaling)
+        up = build.one("matmul", down, pair.b, transpose="NT", alpha=pair.lora.scaling)
         up.name_hint = f"{pair.part.short}_lora_b"
         return up
 
@@ -365,15 +383,16 @@ class AdaptersPass(ModulePass):
 
     name = "mdsl-adapters"
 
-    rank: int = 8
+    rank: int = 0  # 0 (and no targets): the model's @adapter annotations, else 8
     alpha: float = 0.0  # 0: the rank (scaling 1, PEFT's default of lora_alpha = r = 8)
     dropout: float = 0.0
-    targets: tuple[str, ...] = ("q_proj", "v_proj")
+    targets: tuple[str, ...] = ()  # (): the model's @adapter annotations, else q_proj,v_proj
     rslora: bool = False
     seed: int = 0
+    annotations_only: bool = False  # only the @adapter annotations of a model that has no adapters yet
 
     def __post_init__(self) -> None:
-        if self.rank < 1:
+        if self.rank < 0:
             raise PassOptionError(f"mdsl-adapters: rank={self.rank} is not a positive integer", "rank",
                                   "give the rank of the adapters: rank=8")
         if not 0 <= self.dropout < 1:
@@ -382,59 +401,87 @@ class AdaptersPass(ModulePass):
         if self.alpha < 0:
             raise PassOptionError(f"mdsl-adapters: alpha={self.alpha} is negative", "alpha",
                                   "give lora_alpha (scaling = alpha / rank), or 0 for the rank")
-        if not self.targets:
-            raise PassOptionError("mdsl-adapters: no targets", "targets", "name modules: targets=q_proj,v_proj")
 
     @property
     def lora(self) -> Lora:
-        return Lora(self.rank, self.alpha or float(self.rank), self.dropout, self.rslora, self.seed)
+        rank = self.rank or DEFAULT_RANK
+        return Lora(rank, self.alpha or float(rank), self.dropout, self.rslora, self.seed)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for model in [m for m in op.walk() if isinstance(m, ModelOp)]:
-            add_adapters(model, self.lora, self.targets)
+            if self.annotations_only:
+                if has_adapter_annotations(model) and not any(p.is_adapter for p in model.params()):
+                    add_annotated_adapters(model, self.seed)
+                continue
+            if any(p.is_adapter for p in model.params()):
+                raise DiagnosticError([Diagnostic("E047", f"mdsl-adapters: the model {model.sym_name.data} has "
+                                                  "adapters already", None, "run mdsl-adapters once")])
+            if not self.rank and not self.targets and has_adapter_annotations(model):
+                add_annotated_adapters(model, self.seed)
+            else:
+                add_adapters(model, self.lora, self.targets or DEFAULT_TARGETS)
 
 
-def add_adapters(model: ModelOp, lora: Lora, targets: Sequence[str]) -> list[str]:
-    """Adapt ``model`` in place (see the module docstring); the names of the parameters added."""
+Plan = dict[str, dict[str, Lora]]  # weight -> the short names of the parts it adapts -> their options
+
+
+def add_adapters(model: ModelOp, lora: Lora | Callable[[str, int | None], Lora], targets: Sequence[str]) -> list[str]:
+    """Adapt ``model`` in place (see the module docstring) with the options ``lora``, or those of
+    each module (by its name and, in a stack, the number of layers); the names of the parameters added."""
     weights = {w.param: w for w in linear_weights(model, mapped_weights(model))}
-    chosen = chosen_parts(list(weights.values()), targets)
+    options = lora if callable(lora) else (lambda module, layers: lora)
+    plan = {name: {p.short: options(p.module, _layers(model, name) if weights[name].stacked else None)
+                   for p in weights[name].parts if p.short in shorts}
+            for name, shorts in chosen_parts(list(weights.values()), targets).items()}
+    return apply_plan(model, weights, plan)
+
+
+def _layers(model: ModelOp, param: str) -> int | None:
+    """The layers of a stacked parameter, where its count is a number."""
+    dim = next(p for p in model.params() if p.sym_name.data == param).param_type.shape[0]
+    return dim.evaluate({}) if Expr.of(dim).is_const() else None
+
+
+def apply_plan(model: ModelOp, weights: dict[str, Weight], plan: Plan) -> list[str]:
+    """Declare the pairs of ``plan``, thread them to the matmuls, add their paths, freeze the rest."""
     params = {p.sym_name.data: p for p in model.params()}
     threader = Threader(model)
     added = []
-    for name, shorts in chosen.items():
+    for name, parts in plan.items():
         weight = weights[name]
-        pairs_of_param = declare_pairs(params[name], weight, shorts, lora)
+        pairs_of_param = declare_pairs(params[name], weight, parts)
         added += [n for a, b in pairs_of_param for n in (a.sym_name.data, b.sym_name.data)]
         for ref in [r for r in model.walk() if isinstance(r, ParamRefOp) and r.param.root_reference.data == name]:
             pairs = []
             builder = Builder(InsertPoint.after(ref))
-            for (a, b), part in zip(pairs_of_param, [p for p in weight.parts if p.short in shorts]):
+            for (a, b), part in zip(pairs_of_param, [p for p in weight.parts if p.short in parts]):
                 a_ref = builder.insert(ParamRefOp(a.sym_name.data, a.param_type))
                 b_ref = builder.insert(ParamRefOp(b.sym_name.data, b.param_type))
-                pairs.append(Pair(weight, part, a_ref.result, b_ref.result))
+                pairs.append(Pair(weight, part, parts[part.short], a_ref.result, b_ref.result))
             threader.thread(ref.result, pairs, name)
     for param in params.values():
         freeze(param)
-    PatternRewriteWalker(AddLoraPath(threader.adapted, lora), apply_recursively=False).rewrite_module(model)
+    PatternRewriteWalker(AddLoraPath(threader.adapted), apply_recursively=False).rewrite_module(model)
     _drop_unused_backwards(model)
     return added
 
 
-def declare_pairs(param: ParamOp, weight: Weight, shorts: set[str], lora: Lora) -> list[tuple[ParamOp, ParamOp]]:
+def declare_pairs(param: ParamOp, weight: Weight, parts: dict[str, Lora]) -> list[tuple[ParamOp, ParamOp]]:
     """``lora_A`` and ``lora_B`` of each adapted part, declared after the weight."""
     ptype = param.param_type
     lead = list(ptype.shape[:1]) if weight.stacked else []
     columns = ptype.shape[-1]
     builder = Builder(InsertPoint.after(param))
     declared = []
-    for part in (p for p in weight.parts if p.short in shorts):
-        module = part.module
+    for part in (p for p in weight.parts if p.short in parts):
+        module, lora = part.module, parts[part.short]
         pair = []
         for role, shape, init in (("A", [*lead, lora.rank, columns], "kaiming_uniform"),
                                   ("B", [*lead, part.rows, lora.rank], "zeros")):
             op = ParamOp(lora_name(param.sym_name.data, part, role), TensorType(shape, ptype.dtype))
             op.attributes[ADAPTER_ATTR] = DictionaryAttr({
                 "kind": StringAttr("lora"), "role": StringAttr(role), "module": StringAttr(module),
+                "weight": StringAttr(param.sym_name.data),
                 "rank": IntegerAttr(lora.rank, i64), "alpha": FloatAttr(lora.alpha, f64),
                 "scaling": FloatAttr(lora.scaling, f64), "init": StringAttr(init),
                 **({"dropout": FloatAttr(lora.dropout, f64)} if lora.dropout else {})})
@@ -469,3 +516,132 @@ def adapter_info(param: ParamOp) -> dict[str, object] | None:
     for key, value in attr.data.items():
         out[key] = value.data if isinstance(value, StringAttr) else value.value.data
     return out
+
+
+# ----------------------------------------------------------------------------- @adapter annotations
+
+
+def lora_annotations(attrs: Sequence[Attribute]) -> list[AdapterAttr]:
+    return [a for a in attrs if isinstance(a, AdapterAttr) and a["type"] == "lora"]
+
+
+def has_adapter_annotations(model: ModelOp) -> bool:
+    """Whether the model, a parameter or an op carries ``@adapter(lora, ...)``."""
+    return any(lora_annotations(annotations_of(op)) for op in model.walk())
+
+
+def annotation_lora(attr: AdapterAttr, seed: int) -> Lora:
+    return Lora(int(attr["rank"]), float(attr["alpha"]), float(attr["dropout"]), False, seed)
+
+
+def add_annotated_adapters(model: ModelOp, seed: int = 0) -> list[str]:
+    """Adapt ``model`` where its ``@adapter(lora, rank=, alpha=, dropout=, targets=[...])`` annotations
+    say (spec 7.3.2), each with its own options: on the model, every linear module but the output
+    layer; on a parameter or an instance (whose parameters all carry it), its linear weights; on a
+    flow, the weights of the matmuls it computes (through the calls and stacks it makes). ``targets``
+    name the parts of a packed weight (``q``, ``v`` of ``qkv``) or modules (``q_proj``); none: all.
+    E047 for an annotation on no linear weight, a target it does not hold, or two that differ on one
+    weight."""
+    weights = {w.param: w for w in linear_weights(model, mapped_weights(model) + unmapped_weights(model))}
+    plan: Plan = {}
+    for attr, names, where in annotation_sites(model, weights):
+        lora = annotation_lora(attr, seed)
+        chosen = _site_parts([weights[n] for n in names if n in weights], attr, where)
+        for name, shorts in chosen.items():
+            for short in shorts:
+                given = plan.setdefault(name, {}).setdefault(short, lora)
+                if given != lora:
+                    raise _annotation_error(f"{name} ({short}) is adapted by two @adapter annotations with "
+                                            f"different options (rank {given.rank} and {lora.rank}, alpha "
+                                            f"{given.alpha:g} and {lora.alpha:g}, ...)", where,
+                                            "give the weight one @adapter")
+    return apply_plan(model, weights, plan)
+
+
+def annotation_sites(model: ModelOp, weights: dict[str, Weight]) -> list[tuple[AdapterAttr, list[str], object]]:
+    """(annotation, the weights it is on, where it is written) for every ``@adapter(lora)``."""
+    sites: list[tuple[AdapterAttr, list[str], object]] = []
+    for attr in lora_annotations(annotations_of(model)):
+        names = [n for n, w in weights.items() if not all(p.short in OUTPUT_MODULES for p in w.parts)]
+        sites.append((attr, names, model.location))
+    by_attr: dict[AdapterAttr, list[ParamOp]] = {}
+    for param in model.params():
+        for attr in lora_annotations(annotations_of(param)):
+            by_attr.setdefault(attr, []).append(param)
+    for attr, params in by_attr.items():  # an instance's annotation is on each of its parameters
+        sites.append((attr, [p.sym_name.data for p in params], params[0].location))
+    origins = weight_origins(model)
+    for op in model.walk():
+        if isinstance(op, (ParamOp, ModelOp)):
+            continue
+        for attr in lora_annotations(annotations_of(op)):
+            read = [op.operands[1]] if op.name == "mdsl.graph.matmul" else list(op.operands)
+            sites.append((attr, sorted({n for v in read for n in origins.get(v, ())}), op.location))
+    return sites
+
+
+def weight_origins(model: ModelOp) -> dict[SSAValue, set[str]]:
+    """The parameters each value stands for: a ``param_ref``'s result, and the stack body and
+    callee arguments it is passed on to."""
+    funcs = {f.sym_name.data: f for f in model.funcs()}
+    origins: dict[SSAValue, set[str]] = {}
+
+    def follow(value: SSAValue, name: str) -> None:
+        if name in origins.setdefault(value, set()):
+            return
+        origins[value].add(name)
+        for use in value.uses:
+            reader = weight_reader(use, funcs)
+            if isinstance(reader, FuncOp):
+                follow(reader.body.block.args[use.index], name)
+
+    for ref in [r for r in model.walk() if isinstance(r, ParamRefOp)]:
+        follow(ref.result, ref.param.root_reference.data)
+    return origins
+
+
+def unmapped_weights(model: ModelOp) -> list[Weight]:
+    """The parameters ``hf_mapping`` does not fill, each one module named by the parameter
+    (``blocks.{layer}.mlp.up_weight`` for a stack's)."""
+    mapped = {w.param for w in mapped_weights(model)}
+    per_layer = set()
+    for stack in [op for op in model.walk() if isinstance(op, StackOp)]:
+        per_layer |= {v.owner.param.root_reference.data for v in stack.per_layer if isinstance(v.owner, ParamRefOp)}
+    found = []
+    for param in model.params():
+        name = param.sym_name.data
+        shape = param.param_type.shape
+        stacked = name in per_layer
+        if name in mapped or len(shape) != (3 if stacked else 2):
+            continue
+        module = name.replace(".", ".{layer}.", 1) if stacked and "." in name else name
+        found.append(Weight(name, (Part(module, Expr.const(0), Expr.of(shape[1 if stacked else 0])),), stacked))
+    return found
+
+
+def _site_parts(weights: list[Weight], attr: AdapterAttr, where: object) -> dict[str, set[str]]:
+    """The parts an annotation adapts among its weights: those its targets name, else all."""
+    if not weights:
+        raise _annotation_error("@adapter(lora) is on no linear weight (a weight y = matmul(x, W, "
+                                "transpose=NT) reads)", where,
+                                "write it on a linear's flow, on the weight or its module instance, or on the model")
+    targets = list(attr["targets"])
+    if not targets:
+        return {w.param: {p.short for p in w.parts} for w in weights}
+    held = {p.short for w in weights for p in w.parts}
+    short_of = {t: next((h for h in held if h in (t, canonical_target(t))), None) for t in targets}
+    missing = [t for t, h in short_of.items() if h is None]
+    if missing:
+        raise _annotation_error(f"@adapter target '{missing[0]}' is no part of the weights it is on "
+                                f"({', '.join(w.param for w in weights)})", where,
+                                f"their parts: {', '.join(sorted(held))}")
+    wanted = set(short_of.values())
+    chosen = {w.param: {p.short for p in w.parts if p.short in wanted} for w in weights}
+    return {k: v for k, v in chosen.items() if v}
+
+
+def _annotation_error(message: str, where: object, hint: str) -> DiagnosticError:
+    from modeldsl.ir import span_of_annotation
+
+    return DiagnosticError([Diagnostic("E047", f"mdsl-adapters: {message}", span_of_annotation(where, "@adapter"),
+                                       hint)])

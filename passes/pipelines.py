@@ -47,6 +47,7 @@ from xdsl.passes import ModulePass
 from modeldsl.diagnostics import DiagnosticError, PassOptionError
 from modeldsl.dialects.graph import ModelOp
 from modeldsl.dialects.sched import ProgramOp
+from modeldsl.passes.adapters import AdaptersPass
 from modeldsl.passes.attach_loss import LOSS_FUNCTION, AttachLossPass
 from modeldsl.passes.autodiff import AutodiffPass
 from modeldsl.passes.fuse import FusePass
@@ -144,9 +145,14 @@ class _Fusion:
         return FusePass(disable=self.disable, auto=self.auto, lm_head_chunk=self.lm_head_chunk, only=self.only)
 
 
+# every pipeline adapts a model its @adapter annotations declare adapters for (once: a model loaded
+# with them has them already), so that all its programs lay out the same parameters
+ANNOTATED_ADAPTERS = AdaptersPass(annotations_only=True)
+
+
 def _forward_stages(pipeline: ForwardProfile, kv_cache: int) -> tuple[ModulePass, ...]:
     fuse = pipeline.fusion()
-    return (SpecializePass.of(B=pipeline.B, T=pipeline.T), *((fuse,) if fuse else ()),
+    return (SpecializePass.of(B=pipeline.B, T=pipeline.T), ANNOTATED_ADAPTERS, *((fuse,) if fuse else ()),
             LowerToSchedPass(func="forward", storage=pipeline.storage, kv_cache=kv_cache,
                              split_gemms=pipeline.split_gemms),
             PlanMemoryPass())
@@ -245,7 +251,7 @@ class TrainStep(NamedPipeline, _Fusion):
         fuse = self.fusion()
         before_autodiff = (replace(fuse, only=BEFORE_AUTODIFF),) if fuse else ()
         before_recompute = (replace(fuse, only=BEFORE_RECOMPUTE),) if fuse else ()
-        return (SpecializePass.of(B=self.B, T=self.T), AttachLossPass(), *before_autodiff,
+        return (SpecializePass.of(B=self.B, T=self.T), ANNOTATED_ADAPTERS, AttachLossPass(), *before_autodiff,
                 AutodiffPass(func=LOSS_FUNCTION), *before_recompute, self.recompute_pass(),
                 *((fuse,) if fuse else ()),
                 LowerToSchedPass(func=f"{LOSS_FUNCTION}_grad", storage=self.storage, grads_arena=True),
@@ -277,7 +283,7 @@ class OptimizerUpdate(NamedPipeline):
                                  clip_norm=self.clip_norm, storage=self.storage)
 
     def stages(self) -> tuple[ModulePass, ...]:
-        return (SpecializePass.of(B=1, T=1), self.update(), PlanMemoryPass())
+        return (SpecializePass.of(B=1, T=1), ANNOTATED_ADAPTERS, self.update(), PlanMemoryPass())
 
 
 PIPELINES: tuple[type[NamedPipeline], ...] = (ForwardProfile, GenerateStep, TrainStep, OptimizerUpdate)

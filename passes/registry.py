@@ -187,7 +187,7 @@ _FUSION_OPTIONS = (
 )
 _SHAPE_OPTIONS = (("B=int", "required"), ("T=int", "required"), ("storage=str", "default: fp32"))
 _TRAIN_STEP = (
-    'mdsl-specialize{B=2 T=16},mdsl-attach-loss,'
+    'mdsl-specialize{B=2 T=16},mdsl-adapters{annotations_only=true},mdsl-attach-loss,'
     'mdsl-fuse{only="dag_gelu","dag_silu","dag_softmax","dag_rmsnorm","dag_attention"},'
     'mdsl-autodiff{func="train_loss"},mdsl-fuse{only="lm_head_loss"},mdsl-recompute,mdsl-fuse,'
     'mdsl-lower-to-sched{func="train_loss_grad" storage="fp32" grads_arena=true},mdsl-plan-memory'
@@ -256,21 +256,24 @@ LISTINGS: dict[str, PassListing] = {
         ("ignore_index=int", "default: -100"),
     )),
     "mdsl-adapters": PassListing("LoRA adapters on the matmuls of the weights the targets name", (
-        ("rank=int", "default: 8"),
+        ("rank=int", "default: 0"),
         ("alpha=float", "default: 0.0"),
         ("dropout=float", "default: 0.0"),
-        ("targets=tuple[str, ...]", "default: ('q_proj', 'v_proj')"),
+        ("targets=tuple[str, ...]", "default: ()"),
         ("rslora=bool", "default: false"),
         ("seed=int", "default: 0"),
+        ("annotations_only=bool", "default: false"),
     ), patterns=(("lora_path", "AddLoraPath"),)),
     "mdsl-forward-profile": PassListing(
         DESCRIPTIONS["mdsl-forward-profile"],
         (*_SHAPE_OPTIONS, ("split_gemms=bool", "default: true"), *_FUSION_OPTIONS),
-        'mdsl-specialize{B=2 T=16},mdsl-fuse,mdsl-lower-to-sched{storage="fp32"},mdsl-plan-memory'),
+        'mdsl-specialize{B=2 T=16},mdsl-adapters{annotations_only=true},mdsl-fuse,'
+        'mdsl-lower-to-sched{storage="fp32"},mdsl-plan-memory'),
     "mdsl-generate-step": PassListing(
         DESCRIPTIONS["mdsl-generate-step"],
         (*_SHAPE_OPTIONS, ("split_gemms=bool", "default: true"), *_FUSION_OPTIONS, ("kv_cache=int", "default: 256")),
-        'mdsl-specialize{B=2 T=16},mdsl-fuse,mdsl-lower-to-sched{storage="fp32" kv_cache=256},mdsl-plan-memory'),
+        'mdsl-specialize{B=2 T=16},mdsl-adapters{annotations_only=true},mdsl-fuse,'
+        'mdsl-lower-to-sched{storage="fp32" kv_cache=256},mdsl-plan-memory'),
     "mdsl-train-step": PassListing(
         DESCRIPTIONS["mdsl-train-step"],
         (*_SHAPE_OPTIONS, ("recompute=str", "default: annotated"), ("budget=str", "default: ''"),
@@ -283,7 +286,8 @@ LISTINGS: dict[str, PassListing] = {
         ("weight_decay=float", "default: 0.01"),
         ("clip_norm=float", "default: 0.0"),
         ("storage=str", "default: fp32"),
-    ), 'mdsl-specialize{B=1 T=1},mdsl-optimizer-step{storage="fp32"},mdsl-plan-memory'),
+    ), 'mdsl-specialize{B=1 T=1},mdsl-adapters{annotations_only=true},mdsl-optimizer-step{storage="fp32"},'
+       'mdsl-plan-memory'),
 }
 
 def describe_pass(name: str, cls: type[ModulePass]) -> str:

@@ -21,6 +21,7 @@ from xdsl.ir import Attribute, Operation, SSAValue
 from modeldsl.diagnostics import Span
 from modeldsl.dialects.annotations import (
     ANNOTATION_BY_NAME,
+    AdapterAttr,
     AnnotationAttr,
     AnnotationError,
     AssertAttr,
@@ -34,7 +35,7 @@ from modeldsl.dialects.annotations import (
     make_annotation,
 )
 from modeldsl.dialects.assertions import Check
-from modeldsl.dialects.graph import FuncOp, ParamRefOp, StackOp
+from modeldsl.dialects.graph import CallOp, FuncOp, ParamRefOp, StackOp
 from modeldsl.frontend.text import ast
 from modeldsl.instances import (
     Instance,
@@ -210,6 +211,15 @@ class AnnotationsMixin:
             if kernel is not None and lookup_primitive(op.name.removeprefix("mdsl.graph.")) is not None:
                 check_kernel_annotation(op, kernel.span, self.sink)  # E043 or W012 (spec 7.5.3)
         return annotations
+
+    def spread_adapters(self, annotations: Sequence[Attribute], made: Sequence[Operation]) -> None:
+        """``@adapter(lora)`` on a flow adapts every linear the flow computes: each matmul it makes,
+        and each call or stack it makes carries it too (for the weights they pass on)."""
+        adapters = [a for a in annotations if isinstance(a, AdapterAttr) and a["type"] == "lora"]
+        for op in made if adapters else ():
+            if op.name == "mdsl.graph.matmul" or isinstance(op, (CallOp, StackOp)):
+                present = annotations_of(op)
+                _add_annotations(op, "annotations", [a for a in adapters if a not in present])
 
     def check_assertions(self, ops: Sequence[Operation], annotations: list[Attribute], nodes: list[ast.Annotation],
                          instance: Instance) -> list[Attribute]:

@@ -124,6 +124,7 @@ class FlowsMixin:
         values ``bound`` names, with what each does there (casts, aliasing, gradients, memory modes)."""
         targets = self.annotated_ops([v for _, v in bound], nodes) if nodes else []
         annotations = self.attach_annotations(targets, nodes, instance)
+        self.spread_adapters(annotations, self.made_since(before))
         if self.dtype_of(annotations) is not None:  # the names now stand for the values cast to it
             span = next(a.span for a in nodes if a.name == "dtype")
             for (name, _), cast in zip(bound, self.cast_to_annotated(self.dtype_of(annotations), bound, span)):

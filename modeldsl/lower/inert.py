@@ -7,6 +7,7 @@ lowering reports each such annotation once as ``W013 `@X` has no effect in this 
 
 Targets: ``flow`` (the value a forward flow or one of its stages computes, a stack call),
 ``backward`` (a flow of a written ``backward:`` graph), ``param`` (a parameter declaration),
+``instance`` (a module instance among the parameters: each of its parameters takes the annotation),
 ``model`` (an annotation line of the top declaration) and ``declaration`` (an annotation line of
 a module or block that is instantiated, not lowered as the top).
 """
@@ -17,7 +18,7 @@ from modeldsl.dialects.annotations import AnnotationAttr
 from modeldsl.dialects.fusion_patterns import PASS_PATTERNS
 from modeldsl.resolve.annotation_checks import fusion_problem
 
-TARGETS = ("flow", "backward", "param", "model", "declaration")
+TARGETS = ("flow", "backward", "param", "instance", "model", "declaration")
 
 # Annotations another part of the compiler is making take effect: never reported here.
 OWNED_ELSEWHERE = frozenset({"gradient", "assert"})
@@ -27,7 +28,6 @@ NO_DISTRIBUTION = "no pass distributes the program: it runs on one device"
 
 # Annotations that take effect nowhere yet, whatever they annotate.
 NOWHERE: dict[str, str] = {
-    "adapter": "no pass generates adapter weights or their hooks",
     "precision": "no pass changes an op's compute, accumulation or output dtype (@dtype on the value casts it)",
     "scaling": "there is no fp8/fp4 quantization with scale factors",
     "recipe": "precision recipes are recorded on the model, but no pass applies them",
@@ -38,8 +38,12 @@ NOWHERE: dict[str, str] = {
     "trace": "the executors trace no ops",
 }
 
+ON_INSTANCES = ("frozen", "trainable", "adapter")  # what an instance passes on to its parameters
+ADAPTER_TARGETS = ("flow", "param", "instance", "model")
+
 # What each kind of target lacks, for the annotations it does not apply.
 OFF_TARGET = {
+    "instance": "on a module instance only @frozen, @trainable and @adapter apply (to each of its parameters)",
     "param": "it applies to the values flows compute, not to parameter declarations",
     "model": "annotations written on a declaration (not on a flow) are not applied",
     "declaration": "annotations written on a declaration (not on a flow) are not applied",
@@ -60,6 +64,10 @@ def inert_reason(attr: AnnotationAttr, target: str) -> tuple[str, str] | None:
         return None
     if name in NOWHERE:
         return f"@{name}", NOWHERE[name]
+    if name == "adapter":
+        return _adapter_reason(values, target)
+    if target == "instance":
+        return None if name in ON_INSTANCES else (f"@{name}", OFF_TARGET["instance"])
     if target in ("model", "declaration"):
         return f"@{name}", OFF_TARGET[target]
     if target == "param":
@@ -88,6 +96,18 @@ def inert_reason(attr: AnnotationAttr, target: str) -> tuple[str, str] | None:
         return f"@kernel(autotune={'true' if values['autotune'] else 'false'})", "kernels are not autotuned"
     if name == "fuse":
         return _fusion_reason(values)
+    return None
+
+
+def _adapter_reason(values: dict, target: str) -> tuple[str, str] | None:
+    """``@adapter(lora, ...)`` adds LoRA adapters (``mdsl-adapters``) where it is written on a flow,
+    a parameter, an instance or the model; the other adapter types are not generated."""
+    if values["type"] != "lora":
+        return f"@adapter({values['type']})", "only LoRA adapters are generated (@adapter(lora, ...))"
+    if target not in ADAPTER_TARGETS:
+        where = "a written backward" if target == "backward" else "a module's declaration"
+        return "@adapter(lora)", f"on {where} it adds nothing: write it on a flow, a parameter, an instance " \
+            "or the model"
     return None
 
 

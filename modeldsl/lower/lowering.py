@@ -57,6 +57,7 @@ class Lowering(HfSectionsMixin, ConstantsMixin, TensorTypesMixin, ParamsMixin, A
         self.block: Block | None = None
         self.param_refs: dict[str, SSAValue] = {}
         self.active: list[str] = []  # declarations being instantiated, outermost first
+        self.inherited: list[tuple[list, list]] = []  # (built-in, user) annotations of the enclosing instances
         self.concrete: dict[str, int] = {}  # configured values of the top's integer parameters
         self.baked: set[str] = set()  # integer config values fixed into attributes or guards
         self.star_width: dict[SSAValue, int] = {}  # a value bound to a declared [*, ...]: how many axes '*' is

@@ -6,7 +6,8 @@ a ``Module(...)`` entry is a nested instance, configured by its arguments.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from xdsl.dialects.builtin import (
@@ -79,6 +80,7 @@ class ParamsMixin:
                 return
             annotations, user = split_user(self.annotations(value.annotations, instance.env, instance.namespace,
                                                             target="param"))
+            annotations, user = self.with_inherited(annotations, user)
             param = located(self.emit_param(path, ptype, stack, annotations), entry.key.span)
             if user:
                 param.attributes["user_annotations"] = ArrayAttr(user)
@@ -102,12 +104,38 @@ class ParamsMixin:
             count = self.const(expr.count, instance.env, "layer count")
             body = self.instantiate(expr.element, instance.env, f"{path}.", instance.namespace)
             stacked = StackedInstance(body, Expr.of(count), expr.span)
-            self.declare_nested(body, stacked)
+            with self.inheriting(value.annotations, instance):
+                self.declare_nested(body, stacked)
             instance.params[entry.name] = stacked
             return
         child = self.instantiate(expr, instance.env, f"{path}.", instance.namespace)
-        self.declare_nested(child, stack)
+        with self.inheriting(value.annotations, instance):
+            self.declare_nested(child, stack)
         instance.params[entry.name] = child
+
+    @contextmanager
+    def inheriting(self, nodes: Sequence[ast.Annotation], instance: Instance) -> Iterator[None]:
+        """While an instance's parameters are declared: the annotations written on the instance
+        (``mlp: SwiGLU_MLP(d, f) @frozen``), which each of its parameters takes."""
+        if not nodes:
+            yield
+            return
+        self.inherited.append(split_user(self.annotations(nodes, instance.env, instance.namespace,
+                                                          target="instance")))
+        try:
+            yield
+        finally:
+            self.inherited.pop()
+
+    def with_inherited(self, annotations: list, user: list) -> tuple[list, list]:
+        """A parameter's annotations after those of the instances around it, outermost first; the
+        closer one of a kind wins (``@frozen`` and ``@trainable`` are one kind)."""
+        merged_builtin: list = []
+        merged_user: list = [*(u for _, users in self.inherited for u in users), *user]
+        for layer in [*(b for b, _ in self.inherited), annotations]:
+            kinds = {_kind(a) for a in layer}
+            merged_builtin = [a for a in merged_builtin if _kind(a) not in kinds] + list(layer)
+        return merged_builtin, merged_user
 
     def declare_nested(self, child: Instance, stack: StackedInstance | None, bound: Sequence[SSAValue] = (),
                        named: dict[str, SSAValue] | None = None) -> None:
@@ -209,3 +237,9 @@ def qualified(func: ast.Expr, namespace: dict[str, ast.Decl]) -> ast.Expr:
     path = qualified_path(func) if isinstance(func, ast.Attribute) else None
     dotted = ".".join(path) if path else None
     return ast.Name(func.span, dotted) if dotted in namespace else func
+
+
+def _kind(annotation) -> str:
+    """What an annotation decides, for :meth:`ParamsMixin.with_inherited`: frozen and trainable decide one thing."""
+    name = getattr(annotation, "DSL_NAME", type(annotation).__name__)
+    return "trainable" if name in ("frozen", "trainable") else name

@@ -27,8 +27,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +39,22 @@ import numpy as np
 from modeldsl.diagnostics import Diagnostic, DiagnosticError
 from modeldsl.dialects.graph import ModelOp, ParamOp
 from modeldsl.hf.safetensors_io import CheckpointError, SafetensorsFile, regular_file, write_safetensors
-from modeldsl.passes.adapters import Lora, adapter_info, add_adapters, mapped_weights
+from modeldsl.passes.adapters import (
+    Lora,
+    adapter_info,
+    add_adapters,
+    add_annotated_adapters,
+    has_adapter_annotations,
+    mapped_weights,
+    unmapped_weights,
+)
 
 CONFIG_FILE = "adapter_config.json"
 TENSORS_FILE = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 # adapter_config.json keys whose non-default values ask for what this runtime does not compute
-UNSUPPORTED = {"use_dora": False, "bias": "none", "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {},
-               "layers_to_transform": None, "fan_in_fan_out": False, "lora_bias": False, "use_qalora": False}
+UNSUPPORTED = {"use_dora": False, "bias": "none", "modules_to_save": None, "layers_to_transform": None,
+               "fan_in_fan_out": False, "lora_bias": False, "use_qalora": False}
 
 ALIASES = {"r": "rank", "lora_alpha": "alpha", "target_modules": "targets", "lora_dropout": "dropout",
            "use_rslora": "rslora"}
@@ -60,6 +70,8 @@ class LoraOptions:
     dropout: float = 0.0
     rslora: bool = False
     seed: int = 0
+    rank_pattern: Mapping[str, int] = field(default_factory=dict)  # PEFT's: module pattern -> its rank
+    alpha_pattern: Mapping[str, float] = field(default_factory=dict)  # and -> its alpha
 
     @classmethod
     def of(cls, spec: LoraOptions | Mapping[str, Any] | int) -> LoraOptions:
@@ -91,6 +103,13 @@ class LoraOptions:
         if not self.targets or not all(isinstance(t, str) and t for t in self.targets):
             raise _error(f"lora: target_modules={list(self.targets)!r} names no module",
                          "name the modules: ['q_proj', 'v_proj'], or 'all-linear'")
+        for name, pattern, kind in (("rank_pattern", self.rank_pattern, int), ("alpha_pattern", self.alpha_pattern,
+                                                                                 (int, float))):
+            if not isinstance(pattern, Mapping) or any(
+                    not isinstance(k, str) or not isinstance(v, kind) or isinstance(v, bool) or not v > 0
+                    for k, v in pattern.items()):
+                raise _error(f"lora: {name}={pattern!r} is not a dictionary of module patterns to positive numbers",
+                             f"e.g. {name}={{'q_proj': 16}}")
         return self
 
     @property
@@ -98,14 +117,50 @@ class LoraOptions:
         return Lora(self.rank, float(self.alpha if self.alpha is not None else self.rank), float(self.dropout),
                     bool(self.rslora), int(self.seed))
 
+    def lora_for(self, module: str, layers: int | None = None) -> Lora:
+        """The options of one module (``model.layers.{layer}.self_attn.q_proj``, a stack's over
+        ``layers`` layers): the rank and alpha of the first ``rank_pattern`` / ``alpha_pattern``
+        key that matches its name as PEFT matches them, else ``rank`` and ``alpha``. E029 where a
+        key gives the layers of one stack different values (one module of a stack has one rank)."""
+        rank = _pattern_value(self.rank_pattern, module, layers, self.rank)
+        default_alpha = self.alpha if self.alpha is not None else self.rank
+        alpha = _pattern_value(self.alpha_pattern, module, layers, default_alpha)
+        if not self.alpha_pattern and self.alpha is None:
+            alpha = rank  # PEFT: lora_alpha defaults to r
+        return Lora(int(rank), float(alpha), float(self.dropout), bool(self.rslora), int(self.seed))
+
+
+def _pattern_value(pattern: Mapping[str, Any], module: str, layers: int | None, default: Any) -> Any:
+    names = [module.format(layer=k) for k in range(layers)] if layers else [module]
+    values = {_pattern_match(pattern, name, default) for name in names}
+    if len(values) > 1:
+        raise _error(f"lora: the layers of {module} would get the ranks or alphas {sorted(values)}",
+                     "one module of a stack has one rank: give the pattern for all its layers")
+    return values.pop()
+
+
+def _pattern_match(pattern: Mapping[str, Any], name: str, default: Any) -> Any:
+    """PEFT's ``get_pattern_key``: the first key ``k`` with ``(.*\\.)?(k)$`` matching the module's name."""
+    for key, value in pattern.items():
+        try:
+            if re.match(rf"(.*\.)?({key})$", name):
+                return value
+        except re.error:
+            raise _error(f"lora: the pattern '{key}' is no regular expression", "give module names such as "
+                         "q_proj") from None
+    return default
+
 
 def _error(message: str, hint: str) -> DiagnosticError:
     return DiagnosticError([Diagnostic("E029", message, None, hint)])
 
 
-def adapt(model: ModelOp, options: LoraOptions) -> list[str]:
-    """Add the adapters to a configured model (``mdsl-adapters``); the names of their parameters."""
-    return add_adapters(model, options.lora, options.targets)
+def adapt(model: ModelOp, options: LoraOptions | None) -> list[str]:
+    """Add the adapters to a configured model (``mdsl-adapters``): those of ``options``, else those
+    its ``@adapter(lora)`` annotations declare (none where it has none); their parameters' names."""
+    if options is None:
+        return add_annotated_adapters(model) if has_adapter_annotations(model) else []
+    return add_adapters(model, options.lora_for, options.targets)
 
 
 def adapter_params(model: ModelOp) -> list[ParamOp]:
@@ -173,16 +228,36 @@ def peft_tensors(model: ModelOp, weights: Mapping[str, np.ndarray]) -> dict[str,
 
 
 def peft_config(model: ModelOp, base: str | None = None) -> dict[str, Any]:
-    """PEFT's ``adapter_config.json`` of the model's adapters."""
-    params = adapter_params(model)
-    info = adapter_info(params[0])
-    modules = sorted({str(adapter_info(p)["module"]).rsplit(".", 1)[-1] for p in params})
-    rank, alpha = int(info["rank"]), float(info["alpha"])
-    rslora = not math.isclose(float(info["scaling"]), alpha / rank)
+    """PEFT's ``adapter_config.json`` of the model's adapters: the most common rank and alpha as
+    ``r`` and ``lora_alpha``, the modules with others in ``rank_pattern`` and ``alpha_pattern``."""
+    infos = [adapter_info(p) for p in adapter_params(model)]
+    info = infos[0]
+    modules = sorted({str(i["module"]).rsplit(".", 1)[-1] for i in infos})
+    options = {str(i["module"]): (int(i["rank"]), float(i["alpha"])) for i in infos}
+    counts = Counter(options.values())
+    rank, alpha = max(counts, key=lambda k: (counts[k], k))
+    rslora = not math.isclose(float(info["scaling"]), float(info["alpha"]) / int(info["rank"]))
+    rank_pattern, alpha_pattern = {}, {}
+    for module, (r, a) in options.items():
+        key = _pattern_key(module, options)
+        if r != rank:
+            rank_pattern[key] = r
+        if a != alpha:
+            alpha_pattern[key] = a
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base, "r": rank,
             "lora_alpha": alpha, "target_modules": modules, "lora_dropout": float(info.get("dropout", 0.0)),
             "use_rslora": rslora, "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
-            "init_lora_weights": True, "modules_to_save": None}
+            "init_lora_weights": True, "modules_to_save": None, "rank_pattern": rank_pattern,
+            "alpha_pattern": alpha_pattern}
+
+
+def _pattern_key(module: str, options: Mapping[str, tuple[int, float]]) -> str:
+    """The ``rank_pattern`` key of a module: its short name where every module of that name has its
+    options, else its whole name (a stack's layers as ``\\d+``)."""
+    short = module.rsplit(".", 1)[-1]
+    if len({v for m, v in options.items() if m.rsplit(".", 1)[-1] == short}) == 1:
+        return short
+    return re.escape(module).replace(re.escape("{layer}"), r"\d+")
 
 
 def write_adapter(folder: Path, model: ModelOp, weights: Mapping[str, np.ndarray], base: str | None = None) -> None:
@@ -217,7 +292,9 @@ def read_adapter(directory: str | Path) -> tuple[LoraOptions, SafetensorsFile]:
         targets = sorted({t.rsplit(".", 1)[-1] if isinstance(t, str) else t for t in targets})
     try:
         options = LoraOptions.of({"r": config.get("r", 8), "lora_alpha": config.get("lora_alpha", 8),
-                                  "target_modules": targets or [], "use_rslora": bool(config.get("use_rslora"))})
+                                  "target_modules": targets or [], "use_rslora": bool(config.get("use_rslora")),
+                                  "rank_pattern": config.get("rank_pattern") or {},
+                                  "alpha_pattern": config.get("alpha_pattern") or {}})
     except DiagnosticError as err:
         raise CheckpointError("E030", f"{where}: {err.diagnostics[0].message}", err.diagnostics[0].hint) from None
     tensors_path = folder / TENSORS_FILE
@@ -251,13 +328,13 @@ def fill_adapters(model: ModelOp, weights: dict[str, np.ndarray], tensors: Safet
 def merged_weights(model: ModelOp, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The adapted weights with their adapters folded in (``W[rows] += scaling * B @ A`` per part)."""
     merged: dict[str, np.ndarray] = {}
-    parts = {(w.param, p.short): p for w in mapped_weights(model) for p in w.parts}
+    parts = {(w.param, p.module): p for w in mapped_weights(model) + unmapped_weights(model) for p in w.parts}
     for param in adapter_params(model):
-        name = param.sym_name.data
-        if not name.endswith(".lora_A"):
+        name, info = param.sym_name.data, adapter_info(param)
+        if info["role"] != "A":
             continue
-        base, short = name.removesuffix(".lora_A").rsplit(".", 1)
-        part = parts[(base, short)]
+        base = str(info["weight"])
+        part = parts[(base, str(info["module"]))]
         a, b = (np.asarray(weights[name.removesuffix("A") + r], dtype=np.float64) for r in "AB")
         value = merged.setdefault(base, np.array(weights[base], dtype=np.float64))
         start, end = part.start.evaluate({}), part.end.evaluate({})

@@ -496,8 +496,7 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
         bind_configuration(module)
         _verify_specialized(module)
         model = _model_op(module)
-        if lora is not None:
-            adapt(model, lora)
+        adapted = adapt(model, lora)  # lora=, an adapter's options, or the model's @adapter annotations
         _check_parameters_fit(model, {}, storage, runs_on)
         arena = params_arena(model, "fp32" if dtype == "fp32" else None, populate=hf is None) \
             if runs_on is None else None
@@ -510,8 +509,8 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
                                               mapper=arena.pages.map_file if arena is not None else None)
         else:
             weights, record = random_weights(model, storage, into=into), ImportRecord()
-        if lora is not None:
-            init_adapters(model, weights, storage, lora.seed, into)
+        if adapted:
+            init_adapters(model, weights, storage, lora.seed if lora is not None else 0, into)
         if tensors is not None:
             _adapter_step(fill_adapters, adapter, model, weights, tensors)
         if arena is not None:

@@ -76,7 +76,7 @@ def test_annotations_that_take_effect_do_not_warn():
 
 @pytest.mark.parametrize("annotation, label", [
     ("@shard(column, tp_size=2)", "@shard"), ("@comm(all_reduce)", "@comm"), ("@partition(0)", "@partition"),
-    ("@precision(policy=bf16)", "@precision"), ("@scaling(per_tensor)", "@scaling"), ("@adapter(lora)", "@adapter"),
+    ("@precision(policy=bf16)", "@precision"), ("@scaling(per_tensor)", "@scaling"), ("@adapter(ia3)", "@adapter(ia3)"),
     ("@trace", "@trace"), ("@memory(pin)", "@memory(pin)"), ("@memory(stream)", "@memory(stream)"),
     ("@lifetime(sublayer)", "@lifetime(sublayer)"), ("@lifetime", "@lifetime(operation)"),
     ("@frozen", "@frozen"),

@@ -50,8 +50,8 @@ def test_mdsl_opt_ends_with_the_training_step_the_trainer_executes(tmp_path, tra
     (printed,) = opt_programs(tmp_path, "mdsl-train-step{B=2 T=16}", "--print-ir-after-all").values()
     stages = [line for line in capsys.readouterr().err.splitlines() if line.startswith("// -----// IR Dump After")]
     assert [line.split("(")[1].split(")")[0] for line in stages] == [
-        "mdsl-specialize", "mdsl-attach-loss", "mdsl-fuse", "mdsl-autodiff", "mdsl-fuse", "mdsl-recompute",
-        "mdsl-fuse", "mdsl-lower-to-sched", "mdsl-plan-memory"]
+        "mdsl-specialize", "mdsl-adapters", "mdsl-attach-loss", "mdsl-fuse", "mdsl-autodiff", "mdsl-fuse",
+        "mdsl-recompute", "mdsl-fuse", "mdsl-lower-to-sched", "mdsl-plan-memory"]
     assert_same_program(printed, trainer.executor(2, 16).program)
     names = [op.name for op in printed.walk()]
     assert "mdsl.sched.attention_backward" in names
@@ -71,9 +71,9 @@ def test_mdsl_opt_ends_with_the_forward_profile_the_model_runs(tmp_path, trainer
 
 def test_a_pipeline_expands_into_its_stages_and_lists_them(capsys):
     passes = build_pipeline(PASSES, "cse,mdsl-train-step{B=1 T=4 recompute=full fuse=false}")
-    assert [p.name for p in passes] == ["cse", "mdsl-specialize", "mdsl-attach-loss", "mdsl-autodiff",
-                                        "mdsl-recompute", "mdsl-lower-to-sched", "mdsl-plan-memory"]
-    assert passes[4].mode == "full" and passes[1].bindings == (("B", 1), ("T", 4))
+    assert [p.name for p in passes] == ["cse", "mdsl-specialize", "mdsl-adapters", "mdsl-attach-loss",
+                                        "mdsl-autodiff", "mdsl-recompute", "mdsl-lower-to-sched", "mdsl-plan-memory"]
+    assert passes[5].mode == "full" and passes[1].bindings == (("B", 1), ("T", 4))
     assert main(["--list-passes"]) == 0
     listed = capsys.readouterr().out
     for cls in PIPELINES:

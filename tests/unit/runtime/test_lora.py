@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hf_checkpoints import cached_checkpoint, transformers_model
@@ -251,3 +253,54 @@ def test_every_fused_kernel_of_the_training_step_stays_with_adapters(arch):
                                           lora=dict(r=4, target_modules="all-linear")))
     assert {"fused_residual_rmsnorm", "fused_split_swiglu", "fused_lm_head_loss_grad"} <= plain
     assert adapted == plain
+
+
+def annotated_llama(folder) -> object:
+    """The std Llama with ``@adapter`` annotations: on the attention's qkv flow (q and v, rank 4,
+    alpha 8) and on the MLP instance (every linear of it, rank 2, alpha 2)."""
+    gqa = (STD_ROOT / "modules" / "attention" / "gqa.module").read_text()
+    flow = "      x -> matmul(qkv_weight, transpose=NT) -> qkv_proj\n"
+    assert gqa.count(flow) == 1
+    gqa = gqa.replace(flow, flow.rstrip("\n") + " @adapter(lora, rank=4, alpha=8.0, targets=[q, v])\n")
+    block = (STD_ROOT / "blocks" / "dense.module").read_text()
+    block = block.replace("from std.modules.attention import GQA", "from gqa_annotated import GQA")
+    instance = "    mlp: SwiGLU_MLP(d_model, d_ff, mlp_bias)\n"
+    assert block.count(instance) == 1
+    block = block.replace(instance, instance.rstrip("\n") + " @adapter(lora, rank=2, alpha=2.0)\n")
+    llama = (STD_ROOT / "models" / "llama.module").read_text()
+    llama = llama.replace("from std.blocks.dense import", "from dense_annotated import")
+    for name, text in (("gqa_annotated", gqa), ("dense_annotated", block), ("llama", llama)):
+        (folder / f"{name}.module").write_text(text)
+    return folder / "llama.module"
+
+
+def test_adapter_annotations_add_adapters_that_equal_peft_with_rank_patterns(tmp_path):
+    """The annotations give each module its own rank and alpha; the saved config expresses them as
+    PEFT's rank_pattern / alpha_pattern, which PEFT loads to our logits, and which loads back."""
+    path = cached_checkpoint("llama")
+    model = modeldsl.load(annotated_llama(tmp_path), hf=path)
+    assert {m.split(".")[-1]: (role, stacked) for m, role, stacked in adapters(model).values()} == {
+        "q_proj": ("B", True), "v_proj": ("B", True), "gate_proj": ("B", True), "up_proj": ("B", True),
+        "down_proj": ("B", True)}
+    ranks = {name: model.weights[name].shape[-2] for name, (_, role, _) in adapters(model).items() if role == "A"}
+    assert sorted(ranks.values()) == [2, 2, 2, 4, 4]
+    randomize_b(model)
+    model.save_adapter(tmp_path / "adapter")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"]) == (2, 2.0)
+    assert config["rank_pattern"] == {"q_proj": 4, "v_proj": 4}
+    assert config["alpha_pattern"] == {"q_proj": 8.0, "v_proj": 8.0}
+    tokens = np.random.default_rng(0).integers(0, 64, (2, 9))
+    ours = np.stack([model.forward(row) for row in tokens])
+    reference = peft.PeftModel.from_pretrained(transformers_model(path), tmp_path / "adapter").eval()
+    with torch.no_grad():
+        expected = reference(torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(ours.reshape(expected.shape), expected, rtol=1e-5, atol=1e-5)
+    again = modeldsl.load(STD_ROOT / "models" / "llama.module", hf=path, adapter=tmp_path / "adapter")
+    np.testing.assert_array_equal(np.stack([again.forward(row) for row in tokens]), ours)
+
+
+def test_a_fresh_annotated_model_trains_its_adapters_alone(tmp_path):
+    model = modeldsl.load(annotated_llama(tmp_path), hf=cached_checkpoint("llama"))
+    trainer = Trainer(model, AdamWConfig(lr=1e-2))
+    assert sorted(trainer.optimizer.grads) == sorted(adapters(model))
