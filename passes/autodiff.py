@@ -92,7 +92,47 @@ def gradient_function(model: ModelOp, func_name: str = "forward", loop: bool = T
     funcs = {f.sym_name.data: f for f in model.body.block.ops if isinstance(f, FuncOp)}
     if func_name not in funcs:
         raise AutodiffError(f"@{model.sym_name.data} has no function @{func_name}")
-    return GradientBuilder(model, funcs, loop).build(funcs[func_name])
+    grad = GradientBuilder(model, funcs, loop).build(funcs[func_name])
+    for func in [f for f in model.funcs() if f.attributes.get("kind") == StringAttr("backward")]:
+        drop_unread_gradients(model, func)
+    return grad
+
+
+def drop_unread_gradients(model: ModelOp, backward: FuncOp) -> None:
+    """A written backward's gradients no call reads (those of ``@frozen`` parameters) leave its
+    results, with the ops only they need: a frozen weight's gradient GEMM is not computed."""
+    calls = [op for op in model.walk() if isinstance(op, CallOp) and op.callee.root_reference.data ==
+             backward.sym_name.data]
+    ret = backward.body.block.last_op
+    if not calls or not isinstance(ret, ReturnOp):
+        return
+    kept = [i for i in range(len(ret.values)) if any(call.res[i].uses for call in calls)]
+    if len(kept) == len(ret.values):
+        return
+    values = [ret.values[i] for i in kept]
+    new_ret = ReturnOp(*values)
+    backward.body.block.insert_op_before(new_ret, ret)
+    ret.detach()
+    ret.erase()
+    backward.function_type = type(backward.function_type).from_lists(
+        list(backward.function_type.inputs.data), [v.type for v in values])
+    for name in ("grads", "grad_args"):
+        attr = backward.attributes.get(name)
+        if attr is not None:
+            entries = list(attr.data) if isinstance(attr, ArrayAttr) else list(attr.get_values())
+            kept_entries = [entries[i] for i in kept if i < len(entries)]
+            backward.attributes[name] = ArrayAttr(kept_entries) if isinstance(attr, ArrayAttr) else \
+                type(attr).from_list(i64, kept_entries)
+    for call in calls:
+        new = CallOp(call.callee.root_reference.data, list(call.arguments), [call.res[i].type for i in kept])
+        new.attributes.update({k: v for k, v in call.attributes.items() if k not in new.attributes})
+        call.parent_block().insert_op_before(new, call)
+        for index, result in zip(kept, new.res):
+            result.name_hint = call.res[index].name_hint
+            call.res[index].replace_all_uses_with(result)
+        call.detach()
+        call.erase()
+    erase_dead_ops(list(backward.body.block.ops))
 
 
 def set_training_mode(op: Operation) -> None:

@@ -304,3 +304,21 @@ def test_a_fresh_annotated_model_trains_its_adapters_alone(tmp_path):
     model = modeldsl.load(annotated_llama(tmp_path), hf=cached_checkpoint("llama"))
     trainer = Trainer(model, AdamWConfig(lr=1e-2))
     assert sorted(trainer.optimizer.grads) == sorted(adapters(model))
+
+
+def weight_gradient_gemms(model) -> int:
+    """The GEMMs of the MLP's weight gradients (they read the flattened hidden and d_gate_up)."""
+    from modeldsl.dialects.sched import GemmOp
+    from modeldsl.runtime.train import compile_training_step
+
+    program = compile_training_step(model.model, 2, 8)
+    return sum(isinstance(op, GemmOp) and any(o.name_hint in ("hidden_2d", "d_gate_up_2d") for o in op.operands)
+               for op in program.walk())
+
+
+def test_a_training_step_computes_no_gradient_of_a_frozen_weight():
+    """With adapters on q and v alone, the MLP's written backward would compute its weights'
+    gradients: nothing reads them, so they leave it, GEMMs and all."""
+    path = cached_checkpoint("llama")
+    assert weight_gradient_gemms(modeldsl.load(STD_ROOT / "models" / "llama.module", hf=path)) == 2
+    assert weight_gradient_gemms(modeldsl.load(STD_ROOT / "models" / "llama.module", hf=path, lora=4)) == 0
