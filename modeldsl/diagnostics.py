@@ -82,6 +82,7 @@ CODES: dict[str, str] = {
     "W011": "Suspicious checkpoint value",
     "W012": "Kernel not available; default kept",
     "W013": "Annotation has no effect",
+    "W014": "Training examples cut or left out",
 }
 
 

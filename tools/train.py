@@ -2,7 +2,10 @@
 
 ``DATA`` (a text file or a ``.jsonl`` file with a ``"text"`` field per line)
 is tokenized with the checkpoint's tokenizer (else as UTF-8 bytes) and packed
-in order into sequences of ``--seq`` + 1 tokens (:mod:`modeldsl.runtime.data`);
+in order into sequences of ``--seq`` + 1 tokens (:mod:`modeldsl.runtime.data`); a ``.jsonl`` file of
+prompt/completion or chat examples (:mod:`modeldsl.runtime.instructions`: chats rendered with the
+checkpoint's chat template) gives one example per sequence, right-padded, the loss on its
+completion or assistant tokens alone;
 each of ``--steps`` optimizer steps runs ``--grad-accum`` micro-batches of
 ``--batch`` sequences through :class:`modeldsl.runtime.train.Trainer`
 (AdamW, linear warmup then cosine decay over ``--steps``, clipping at
@@ -63,8 +66,9 @@ LORA_FLAGS = ("lora_targets", "lora_dropout", "rslora")  # each needs --lora R
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("training (--train DATA)")
-    g.add_argument("--train", metavar="DATA", help="train on a text file or a .jsonl file with a \"text\" field "
-                   "per line")
+    g.add_argument("--train", metavar="DATA", help="train on a text file, or a .jsonl file of {\"text\": ...}, "
+                   "{\"prompt\": ..., \"completion\": ...} or {\"messages\": [...]} lines (the loss on the "
+                   "completions or assistant messages alone)")
     g.add_argument("--steps", type=int, metavar="N", help="optimizer steps of the run (the cosine schedule's length)")
     g.add_argument("--batch", type=int, metavar="B", help="sequences per micro-batch")
     g.add_argument("--seq", type=int, metavar="T", help="tokens per sequence (at most max_position_embeddings)")
@@ -589,16 +593,23 @@ def run_training(args) -> int:
     import modeldsl
     from modeldsl.diagnostics import DiagnosticSink
     from modeldsl.runtime.data import PackedBatches, check_vocabulary, fingerprint, read_documents, token_stream
+    from modeldsl.runtime.instructions import InstructionData, examples_fingerprint, is_instruction_data
     from modeldsl.runtime.optim import AdamWConfig
     from modeldsl.runtime.train import Trainer
     from modeldsl.tokenizer import Tokenizer
 
     state = args.resumed
     source = Path(args.resume if state is not None else args.hf)
-    documents = read_documents(args.train)  # before the model loads: data problems are found at once
+    instructions = is_instruction_data(args.train)  # before the model loads: data problems are found at once
+    documents = read_documents(args.train) if not instructions else []
     tokenizer = Tokenizer(source)
-    sink = DiagnosticSink()
     base, adapter = _base_and_adapter(args, state, source)
+    eos = _eos_id(source if (source / "config.json").is_file() else base, tokenizer)  # a LoRA save: its base's
+    instruction_data = InstructionData.read(args.train, source, tokenizer, eos, args.seq) if instructions else None
+    if instruction_data is not None:
+        _warn(args, [Diagnostic("W014", f"the training data '{args.train}': {note}", None,
+                                "give a longer --seq to train on whole examples") for note in instruction_data.notes()])
+    sink = DiagnosticSink()
     model = modeldsl.load(args.model, hf=base, dtype="fp32", top=args.top, progress=True, sink=sink,
                           device=args.device, force_architecture=args.force_architecture,
                           allow_unused_tensors=args.allow_unused_tensors, adapter=adapter,
@@ -610,10 +621,11 @@ def run_training(args) -> int:
                           f"give --seq {limit} or less")
     how = ("with tokenizer.json" if tokenizer.inner is not None
            else "as UTF-8 bytes: the checkpoint has no tokenizer.json")
-    tokens = token_stream(documents, tokenizer.encode, _eos_id(source, tokenizer), f"the training data '{args.train}'")
+    tokens = instruction_data.tokens if instruction_data is not None else \
+        token_stream(documents, tokenizer.encode, eos, f"the training data '{args.train}'")
     check_vocabulary(tokens, model.config("vocab_size"), f"the training data '{args.train}'", how)
 
-    digest = fingerprint(tokens)
+    digest = examples_fingerprint(instruction_data.examples) if instruction_data is not None else fingerprint(tokens)
     rng = np.random.default_rng(args.seed)  # training draws nothing yet; saved and restored for what will
     losses: list[float] = []
     if state is not None:
@@ -626,7 +638,8 @@ def run_training(args) -> int:
                 f"'{args.resume}' was reading ({data_state.get('tokens')} tokens from '{data_state.get('file')}'); "
                 f"reading it from token {position % len(tokens)}", None,
                 "give the same --train DATA to continue the run exactly")])
-        batches = PackedBatches(tokens, args.seq, position, epoch)
+        batches = instruction_data.batches(data_state) if instruction_data is not None else \
+            PackedBatches(tokens, args.seq, position, epoch)
         losses = [float(x) for x in state.arrays.get("losses", np.zeros(0))]
         try:
             rng.bit_generator.state = state.meta["rng"]
@@ -635,7 +648,7 @@ def run_training(args) -> int:
     else:
         config = AdamWConfig(lr=args.lr, weight_decay=args.weight_decay, warmup_steps=args.warmup,
                              total_steps=args.steps, min_lr_ratio=args.min_lr_ratio, clip_norm=args.clip)
-        batches = PackedBatches(tokens, args.seq)
+        batches = instruction_data.batches() if instruction_data is not None else PackedBatches(tokens, args.seq)
     if state is not None:
         _restore_masters(model, state, source / STATE_FILE)
     if model.device is None:
@@ -659,8 +672,11 @@ def run_training(args) -> int:
     first = trainer.step
     last = args.stop_after if args.stop_after is not None else args.steps
     per_step = args.batch * args.grad_accum * args.seq
-    print(f"training on {len(tokens)} tokens of '{args.train}' ({len(documents)} document"
-          f"{'s' if len(documents) != 1 else ''}, {how.split(':')[0]}): steps {first + 1}..{last} of {args.steps}, "
+    what = (f"{len(instruction_data.examples)} {instruction_data.kind} examples, the loss on their "
+            f"{'assistant' if instruction_data.kind == 'chat' else 'completion'} tokens, one per sequence"
+            if instruction_data is not None else f"{len(documents)} document{'s' if len(documents) != 1 else ''}")
+    print(f"training on {len(tokens)} tokens of '{args.train}' ({what}, {how.split(':')[0]}): steps "
+          f"{first + 1}..{last} of {args.steps}, "
           f"{args.grad_accum} x {args.batch} sequences of {args.seq} tokens per step"
           + (", bf16 mixed precision" if args.dtype == "bf16" else "") + f", on {args.device}")
     print(step_memory_line(trainer.executor(args.batch, args.seq).program, args.recompute or "annotated"))
@@ -671,7 +687,8 @@ def run_training(args) -> int:
     with _Interrupt() as interrupt, tqdm(total=args.steps, initial=first, unit="step", desc="training",
                                          dynamic_ncols=True, file=sys.stderr) as bar:
         while trainer.step < last:
-            micro = batches.micro_batches(args.batch, args.grad_accum)
+            micro = [(b.inputs, b.labels) if hasattr(b, "labels") else b
+                     for b in batches.micro_batches(args.batch, args.grad_accum)]
             lr = config.lr_at(trainer.step)
             tick = time.perf_counter()
             loss = trainer.train_step(micro)
@@ -690,7 +707,9 @@ def run_training(args) -> int:
     if done:
         print(f"trained {done} step{'s' if done != 1 else ''} in {elapsed:.2f} s ({done * per_step} tokens, "
               f"{done * per_step / elapsed:.1f} tokens/s); at step {trainer.step} of {args.steps}, epoch "
-              f"{batches.epoch}, token {batches.position} of {len(tokens)}")
+              f"{batches.epoch}, " + (f"example {batches.position} of {len(instruction_data.examples)}"
+                                      if instruction_data is not None else
+                                      f"token {batches.position} of {len(tokens)}"))
     if interrupted:
         print(f"interrupted: stopped after step {trainer.step}")
 

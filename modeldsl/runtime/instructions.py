@@ -736,3 +736,54 @@ class InstructionBatches:
 
     def state(self) -> dict[str, int]:
         return {"position": int(self.position), "epoch": int(self.epoch)}
+
+
+# --- what the trainer reads --------------------------------------------------------------------------------------
+
+
+def is_instruction_data(path: str | Path) -> bool:
+    """Whether ``path`` is a ``.jsonl`` file of prompt/completion or chat examples (E030 for a malformed one)."""
+    if Path(path).suffix.lower() != ".jsonl":
+        return False
+    records = read_records(path)
+    return bool(records) and records[0].kind != "text"
+
+
+@dataclass
+class InstructionData:
+    """Instruction-tuning data as the trainer reads it: the examples with a target inside a row
+    (one per row, right-padded), and how many were cut or left out."""
+
+    examples: list[Example]
+    kind: str  # "prompt/completion" or "chat"
+    seq: int
+    pad: int
+    left_out: int = 0  # examples without a target in their first seq + 1 tokens
+
+    @classmethod
+    def read(cls, path: str | Path, folder: str | Path, tokenizer, eos: int | None, seq: int) -> InstructionData:
+        records = read_records(path)
+        examples = read_examples(path, folder, tokenizer, eos)
+        usable = [e for e in examples if e.mask[1:seq + 1].any()]
+        if not usable:
+            raise _error("E030", f"no example of the training data '{path}' has a token to train on in its first "
+                         f"{seq + 1} tokens", "give a longer --seq, or shorter prompts")
+        kind = "chat" if records[0].kind == "messages" else "prompt/completion"
+        return cls(usable, kind, seq, pad_token_id(folder, tokenizer, eos), len(examples) - len(usable))
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return np.concatenate([e.ids for e in self.examples])
+
+    def batches(self, state: dict | None = None) -> InstructionBatches:
+        return InstructionBatches.from_state(self.examples, self.seq, state or {}, "padded", self.pad)
+
+    def notes(self) -> list[str]:
+        """What the warning W014 says: examples cut at ``seq + 1`` tokens and examples left out."""
+        cut = sum(len(e) > self.seq + 1 for e in self.examples)
+        notes = [f"{cut} example{'s are' if cut != 1 else ' is'} longer than --seq {self.seq} + 1 tokens and "
+                 "cut there"] if cut else []
+        if self.left_out:
+            notes.append(f"{self.left_out} example{'s have' if self.left_out != 1 else ' has'} no target token in "
+                         f"the first {self.seq + 1} tokens and {'are' if self.left_out != 1 else 'is'} left out")
+        return notes

@@ -79,3 +79,37 @@ def test_merge_without_adapters_and_a_missing_adapter_folder_are_coded_errors(ca
     assert "error[E029]: mdsl-run: --merge-lora OUT has no adapters to merge" in capsys.readouterr().err
     assert main(["--hf", str(EXAMPLE), "--adapter", "nowhere", "--prompt", "x"]) != 0
     assert "error[E028]: --adapter: no such folder 'nowhere'" in capsys.readouterr().err
+
+
+def prompt_completion_file(path: Path, count: int = 6, long: int = 0) -> Path:
+    lines = [{"prompt": f"Question {i}: what is {i} and {i}?", "completion": f" It is {2 * i}."} for i in range(count)]
+    lines += [{"prompt": "x " * 60, "completion": " y"} for _ in range(long)]  # no target inside --seq 48 + 1
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def instruction_run(data: Path) -> list[str]:
+    flags = [*RUN[:2], "--train", str(data), *RUN[4:]]
+    flags[flags.index("--seq") + 1] = "48"
+    return flags
+
+
+def test_prompt_completion_data_trains_on_completions_and_resumes_bit_for_bit(tmp_path, capsys):
+    data = prompt_completion_file(tmp_path / "pc.jsonl", long=1)
+    straight = run(capsys, *instruction_run(data), "--loss-plot", "straight.png")
+    assert "(6 prompt/completion examples, the loss on their completion tokens, one per sequence" in straight
+    half = run(capsys, *instruction_run(data), "--save", "h", "--stop-after", "1")
+    rest = run(capsys, "--resume", "h", "--train", str(data))
+    assert STEP.findall(half) + STEP.findall(rest) == STEP.findall(straight)
+
+
+def test_instruction_data_warns_about_examples_it_leaves_out_and_refuses_malformed_lines(tmp_path, capsys):
+    data = prompt_completion_file(tmp_path / "pc.jsonl", long=2)
+    assert main([*instruction_run(data), "--loss-plot", "w.png"]) == 0
+    err = capsys.readouterr().err
+    assert "warning[W014]: the training data" in err and "2 examples have no target token in the first 49" in err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": 3}\n')
+    assert main(instruction_run(bad)) == 1
+    err = capsys.readouterr().err
+    assert "error[E030]" in err and "bad.jsonl:2:" in err and "^" in err and "Traceback" not in err
