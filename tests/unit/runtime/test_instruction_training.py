@@ -43,7 +43,7 @@ def test_a_padded_batch_gives_the_target_weighted_loss_and_gradients_of_its_exam
     counts = [label_count(batch.labels[i]) for i in range(3)]
     assert counts == [3, 5, 7]  # the targets after the first token; the third example cut at SEQ + 1 tokens
     alone = [step(model, batch.inputs[i:i + 1], batch.labels[i:i + 1]) for i in range(3)]
-    expected_loss = sum(n * l for n, (l, _) in zip(counts, alone)) / sum(counts)
+    expected_loss = sum(n * loss_i for n, (loss_i, _) in zip(counts, alone)) / sum(counts)
     expected_grads = sum(n * g for n, (_, g) in zip(counts, alone)) / sum(counts)
     assert abs(loss - expected_loss) <= 1e-6 * abs(expected_loss)
     assert np.abs(grads).max() > 0
