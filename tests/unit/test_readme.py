@@ -31,6 +31,7 @@ SKIPPED = {  # command -> why test_readme_commands_run_as_written does not run i
     "mdsl-opt examples/residual_mlp.module": "test_the_dsl_example_is_the_file_and_lowers_to_the_ir_shown runs it",
     "bash .ci/run": "it is CI itself: it runs these tests",
     "python -m modeldsl.tools.bench_memory": "about 40 s; tests/unit/tools/test_bench_memory.py covers it",
+    "python -m modeldsl.tools.bench_lora": "about 3 min; tests/unit/tools/test_bench_lora.py runs it --quick",
     "python -m modeldsl.tools.bench --device cpu --shapes tiny --runners modeldsl,eager --batch 2 --seq 32":
         "about 10 s; tests/unit/tools/test_bench.py runs the same harness smaller",
     "python -m modeldsl.tools.bench_cpu --threads 2":

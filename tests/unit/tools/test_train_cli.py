@@ -272,7 +272,8 @@ def test_a_jsonl_line_without_text_is_e030_naming_file_and_line(tmp_path, capsys
     data.write_text('{"text": "fine"}\n{"txt": "typo"}\n')
     assert main([*RUN, "--train", str(data)]) == 1
     err = capsys.readouterr().err
-    assert "error[E030]" in err and f'{data}:2: the line has no "text" field' in err
+    assert "error[E030]" in err
+    assert f'{data}:2: the line has no "text", "prompt"/"completion" or "messages" field' in err
     assert "loading weights" not in err  # the data is read before the model
 
 
