@@ -17,6 +17,14 @@ def load(model_file=None, hf=None, dtype="fp32", **options):
     return _load(model_file, hf=hf, dtype=dtype, **options)
 
 
+def train(model, data, **options):
+    """A training run of ``model`` (a checkpoint folder or a loaded model) on ``data``: ``run()``,
+    ``step()``, ``evaluate()``, ``save(OUT)`` (see :func:`modeldsl.runtime.training_run.train`)."""
+    from modeldsl.runtime.training_run import train as _train
+
+    return _train(model, data, **options)
+
+
 # the user primitives' API (modeldsl.prims.user): a numpy function registered as a primitive
 USER_PRIMITIVES = ("register_primitive", "unregister_primitive", "registered_primitives", "TensorSpec")
 COMPILER = ("compile_model", "compile_model_for_hf", "get_model_spec", "get_block_spec", "get_module_spec",

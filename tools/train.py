@@ -34,7 +34,6 @@ it interrupts.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import signal
@@ -45,9 +44,8 @@ from pathlib import Path
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, render_all
 
-STATE_FILE = "training_state.npz"
+STATE_FILE = "training_state.npz"  # training_run.STATE_FILE, not imported: mdsl-run --help loads no runtime
 PLOT_FILE = "loss.png"
-MASTERS = "master."  # training state arrays: the fp32 weights of a save written in a narrower dtype
 SAVE_DTYPES = ("fp32", "bf16")
 
 # the run's settings: flag -> attribute (a resumed run takes those left out from its state)
@@ -60,7 +58,7 @@ DEFAULTS = {"grad_accum": 1, "warmup": 0, "weight_decay": 0.01, "clip": 1.0, "mi
             "dtype": "fp32"}
 TRAIN_ONLY = ("steps", "batch", "seq", "lr", "grad_accum", "warmup", "weight_decay", "clip", "min_lr_ratio",
               "save", "resume", "stop_after", "loss_plot", "recompute", "save_dtype",
-              "overwrite", "lora", "lora_targets", "lora_dropout", "rslora")
+              "overwrite", "lora", "lora_targets", "lora_dropout", "rslora", "eval", "eval_every")
 LORA_FLAGS = ("lora_targets", "lora_dropout", "rslora")  # each needs --lora R
 
 
@@ -91,6 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop-after", type=int, metavar="K", help="stop after step K of --steps (and save)")
     g.add_argument("--loss-plot", metavar="FILE.png", help="where to draw the loss curve (default OUT/loss.png "
                    "with --save, else ./loss.png)")
+    g.add_argument("--eval", metavar="DATA", help="evaluation data (as --train's): its loss over every target "
+                   "token, every --eval-every steps")
+    g.add_argument("--eval-every", type=int, metavar="N", help="evaluate every N steps (default: at the last step)")
     g.add_argument("--lora", metavar="R[:ALPHA]", help="train LoRA adapters of rank R (scaling ALPHA / R; ALPHA "
                    "defaults to R) instead of the whole model, which stays frozen; --save writes them as a PEFT "
                    "adapter (adapter_config.json, adapter_model.safetensors)")
@@ -274,7 +275,7 @@ def _check_values(args) -> None:
                                                            else "a finite number >= 0")
             problems.append(f"{flag} must be {want}, got {value}")
 
-    for name in ("steps", "batch", "seq", "grad_accum", "stop_after"):
+    for name in ("steps", "batch", "seq", "grad_accum", "stop_after", "eval_every"):
         integer(name, 1)
     for name in ("warmup", "seed"):
         integer(name, 0)
@@ -289,6 +290,8 @@ def _check_values(args) -> None:
         problems += [f"--{n.replace('_', '-')} needs --lora R" for n in LORA_FLAGS if _given(args, n)]
     if args.recompute is not None:
         problems += recompute_problems(args.recompute)
+    if args.eval_every is not None and args.eval is None:
+        problems.append("--eval-every needs --eval DATA")
     if problems:
         raise DiagnosticError([Diagnostic("E029", f"mdsl-run: {p}", None, "see mdsl-run --help") for p in problems])
 
@@ -425,29 +428,6 @@ class _Interrupt:
             signal.signal(signal.SIGINT, self.previous)
 
 
-def _eos_id(folder: Path, tokenizer) -> int | None:
-    """The EOS token id of the checkpoint's tokenizer: config.json or generation_config.json's
-    ``eos_token_id`` (the first of a list), else tokenizer_config.json's ``eos_token``."""
-    if tokenizer.inner is None:
-        return None
-    for name in ("config.json", "generation_config.json"):
-        try:
-            value = json.loads((folder / name).read_text()).get("eos_token_id")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(value, list) and value:
-            value = value[0]
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
-    try:
-        token = json.loads((folder / "tokenizer_config.json").read_text()).get("eos_token")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if isinstance(token, dict):
-        token = token.get("content")
-    return tokenizer.inner.token_to_id(token) if isinstance(token, str) else None
-
-
 def _warn(args, diagnostics: list[Diagnostic]) -> None:
     if diagnostics:
         sys.stderr.write(render_all(diagnostics, args.diagnostics_format) + "\n")
@@ -488,36 +468,11 @@ def plot_losses(losses: list[float], path: Path, title: str) -> str | None:
     return None
 
 
-def _restore_masters(model, state, path: Path) -> None:
-    """Put the fp32 master weights a narrower save kept in its training state into the model
-    (the checkpoint's tensors are them rounded), so a resumed run continues bit for bit."""
-    import numpy as np
-
-    for key, value in state.arrays.items():
-        if not key.startswith(MASTERS):
-            continue
-        name = key.removeprefix(MASTERS)
-        weight = model.weights.get(name)
-        if weight is None or weight.shape != value.shape or not np.issubdtype(value.dtype, np.floating):
-            raise _state_error(path, f"its master weights '{name}' {value.dtype}{list(value.shape)} fit no "
-                               "parameter of the model (saved from another model?)")
-        if weight.flags.writeable:
-            np.copyto(weight, value, casting="unsafe")
-        else:  # still the loaded, read-only array
-            model.weights[name] = np.array(value, dtype=weight.dtype)
-
-
-def _save(args, model, trainer, meta: dict, losses: list[float], title: str) -> str | None:
-    """Write the checkpoint, the training state and (where it belongs to the save) the loss curve
-    into the save folder, swapped in atomically: what drawing the curve gave (:func:`plot_losses`;
-    "" where it is drawn elsewhere)."""
-    import numpy as np
-
-    from modeldsl.hf.checkpoint import copy_tokenizer, save_checkpoint
-    from modeldsl.runtime.lora import write_adapter
-    from modeldsl.runtime.model import STORAGE
+def _save(args, run, meta: dict, title: str) -> str | None:
+    """Write the checkpoint (or the LoRA adapter), the training state and (where it belongs to the
+    save) the loss curve into the save folder, swapped in atomically: what drawing the curve gave
+    (:func:`plot_losses`; "" where it is drawn elsewhere)."""
     from modeldsl.runtime.saves import saving_folder
-    from modeldsl.runtime.train import save_training_state
 
     out = Path(args.save)
     plot = Path(args.loss_plot) if args.loss_plot is not None else out / PLOT_FILE
@@ -526,19 +481,9 @@ def _save(args, model, trainer, meta: dict, losses: list[float], title: str) -> 
     existed = out.exists()
     try:
         with saving_folder(save_target(args)) as folder:
-            if _has_adapters(model):  # the adapters as PEFT writes them, the tokenizer beside them
-                write_adapter(folder, model.model, model.weights, meta["run"]["base"])
-                copy_tokenizer(model.record, folder)
-                written = {"float32"}
-            else:
-                written = save_checkpoint(model.model, model.weights, model.record, folder,
-                                          STORAGE[args.save_dtype] if args.save_dtype else None)
-            arrays = {"losses": np.asarray(losses, np.float64)}
-            if written - {"float32"}:  # rounded tensors: keep the masters for --resume
-                arrays |= {MASTERS + n: np.asarray(model.weights[n], np.float32) for n in trainer.optimizer.grads}
-            save_training_state(folder / STATE_FILE, trainer, meta, arrays)
+            run.write(folder, meta, args.save_dtype)
             if name is not None:
-                problem = plot_losses(losses, folder / name, title)
+                problem = plot_losses(run.losses, folder / name, title)
     except OSError as err:
         raise _file_error(f"cannot write the checkpoint to '{out}': {err.strerror or err}",
                           "free disk space or give a folder you can write; "
@@ -587,131 +532,93 @@ def _base_and_adapter(args, state, source: Path) -> tuple[Path, Path | None]:
 
 
 def run_training(args) -> int:
-    import numpy as np
     from tqdm import tqdm
 
     import modeldsl
     from modeldsl.diagnostics import DiagnosticSink
-    from modeldsl.runtime.data import PackedBatches, check_vocabulary, fingerprint, read_documents, token_stream
-    from modeldsl.runtime.instructions import InstructionData, examples_fingerprint, is_instruction_data
     from modeldsl.runtime.optim import AdamWConfig
-    from modeldsl.runtime.train import Trainer
+    from modeldsl.runtime.training_run import TrainingData, TrainingRun, eos_id
     from modeldsl.tokenizer import Tokenizer
 
     state = args.resumed
     source = Path(args.resume if state is not None else args.hf)
-    instructions = is_instruction_data(args.train)  # before the model loads: data problems are found at once
-    documents = read_documents(args.train) if not instructions else []
     tokenizer = Tokenizer(source)
     base, adapter = _base_and_adapter(args, state, source)
-    eos = _eos_id(source if (source / "config.json").is_file() else base, tokenizer)  # a LoRA save: its base's
-    instruction_data = InstructionData.read(args.train, source, tokenizer, eos, args.seq) if instructions else None
-    if instruction_data is not None:
-        _warn(args, [Diagnostic("W014", f"the training data '{args.train}': {note}", None,
-                                "give a longer --seq to train on whole examples") for note in instruction_data.notes()])
+    eos = eos_id(source if (source / "config.json").is_file() else base, tokenizer)  # a LoRA save: its base's
+    warn = lambda diagnostic: _warn(args, [diagnostic])  # noqa: E731
+    # before the model loads: data problems are found at once
+    data = TrainingData.read(args.train, source, tokenizer, eos, args.seq, warn)
+    evaluation = TrainingData.read(args.eval, source, tokenizer, eos, args.seq, warn) if args.eval else None
     sink = DiagnosticSink()
     model = modeldsl.load(args.model, hf=base, dtype="fp32", top=args.top, progress=True, sink=sink,
                           device=args.device, force_architecture=args.force_architecture,
                           allow_unused_tensors=args.allow_unused_tensors, adapter=adapter,
                           lora=getattr(args, "lora_options", None) if adapter is None else None)
     _warn(args, sink.diagnostics)
-    limit = model.max_positions
-    if limit is not None and args.seq > limit:
-        raise _flag_error(f"--seq {args.seq} is more than the model's {limit} positions (max_position_embeddings)",
-                          f"give --seq {limit} or less")
-    how = ("with tokenizer.json" if tokenizer.inner is not None
-           else "as UTF-8 bytes: the checkpoint has no tokenizer.json")
-    tokens = instruction_data.tokens if instruction_data is not None else \
-        token_stream(documents, tokenizer.encode, eos, f"the training data '{args.train}'")
-    check_vocabulary(tokens, model.config("vocab_size"), f"the training data '{args.train}'", how)
-
-    digest = examples_fingerprint(instruction_data.examples) if instruction_data is not None else fingerprint(tokens)
-    rng = np.random.default_rng(args.seed)  # training draws nothing yet; saved and restored for what will
-    losses: list[float] = []
     if state is not None:
         config = state.config
         data_state = state.meta.get("data", {})
-        position, epoch = int(data_state.get("position", 0)), int(data_state.get("epoch", 0))
-        if data_state.get("sha256") != digest:
+        if data_state.get("sha256") != data.fingerprint:
+            position = int(data_state.get("position", 0))
             _warn(args, [Diagnostic(
-                "W009", f"the training data '{args.train}' ({len(tokens)} tokens) is not what the run in "
+                "W009", f"{data.name} ({len(data.tokens)} tokens) is not what the run in "
                 f"'{args.resume}' was reading ({data_state.get('tokens')} tokens from '{data_state.get('file')}'); "
-                f"reading it from token {position % len(tokens)}", None,
+                f"reading it from {'example' if data.instructions is not None else 'token'} {position}", None,
                 "give the same --train DATA to continue the run exactly")])
-        batches = instruction_data.batches(data_state) if instruction_data is not None else \
-            PackedBatches(tokens, args.seq, position, epoch)
-        losses = [float(x) for x in state.arrays.get("losses", np.zeros(0))]
-        try:
-            rng.bit_generator.state = state.meta["rng"]
-        except (KeyError, TypeError, ValueError, OverflowError):
-            raise _state_error(source / STATE_FILE, "its random state is not numpy's PCG64 state") from None
+        if not isinstance(state.meta.get("rng"), dict):
+            raise _state_error(source / STATE_FILE, "its random state is not numpy's PCG64 state")
     else:
         config = AdamWConfig(lr=args.lr, weight_decay=args.weight_decay, warmup_steps=args.warmup,
                              total_steps=args.steps, min_lr_ratio=args.min_lr_ratio, clip_norm=args.clip)
-        batches = instruction_data.batches() if instruction_data is not None else PackedBatches(tokens, args.seq)
-    if state is not None:
-        _restore_masters(model, state, source / STATE_FILE)
-    if model.device is None:
-        trainer = Trainer(model, config, dtype=args.dtype, recompute=args.recompute or "annotated",
-                          warn=lambda diagnostic: _warn(args, [diagnostic]))
-    else:
-        from modeldsl.runtime.cuda_train import CudaTrainer
+    try:
+        run = TrainingRun(model, data, args.steps, args.batch, args.seq, config, args.grad_accum, args.dtype,
+                          args.recompute or "annotated", args.seed, eval_data=evaluation,
+                          eval_every=(args.eval_every or args.steps) if evaluation is not None else 0, state=state,
+                          warn=warn)
+    except DiagnosticError as err:
+        if err.diagnostics[0].code == "E029" and "positions" in err.diagnostics[0].message:
+            raise _flag_error(err.diagnostics[0].message.replace("seq ", "--seq ", 1), f"give --seq "
+                              f"{model.max_positions} or less") from None
+        raise
+    except (ValueError, TypeError, KeyError, OverflowError) as err:
+        raise _state_error(source / STATE_FILE, f"{err} (saved from another model?)") from None
+    if state is not None and len(run.losses) != state.step:
+        raise _state_error(source / STATE_FILE, f"it holds {len(run.losses)} losses for {state.step} steps")
 
-        trainer = CudaTrainer(model, config, dtype=args.dtype, device=model.device,
-                              recompute=args.recompute or "annotated",
-                              warn=lambda diagnostic: _warn(args, [diagnostic]))
-    if state is not None:
-        try:
-            trainer.restore(state.step, state.moments, state.rng_step)
-        except ValueError as err:
-            raise _state_error(source / STATE_FILE, f"{err} (saved from another model?)") from None
-        if len(losses) != state.step:
-            raise _state_error(source / STATE_FILE, f"it holds {len(losses)} losses for {state.step} steps")
-
-    trainer.executor(args.batch, args.seq)  # compiled, and checked against the memory (E038), before a batch is cut
-    first = trainer.step
+    program = run.compile().program  # compiled, and checked against the memory (E038), before a batch is cut
+    first = run.done
     last = args.stop_after if args.stop_after is not None else args.steps
-    per_step = args.batch * args.grad_accum * args.seq
-    what = (f"{len(instruction_data.examples)} {instruction_data.kind} examples, the loss on their "
-            f"{'assistant' if instruction_data.kind == 'chat' else 'completion'} tokens, one per sequence"
-            if instruction_data is not None else f"{len(documents)} document{'s' if len(documents) != 1 else ''}")
-    print(f"training on {len(tokens)} tokens of '{args.train}' ({what}, {how.split(':')[0]}): steps "
+    per_step = run.tokens_per_step
+    print(f"training on {len(data.tokens)} tokens of '{args.train}' ({data.describe()}): steps "
           f"{first + 1}..{last} of {args.steps}, "
           f"{args.grad_accum} x {args.batch} sequences of {args.seq} tokens per step"
           + (", bf16 mixed precision" if args.dtype == "bf16" else "") + f", on {args.device}")
-    print(step_memory_line(trainer.executor(args.batch, args.seq).program, args.recompute or "annotated"))
+    print(step_memory_line(program, args.recompute or "annotated"))
     if _has_adapters(model):
-        print(adapter_line(model, trainer))
+        print(adapter_line(model, run.trainer))
     started = time.perf_counter()
     interrupted = False
     with _Interrupt() as interrupt, tqdm(total=args.steps, initial=first, unit="step", desc="training",
                                          dynamic_ncols=True, file=sys.stderr) as bar:
-        while trainer.step < last:
-            micro = [(b.inputs, b.labels) if hasattr(b, "labels") else b
-                     for b in batches.micro_batches(args.batch, args.grad_accum)]
-            lr = config.lr_at(trainer.step)
-            tick = time.perf_counter()
-            loss = trainer.train_step(micro)
-            seconds = time.perf_counter() - tick
-            losses.append(loss)
-            rate = per_step / seconds if seconds > 0 else float("inf")
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{rate:.0f}", epoch=batches.epoch)
+        while run.done < last:
+            info = run.step()
+            bar.set_postfix(loss=f"{info.loss:.4f}", tok_s=f"{info.tokens_per_second:.0f}", epoch=info.epoch)
             bar.update(1)
-            tqdm.write(f"step {trainer.step} loss {loss!r} lr {lr:.6g} tokens/s {rate:.1f} epoch {batches.epoch}",
-                       file=sys.stdout)
-            if interrupt.requested and trainer.step < last:
+            tqdm.write(f"step {info.step} loss {info.loss!r} lr {info.lr:.6g} tokens/s {info.tokens_per_second:.1f} "
+                       f"epoch {info.epoch}", file=sys.stdout)
+            if info.eval_loss is not None:
+                tqdm.write(f"step {info.step} eval loss {info.eval_loss!r} on '{args.eval}'", file=sys.stdout)
+            if interrupt.requested and run.done < last:
                 interrupted = True
                 break
     elapsed = time.perf_counter() - started
-    done = trainer.step - first
+    done = run.done - first
     if done:
         print(f"trained {done} step{'s' if done != 1 else ''} in {elapsed:.2f} s ({done * per_step} tokens, "
-              f"{done * per_step / elapsed:.1f} tokens/s); at step {trainer.step} of {args.steps}, epoch "
-              f"{batches.epoch}, " + (f"example {batches.position} of {len(instruction_data.examples)}"
-                                      if instruction_data is not None else
-                                      f"token {batches.position} of {len(tokens)}"))
+              f"{done * per_step / elapsed:.1f} tokens/s); at step {run.done} of {args.steps}, epoch "
+              f"{run.batches.epoch}, {data.where(run.batches)}")
     if interrupted:
-        print(f"interrupted: stopped after step {trainer.step}")
+        print(f"interrupted: stopped after step {run.done}")
 
     out = Path(args.save) if args.save is not None else None
     plot = Path(args.loss_plot) if args.loss_plot is not None else (out / PLOT_FILE if out else Path(PLOT_FILE))
@@ -719,21 +626,18 @@ def run_training(args) -> int:
             f"{args.grad_accum}x{args.batch}x{args.seq} tokens/step, lr {config.lr:g}"
     problem: str | None = ""  # "": not drawn yet; None: drawn; else why not
     if out is not None:
-        trainer.sync_weights()
-        meta = {"run": {"steps": args.steps, "batch": args.batch, "seq": args.seq, "grad_accum": args.grad_accum,
-                        "seed": args.seed, "dtype": args.dtype, "model": str(args.model) if args.model else None,
-                        **({"base": str(Path(base).resolve())} if _has_adapters(model) else {})},
-                "data": {"file": str(args.train), "tokens": int(len(tokens)), "sha256": digest, **batches.state()},
-                "rng": rng.bit_generator.state}
-        problem = _save(args, model, trainer, meta, losses, title)
+        meta = run.meta(str(Path(base).resolve()) if _has_adapters(model) else None)
+        meta["run"]["model"] = str(args.model) if args.model else None
+        meta["data"]["file"] = str(args.train)
+        problem = _save(args, run, meta, title)
         what = "LoRA adapter" if _has_adapters(model) else "checkpoint"
-        print(f"saved the {what} and training state (step {trainer.step}) to {out}")
+        print(f"saved the {what} and training state (step {run.done}) to {out}")
     if args.merge_lora is not None:
-        trainer.sync_weights()
+        run.trainer.sync_weights()
         model.save_hf(args.merge_lora, overwrite=args.overwrite)
         print(f"saved the weights with the adapters merged in to {args.merge_lora}")
     if problem == "":
-        problem = _draw_outside(losses, plot, title, replace=args.loss_plot is not None or args.overwrite)
+        problem = _draw_outside(run.losses, plot, title, replace=args.loss_plot is not None or args.overwrite)
     if problem is None:
         print(f"wrote the loss curve to {plot}")
     else:

@@ -108,6 +108,31 @@ def _to_stderr(text: str) -> None:
     print(text, file=sys.stderr)
 
 
+def compile_evaluation_step(model: ModelOp, batch: int, tokens: int, storage: str | None = "fp32",
+                            fuse: bool | FusePass = True) -> ProgramOp:
+    """The planned schedule of ``@train_loss`` alone for ``[batch, tokens]`` micro-batches: inputs
+    (forward inputs..., labels), output the loss; no gradient, dropout off (an evaluation)."""
+    from xdsl.context import Context
+    from xdsl.dialects.builtin import ModuleOp
+
+    from modeldsl.passes.attach_loss import LOSS_FUNCTION, AttachLossPass
+    from modeldsl.passes.lower_to_sched import LowerToSchedPass
+    from modeldsl.passes.pipelines import ANNOTATED_ADAPTERS
+    from modeldsl.passes.plan_memory import PlanMemoryPass
+    from modeldsl.passes.specialize import SpecializePass
+
+    fusion = fuse if isinstance(fuse, FusePass) else (FusePass() if fuse else None)
+    module = ModuleOp([model.clone()])
+    stages = [SpecializePass.of(B=batch, T=tokens), ANNOTATED_ADAPTERS, AttachLossPass(),
+              *([fusion] if fusion is not None else []),
+              LowerToSchedPass(func=LOSS_FUNCTION, storage=storage or ""), PlanMemoryPass()]
+    for stage in stages:
+        stage.apply(Context(), module)
+    program = [op for op in module.body.block.ops if isinstance(op, ProgramOp)][-1]
+    program.detach()
+    return program
+
+
 def compile_optimizer_step(model: ModelOp, config: AdamWConfig, storage: str | None = "fp32") -> ProgramOp:
     """The planned ``@optimizer_step`` of ``model``: inputs (lr, step), output the gradient norm. The
     pipeline ``mdsl-optimizer-update`` (:class:`~modeldsl.passes.pipelines.OptimizerUpdate`) makes it."""
@@ -148,6 +173,7 @@ class Trainer:
         self.storage = "fp32" if self.dtype == "fp32" else None
         self.schedule = self.shared_params()
         self.programs: dict[tuple[int, int], ScheduleExecutor] = {}
+        self.evaluators: dict[tuple[int, int], ScheduleExecutor] = {}
         self.optimizer = self.schedule.executor(compile_optimizer_step(self.model.model, self.config, self.storage))
         for name, master in self.optimizer.masters.items():
             write(master, self.model.weights[name])
@@ -194,6 +220,17 @@ class Trainer:
             inputs.insert(counter, np.array([self.rng_step], dtype=np.int64))
         (loss, *_) = executor.execute(*inputs)
         self.rng_step += 1
+        return float(loss)
+
+    def evaluate(self, tokens: np.ndarray, labels: np.ndarray) -> float:
+        """The mean loss of one batch over its labels that are not -100, with the weights as
+        trained so far: the forward alone (:func:`compile_evaluation_step`, compiled on first use)."""
+        key = tokens.shape
+        if key not in self.evaluators:
+            program = compile_evaluation_step(self.model.model, *key, self.storage, self.fuse)
+            self.evaluators[key] = self.schedule.executor(program)
+        with np.errstate(all="ignore"):
+            (loss, *_) = self.evaluators[key].execute(*self.model.inputs(tokens, 0), labels.astype(np.int64))
         return float(loss)
 
     def train_step(self, micro_batches: list[tuple[np.ndarray, np.ndarray]]) -> float:
