@@ -21,14 +21,13 @@ outside the model's vocabulary E030.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from modeldsl.diagnostics import Diagnostic, DiagnosticError, Source, Span
+from modeldsl.diagnostics import Diagnostic, DiagnosticError, Span
 
 
 def _error(code: str, message: str, hint: str = "", span: Span | None = None) -> DiagnosticError:
@@ -37,57 +36,14 @@ def _error(code: str, message: str, hint: str = "", span: Span | None = None) ->
 
 def read_documents(path: str | Path) -> list[str]:
     """The documents of ``path``: the whole text of a text file, or the ``"text"`` of each
-    line of a ``.jsonl`` file (blank lines skipped)."""
-    path = Path(path)
-    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO or device: reading would block
-        raise _error("E028", f"the training data '{path}' is not a regular file (a FIFO, device or socket)",
-                     "give a text file or a .jsonl file with a \"text\" field per line")
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise _error("E028", f"no such training data file '{path}'",
-                     "give a text file or a .jsonl file with a \"text\" field per line") from None
-    except IsADirectoryError:
-        raise _error("E028", f"the training data '{path}' is a folder, not a file",
-                     "give a text file or a .jsonl file with a \"text\" field per line") from None
-    except OSError as err:
-        raise _error("E028", f"cannot read the training data '{path}': {err.strerror or err}",
-                     "give a readable file") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw.count(b"\n", 0, err.start) + 1
-        column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
-        raise _error("E030", f"{path}:{line}:{column}: the training data is not UTF-8 text (byte "
-                     f"0x{raw[err.start]:02x} at offset {err.start})",
-                     "convert the file to UTF-8") from None
-    if text.startswith("\ufeff"):
-        text = text[1:]  # a byte-order mark is no part of the text
-    if path.suffix.lower() != ".jsonl":
-        return [text]
-    source = Source(str(path), text)
-    documents = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            span = Span(source, number, err.colno, number, err.colno + 1)
-            raise _error("E030", f"{path}:{number}: not a JSON object: {err.msg}",
-                         "each line of a .jsonl file is one JSON object such as {\"text\": \"...\"}", span) from None
-        if not isinstance(record, dict) or "text" not in record:
-            what = "has no \"text\" field" if isinstance(record, dict) else f"is a JSON {type(record).__name__}, " \
-                                                                              "not an object"
-            raise _error("E030", f"{path}:{number}: the line {what}",
-                         "each line of a .jsonl file is one JSON object with the document in \"text\"",
-                         Span(source, number, 1, number, len(line) + 1))
-        if not isinstance(record["text"], str):
-            raise _error("E030", f"{path}:{number}: \"text\" is a {type(record['text']).__name__}, not a string",
-                         "each line's \"text\" field holds the document as a string",
-                         Span(source, number, 1, number, len(line) + 1))
-        documents.append(record["text"])
-    return documents
+    line of a ``.jsonl`` file (blank lines skipped; :func:`modeldsl.runtime.instructions.read_records`)."""
+    from modeldsl.runtime.instructions import read_records
+
+    records = read_records(path)
+    if records and records[0].kind != "text":
+        raise _error("E030", f"{path} holds {records[0].kind} examples, not documents",
+                     "read it with modeldsl.runtime.instructions.read_examples")
+    return [record.fields["text"] for record in records]
 
 
 def token_stream(documents: Sequence[str], encode: Callable[[str], list[int]], eos: int | None,

@@ -37,7 +37,7 @@ def test_jsonl_documents_in_order_skipping_blank_lines(tmp_path):
 
 
 @pytest.mark.parametrize("lines, words", [
-    (['{"text": "ok"}', '{"body": "no text"}'], 'd.jsonl:2: the line has no "text" field'),
+    (['{"text": "ok"}', '{"body": "no text"}'], 'd.jsonl:2: the line has no "text", "prompt"/"completion" or'),
     (['{"text": "ok"}', '[1, 2]'], "d.jsonl:2: the line is a JSON list, not an object"),
     (['{"text": 5}'], 'd.jsonl:1: "text" is a int, not a string'),
     (['{"text": "ok"}', '', '{"text": '], "d.jsonl:3: not a JSON object"),
