@@ -39,7 +39,6 @@ import json
 import math
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from modeldsl.files import write_file
+from modeldsl.tools import bench_deps
 from modeldsl.tools.bench import SHAPES, Settings, batches, timed, torch_training_step
 from modeldsl.tools.bench_deps import reporting_diagnostics, require_packages
 
@@ -253,13 +253,7 @@ def child_env(threads: int) -> dict[str, str]:
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """One measurement in a fresh process: its result, or ``{"note": why it failed}``."""
-    proc = subprocess.run([sys.executable, "-m", "modeldsl.tools.bench_cpu", "--child", json.dumps(spec)],
-                          capture_output=True, text=True, env=child_env(spec["threads"]))
-    results = [line[len(RESULT):] for line in proc.stdout.splitlines() if line.startswith(RESULT)]
-    if proc.returncode == 0 and results:
-        return json.loads(results[-1])
-    last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-    return {"note": f"failed: {last[:200]}"}
+    return bench_deps.run_child("modeldsl.tools.bench_cpu", RESULT, spec, child_env(spec["threads"]))
 
 
 def save_random_checkpoint(config: dict[str, Any], directory: Path, config_class: str = "LlamaConfig") -> Path:

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import importlib
+import json
+import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, render_all
 
@@ -40,3 +43,15 @@ def reporting_diagnostics(main: Callable[[], int]) -> int:
     except DiagnosticError as err:
         sys.stderr.write(render_all(err.diagnostics) + "\n")
         return 1
+
+
+def run_child(tool: str, marker: str, spec: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """One measurement of ``python -m <tool> --child SPEC`` in a fresh process: the JSON after
+    ``marker`` on its last result line, or ``{"note": why it failed}``."""
+    proc = subprocess.run([sys.executable, "-m", tool, "--child", json.dumps(spec)],
+                          capture_output=True, text=True, env=dict(env))
+    results = [line[len(marker):] for line in proc.stdout.splitlines() if line.startswith(marker)]
+    if proc.returncode == 0 and results:
+        return json.loads(results[-1])
+    last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+    return {"note": f"failed: {last[:200]}"}

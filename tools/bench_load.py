@@ -39,7 +39,6 @@ import math
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -49,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from modeldsl.tools import bench_deps
 from modeldsl.tools.bench_deps import reporting_diagnostics, require_packages
 
 # name -> (transformers config class, HF config); published dimensions, fewer layers where noted
@@ -285,13 +285,7 @@ def child_env(threads: int) -> dict[str, str]:
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """One load in a fresh process: its figures, or ``{"note": why it failed}``."""
-    proc = subprocess.run([sys.executable, "-m", "modeldsl.tools.bench_load", "--child", json.dumps(spec)],
-                          capture_output=True, text=True, env=child_env(spec["threads"]))
-    results = [line[len(RESULT):] for line in proc.stdout.splitlines() if line.startswith(RESULT)]
-    if proc.returncode == 0 and results:
-        return json.loads(results[-1])
-    last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-    return {"note": f"failed: {last[:200]}"}
+    return bench_deps.run_child("modeldsl.tools.bench_load", RESULT, spec, child_env(spec["threads"]))
 
 
 def measure(shape: str, directory: Path, weights: int, args: argparse.Namespace,

@@ -77,7 +77,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -85,6 +84,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from modeldsl.tools import bench_deps
 from modeldsl.tools.bench import Settings, batches, timed, torch_training_step
 from modeldsl.tools.bench_cpu import child_env, load_average, peak_rss, save_random_checkpoint
 from modeldsl.tools.bench_deps import reporting_diagnostics, require_packages
@@ -283,13 +283,7 @@ def peft_step(spec: dict[str, Any], threads: int):
 # ---------------------------------------------------------------------------- 2. CPU tokens/s: the parent
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """One measurement in a fresh process: its result, or ``{"note": why it failed}``."""
-    proc = subprocess.run([sys.executable, "-m", "modeldsl.tools.bench_lora", "--child", json.dumps(spec)],
-                          capture_output=True, text=True, env=child_env(spec["threads"]))
-    results = [line[len(RESULT):] for line in proc.stdout.splitlines() if line.startswith(RESULT)]
-    if proc.returncode == 0 and results:
-        return json.loads(results[-1])
-    last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-    return {"note": f"failed: {last[:200]}"}
+    return bench_deps.run_child("modeldsl.tools.bench_lora", RESULT, spec, child_env(spec["threads"]))
 
 
 @dataclass
