@@ -142,7 +142,7 @@ def check_flags(args) -> list[Diagnostic]:
     from modeldsl.runtime.model import sampling_problems
 
     if args.max_new_tokens is None:  # not given: 0 where it does not apply (training)
-        args.max_new_tokens = DEFAULT_NEW_TOKENS if args.train is None else 0
+        args.max_new_tokens = DEFAULT_NEW_TOKENS if args.train is None and args.eval is None else 0
     training.check_train_flags(args)
     problems = sampling_problems(args.max_new_tokens, args.temperature, args.top_k, args.seed)
     if problems:
@@ -227,6 +227,8 @@ def run(args) -> int:
         sys.stderr.write(render_all(warnings, args.diagnostics_format) + "\n")
     if args.train is not None:
         return training.run_training(args)
+    if args.eval is not None:
+        return training.run_evaluation(args)
     tokenizer = Tokenizer(Path(args.hf))
     sink = DiagnosticSink()
     model = modeldsl.load(args.model, hf=args.hf, dtype=args.dtype or "fp32", top=args.top, progress=True, sink=sink,

@@ -126,6 +126,9 @@ def check_train_flags(args) -> None:
     """Every training flag check that needs no model; sets ``args.resumed`` (the state, or None)
     and fills the settings left out (from the resumed state or the defaults)."""
     args.resumed = None
+    if args.train is None and args.eval is not None:
+        check_evaluation_flags(args)
+        return
     if args.train is None:
         given = [f"--{n.replace('_', '-')}" for n in TRAIN_ONLY if _given(args, n)]
         if given:
@@ -134,11 +137,7 @@ def check_train_flags(args) -> None:
         if args.hf is None:
             raise _flag_error("the following arguments are required: --hf")
         return
-    conflicts = [flag for flag, given in (
-        ("--prompt", args.prompt is not None), ("--tokens", args.tokens is not None),
-        ("--max-new-tokens", args.max_new_tokens != 0), ("--temperature", args.temperature != 0),
-        ("--top-k", args.top_k is not None), ("--no-cache", args.no_cache), ("--logits", args.logits is not None),
-        ("--engine graph", args.engine != "schedule")) if given]
+    conflicts = _generation_flags(args)
     if conflicts:
         raise _flag_error(f"{', '.join(conflicts)} {'does' if len(conflicts) == 1 else 'do'} not apply to --train "
                           "(training runs the schedule)", "leave out the generation flags when training")
@@ -185,6 +184,62 @@ def check_train_flags(args) -> None:
                               "create the folder first, or give another path")
         if target.is_dir():
             raise _flag_error(f"--loss-plot '{target}' is a folder", "give a file name such as loss.png")
+
+
+def _generation_flags(args) -> list[str]:
+    return [flag for flag, given in (
+        ("--prompt", args.prompt is not None), ("--tokens", args.tokens is not None),
+        ("--max-new-tokens", args.max_new_tokens != 0), ("--temperature", args.temperature != 0),
+        ("--top-k", args.top_k is not None), ("--no-cache", args.no_cache), ("--logits", args.logits is not None),
+        ("--engine graph", args.engine != "schedule")) if given]
+
+
+def check_evaluation_flags(args) -> None:
+    """``--eval DATA`` without ``--train``: the evaluation loss of the checkpoint (with ``--adapter``)
+    on DATA, in micro-batches of ``--batch`` sequences of ``--seq`` tokens."""
+    allowed = ("batch", "seq", "eval")
+    given = [f"--{n.replace('_', '-')}" for n in TRAIN_ONLY if n not in allowed and _given(args, n)]
+    if given:
+        raise _flag_error(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to an evaluation "
+                          "(--eval without --train)", "give --train DATA to train, or leave the flags out")
+    conflicts = _generation_flags(args)
+    if conflicts:
+        raise _flag_error(f"{', '.join(conflicts)} {'does' if len(conflicts) == 1 else 'do'} not apply to --eval "
+                          "(an evaluation runs the schedule)", "leave out the generation flags when evaluating")
+    if args.hf is None:
+        raise _flag_error("--eval needs --hf DIR (the checkpoint to evaluate)")
+    missing = [flag for flag in ("--batch", "--seq") if not _given(args, SETTINGS[flag])]
+    if missing:
+        raise _flag_error(f"--eval needs {', '.join(missing)}", "e.g. --batch 4 --seq 128")
+    _check_values(args)
+
+
+def run_evaluation(args) -> int:
+    """Print the evaluation loss of the checkpoint (and ``--adapter``) on ``--eval DATA``."""
+    import modeldsl
+    from modeldsl.diagnostics import DiagnosticSink
+    from modeldsl.runtime.train import Trainer
+    from modeldsl.runtime.training_run import TrainingData, eos_id, evaluation_loss
+    from modeldsl.tokenizer import Tokenizer
+
+    source = Path(args.hf)
+    tokenizer = Tokenizer(source)
+    data = TrainingData.read(args.eval, source, tokenizer, eos_id(source, tokenizer), args.seq,
+                             lambda diagnostic: _warn(args, [diagnostic]))
+    sink = DiagnosticSink()
+    model = modeldsl.load(args.model, hf=source, dtype="fp32", top=args.top, progress=True, sink=sink,
+                          device=args.device, force_architecture=args.force_architecture,
+                          allow_unused_tensors=args.allow_unused_tensors,
+                          adapter=Path(args.adapter) if args.adapter is not None else None)
+    _warn(args, sink.diagnostics)
+    limit = model.max_positions
+    if limit is not None and args.seq > limit:
+        raise _flag_error(f"--seq {args.seq} is more than the model's {limit} positions (max_position_embeddings)",
+                          f"give --seq {limit} or less")
+    data.check_vocabulary(model.config("vocab_size"))
+    loss, targets = evaluation_loss(Trainer(model), data, args.batch, args.seq)
+    print(f"eval loss {loss!r} on '{args.eval}' ({targets} target tokens, {data.describe()})")
+    return 0
 
 
 def _run_id(args) -> str:

@@ -245,13 +245,7 @@ class TrainingRun:
         data = data or self.eval_data
         if data is None:
             raise _error("there is no evaluation data", "give eval_data= (or --eval DATA)")
-        total = count = 0.0
-        for tokens, labels in data.evaluation_batches(self.batch, self.seq):
-            targets = int(np.count_nonzero(labels != -100))
-            if targets:
-                total += self.trainer.evaluate(tokens, labels) * targets
-                count += targets
-        return total / count if count else float("nan")
+        return evaluation_loss(self.trainer, data, self.batch, self.seq)[0]
 
     # ------------------------------------------------------------------ saving
     def meta(self, base: str | None = None) -> dict[str, Any]:
@@ -304,6 +298,18 @@ class TrainingRun:
         except OSError as err:
             raise DiagnosticError([Diagnostic("E028", f"cannot write the run to '{out}': {err.strerror or err}",
                                               None, "give a folder you can write")]) from None
+
+
+def evaluation_loss(trainer, data: TrainingData, batch: int, seq: int) -> tuple[float, int]:
+    """(the mean loss over every target token of ``data``, how many there are), the trainer's
+    model as it stands, in micro-batches of ``batch`` sequences of ``seq`` tokens."""
+    total, count = 0.0, 0
+    for tokens, labels in data.evaluation_batches(batch, seq):
+        targets = int(np.count_nonzero(labels != -100))
+        if targets:
+            total += trainer.evaluate(tokens, labels) * targets
+            count += targets
+    return (total / count if count else float("nan")), count
 
 
 def restore_masters(model, state) -> None:

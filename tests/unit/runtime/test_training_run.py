@@ -95,5 +95,19 @@ def test_the_command_line_prints_the_evaluation_loss(capsys, tmp_path):
     out = capsys.readouterr().out
     evaluated = re.findall(rf"^step (\d+) eval loss (\S+) on '{re.escape(str(text))}'$", out, re.M)
     assert [step for step, _ in evaluated] == ["2", "4"] and all(np.isfinite(float(v)) for _, v in evaluated)
-    assert main(["--hf", str(EXAMPLE), "--eval", str(text)]) == 1
-    assert "--eval is a training flag and needs --train DATA" in capsys.readouterr().err
+    assert main(["--hf", str(EXAMPLE), "--eval", str(text)]) == 1  # without --train: an evaluation of the checkpoint
+    assert "--eval needs --batch, --seq" in capsys.readouterr().err
+
+
+def test_an_adapter_evaluates_from_the_command_line_to_the_runs_own_evaluation(capsys, tmp_path):
+    text = tmp_path / "eval.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 3)
+    run = modeldsl.train(EXAMPLE, DATA, lora=LORA, eval_data=text, **SETTINGS)
+    run.run()
+    run.save(tmp_path / "adapter")
+    assert main(["--hf", str(EXAMPLE), "--adapter", str(tmp_path / "adapter"), "--eval", str(text),
+                 "--batch", "2", "--seq", "16"]) == 0
+    printed = re.search(r"^eval loss (\S+) on ", capsys.readouterr().out, re.M)
+    assert float(printed[1]) == run.evaluate()
+    assert main(["--hf", str(EXAMPLE), "--eval", str(text), "--batch", "2", "--seq", "16", "--lr", "1"]) == 1
+    assert "--lr does not apply to an evaluation" in capsys.readouterr().err
