@@ -342,7 +342,7 @@ def train(model, data, *, steps: int, batch: int, seq: int, lr: float, lora: Any
     std model of its architecture and with ``lora`` adapters where given; or a loaded model) on
     ``data`` (a text or ``.jsonl`` file, or a list of documents). Call ``run()`` (or ``step()``),
     then ``save(OUT)``."""
-    import modeldsl
+    from modeldsl.runtime.model import load
     from modeldsl.tokenizer import Tokenizer
 
     for name, value, low in (("steps", steps, 1), ("batch", batch, 1), ("seq", seq, 1), ("grad_accum", grad_accum, 1),
@@ -353,7 +353,7 @@ def train(model, data, *, steps: int, batch: int, seq: int, lr: float, lora: Any
         raise _error(f"lr={lr!r} is not a positive number", "give a learning rate: lr=1e-3")
     if isinstance(model, (str, Path)):
         folder = Path(model)
-        model = modeldsl.load(model_file, hf=folder, dtype="fp32", lora=lora)
+        model = load(model_file, hf=folder, dtype="fp32", lora=lora)
     elif lora is not None:
         if not any(p.is_adapter for p in model.model.params()):
             raise _error("lora= needs the checkpoint folder: adapters are added before the weights are allocated",
