@@ -140,6 +140,9 @@ class ModelOp(IRDLOperation):
 
 
 ADAPTER_ATTR = "adapter"  # the dictionary of a parameter mdsl-adapters declared
+# the dictionary of a parameter mdsl-quantize-frozen stores in a narrower dtype (role "data": its dtype, the
+# compute dtype it is read in and, for fp8, its scale parameter) or of that scale (role "scale")
+QUANTIZED_ATTR = "quantized"
 
 
 @irdl_op_definition
@@ -150,7 +153,8 @@ class ParamOp(IRDLOperation):
     Annotations (frozen, trainable, shard, dtype, memory, ...) go in the
     ``annotations`` attribute. A parameter ``mdsl-adapters`` declared (a LoRA
     ``lora_A`` or ``lora_B``) carries its ``adapter`` dictionary: no checkpoint
-    rule fills it.
+    rule fills it. A frozen weight ``mdsl-quantize-frozen`` stores narrower (and its
+    scale) carries a ``quantized`` dictionary (:attr:`quantized`).
     """
 
     name = "mdsl.graph.param"
@@ -168,6 +172,15 @@ class ParamOp(IRDLOperation):
     @property
     def is_adapter(self) -> bool:
         return ADAPTER_ATTR in self.attributes
+
+    @property
+    def quantized(self) -> dict[str, str] | None:
+        """The ``quantized`` dictionary ``mdsl-quantize-frozen`` gave the parameter (its values as
+        strings), None for a parameter stored as declared."""
+        attr = self.attributes.get(QUANTIZED_ATTR)
+        if not isinstance(attr, DictionaryAttr):
+            return None
+        return {key: value.data for key, value in attr.data.items() if isinstance(value, StringAttr)}
 
     def __init__(self, name: str, param_type: TensorType, annotations: Sequence[Attribute] = ()):
         attributes = {"annotations": ArrayAttr(annotations)} if annotations else {}

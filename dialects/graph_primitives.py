@@ -961,9 +961,19 @@ def heads_first(t: TensorType, layout: StringAttr) -> TensorType:
     return t.with_shape(shape)
 
 
+# q, k, v (and d_out, out, lse), ALiBi's slopes after ``,`` and the segment ids after ``segments``: without
+# segments the uniform form (``%q, %k, %v, %slopes {...} : (...) -> (...)``), with them
+# ``%q, %k, %v segments %seg {...} : (!q, !k, !v segments !seg) -> (...)``
+def _attention_format(*tensors: str, results: tuple[str, ...]) -> str:
+    return (" `,` ".join(f"${t}" for t in tensors) + " (`,` $alibi_slopes^)? (`segments` $segments^)? attr-dict "
+            "`:` `(` " + " `,` ".join(f"type(${t})" for t in tensors)
+            + " (`,` type($alibi_slopes)^)? (`segments` type($segments)^)? `)` "
+            "`->` `(` " + " `,` ".join(f"type(${r})" for r in results) + " `)`")
+
+
 @irdl_op_definition
 class FlashAttentionOp(PrimitiveOp):
-    """Fused attention, GQA by head broadcast: ``(q, k, v, alibi_slopes?) -> (out, lse)``.
+    """Fused attention, GQA by head broadcast: ``(q, k, v, alibi_slopes?, segments?) -> (out, lse)``.
 
     ``q: [B, Hq, Tq, D]``, ``k, v: [B, Hkv, Tk, D]``; ``lse: [B, Hq, Tq]``
     fp32. ``softmax_scale`` defaults to ``1/sqrt(D)``; ``window_size`` is a
@@ -973,16 +983,20 @@ class FlashAttentionOp(PrimitiveOp):
     ``layout = "bthd"`` takes q, k, v and gives out as ``[B, T, H, D]`` (lse stays ``[B, Hq, Tq]``).
     ``softcap`` c > 0 caps the scaled scores to ``c * tanh(s / c)`` before the mask (Gemma 2's
     attention-logit softcapping); 0, the default, is none.
+    ``segments: [B, Tk]`` (int32 or int64, passed by keyword; ``mdsl-pack-sequences`` adds it) are the
+    example ids of the keys of packed rows (the queries', the last Tq): query i sees key j only where
+    their ids are equal, besides ``causal`` and ``window_size`` (causal, a block-diagonal mask).
     """
 
     name = "mdsl.graph.flash_attention"
-    KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("alibi_slopes",)
+    KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("alibi_slopes", "segments")
     ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ATTENTION_LAYOUTS}
 
     q = operand_def(TensorType)
     k = operand_def(TensorType)
     v = operand_def(TensorType)
     alibi_slopes = opt_operand_def(TensorType)
+    segments = opt_operand_def(TensorType)
     out = result_def(TensorType)
     lse = result_def(TensorType)
     causal = bool_param(True)
@@ -991,6 +1005,9 @@ class FlashAttentionOp(PrimitiveOp):
     layout = enum_param("bhtd")
     softcap = float_param(0.0)
 
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    assembly_format = _attention_format("q", "k", "v", results=("out", "lse"))
+
     def verify_shapes(self) -> None:
         q, k, v = (heads_first(tensor(x), self.layout) for x in (self.q, self.k, self.v))
         check_heads(q, k, v)
@@ -998,6 +1015,7 @@ class FlashAttentionOp(PrimitiveOp):
         check_row_stat("lse", q, tensor(self.lse))
         check_attention_attrs(self, q, k)
         check_alibi_slopes(self.alibi_slopes, q)
+        check_segments(self.segments, k)
 
 
 def check_alibi_slopes(slopes: SSAValue | None, q: TensorType) -> None:
@@ -1005,6 +1023,16 @@ def check_alibi_slopes(slopes: SSAValue | None, q: TensorType) -> None:
     if slopes is not None:
         check_rank("alibi_slopes", tensor(slopes), 1)
         check_dim("alibi_slopes length", tensor(slopes).shape[0], q.shape[1])
+
+
+def check_segments(segments: SSAValue | None, k: TensorType) -> None:
+    """The example id of every key of a packed row: ``[B, Tk]``, int32 or int64."""
+    if segments is not None:
+        seg = tensor(segments)
+        check_rank("segments", seg, 2)
+        check_dtype_in("segments", seg, INDEX_DTYPES)
+        check_dim("segments batch", seg.shape[0], k.shape[0])
+        check_dim("segments length (the keys)", seg.shape[1], k.shape[2])
 
 
 def check_attention_attrs(op: Operation, q: TensorType, k: TensorType) -> None:
@@ -1024,11 +1052,12 @@ def check_attention_attrs(op: Operation, q: TensorType, k: TensorType) -> None:
 
 @irdl_op_definition
 class FlashAttentionBackwardOp(PrimitiveOp):
-    """``(d_out, q, k, v, out, lse, alibi_slopes?) -> (d_q, d_k, d_v)``; the slopes of the forward
-    (a parameter, as there) shift the scores and get no gradient; ``layout`` as the forward's."""
+    """``(d_out, q, k, v, out, lse, alibi_slopes?, segments?) -> (d_q, d_k, d_v)``; the slopes and
+    segment ids of the forward (parameters, as there) mask and shift the scores and get no gradient;
+    ``layout`` as the forward's."""
 
     name = "mdsl.graph.flash_attention_backward"
-    KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("alibi_slopes",)
+    KEYWORD_OPERANDS: ClassVar[tuple[str, ...]] = ("alibi_slopes", "segments")
     ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"layout": ATTENTION_LAYOUTS}
 
     d_out = operand_def(TensorType)
@@ -1038,6 +1067,7 @@ class FlashAttentionBackwardOp(PrimitiveOp):
     out = operand_def(TensorType)
     lse = operand_def(TensorType)
     alibi_slopes = opt_operand_def(TensorType)
+    segments = opt_operand_def(TensorType)
     d_q = result_def(TensorType)
     d_k = result_def(TensorType)
     d_v = result_def(TensorType)
@@ -1046,6 +1076,9 @@ class FlashAttentionBackwardOp(PrimitiveOp):
     window_size = opt_attr_def(IntegerAttr)
     layout = enum_param("bhtd")
     softcap = float_param(0.0)
+
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+    assembly_format = _attention_format("d_out", "q", "k", "v", "out", "lse", results=("d_q", "d_k", "d_v"))
 
     def verify_shapes(self) -> None:
         q, k, v = (heads_first(tensor(x), self.layout) for x in (self.q, self.k, self.v))
@@ -1057,14 +1090,19 @@ class FlashAttentionBackwardOp(PrimitiveOp):
         check_row_stat("lse", q, tensor(self.lse))
         check_attention_attrs(self, q, k)
         check_alibi_slopes(self.alibi_slopes, q)
+        check_segments(self.segments, k)
 
 
 def check_rope_freqs(q: TensorType, freqs: TensorType) -> None:
-    """``freqs: [T, D // 2, 2]`` (cos, sin) for the T positions of q."""
-    check_rank("freqs", freqs, 3)
-    check_dim("freqs positions", freqs.shape[0], q.shape[2])
-    check_dim("freqs pairs (head_dim // 2)", freqs.shape[1], q.shape[3] // 2)
-    check_dim("freqs last dimension (cos, sin)", freqs.shape[2], Expr.const(2))
+    """``freqs: [T, D // 2, 2]`` (cos, sin) for the T positions of q, or ``[B, T, D // 2, 2]``: a
+    table per row (packed rows, ``mdsl-pack-sequences``: each token at its own position)."""
+    check_rank("freqs", freqs, 3, 4)
+    shape = freqs.shape[1:] if not freqs.is_variadic and freqs.rank == 4 else freqs.shape
+    if not freqs.is_variadic and freqs.rank == 4:
+        check_dim("freqs rows (the batch)", freqs.shape[0], q.shape[0])
+    check_dim("freqs positions", shape[0], q.shape[2])
+    check_dim("freqs pairs (head_dim // 2)", shape[1], q.shape[3] // 2)
+    check_dim("freqs last dimension (cos, sin)", shape[2], Expr.const(2))
     d = q.shape[3].const_value()
     if d is not None and d % 2:
         raise VerifyException(f"rotary head dim must be even, got {d}")
@@ -1076,7 +1114,8 @@ class RopeOp(PrimitiveOp):
 
     ``interleaved`` pairs ``(x[2i], x[2i+1])``; otherwise ``(x[i], x[i+D/2])``
     (the HuggingFace layout). ``layout = "bthd"`` takes q and k as ``[B, T, H, D]``
-    (the position is then dim 1).
+    (the position is then dim 1). ``freqs`` is ``[T, D/2, 2]`` (one table for every row) or
+    ``[B, T, D/2, 2]`` (each row's own: packed rows, whose tokens sit at their own positions).
     """
 
     name = "mdsl.graph.rope"
@@ -2173,6 +2212,38 @@ class CastOp(PrimitiveOp):
 
 
 # ----------------------------------------------------------------------------
+# Quantization
+# ----------------------------------------------------------------------------
+
+QUANTIZED_DTYPES = (DType.FP8_E4M3, DType.FP8_E5M2)
+
+
+@irdl_op_definition
+class DequantizeOp(PrimitiveOp):
+    """``q * scale`` row by row: ``(q [*, N] fp8, scale [*] fp32) -> [*, N]`` in a wider float.
+
+    ``q`` holds values scaled into the fp8 range, one fp32 ``scale`` per row (an output
+    channel of a weight ``[out, in]``); the result's dtype is the compute dtype (a ``dtype``
+    of shape inference, as ``cast``'s). The weights ``mdsl-quantize-frozen`` stores in fp8 are
+    read through it."""
+
+    name = "mdsl.graph.dequantize"
+
+    q = operand_def(TensorType)
+    scale = operand_def(TensorType)
+    out = result_def(TensorType)
+
+    def verify_shapes(self) -> None:
+        q, scale, out = tensor(self.q), tensor(self.scale), tensor(self.out)
+        check_dtype_in("q", q, QUANTIZED_DTYPES)
+        check_dtype_in("scale", scale, (DType.FP32,))
+        check_dtype_in("result", out, (DType.FP32, DType.BF16, DType.FP16))
+        check_min_rank("q", q, 1)
+        check_same_shape("scale (one per row of q)", q.with_shape(list(q.shape[:-1])), scale)
+        check_same_shape("result", q, out)
+
+
+# ----------------------------------------------------------------------------
 # Losses
 # ----------------------------------------------------------------------------
 
@@ -2370,7 +2441,7 @@ PRIMITIVE_OPS: tuple[type[Operation], ...] = (
     EmbeddingOp, EmbeddingBackwardOp,
     MoeRouterOp, MoeRouterBackwardOp, MoeComputeOffsetsOp, MoePermuteOp, MoeUnpermuteOp, MoeUnpermuteBackwardOp,
     MambaConv1dOp, MambaConv1dBackwardOp, MambaSelectiveScanOp, MambaSelectiveScanBackwardOp,
-    ZerosOp, OnesOp, FillOp, CopyOp, CastOp,
+    ZerosOp, OnesOp, FillOp, CopyOp, CastOp, DequantizeOp,
     CrossEntropyOp, CrossEntropyBackwardOp, FusedLmHeadLossOp, FusedLmHeadLossBackwardOp,
     FusedLmHeadLossGradOp,
 )

@@ -710,6 +710,12 @@ def _verify_attention(op: Operation, q_v: SSAValue, k_v: SSAValue, v_v: SSAValue
     softcap = op.attributes.get("softcap")
     if isinstance(softcap, FloatAttr) and not softcap.value.data > 0:
         raise VerifyException(f"softcap must be positive (absent: none), got {softcap.value.data}")
+    segments = getattr(op, "segments", None)
+    if segments is not None:
+        ids = buffer_type(segments)
+        if ids.shape != (bk, tk) or ids.dtype not in (DType.INT32, DType.INT64):
+            raise VerifyException(f"segments must be [{bk}, {tk}] int32 or int64 (the keys' example ids), got "
+                                  f"{list(ids.shape)} {ids.dtype.value}")
 
 
 class AttentionAttrs:
@@ -739,12 +745,13 @@ class AttentionAttrs:
 
 @irdl_op_definition
 class AttentionOp(SchedOp):
-    """Fused attention ``(q, k, v) -> (out, lse)``: causal, GQA, sliding window (``window`` > 0).
+    """Fused attention ``(q, k, v, segments?) -> (out, lse)``: causal, GQA, sliding window (``window`` > 0).
 
     ``mdsl.sched.attention %q, %k, %v -> %o, %lse {window = 8 : i64} : ...``; buffers
     are ``[B, H, T, D]`` (``layout = "bhtd"``, the default) or ``[B, T, H, D]``
     (``"bthd"``); ``lse`` is ``[B, Hq, Tq]`` fp32 in both; ``scale`` defaults
-    to ``1/sqrt(D)``.
+    to ``1/sqrt(D)``. ``segments %ids`` (``[B, Tk]`` int32 or int64, after the values): packed rows,
+    a query sees only the keys of its own example (``mdsl.graph.flash_attention``'s segments).
     """
 
     name = "mdsl.sched.attention"
@@ -753,6 +760,7 @@ class AttentionOp(SchedOp):
     q = operand_def(BufferType)
     k = operand_def(BufferType)
     v = operand_def(BufferType)
+    segments = opt_operand_def(BufferType)
     out = operand_def(BufferType)
     lse = operand_def(BufferType)
     causal = AttentionAttrs.causal
@@ -762,15 +770,17 @@ class AttentionOp(SchedOp):
     softcap = AttentionAttrs.softcap
 
     assembly_format = (
-        "$q `,` $k `,` $v `->` $out `,` $lse attr-dict "
-        "`:` type($q) `,` type($k) `,` type($v) `->` type($out) `,` type($lse)"
+        "$q `,` $k `,` $v (`segments` $segments^)? `->` $out `,` $lse attr-dict "
+        "`:` type($q) `,` type($k) `,` type($v) (`segments` type($segments)^)? `->` type($out) `,` type($lse)"
     )
 
     def __init__(
-        self, q: SSAValue, k: SSAValue, v: SSAValue, out: SSAValue, lse: SSAValue, **attrs: bool | float | str | None
+        self, q: SSAValue, k: SSAValue, v: SSAValue, out: SSAValue, lse: SSAValue, segments: SSAValue | None = None,
+        **attrs: bool | float | str | None
     ):
         """``attrs``: causal, window, scale, layout, stream, softcap (see ``AttentionAttrs.build``)."""
-        super().__init__(operands=[q, k, v, out, lse], attributes=AttentionAttrs.build(**attrs))
+        super().__init__(operands=[q, k, v, [] if segments is None else [segments], out, lse],
+                         attributes=AttentionAttrs.build(**attrs))
 
     def verify_op(self) -> None:
         _verify_attention(self, self.q, self.k, self.v, self.lse)
@@ -780,7 +790,8 @@ class AttentionOp(SchedOp):
 
 @irdl_op_definition
 class AttentionBackwardOp(SchedOp):
-    """Attention backward ``(q, k, v, out, d_out, lse) -> (d_q, d_k, d_v)``, attributes as ``attention``.
+    """Attention backward ``(q, k, v, out, d_out, lse, segments?) -> (d_q, d_k, d_v)``, attributes and
+    segments as ``attention``.
 
     ``mdsl.sched.attention_backward %q, %k, %v, %o, %do, %lse -> %dq, %dk, %dv : ...``
     """
@@ -794,6 +805,7 @@ class AttentionBackwardOp(SchedOp):
     out = operand_def(BufferType)
     d_out = operand_def(BufferType)
     lse = operand_def(BufferType)
+    segments = opt_operand_def(BufferType)
     d_q = operand_def(BufferType)
     d_k = operand_def(BufferType)
     d_v = operand_def(BufferType)
@@ -804,9 +816,9 @@ class AttentionBackwardOp(SchedOp):
     softcap = AttentionAttrs.softcap
 
     assembly_format = (
-        "$q `,` $k `,` $v `,` $out `,` $d_out `,` $lse `->` $d_q `,` $d_k `,` $d_v attr-dict "
+        "$q `,` $k `,` $v `,` $out `,` $d_out `,` $lse (`segments` $segments^)? `->` $d_q `,` $d_k `,` $d_v attr-dict "
         "`:` type($q) `,` type($k) `,` type($v) `,` type($out) `,` type($d_out) `,` type($lse) "
-        "`->` type($d_q) `,` type($d_k) `,` type($d_v)"
+        "(`segments` type($segments)^)? `->` type($d_q) `,` type($d_k) `,` type($d_v)"
     )
 
     def __init__(
@@ -820,10 +832,12 @@ class AttentionBackwardOp(SchedOp):
         d_q: SSAValue,
         d_k: SSAValue,
         d_v: SSAValue,
+        segments: SSAValue | None = None,
         **attrs: bool | float | str | None,
     ):
         """``attrs``: causal, window, scale, layout, stream, softcap (see ``AttentionAttrs.build``)."""
-        super().__init__(operands=[q, k, v, out, d_out, lse, d_q, d_k, d_v], attributes=AttentionAttrs.build(**attrs))
+        super().__init__(operands=[q, k, v, out, d_out, lse, [] if segments is None else [segments], d_q, d_k, d_v],
+                         attributes=AttentionAttrs.build(**attrs))
 
     def verify_op(self) -> None:
         _verify_attention(self, self.q, self.k, self.v, self.lse)

@@ -229,9 +229,10 @@ def operand_roles(op: Operation) -> list[Role]:
     if isinstance(op, GemmOp):
         return _gemm_roles(op)
     if isinstance(op, AttentionOp):
-        return [(v, True, False, None) for v in (op.q, op.k, op.v)] + [(v, False, True, None) for v in (op.out, op.lse)]
+        reads = (op.q, op.k, op.v, *([] if op.segments is None else [op.segments]))
+        return [(v, True, False, None) for v in reads] + [(v, False, True, None) for v in (op.out, op.lse)]
     if isinstance(op, AttentionBackwardOp):
-        reads = (op.q, op.k, op.v, op.out, op.d_out, op.lse)
+        reads = (op.q, op.k, op.v, op.out, op.d_out, op.lse, *([] if op.segments is None else [op.segments]))
         return [(v, True, False, None) for v in reads] + [(v, False, True, None) for v in (op.d_q, op.d_k, op.d_v)]
     if isinstance(op, MemsetOp):
         return [(op.target, False, True, None)]

@@ -18,6 +18,15 @@
 // h / (H / Hkv). A query that sees no key (causal or windowed with T > S) gets lse = -inf
 // and out = NaN, as the reference; the backward is not planned for such shapes.
 //
+// Packed rows: the kernels named *_seg_* (mdsl_attention_fwd_seg_f32, ..._bwd_dq_d256_seg_bf16) take
+// one more parameter, segments ([B, S] int32 example ids), and see key j only where its id is that of
+// the query's position: a block-diagonal mask on top of the others (the key tiles visited stay those
+// of the causal and window masks). A block keeps the ids of its query and key tiles in shared memory
+// after its tiles (kSegInts more ints): the forward masks the scores of other examples to -inf, the
+// backward's d_k/d_v and d_q zero their P and dS. They are the same device code instantiated apart
+// (SEG = true, launch bounds (128, 1): registers up to ~210, no spills), so the kernels without ids
+// are what they were, their registers and shared memory included.
+//
 // Threads: every kernel runs blocks of 128 threads, seen as 16 row groups x 8 column groups
 // (rg = tid / 8, cg = tid % 8; the 8 threads of a row group are adjacent lanes of one warp, so a
 // row's max and sum are three xor shuffles). A thread owns tile rows rg + 16 i, score columns
@@ -75,6 +84,7 @@ constexpr int kColGroups = 8;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kSharedFloats = 48 * 1024 / 4;
+constexpr int kSegInts = 96;  // the *_seg_* kernels' ids of a query tile and a key tile (at most 64 + 32)
 
 // A P-tile row stride of at least n floats that is 8 mod 32: the four row groups of a warp write
 // and read different banks.
@@ -111,6 +121,10 @@ static_assert(kFwdShared <= kSharedFloats && kDkdvShared <= kSharedFloats && kDq
               "attention tiles exceed 48 KiB of shared memory");
 static_assert(fwd_floats(256) <= kSharedFloats && dkdv_floats(256) <= kSharedFloats && dq_floats(256) <= kSharedFloats,
               "the DMAX = 256 attention tiles exceed 48 KiB of shared memory");
+static_assert(kFwdShared + kSegInts <= kSharedFloats && kDkdvShared + kSegInts <= kSharedFloats &&
+                  kDqShared + kSegInts <= kSharedFloats && dkdv_floats(256) + kSegInts <= kSharedFloats &&
+                  dq_floats(256) + kSegInts <= kSharedFloats && fwd_floats(256) + kSegInts <= kSharedFloats,
+              "the packed rows' ids exceed 48 KiB of shared memory");
 
 __device__ __forceinline__ i64 imin(i64 a, i64 b) { return a < b ? a : b; }
 __device__ __forceinline__ i64 imax(i64 a, i64 b) { return a > b ? a : b; }
@@ -124,6 +138,14 @@ struct Geometry {
   i64 window;      // 0: none
   float cap2;      // softcap c in base 2, c * log2(e) (the tiles' scores are base 2); 0: none
   float inv_cap2;  // 1 / cap2 (0: none)
+  const int* seg = nullptr;  // packed rows' example ids [B, Tk] (the *_seg_* kernels'; null: none)
+
+  // ids[r] = the id of query (as_keys: key) first + r of batch row b for r < n (-1 / -2 past end, which
+  // no id equals), by the block's threads: the *_seg_* kernels' tiles of ids in shared memory.
+  __device__ __forceinline__ void load_ids(int* ids, i64 b, i64 first, int n, i64 end, bool as_keys) const {
+    const int* row = seg + b * Tk + (as_keys ? 0 : Tk - Tq);
+    for (int r = threadIdx.x; r < n; r += blockDim.x) ids[r] = first + r < end ? row[first + r] : (as_keys ? -2 : -1);
+  }
 
   // The softcapped base-2 score cap2 * tanh(s / cap2) of a base-2 score s (call only where cap2 > 0);
   // slope = 1 - tanh^2 = 1 - (S / c)^2, its derivative, which dS is multiplied by.
@@ -314,13 +336,15 @@ __device__ __forceinline__ float row_sum(float v) {
 // Forward
 // ---------------------------------------------------------------------------
 
-template <typename T, int DMAX>
+template <typename T, int DMAX, bool SEG = false>
 __device__ void attention_fwd(const Geometry& g, const T* q, const T* k, const T* v, T* out, float* lse, float* smem) {
   constexpr int BQ = fwd_bq(DMAX), BK = fwd_bk(DMAX), LD = row_floats(DMAX), PLD = pad8(BK);
   constexpr int RQ = BQ / kRowGroups, CK = BK / kColGroups, NC = DMAX / 32;
   float* Qs = smem;
   float* KVs = Qs + BQ * LD;
   float* Ps = KVs + BK * LD;
+  int* qids = reinterpret_cast<int*>(Ps + BQ * PLD);  // SEG: BQ query ids, then BK key ids
+  int* kids = qids + BQ;
   const int rg = threadIdx.x / kColGroups, cg = threadIdx.x % kColGroups;
   const int D = (int) g.D, D4 = (D + 3) / 4;
   const i64 b = blockIdx.z, h = blockIdx.y, kvh = h / (g.H / g.Hkv);
@@ -334,6 +358,7 @@ __device__ void attention_fwd(const Geometry& g, const T* q, const T* k, const T
   const bool vo = vectorizable<T>(out, g.D, g.q_sb, g.q_sh, g.q_st);
 
   load_tile<T, BQ, DMAX>(Qs, qb + q0 * g.q_st, g.q_st, q1 - q0, D, vq, g.scale * kLog2e);
+  if constexpr (SEG) g.load_ids(qids, b, q0, BQ, g.Tq, false);
   float m[RQ], l[RQ], acc[RQ][4 * NC];
 #pragma unroll
   for (int i = 0; i < RQ; ++i) {
@@ -348,9 +373,19 @@ __device__ void attention_fwd(const Geometry& g, const T* q, const T* k, const T
     const i64 k1 = imin(k0 + BK, g.Tk);
     __syncthreads();  // the previous tile's P V is done with KVs and Ps
     load_tile<T, BK, DMAX>(KVs, kb + k0 * g.k_st, g.k_st, k1 - k0, D, vk, 1.f);
+    if constexpr (SEG) g.load_ids(kids, b, k0, BK, k1, true);
     __syncthreads();
     float s[RQ][CK];
     dot_tile<RQ, CK, LD>(s, Qs, KVs, D4);
+    if constexpr (SEG) {  // the keys of other examples: -inf, which the cap below leaves so
+#pragma unroll
+      for (int i = 0; i < RQ; ++i) {
+        const int id = qids[rg + kRowGroups * i];
+#pragma unroll
+        for (int j = 0; j < CK; ++j)
+          if (kids[cg + kColGroups * j] != id) s[i][j] = -INFINITY;
+      }
+    }
 #pragma unroll
     for (int i = 0; i < RQ; ++i) {
       const i64 qi = q0 + rg + kRowGroups * i;
@@ -360,7 +395,7 @@ __device__ void attention_fwd(const Geometry& g, const T* q, const T* k, const T
         const i64 kj = k0 + cg + kColGroups * j;
         if (qi >= g.Tq || kj >= k1 || !g.allowed(qi, kj)) {
           s[i][j] = -INFINITY;
-        } else if (g.cap2 > 0.f) {  // softcapped before the mask
+        } else if (g.cap2 > 0.f && (!SEG || s[i][j] != -INFINITY)) {  // softcapped before the mask
           float slope;
           s[i][j] = g.capped(s[i][j], slope);
         }
@@ -423,7 +458,7 @@ __device__ void attention_delta(const T* d_out, const T* out, float* delta, i64 
   }
 }
 
-template <typename T, int DMAX>
+template <typename T, int DMAX, bool SEG = false>
 __device__ void attention_dkdv(const Geometry& g, const T* d_out, const T* q, const T* k, const T* v, const float* lse,
                                const float* delta, T* d_k, T* d_v, float* smem) {
   constexpr int BK = dkdv_bk(DMAX), BQ = dkdv_bq(DMAX), LD = row_floats(DMAX), PLD = pad8(BQ);
@@ -438,6 +473,8 @@ __device__ void attention_dkdv(const Geometry& g, const T* d_out, const T* q, co
   float* dSt = Pt + BK * PLD;
   float* lse2 = dSt + BK * PLD;
   float* dl = lse2 + BQ;
+  int* kids = reinterpret_cast<int*>(dl + BQ);  // SEG: BK key ids, then BQ query ids
+  int* qids = kids + BK;
   const int rg = threadIdx.x / kColGroups, cg = threadIdx.x % kColGroups;
   const int D = (int) g.D, D4 = (D + 3) / 4;
   const i64 b = blockIdx.z, kvh = blockIdx.y, group = g.H / g.Hkv;
@@ -451,6 +488,7 @@ __device__ void attention_dkdv(const Geometry& g, const T* d_out, const T* q, co
 
   load_tile<T, BK, DMAX>(Ks, k + kv_off, g.k_st, k1 - k0, D, vk, g.scale * kLog2e);
   load_tile<T, BK, DMAX>(Vs, v + kv_off, g.k_st, k1 - k0, D, vk, 1.f);
+  if constexpr (SEG) g.load_ids(kids, b, k0, BK, k1, true);
   float acc_k[RK][4 * NC], acc_v[RK][4 * NC];
 #pragma unroll
   for (int i = 0; i < RK; ++i)
@@ -462,6 +500,7 @@ __device__ void attention_dkdv(const Geometry& g, const T* d_out, const T* q, co
     const i64 q_off = b * g.q_sb + h * g.q_sh;
     const float* lse_h = lse + (b * g.H + h) * g.Tq;
     const float* delta_h = delta + (b * g.H + h) * g.Tq;
+    const int* seg_h = SEG ? g.seg + b * g.Tk + (g.Tk - g.Tq) : nullptr;  // the queries' ids (packed rows)
     for (i64 t0 = lo / BQ * BQ; t0 < hi; t0 += BQ) {
       const i64 rows = imin(BQ, g.Tq - t0);
       __syncthreads();  // the previous tile's products are done with Qs, dOs, Pt, dSt
@@ -470,6 +509,7 @@ __device__ void attention_dkdv(const Geometry& g, const T* d_out, const T* q, co
       for (int r = threadIdx.x; r < BQ; r += kThreads) {
         lse2[r] = r < rows ? lse_h[t0 + r] * kLog2e : 0.f;
         dl[r] = r < rows ? delta_h[t0 + r] : 0.f;
+        if constexpr (SEG) qids[r] = r < rows ? seg_h[t0 + r] : -1;
       }
       __syncthreads();
       float st[RK][CQ], dpt[RK][CQ];
@@ -502,6 +542,17 @@ __device__ void attention_dkdv(const Geometry& g, const T* d_out, const T* q, co
           dSt[(rg + kRowGroups * i) * PLD + r] = ds;
         }
       }
+      if constexpr (SEG) {  // the queries of other examples: nothing (each thread its own entries)
+#pragma unroll 1
+        for (int i = 0; i < RK; ++i) {
+          const int id = kids[rg + kRowGroups * i];
+          float* pt = Pt + (rg + kRowGroups * i) * PLD;
+          float* dst = dSt + (rg + kRowGroups * i) * PLD;
+#pragma unroll 1
+          for (int r = cg; r < BQ; r += kColGroups)
+            if (qids[r] != id) pt[r] = dst[r] = 0.f;
+        }
+      }
       __syncthreads();
       pm_tile<RK, NC, LD, PLD, BQ, UNROLL>(acc_v, Pt, dOs, D);
       if constexpr (ONE) {
@@ -522,7 +573,7 @@ __device__ void attention_dkdv(const Geometry& g, const T* d_out, const T* q, co
   store_rows<T, RK, NC>(d_v + kv_off, g.k_st, k1 - k0, acc_v, one, D, vd);
 }
 
-template <typename T, int DMAX>
+template <typename T, int DMAX, bool SEG = false>
 __device__ void attention_dq(const Geometry& g, const T* d_out, const T* q, const T* k, const T* v, const float* lse,
                              const float* delta, T* d_q, float* smem) {
   constexpr int BQ = dq_bq(DMAX), BK = dq_bk(DMAX), LD = row_floats(DMAX), PLD = pad8(BK);
@@ -533,6 +584,8 @@ __device__ void attention_dq(const Geometry& g, const T* d_out, const T* q, cons
   float* Ks = dOs + BQ * LD;
   float* Vs = ONE ? Ks : Ks + BK * LD;
   float* dS = Vs + BK * LD;
+  int* qids = reinterpret_cast<int*>(dS + BQ * PLD);  // SEG: BQ query ids, then BK key ids
+  int* kids = qids + BQ;
   const int rg = threadIdx.x / kColGroups, cg = threadIdx.x % kColGroups;
   const int D = (int) g.D, D4 = (D + 3) / 4;
   const i64 b = blockIdx.z, h = blockIdx.y, kvh = h / (g.H / g.Hkv);
@@ -547,6 +600,7 @@ __device__ void attention_dq(const Geometry& g, const T* d_out, const T* q, cons
 
   load_tile<T, BQ, DMAX>(Qs, q + q_off, g.q_st, q1 - q0, D, vq, g.scale * kLog2e);
   load_tile<T, BQ, DMAX>(dOs, d_out + q_off, g.q_st, q1 - q0, D, vq, 1.f);
+  if constexpr (SEG) g.load_ids(qids, b, q0, BQ, g.Tq, false);
   float lse2[RQ], dl[RQ], acc[RQ][4 * NC];
 #pragma unroll
   for (int i = 0; i < RQ; ++i) {
@@ -563,6 +617,7 @@ __device__ void attention_dq(const Geometry& g, const T* d_out, const T* q, cons
     const i64 k1 = imin(k0 + BK, g.Tk);
     __syncthreads();  // the previous tile's dS K is done with Ks and dS
     if constexpr (!ONE) load_tile<T, BK, DMAX>(Ks, kb + k0 * g.k_st, g.k_st, k1 - k0, D, vk, 1.f);
+    if constexpr (SEG) g.load_ids(kids, b, k0, BK, k1, true);
     load_tile<T, BK, DMAX>(Vs, vb + k0 * g.k_st, g.k_st, k1 - k0, D, vk, 1.f);
     __syncthreads();
     float s[RQ][CK], dp[RQ][CK];
@@ -594,6 +649,15 @@ __device__ void attention_dq(const Geometry& g, const T* d_out, const T* q, cons
         }
       }
     });
+    if constexpr (SEG) {  // the keys of other examples: nothing (each thread its own entries)
+#pragma unroll
+      for (int i = 0; i < RQ; ++i) {
+        const int id = qids[rg + kRowGroups * i];
+#pragma unroll
+        for (int j = 0; j < CK; ++j)
+          if (kids[cg + kColGroups * j] != id) dS[(rg + kRowGroups * i) * PLD + cg + kColGroups * j] = 0.f;
+      }
+    }
     __syncthreads();
     pm_tile<RQ, NC, LD, PLD, BK>(acc, dS, Ks, D);
   }
@@ -603,24 +667,24 @@ __device__ void attention_dq(const Geometry& g, const T* d_out, const T* q, cons
   store_rows<T, RQ, NC>(d_q + q_off, g.q_st, q1 - q0, acc, scale, D, vd);
 }
 
-template <typename T>
+template <typename T, bool SEG = false>
 __device__ void fwd(const Geometry& g, const T* q, const T* k, const T* v, T* out, float* lse, float* smem) {
-  if (g.D <= 64) attention_fwd<T, 64>(g, q, k, v, out, lse, smem);
-  else attention_fwd<T, 128>(g, q, k, v, out, lse, smem);
+  if (g.D <= 64) attention_fwd<T, 64, SEG>(g, q, k, v, out, lse, smem);
+  else attention_fwd<T, 128, SEG>(g, q, k, v, out, lse, smem);
 }
 
-template <typename T>
+template <typename T, bool SEG = false>
 __device__ void dkdv(const Geometry& g, const T* d_out, const T* q, const T* k, const T* v, const float* lse,
                      const float* delta, T* d_k, T* d_v, float* smem) {
-  if (g.D <= 64) attention_dkdv<T, 64>(g, d_out, q, k, v, lse, delta, d_k, d_v, smem);
-  else attention_dkdv<T, 128>(g, d_out, q, k, v, lse, delta, d_k, d_v, smem);
+  if (g.D <= 64) attention_dkdv<T, 64, SEG>(g, d_out, q, k, v, lse, delta, d_k, d_v, smem);
+  else attention_dkdv<T, 128, SEG>(g, d_out, q, k, v, lse, delta, d_k, d_v, smem);
 }
 
-template <typename T>
+template <typename T, bool SEG = false>
 __device__ void dq(const Geometry& g, const T* d_out, const T* q, const T* k, const T* v, const float* lse,
                    const float* delta, T* d_q, float* smem) {
-  if (g.D <= 64) attention_dq<T, 64>(g, d_out, q, k, v, lse, delta, d_q, smem);
-  else attention_dq<T, 128>(g, d_out, q, k, v, lse, delta, d_q, smem);
+  if (g.D <= 64) attention_dq<T, 64, SEG>(g, d_out, q, k, v, lse, delta, d_q, smem);
+  else attention_dq<T, 128, SEG>(g, d_out, q, k, v, lse, delta, d_q, smem);
 }
 
 }  // namespace
@@ -631,6 +695,11 @@ __device__ void dq(const Geometry& g, const T* d_out, const T* q, const T* k, co
 #define MDSL_GEOMETRY                                                                                  \
   Geometry{B, H, Hkv, T, S, D, q_sb, q_sh, q_st, k_sb, k_sh, k_st, scale, causal, window,               \
            softcap > 0.f ? softcap * kLog2e : 0.f, softcap > 0.f ? 1.f / (softcap * kLog2e) : 0.f}
+// The *_seg_* kernels' geometry: the same, then ptr segments.
+#define MDSL_SEG_GEOMETRY                                                                              \
+  Geometry{B, H, Hkv, T, S, D, q_sb, q_sh, q_st, k_sb, k_sh, k_st, scale, causal, window,               \
+           softcap > 0.f ? softcap * kLog2e : 0.f, softcap > 0.f ? 1.f / (softcap * kLog2e) : 0.f,     \
+           segments}
 
 extern "C" __global__ void __launch_bounds__(128)
 mdsl_attention_fwd_bf16(const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, i64 B, i64 H, i64 Hkv,
@@ -742,4 +811,105 @@ mdsl_attention_bwd_dq_d256_f32(const float* d_out, const float* q, const float* 
   attention_dq<float, 256>(MDSL_GEOMETRY, d_out, q, k, v, lse, delta, d_q, reinterpret_cast<float*>(smem));
 }
 
+
+// Packed rows (segment ids): the kernels above with SEG = true, the ids after their parameters and
+// in shared memory after the tiles. At least one block per SM (launch bounds 128, 1): ptxas may then
+// give the id tests the registers they need instead of spilling.
+extern "C" __global__ void __launch_bounds__(128, 1)
+mdsl_attention_fwd_seg_bf16(const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, i64 B, i64 H, i64 Hkv,
+                            i64 T, i64 S, i64 D, i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st,
+                            float scale, int causal, i64 window, float softcap, const int* segments) {
+  __shared__ float4 smem[(kFwdShared + kSegInts) / 4];
+  fwd<bf16, true>(MDSL_SEG_GEOMETRY, q, k, v, out, lse, reinterpret_cast<float*>(smem));
+}
+extern "C" __global__ void __launch_bounds__(128, 1)
+mdsl_attention_fwd_seg_f32(const float* q, const float* k, const float* v, float* out, float* lse, i64 B, i64 H,
+                           i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st,
+                           float scale, int causal, i64 window, float softcap, const int* segments) {
+  __shared__ float4 smem[(kFwdShared + kSegInts) / 4];
+  fwd<float, true>(MDSL_SEG_GEOMETRY, q, k, v, out, lse, reinterpret_cast<float*>(smem));
+}
+extern "C" __global__ void __launch_bounds__(128, 1)
+mdsl_attention_bwd_dkdv_seg_bf16(const bf16* d_out, const bf16* q, const bf16* k, const bf16* v, const float* lse,
+                                 const float* delta, bf16* d_k, bf16* d_v, i64 B, i64 H, i64 Hkv, i64 T, i64 S, i64 D,
+                                 i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale, int causal,
+                                 i64 window, float softcap, const int* segments) {
+  __shared__ float4 smem[(kDkdvShared + kSegInts) / 4];
+  dkdv<bf16, true>(MDSL_SEG_GEOMETRY, d_out, q, k, v, lse, delta, d_k, d_v, reinterpret_cast<float*>(smem));
+}
+extern "C" __global__ void __launch_bounds__(128, 1)
+mdsl_attention_bwd_dkdv_seg_f32(const float* d_out, const float* q, const float* k, const float* v, const float* lse,
+                                const float* delta, float* d_k, float* d_v, i64 B, i64 H, i64 Hkv, i64 T, i64 S, i64 D,
+                                i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale, int causal,
+                                i64 window, float softcap, const int* segments) {
+  __shared__ float4 smem[(kDkdvShared + kSegInts) / 4];
+  dkdv<float, true>(MDSL_SEG_GEOMETRY, d_out, q, k, v, lse, delta, d_k, d_v, reinterpret_cast<float*>(smem));
+}
+extern "C" __global__ void __launch_bounds__(128, 1)
+mdsl_attention_bwd_dq_seg_bf16(const bf16* d_out, const bf16* q, const bf16* k, const bf16* v, const float* lse,
+                               const float* delta, bf16* d_q, i64 B, i64 H, i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb,
+                               i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale, int causal, i64 window,
+                               float softcap, const int* segments) {
+  __shared__ float4 smem[(kDqShared + kSegInts) / 4];
+  dq<bf16, true>(MDSL_SEG_GEOMETRY, d_out, q, k, v, lse, delta, d_q, reinterpret_cast<float*>(smem));
+}
+extern "C" __global__ void __launch_bounds__(128, 1)
+mdsl_attention_bwd_dq_seg_f32(const float* d_out, const float* q, const float* k, const float* v, const float* lse,
+                              const float* delta, float* d_q, i64 B, i64 H, i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb,
+                              i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale, int causal, i64 window,
+                              float softcap, const int* segments) {
+  __shared__ float4 smem[(kDqShared + kSegInts) / 4];
+  dq<float, true>(MDSL_SEG_GEOMETRY, d_out, q, k, v, lse, delta, d_q, reinterpret_cast<float*>(smem));
+}
+extern "C" __global__ void __launch_bounds__(128, 1)
+mdsl_attention_fwd_d256_seg_bf16(const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, i64 B, i64 H,
+                                 i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh,
+                                 i64 k_st, float scale, int causal, i64 window, float softcap, const int* segments) {
+  __shared__ float4 smem[(fwd_floats(256) + kSegInts) / 4];
+  attention_fwd<bf16, 256, true>(MDSL_SEG_GEOMETRY, q, k, v, out, lse, reinterpret_cast<float*>(smem));
+}
+extern "C" __global__ void __launch_bounds__(128, 1)
+mdsl_attention_fwd_d256_seg_f32(const float* q, const float* k, const float* v, float* out, float* lse, i64 B, i64 H,
+                                i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh,
+                                i64 k_st, float scale, int causal, i64 window, float softcap, const int* segments) {
+  __shared__ float4 smem[(fwd_floats(256) + kSegInts) / 4];
+  attention_fwd<float, 256, true>(MDSL_SEG_GEOMETRY, q, k, v, out, lse, reinterpret_cast<float*>(smem));
+}
+extern "C" __global__ void __launch_bounds__(128, 1)
+mdsl_attention_bwd_dkdv_d256_seg_bf16(const bf16* d_out, const bf16* q, const bf16* k, const bf16* v, const float* lse,
+                                      const float* delta, bf16* d_k, bf16* d_v, i64 B, i64 H, i64 Hkv, i64 T, i64 S,
+                                      i64 D, i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale,
+                                      int causal, i64 window, float softcap, const int* segments) {
+  __shared__ float4 smem[(dkdv_floats(256) + kSegInts) / 4];
+  attention_dkdv<bf16, 256, true>(MDSL_SEG_GEOMETRY, d_out, q, k, v, lse, delta, d_k, d_v,
+                                  reinterpret_cast<float*>(smem));
+}
+extern "C" __global__ void __launch_bounds__(128, 1)
+mdsl_attention_bwd_dkdv_d256_seg_f32(const float* d_out, const float* q, const float* k, const float* v,
+                                     const float* lse, const float* delta, float* d_k, float* d_v, i64 B, i64 H,
+                                     i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb, i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh,
+                                     i64 k_st, float scale, int causal, i64 window, float softcap,
+                                     const int* segments) {
+  __shared__ float4 smem[(dkdv_floats(256) + kSegInts) / 4];
+  attention_dkdv<float, 256, true>(MDSL_SEG_GEOMETRY, d_out, q, k, v, lse, delta, d_k, d_v,
+                                   reinterpret_cast<float*>(smem));
+}
+extern "C" __global__ void __launch_bounds__(128, 1)
+mdsl_attention_bwd_dq_d256_seg_bf16(const bf16* d_out, const bf16* q, const bf16* k, const bf16* v, const float* lse,
+                                    const float* delta, bf16* d_q, i64 B, i64 H, i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb,
+                                    i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale, int causal,
+                                    i64 window, float softcap, const int* segments) {
+  __shared__ float4 smem[(dq_floats(256) + kSegInts) / 4];
+  attention_dq<bf16, 256, true>(MDSL_SEG_GEOMETRY, d_out, q, k, v, lse, delta, d_q, reinterpret_cast<float*>(smem));
+}
+extern "C" __global__ void __launch_bounds__(128, 1)
+mdsl_attention_bwd_dq_d256_seg_f32(const float* d_out, const float* q, const float* k, const float* v, const float* lse,
+                                   const float* delta, float* d_q, i64 B, i64 H, i64 Hkv, i64 T, i64 S, i64 D, i64 q_sb,
+                                   i64 q_sh, i64 q_st, i64 k_sb, i64 k_sh, i64 k_st, float scale, int causal,
+                                   i64 window, float softcap, const int* segments) {
+  __shared__ float4 smem[(dq_floats(256) + kSegInts) / 4];
+  attention_dq<float, 256, true>(MDSL_SEG_GEOMETRY, d_out, q, k, v, lse, delta, d_q, reinterpret_cast<float*>(smem));
+}
+
+#undef MDSL_SEG_GEOMETRY
 #undef MDSL_GEOMETRY

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +221,13 @@ _kernel("attention", "attention_bwd_dq", _ATTN_DQ)
 _kernel("attention", "attention_fwd_d256", _ATTN_FWD)  # head dims over 128 (ATTENTION_WIDE_D): the same parameters
 _kernel("attention", "attention_bwd_dkdv_d256", _ATTN_DKDV)
 _kernel("attention", "attention_bwd_dq_d256", _ATTN_DQ)
+_SEG = ", ptr segments"  # packed rows: the *_seg kernels take the example ids [B, S] (int32)
+_kernel("attention", "attention_fwd_seg", _ATTN_FWD + _SEG)
+_kernel("attention", "attention_bwd_dkdv_seg", _ATTN_DKDV + _SEG)
+_kernel("attention", "attention_bwd_dq_seg", _ATTN_DQ + _SEG)
+_kernel("attention", "attention_fwd_d256_seg", _ATTN_FWD + _SEG)
+_kernel("attention", "attention_bwd_dkdv_d256_seg", _ATTN_DKDV + _SEG)
+_kernel("attention", "attention_bwd_dq_d256_seg", _ATTN_DQ + _SEG)
 _F32 = ("fp32",)  # kernels of int32 buffers or fp32 scratch alone: one variant
 _kernel("moe", "moe_offsets", "ptr indices, ptr offsets, i64 assignments, i64 experts", _F32)
 _kernel("moe", "moe_permute_scatter", "ptr indices, ptr offsets, ptr scatter, i64 assignments, i64 experts", _F32)
@@ -611,6 +618,19 @@ for _name in ("swiglu", "geglu"):
         _packed_gated(f"split_{_name}_bwd", ("d_out", "gate_up"), ("d_gate_up",)))
 
 
+def _table_positions(freqs: Shape | None, batch: int, tokens: int, bthd: bool) -> int:
+    """The rows of a RoPE table the kernels index by ``(row / heads) % T``: ``T`` for one table of every
+    row (``[T, D/2, 2]``), ``B T`` for a table per row (``[B, T, D/2, 2]``, packed rows), which the
+    layout ``bthd`` rows (``(b T + t) H + h``) reach so; NotCovered for one per row in ``bhtd``."""
+    if freqs is None or len(freqs) != 4:
+        return tokens
+    if not bthd:
+        raise NotCovered("a RoPE table per row in the bhtd layout (the kernels index it by position only)")
+    if tuple(freqs[:2]) != (batch, tokens):
+        raise NotCovered(f"a RoPE table per row {freqs} for {batch} rows of {tokens} tokens")
+    return batch * tokens
+
+
 def _rope_rule(kernel: str, ins: Sequence[str], outs: Sequence[str]):
     def rule(p: Problem) -> Plan:
         q, k = p.inputs[0], p.inputs[1]
@@ -618,6 +638,7 @@ def _rope_rule(kernel: str, ins: Sequence[str], outs: Sequence[str]):
             raise NotCovered("rope takes q and k of rank 4 ([B, H, T, D] or, layout bthd, [B, T, H, D])")
         bthd = p.attr("layout", "bhtd") == "bthd"
         rows_q, rows_k, t, d = math.prod(q[:3]), math.prod(k[:3]), q[1 if bthd else 2], q[3]
+        t = _table_positions(p.inputs[2], q[0], t, bthd)
         heads_q, heads_k = (q[2], k[2]) if bthd else (1, 1)  # rows of one position (rope.cu)
         interleaved = bool(p.attr("interleaved", False))
         vec = vector_width(p.itemsize)
@@ -675,13 +696,14 @@ def _qk_norm_backward(p: Problem) -> Plan:
 ROPE_PAIRS = 4  # pairs of a row one thread of the fused qk_norm + rope kernels holds (rope.cu: kRopePairs)
 
 
-def _qk_norm_rope_geometry(p: Problem, q_at: int) -> tuple[Dim3, tuple[Arg, ...], int]:
+def _qk_norm_rope_geometry(p: Problem, q_at: int, freqs_at: int) -> tuple[Dim3, tuple[Arg, ...], int]:
     """(block, the launch's size arguments, rows) of fused_qk_norm_rope(_backward) (rope.cu)."""
     q, k = p.inputs[q_at], p.inputs[q_at + 1]
     if len(q) != 4 or len(k) != 4:
         raise NotCovered("fused_qk_norm_rope takes q and k of rank 4 ([B, H, T, D] or, layout bthd, [B, T, H, D])")
     bthd = p.attr("layout", "bhtd") == "bthd"
     rows_q, rows_k, t, d = math.prod(q[:3]), math.prod(k[:3]), q[1 if bthd else 2], q[3]
+    t = _table_positions(p.inputs[freqs_at], q[0], t, bthd)
     g = _next_pow2(_cdiv(max(d // 2, 1), ROPE_PAIRS))
     if g > MAX_GROUP:
         raise NotCovered(f"fused_qk_norm_rope: head dim {d} over {2 * ROPE_PAIRS * MAX_GROUP}")
@@ -694,7 +716,7 @@ def _qk_norm_rope_geometry(p: Problem, q_at: int) -> tuple[Dim3, tuple[Arg, ...]
 @_primitive("fused_qk_norm_rope", "rope", "q k q_weight k_weight freqs", "q_rot k_rot q_rstd k_rstd",
             "qk_norm_rope_fwd", dtypes={"freqs": "fp32", "q_rstd": "fp32", "k_rstd": "fp32"})
 def _fused_qk_norm_rope(p: Problem) -> Plan:
-    block, sizes, rows = _qk_norm_rope_geometry(p, 0)
+    block, sizes, rows = _qk_norm_rope_geometry(p, 0, 4)
     grid = (max(1, min(_cdiv(rows, block[1]), GRID_CAP)), 2, 1)
     return Plan((_launch("qk_norm_rope_fwd", p.variant, grid, block, ptr("in:q"), ptr("in:k"), ptr("in:q_weight"),
                          ptr("in:k_weight"), ptr("in:freqs"), ptr("out:q_rot"), ptr("out:k_rot"), ptr("out:q_rstd"),
@@ -705,7 +727,7 @@ def _fused_qk_norm_rope(p: Problem) -> Plan:
             "d_q d_k d_q_weight d_k_weight", "qk_norm_rope_bwd qk_norm_dw_reduce",
             dtypes={"freqs": "fp32", "q_rstd": "fp32", "k_rstd": "fp32"})
 def _fused_qk_norm_rope_backward(p: Problem) -> Plan:
-    block, sizes, rows = _qk_norm_rope_geometry(p, 2)
+    block, sizes, rows = _qk_norm_rope_geometry(p, 2, 8)
     d = p.inputs[2][3]
     parts = max(1, min(_cdiv(rows, block[1]), PARTIALS_CAP))
     rgrid, rblock = column_config(1, d, zs=2)
@@ -1031,7 +1053,9 @@ def _adamw_multi(p: Problem) -> Plan:
 # Attention (attention.cu): flash_attention without ALiBi and flash_attention_backward, in the
 # layouts of mdsl.sched.attention (attribute ``layout``: "bhtd", the default, or "bthd"; lse is
 # [B, H, T] in both), with attention-logit softcapping (attribute ``softcap`` c > 0: the scaled
-# scores become c * tanh(s / c) before the mask; 0 or absent: none). Every block has
+# scores become c * tanh(s / c) before the mask; 0 or absent: none) and the segment ids of packed
+# rows (``segments`` [B, S] int32, the ``_seg`` kernels: a key of another example is masked; the key
+# tiles visited stay the causal and window masks'; int64 ids are not covered). Every block has
 # ATTENTION_THREADS threads; the tiles by head dim are attention.cu's constants. Head dims up to
 # ATTENTION_WIDE_D run attention_fwd, attention_bwd_dkdv and attention_bwd_dq; wider ones, up to
 # ATTENTION_MAX_D, their "_d256" twins (the same code on smaller tiles, with registers and static
@@ -1054,9 +1078,10 @@ def attention_tiles(d: int) -> dict[str, int]:
     return {"fwd": 64 if d <= 64 else 32, "dkdv": 32, "dq": 32}
 
 
-def attention_kernel(name: str, d: int) -> str:
-    """The kernel of ``name`` (attention_fwd, attention_bwd_dkdv, attention_bwd_dq) for head dim ``d``."""
-    return f"{name}_d256" if d > ATTENTION_WIDE_D else name
+def attention_kernel(name: str, d: int, segments: bool = False) -> str:
+    """The kernel of ``name`` (attention_fwd, attention_bwd_dkdv, attention_bwd_dq) for head dim ``d`` (and
+    packed rows' segment ids: the ``_seg`` kernels)."""
+    return (f"{name}_d256" if d > ATTENTION_WIDE_D else name) + ("_seg" if segments else "")
 
 
 @dataclass(frozen=True)
@@ -1073,12 +1098,28 @@ class AttentionGeometry:
     causal: bool
     window: int  # 0: none
     softcap: float = 0.0  # c > 0: scores c * tanh(s / c); 0: none
+    segments: bool = False  # packed rows: the example ids [B, S] (in:segments, int32)
 
     def args(self) -> tuple[Arg, ...]:
-        """The geometry parameters of attention.cu's kernels (all but the delta kernel), in order."""
+        """The geometry parameters of attention.cu's kernels (all but the delta kernel), in order (the ``_seg``
+        kernels': then the segment ids)."""
+        ids = (ptr("in:segments"),) if self.segments else ()
         return (i64(self.b), i64(self.h), i64(self.hkv), i64(self.t), i64(self.s), i64(self.d),
                 *(i64(x) for x in self.q_strides), *(i64(x) for x in self.k_strides), f32(self.scale),
-                i32(self.causal), i64(self.window), f32(self.softcap))
+                i32(self.causal), i64(self.window), f32(self.softcap), *ids)
+
+    def kernel(self, name: str) -> str:
+        return attention_kernel(name, self.d, self.segments)
+
+    def with_segments(self, p: Problem, segments: Shape | None) -> AttentionGeometry:
+        """The geometry with the packed rows' ids (``segments`` ``[B, S]``; None: none)."""
+        if segments is None:
+            return self
+        if tuple(segments) != (self.b, self.s):
+            raise NotCovered(f"attention segment ids {segments}: one per key of each row is [{self.b}, {self.s}]")
+        if p.idx64:
+            raise NotCovered("int64 attention segment ids (the kernels take int32 ones, as mdsl-pack-sequences gives)")
+        return replace(self, segments=True)
 
 
 def attention_geometry(p: Problem, q: Shape, k: Shape, v: Shape) -> AttentionGeometry:
@@ -1118,24 +1159,26 @@ def attention_geometry(p: Problem, q: Shape, k: Shape, v: Shape) -> AttentionGeo
 _ATTENTION_BLOCK: Dim3 = (ATTENTION_THREADS, 1, 1)
 
 
-@_primitive("flash_attention", "attention", "q k v alibi_slopes", "out lse", "attention_fwd attention_fwd_d256",
-            dtypes={"alibi_slopes": "fp32", "lse": "fp32"})
+@_primitive("flash_attention", "attention", "q k v alibi_slopes segments", "out lse",
+            "attention_fwd attention_fwd_d256 attention_fwd_seg attention_fwd_d256_seg",
+            dtypes={"alibi_slopes": "fp32", "segments": "index", "lse": "fp32"})
 def _flash_attention(p: Problem) -> Plan:
     if len(p.inputs) > 3 and p.inputs[3] is not None:
         raise NotCovered("attention with ALiBi: the CUDA kernel has no ALiBi bias")
-    g = attention_geometry(p, *p.inputs[:3])
+    g = attention_geometry(p, *p.inputs[:3]).with_segments(p, p.inputs[4] if len(p.inputs) > 4 else None)
     grid = (_cdiv(g.t, attention_tiles(g.d)["fwd"]), g.h, g.b)
-    return Plan((_launch(attention_kernel("attention_fwd", g.d), p.variant, grid, _ATTENTION_BLOCK, ptr("in:q"),
+    return Plan((_launch(g.kernel("attention_fwd"), p.variant, grid, _ATTENTION_BLOCK, ptr("in:q"),
                          ptr("in:k"), ptr("in:v"), ptr("out:out"), ptr("out:lse"), *g.args()),))
 
 
-@_primitive("flash_attention_backward", "attention", "d_out q k v out lse alibi_slopes", "d_q d_k d_v",
-            "attention_bwd_pre attention_bwd_dkdv attention_bwd_dq attention_bwd_dkdv_d256 attention_bwd_dq_d256",
-            dtypes={"alibi_slopes": "fp32", "lse": "fp32"})
+@_primitive("flash_attention_backward", "attention", "d_out q k v out lse alibi_slopes segments", "d_q d_k d_v",
+            "attention_bwd_pre attention_bwd_dkdv attention_bwd_dq attention_bwd_dkdv_d256 attention_bwd_dq_d256 "
+            "attention_bwd_dkdv_seg attention_bwd_dq_seg attention_bwd_dkdv_d256_seg attention_bwd_dq_d256_seg",
+            dtypes={"alibi_slopes": "fp32", "segments": "index", "lse": "fp32"})
 def _flash_attention_backward(p: Problem) -> Plan:
     if len(p.inputs) > 6 and p.inputs[6] is not None:
         raise NotCovered("attention backward with ALiBi: the CUDA kernel has no ALiBi bias")
-    g = attention_geometry(p, *p.inputs[1:4])
+    g = attention_geometry(p, *p.inputs[1:4]).with_segments(p, p.inputs[7] if len(p.inputs) > 7 else None)
     if g.t > g.s and (g.causal or g.window):
         raise NotCovered(f"attention backward with {g.t} queries over {g.s} keys: the first queries see no key")
     tiles, rows = attention_tiles(g.d), g.b * g.h * g.t
@@ -1143,11 +1186,11 @@ def _flash_attention_backward(p: Problem) -> Plan:
     return Plan((_launch("attention_bwd_pre", p.variant, pre_grid, _ATTENTION_BLOCK, ptr("in:d_out"), ptr("in:out"),
                          ptr("scratch:delta"), i64(g.b), i64(g.h), i64(g.t), i64(g.d),
                          *(i64(x) for x in g.q_strides)),
-                 _launch(attention_kernel("attention_bwd_dkdv", g.d), p.variant,
+                 _launch(g.kernel("attention_bwd_dkdv"), p.variant,
                          (_cdiv(g.s, tiles["dkdv"]), g.hkv, g.b), _ATTENTION_BLOCK, ptr("in:d_out"), ptr("in:q"),
                          ptr("in:k"), ptr("in:v"), ptr("in:lse"), ptr("scratch:delta"), ptr("out:d_k"),
                          ptr("out:d_v"), *g.args()),
-                 _launch(attention_kernel("attention_bwd_dq", g.d), p.variant,
+                 _launch(g.kernel("attention_bwd_dq"), p.variant,
                          (_cdiv(g.t, tiles["dq"]), g.h, g.b), _ATTENTION_BLOCK, ptr("in:d_out"), ptr("in:q"),
                          ptr("in:k"), ptr("in:v"), ptr("in:lse"), ptr("scratch:delta"), ptr("out:d_q"), *g.args())),
                 scratch={"delta": 4 * rows})

@@ -468,9 +468,18 @@ def _heads_first(layout: str, *arrays):
     return tuple(None if a is None else np.ascontiguousarray(np.swapaxes(a, 1, 2)) for a in arrays)
 
 
-def _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size, softcap=0.0):
+def _same_segment(segments, tq: int) -> np.ndarray | bool:
+    """[B, 1, Tq, Tk] mask of the keys of the query's own segment (``segments [B, Tk]``: the keys' ids;
+    the queries', those of the last Tq keys); True without segments."""
+    if segments is None:
+        return True
+    ids = np.asarray(segments)
+    return (ids[:, ids.shape[1] - tq:, None] == ids[:, None, :])[:, None]
+
+
+def _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size, softcap=0.0, segments=None):
     """scale * q k^T (softcapped: c * tanh(. / c) with ``softcap`` c > 0) (+ ALiBi), masked keys at
-    -inf: [B, Hq, Tq, Tk]."""
+    -inf (those of other segments too): [B, Hq, Tq, Tk]."""
     tq, tk, d = q.shape[2], k.shape[2], q.shape[3]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
     s = scale * (q @ np.swapaxes(_expand_kv(k, q.shape[1]), -1, -2))
@@ -479,11 +488,12 @@ def _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size, so
     if alibi_slopes is not None:
         dist = np.abs(np.arange(tq)[:, None] + (tk - tq) - np.arange(tk)[None, :]).astype(s.dtype)
         s = s - alibi_slopes.reshape(1, -1, 1, 1).astype(s.dtype) * dist  # in s's dtype, not promoted to fp64
-    return np.where(_attention_allowed(tq, tk, causal, window_size), s, -np.inf), scale
+    allowed = _attention_allowed(tq, tk, causal, window_size) & _same_segment(segments, tq)
+    return np.where(allowed, s, -np.inf), scale
 
 
-def flash_attention(q, k, v, alibi_slopes=None, *, causal=True, softmax_scale=None, window_size=None, layout="bhtd",
-                    softcap=0.0):
+def flash_attention(q, k, v, alibi_slopes=None, segments=None, *, causal=True, softmax_scale=None, window_size=None,
+                    layout="bhtd", softcap=0.0):
     """out = softmax(scale q k^T + mask) v, lse = logsumexp of the masked scores (GQA by head groups).
 
     q [B, Hq, Tq, D], k/v [B, Hkv, Tk, D]; query i sits at position i + Tk - Tq.
@@ -493,10 +503,13 @@ def flash_attention(q, k, v, alibi_slopes=None, *, causal=True, softmax_scale=No
     ``layout = "bthd"``: q, k, v and out are [B, T, H, D]; lse is [B, Hq, Tq] in both layouts.
     ``softcap`` c > 0 caps the scaled scores to c * tanh(s / c) before the mask (Gemma 2's
     attn_logit_softcapping); 0 is none.
+    ``segments`` [B, Tk] (integers): the example id of each key of packed rows (a query's, its
+    position's): query i sees key j only where their ids are equal (with ``causal``: a
+    block-diagonal causal mask; every query sees itself).
     """
     q, k, v, alibi_slopes = _prep(q, k, v, alibi_slopes)
     q, k, v = _heads_first(layout, q, k, v)
-    s, _ = _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size, softcap)
+    s, _ = _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size, softcap, segments)
     lse = _logsumexp(s, axis=-1)
     p = np.exp(s - lse[..., None])
     (out,) = _heads_first(layout, p @ _expand_kv(v, q.shape[1]))
@@ -525,19 +538,19 @@ def kv_cache_attention(q, k, v, k_cache, v_cache, position, *, causal=True, soft
     return out, lse, k_cache, v_cache
 
 
-def flash_attention_backward(d_out, q, k, v, out, lse, alibi_slopes=None, *, causal=True, softmax_scale=None,
-                             window_size=None, layout="bhtd", softcap=0.0):
+def flash_attention_backward(d_out, q, k, v, out, lse, alibi_slopes=None, segments=None, *, causal=True,
+                             softmax_scale=None, window_size=None, layout="bhtd", softcap=0.0):
     """(d_q, d_k, d_v) of flash_attention, from the saved out and lse.
 
     P = exp(S - lse); dV = P^T dO; dS = P * (dO V^T - rowsum(dO * O)); dQ = scale dS K; dK = scale dS^T Q;
     d_k and d_v sum the query heads of each kv group. ALiBi only shifts S (the slopes get no gradient).
     With ``softcap`` c, S = c * tanh(s / c) of the scaled scores s, so dS is multiplied by
-    1 - tanh(s / c)^2 = 1 - (S / c)^2 before the scale.
+    1 - tanh(s / c)^2 = 1 - (S / c)^2 before the scale. ``segments`` mask as the forward's (no gradient).
     """
     d_out, q, k, v, out, lse, alibi_slopes = _prep(d_out, q, k, v, out, lse, alibi_slopes)
     d_out, q, k, v, out = _heads_first(layout, d_out, q, k, v, out)
     hkv = k.shape[1]
-    s, scale = _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size, softcap)
+    s, scale = _attention_scores(q, k, alibi_slopes, causal, softmax_scale, window_size, softcap, segments)
     p = np.exp(s - lse[..., None])
     d_v = np.swapaxes(p, -1, -2) @ d_out
     d_p = d_out @ np.swapaxes(_expand_kv(v, q.shape[1]), -1, -2)
@@ -564,7 +577,8 @@ def _rotate(x, cos, sin, interleaved):
 
 
 def rope(q, k, freqs, *, interleaved=False, layout="bhtd"):
-    """Rotate q and k ([B, H, T, D]) by freqs [T, D/2, 2] = (cos, sin) per position and pair.
+    """Rotate q and k ([B, H, T, D]) by freqs [T, D/2, 2] = (cos, sin) per position and pair, or by
+    freqs [B, T, D/2, 2], a table per row (packed rows: each token at its own position).
 
     Pairs are (x[i], x[i + D/2]) (HF rotate_half) or, interleaved, (x[2i], x[2i+1]) (GPT-J):
     (a, b) -> (a cos - b sin, b cos + a sin). ``layout = "bthd"``: q and k are [B, T, H, D].
@@ -575,11 +589,15 @@ def rope(q, k, freqs, *, interleaved=False, layout="bhtd"):
 
 
 def _position_angles(freqs, sign, layout):
-    """cos and sign * sin of freqs, broadcast over the heads: [T, D/2] (bhtd) or [T, 1, D/2] (bthd)."""
+    """cos and sign * sin of freqs, broadcast over the heads: [T, D/2] (bhtd) or [T, 1, D/2] (bthd);
+    a table per row [B, T, D/2, 2] gives [B, 1, T, D/2] (bhtd) or [B, T, 1, D/2] (bthd)."""
     if layout not in ("bhtd", "bthd"):
         raise ValueError(f"rope layout '{layout}' (bhtd or bthd)")
     cos, sin = freqs[..., 0], sign * freqs[..., 1]
-    return (cos[:, None, :], sin[:, None, :]) if layout == "bthd" else (cos, sin)
+    heads = -2 if layout == "bthd" else -3  # where the heads axis goes
+    if freqs.ndim == 4 or layout == "bthd":
+        return np.expand_dims(cos, heads), np.expand_dims(sin, heads)
+    return cos, sin
 
 
 def rope_backward(d_q_rot, d_k_rot, freqs, *, interleaved=False, layout="bhtd"):
@@ -1191,6 +1209,39 @@ def cast(x, *, dtype):
 
 
 # ----------------------------------------------------------------------------
+# Quantization (precision recipes)
+# ----------------------------------------------------------------------------
+
+
+def quantize(w, *, dtype=ml_dtypes.float8_e4m3fn) -> tuple[np.ndarray, np.ndarray]:
+    """``(q, scale)`` of ``w [*, N]`` in the fp8 ``dtype``, one fp32 scale per row (per output
+    channel of a weight ``[out, in]``): ``scale = max|w[row]| / F`` (``F`` the largest finite value
+    of ``dtype``: 448 for e4m3, 57344 for e5m2; a row of zeros gets scale 1) and
+    ``q = w / scale`` rounded to nearest even in ``dtype``, saturating at ``+-F``. Computed in
+    float32 (a float64 ``w`` is rounded to float32 first). No op computes it yet: the loader
+    quantizes the frozen weights of ``mdsl-quantize-frozen`` with it, once, and
+    :func:`dequantize` is its inverse up to the rounding of ``q`` (a relative error up to
+    ``2^-4`` per value in e4m3, which keeps 3 mantissa bits)."""
+    target = np.dtype(dtype)
+    top = np.float32(ml_dtypes.finfo(target).max)
+    w = np.asarray(w)
+    w = w if w.dtype == np.float32 else w.astype(np.float32)
+    amax = np.max(np.abs(w), axis=-1) if w.shape[-1] else np.zeros(w.shape[:-1], np.float32)
+    scale = np.where(amax > 0, amax / top, np.float32(1)).astype(np.float32)
+    with np.errstate(invalid="ignore"):  # a NaN or infinite row (the loader warns of it: W011)
+        q = np.clip(w / scale[..., None], -top, top).astype(target)
+    return q, scale
+
+
+def dequantize(q, scale):
+    """``q * scale[..., None]``: values stored in fp8 (``q [*, N]``) times their row's scale
+    (``scale [*]``), in float32 (float64 when ``scale`` is; the caller casts to the result dtype).
+    The fp8 values widen exactly, so a float32 result is one correctly rounded product each."""
+    q, scale = _prep(q, scale)
+    return q * scale[..., None]
+
+
+# ----------------------------------------------------------------------------
 # Losses
 # ----------------------------------------------------------------------------
 
@@ -1383,7 +1434,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         moe_router, moe_router_backward, moe_compute_offsets, moe_permute, moe_unpermute, moe_unpermute_backward,
         mamba_conv1d, mamba_conv1d_backward, mamba_selective_scan, mamba_selective_scan_backward,
         mamba_conv1d_step, mamba_selective_scan_step,
-        zeros, ones, fill, copy, cast, adamw, global_norm, clip_factor,
+        zeros, ones, fill, copy, cast, dequantize, adamw, global_norm, clip_factor,
         cross_entropy, cross_entropy_backward, fused_lm_head_loss, fused_lm_head_loss_backward,
         fused_lm_head_loss_grad,
     )

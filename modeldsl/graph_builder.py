@@ -57,11 +57,15 @@ class GraphBuilder:
         if sig is None:
             raise GraphBuildError(f"no primitive '{name}'")
         present = [v for v in operands if v is not None]
+        # an absent optional before a present one (ALiBi's slopes before segment ids): its slot stays empty
+        absent = () if len(present) == len(operands) or any(s.variadic for s in sig.inputs) else \
+            tuple(i for i, v in enumerate(operands) if v is None and i < len(sig.inputs) and sig.inputs[i].optional
+                  and any(w is not None for w in operands[i + 1:]))
         try:
             types = result_types or infer_result_types(name, [v.type for v in present], params)
             attrs = {k: sig.param(k).to_attribute(sig.param(k).python_value(v))
                      for k, v in params.items() if v is not None and sig.param(k) is not None}
-            op = sig.make(sig.group_operands(present), sig.group_results(types), attrs)
+            op = sig.make(sig.group_operands(present, absent), sig.group_results(types), attrs)
             op.verify_()
         except Exception as err:  # noqa: BLE001 - a rule that builds a wrong op is a bug; say which
             raise GraphBuildError(f"{name}: {err}") from err

@@ -9,7 +9,9 @@ A training step (a program with a ``grads`` arena) gets a training section
 too (:func:`training_memory`, :class:`TrainingMemory`): params, grads, the
 AdamW state the optimizer will need (computed: two fp32 moments per trainable
 parameter and an fp32 master copy of each 16-bit trainable parameter; the
-step program itself holds no optimizer arena), the saved activations (the
+step program itself holds no optimizer arena), where the frozen base is stored in
+bf16 or fp8 (``mdsl-quantize-frozen``) what that saves against fp32 (:class:`StoredBase`:
+also a line of every program's report), the saved activations (the
 buffers marked ``saved``: forward values the backward reads), the transient
 rest of the activations arena, the workspace and their total, and how many of
 the step's FLOPs (:mod:`modeldsl.flops`) recompute forward work.
@@ -121,13 +123,15 @@ def _programs_of(module: Operation) -> list[ProgramOp]:
     return found
 
 
-def format_report(memory: ProgramMemory, top: int = 10) -> str:
+def format_report(memory: ProgramMemory, top: int = 10, base: StoredBase | None = None) -> str:
     lines = [
         f"memory plan of @{memory.name}: {len(memory.buffers)} buffers, {memory.n_aliases} aliases, "
         f"{memory.n_steps} steps, {memory.n_inplace} in-place launches",
         f"  {'arena':<12} {'bytes':>12}",
     ]
     lines += [f"  {arena:<12} {memory.arenas[arena]:>12}" for arena in ARENAS]
+    if base is not None:
+        lines.append(f"  {format_base(base)}")
     at = "" if memory.peak_step is None else f" (step {memory.peak_step})"
     lines.append(
         f"peak: {memory.peak_arena_bytes} bytes of arenas ({' + '.join(REUSED_ARENAS)}), "
@@ -149,11 +153,67 @@ def memory_report(module: Operation, top: int = 10) -> str:
 
 
 def program_report(program: ProgramOp, top: int = 10) -> str:
-    """The memory plan of one program, and for a training step its training section."""
-    text = format_report(program_memory(program), top)
+    """The memory plan of one program (with the params its frozen base saves where it is stored
+    narrower), and for a training step its training section."""
+    text = format_report(program_memory(program), top, stored_base(program))
     if is_training_step(program):
         text += format_training(training_memory(program))
     return text
+
+
+# ----------------------------------------------------------------------------
+# A frozen base stored narrower (mdsl-quantize-frozen)
+# ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoredBase:
+    """The weights of a program's ``params`` arena that ``mdsl-quantize-frozen`` stores narrower
+    (``base_dtype`` of ``modeldsl.load``): how many values, their bytes as stored, the bytes of their
+    fp32 scales (fp8), and what the same values took in fp32. ``saved`` is what the narrower base
+    saves against an fp32 one (4 -> 1 byte per value plus 4 bytes per output channel for fp8,
+    4 -> 2 for bf16), counted on the buffers (the arena's 256-byte alignment aside)."""
+
+    dtypes: tuple[str, ...]
+    weights: int
+    values: int
+    stored_bytes: int
+    scale_bytes: int
+
+    @property
+    def fp32_bytes(self) -> int:
+        return FP32_BYTES * self.values
+
+    @property
+    def saved(self) -> int:
+        return self.fp32_bytes - self.stored_bytes - self.scale_bytes
+
+
+def stored_base(program: ProgramOp) -> StoredBase | None:
+    """The stored frozen base of a program's ``params`` buffers (those with a ``quantized``
+    dictionary, copied from their parameters by ``mdsl-lower-to-sched``); None without one."""
+    dtypes, weights, values, stored, scales = [], 0, 0, 0, 0
+    for op in program.body.block.ops:
+        info = op.attributes.get("quantized") if isinstance(op, BufferOp) and op.arena.data == "params" else None
+        if info is None:
+            continue
+        role, dtype = (getattr(info.data.get(k), "data", None) for k in ("role", "dtype"))
+        btype = buffer_type(op.result)
+        if role == "scale":
+            scales += btype.nbytes
+            continue
+        weights += 1
+        values += btype.numel
+        stored += btype.nbytes
+        if dtype not in dtypes:
+            dtypes.append(dtype)
+    return StoredBase(tuple(dtypes), weights, values, stored, scales) if weights else None
+
+
+def format_base(base: StoredBase) -> str:
+    scales = f" + {base.scale_bytes} bytes of fp32 scales" if base.scale_bytes else ""
+    return (f"params hold the frozen base in {'/'.join(base.dtypes)}: {base.weights} weights, {base.values} values "
+            f"in {base.stored_bytes} bytes{scales} (fp32: {base.fp32_bytes} bytes; {base.saved} bytes saved)")
 
 
 # ----------------------------------------------------------------------------
@@ -188,6 +248,12 @@ class TrainingMemory:
     optimizer_arena: int
     flops: ProgramFlops | None
     flops_unknown: str = ""
+    base: StoredBase | None = None  # the frozen base stored narrower (base_dtype), None where it is not
+
+    @property
+    def params_saved(self) -> int:
+        """The bytes of params a base stored in bf16/fp8 saves against an fp32 one (0 without one)."""
+        return self.base.saved if self.base is not None else 0
 
     @property
     def total(self) -> int:
@@ -274,6 +340,7 @@ def training_memory(program: ProgramOp) -> TrainingMemory:
         optimizer_arena=arenas["optimizer"],
         flops=flops,
         flops_unknown=unknown,
+        base=stored_base(program),
     )
 
 
@@ -294,7 +361,7 @@ def format_training(memory: TrainingMemory) -> str:
              else f"the program's own optimizer arena holds {memory.optimizer_arena} bytes")
     lines = [
         f"training step @{memory.name}: {memory.trainable_parameters} trainable parameters",
-        _size_line("params", memory.params),
+        _size_line("params", memory.params, f"  {format_base(memory.base)}" if memory.base is not None else ""),
         _size_line("grads", memory.grads),
         _size_line("optimizer (AdamW)", memory.optimizer, f"  computed: 2 fp32 moments per trainable parameter "
                                                           f"+ fp32 masters of 16-bit ones; {holds}"),

@@ -6,9 +6,11 @@ ids, not a RoPE table) to a specialized model: the
 forward ops, then their gradients in reverse order, built by each
 primitive's VJP rule (:mod:`modeldsl.vjp`). Gradients of a value used more
 than once are added; ``@frozen`` parameters get none, nor do integer tensors
-(token ids, labels). The function records the parameters its gradients
-belong to (``grads``) and the forward values the backward ops read
-(``saved``: what a training schedule must keep, or recompute) and how many of
+(token ids, labels), nor what an op without a VJP rule computes from frozen
+parameters alone (``dequantize`` of a weight ``mdsl-quantize-frozen`` stores).
+The function records the parameters its gradients belong to (``grads``) and
+the forward values the backward ops read (``saved``: what a training schedule
+must keep, or recompute) and how many of
 its first ops are the forward's (``forward_ops``). The forward ops it clones get
 the attributes their registry record sets in training (dropout's
 ``training = true``: the plain ``@forward`` stays the inference program).
@@ -440,6 +442,8 @@ class GradientBuilder:
                 continue
             name = primitive_name(op)
             rule = RULES.get(name) or user_vjp(op)
+            if rule is None and self.constant(op, frozen):
+                continue  # computed from frozen parameters alone (a stored weight's dequantize): nothing to pass on
             if rule is None:
                 raise AutodiffError(f"no VJP rule for {name}")
             before = self.block.last_op
@@ -450,6 +454,27 @@ class GradientBuilder:
             carry_to_backward(op, before, self.block)  # @kernel names the backward kernel too
             for operand, grad in zip(op.operands, operand_grads, strict=True):
                 self.accumulate_operand(operand, grad, frozen)
+
+    def constant(self, op: Operation, frozen: set[str]) -> bool:
+        """Whether every float operand of ``op`` is a constant of the backward: a frozen parameter, an
+        argument that gets no gradient, or computed from such values alone (through ops that have one
+        operand or more)."""
+        pending = [v for v in op.operands if is_float(v)]
+        seen: set[SSAValue] = set()
+        while pending:
+            value = pending.pop()
+            if value in seen or value in self.nondifferentiable or not is_float(value):
+                continue
+            seen.add(value)
+            owner = value.owner
+            if isinstance(owner, ParamRefOp):
+                if owner.param.root_reference.data not in frozen:
+                    return False
+            elif isinstance(owner, Operation) and owner.operands and not isinstance(owner, (StackOp, CallOp)):
+                pending.extend(owner.operands)
+            else:
+                return False
+        return True
 
     def accumulate_operand(self, operand: SSAValue, grad: SSAValue | None, frozen: set[str]) -> None:
         """Add an operand's gradient (none for integer tensors and frozen parameters)."""

@@ -36,7 +36,8 @@ Each primitive becomes a launch of its registry kernel, except:
   split: the graph interpreter's exact arithmetic, where BLAS rounds a
   narrower GEMM differently in the last bit);
 * ``flash_attention`` (without ALiBi) becomes ``attention``, and its backward
-  ``flash_attention_backward`` (without ALiBi) ``attention_backward``;
+  ``flash_attention_backward`` (without ALiBi) ``attention_backward``, with the
+  segment ids of packed rows (``mdsl-pack-sequences``) where it has them;
 * ``view``, ``contiguous`` and splits along the outermost non-unit dim become
   aliases of their input at a byte offset: no copy.
 A ``stack`` becomes a ``layer_loop`` (``reverse`` for a reverse stack): the
@@ -94,7 +95,17 @@ from modeldsl.dialects.annotations import (
     is_frozen,
 )
 from modeldsl.dialects.dtypes import DType
-from modeldsl.dialects.graph import CallOp, CustomOp, FuncOp, ModelOp, ParamOp, ParamRefOp, ReturnOp, StackOp
+from modeldsl.dialects.graph import (
+    QUANTIZED_ATTR,
+    CallOp,
+    CustomOp,
+    FuncOp,
+    ModelOp,
+    ParamOp,
+    ParamRefOp,
+    ReturnOp,
+    StackOp,
+)
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.dialects.sched import (
     KEYED_BY_LAYER,
@@ -176,11 +187,16 @@ def lower_function(model: ModelOp, func_name: str = "forward", storage: str | No
 
 
 def parameter_buffers(model: ModelOp, fp32_storage: bool) -> list[BufferOp]:
-    """One ``params`` buffer per parameter of a specialized model, in the model's order."""
+    """One ``params`` buffer per parameter of a specialized model, in the model's order. A parameter
+    ``mdsl-quantize-frozen`` stores narrower keeps its stored dtype with ``fp32_storage`` too, and its
+    buffer carries its ``quantized`` dictionary (and so does its scale's), for the memory report."""
     buffers = []
     for param in (p for p in model.body.block.ops if isinstance(p, ParamOp)):
-        op = BufferOp("params", concrete_buffer_type(param.param_type, fp32_storage))
+        stored = QUANTIZED_ATTR in param.attributes
+        op = BufferOp("params", concrete_buffer_type(param.param_type, fp32_storage and not stored))
         op.attributes["param"] = StringAttr(param.sym_name.data)
+        if stored:
+            op.attributes[QUANTIZED_ATTR] = param.attributes[QUANTIZED_ATTR]
         op.result.name_hint = param.sym_name.data
         buffers.append(op)
     return buffers
@@ -599,6 +615,19 @@ class ScheduleBuilder:
 
     lower_contiguous = lower_view
 
+    def lower_cast(self, op: Operation) -> bool:
+        """A cast of a parameter (or of its layer's slice) to the buffer type it is held in already
+        (a bf16 weight ``mdsl-quantize-frozen`` stores, read in bf16) is that buffer: no copy."""
+        source = self.buffer(op.operands[0])
+        root = source.owner.stacked if isinstance(source.owner, LayerViewOp) else source
+        while isinstance(root.owner, BufferOp) and root.owner.alias_of is not None:
+            root = root.owner.alias_of
+        if not isinstance(root.owner, BufferOp) or root.owner.arena.data != "params" or \
+                source.type != self.buffer_type(op.results[0].type):
+            return False
+        self.values[op.results[0]] = source
+        return True
+
     def lower_split(self, op: Operation) -> bool:
         if op in self.split_gemms:
             x, weight, alpha = self.split_gemms.pop(op)
@@ -722,9 +751,13 @@ class ScheduleBuilder:
 
     # attention -----------------------------------------------------------
     def lower_flash_attention(self, op: Operation) -> bool:
-        if len(op.operands) != 3:
+        if op.alibi_slopes is not None:
             return False  # ALiBi slopes: the reference kernel
-        q, k, v = (self.buffer(x) for x in op.operands)
+        if op.segments is not None and self.kv_cache:
+            raise _error("mdsl-lower-to-sched: an attention of packed rows (segment ids) does not decode with a KV "
+                         "cache", "pack sequences for training steps only")
+        q, k, v = (self.buffer(x) for x in (op.q, op.k, op.v))
+        segments = None if op.segments is None else self.buffer(op.segments)
         out, lse = (self.result_buffer(r) for r in op.results)
         layout = op_attr(op, "layout", "bhtd")
         if self.kv_cache:
@@ -738,15 +771,17 @@ class ScheduleBuilder:
             self.block.add_op(LaunchOp("kv_cache_attention", [q, k, v, *caches, self.position],
                                        [out, lse, *caches], attrs, inplace=True))
             return True
-        self.block.add_op(AttentionOp(q, k, v, out, lse, **_attention_options(op)))
+        self.block.add_op(AttentionOp(q, k, v, out, lse, segments, **_attention_options(op)))
         return True
 
     def lower_flash_attention_backward(self, op: Operation) -> bool:
-        if len(op.operands) != 6:
+        if op.alibi_slopes is not None:
             return False  # ALiBi slopes: the reference kernel
-        d_out, q, k, v, out, lse = (self.buffer(x) for x in op.operands)
+        d_out, q, k, v, out, lse = (self.buffer(x) for x in (op.d_out, op.q, op.k, op.v, op.out, op.lse))
+        segments = None if op.segments is None else self.buffer(op.segments)
         d_q, d_k, d_v = (self.result_buffer(r) for r in op.results)
-        self.block.add_op(AttentionBackwardOp(q, k, v, out, d_out, lse, d_q, d_k, d_v, **_attention_options(op)))
+        self.block.add_op(AttentionBackwardOp(q, k, v, out, d_out, lse, d_q, d_k, d_v, segments,
+                                              **_attention_options(op)))
         return True
 
     def cache_buffer(self, like: SSAValue, role: str, layout: str = "bhtd") -> SSAValue:

@@ -13,10 +13,13 @@ each expansion):
   ``mdsl-plan-memory``;
 * ``mdsl-generate-step{B T kv_cache storage}``: the same with a KV cache of
   ``kv_cache`` positions (decoding);
-* ``mdsl-train-step{B T storage recompute budget ...}``: one micro-batch of
+* ``mdsl-train-step{B T storage recompute budget ... packed}``: one micro-batch of
   training (:mod:`modeldsl.runtime.train`): ``mdsl-specialize{B T}``,
   ``mdsl-attach-loss``, the fusions of written-out functions
-  (``BEFORE_AUTODIFF``), ``mdsl-autodiff{func=train_loss}``, the chunked
+  (``BEFORE_AUTODIFF``), with ``packed=true`` ``mdsl-pack-sequences`` (rows of
+  several examples: the step takes their segment ids and a RoPE table per row,
+  ``@train_loss(tokens, freqs [B, T, D/2, 2], segments [B, T], labels)``),
+  ``mdsl-autodiff{func=train_loss}``, the chunked
   LM-head loss (``BEFORE_RECOMPUTE``), ``mdsl-recompute``, every fusion,
   ``mdsl-lower-to-sched{func=train_loss_grad grads_arena=true}``,
   ``mdsl-plan-memory``;
@@ -53,6 +56,7 @@ from modeldsl.passes.autodiff import AutodiffPass
 from modeldsl.passes.fuse import FusePass
 from modeldsl.passes.lower_to_sched import LowerToSchedPass
 from modeldsl.passes.optimizer_step import OptimizerStepPass
+from modeldsl.passes.pack_sequences import PackSequencesPass
 from modeldsl.passes.plan_memory import PlanMemoryPass
 from modeldsl.passes.recompute import RecomputePass
 from modeldsl.passes.specialize import SpecializePass
@@ -222,6 +226,7 @@ class TrainStep(NamedPipeline, _Fusion):
     only: tuple[str, ...] = ()
     auto: bool = True
     lm_head_chunk: int = 0
+    packed: bool = False  # rows of several examples: mdsl-pack-sequences before mdsl-autodiff
     # where mdsl-recompute's automatic mode hands its table (not an option: set by reporting())
     report: Callable[[str], None] | None = field(default=None, init=False, compare=False, repr=False)
 
@@ -230,6 +235,9 @@ class TrainStep(NamedPipeline, _Fusion):
         check_storage(self.name, self.storage)
         self.fusion()
         self.recompute_pass()
+        if not isinstance(self.packed, bool):
+            raise PassOptionError(f"{self.name}: packed={self.packed} is not true or false", "packed",
+                                  "packed=true trains on rows that pack several examples")
 
     def reporting(self, report: Callable[[str], None] | None) -> TrainStep:
         """This pipeline, its ``mdsl-recompute`` handing the automatic mode's table to ``report``."""
@@ -251,8 +259,9 @@ class TrainStep(NamedPipeline, _Fusion):
         fuse = self.fusion()
         before_autodiff = (replace(fuse, only=BEFORE_AUTODIFF),) if fuse else ()
         before_recompute = (replace(fuse, only=BEFORE_RECOMPUTE),) if fuse else ()
+        packing = (PackSequencesPass(),) if self.packed else ()
         return (SpecializePass.of(B=self.B, T=self.T), ANNOTATED_ADAPTERS, AttachLossPass(), *before_autodiff,
-                AutodiffPass(func=LOSS_FUNCTION), *before_recompute, self.recompute_pass(),
+                *packing, AutodiffPass(func=LOSS_FUNCTION), *before_recompute, self.recompute_pass(),
                 *((fuse,) if fuse else ()),
                 LowerToSchedPass(func=f"{LOSS_FUNCTION}_grad", storage=self.storage, grads_arena=True),
                 PlanMemoryPass())

@@ -105,6 +105,18 @@ def _adapters() -> type[ModulePass]:
     return AdaptersPass
 
 
+def _quantize_frozen() -> type[ModulePass]:
+    from modeldsl.passes.quantize_frozen import QuantizeFrozenPass
+
+    return QuantizeFrozenPass
+
+
+def _pack_sequences() -> type[ModulePass]:
+    from modeldsl.passes.pack_sequences import PackSequencesPass
+
+    return PackSequencesPass
+
+
 def _pipeline(name: str) -> PassFactory:
     """The factory of the named pipeline ``name`` (:mod:`modeldsl.passes.pipelines`, imported on use)."""
 
@@ -127,6 +139,8 @@ PROJECT_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "mdsl-optimizer-step": _optimizer_step,
     "mdsl-attach-loss": _attach_loss,
     "mdsl-adapters": _adapters,
+    "mdsl-pack-sequences": _pack_sequences,
+    "mdsl-quantize-frozen": _quantize_frozen,
 }
 
 # The named pipelines (passes/pipelines.py): mdsl-opt expands each into its stages.
@@ -264,6 +278,16 @@ LISTINGS: dict[str, PassListing] = {
         ("seed=int", "default: 0"),
         ("annotations_only=bool", "default: false"),
     ), patterns=(("lora_path", "AddLoraPath"),)),
+    "mdsl-quantize-frozen": PassListing(
+        "the frozen linear weights stored in fp8 (or bf16), widened where a matmul reads them",
+        (("dtype=str", "default: fp8_e4m3"),),
+        patterns=(("store", "StoreParam"), ("refs", "StoredRef"), ("stacks", "ThreadScale"),
+                  ("calls", "ThreadIntoCall"), ("widen", "WidenForReader"))),
+    "mdsl-pack-sequences": PassListing(
+        "a model's forward on packed rows, each example attending only to itself", (), patterns=(
+            ("segment_attention", "SegmentAttention"),
+            ("pass_segments", "SegmentCalls, SegmentStacks"),
+        )),
     "mdsl-forward-profile": PassListing(
         DESCRIPTIONS["mdsl-forward-profile"],
         (*_SHAPE_OPTIONS, ("split_gemms=bool", "default: true"), *_FUSION_OPTIONS),
@@ -277,7 +301,8 @@ LISTINGS: dict[str, PassListing] = {
     "mdsl-train-step": PassListing(
         DESCRIPTIONS["mdsl-train-step"],
         (*_SHAPE_OPTIONS, ("recompute=str", "default: annotated"), ("budget=str", "default: ''"),
-         ("finetune=str", "default: auto"), ("free_memory=int", "default: 0"), *_FUSION_OPTIONS),
+         ("finetune=str", "default: auto"), ("free_memory=int", "default: 0"), *_FUSION_OPTIONS,
+         ("packed=bool", "default: false")),
         _TRAIN_STEP),
     "mdsl-optimizer-update": PassListing(DESCRIPTIONS["mdsl-optimizer-update"], (
         ("beta1=float", "default: 0.9"),

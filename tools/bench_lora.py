@@ -35,9 +35,11 @@ and the optimizer step (:func:`~modeldsl.runtime.train.compile_optimizer_step`, 
   and the **transient** rest) plus its ``workspace`` arena;
 * **state / full**: the LoRA row's trainable state over the full fine-tune's (target <= 2%).
 
-A third row, **LoRA on an fp8 base**, is printed as not available: ``mdsl-lower-to-sched`` stores
-parameters in fp32 (``storage=fp32``) or in their declared dtype (bf16 in the std models), so a
-frozen base cannot be held in fp8 yet; no number is made up for it.
+A third row, **LoRA on an fp8 base**, is the LoRA setting with the frozen base stored in fp8
+(``mdsl-quantize-frozen{dtype=fp8_e4m3}`` after the adapters, what ``modeldsl.load(lora=...,
+base_dtype="fp8")`` runs): every frozen linear weight (the tied embedding, which ``embedding``
+reads, stays) in 1 byte per value plus an fp32 scale per output channel, dequantized a layer at a
+time before its GEMM; its ``params`` arena is the one that shrinks.
 
 **2. CPU tokens/s** (``--only speed``). A small Llama (d 256, 4 layers, 4 heads, d_ff 688, vocab
 1024) with random weights (seed 0) is saved once as a HuggingFace checkpoint
@@ -97,8 +99,7 @@ QUICK_MEMORY_SHAPES = ("tiny",)
 PRECISIONS = {"fp32": "fp32", "bf16": None}  # name -> compile_training_step's storage
 TARGET_STATE_RATIO = 0.02
 TARGET_SPEED_RATIO = 1.0
-FP8_REASON = ("not available: mdsl-lower-to-sched stores parameters in fp32 (storage=fp32) or their declared "
-              "dtype (bf16), so the frozen base cannot be held in fp8 yet")
+FP8_BASE = "fp8_e4m3"  # what the third row stores the frozen base in (mdsl-quantize-frozen)
 # the throughput model (LlamaConfig arguments) and the --quick one
 SPEED_MODEL: dict[str, Any] = dict(vocab_size=1024, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                                    num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)
@@ -127,7 +128,7 @@ class Plan:
     """The planned arenas (bytes) of one setting's training and optimizer steps."""
 
     shape: str
-    setting: str  # full, LoRA r=16
+    setting: str  # full, LoRA r=16, LoRA r=16 fp8 base
     precision: str  # fp32, bf16
     batch: int
     tokens: int
@@ -155,16 +156,20 @@ def memory_shapes(quick: bool = False) -> list[Shape]:
     return [s for s in shapes() if s.name in names]
 
 
-def plan(shape: Shape, lora: str | list[str] | None, precision: str = "fp32") -> Plan:
+def plan(shape: Shape, lora: str | list[str] | None, precision: str = "fp32", base: str | None = None) -> Plan:
     """Compile one setting at ``shape`` (no weights) and read its arenas; ``lora``: the targets, or
-    None for full fine-tuning."""
+    None for full fine-tuning; ``base``: the dtype ``mdsl-quantize-frozen`` stores the frozen base in
+    (with ``lora``), None: as declared."""
     from modeldsl.memory_report import training_memory
+    from modeldsl.passes.quantize_frozen import quantize_frozen
     from modeldsl.runtime.lora import LoraOptions, adapt
     from modeldsl.runtime.train import compile_optimizer_step, compile_training_step
 
     model = model_of(shape)
     if lora is not None:
         adapt(model, LoraOptions.of(lora_options(lora)))
+        if base is not None:
+            quantize_frozen(model, base)
     storage = PRECISIONS[precision]
     step = compile_training_step(model, shape.batch, shape.tokens, storage)
     optimizer = compile_optimizer_step(model, adamw_config(), storage)
@@ -173,20 +178,23 @@ def plan(shape: Shape, lora: str | list[str] | None, precision: str = "fp32") ->
     memory = training_memory(step)
     parameters = 0
     for param in model.params():
+        if param.quantized is not None and param.quantized["role"] == "scale":
+            continue  # the fp8 base's scales: no parameter of the model's
         count = 1
         for dim in param.param_type.shape:
             count *= dim.evaluate({})
         parameters += count
-    setting = "full" if lora is None else f"LoRA r={RANK}"
+    setting = "full" if lora is None else f"LoRA r={RANK}" + (" fp8 base" if base is not None else "")
     return Plan(shape.name, setting, precision, shape.batch, shape.tokens, parameters, memory.trainable_parameters,
                 optimizer.arenas["grads"], optimizer.arenas["optimizer"], step.arenas["params"], memory.saved,
                 memory.transient, memory.workspace)
 
 
 def plans(quick: bool = False, precisions: tuple[str, ...] = tuple(PRECISIONS)) -> list[Plan]:
-    """Full fine-tuning and LoRA r=16 all-linear at every memory shape, in every precision."""
-    return [plan(shape, lora, precision) for precision in precisions for shape in memory_shapes(quick)
-            for lora in (None, "all-linear")]
+    """Full fine-tuning, LoRA r=16 all-linear and the same on an fp8 base at every memory shape, in every
+    precision."""
+    return [plan(shape, lora, precision, base) for precision in precisions for shape in memory_shapes(quick)
+            for lora, base in ((None, None), ("all-linear", None), ("all-linear", FP8_BASE))]
 
 
 def _mib(n: int) -> str:
@@ -214,16 +222,17 @@ def memory_table(found: list[Plan]) -> str:
                     share = p.trainable_state / full.trainable_state
                     verdict = f"{share:.2%} (target <= {TARGET_STATE_RATIO:.0%}: " \
                               f"{'met' if share <= TARGET_STATE_RATIO else 'MISSED'})"
-                setting = p.setting + (" all-linear" if p.setting != "full" else " fine-tune")
+                setting = {"full": "full fine-tune", f"LoRA r={RANK} fp8 base": "LoRA on fp8 base"}.get(
+                    p.setting, p.setting + " all-linear")
                 lines.append(f"{p.shape:<11} {setting:<20} {p.trainable_parameters:>13,} "
                              f"{p.trainable_parameters / p.parameters:>9.2%} {_mib(p.grads):>10} "
                              f"{_mib(p.optimizer):>10} {_mib(p.trainable_state):>10} {_mib(p.params):>10} "
                              f"{_mib(p.saved):>10} {_mib(p.transient):>10} {_mib(p.workspace):>9} "
                              f"{_mib(p.activations):>10}  {verdict}".rstrip())
-            lines.append(f"{shape:<11} {'LoRA on fp8 base':<20} {FP8_REASON}")
         lines.append("")
     lines.append("state = grads + optimizer (the trainable state); activ. = saved + transient + workspace "
-                 "(the step's activations and workspace arenas); params = the params arena")
+                 "(the step's activations and workspace arenas); params = the params arena (on an fp8 base: "
+                 "1 byte per frozen linear weight + its fp32 scales)")
     return "\n".join(lines)
 
 

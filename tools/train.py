@@ -52,14 +52,15 @@ SAVE_DTYPES = ("fp32", "bf16")
 SETTINGS = {
     "--steps": "steps", "--batch": "batch", "--seq": "seq", "--grad-accum": "grad_accum", "--lr": "lr",
     "--warmup": "warmup", "--weight-decay": "weight_decay", "--clip": "clip", "--min-lr-ratio": "min_lr_ratio",
-    "--seed": "seed", "--dtype": "dtype",
+    "--seed": "seed", "--dtype": "dtype", "--base-dtype": "base_dtype",
 }
 DEFAULTS = {"grad_accum": 1, "warmup": 0, "weight_decay": 0.01, "clip": 1.0, "min_lr_ratio": 0.0, "seed": 0,
-            "dtype": "fp32"}
+            "dtype": "fp32", "base_dtype": None}
 TRAIN_ONLY = ("steps", "batch", "seq", "lr", "grad_accum", "warmup", "weight_decay", "clip", "min_lr_ratio",
               "save", "resume", "stop_after", "loss_plot", "recompute", "save_dtype",
-              "overwrite", "lora", "lora_targets", "lora_dropout", "rslora", "eval", "eval_every")
+              "overwrite", "lora", "lora_targets", "lora_dropout", "rslora", "eval", "eval_every", "base_dtype")
 LORA_FLAGS = ("lora_targets", "lora_dropout", "rslora")  # each needs --lora R
+BASE_DTYPES = ("bf16", "fp8")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -98,6 +99,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-targets", metavar="MODULES", help="the modules the adapters go on, comma-separated: "
                    "q,k,v,o,gate,up,down (q_proj, ...) or all-linear (default: q,v)")
     g.add_argument("--lora-dropout", type=float, metavar="P", help="dropout on the adapters' input (default 0)")
+    g.add_argument("--base-dtype", choices=BASE_DTYPES, help="store the frozen base of a LoRA run narrower: "
+                   "bf16, or fp8 (e4m3 with a scale per output channel), dequantized layer by layer")
     g.add_argument("--rslora", action="store_true", default=None, help="rank-stabilized LoRA: scaling ALPHA / sqrt(R)")
     g.add_argument("--recompute", metavar="MODE", help="what the backward recomputes instead of saving "
                    "(mdsl-recompute): none, annotated (the model's own @memory/@checkpoint/save:/recompute:; the "
@@ -298,6 +301,8 @@ def _saved_run_problem(saved: dict, state) -> str | None:
             return f"its run setting {name} = {value!r} is not an integer >= {low}"
     if saved["dtype"] not in ("fp32", "bf16"):
         return f"its run setting dtype = {saved['dtype']!r} is not fp32 or bf16"
+    if saved["base_dtype"] not in (None, *BASE_DTYPES):
+        return f"its run setting base_dtype = {saved['base_dtype']!r} is not bf16 or fp8"
     config = state.config
     if not (config.lr > 0 and config.eps > 0 and 0 <= config.beta1 < 1 and 0 <= config.beta2 < 1
             and config.weight_decay >= 0 and config.clip_norm >= 0 and 0 <= config.min_lr_ratio <= 1
@@ -343,6 +348,8 @@ def _check_values(args) -> None:
         problems += lora_problems(args)
     else:
         problems += [f"--{n.replace('_', '-')} needs --lora R" for n in LORA_FLAGS if _given(args, n)]
+    if args.base_dtype is not None and args.lora is None and args.adapter is None and args.resume is None:
+        problems.append("--base-dtype needs --lora R or --adapter DIR (only a frozen base is stored narrower)")
     if args.recompute is not None:
         problems += recompute_problems(args.recompute)
     if args.eval_every is not None and args.eval is None:
@@ -435,7 +442,8 @@ def _check_resume(args) -> None:
     if not isinstance(run, dict) or any(k not in run for k in ("steps", "batch", "seq", "grad_accum", "seed")):
         raise _state_error(path, "it holds no run settings (steps, batch, seq, grad_accum, seed)")
     saved = {"steps": run["steps"], "batch": run["batch"], "seq": run["seq"], "grad_accum": run["grad_accum"],
-             "seed": run["seed"], "dtype": run.get("dtype", "fp32"), "lr": state.config.lr,
+             "seed": run["seed"], "dtype": run.get("dtype", "fp32"), "base_dtype": run.get("base_dtype"),
+             "lr": state.config.lr,
              "warmup": state.config.warmup_steps,
              "weight_decay": state.config.weight_decay, "clip": state.config.clip_norm,
              "min_lr_ratio": state.config.min_lr_ratio}
@@ -608,7 +616,8 @@ def run_training(args) -> int:
     model = modeldsl.load(args.model, hf=base, dtype="fp32", top=args.top, progress=True, sink=sink,
                           device=args.device, force_architecture=args.force_architecture,
                           allow_unused_tensors=args.allow_unused_tensors, adapter=adapter,
-                          lora=getattr(args, "lora_options", None) if adapter is None else None)
+                          lora=getattr(args, "lora_options", None) if adapter is None else None,
+                          base_dtype=args.base_dtype)
     _warn(args, sink.diagnostics)
     if state is not None:
         config = state.config
@@ -651,6 +660,11 @@ def run_training(args) -> int:
     print(step_memory_line(program, args.recompute or "annotated"))
     if _has_adapters(model):
         print(adapter_line(model, run.trainer))
+    from modeldsl.memory_report import format_base, stored_base
+
+    base_stored = stored_base(program)
+    if base_stored is not None:
+        print(format_base(base_stored))
     started = time.perf_counter()
     interrupted = False
     with _Interrupt() as interrupt, tqdm(total=args.steps, initial=first, unit="step", desc="training",
@@ -683,6 +697,7 @@ def run_training(args) -> int:
     if out is not None:
         meta = run.meta(str(Path(base).resolve()) if _has_adapters(model) else None)
         meta["run"]["model"] = str(args.model) if args.model else None
+        meta["run"]["base_dtype"] = args.base_dtype
         meta["data"]["file"] = str(args.train)
         problem = _save(args, run, meta, title)
         what = "LoRA adapter" if _has_adapters(model) else "checkpoint"

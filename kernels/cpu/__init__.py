@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from modeldsl.kernels.cpu import activation, attention, compiled, dropout, loss, norm, optim, rope, tensor
+from modeldsl.kernels.cpu import activation, attention, compiled, dropout, loss, norm, optim, quantize, rope, tensor
 
 CpuKernel = Callable[..., Callable[[], None] | None]
 
@@ -32,6 +32,7 @@ CPU_KERNELS: dict[str, CpuKernel] = {
     **rope.KERNELS,
     **tensor.KERNELS,
     **optim.KERNELS,
+    **quantize.KERNELS,
 }
 
 

@@ -38,6 +38,18 @@ as the reference) and query blocks, in a fixed order that depends on the
 shapes only, in scratch accumulators, so no two threads write the same rows
 and the result is the same on every run and thread count. Every product is
 one ``np.matmul(out=)`` on a one-thread BLAS.
+
+Packed rows (``segments [B, Tk]``, the example id of every key; the queries' are
+those of the last Tq keys): a query sees only the keys of its own example. Each
+run first copies the ids (int32) and, per batch row, where the ids never
+decrease (examples one after another, as packing lays them out), the first key of
+every query's example: a block's key range then starts at its first query's
+(:meth:`Segments.narrow`), so the examples before it are never multiplied. A strip
+that holds more than one example gets the keys of the others masked to ``-inf``
+(numpy: a boolean ``[rows, span]`` mask of unequal ids, in per-thread scratch;
+compiled: the strip kernels compare the ids), one that holds a single example
+runs as without segments. Without segments nothing of this runs: the same steps
+and bits as before.
 """
 
 from __future__ import annotations
@@ -81,10 +93,65 @@ def _diagonal(windows: np.ndarray, center: int, rows: int, cols: int) -> np.ndar
     return windows[:rows, center - cols + 1:center + 1][:, ::-1]
 
 
+class Segments:
+    """The example ids of packed rows, read at the start of each run (:meth:`load`): the ids as int32
+    ``[B, Tk]``, per batch row whether they never decrease and the first key of each key's run of
+    equal ids; all in arrays made once, with per-thread boolean masks ``[rows x span]``."""
+
+    def __init__(self, segments: np.ndarray, g: Attention):
+        self.view, self.g = segments, g
+        batch, keys = segments.shape
+        self.ids = np.empty((batch, keys), np.int32)
+        self.first = np.empty((batch, keys), np.int64)
+        self.steps = np.empty((batch, max(keys - 1, 0)), bool)
+        self.sorted = np.empty(batch, bool)
+        self.index = np.arange(keys, dtype=np.int64)
+        self.masks = np.empty((g.pool.threads, g.rows * g.span), bool)
+
+    def load(self) -> None:
+        """This run's ids, their rows' order and each key's first key of its run."""
+        np.copyto(self.ids, self.view, casting="unsafe")
+        ids, steps = self.ids, self.steps
+        np.less(ids[:, 1:], ids[:, :-1], out=steps)
+        np.logical_not(np.any(steps, axis=1, out=self.sorted), out=self.sorted)
+        np.not_equal(ids[:, 1:], ids[:, :-1], out=steps)
+        self.first[:, 0] = 0
+        np.multiply(steps, self.index[1:], out=self.first[:, 1:])
+        np.maximum.accumulate(self.first, axis=1, out=self.first)
+
+    def narrow(self, b: int, i0: int, i1: int, j_lo: int, j_hi: int) -> tuple[int, bool]:
+        """(the first key queries ``i0 .. i1 - 1`` of row ``b`` may see, whether their strip of keys
+        ``.. j_hi`` holds another example than theirs: it needs the mask)."""
+        g, ids = self.g, self.ids[b]
+        first_q, last_q = i0 + g.tk - g.tq, i1 - 1 + g.tk - g.tq
+        if not self.sorted[b]:
+            return j_lo, True
+        j_lo = max(j_lo, int(self.first[b, first_q]))
+        lo, hi = min(j_lo, first_q), max(j_hi - 1, last_q)
+        return j_lo, bool(ids[lo] != ids[hi])
+
+    def mask(self, s: np.ndarray, b: int, i0: int, i1: int, j_lo: int, j_hi: int, thread: int,
+             minus_inf: np.ndarray) -> None:
+        """``s [..., rows, span]`` at ``-inf`` where a key's id is not its query's."""
+        g, ids = self.g, self.ids[b]
+        rows, span = i1 - i0, j_hi - j_lo
+        other = self.masks[thread, :rows * span].reshape(rows, span)
+        np.not_equal(ids[i0 + g.tk - g.tq:i1 + g.tk - g.tq, None], ids[None, j_lo:j_hi], out=other)
+        np.copyto(s, minus_inf, where=other)
+
+    def strip(self, b: int, i0: int, i1: int, j_lo: int, j_hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """The compiled strip kernels' ids: of the block's queries and of the strip's keys."""
+        ids, shift = self.ids[b], self.g.tk - self.g.tq
+        return ids[i0 + shift:i1 + shift], ids[j_lo:j_hi]
+
+
 class Attention:
     """The shapes, masks and scratch of one attention launch; ``tk`` may change per run (a KV cache).
     With ``jit``, a strip's elementwise work (scale, ALiBi, mask, softmax; the backward's ``dS``) is
-    one call of a compiled kernel (:mod:`~modeldsl.kernels.cpu.compiled`) instead of numpy passes."""
+    one call of a compiled kernel (:mod:`~modeldsl.kernels.cpu.compiled`) instead of numpy passes.
+    ``segments`` (packed rows, :class:`Segments`) where the launch has them."""
+
+    segments: Segments | None = None
 
     def __init__(self, pool: Pool, q, k, v, dtype: np.dtype, causal: bool, softmax_scale, window: int | None,
                  alibi: bool, jit: bool = False, softcap: float = 0.0):
@@ -173,6 +240,15 @@ class Attention:
         i0, i1 = block * self.rows, min(block * self.rows + self.rows, self.tq)
         return (i0, i1, *self.keys(i0, i1))
 
+    def row_block(self, b: int, block: int) -> tuple[int, int, int, int, bool]:
+        """:meth:`block` in batch row ``b``, its keys narrowed to its queries' examples (packed rows), and
+        whether its strip needs the segment mask."""
+        i0, i1, j_lo, j_hi = self.block(block)
+        if self.segments is None:
+            return i0, i1, j_lo, j_hi, False
+        j_lo, masked = self.segments.narrow(b, i0, i1, j_lo, j_hi)
+        return i0, i1, j_lo, j_hi, masked
+
 
 def _stack(kv_heads: int, group: int, fit: int, parts: int) -> tuple[int, int]:
     """``(kv heads, query heads of each)`` that one work item stacks: at most ``fit`` query heads, a
@@ -237,7 +313,7 @@ class Forward:
         strip, wide, m_all, lse_all, inverse_all = _carve(g, thread, self.sizes)
         for item in range(start, stop):
             b, kv, h, block = _item(g, item)
-            i0, i1, j_lo, j_hi = g.block(block)
+            i0, i1, j_lo, j_hi, masked = g.row_block(b, block)
             rows, span = i1 - i0, j_hi - j_lo
             heads, stack_rows = (g.stack_kv, g.stack_q), g.stack * rows
             kvs, hs = slice(kv, kv + g.stack_kv), slice(h, h + g.stack_q)
@@ -246,10 +322,12 @@ class Forward:
                 np.matmul(self.q[b, kvs, hs, i0:i1], self.k[b, kvs, :, j_lo:j_hi].swapaxes(-1, -2), out=s)
                 compiled.softmax_strip(s.reshape(stack_rows, span), lse_all[:stack_rows], g.scale,
                                        self.flat_slopes[kvs, hs], rows, g.shift(i0, j_lo), g.causal, g.window_or_0(),
-                                       g.softcap_or_0())
+                                       g.softcap_or_0(), g.segments.strip(b, i0, i1, j_lo, j_hi) if masked else None)
             else:
                 g.scores(s, wide, self.q[b, kvs, hs, i0:i1], self.k[b, kvs, :, j_lo:j_hi], i0, j_lo,
                          None if self.slopes is None else self.slopes[kvs, hs])
+                if masked:
+                    g.segments.mask(s, b, i0, i1, j_lo, j_hi, thread, g.minus_inf)
                 self.softmax(s.reshape(stack_rows, span), wide, m_all[:stack_rows], lse_all[:stack_rows],
                              inverse_all[:stack_rows], whole_rows=span == g.tk)
             np.matmul(s, self.v[b, kvs, :, j_lo:j_hi], out=self.out[b, kvs, hs, i0:i1])
@@ -282,6 +360,8 @@ class Forward:
 
     def __call__(self) -> None:
         g = self.g
+        if g.segments is not None:
+            g.segments.load()
         g.pool.blocks(self.items, g.batch * (g.heads // g.stack) * g.blocks, g.work())
 
 
@@ -329,16 +409,16 @@ class Backward:
             dv.fill(0)
             for h in range(0, g.group, g.stack_q):
                 for block in range(g.blocks):
-                    self.block(b, kvs, slice(h, h + g.stack_q), block, scratch[:-2], dk, dv, tanh_all)
+                    self.block(b, kvs, slice(h, h + g.stack_q), block, scratch[:-2], dk, dv, tanh_all, thread)
             np.copyto(self.d_k[b, kvs], dk)
             np.copyto(self.d_v[b, kvs], dv)
 
-    def block(self, b: int, kvs: slice, hs: slice, block: int, scratch, dk, dv, tanh_all=None) -> None:
+    def block(self, b: int, kvs: slice, hs: slice, block: int, scratch, dk, dv, tanh_all=None, thread: int = 0) -> None:
         """One query block of the query heads ``hs`` of the kv heads ``kvs``: their ``d_q`` rows, and
         their share of ``dk``, ``dv`` added in (``tanh_all``: a strip's scratch, with a softcap)."""
         g = self.g
         p_all, dp_all, wide, part_all, sum_all, od_all, di_all, lse_all = scratch
-        i0, i1, j_lo, j_hi = g.block(block)
+        i0, i1, j_lo, j_hi, masked = g.row_block(b, block)
         rows, span = i1 - i0, j_hi - j_lo
         heads, stack_rows = (g.stack_kv, g.stack_q), g.stack * rows
         q, k_span, v_span = self.q[b, kvs, hs, i0:i1], self.k[b, kvs, :, j_lo:j_hi], self.v[b, kvs, :, j_lo:j_hi]
@@ -352,9 +432,12 @@ class Backward:
             np.matmul(q, k_span.swapaxes(-1, -2), out=p)
             compiled.probabilities_strip(p_rows, lse, g.scale, self.flat_slopes[kvs, hs], rows,
                                          g.shift(i0, j_lo), g.causal, g.window_or_0(), g.softcap_or_0(),
-                                         None if tanh is None else tanh.reshape(stack_rows, span))
+                                         None if tanh is None else tanh.reshape(stack_rows, span),
+                                         g.segments.strip(b, i0, i1, j_lo, j_hi) if masked else None)
         else:
             g.scores(p, wide, q, k_span, i0, j_lo, None if self.slopes is None else self.slopes[kvs, hs], tanh)
+            if masked:
+                g.segments.mask(p, b, i0, i1, j_lo, j_hi, thread, g.minus_inf)
             _by_rows(np.subtract, p_rows, lse, wide)
             np.exp(p_rows, out=p_rows)
         part = part_all[:g.stack * span * g.value_depth].reshape(*heads, span, g.value_depth)
@@ -391,6 +474,8 @@ class Backward:
 
     def __call__(self) -> None:
         g = self.g
+        if g.segments is not None:
+            g.segments.load()
         g.pool.blocks(self.pairs, g.batch * (g.kv_heads // g.stack_kv), 3 * g.work())
 
 
@@ -443,12 +528,23 @@ def _slopes(slopes, heads: int):
     return flat if flat.shape[0] == heads else False
 
 
+def _with_segments(geometry: Attention | None, segments: np.ndarray | None) -> Attention | None:
+    """The geometry with the launch's segment ids (None: the reference runs the launch: ids that are not
+    integers ``[B, Tk]``)."""
+    if geometry is None or segments is None:
+        return geometry
+    if segments.dtype.kind not in "iu" or segments.shape != (geometry.batch, geometry.capacity):
+        return None
+    geometry.segments = Segments(segments, geometry)
+    return geometry
+
+
 def flash_attention(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
-    """``out, lse = flash_attention(q, k, v, alibi_slopes)``."""
+    """``out, lse = flash_attention(q, k, v, alibi_slopes, segments)``."""
     layout = params.get("layout", "bhtd")
     if layout not in LAYOUTS:
         return None
-    q, k, v, slopes = (*inputs, None)[:4]
+    q, k, v, slopes, segments = (*inputs, None, None)[:5]
     out, lse = outputs
     q, k, v, out = _heads_first(layout, q, k, v, out)
     if lse.dtype not in (np.float32, np.float64) or lse.shape != q.shape[:3] or out.shape[:3] != q.shape[:3]:
@@ -457,15 +553,16 @@ def flash_attention(pool: Pool, outputs, inputs, params, jit: bool = False) -> S
     if slopes is False:
         return None
     geometry = _geometry(pool, q, k, v, (q, k, v, out, slopes), params, slopes is not None, jit)
+    geometry = _with_segments(geometry, segments)
     return None if geometry is None else Forward(geometry, q, k, v, out, lse, slopes)
 
 
 def flash_attention_backward(pool: Pool, outputs, inputs, params, jit: bool = False) -> Step | None:
-    """``d_q, d_k, d_v = flash_attention_backward(d_out, q, k, v, out, lse, alibi_slopes)``."""
+    """``d_q, d_k, d_v = flash_attention_backward(d_out, q, k, v, out, lse, alibi_slopes, segments)``."""
     layout = params.get("layout", "bhtd")
     if layout not in LAYOUTS:
         return None
-    d_out, q, k, v, out, lse, slopes = (*inputs, None)[:7]
+    d_out, q, k, v, out, lse, slopes, segments = (*inputs, None, None)[:8]
     d_q, d_k, d_v = outputs
     d_out, q, k, v, out, d_q, d_k, d_v = _heads_first(layout, d_out, q, k, v, out, d_q, d_k, d_v)
     if lse.dtype not in (np.float32, np.float64) or lse.shape != q.shape[:3]:
@@ -478,6 +575,9 @@ def flash_attention_backward(pool: Pool, outputs, inputs, params, jit: bool = Fa
     geometry = _geometry(pool, q, k, v, (d_out, q, k, v, out, d_q, d_k, d_v, slopes), params, slopes is not None,
                          jit)
     if geometry is None or out.shape != (*q.shape[:3], v.shape[3]):
+        return None
+    geometry = _with_segments(geometry, segments)
+    if geometry is None:
         return None
     return Backward(geometry, d_out, q, k, v, out, lse, slopes, d_q, d_k, d_v)
 

@@ -113,7 +113,9 @@ void swiglu_backward_rows(i64 rows, i64 width, float *d_gate, i64 sdg, float *d_
  * r / rows; its column c is key j_lo + c; `shift` is the distance i - j at its first row and
  * column. A key is seen where 0 <= d (causal) and |d| < window (window > 0). ALiBi slopes (NULL:
  * none) of stacked head h at slopes[(h / heads) * group + h % heads]. A softcap c > 0 caps the
- * scaled scores s to c tanh(s / c) before ALiBi (Gemma 2; 0: none, and the loops of no cap run). */
+ * scaled scores s to c tanh(s / c) before ALiBi (Gemma 2; 0: none, and the loops of no cap run).
+ * Packed rows (seg_k not NULL): seg_q[r % rows] is the example id of row r's query, seg_k[c] that of
+ * column c's key; a key of another example scores -inf (it gets probability 0). */
 static inline void seen(i64 d0, i64 span, int causal, i64 window, i64 *lo, i64 *hi) {
     i64 h = causal ? (d0 + 1 < span ? d0 + 1 : span) : (window > 0 ? (d0 + window < span ? d0 + window : span) : span);
     i64 l = window > 0 ? (d0 - window + 1 > 0 ? d0 - window + 1 : 0) : 0;
@@ -151,7 +153,7 @@ static inline void zero_outside(float *row, i64 span, i64 lo, i64 hi) {
  * 0 around them. */
 static inline void seen_scores(float *s, float *factors, i64 r, i64 span, float scale, float softcap,
                                const float *slopes, i64 heads, i64 group, i64 rows, i64 shift, int causal, i64 window,
-                               float **x, i64 *n) {
+                               const int32_t *seg_q, const int32_t *seg_k, float **x, i64 *n) {
     i64 d0 = shift + r % rows, lo, hi;
     seen(d0, span, causal, window, &lo, &hi);
     float *row = s + r * span, *factor = factors ? factors + r * span : NULL;
@@ -160,15 +162,22 @@ static inline void seen_scores(float *s, float *factors, i64 r, i64 span, float 
     *x = row + lo;
     *n = hi - lo;
     scale_scores(*x, *n, scale, softcap, factor ? factor + lo : NULL, slopes, r / rows, heads, group, d0 - lo);
+    if (seg_k) {
+        const int32_t id = seg_q[r % rows], *ids = seg_k + lo;
+        float *xs = *x;
+        for (i64 c = 0; c < *n; c++) xs[c] = ids[c] == id ? xs[c] : -INFINITY;
+    }
 }
 
 /* s = softmax(cap(scale s) - slope |d|) over the keys each row sees (the others 0), lse its log-sum-exp. */
 void softmax_strip(i64 total, i64 span, float *s, float *lse, float scale, float softcap, const float *slopes,
-                   i64 heads, i64 group, i64 rows, i64 shift, int causal, i64 window) {
+                   i64 heads, i64 group, i64 rows, i64 shift, int causal, i64 window, const int32_t *seg_q,
+                   const int32_t *seg_k) {
     for (i64 r = 0; r < total; r++) {
         float *x;
         i64 n;
-        seen_scores(s, NULL, r, span, scale, softcap, slopes, heads, group, rows, shift, causal, window, &x, &n);
+        seen_scores(s, NULL, r, span, scale, softcap, slopes, heads, group, rows, shift, causal, window, seg_q, seg_k,
+                    &x, &n);
         float m = row_max(x, n), sum = 0.0f;
         {
             REDUCE for (i64 c = 0; c < n; c++) {
@@ -186,12 +195,13 @@ void softmax_strip(i64 total, i64 span, float *s, float *lse, float scale, float
 /* s = exp(cap(scale s) - slope |d| - lse) over the keys each row sees (the others 0); with a softcap,
  * factors (a strip like s) = its derivatives 1 - tanh^2 there (0 elsewhere). */
 void probabilities_strip(i64 total, i64 span, float *s, const float *lse, float scale, float softcap, float *factors,
-                         const float *slopes, i64 heads, i64 group, i64 rows, i64 shift, int causal, i64 window) {
+                         const float *slopes, i64 heads, i64 group, i64 rows, i64 shift, int causal, i64 window,
+                         const int32_t *seg_q, const int32_t *seg_k) {
     for (i64 r = 0; r < total; r++) {
         float *x;
         i64 n;
         seen_scores(s, softcap > 0.0f ? factors : NULL, r, span, scale, softcap, slopes, heads, group, rows, shift,
-                    causal, window, &x, &n);
+                    causal, window, seg_q, seg_k, &x, &n);
         float offset = lse[r];
         for (i64 c = 0; c < n; c++) x[c] = fast_exp(x[c] - offset);
     }
@@ -246,14 +256,15 @@ void cross_entropy_rows(i64 n, i64 vocab, float *logits, i64 stride, i64 first, 
 
 /* ---------------------------------------------------------------- RoPE
  * Tokens start .. stop - 1 (flattened b * T + t) of out = rope(x) (inverse: by -angle) for every head;
- * x, out C-contiguous in their layout (bthd: [B, T, H, D], else [B, H, T, D]); freqs [T, D / 2, 2]. */
+ * x, out C-contiguous in their layout (bthd: [B, T, H, D], else [B, H, T, D]); freqs [T, D / 2, 2]
+ * (table_rows = T: one table for every row) or [B, T, D / 2, 2] (table_rows = B T: each row's own). */
 void rope_rows(i64 start, i64 stop, const float *x, float *out, const float *freqs, i64 tokens, i64 heads, i64 depth,
-               int bthd, int interleaved, int inverse) {
+               int bthd, int interleaved, int inverse, i64 table_rows) {
     i64 half = depth / 2;
     float sign = inverse ? -1.0f : 1.0f;
     for (i64 item = start; item < stop; item++) {
         i64 b = item / tokens, t = item % tokens;
-        const float *angles = freqs + t * depth;
+        const float *angles = freqs + (item % table_rows) * depth;
         for (i64 h = 0; h < heads; h++) {
             i64 offset = bthd ? ((b * tokens + t) * heads + h) * depth : ((b * heads + h) * tokens + t) * depth;
             const float *xs = x + offset;

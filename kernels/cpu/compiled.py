@@ -73,11 +73,11 @@ SIGNATURES: dict[str, tuple] = {
     "swiglu_rows": (I64, I64, PTR, I64, PTR, I64, PTR, I64),
     "silu_backward_rows": (I64, I64, PTR, I64, PTR, I64, PTR, I64),
     "swiglu_backward_rows": (I64, I64, PTR, I64, PTR, I64, PTR, I64, PTR, I64, PTR, I64),
-    "softmax_strip": (I64, I64, PTR, PTR, FLOAT, FLOAT, PTR, I64, I64, I64, I64, INT, I64),
-    "probabilities_strip": (I64, I64, PTR, PTR, FLOAT, FLOAT, PTR, PTR, I64, I64, I64, I64, INT, I64),
+    "softmax_strip": (I64, I64, PTR, PTR, FLOAT, FLOAT, PTR, I64, I64, I64, I64, INT, I64, PTR, PTR),
+    "probabilities_strip": (I64, I64, PTR, PTR, FLOAT, FLOAT, PTR, PTR, I64, I64, I64, I64, INT, I64, PTR, PTR),
     "score_grads_strip": (I64, I64, PTR, PTR, PTR, PTR, I64, I64, PTR, I64, I64, I64, I64, FLOAT),
     "cross_entropy_rows": (I64, I64, PTR, I64, I64, PTR, PTR, PTR, PTR, PTR, INT, INT),
-    "rope_rows": (I64, I64, PTR, PTR, PTR, I64, I64, I64, INT, INT, INT),
+    "rope_rows": (I64, I64, PTR, PTR, PTR, I64, I64, I64, INT, INT, INT, I64),
     "rmsnorm_rows": (I64, I64, I64, PTR, PTR, PTR, PTR, FLOAT, PTR, PTR, INT),
     "rmsnorm_backward_rows": (I64, I64, I64, PTR, PTR, PTR, PTR, PTR, PTR, INT, PTR),
     "gemm_threads": (PTR, INT),
@@ -256,24 +256,39 @@ def _slopes(slopes: np.ndarray) -> tuple[int, int, int]:
     return address(slopes), slopes.shape[1], row_stride(slopes)
 
 
+def _segments(segments: tuple[np.ndarray, np.ndarray] | None, rows: int, span: int) -> tuple[int | None, int | None]:
+    """The addresses of a strip's query ids (``[rows]``) and key ids (``[span]``), contiguous int32
+    (None, None: no segments)."""
+    if segments is None:
+        return None, None
+    ids_q, ids_k = segments
+    if ids_q.dtype != np.int32 or ids_k.dtype != np.int32 or ids_q.shape != (rows,) or ids_k.shape != (span,) \
+            or not (ids_q.flags.c_contiguous and ids_k.flags.c_contiguous):
+        raise ValueError("a strip's segment ids are contiguous int32 [rows] and [span]")
+    return address(ids_q), address(ids_k)
+
+
 def softmax_strip(s, lse, scale, slopes, rows: int, shift: int, causal: bool, window: int,
-                  softcap: float = 0.0) -> None:
+                  softcap: float = 0.0, segments: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """``s [R, span] = softmax(cap(scale s) - slope |d|)`` over the keys each row sees (the others 0),
     ``lse`` its log-sum-exp (the layout of a strip: ``compiled.c``); ``cap(x) = c tanh(x / c)`` with
-    ``softcap`` c > 0 (0: none)."""
+    ``softcap`` c > 0 (0: none); ``segments``: the ids of the block's queries and of the strip's keys
+    (packed rows: a key of another example is not seen)."""
     kernel("softmax_strip")(s.shape[0], s.shape[1], address(s), address(lse), scale, softcap, *_slopes(slopes), rows,
-                            shift, causal, window)
+                            shift, causal, window, *_segments(segments, rows, s.shape[1]))
 
 
 def probabilities_strip(s, lse, scale, slopes, rows: int, shift: int, causal: bool, window: int,
-                        softcap: float = 0.0, factors: np.ndarray | None = None) -> None:
+                        softcap: float = 0.0, factors: np.ndarray | None = None,
+                        segments: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """``s = exp(cap(scale s) - slope |d| - lse)`` over the keys each row sees (the others 0); with
     ``softcap`` c > 0, ``factors`` (shaped as ``s``) gets the cap's derivatives ``1 - tanh^2`` there
-    (0 elsewhere)."""
+    (0 elsewhere); ``segments`` as :func:`softmax_strip`'s."""
     if softcap and (factors is None or factors.shape != s.shape):
         raise ValueError("a softcapped probabilities_strip takes factors shaped as its strip")
     kernel("probabilities_strip")(s.shape[0], s.shape[1], address(s), address(lse), scale, softcap,
-                                  address(factors) if softcap else None, *_slopes(slopes), rows, shift, causal, window)
+                                  address(factors) if softcap else None, *_slopes(slopes), rows, shift, causal, window,
+                                  *_segments(segments, rows, s.shape[1]))
 
 
 def score_grads_strip(d_s, p, d_out, out, scale, factors: np.ndarray | None = None) -> None:
@@ -295,10 +310,12 @@ def cross_entropy_rows(logits, first: int, column, valid, scale, lse, per_row, l
 
 def bind_rope(x, out, freqs, bthd: bool, interleaved: bool, inverse: bool) -> Callable[[int, int], None]:
     """``run(start, stop)``: tokens ``start .. stop - 1`` of ``out = rope(x)`` for every head (``x``,
-    ``out``: C-contiguous in their layout)."""
+    ``out``: C-contiguous in their layout; ``freqs``: ``[T, D/2, 2]``, or ``[B, T, D/2, 2]`` a table per
+    row)."""
     tokens, heads = (x.shape[1], x.shape[2]) if bthd else (x.shape[2], x.shape[1])
+    table_rows = tokens * (x.shape[0] if freqs.ndim == 4 else 1)
     function, operands = kernel("rope_rows"), (address(x), address(out), address(freqs), tokens, heads, x.shape[3],
-                                               bthd, interleaved, inverse)
+                                               bthd, interleaved, inverse, table_rows)
     return lambda start, stop, arrays=(x, out, freqs): function(start, stop, *operands)
 
 

@@ -9,7 +9,9 @@ each pair's cosine at both places, ``S`` its sine signed (``-sin`` at ``a``,
 ``swap(x)`` exchanges the elements of each pair; so all but the swap are
 passes over contiguous rows of D, not over the strided halves (numpy runs
 those an order of magnitude slower per element). ``C`` and ``S`` are built once
-per call, for the positions and the widest head count, on the calling thread.
+per call, for the positions and the widest head count, on the calling thread (for
+each row's positions where ``freqs`` is a table per row, ``[B, T, D/2, 2]``: packed
+rows, each token at its own position).
 ``a cos + b (-sin)`` is ``a cos - b sin`` exactly, so the results are bitwise
 the reference's; each tile reads all of ``x`` before it writes, so an output
 may be its input's buffer (the registry's in-place reuse).
@@ -49,7 +51,9 @@ def _tensors(outputs, inputs, params) -> list[tuple[np.ndarray, np.ndarray]] | N
         return None
     tensors = [(_tokens_first(x, layout), _tokens_first(out, layout)) for x, out in ((q, q_out), (k, k_out))]
     batch, tokens, _, depth = tensors[0][0].shape
-    if freqs.shape[0] != tokens or any(x.shape[:2] != (batch, tokens) or x.shape[3] != depth for x, _ in tensors):
+    positions = (batch, tokens) if freqs.ndim == 4 else (tokens,)
+    if freqs.ndim not in (3, 4) or freqs.shape[:-2] != positions or freqs.shape[-2:] != (depth // 2, 2) \
+            or any(x.shape[:2] != (batch, tokens) or x.shape[3] != depth for x, _ in tensors):
         return None
     return tensors
 
@@ -57,22 +61,25 @@ def _tensors(outputs, inputs, params) -> list[tuple[np.ndarray, np.ndarray]] | N
 def _rope(pool: Pool, outputs, inputs, params, inverse: bool, jit: bool = False) -> Step | None:
     fast = _jit_rope(pool, outputs, inputs, params, inverse) if jit else None
     tensors = _tensors(outputs, inputs, params) if fast is None else None
-    if tensors is None:
-        return fast
+    if tensors is None or (inputs[2].ndim == 4 and not inputs[2].flags.c_contiguous):
+        return fast  # a table per row is read through a flat view of its positions
     (q, k, freqs), interleaved = inputs, params.get("interleaved", False)
     batch, tokens, _, depth = tensors[0][0].shape
     heads = max(x.shape[2] for x, _ in tensors)
     dtype, width = q.dtype, heads * depth
     per_tile = tile_rows(width)
-    table = [tokens * width] * 2
+    rows = tokens * (batch if freqs.ndim == 4 else 1)  # the table's positions: every row's own, or shared
+    angles = freqs.reshape(rows, depth // 2, 2)
+    table = [rows * width] * 2
     tile = [per_tile * width] * 2
     pool.workspace.reserve(carved_bytes(dtype, table + tile))
     sign = 1 if inverse else -1  # the sine's sign at the first element of a pair
 
     def tables() -> tuple[np.ndarray, np.ndarray]:
-        """``C`` and ``S`` ``[T, H, D]`` of this call's angles, in thread 0's scratch."""
-        c, s = (a.reshape(tokens, heads, depth) for a in pool.workspace.carve(0, dtype, table))
-        cos, sin = freqs[:, None, :, 0], freqs[:, None, :, 1]
+        """``C`` and ``S`` ``[T, H, D]`` (``[B T, H, D]``: a table per row) of this call's angles, in
+        thread 0's scratch."""
+        c, s = (a.reshape(rows, heads, depth) for a in pool.workspace.carve(0, dtype, table))
+        cos, sin = angles[:, None, :, 0], angles[:, None, :, 1]
         for half in _pairs(c, interleaved):
             np.copyto(half, cos)
         first, second = _pairs(s, interleaved)
@@ -85,14 +92,15 @@ def _rope(pool: Pool, outputs, inputs, params, inverse: bool, jit: bool = False)
         for item in range(start, stop):
             b, first = divmod(item, -(-tokens // per_tile))
             lo, hi = first * per_tile, min((first + 1) * per_tile, tokens)
+            at = b * tokens if rows > tokens else 0  # the row's first position in the tables
             for x, out in tensors:
                 shape = (hi - lo, x.shape[2], depth)
                 cosine, swapped = (t[:np.prod(shape)].reshape(shape) for t in scratch)
                 xs = x[b, lo:hi]
-                np.multiply(xs, c[lo:hi, :shape[1]], out=cosine)
+                np.multiply(xs, c[at + lo:at + hi, :shape[1]], out=cosine)
                 for target, source in zip(_pairs(swapped, interleaved), reversed(_pairs(xs, interleaved))):
                     np.copyto(target, source)
-                swapped *= s[lo:hi, :shape[1]]
+                swapped *= s[at + lo:at + hi, :shape[1]]
                 np.add(cosine, swapped, out=out[b, lo:hi])
 
     items = batch * -(-tokens // per_tile)
@@ -110,7 +118,7 @@ def _jit_rope(pool: Pool, outputs, inputs, params, inverse: bool) -> Step | None
     operands it does not take: not float32 and C-contiguous in their layout)."""
     (q_out, k_out), (q, k, freqs) = outputs, inputs
     if _tensors(outputs, inputs, params) is None or not compiled.takes(q, k, q_out, k_out, freqs) \
-            or q.shape[-1] % 2 or freqs.shape[1:] != (q.shape[-1] // 2, 2) \
+            or q.shape[-1] % 2 or freqs.shape[-2:] != (q.shape[-1] // 2, 2) \
             or not all(a.flags.c_contiguous for a in (q, k, q_out, k_out, freqs)):
         return None
     bthd, interleaved = params.get("layout", "bhtd") == "bthd", bool(params.get("interleaved", False))

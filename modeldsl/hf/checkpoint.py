@@ -29,6 +29,12 @@ possibly optional (``lm_head?``). Its value is
   (``{layer}`` may appear too);
 - ``tied_to(other)``: nothing to load (the parameter is shared).
 
+A frozen weight that ``mdsl-quantize-frozen`` stores narrower (its ``quantized``
+dictionary) is read a layer at a time in float32 and stored in bf16 (rounded to
+nearest even) or in fp8 with its scales (:func:`modeldsl.kernels.reference.quantize`,
+filling its scale parameter too); a save writes the values it then holds
+(:func:`modeldsl.runtime.lora.merged_weights` dequantizes them).
+
 Each parameter (a stacked one whole) is filled in place, so peak memory stays
 near one copy of the weights: given the arrays to fill (``into``: the views of
 the schedule's params arena), a tensor that a rule places whole (a tensor, a
@@ -70,11 +76,14 @@ from xdsl.dialects.builtin import DictionaryAttr, IntegerAttr, StringAttr
 from xdsl.ir import Attribute
 
 from modeldsl.diagnostics import Diagnostic
+from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import ModelOp, ParamOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.hf.compat import python_value, warn_python
 from modeldsl.hf.config import export_config
 from modeldsl.hf.safetensors_io import READ_CHUNK, CheckpointError, Mapper, SafetensorsFile, write_safetensors
+from modeldsl.kernels.reference import quantize
+from modeldsl.runtime.executor import NUMPY_DTYPES
 from modeldsl.runtime.threads import usable_cores
 from modeldsl.symbolic import Expr, SymbolicError
 
@@ -272,6 +281,9 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
                 skipped[rule.target] = (rule, absent)
                 continue
         target = into.get(rule.target) if into is not None else None
+        if _converted(param, dtype):
+            weights |= _read_stored(rule, param, params, shape, layers, checkpoint, record, config, warn, into)
+            continue
         fits = target is not None and target.shape == shape and target.dtype == dtype
         value = target if fits else np.empty(shape, dtype)
         for layer in layers:
@@ -291,6 +303,47 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
                               "add a rule for it to hf_mapping", tensor=missing[0])
     _check_unused(checkpoint.unused(ignored_tensors(model)), model, allow_unused, warn)
     return weights, record
+
+
+def _converted(param: ParamOp, dtype: np.dtype) -> bool:
+    """Whether a parameter is stored in another form than the load's ``dtype`` gives it: a weight
+    ``mdsl-quantize-frozen`` stores in fp8 (with its scale), or in bf16 in a load of another dtype."""
+    info = param.quantized
+    return info is not None and info["role"] == "data" and ("scale" in info or NUMPY_DTYPES[DType(info["dtype"])]
+                                                            != np.dtype(dtype))
+
+
+def _read_stored(rule: Rule, param: ParamOp, params: dict[str, ParamOp], shape: tuple[int, ...],
+                 layers: list[int | None], checkpoint: Checkpoint, record: ImportRecord, config: dict[str, int],
+                 warn: Callable[[CheckpointError], None] | None,
+                 into: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """A weight ``mdsl-quantize-frozen`` stores narrower, from the checkpoint: each layer read in
+    float32 into one buffer (so no more than a layer is held wide), then rounded to nearest even
+    into bf16, or quantized into fp8 with one fp32 scale per output channel
+    (:func:`modeldsl.kernels.reference.quantize`); written into the arrays of ``into`` (the params
+    arena) where it has them. The weight's values and (fp8) its scale's, by parameter name."""
+    info = param.quantized
+    stored = NUMPY_DTYPES[DType(info["dtype"])]
+    values = _target(into, rule.target, shape, stored)
+    scale = _target(into, info["scale"], shape[:-1], np.dtype(np.float32)) if "scale" in info else None
+    buffer = np.empty(shape if layers == [None] else shape[1:], np.float32)
+    for layer in layers:
+        wide = _read(rule, layer, checkpoint, record, buffer.shape, np.dtype(np.float32), config, warn, buffer)
+        where = () if layer is None else (layer,)
+        if scale is None:
+            np.copyto(values[where], wide, casting="unsafe")
+        else:
+            q, s = quantize(wide, dtype=stored)
+            np.copyto(values[where], q)
+            np.copyto(scale[where], s)
+    return {rule.target: values} | ({info["scale"]: scale} if scale is not None else {})
+
+
+def _target(into: dict[str, np.ndarray] | None, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The array of ``into`` to fill for ``name`` where it has one of that shape and dtype, else a new one."""
+    target = into.get(name) if into is not None else None
+    return target if target is not None and target.shape == tuple(shape) and target.dtype == dtype \
+        else np.empty(shape, dtype)
 
 
 def direct_pieces(model: ModelOp, directory: str | Path, dtype: np.dtype,

@@ -58,12 +58,12 @@ def vjp_causal_mask(b, op, grads):
 
 
 def vjp_flash_attention(b, op, grads):
-    """ALiBi slopes (a parameter of the primitive) shift the scores and are not differentiated."""
-    q, k, v, *slopes = op.operands
+    """ALiBi slopes (a parameter of the primitive) shift the scores, segment ids (packed rows) mask
+    them: neither is differentiated."""
     params = forward_params(op, "causal", "softmax_scale", "window_size", "layout", "softcap")
-    d_q, d_k, d_v = b.op("flash_attention_backward", grads[0], q, k, v, op.results[0], op.results[1], *slopes,
-                         **params)
-    return [d_q, d_k, d_v, *[None for _ in slopes]]
+    d_q, d_k, d_v = b.op("flash_attention_backward", grads[0], op.q, op.k, op.v, op.results[0], op.results[1],
+                         op.alibi_slopes, op.segments, **params)
+    return [d_q, d_k, d_v, *[None for _ in op.operands[3:]]]
 
 
 def vjp_rope(b, op, grads):

@@ -11,7 +11,9 @@ has no CUDA kernel or the plan raises ``NotCovered``, a reference fallback (coun
 primitives (transpose, permute, concat, split, contiguous, copy, view) become device copies
 (:class:`StridedCopyCommand`, :class:`CopyCommand`) and ``zeros``/``ones``/``fill`` memsets (a
 ``flash_attention`` launch, with its ALiBi slopes, is a kernel launch: mdsl-lower-to-sched makes
-attention without them the ``attention``/``attention_backward`` ops); a fused primitive
+attention without them the ``attention``/``attention_backward`` ops, and those ops with the segment
+ids of packed rows launches of ``flash_attention``/``flash_attention_backward`` on attention.cu's
+``_seg`` kernels, as cuDNN's SDPA takes no ids); a fused primitive
 with a composite lowering (:mod:`modeldsl.runtime.cuda_composites`: the chunked LM-head loss)
 becomes a :class:`CompositeCommand` of GEMMs and kernel launches working in the launch's
 planned scratch. A ``gemm``
@@ -412,16 +414,42 @@ def recorded_choice(op: Operation) -> KernelChoice | None:
                         workspace.value.data if isinstance(workspace, IntegerAttr) else None)
 
 
-def bind_attention(op: AttentionOp | AttentionBackwardOp, refs: Mapping[SSAValue, TensorRef]) -> AttentionCommand:
+def bind_attention(op: AttentionOp | AttentionBackwardOp, refs: Mapping[SSAValue, TensorRef]
+                   ) -> AttentionCommand | KernelCommand:
     options = {"causal": bool(op.causal.value.data), "window": op.window.value.data,
                "softmax_scale": op.scale.value.data if op.scale is not None else None, "layout": op.layout.data,
                "choice": recorded_choice(op), "softcap": op.softcap.value.data if op.softcap is not None else 0.0}
+    if op.segments is not None:
+        return bind_packed_attention(op, refs, options)
     if isinstance(op, AttentionOp):
         return with_kernel(AttentionCommand(q=refs[op.q], k=refs[op.k], v=refs[op.v], out=refs[op.out],
                                             lse=refs[op.lse], **options))
     return with_kernel(AttentionBackwardCommand(q=refs[op.q], k=refs[op.k], v=refs[op.v], out=refs[op.out],
                                                 d_out=refs[op.d_out], lse=refs[op.lse], d_q=refs[op.d_q],
                                                 d_k=refs[op.d_k], d_v=refs[op.d_v], **options))
+
+
+def bind_packed_attention(op: AttentionOp | AttentionBackwardOp, refs: Mapping[SSAValue, TensorRef],
+                          options: dict[str, Any]) -> KernelCommand:
+    """Attention of packed rows (segment ids): a launch of the ``flash_attention`` primitive (or its backward)
+    with the ids, planned on attention.cu's ``_seg`` kernels (cuDNN's SDPA takes no ids), or where the plan
+    declines it (ALiBi, D > 256), the reference fallback, counted and warned."""
+    params = {"causal": options["causal"], "softmax_scale": options["softmax_scale"],
+              "window_size": options["window"] or None, "layout": options["layout"], "softcap": options["softcap"]}
+    segments = refs[op.segments]
+    if isinstance(op, AttentionOp):
+        command = KernelCommand(kernel="flash_attention",
+                                arguments=(refs[op.q], refs[op.k], refs[op.v], None, segments),
+                                outputs=(refs[op.out], refs[op.lse]), params=params,
+                                reference=entry("flash_attention").reference, choice=options["choice"])
+    else:
+        command = KernelCommand(kernel="flash_attention_backward",
+                                arguments=(refs[op.d_out], refs[op.q], refs[op.k], refs[op.v], refs[op.out],
+                                           refs[op.lse], None, segments),
+                                outputs=(refs[op.d_q], refs[op.d_k], refs[op.d_v]), params=params,
+                                reference=entry("flash_attention_backward").reference, choice=options["choice"])
+    plan_kernel(command)
+    return command
 
 
 def bind_copy(op: CopyOp, refs: Mapping[SSAValue, TensorRef]) -> Command:

@@ -57,7 +57,9 @@ def _read_int(path: str) -> int | None:
 
 def parameter_bytes(model: ModelOp, values: dict[str, Any], itemsize: int) -> int | None:
     """Bytes of the model's parameters under ``values`` (None when a shape is not determined
-    by them). ``model`` may be unspecialized: its shapes are evaluated symbolically."""
+    by them), ``itemsize`` bytes each but where ``mdsl-quantize-frozen`` stores a parameter (its
+    ``quantized`` dictionary): in its stored dtype. ``model`` may be unspecialized: its shapes are
+    evaluated symbolically."""
     sizes = {k: v for k, v in values.items() if isinstance(v, int) and not isinstance(v, bool)}
     total = 0
     for param in (op for op in model.walk() if isinstance(op, ParamOp)):
@@ -68,7 +70,7 @@ def parameter_bytes(model: ModelOp, values: dict[str, Any], itemsize: int) -> in
             except (SymbolicError, ZeroDivisionError, ValueError, TypeError):
                 return None
             count *= max(extent, 0)
-        total += count * itemsize
+        total += param.param_type.dtype.byte_size(count) if param.quantized is not None else count * itemsize
     return total
 
 

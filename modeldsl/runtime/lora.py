@@ -20,6 +20,15 @@ tensors by name. A config of a kind of adapter this runtime does not compute (Do
 ``modules_to_save``, per-layer ranks) is E030; a tensor missing, of another shape or that no
 adapter takes is E031, E032 or E040, naming it. :func:`merged_weights` folds the adapters into
 the weights they adapt (``W + scaling * B @ A``, slice by slice), as PEFT's ``merge_and_unload``.
+
+A low-precision frozen base (QLoRA-style, ``modeldsl.load(..., lora=..., base_dtype="fp8")``):
+:func:`quantize_base` runs ``mdsl-quantize-frozen`` (:mod:`modeldsl.passes.quantize_frozen`) after
+the adapters are added, so every frozen linear weight is stored in bf16, or in fp8 e4m3 with an fp32
+scale per output channel, and dequantized right before the matmul that reads it. The adapters stay in
+the load's dtype and train as on a full-precision base; their files do not change (an adapter trained
+on an fp8 base loads on a full-precision one, and back). :func:`merged_weights` widens a stored weight
+(``q * scale``) before it folds the adapters in, so a merged save of an fp8 base holds the dequantized
+values.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ import numpy as np
 from modeldsl.diagnostics import Diagnostic, DiagnosticError
 from modeldsl.dialects.graph import ModelOp, ParamOp
 from modeldsl.hf.safetensors_io import CheckpointError, SafetensorsFile, regular_file, write_safetensors
+from modeldsl.kernels.reference import dequantize
 from modeldsl.passes.adapters import (
     Lora,
     adapter_info,
@@ -48,6 +58,7 @@ from modeldsl.passes.adapters import (
     mapped_weights,
     unmapped_weights,
 )
+from modeldsl.passes.quantize_frozen import quantize_frozen
 
 CONFIG_FILE = "adapter_config.json"
 TENSORS_FILE = "adapter_model.safetensors"
@@ -56,6 +67,8 @@ PEFT_PREFIX = "base_model.model."
 UNSUPPORTED = {"use_dora": False, "bias": "none", "modules_to_save": None, "layers_to_transform": None,
                "fan_in_fan_out": False, "lora_bias": False, "use_qalora": False}
 
+# base_dtype= of modeldsl.load: what mdsl-quantize-frozen stores the frozen base in
+BASE_DTYPES = {"bf16": "bf16", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3"}
 ALIASES = {"r": "rank", "lora_alpha": "alpha", "target_modules": "targets", "lora_dropout": "dropout",
            "use_rslora": "rslora"}
 
@@ -325,9 +338,49 @@ def fill_adapters(model: ModelOp, weights: dict[str, np.ndarray], tensors: Safet
                               "another architecture", tensor=unused[0])
 
 
+def quantize_base(model: ModelOp, base_dtype: str | None) -> list[str]:
+    """Store the frozen base of a configured model narrower (``mdsl-quantize-frozen``): ``base_dtype``
+    ``"bf16"`` or ``"fp8"`` (fp8 e4m3 with an fp32 scale per output channel); None leaves it as it
+    is. The names of the weights stored; E029 for another ``base_dtype``, or for a model with no
+    frozen linear weight to store (load it with ``lora=`` or ``adapter=``)."""
+    if base_dtype is None:
+        return []
+    stored = quantize_frozen(model, stored_dtype(base_dtype))
+    if not stored:
+        raise _error(f"base_dtype={base_dtype!r}: the model has no frozen linear weight to store narrower",
+                     "the base is frozen by LoRA: load with lora=... or adapter=DIR (or freeze weights with @frozen)")
+    return stored
+
+
+def stored_dtype(base_dtype: object) -> str:
+    """The dtype ``mdsl-quantize-frozen`` stores a ``base_dtype`` in (``fp8`` -> ``fp8_e4m3``); E029
+    naming the choices for any other value."""
+    if not isinstance(base_dtype, str) or base_dtype not in BASE_DTYPES:
+        raise _error(f"base_dtype={base_dtype!r} is not one of {', '.join(repr(k) for k in BASE_DTYPES)}",
+                     "store the frozen base in bf16, or in fp8 (e4m3, a scale per output channel); leave "
+                     "base_dtype out to store it as the trained weights are")
+    return BASE_DTYPES[base_dtype]
+
+
+def dequantized(model: ModelOp, weights: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+    """The value of weight ``name`` in float32: a stored one widened (``q * scale`` per output
+    channel for fp8, :func:`modeldsl.kernels.reference.dequantize`), any other as it is held."""
+    param = next((p for p in model.params() if p.sym_name.data == name), None)
+    info = param.quantized if param is not None else None
+    if info is None or info["role"] != "data":
+        return np.asarray(weights[name], dtype=np.float32)
+    if "scale" not in info:
+        return np.asarray(weights[name], dtype=np.float32)
+    return dequantize(np.asarray(weights[name]), np.asarray(weights[info["scale"]]))
+
+
 def merged_weights(model: ModelOp, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The adapted weights with their adapters folded in (``W[rows] += scaling * B @ A`` per part)."""
+    """The adapted weights with their adapters folded in (``W[rows] += scaling * B @ A`` per part),
+    and every weight stored narrower (``base_dtype``) widened to float32: a save writes what the model
+    computes with, so a merged save of an fp8 base holds its dequantized values (``q * scale``), not the
+    checkpoint's it was quantized from."""
     merged: dict[str, np.ndarray] = {}
+    stored = {p.sym_name.data for p in model.params() if p.quantized is not None and p.quantized["role"] == "data"}
     parts = {(w.param, p.module): p for w in mapped_weights(model) + unmapped_weights(model) for p in w.parts}
     for param in adapter_params(model):
         name, info = param.sym_name.data, adapter_info(param)
@@ -336,7 +389,8 @@ def merged_weights(model: ModelOp, weights: Mapping[str, np.ndarray]) -> dict[st
         base = str(info["weight"])
         part = parts[(base, str(info["module"]))]
         a, b = (np.asarray(weights[name.removesuffix("A") + r], dtype=np.float64) for r in "AB")
-        value = merged.setdefault(base, np.array(weights[base], dtype=np.float64))
+        value = merged.setdefault(base, np.array(dequantized(model, weights, base), dtype=np.float64))
         start, end = part.start.evaluate({}), part.end.evaluate({})
         value[..., start:end, :] += float(adapter_info(param)["scaling"]) * (b @ a)
-    return {k: v.astype(np.asarray(weights[k]).dtype) for k, v in merged.items()}
+    widened = {k: v.astype(np.float32 if k in stored else np.asarray(weights[k]).dtype) for k, v in merged.items()}
+    return {**{name: dequantized(model, weights, name) for name in stored}, **widened}

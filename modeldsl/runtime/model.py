@@ -48,6 +48,7 @@ from modeldsl.hf.config import dsl_config, read_config
 from modeldsl.hf.safetensors_io import CheckpointError
 from modeldsl.ir import verify_module
 from modeldsl.kernels.cpu.compiled import prepare as prepare_cpu_kernels
+from modeldsl.kernels.reference import quantize
 from modeldsl.lower import choose_top, lower_program
 from modeldsl.passes.pipelines import bind_configuration
 from modeldsl.registry import model_for_checkpoint
@@ -60,7 +61,9 @@ from modeldsl.runtime.lora import (
     fill_adapters,
     init_adapters,
     merged_weights,
+    quantize_base,
     read_adapter,
+    stored_dtype,
     write_adapter,
 )
 from modeldsl.runtime.profiles import ParamsArena, ProfiledForward, params_arena
@@ -431,7 +434,8 @@ def choose_token(logits: np.ndarray, temperature: float, top_k: int | None, rng:
 def load(model_file: str | Path | None = None, hf: str | Path | None = None, dtype: str = "fp32",
          top: str | None = None, config: dict[str, Any] | None = None, progress: bool = False,
          sink: DiagnosticSink | None = None, device: str = "cpu", force_architecture: bool = False,
-         allow_unused_tensors: bool = False, lora: Any = None, adapter: str | Path | None = None) -> Model:
+         allow_unused_tensors: bool = False, lora: Any = None, adapter: str | Path | None = None,
+         base_dtype: str | None = None) -> Model:
     """Load a DSL model with the weights of a HuggingFace checkpoint (or random
     weights, normal(0, 0.02) with seed 0, when ``hf`` is None). Without ``model_file``, the std
     model that serves the checkpoint's ``architectures`` / ``model_type`` (E036 listing the served
@@ -450,9 +454,22 @@ def load(model_file: str | Path | None = None, hf: str | Path | None = None, dty
     PEFT's ``LoraConfig`` options: ``dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])``;
     :mod:`modeldsl.runtime.lora`): the model is frozen but for the adapters, which start as PEFT's.
     ``adapter`` loads a PEFT LoRA adapter folder instead (``adapter_config.json``,
-    ``adapter_model.safetensors``: ours or one PEFT wrote), to generate with or to train on."""
+    ``adapter_model.safetensors``: ours or one PEFT wrote), to generate with or to train on.
+
+    ``base_dtype`` stores the frozen base of such a model narrower (QLoRA-style): ``"bf16"``, or
+    ``"fp8"`` (fp8 e4m3 with one fp32 scale per output channel, ``scale = max|W[o, :]| / 448``);
+    None (the default) stores it as the trained weights are (``dtype``). It applies to every frozen
+    weight that only matmuls read (the linear modules, the LM head included; not the embedding, the
+    norms, biases or the adapters): ``mdsl-quantize-frozen`` (:mod:`modeldsl.passes.quantize_frozen`)
+    rewrites the model, the checkpoint's values are quantized once as they are read (round to nearest
+    even, saturating), and each program dequantizes a weight into the compute dtype right before its
+    matmul, one layer at a time. ``save_hf`` then writes the dequantized values (merged with the
+    adapters); ``save_adapter`` writes the adapters alone, as on a full-precision base. E029 for
+    another ``base_dtype``, or one given for a model without frozen linear weights."""
     if dtype not in STORAGE:
         raise DiagnosticError([Diagnostic("E029", f"dtype '{dtype}' is not fp32 or bf16", None)])
+    if base_dtype is not None:
+        stored_dtype(base_dtype)  # E029 before anything is read
     collected = sink if sink is not None else DiagnosticSink()
     before = len(collected.diagnostics)
     try:
@@ -460,7 +477,7 @@ def load(model_file: str | Path | None = None, hf: str | Path | None = None, dty
             raise _argument_error("give lora= (new adapters) or adapter=DIR (trained ones), not both")
         adapters = LoraOptions.of(lora) if lora is not None else None
         model = _load(model_file, hf, dtype, top, config, progress, collected, device, force_architecture,
-                      allow_unused_tensors, adapters, adapter)
+                      allow_unused_tensors, adapters, adapter, base_dtype)
     except DiagnosticError as err:  # the warnings of this load ride along with the error
         riding = [d for d in collected.diagnostics[before:] if d.severity == "warning" and d not in err.diagnostics]
         raise DiagnosticError(riding + err.diagnostics) from None
@@ -474,7 +491,7 @@ def load(model_file: str | Path | None = None, hf: str | Path | None = None, dty
 def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | None,
           config: dict[str, Any] | None, progress: bool, sink: DiagnosticSink, device: str,
           force_architecture: bool, allow_unused_tensors: bool, lora: LoraOptions | None = None,
-          adapter: str | Path | None = None) -> Model:
+          adapter: str | Path | None = None, base_dtype: str | None = None) -> Model:
     runs_on = _device(device)
     if model_file is None:
         model_file, top = _served_model(hf, top)
@@ -491,12 +508,13 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
             hf_config = read_config(hf)
             checkpoint_values, default = _checkpoint_values(program, decl, hf_config, sink, force_architecture)
             values = {**checkpoint_values, **values}
-            _check_parameters_fit(default, values, storage, runs_on)
+            _check_parameters_fit(default, values, storage, runs_on, base_dtype)
         module = lower_program(program, decl.name, values, sink)
         bind_configuration(module)
         _verify_specialized(module)
         model = _model_op(module)
         adapted = adapt(model, lora)  # lora=, an adapter's options, or the model's @adapter annotations
+        quantize_base(model, base_dtype)  # base_dtype=: the frozen base stored in bf16 or fp8
         _check_parameters_fit(model, {}, storage, runs_on)
         arena = params_arena(model, "fp32" if dtype == "fp32" else None, populate=hf is None) \
             if runs_on is None else None
@@ -561,10 +579,16 @@ def _hold_once(weights: dict[str, np.ndarray], arena: ParamsArena) -> None:
             weights[name] = view
 
 
-def _check_parameters_fit(model: ModelOp, values: dict[str, Any], storage: np.dtype, device: Any) -> None:
+def _check_parameters_fit(model: ModelOp, values: dict[str, Any], storage: np.dtype, device: Any,
+                          base_dtype: str | None = None) -> None:
     """E038 before anything is allocated: the parameters (on the CPU they are read into the
-    schedule's params arena, so they are held once)."""
-    size = parameter_bytes(model, values, storage.itemsize)
+    schedule's params arena, so they are held once; a weight stored narrower counts its stored
+    bytes). Before the model is adapted and its base stored (``base_dtype``), the parameters are
+    counted at the narrowest they may be stored in: the check after it counts them exactly."""
+    itemsize = storage.itemsize
+    if base_dtype is not None:
+        itemsize = min(itemsize, DType(stored_dtype(base_dtype)).byte_size(1))
+    size = parameter_bytes(model, values, itemsize)
     if size is None:
         return
     advice = "choose a smaller configuration, --dtype bf16 to halve the parameters"
@@ -591,12 +615,19 @@ def _checkpoint_values(program: Any, decl: Any, hf_config: dict[str, Any], sink:
 def random_weights(model: ModelOp, dtype: np.dtype, seed: int = 0,
                    into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """normal(0, 0.02) weights in ``dtype``, written into the arrays of ``into`` where it has
-    one of the parameter's shape and dtype."""
+    one of the parameter's shape and dtype. A weight stored narrower (``base_dtype``) is those
+    values stored so (its scales with it): the same draws as the model without it."""
     rng = np.random.default_rng(seed)
     weights = {}
     for param in (op for op in model.walk() if isinstance(op, ParamOp)):
         name = param.sym_name.data
+        info = param.quantized
+        if info is not None and info["role"] == "scale":
+            continue  # made with its weight
         shape = tuple(d.evaluate({}) for d in param.param_type.shape)
+        if info is not None:
+            weights |= _stored_values(param, (rng.standard_normal(shape) * 0.02).astype(np.float32), into)
+            continue
         value = (rng.standard_normal(shape) * 0.02).astype(dtype)
         target = (into or {}).get(name)
         if target is not None and target.shape == shape and target.dtype == value.dtype:
@@ -604,6 +635,21 @@ def random_weights(model: ModelOp, dtype: np.dtype, seed: int = 0,
             value = target
         weights[name] = value
     return weights
+
+
+def _stored_values(param: ParamOp, wide: np.ndarray, into: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """A weight stored narrower from its float32 values: rounded to bf16, or quantized to fp8 with
+    its scales (:func:`modeldsl.kernels.reference.quantize`), in the arrays of ``into`` where it has them."""
+    info = param.quantized
+    stored = NUMPY_DTYPES[DType(info["dtype"])]
+    found = {param.sym_name.data: wide.astype(stored)} if "scale" not in info else \
+        dict(zip((param.sym_name.data, info["scale"]), quantize(wide, dtype=stored)))
+    for name, value in found.items():
+        target = (into or {}).get(name)
+        if target is not None and target.shape == value.shape and target.dtype == value.dtype:
+            np.copyto(target, value)
+            found[name] = target
+    return found
 
 
 def _rope_diagnostic(err: RopeScalingError, hf_config: dict[str, Any], directory: str | Path | None) -> Diagnostic:

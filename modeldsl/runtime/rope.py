@@ -34,6 +34,14 @@ The inverse frequencies follow transformers' ``ROPE_INIT_FUNCTIONS``:
   ``original_max_position_embeddings``, as the keys in it were rotated with the
   short factors; other families' generation keeps them, and so does ours).
 
+Packed rows (several examples in one row of T tokens, each at its own positions
+``0..``: ``mdsl-train-step{packed=true}``) take a table per row,
+``[B, T, rotary_dim // 2, 2]``: :func:`tables_at` gives it for the tokens'
+positions (each row of it bitwise the row of :meth:`RopeFrequencies.table` at that
+position; with longrope, each example's factors are those of its own length), and
+:func:`packed_inputs` all the inputs of a packed step's forward, in the program's
+order.
+
 ``original_max_position_embeddings`` defaults to ``max_position_embeddings``,
 as in transformers; a config's top-level one (``original_max_positions``,
 Phi-3's) takes precedence over the scaling's, as transformers'
@@ -46,6 +54,7 @@ rotated width (the model rotates that part of each head). A malformed or unsuppo
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +108,65 @@ class RopeFrequencies:
         if self.attention_factor != 1.0:
             cos, sin = cos * np.float32(self.attention_factor), sin * np.float32(self.attention_factor)
         return np.stack([cos, sin], axis=-1).astype(np.float32)
+
+
+    def tables_at(self, positions: np.ndarray, segments: np.ndarray | None = None) -> np.ndarray:
+        """``[*positions.shape, rotary_dim // 2, 2]`` fp32: the (cos, sin) of each token at its own position
+        (``positions [B, T]``: packed rows, restarting at 0 with every example). Longrope takes, for each
+        token, the factors of its example's length (its ``segments`` id's last position + 1 in its row;
+        without segments, its row's): what the example run alone gets."""
+        positions = np.asarray(positions)
+        flat = positions.reshape(-1)
+        if self.long_inv_freq is None or not flat.size:
+            return self.table(flat, 1).reshape(*positions.shape, -1, 2)
+        lengths = _example_lengths(positions, segments).reshape(-1)
+        short = self.table(flat, self.original_max_positions)
+        long = self.table(flat, self.original_max_positions + 1)
+        return np.where((lengths > self.original_max_positions)[:, None, None], long, short) \
+            .reshape(*positions.shape, -1, 2)
+
+
+def _example_lengths(positions: np.ndarray, segments: np.ndarray | None) -> np.ndarray:
+    """For each token, the last position + 1 of its example: of its segment in its row (of its row
+    without segments)."""
+    positions = np.atleast_2d(np.asarray(positions, dtype=np.int64))
+    ids = np.zeros_like(positions) if segments is None else np.atleast_2d(np.asarray(segments, dtype=np.int64))
+    ids = ids - ids.min()
+    keys = (np.arange(len(ids))[:, None] * (ids.max() + 1) + ids).reshape(-1)  # (row, example)
+    longest = np.zeros(keys.max() + 1, np.int64)
+    np.maximum.at(longest, keys, positions.reshape(-1) + 1)
+    return longest[keys].reshape(positions.shape)
+
+
+def tables_at(ropes: Mapping[str, RopeFrequencies], positions: np.ndarray,
+              segments: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The RoPE table per row of each RoPE input (``model.ropes``: ``freqs``, Gemma 3's ``local_freqs``) for
+    packed rows: ``[B, T, rotary_dim // 2, 2]`` fp32 of the tokens' ``positions`` ``[B, T]`` (their example's
+    ``segments`` pick longrope's factors), what ``mdsl-pack-sequences`` makes the forward take."""
+    return {name: rope.tables_at(positions, segments) for name, rope in ropes.items()}
+
+
+def packed_inputs(model: Any, tokens: np.ndarray, segments: np.ndarray, positions: np.ndarray) -> list[np.ndarray]:
+    """The forward inputs of a packed training step (``mdsl-train-step{packed=true}``) for rows of ``tokens``
+    ``[B, T]`` whose tokens belong to the examples ``segments`` ``[B, T]`` at ``positions`` ``[B, T]``
+    (:class:`modeldsl.runtime.instructions.Batch`'s): the model's forward inputs in their order (the token
+    ids as the forward's integer dtype, each RoPE table per row, :func:`tables_at`), then the segment ids
+    int32. The step's inputs are these, then the labels and ``d_loss`` (as an unpacked step's).
+    ``model``: a loaded :class:`modeldsl.runtime.model.Model` (its ``forward_func`` and ``ropes``)."""
+    tokens, segments, positions = (np.asarray(a) for a in (tokens, segments, positions))
+    if not tokens.shape == segments.shape == positions.shape or tokens.ndim != 2:
+        raise ValueError(f"tokens {tokens.shape}, segments {segments.shape} and positions {positions.shape} "
+                         "must be [B, T] alike")
+    tables = tables_at(model.ropes, positions, segments)
+    values = []
+    for arg in model.forward_func.body.block.args:
+        if arg.name_hint in tables:
+            values.append(tables[arg.name_hint])
+        elif not arg.type.dtype.is_float:
+            values.append(tokens.astype(np.dtype(arg.type.dtype.value)))
+        else:
+            raise ValueError(f"the forward input '{arg.name_hint}' is neither the token ids nor a RoPE table")
+    return [*values, segments.astype(np.int32)]
 
 
 def rope_type(scaling: Any) -> str:

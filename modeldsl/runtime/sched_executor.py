@@ -222,8 +222,10 @@ class ScheduleExecutor:
 
     def attention(self, op: AttentionOp, views: Mapping[SSAValue, np.ndarray]) -> Step:
         q, k, v, out, lse = (views[x] for x in (op.q, op.k, op.v, op.out, op.lse))
+        segments = None if op.segments is None else views[op.segments]  # packed rows' example ids
         params = attention_params(op)
-        fast = cpu_kernel("flash_attention")(self.threads, [out, lse], [q, k, v, None], params)
+        inputs = [q, k, v, None] if segments is None else [q, k, v, None, segments]
+        fast = cpu_kernel("flash_attention")(self.threads, [out, lse], inputs, params)
         if fast is not None:
             return fast
         if op.layout.data == "bthd":
@@ -232,8 +234,8 @@ class ScheduleExecutor:
             params["softcap"]
 
         def step() -> None:
-            result, logsumexp = flash_attention(q, k, v, causal=causal, softmax_scale=scale, window_size=window,
-                                                softcap=softcap)
+            result, logsumexp = flash_attention(q, k, v, None, segments, causal=causal, softmax_scale=scale,
+                                                window_size=window, softcap=softcap)
             np.copyto(out, result, casting="unsafe")
             np.copyto(lse, logsumexp, casting="unsafe")
 
@@ -245,6 +247,8 @@ class ScheduleExecutor:
         q, k, v, out, d_out, lse = (views[x] for x in (op.q, op.k, op.v, op.out, op.d_out, op.lse))
         grads = [views[x] for x in (op.d_q, op.d_k, op.d_v)]
         arguments, params = [d_out, q, k, v, out, lse, None], attention_params(op)
+        if op.segments is not None:  # packed rows' example ids
+            arguments.append(views[op.segments])
         fast = cpu_kernel("flash_attention_backward")(self.threads, grads, arguments, params)
         if fast is not None:
             return fast

@@ -337,9 +337,10 @@ def train(model, data, *, steps: int, batch: int, seq: int, lr: float, lora: Any
           warmup: int = 0, weight_decay: float = 0.01, clip: float = 1.0, min_lr_ratio: float = 0.0,
           dtype: str = "fp32", recompute: str = "annotated", seed: int = 0,
           callbacks: Sequence[Callable[[StepInfo], Any]] = (), eval_data: Any = None, eval_every: int = 0,
-          model_file: str | Path | None = None) -> TrainingRun:
+          model_file: str | Path | None = None, base_dtype: str | None = None) -> TrainingRun:
     """A :class:`TrainingRun` of ``model`` (a checkpoint folder, loaded with ``model_file`` or the
-    std model of its architecture and with ``lora`` adapters where given; or a loaded model) on
+    std model of its architecture and with ``lora`` adapters where given, their frozen base stored in
+    ``base_dtype`` (``bf16``, ``fp8``) where given; or a loaded model) on
     ``data`` (a text or ``.jsonl`` file, or a list of documents). Call ``run()`` (or ``step()``),
     then ``save(OUT)``."""
     from modeldsl.runtime.model import load
@@ -353,10 +354,11 @@ def train(model, data, *, steps: int, batch: int, seq: int, lr: float, lora: Any
         raise _error(f"lr={lr!r} is not a positive number", "give a learning rate: lr=1e-3")
     if isinstance(model, (str, Path)):
         folder = Path(model)
-        model = load(model_file, hf=folder, dtype="fp32", lora=lora)
-    elif lora is not None:
-        if not any(p.is_adapter for p in model.model.params()):
-            raise _error("lora= needs the checkpoint folder: adapters are added before the weights are allocated",
+        model = load(model_file, hf=folder, dtype="fp32", lora=lora, base_dtype=base_dtype)
+    elif lora is not None or base_dtype is not None:
+        if lora is None or not any(p.is_adapter for p in model.model.params()):
+            raise _error("lora= and base_dtype= need the checkpoint folder: adapters are added and the base stored "
+                     "before the weights are allocated",
                          "give the folder (modeldsl.train('DIR', ..., lora=...)), or load the model with "
                          "modeldsl.load(..., lora=...)")
     if model.record.source is None:

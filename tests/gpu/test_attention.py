@@ -255,3 +255,74 @@ def test_flash_attention_softcap_large(runner, shape, causal, window, variant, l
     attrs = {"causal": causal, "window_size": window}
     q, k, v = capped_inputs(rng, shape, layout, 50.0, attrs)
     check_attention(runner, q, k, v, {**attrs, "softcap": 50.0}, variant, layout, rng)
+
+
+# Packed rows: segment ids [B, S] (the *_seg kernels). (B, H, Hkv, T, S, D): examples across key tiles,
+# GQA, T < S (queries at the end: their ids are those of the last T keys), the wide tiles, D > 128
+SEGMENT_SHAPES = [(2, 4, 2, 37, 37, 64), (1, 2, 1, 130, 130, 64), (1, 4, 1, 70, 70, 128), (1, 2, 2, 33, 50, 10),
+                  (1, 2, 1, 37, 37, 256), (1, 2, 2, 19, 33, 160)]
+SEGMENT_MASKS = [(True, None), (True, 16), (False, None)]
+
+
+def packed_segments(rng, b: int, s: int) -> np.ndarray:
+    """Examples of random lengths one after another in each row (as packing lays them out)."""
+    lengths = rng.integers(1, max(2, s // 2), size=(b, s))
+    return np.stack([np.searchsorted(np.cumsum(row), np.arange(s), side="right") for row in lengths])
+
+
+def check_packed_attention(runner, q, k, v, segments, attrs, variant, layout, index_dtype, rng):
+    what = f"{variant} {layout} q {q.shape} k {k.shape} {attrs} segments {index_dtype}"
+    rq, rk, rv = (heads_first(rounded(x, variant), layout) for x in (q, k, v))
+    out, lse = REFERENCES["flash_attention"](rq, rk, rv, None, segments, **attrs)
+    out = heads_first(out, layout)
+    full = {**attrs, "layout": layout}
+    plan = cuda.plan("flash_attention", [q.shape, k.shape, v.shape, None, segments.shape], [q.shape, lse.shape],
+                     full, variant, index_dtype)
+    (launch,) = plan.launches
+    assert launch.symbol.startswith("mdsl_attention_fwd_") and "_seg_" in launch.symbol
+    result = run_plan(runner, "flash_attention", [q, k, v, None, segments], [q.shape, lse.shape], full, variant,
+                      index_dtype=index_dtype)
+    close(result.outputs["out"], out, TOL[variant], f"flash_attention out {what}")
+    close(result.outputs["lse"], lse, TOL["fp32"], f"flash_attention lse {what}")
+    d_out = rng.standard_normal(q.shape)
+    saved_out, saved_lse = rounded(out, variant), rounded(lse, "fp32")
+    want = REFERENCES["flash_attention_backward"](heads_first(rounded(d_out, variant), layout), rq, rk, rv,
+                                                  heads_first(saved_out, layout), saved_lse, None, segments, **attrs)
+    grads = run_plan(runner, "flash_attention_backward", [d_out, q, k, v, saved_out, saved_lse, None, segments],
+                     [q.shape, k.shape, v.shape], full, variant, index_dtype=index_dtype)
+    largest = max(float(np.abs(w).max()) for w in want)
+    for name, expected in zip(("d_q", "d_k", "d_v"), want):
+        close(grads.outputs[name], heads_first(expected, layout), TOL[variant],
+              f"flash_attention_backward {name} {what}", floor=largest)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("causal, window", SEGMENT_MASKS, ids=ids(SEGMENT_MASKS))
+@pytest.mark.parametrize("shape", SEGMENT_SHAPES, ids=ids(SEGMENT_SHAPES))
+def test_flash_attention_of_packed_rows(runner, shape, causal, window, variant, layout):
+    rng = np.random.default_rng(37)
+    q, k, v = inputs(rng, shape, layout)
+    segments = packed_segments(rng, shape[0], shape[4])
+    check_packed_attention(runner, q, k, v, segments, {"causal": causal, "window_size": window}, variant, layout,
+                           "int32", rng)
+
+
+def test_packed_rows_with_a_softcap_and_ids_in_no_order(runner):
+    """Ids that are not runs (the mask compares them whatever their order) and a softcap."""
+    rng = np.random.default_rng(38)
+    shape = (1, 2, 1, 45, 45, 64)
+    q, k, v = inputs(rng, shape, "bthd", spread=3.0)
+    segments = rng.integers(0, 3, size=(1, 45))
+    check_packed_attention(runner, q, k, v, segments, {"causal": True, "window_size": None, "softcap": 5.0}, "fp32",
+                           "bthd", "int32", rng)
+
+
+def test_ids_of_another_shape_or_int64_ones_are_not_covered():
+    shapes = [(1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16), None]
+    with pytest.raises(cuda.NotCovered, match="segment ids"):
+        cuda.plan("flash_attention", [*shapes, (1, 7)], [], {}, "fp32")
+    with pytest.raises(cuda.NotCovered, match="int64"):
+        cuda.plan("flash_attention", [*shapes, (1, 8)], [], {}, "fp32", "int64")
+    (launch,) = cuda.plan("flash_attention", [*shapes, (1, 8)], [], {}, "fp32").launches
+    assert launch.symbol == "mdsl_attention_fwd_seg_f32" and launch.args[-1].value == "in:segments"

@@ -303,6 +303,32 @@ def test_rope_bthd(runner, shape, variant, interleaved):
     check(runner, "rope", [q, k, freqs], attrs, variant, offset=MISALIGN[variant])
 
 
+def row_tables(rng, b, t, d):
+    """A RoPE table per row [B, T, D/2, 2] (packed rows: each row's tokens at positions of their own)."""
+    angles = rng.uniform(-math.pi, math.pi, size=(b, t, d // 2))
+    return np.stack([np.cos(angles), np.sin(angles)], axis=-1)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape", HEADS, ids=ids(HEADS))
+def test_rope_with_a_table_per_row(runner, shape, variant, interleaved):
+    """bthd rows index a table per row as (b T + t): the kernels take it with T = B T."""
+    rng = np.random.default_rng(14)
+    q, k, _ = rope_inputs(rng, shape)
+    q, k = (np.ascontiguousarray(np.swapaxes(x, 1, 2)) for x in (q, k))
+    freqs = row_tables(rng, shape[0], shape[2], shape[3])
+    attrs = {"interleaved": interleaved, "layout": "bthd"}
+    check(runner, "rope", [q, k, freqs], attrs, variant)
+    check(runner, "rope_backward", [q, k, freqs], attrs, variant)
+    check(runner, "rope", [q, k, freqs], attrs, variant, offset=MISALIGN[variant])
+
+
+def test_a_table_per_row_in_bhtd_is_not_covered():
+    with pytest.raises(cuda.NotCovered, match="per row in the bhtd layout"):
+        cuda.plan("rope", [(2, 4, 8, 16), (2, 2, 8, 16), (2, 8, 8, 2)], [(2, 4, 8, 16), (2, 2, 8, 16)], {}, "fp32")
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("shape", HEADS, ids=ids(HEADS))
 def test_qk_norm(runner, shape, variant):

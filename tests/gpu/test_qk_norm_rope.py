@@ -56,6 +56,25 @@ def test_fused_qk_norm_rope(runner, shape, variant, interleaved, layout):  # noq
     check(runner, "fused_qk_norm_rope_backward", [d_q, d_k, q, k, qw, kw, q_rstd, k_rstd, freqs], attrs, variant)
 
 
+@pytest.mark.parametrize("variant", ["fp32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES[:6], ids=ids(SHAPES[:6]))
+def test_fused_qk_norm_rope_with_a_table_per_row(runner, shape, variant):  # noqa: F811
+    """Packed rows' tables [B, T, D/2, 2] in the bthd layout (T = B T for the kernels)."""
+    from test_kernels import row_tables
+
+    rng = np.random.default_rng(18)
+    q, k, _ = rope_inputs(rng, shape)
+    q, k = (np.ascontiguousarray(np.swapaxes(x, 1, 2)) for x in (q, k))
+    freqs = row_tables(rng, shape[0], shape[2], shape[3])
+    qw, kw = 1 + 0.1 * rng.standard_normal(shape[-1]), 1 + 0.1 * rng.standard_normal(shape[-1])
+    attrs = {"layout": "bthd"}
+    check(runner, "fused_qk_norm_rope", [q, k, qw, kw, freqs], {"eps": 1e-6, **attrs}, variant)
+    _, _, q_rstd, k_rstd = REFERENCES["fused_qk_norm_rope"](*(rounded(a, variant) for a in (q, k, qw, kw)),
+                                                            rounded(freqs, "fp32"), **attrs)
+    d_q, d_k = rng.standard_normal(q.shape), rng.standard_normal(k.shape)
+    check(runner, "fused_qk_norm_rope_backward", [d_q, d_k, q, k, qw, kw, q_rstd, k_rstd, freqs], attrs, variant)
+
+
 def test_the_launch_gives_each_thread_at_most_four_pairs():
     for d, group in ((2, 1), (8, 1), (64, 8), (128, 16), (1024, 128)):
         step = cuda.plan("fused_qk_norm_rope", [(1, 2, 3, d), (1, 1, 3, d), (d,), (d,), (3, d // 2, 2)],

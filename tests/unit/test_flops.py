@@ -44,6 +44,8 @@ GRAPH_TYPES = """
 !xT = !mdsl.graph.tensor<[2, 16, 8], fp32>
 !cat = !mdsl.graph.tensor<[2, 8, 32], fp32>
 !half = !mdsl.graph.tensor<[2, 8, 16], bf16>
+!wq = !mdsl.graph.tensor<[24, 16], fp8_e4m3>
+!ws = !mdsl.graph.tensor<[24], fp32>
 """
 
 GRAPH_BODY = """
@@ -76,12 +78,14 @@ GRAPH_BODY = """
     %cast = mdsl.graph.cast %x : (!x) -> !half
     %cp = mdsl.graph.copy %x : (!x) -> !x
     %z = mdsl.graph.zeros : !x
+    %deq = mdsl.graph.dequantize %wq, %ws : (!wq, !ws) -> !wf
 """
 
 
 def graph_ops() -> dict[str, object]:
     args = ("%x: !x, %wf: !wf, %m1: !m1, %m2: !m2, %d_f: !f, %m3_in: !m1, %m3_in2: !m3, %m4: !m4, "
-            "%q: !q, %qt: !qt, %k: !kv, %v: !kv, %g: !vec, %freqs: !freqs, %logits: !logits, %labels: !labels")
+            "%q: !q, %qt: !qt, %k: !kv, %v: !kv, %g: !vec, %freqs: !freqs, %logits: !logits, %labels: !labels, "
+            "%wq: !wq, %ws: !ws")
     text = (GRAPH_TYPES + "mdsl.graph.model @m {\n  mdsl.graph.func @f(" + args + ") -> !x {\n"
             + GRAPH_BODY + "    mdsl.graph.return %sum : !x\n  }\n}\n")
     module, _ = parse_module(make_context(), text)
@@ -120,6 +124,7 @@ GRAPH_EXPECTED = {
     "cast": 0,
     "cp": 0,
     "z": 0,
+    "deq": 24 * 16,  # one multiply per element (the fp8 values widen by a table lookup)
 }
 
 

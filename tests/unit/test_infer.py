@@ -101,6 +101,7 @@ CASES = {
     "fill": ([], {"shape": ["B", 4], "value": 0.5}),
     "copy": ([X], {}),
     "cast": ([X], {"dtype": "fp32"}),
+    "dequantize": ([T("N, 64", "fp8_e4m3"), T("N", "fp32")], {"dtype": "fp32"}),
     "cross_entropy": ([LOGITS, IDS], {}),
     "cross_entropy_backward": ([T("", "fp32"), LOGITS, IDS, T("N", "fp32")], {}),
     "fused_lm_head_loss": ([FLAT, T("V, 64"), IDS], {"reduction": "none"}),
@@ -152,6 +153,8 @@ def test_inferred_result_types_verify(name):
         ("moe_permute", [FLAT, T("N, 2", "int32"), T("E + 1", "int32")], {}, [T("2*N, 64"), T("2*N", "int32")]),
         ("moe_compute_offsets", [T("N, 2", "int32")], {"num_experts": 8}, [T("9", "int32")]),
         ("cross_entropy", [LOGITS, IDS], {}, [T("", "fp32"), T("N", "fp32")]),
+        ("dequantize", [T("L, O, I", "fp8_e4m3"), T("L, O", "fp32")], {}, [T("L, O, I")]),
+        ("dequantize", [T("O, I", "fp8_e5m2"), T("O", "fp32")], {"dtype": "fp32"}, [T("O, I", "fp32")]),
     ],
 )
 def test_inferred_shapes(name, operands, params, expected):

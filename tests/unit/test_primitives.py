@@ -32,7 +32,7 @@ def test_matmul_signature():
         ("split", ["x"], ["outs*"], {"sizes": ("dims", None, True), "dim": ("int", -1, False)}),
         ("concat", ["inputs*"], ["out"], {"dim": ("int", -1, False)}),
         ("permute", ["x"], ["out"], {"dims": ("ints", None, True)}),
-        ("flash_attention", ["q", "k", "v", "alibi_slopes?"], ["out", "lse"],
+        ("flash_attention", ["q", "k", "v", "alibi_slopes?", "segments?"], ["out", "lse"],
          {"causal": ("bool", True, False), "softmax_scale": ("float", None, False),
           "window_size": ("int", None, False)}),
         ("moe_router", ["x", "gate"], ["weights", "indices", "aux_loss"], {"top_k": ("int", None, True)}),
@@ -189,8 +189,9 @@ def test_alibi_slopes_is_a_keyword_tensor_parameter_of_flash_attention():
 
     sig = lookup_primitive("flash_attention")
     assert [s.name for s in sig.positional_inputs] == ["q", "k", "v"]
-    assert [(s.name, s.optional) for s in sig.keyword_inputs] == [("alibi_slopes", True)]
-    assert [s.name for s in lookup_primitive("flash_attention_backward").keyword_inputs] == ["alibi_slopes"]
+    assert [(s.name, s.optional) for s in sig.keyword_inputs] == [("alibi_slopes", True), ("segments", True)]
+    assert [s.name for s in lookup_primitive("flash_attention_backward").keyword_inputs] == ["alibi_slopes",
+                                                                                            "segments"]
     text = ("module A(h: int = 2):\n  forward:\n    in: (q: [1, h, 3, 4], k: [1, h, 3, 4], v: [1, h, 3, 4], s: [h])\n"
             "    out: [1, h, 3, 4]\n    graph:\n      (q, k, v) -> flash_attention(alibi_slopes={}) -> out\n")
     module = lower_program(parse_source(text.format("s"), "a.module"), "A")

@@ -131,8 +131,8 @@ def test_any_tree_prints_in_both_spellings_that_parse_back_and_evaluates_as_pyth
         python = eval(tree.text(ir=False), {"sqrt": math.sqrt, "max": max, "abs": abs}, bindings)  # noqa: S307
     except (ZeroDivisionError, ValueError, OverflowError, TypeError):
         python = None
-    assume(python is not None and not isinstance(python, complex) and math.isfinite(python)
-           and abs(python) < 2**63)  # beyond, an integer power is out of range (as an i64 attribute)
+    assume(python is not None and not isinstance(python, complex) and abs(python) < 2**63
+           and math.isfinite(python))  # beyond, an integer power is out of range (as an i64 attribute)
     try:
         value = tree.evaluate(bindings)
     except SymbolicError as err:  # an integer power past 64 bits on the way, which Python computes

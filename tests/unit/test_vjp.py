@@ -368,8 +368,25 @@ for label, attrs in [("alibi-causal", ""), ("alibi-window", " {window_size = 2 :
             f"{t(2)}) -> ({t(*q)}, {t(1, 2, 4)})"),
          {"q": q, "k": kv, "v": kv, "slopes": (2,)}, [("o", q)], init={"slopes": [0.5, 0.25]})
 
+# segment ids (packed rows: each query sees its own example's keys only; not differentiated): two and three
+# examples per row, with GQA, a sliding window, a softcap, the bthd layout and the backward's own mask
+SEGMENTS = [[0, 0, 0, 1, 1], [0, 1, 1, 2, 2]]
+for label, hkv, attrs, layout in [
+    ("segments-causal", 2, "", "bhtd"),
+    ("segments-gqa-window", 1, " {window_size = 2 : i64}", "bhtd"),
+    ("segments-softcap-scale", 2, " {softcap = 0.9 : f64, softmax_scale = 0.6 : f64}", "bhtd"),
+    ("segments-bthd-gqa", 1, ' {layout = "bthd"}', "bthd"),
+]:
+    q, kv = ((2, 2, 5, 4), (2, hkv, 5, 4)) if layout == "bhtd" else ((2, 5, 2, 4), (2, 5, hkv, 4))
+    case(f"flash_attention-{label}",
+         op(f"%o, %lse = mdsl.graph.flash_attention %q, %k, %v segments %seg{attrs} : ({t(*q)}, {t(*kv)}, {t(*kv)} "
+            f"segments {t(2, 5, dtype='int32')}) -> ({t(*q)}, {t(2, 2, 5)})"),
+         {"q": q, "k": kv, "v": kv, "seg": ((2, 5), "int", 0, 3)}, [("o", q)], init={"seg": SEGMENTS})
+
 ANGLES = np.outer(np.arange(3), 1.0 / 10000 ** (np.arange(2) / 2))
 FREQS = np.stack([np.cos(ANGLES), np.sin(ANGLES)], axis=-1)  # [T, D/2, 2]
+ROW_ANGLES = np.array([[0, 1, 2], [0, 0, 1]])[..., None] * (1.0 / 10000 ** (np.arange(2) / 2))
+ROW_FREQS = np.stack([np.cos(ROW_ANGLES), np.sin(ROW_ANGLES)], axis=-1)  # [B, T, D/2, 2]: packed rows' positions
 ROPE = "%qr, %kr = mdsl.graph.rope %q, %k, %freqs{attrs} : ({q}, {k}, {f}) -> ({q}, {k})"
 for interleaved in ("false", "true"):
     for used in (("qr", "kr"), ("qr",), ("kr",)):
@@ -382,6 +399,13 @@ for interleaved in ("false", "true"):
 case("rope-bthd", op(ROPE.format(attrs=' {layout = "bthd"}', q=t(1, 3, 2, 4), k=t(1, 3, 1, 4), f=t(3, 2, 2))),
      {"q": (1, 3, 2, 4), "k": (1, 3, 1, 4), "freqs": (3, 2, 2)}, [("qr", (1, 3, 2, 4)), ("kr", (1, 3, 1, 4))],
      init={"freqs": FREQS})
+# a table per row (packed rows, each token at its own position): [B, T, D/2, 2], both layouts
+for layout, q, k in (("bhtd", (2, 2, 3, 4), (2, 1, 3, 4)), ("bthd", (2, 3, 2, 4), (2, 3, 1, 4))):
+    for interleaved in ("false", "true"):
+        case(f"rope-rows-{layout}-interleaved-{interleaved}",
+             op(ROPE.format(attrs=f' {{interleaved = {interleaved}, layout = "{layout}"}}', q=t(*q), k=t(*k),
+                            f=t(2, 3, 2, 2))),
+             {"q": q, "k": k, "freqs": (2, 3, 2, 2)}, [("qr", q), ("kr", k)], init={"freqs": ROW_FREQS})
 case("flash_attention-bthd-gqa-window",
      op(f'%o, %lse = mdsl.graph.flash_attention %q, %k, %v {{window_size = 2 : i64, layout = "bthd"}} : '
         f"({t(1, 4, 2, 4)}, {t(1, 4, 1, 4)}, {t(1, 4, 1, 4)}) -> ({t(1, 4, 2, 4)}, {t(1, 2, 4)})"),
@@ -405,6 +429,11 @@ for layout, q, k in (("bhtd", (1, 2, 3, 4), (1, 1, 3, 4)), ("bthd", (1, 3, 2, 4)
             case(f"fused_qk_norm_rope-{layout}-interleaved-{interleaved}-{'+'.join(used)}", op(text),
                  {"q": q, "k": k, "freqs": (3, 2, 2)}, [(u, {"qr": q, "kr": k}[u]) for u in used],
                  params={"qw": (4,), "kw": (4,)}, init={"freqs": FREQS})
+    rows_q, rows_k = (2, *q[1:]), (2, *k[1:])  # a table per row (packed rows)
+    text = QK_NORM_ROPE.format(attrs=f' {{layout = "{layout}"}}', q=t(*rows_q), k=t(*rows_k), w=t(4),
+                               f=t(2, 3, 2, 2), qs=t(*rows_q[:3]), ks=t(*rows_k[:3]))
+    case(f"fused_qk_norm_rope-rows-{layout}", op(text), {"q": rows_q, "k": rows_k, "freqs": (2, 3, 2, 2)},
+         [("qr", rows_q), ("kr", rows_k)], params={"qw": (4,), "kw": (4,)}, init={"freqs": ROW_FREQS})
 
 # ----------------------------------------------------------------------------
 # reductions, embedding, losses

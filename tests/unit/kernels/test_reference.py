@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from modeldsl.kernels.reference import REFERENCES, gemm
+from modeldsl.kernels.reference import REFERENCES, gemm, quantize
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -1254,6 +1254,52 @@ def test_cast(shape):
     x64 = np.array([1 + 2.0**-8 + 2.0**-40, -3.0 - 2.0**-7 - 2.0**-35])
     np.testing.assert_array_equal(ref("cast", x64, dtype=ml_dtypes.bfloat16).astype(np.float64),
                                   torch.from_numpy(x64).to(torch.bfloat16).double().numpy())
+
+
+# ----------------------------------------------------------------------------
+# Quantization
+# ----------------------------------------------------------------------------
+
+
+def torch_quantize(w32: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Per-output-channel absmax fp8 quantization in torch: scale = amax / fmax (1 for a zero row),
+    q = w / scale saturated at +-fmax and rounded to nearest even by torch's conversion."""
+    t = torch.from_numpy(w32)
+    top = torch.finfo(dtype).max
+    amax = t.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))
+    q = (t / scale[..., None]).clamp(-top, top).to(dtype)
+    return q.view(torch.uint8).numpy(), scale.numpy()
+
+
+@covers("dequantize")
+@pytest.mark.parametrize("shape", [(7, 33), (3, 4, 5)])
+@pytest.mark.parametrize("fp8", ["e4m3", "e5m2"])
+def test_quantize_and_dequantize_are_torch_fp8_bit_for_bit(shape, fp8):
+    """``quantize`` (the loader's, no primitive) gives torch's fp8 codes and scales bit for bit; a
+    zero row gets scale 1; ``dequantize`` is torch's ``q.float() * scale`` bit for bit, within 2^-4
+    (e4m3) or 2^-3 (e5m2) of each value in the normal range (3 or 2 mantissa bits, round to nearest)."""
+    ours_dtype = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}[fp8]
+    torch_dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fp8]
+    (x,) = randn(131, shape)
+    w = (x * np.exp(randn(132, shape)[0])).astype(np.float32)  # magnitudes over a few binades
+    w[(0,) * (len(shape) - 1)] = 0.0  # a row of zeros
+    q, scale = quantize(w, dtype=ours_dtype)
+    codes, scales = torch_quantize(w, torch_dtype)
+    assert q.dtype == ours_dtype and scale.dtype == np.float32 and scale.shape == shape[:-1]
+    np.testing.assert_array_equal(q.view(np.uint8), codes)
+    np.testing.assert_array_equal(scale, scales)
+    assert scale[(0,) * (len(shape) - 1)] == 1.0
+    wide = ref("dequantize", q, scale)
+    assert wide.dtype == np.float32
+    expected = torch.from_numpy(codes).view(torch_dtype).float() * torch.from_numpy(scales)[..., None]
+    np.testing.assert_array_equal(wide, expected.numpy())
+    normal = np.abs(w) >= scale[..., None] * ml_dtypes.finfo(ours_dtype).smallest_normal
+    bound = 2.0 ** -(ml_dtypes.finfo(ours_dtype).nmant + 1)
+    assert np.all(np.abs(wide - w)[normal] <= bound * np.abs(w)[normal])
+    assert np.abs(wide - w).max() <= bound * np.abs(w).max()
+    widened = torch.from_numpy(codes).view(torch_dtype).double() * torch.from_numpy(scales).double()[..., None]
+    check(ref("dequantize", q, scale.astype(np.float64)), widened)
 
 
 # ----------------------------------------------------------------------------

@@ -178,3 +178,58 @@ def test_a_partial_rotary_factor_must_give_the_rotated_width():
         rope_frequencies(12, THETA, scaling, MAX_POSITIONS, head_dim=16)
     assert info.value.key == "partial_rotary_factor"
     assert rope_frequencies(12, THETA, {**scaling, "partial_rotary_factor": 0.75}, MAX_POSITIONS, head_dim=16)
+
+
+# ---------------------------------------------------------------------------- packed rows: a table per row
+def test_tables_at_gives_each_token_the_row_of_its_position_bitwise():
+    """tables_at [B, T, D/2, 2]: each token's row is the table's row at its position (what an example run
+    alone at positions 0.. gets), bit for bit; the dict form takes every RoPE input (model.ropes)."""
+    from modeldsl.runtime.rope import tables_at
+
+    for scaling in (None, SCALINGS["llama3"], SCALINGS["yarn"]):
+        rope = rope_frequencies(HEAD_DIM, THETA, scaling, MAX_POSITIONS)
+        positions = np.array([[0, 1, 2, 0, 1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 0, 1, 2]])
+        rows = rope.tables_at(positions)
+        assert rows.shape == (2, 9, HEAD_DIM // 2, 2) and rows.dtype == np.float32
+        table = rope.table(range(6))
+        np.testing.assert_array_equal(rows, table[positions])
+        both = tables_at({"freqs": rope, "local_freqs": rope_frequencies(HEAD_DIM, 10.0)}, positions)
+        assert set(both) == {"freqs", "local_freqs"} and np.array_equal(both["freqs"], rows)
+
+
+def test_longrope_tables_at_take_each_examples_own_factors():
+    """Longrope picks its factors by the sequence's length: in a packed row, each example's own (its
+    segment's last position + 1), as the example run alone."""
+    rope = rope_frequencies(12, THETA, {"rope_type": "longrope", **LONG}, MAX_POSITIONS, original_max_positions=16)
+    lengths = [5, 20, 3]  # the second one past 16: the long factors
+    positions = np.concatenate([np.arange(n) for n in lengths])[None]
+    segments = np.repeat(np.arange(3), lengths)[None]
+    rows = rope.tables_at(positions, segments)
+    start = 0
+    for n in lengths:
+        np.testing.assert_array_equal(rows[0, start:start + n], rope.table(range(n)))
+        start += n
+    assert not np.array_equal(rope.tables_at(positions)[0, :5], rows[0, :5])  # without segments: the row's longest (20)
+
+
+def test_packed_inputs_are_the_forwards_in_order_then_the_segment_ids():
+    from types import SimpleNamespace
+
+    from modeldsl.dialects.dtypes import DType
+    from modeldsl.dialects.graph_types import TensorType
+    from modeldsl.runtime.rope import packed_inputs
+
+    def arg(name, dtype):
+        return SimpleNamespace(name_hint=name, type=TensorType([2, 4], dtype))
+
+    rope = rope_frequencies(HEAD_DIM, THETA)
+    model = SimpleNamespace(ropes={"freqs": rope}, forward_func=SimpleNamespace(body=SimpleNamespace(
+        block=SimpleNamespace(args=[arg("tokens", DType.INT32), arg("freqs", DType.FP32)]))))
+    tokens = np.arange(8).reshape(2, 4)
+    segments, positions = np.array([[0, 0, 1, 1], [0, 0, 0, 1]]), np.array([[0, 1, 0, 1], [0, 1, 2, 0]])
+    ids, tables, seg = packed_inputs(model, tokens, segments, positions)
+    assert ids.dtype == np.int32 and np.array_equal(ids, tokens)
+    np.testing.assert_array_equal(tables, rope.table(range(3))[positions])
+    assert seg.dtype == np.int32 and np.array_equal(seg, segments)
+    with pytest.raises(ValueError, match="must be"):
+        packed_inputs(model, tokens, segments[:, :3], positions)

@@ -81,7 +81,7 @@ def test_bad_settings_are_coded_errors():
     with pytest.raises(DiagnosticError, match="E029.*lr=-1 is not a positive number"):
         modeldsl.train(EXAMPLE, DATA, **{**SETTINGS, "lr": -1})
     loaded = modeldsl.load(hf=EXAMPLE)
-    with pytest.raises(DiagnosticError, match="lora= needs the checkpoint folder"):
+    with pytest.raises(DiagnosticError, match="lora= and base_dtype= need the checkpoint folder"):
         modeldsl.train(loaded, DATA, lora=LORA, **SETTINGS)
     with pytest.raises(DiagnosticError, match="E029.*data=int is not a file or a list of documents"):
         modeldsl.train(loaded, 3, **SETTINGS)

@@ -72,16 +72,36 @@ def test_qwen3_0_6b_has_its_published_parameter_counts():
     assert adapter_count(hf, 16) == 10_092_544  # PEFT's count of r=16 all-linear on Qwen3-0.6B
 
 
-def test_the_memory_table_has_every_setting_and_no_fp8_numbers(capsys):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "llama-1b"])
+def test_an_fp8_base_holds_a_byte_per_frozen_linear_weight_and_a_scale_per_channel(shapes, name, precision):
+    """The params arena of LoRA on an fp8 base: every frozen linear weight (the tied embedding stays) in
+    1 byte instead of 4 (fp32) or 2 (bf16), plus an fp32 scale per output channel; the trainable state
+    is LoRA's own."""
+    shape, hf = shapes[name], SHAPES[name][2]
+    lora, fp8 = plan(shape, "all-linear", precision), plan(shape, "all-linear", precision, "fp8_e4m3")
+    layers, linears = hf["num_hidden_layers"], linear_shapes(hf).values()
+    values = layers * sum(a * b for a, b in linears)
+    channels = layers * sum(out for _, out in linears)
+    saved = ((4 if precision == "fp32" else 2) - 1) * values - 4 * channels
+    assert abs(lora.params - fp8.params - saved) <= 8 * ALIGNMENT  # 4 packed weights and their 4 scales, aligned
+    assert (fp8.parameters, fp8.trainable_parameters, fp8.grads, fp8.optimizer) == \
+        (lora.parameters, lora.trainable_parameters, lora.grads, lora.optimizer)
+    assert fp8.saved == lora.saved  # the widened weights are replayed in the backward, not saved
+
+
+def test_the_memory_table_has_every_setting(capsys):
     assert main(["--only", "memory"]) == 0
     out = capsys.readouterr().out
     assert out.count("B=8 T=1024") == 2  # fp32 and bf16 mixed precision
     for name in ("qwen3-0.6b", "llama-1b"):
         rows = [line for line in out.splitlines() if line.startswith(name)]
         assert [" ".join(line.split()[1:3]) for line in rows] == ["full fine-tune", "LoRA r=16", "LoRA on"] * 2
-        assert all("not available" in line and "fp8" in line for line in rows[2::3])
-        assert all(re.match(rf"{name} +LoRA on fp8 base +not available: ", line) for line in rows[2::3])  # no numbers
-    assert out.count("(target <= 2%: met)") == 4
+        assert all(re.match(rf"{name} +LoRA on fp8 base +[\d,]+ +[\d.]+% ", line) for line in rows[2::3])
+        mib = [re.findall(r"(?<![\d.,])[\d,]+\.\d(?!\d)", line[len(name):]) for line in rows]  # grads .. activ.
+        params = [float(cells[3].replace(",", "")) for cells in mib]
+        assert params[2] < params[1] and params[5] < params[4]  # the fp8 base's params arena is the smaller
+    assert out.count("(target <= 2%: met)") == 8
     assert "CPU LoRA training" not in out
 
 

@@ -113,3 +113,19 @@ def test_instruction_data_warns_about_examples_it_leaves_out_and_refuses_malform
     assert main(instruction_run(bad)) == 1
     err = capsys.readouterr().err
     assert "error[E030]" in err and "bad.jsonl:2:" in err and "^" in err and "Traceback" not in err
+
+
+def test_lora_on_an_fp8_base_reports_the_bytes_saved_and_resumes_bit_for_bit(capsys):
+    straight = run(capsys, *RUN, "--base-dtype", "fp8", "--loss-plot", "s.png")
+    saved = re.search(r"^params hold the frozen base in fp8_e4m3: (\d+) weights, (\d+) values in (\d+) bytes "
+                      r"\+ (\d+) bytes of fp32 scales \(fp32: (\d+) bytes; (\d+) bytes saved\)$", straight, re.M)
+    values, stored, scales, fp32, kept = (int(saved[i]) for i in range(2, 7))
+    assert stored == values and fp32 == 4 * values and kept == fp32 - stored - scales > 0
+    half = run(capsys, *RUN, "--base-dtype", "fp8", "--save", "h", "--stop-after", "1")
+    rest = run(capsys, "--resume", "h", "--train", str(DATA))
+    assert STEP.findall(half) + STEP.findall(rest) == STEP.findall(straight)
+    plain = run(capsys, *RUN, "--loss-plot", "p.png")
+    assert STEP.findall(plain) != STEP.findall(straight)  # the base is stored in fp8: other losses
+    assert main(["--hf", str(EXAMPLE), "--train", str(DATA), "--steps", "1", "--batch", "1", "--seq", "8",
+                 "--lr", "1e-3", "--base-dtype", "fp8"]) == 1
+    assert "--base-dtype needs --lora R or --adapter DIR" in capsys.readouterr().err
