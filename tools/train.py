@@ -52,13 +52,14 @@ SAVE_DTYPES = ("fp32", "bf16")
 SETTINGS = {
     "--steps": "steps", "--batch": "batch", "--seq": "seq", "--grad-accum": "grad_accum", "--lr": "lr",
     "--warmup": "warmup", "--weight-decay": "weight_decay", "--clip": "clip", "--min-lr-ratio": "min_lr_ratio",
-    "--seed": "seed", "--dtype": "dtype", "--base-dtype": "base_dtype",
+    "--seed": "seed", "--dtype": "dtype", "--base-dtype": "base_dtype", "--packing": "packing",
 }
 DEFAULTS = {"grad_accum": 1, "warmup": 0, "weight_decay": 0.01, "clip": 1.0, "min_lr_ratio": 0.0, "seed": 0,
-            "dtype": "fp32", "base_dtype": None}
+            "dtype": "fp32", "base_dtype": None, "packing": "padded"}
 TRAIN_ONLY = ("steps", "batch", "seq", "lr", "grad_accum", "warmup", "weight_decay", "clip", "min_lr_ratio",
               "save", "resume", "stop_after", "loss_plot", "recompute", "save_dtype",
-              "overwrite", "lora", "lora_targets", "lora_dropout", "rslora", "eval", "eval_every", "base_dtype")
+              "overwrite", "lora", "lora_targets", "lora_dropout", "rslora", "eval", "eval_every", "base_dtype",
+              "packing")
 LORA_FLAGS = ("lora_targets", "lora_dropout", "rslora")  # each needs --lora R
 BASE_DTYPES = ("bf16", "fp8")
 
@@ -90,6 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop-after", type=int, metavar="K", help="stop after step K of --steps (and save)")
     g.add_argument("--loss-plot", metavar="FILE.png", help="where to draw the loss curve (default OUT/loss.png "
                    "with --save, else ./loss.png)")
+    g.add_argument("--packing", choices=("padded", "packed"), help="instruction examples one per sequence, "
+                   "right-padded (the default), or packed: as many whole examples as fit, each attending only to "
+                   "itself, with positions from 0")
     g.add_argument("--eval", metavar="DATA", help="evaluation data (as --train's): its loss over every target "
                    "token, every --eval-every steps")
     g.add_argument("--eval-every", type=int, metavar="N", help="evaluate every N steps (default: at the last step)")
@@ -162,6 +166,12 @@ def check_train_flags(args) -> None:
         for name, value in DEFAULTS.items():
             if getattr(args, name) is None:
                 setattr(args, name, value)
+    if args.packing == "packed":
+        from modeldsl.runtime.instructions import is_instruction_data
+
+        if not is_instruction_data(args.train):
+            raise _flag_error(f"--packing packed applies to instruction data (prompt/completion or chat examples); "
+                              f"'{args.train}' is text, one stream already", "leave --packing out for text")
     if args.stop_after is not None and not args.stop_after <= args.steps:
         raise _flag_error(f"--stop-after {args.stop_after} is past --steps {args.steps}",
                           f"give --stop-after {args.steps} or less")
@@ -301,6 +311,8 @@ def _saved_run_problem(saved: dict, state) -> str | None:
             return f"its run setting {name} = {value!r} is not an integer >= {low}"
     if saved["dtype"] not in ("fp32", "bf16"):
         return f"its run setting dtype = {saved['dtype']!r} is not fp32 or bf16"
+    if saved["packing"] not in ("padded", "packed"):
+        return f"its run setting packing = {saved['packing']!r} is not padded or packed"
     if saved["base_dtype"] not in (None, *BASE_DTYPES):
         return f"its run setting base_dtype = {saved['base_dtype']!r} is not bf16 or fp8"
     config = state.config
@@ -443,6 +455,7 @@ def _check_resume(args) -> None:
         raise _state_error(path, "it holds no run settings (steps, batch, seq, grad_accum, seed)")
     saved = {"steps": run["steps"], "batch": run["batch"], "seq": run["seq"], "grad_accum": run["grad_accum"],
              "seed": run["seed"], "dtype": run.get("dtype", "fp32"), "base_dtype": run.get("base_dtype"),
+             "packing": run.get("packing", "padded"),
              "lr": state.config.lr,
              "warmup": state.config.warmup_steps,
              "weight_decay": state.config.weight_decay, "clip": state.config.clip_norm,
@@ -638,7 +651,7 @@ def run_training(args) -> int:
         run = TrainingRun(model, data, args.steps, args.batch, args.seq, config, args.grad_accum, args.dtype,
                           args.recompute or "annotated", args.seed, eval_data=evaluation,
                           eval_every=(args.eval_every or args.steps) if evaluation is not None else 0, state=state,
-                          warn=warn)
+                          warn=warn, packing=args.packing)
     except DiagnosticError as err:
         if err.diagnostics[0].code == "E029" and "positions" in err.diagnostics[0].message:
             raise _flag_error(err.diagnostics[0].message.replace("seq ", "--seq ", 1), f"give --seq "
@@ -653,7 +666,7 @@ def run_training(args) -> int:
     first = run.done
     last = args.stop_after if args.stop_after is not None else args.steps
     per_step = run.tokens_per_step
-    print(f"training on {len(data.tokens)} tokens of '{args.train}' ({data.describe()}): steps "
+    print(f"training on {len(data.tokens)} tokens of '{args.train}' ({data.describe(args.packing)}): steps "
           f"{first + 1}..{last} of {args.steps}, "
           f"{args.grad_accum} x {args.batch} sequences of {args.seq} tokens per step"
           + (", bf16 mixed precision" if args.dtype == "bf16" else "") + f", on {args.device}")

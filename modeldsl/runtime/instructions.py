@@ -775,8 +775,8 @@ class InstructionData:
     def tokens(self) -> np.ndarray:
         return np.concatenate([e.ids for e in self.examples])
 
-    def batches(self, state: dict | None = None) -> InstructionBatches:
-        return InstructionBatches.from_state(self.examples, self.seq, state or {}, "padded", self.pad)
+    def batches(self, state: dict | None = None, packing: str = "padded") -> InstructionBatches:
+        return InstructionBatches.from_state(self.examples, self.seq, state or {}, packing, self.pad)
 
     def notes(self) -> list[str]:
         """What the warning W014 says: examples cut at ``seq + 1`` tokens and examples left out."""

@@ -63,7 +63,8 @@ TRAINING_DTYPES = ("fp32", "bf16")
 
 
 def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str | None = "fp32",
-                          recompute: str = "annotated", fuse: bool | FusePass = True) -> ProgramOp:
+                          recompute: str = "annotated", fuse: bool | FusePass = True,
+                          packed: bool = False) -> ProgramOp:
     """The planned schedule of ``@train_loss_grad`` for ``[batch, tokens]`` micro-batches: inputs
     (forward inputs..., labels, d_loss, and with dropout the step counter ``rng_step``), output the
     loss; parameter gradients added into ``grads``.
@@ -71,9 +72,10 @@ def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str 
     ``recompute`` is ``mdsl-recompute``'s mode: ``none``, ``annotated``, ``full``, or ``auto:BYTES``
     / ``auto`` (the automatic mode under that activation budget; ``auto``: the device's free memory;
     its table goes to stderr). ``fuse``: every ``mdsl-fuse`` pattern on (or the given ``FusePass``'s
-    options; False: none)."""
+    options; False: none). ``packed``: rows that pack several examples (``mdsl-pack-sequences``: the
+    inputs take the segment ids and per-row RoPE tables, :func:`modeldsl.runtime.rope.packed_inputs`)."""
     options = {"B": batch, "T": tokens, "storage": storage or "", **training_recompute(recompute),
-               **fuse_options(fuse)}
+               **fuse_options(fuse), **({"packed": True} if packed else {})}
     pipeline = pipeline_of(TrainStep, **options)
     return pipeline.reporting(_to_stderr).program(model)
 
@@ -161,6 +163,7 @@ class Trainer:
     fuse: bool = True  # mdsl-fuse, every pattern on (False: none)
     warn: Callable[[Diagnostic], None] | None = None  # where W007 for training-only config fields go (None: warnings)
     rng_step: int = 0  # dropout's step counter: micro-batches run so far (each draws its own masks)
+    packed: bool = False  # micro-batches of packed rows: (tokens, labels, segments, positions)
 
     def __post_init__(self) -> None:
         for diagnostic in training_only_fields(self.model.hf_config):
@@ -191,7 +194,8 @@ class Trainer:
         """The training step of ``[batch, tokens]`` micro-batches (compiled on first use)."""
         key = (batch, tokens)
         if key not in self.programs:
-            program = compile_training_step(self.model.model, batch, tokens, self.storage, self.recompute, self.fuse)
+            program = compile_training_step(self.model.model, batch, tokens, self.storage, self.recompute, self.fuse,
+                                            self.packed)
             if tagged_layout(program, "grad") != tagged_layout(self.optimizer.program, "grad"):
                 raise ExecutionError("the training step lays out the gradients unlike the optimizer step")
             self.programs[key] = self.schedule.executor(program, arenas={"grads": self.optimizer.arenas["grads"]})
@@ -211,10 +215,20 @@ class Trainer:
             else:  # still the loaded (read-only, memory-mapped) array
                 weights[name] = np.array(source, dtype=weights[name].dtype)
 
-    def accumulate(self, tokens: np.ndarray, labels: np.ndarray, weight: float = 1.0) -> float:
-        """Run one micro-batch: its loss; ``weight`` times its gradients are added into the grads arena."""
+    def accumulate(self, tokens: np.ndarray, labels: np.ndarray, weight: float = 1.0,
+                   segments: np.ndarray | None = None, positions: np.ndarray | None = None) -> float:
+        """Run one micro-batch: its loss; ``weight`` times its gradients are added into the grads arena.
+        A packed trainer's micro-batches give each token's example (``segments``) and position in it."""
         executor = self.executor(*tokens.shape)
-        inputs = [*self.model.inputs(tokens, 0), labels.astype(np.int64), np.array(weight, dtype=np.float32)]
+        if self.packed:
+            from modeldsl.runtime.rope import packed_inputs
+
+            if segments is None or positions is None:
+                raise ExecutionError("a packed training step needs the segments and positions of its rows")
+            forward = packed_inputs(self.model, tokens, segments, positions)
+        else:
+            forward = self.model.inputs(tokens, 0)
+        inputs = [*forward, labels.astype(np.int64), np.array(weight, dtype=np.float32)]
         counter = rng_step_input(executor.program)
         if counter is not None:  # dropout: this micro-batch's masks, the same in its forward and backward
             inputs.insert(counter, np.array([self.rng_step], dtype=np.int64))
@@ -233,15 +247,15 @@ class Trainer:
             (loss, *_) = self.evaluators[key].execute(*self.model.inputs(tokens, 0), labels.astype(np.int64))
         return float(loss)
 
-    def train_step(self, micro_batches: list[tuple[np.ndarray, np.ndarray]]) -> float:
-        """One optimizer step over micro-batches of (tokens, labels); the mean loss (overflow to
-        Inf or NaN shows in it, not as numpy RuntimeWarnings)."""
+    def train_step(self, micro_batches: list[tuple[np.ndarray, ...]]) -> float:
+        """One optimizer step over micro-batches of (tokens, labels) (packed: and their segments
+        and positions); the mean loss (overflow to Inf or NaN shows in it, not as numpy RuntimeWarnings)."""
         weight = 1.0 / len(micro_batches)
         with np.errstate(all="ignore"):
             losses = []
-            for index, (tokens, labels) in enumerate(micro_batches):
+            for index, (tokens, labels, *rows) in enumerate(micro_batches):
                 try:
-                    losses.append(self.accumulate(tokens, labels, weight))
+                    losses.append(self.accumulate(tokens, labels, weight, *rows))
                 except AssertionFailed as failed:  # an @assert of the model: name the step and micro-batch
                     raise failed.in_training_step(self.step + 1, index) from None
             lr = self.config.lr_at(self.step)

@@ -27,6 +27,7 @@ from modeldsl.diagnostics import Diagnostic, DiagnosticError
 from modeldsl.runtime.optim import AdamWConfig
 
 STATE_FILE = "training_state.npz"
+PACKINGS = ("padded", "packed")
 MASTERS = "master."  # training state arrays: the fp32 weights of a save written in a narrower dtype
 
 
@@ -111,20 +112,22 @@ class TrainingData:
 
         check_vocabulary(self.tokens, vocab, self.name, self.how)
 
-    def batches(self, seq: int, state: dict | None = None):
-        """The data's batches from ``state`` (position and epoch) or the start."""
+    def batches(self, seq: int, state: dict | None = None, packing: str = "padded"):
+        """The data's batches from ``state`` (position and epoch) or the start; instruction
+        examples one per row (``padded``) or as many whole ones as fit (``packed``)."""
         from modeldsl.runtime.data import PackedBatches
 
         state = state or {}
         if self.instructions is not None:
-            return self.instructions.batches(state)
+            return self.instructions.batches(state, packing)
         return PackedBatches(self.tokens, seq, int(state.get("position", 0)), int(state.get("epoch", 0)))
 
-    def describe(self) -> str:
+    def describe(self, packing: str = "padded") -> str:
         """``6 prompt/completion examples, ...`` or ``3 documents``, and how it is tokenized."""
         data = self.instructions
+        rows = "one per sequence" if packing == "padded" else "packed, attending within each example"
         what = (f"{len(data.examples)} {data.kind} examples, the loss on their "
-                f"{'assistant' if data.kind == 'chat' else 'completion'} tokens, one per sequence"
+                f"{'assistant' if data.kind == 'chat' else 'completion'} tokens, {rows}"
                 if data is not None else f"{self.documents} document{'s' if self.documents != 1 else ''}")
         return f"{what}, {self.how.split(':')[0]}"
 
@@ -173,8 +176,14 @@ class TrainingRun:
     eval_every: int = 0
     state: Any = None  # a modeldsl.runtime.train.TrainingState to continue from
     warn: Callable[[Diagnostic], None] | None = None
+    packing: str = "padded"  # instruction examples one per row, or packed (several per row, attending apart)
 
     def __post_init__(self) -> None:
+        if self.packing not in PACKINGS:
+            raise _error(f"packing={self.packing!r} is not padded or packed", "give packing='padded' or 'packed'")
+        if self.packing == "packed" and self.data.instructions is None:
+            raise _error("packing applies to instruction data (prompt/completion or chat examples); plain text is "
+                         "one stream already", "leave packing out for text")
         limit = self.model.max_positions
         if limit is not None and self.seq > limit:
             raise _error(f"seq {self.seq} is more than the model's {limit} positions (max_position_embeddings)",
@@ -186,7 +195,8 @@ class TrainingRun:
         self.losses: list[float] = []
         self.history: list[StepInfo] = []
         state = self.state
-        self.batches = self.data.batches(self.seq, state.meta.get("data", {}) if state is not None else None)
+        self.batches = self.data.batches(self.seq, state.meta.get("data", {}) if state is not None else None,
+                                         self.packing)
         if state is not None:
             self.losses = [float(x) for x in state.arrays.get("losses", np.zeros(0))]
             self.rng.bit_generator.state = state.meta["rng"]
@@ -198,12 +208,14 @@ class TrainingRun:
     def make_trainer(self):
         from modeldsl.runtime.train import Trainer
 
+        packed = self.packing == "packed"
         if self.model.device is None:
-            return Trainer(self.model, self.config, dtype=self.dtype, recompute=self.recompute, warn=self.warn)
+            return Trainer(self.model, self.config, dtype=self.dtype, recompute=self.recompute, warn=self.warn,
+                           packed=packed)
         from modeldsl.runtime.cuda_train import CudaTrainer
 
         return CudaTrainer(self.model, self.config, dtype=self.dtype, device=self.model.device,
-                           recompute=self.recompute, warn=self.warn)
+                           recompute=self.recompute, warn=self.warn, packed=packed)
 
     @property
     def done(self) -> int:
@@ -219,8 +231,7 @@ class TrainingRun:
 
     def step(self) -> StepInfo:
         """One optimizer step; every callback gets its :class:`StepInfo`."""
-        micro = [(b.inputs, b.labels) if hasattr(b, "labels") else b
-                 for b in self.batches.micro_batches(self.batch, self.grad_accum)]
+        micro = [self.rows(b) for b in self.batches.micro_batches(self.batch, self.grad_accum)]
         lr = self.config.lr_at(self.trainer.step)
         tick = time.perf_counter()
         loss = self.trainer.train_step(micro)
@@ -233,6 +244,14 @@ class TrainingRun:
         for callback in self.callbacks:
             callback(info)
         return info
+
+    def rows(self, batch) -> tuple[np.ndarray, ...]:
+        """A micro-batch as the trainer takes it: (tokens, labels), packed with segments and positions."""
+        if not hasattr(batch, "labels"):
+            return batch
+        if self.packing == "packed":
+            return batch.inputs, batch.labels, batch.segments, batch.positions
+        return batch.inputs, batch.labels
 
     def run(self, until: int | None = None) -> list[StepInfo]:
         """Step to step ``until`` (default: the end); what those steps gave."""
@@ -252,7 +271,8 @@ class TrainingRun:
         """What the training state records besides the arrays: the run's settings, the data's
         position and fingerprint, the random state."""
         return {"run": {"steps": self.steps, "batch": self.batch, "seq": self.seq, "grad_accum": self.grad_accum,
-                        "seed": self.seed, "dtype": self.dtype, **({"base": base} if base is not None else {})},
+                        "seed": self.seed, "dtype": self.dtype, "packing": self.packing,
+                        **({"base": base} if base is not None else {})},
                 "data": {"file": self.data.name, "tokens": int(len(self.data.tokens)), "sha256": self.data.fingerprint,
                          **self.batches.state()},
                 "rng": self.rng.bit_generator.state}
@@ -337,7 +357,8 @@ def train(model, data, *, steps: int, batch: int, seq: int, lr: float, lora: Any
           warmup: int = 0, weight_decay: float = 0.01, clip: float = 1.0, min_lr_ratio: float = 0.0,
           dtype: str = "fp32", recompute: str = "annotated", seed: int = 0,
           callbacks: Sequence[Callable[[StepInfo], Any]] = (), eval_data: Any = None, eval_every: int = 0,
-          model_file: str | Path | None = None, base_dtype: str | None = None) -> TrainingRun:
+          model_file: str | Path | None = None, base_dtype: str | None = None,
+          packing: str = "padded") -> TrainingRun:
     """A :class:`TrainingRun` of ``model`` (a checkpoint folder, loaded with ``model_file`` or the
     std model of its architecture and with ``lora`` adapters where given, their frozen base stored in
     ``base_dtype`` (``bf16``, ``fp8``) where given; or a loaded model) on
@@ -372,4 +393,4 @@ def train(model, data, *, steps: int, batch: int, seq: int, lr: float, lora: Any
     config = AdamWConfig(lr=float(lr), weight_decay=weight_decay, warmup_steps=warmup, total_steps=steps,
                          min_lr_ratio=min_lr_ratio, clip_norm=clip)
     return TrainingRun(model, read, steps, batch, seq, config, grad_accum, dtype, recompute, seed, list(callbacks),
-                       evaluated, eval_every)
+                       evaluated, eval_every, packing=packing)

@@ -48,3 +48,28 @@ def test_a_padded_batch_gives_the_target_weighted_loss_and_gradients_of_its_exam
     assert abs(loss - expected_loss) <= 1e-6 * abs(expected_loss)
     assert np.abs(grads).max() > 0
     np.testing.assert_allclose(grads, expected_grads, rtol=1e-6, atol=1e-6 * np.abs(expected_grads).max())
+
+
+def test_a_packed_row_gives_the_target_weighted_loss_and_gradients_of_its_examples():
+    """Packed: the examples share a row, each attending to itself alone at positions from 0; the
+    row's loss and gradients are those of the examples run one by one, weighted by their targets."""
+    from modeldsl.runtime.rope import packed_inputs
+
+    model = modeldsl.load(STD_ROOT / "models" / "llama.module", hf=cached_checkpoint("llama"), dtype="fp32")
+    short = examples()[:2]  # 7 + 10 tokens in one row of SEQ + 1 = 21
+    batch = InstructionBatches(short, 20, "packed", pad=0).next_batch(1)
+    assert batch.segments[0].tolist() == [0] * 7 + [1] * 10 + [2] * 3
+    assert batch.positions[0].tolist() == [*range(7), *range(10), *range(3)]
+    executor = model.schedule.executor(compile_training_step(model.model, 1, 20, packed=True))
+    executor.arenas["grads"][:] = 0
+    (loss, *_) = executor.execute(*packed_inputs(model, batch.inputs, batch.segments, batch.positions),
+                                  batch.labels.astype(np.int64), np.array(1.0, dtype=np.float32))
+    grads = executor.arenas["grads"].copy().view(np.float32).astype(np.float64)
+    alone = [InstructionBatches([e], 20, "padded", pad=0).next_batch(1) for e in short]
+    results = [step(model, b.inputs, b.labels) for b in alone]
+    counts = [label_count(b) for b in alone]
+    assert sum(counts) == label_count(batch)
+    expected_loss = sum(n * loss_i for n, (loss_i, _) in zip(counts, results)) / sum(counts)
+    expected_grads = sum(n * g for n, (_, g) in zip(counts, results)) / sum(counts)
+    assert abs(float(loss) - expected_loss) <= 1e-6 * abs(expected_loss)
+    np.testing.assert_allclose(grads, expected_grads, rtol=0, atol=1e-6 * np.abs(expected_grads).max())

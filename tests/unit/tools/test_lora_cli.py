@@ -129,3 +129,19 @@ def test_lora_on_an_fp8_base_reports_the_bytes_saved_and_resumes_bit_for_bit(cap
     assert main(["--hf", str(EXAMPLE), "--train", str(DATA), "--steps", "1", "--batch", "1", "--seq", "8",
                  "--lr", "1e-3", "--base-dtype", "fp8"]) == 1
     assert "--base-dtype needs --lora R or --adapter DIR" in capsys.readouterr().err
+
+
+def test_packed_instruction_data_trains_and_resumes_bit_for_bit(tmp_path, capsys):
+    data = prompt_completion_file(tmp_path / "pc.jsonl", count=8)
+    flags = instruction_run(data)
+    flags[flags.index("--seq") + 1] = "96"  # three examples to a row
+    straight = run(capsys, *flags, "--packing", "packed", "--loss-plot", "s.png")
+    assert "at step 3 of 3, epoch 1, example 1 of 8" in straight  # 9 examples read in 3 rows
+    assert "the loss on their completion tokens, packed, attending within each example" in straight
+    half = run(capsys, *flags, "--packing", "packed", "--save", "h", "--stop-after", "1")
+    rest = run(capsys, "--resume", "h", "--train", str(data))
+    assert STEP.findall(half) + STEP.findall(rest) == STEP.findall(straight)
+    padded = run(capsys, *flags, "--loss-plot", "p.png")
+    assert STEP.findall(padded) != STEP.findall(straight)
+    assert main([*RUN, "--packing", "packed", "--loss-plot", "t.png"]) == 1
+    assert "--packing packed applies to instruction data" in capsys.readouterr().err
