@@ -711,7 +711,6 @@ def run_training(args) -> int:
         meta = run.meta(str(Path(base).resolve()) if _has_adapters(model) else None)
         meta["run"]["model"] = str(args.model) if args.model else None
         meta["run"]["base_dtype"] = args.base_dtype
-        meta["data"]["file"] = str(args.train)
         problem = _save(args, run, meta, title)
         what = "LoRA adapter" if _has_adapters(model) else "checkpoint"
         print(f"saved the {what} and training state (step {run.done}) to {out}")

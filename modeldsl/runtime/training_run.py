@@ -74,6 +74,7 @@ class TrainingData:
     sequences, or instruction examples one per sequence."""
 
     name: str  # how messages name it: the file, or "the documents given"
+    file: str | None  # the file read (None: documents given)
     tokens: np.ndarray
     fingerprint: str
     documents: int = 0
@@ -97,7 +98,8 @@ class TrainingData:
                 for note in examples.notes():
                     (warn or _warning)(Diagnostic("W014", f"{name}: {note}", None,
                                                   "give a longer --seq to train on whole examples"))
-                return cls(name, examples.tokens, examples_fingerprint(examples.examples), 0, examples, how)
+                return cls(name, str(data), examples.tokens, examples_fingerprint(examples.examples), 0, examples,
+                           how)
             documents = read_documents(data)
         elif isinstance(data, Sequence) and all(isinstance(d, str) for d in data):
             name, documents = "the documents given", list(data)
@@ -105,7 +107,8 @@ class TrainingData:
             raise DiagnosticError([Diagnostic("E029", f"data={type(data).__name__} is not a file or a list of "
                                               "documents", None, "give a text or .jsonl file, or a list of strings")])
         tokens = token_stream(documents, tokenizer.encode, eos, name)
-        return cls(name, tokens, fingerprint(tokens), len(documents), None, how)
+        return cls(name, str(data) if isinstance(data, (str, Path)) else None, tokens, fingerprint(tokens),
+                   len(documents), None, how)
 
     def check_vocabulary(self, vocab: int | None) -> None:
         from modeldsl.runtime.data import check_vocabulary
@@ -273,7 +276,7 @@ class TrainingRun:
         return {"run": {"steps": self.steps, "batch": self.batch, "seq": self.seq, "grad_accum": self.grad_accum,
                         "seed": self.seed, "dtype": self.dtype, "packing": self.packing,
                         **({"base": base} if base is not None else {})},
-                "data": {"file": self.data.name, "tokens": int(len(self.data.tokens)), "sha256": self.data.fingerprint,
+                "data": {"file": self.data.file, "tokens": int(len(self.data.tokens)), "sha256": self.data.fingerprint,
                          **self.batches.state()},
                 "rng": self.rng.bit_generator.state}
 
