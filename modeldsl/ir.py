@@ -276,6 +276,19 @@ class LocatedParseError(ParseError):
 # ----------------------------------------------------------------------------- source locations
 
 
+def replace_with_twin(old: Operation, new: Operation, rewriter: PatternRewriter | None = None) -> None:
+    """``new`` (``old`` rebuilt, with other operands or types) in place of ``old``: ``old``'s attributes
+    on it, each result's name on the result that replaces it (xDSL passes on the first one's alone),
+    and its location (:func:`_pass_on_location`); through ``rewriter`` where a pattern replaces it."""
+    new.attributes.update(old.attributes)
+    for before, after in zip(old.results, new.results):
+        after.name_hint = before.name_hint
+    if rewriter is not None:
+        rewriter.replace(old, new)
+    else:
+        Rewriter.replace_op(old, new)
+
+
 def located(op: Operation, span: SourceSpan | None) -> Operation:
     """Give ``op`` the DSL location ``loc("file":line:col)`` of ``span`` unless it has one."""
     if span is not None and not isinstance(op.location, FileLineColLoc):

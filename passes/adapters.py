@@ -58,6 +58,7 @@ from modeldsl.dialects.annotations import (
 from modeldsl.dialects.graph import ADAPTER_ATTR, CallOp, FuncOp, ModelOp, ParamOp, ParamRefOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.graph_builder import GraphBuilder, op_attr
+from modeldsl.ir import replace_with_twin
 from modeldsl.symbolic import Expr
 
 ALL_LINEAR = "all-linear"
@@ -298,28 +299,19 @@ class Threader:
         extra = [v for pair in pairs for v in (pair.a, pair.b)]
         new = StackOp(stack.body.root_reference.data, stack.count, list(stack.carried), [*stack.per_layer, *extra],
                       list(stack.shared), [r.type for r in stack.collected], stack.reverse is not None)
-        _replace(stack, new)
+        replace_with_twin(stack, new)
 
     def into_call(self, call: CallOp, index: int, pairs: list[Pair], param: str) -> None:
         callee = self.funcs[call.callee.root_reference.data]
         self.callee_pairs(callee, index, pairs, param, per_layer=False)
         callee.attributes.pop("backward", None)  # its written backward would not see the adapters
         extra = [v for pair in pairs for v in (pair.a, pair.b)]
-        _replace(call, CallOp(call.callee.root_reference.data, [*call.arguments, *extra], [r.type for r in call.res]))
+        new = CallOp(call.callee.root_reference.data, [*call.arguments, *extra], [r.type for r in call.res])
+        replace_with_twin(call, new)
 
 
 def _layer_slice(t: TensorType) -> TensorType:
     return t.with_shape(t.shape[1:])
-
-
-def _replace(old: Operation, new: Operation) -> None:
-    """``new`` in place of ``old``, with its attributes and its results' uses."""
-    new.attributes.update(old.attributes)
-    Builder(InsertPoint.before(old)).insert(new)
-    for before, after in zip(old.results, new.results):
-        before.replace_all_uses_with(after)
-    old.detach()
-    old.erase()
 
 
 class AddLoraPath(RewritePattern):

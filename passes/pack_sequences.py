@@ -72,7 +72,7 @@ from modeldsl.dialects.graph_primitives import (
     RopeOp,
 )
 from modeldsl.dialects.graph_types import TensorType
-from modeldsl.ir import span_of_location
+from modeldsl.ir import replace_with_twin, span_of_location
 from modeldsl.symbolic import Dim
 
 SEGMENTS = "segments"
@@ -329,10 +329,7 @@ class SegmentAttention(RewritePattern):
             return
         tensors = op.operands[:len(op.operands) - (op.alibi_slopes is not None)]  # q, k, v (d_out .. lse)
         new = type(op).make([*tensors, op.alibi_slopes, segments], [r.type for r in op.results], dict(op.attributes))
-        new.location = op.location
-        for old, fresh in zip(op.results, new.results):
-            fresh.name_hint = old.name_hint
-        rewriter.replace(op, new)
+        replace_with_twin(op, new, rewriter)
 
 
 class SegmentCalls(RewritePattern):
@@ -350,12 +347,7 @@ class SegmentCalls(RewritePattern):
             return
         arguments = list(op.arguments)
         arguments.insert(self.packing.needs[name], segments)
-        new = CallOp(name, arguments, [r.type for r in op.res])
-        new.attributes |= dict(op.attributes)
-        new.location = op.location
-        for old, fresh in zip(op.res, new.res):
-            fresh.name_hint = old.name_hint
-        rewriter.replace(op, new)
+        replace_with_twin(op, CallOp(name, arguments, [r.type for r in op.res]), rewriter)
 
 
 class SegmentStacks(RewritePattern):
@@ -372,11 +364,7 @@ class SegmentStacks(RewritePattern):
             return
         new = StackOp(name, op.count, list(op.carried), list(op.per_layer), [*op.shared, segments],
                       [r.type for r in op.collected], reverse=op.reverse is not None)
-        new.attributes |= dict(op.attributes)
-        new.location = op.location
-        for old, fresh in zip(op.res, new.res):
-            fresh.name_hint = old.name_hint
-        rewriter.replace(op, new)
+        replace_with_twin(op, new, rewriter)
 
 
 # The pass's rewrite patterns by name (``mdsl-opt --list-passes`` lists them).

@@ -63,6 +63,7 @@ from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import QUANTIZED_ATTR, CallOp, FuncOp, ModelOp, ParamOp, ParamRefOp, StackOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.graph_builder import GraphBuilder, op_attr
+from modeldsl.ir import replace_with_twin
 from modeldsl.passes.adapters import Weight, linear_weights
 
 DTYPES: tuple[str, ...] = ("fp8_e4m3", "fp8_e5m2", "bf16")
@@ -191,7 +192,7 @@ class ThreadScale(RewritePattern):
             return
         new = StackOp(op.body.root_reference.data, op.count, list(op.carried), [*op.per_layer, *missing],
                       list(op.shared), [r.type for r in op.collected], op.reverse is not None)
-        _replace(op, new, rewriter)
+        replace_with_twin(op, new, rewriter)
 
 
 class ThreadIntoCall(RewritePattern):
@@ -214,8 +215,8 @@ class ThreadIntoCall(RewritePattern):
         if not missing:
             rewriter.notify_op_modified(op)
             return
-        _replace(op, CallOp(op.callee.root_reference.data, [*op.arguments, *missing], [r.type for r in op.res]),
-                 rewriter)
+        call = CallOp(op.callee.root_reference.data, [*op.arguments, *missing], [r.type for r in op.res])
+        replace_with_twin(op, call, rewriter)
 
 
 def threadable(plan: Plan, callee: FuncOp) -> bool:
@@ -263,15 +264,6 @@ def thread(plan: Plan, callee: FuncOp, stored: dict[int, SSAValue], passed: int,
     if not changed and not missing:
         return None
     return [missing[k] for k in sorted(missing)]
-
-
-def _replace(old: Operation, new: Operation, rewriter: PatternRewriter) -> None:
-    """``new`` (a stack or call with more operands) in place of ``old``, with its attributes and names."""
-    new.attributes.update(old.attributes)
-    new.location = old.location
-    for before, result in zip(old.results, new.results):
-        result.name_hint = before.name_hint
-    rewriter.replace(old, new)
 
 
 class WidenForReader(RewritePattern):
