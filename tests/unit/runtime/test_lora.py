@@ -83,11 +83,17 @@ def test_adapted_logits_equal_peft(arch, targets):
 
 
 def test_a_fresh_adapter_changes_nothing():
+    """B = 0: the adapted graph computes the base's values exactly. Bitwise on the graph interpreter,
+    whose GEMMs have the same shapes either way; the schedule splits the base's q/k/v GEMM into three
+    (the adapted one stays one GEMM, its output split after the adds), and other GEMM shapes round
+    differently on other BLAS kernels (OPENBLAS_CORETYPE=Haswell): fp32 rounding there."""
     path = cached_checkpoint("llama")
     base = modeldsl.load(STD_ROOT / "models" / "llama.module", hf=path)
     adapted = modeldsl.load(STD_ROOT / "models" / "llama.module", hf=path, lora=8)
     tokens = [3, 1, 4, 1, 5, 9, 2, 6]
-    np.testing.assert_array_equal(adapted.forward(tokens), base.forward(tokens))
+    np.testing.assert_array_equal(adapted.forward(tokens, engine="graph"), base.forward(tokens, engine="graph"))
+    expected = base.forward(tokens)
+    np.testing.assert_allclose(adapted.forward(tokens), expected, rtol=0, atol=1e-6 * np.abs(expected).max())
 
 
 @pytest.mark.parametrize("arch", MODULES)
@@ -125,8 +131,11 @@ def test_training_with_adapters_equals_peft(arch, targets):
     for name, (module, role, stacked) in adapters(model).items():
         value = model.weights[name]
         for layer in range(value.shape[0]) if stacked else [None]:
-            np.testing.assert_allclose(value[layer] if stacked else value,
-                                       state[peft_name(module, layer, role)].detach().numpy(), rtol=1e-4, atol=1e-6)
+            # per tensor, not per element: AdamW divides by sqrt(v), so an element whose gradient is
+            # near zero turns fp32 rounding of the gradient (other BLAS kernels) into a step of size lr
+            ours_layer = np.asarray(value[layer] if stacked else value, np.float64)
+            theirs = state[peft_name(module, layer, role)].detach().numpy().astype(np.float64)
+            assert np.linalg.norm(ours_layer - theirs) <= 1e-4 * np.linalg.norm(theirs), (name, layer)
 
 
 def adapted_llama(targets="q,v", rank=4, alpha=8):
