@@ -19,9 +19,10 @@ from modeldsl.kernels.cpu.attention import Attention, Segments
 from modeldsl.kernels.cpu.pool import Pool
 from modeldsl.kernels.reference import REFERENCES
 
+from .test_attention import close, operands, params, run
+
 pytestmark = pytest.mark.usefixtures("kernel_path")  # every test on the numpy and the compiled path
 
-TOLERANCE = {np.float32: 2e-5, np.float64: 1e-10}
 CASES = [  # (Hq, Hkv, Tq, Tk, causal, window)
     (8, 4, 37, 37, True, None),
     (4, 1, 300, 300, True, None),  # several query blocks, examples across them
@@ -49,36 +50,9 @@ def shuffled_ids(tk: int) -> np.ndarray:
 SEGMENTS = {"packed": packed_ids, "shuffled": shuffled_ids, "one": lambda tk: np.zeros((2, tk), np.int32)}
 
 
-def heads_layout(shape, layout):
-    b, h, t, d = shape
-    return (b, h, t, d) if layout == "bhtd" else (b, t, h, d)
-
-
-def operands(case, dtype, layout, seed=0):
-    hq, hkv, tq, tk, _, _ = case
-    q = random(heads_layout((2, hq, tq, 16), layout), dtype, seed)
-    k = random(heads_layout((2, hkv, tk, 16), layout), dtype, seed + 1)
-    v = random(heads_layout((2, hkv, tk, 16), layout), dtype, seed + 2)
-    return q, k, v
-
-
-def params(case, layout, softcap=0.0):
-    p = {"causal": case[4], "window_size": case[5], "softmax_scale": None, "layout": layout}
-    return {**p, "softcap": softcap} if softcap else p
-
-
-def run(name, outputs, inputs, params_, threads=1):
-    pool = Pool(threads)
-    step = cpu_kernel(name)(pool, outputs, inputs, params_)
-    assert step is not None, f"{name} gave no fast step"
-    pool.workspace.prepare()
-    step()
-    return step
-
-
 def forward(case, dtype, layout, segments, threads=1, softcap=0.0):
-    q, k, v = operands(case, dtype, layout)
-    p = params(case, layout, softcap)
+    q, k, v, _ = operands(case, dtype, layout)
+    p = params(case, layout, softcap=softcap)
     want = REFERENCES["flash_attention"](q, k, v, None, segments, **p)
     out, lse = np.full(q.shape, np.nan, dtype), np.full(want[1].shape, np.nan, np.float32)
     step = run("flash_attention", [out, lse], [q, k, v, None, segments], p, threads)
@@ -86,8 +60,8 @@ def forward(case, dtype, layout, segments, threads=1, softcap=0.0):
 
 
 def backward(case, dtype, layout, segments, threads=1, softcap=0.0):
-    q, k, v = operands(case, dtype, layout)
-    p = params(case, layout, softcap)
+    q, k, v, _ = operands(case, dtype, layout)
+    p = params(case, layout, softcap=softcap)
     out, lse = (x.astype(dtype if x.ndim == 4 else np.float32) for x in
                 REFERENCES["flash_attention"](q, k, v, None, segments, **p))
     inputs = [random(out.shape, dtype, 7), q, k, v, out, lse, None, segments]
@@ -95,10 +69,6 @@ def backward(case, dtype, layout, segments, threads=1, softcap=0.0):
     got = [np.full(x.shape, np.nan, dtype) for x in (q, k, v)]
     step = run("flash_attention_backward", got, inputs, p, threads)
     return got, want, step
-
-
-def close(got, want, dtype):
-    np.testing.assert_allclose(got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -130,7 +100,7 @@ def test_softcapped_packed_rows_are_the_reference(case):
 def test_the_segments_mask_what_they_say():
     """The reference's mask: a packed row's out is the out of each example alone (at its positions 0..)."""
     case = (4, 2, 300, 300, True, None)
-    q, k, v = operands(case, np.float64, "bhtd")
+    q, k, v, _ = operands(case, np.float64, "bhtd")
     segments = packed_ids(300)
     out, lse = REFERENCES["flash_attention"](q, k, v, None, segments)
     start = 0
@@ -188,7 +158,7 @@ def test_the_same_bits_on_every_run_and_thread_count():
 def test_new_ids_on_every_run():
     """The ids are read when the step runs: the same step on the next batch's rows."""
     case = CASES[1]
-    q, k, v = operands(case, np.float32, "bthd")
+    q, k, v, _ = operands(case, np.float32, "bthd")
     segments = packed_ids(300).astype(np.int32)
     out, lse = np.empty_like(q), np.empty((2, 4, 300), np.float32)
     step = run("flash_attention", [out, lse], [q, k, v, None, segments], params(case, "bthd"), 2)
