@@ -78,6 +78,7 @@ from modeldsl.dialects.dtypes import DType, parse_dtype_spelling, verify_dtype_s
 
 ARENAS: tuple[str, ...] = ("params", "activations", "workspace", "grads", "optimizer", "external")
 ATTENTION_LAYOUTS: tuple[str, ...] = ("bhtd", "bthd")
+STORED_DTYPES: tuple[DType, ...] = (DType.FP8_E4M3, DType.FP8_E5M2)  # what a scaled GEMM operand holds
 COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 REDUCE_OPS: tuple[str, ...] = ("sum", "max", "min", "avg")
 
@@ -592,6 +593,10 @@ class GemmOp(SchedOp):
     product of C's leading dims. ``transa``/``transb`` transpose A and B;
     ``epilogue`` (see ``EPILOGUES``) fuses a bias, an activation, an
     activation gradient through the saved ``aux`` buffer, or a bias gradient.
+    ``scale %s`` says that B holds values stored in fp8 and ``%s`` (fp32, B's
+    shape without its last dim) one scale per row of B: the GEMM multiplies by
+    ``B * s[..., None]`` (``dequantize``'s values), widening it a tile at a time
+    instead of holding it (``mdsl.sched.gemm %x, %q scale %s -> %y {transb = true}``).
     """
 
     name = "mdsl.sched.gemm"
@@ -599,6 +604,7 @@ class GemmOp(SchedOp):
 
     a = operand_def(BufferType)
     b = operand_def(BufferType)
+    scale_b = opt_operand_def(BufferType)
     bias = opt_operand_def(BufferType)
     aux = opt_operand_def(BufferType)
     c = operand_def(BufferType)
@@ -610,8 +616,9 @@ class GemmOp(SchedOp):
 
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     assembly_format = (
-        "$a `,` $b (`bias` $bias^)? (`aux` $aux^)? `->` $c attr-dict "
-        "`:` type($a) `,` type($b) (`bias` type($bias)^)? (`aux` type($aux)^)? `->` type($c)"
+        "$a `,` $b (`scale` $scale_b^)? (`bias` $bias^)? (`aux` $aux^)? `->` $c attr-dict "
+        "`:` type($a) `,` type($b) (`scale` type($scale_b)^)? (`bias` type($bias)^)? (`aux` type($aux)^)? "
+        "`->` type($c)"
     )
 
     def __init__(
@@ -629,6 +636,7 @@ class GemmOp(SchedOp):
         beta: float = 0.0,
         epilogue: str = "none",
         stream: str | None = None,
+        scale_b: SSAValue | None = None,
     ):
         attrs = _non_default(
             transa=IntegerAttr.from_bool(True) if transa else None,
@@ -638,7 +646,8 @@ class GemmOp(SchedOp):
             epilogue=StringAttr(epilogue) if epilogue != "none" else None,
             stream=_stream_attr(stream),
         )
-        super().__init__(operands=[a, b, _optional(bias), _optional(aux), c], attributes=attrs | (attributes or {}))
+        super().__init__(operands=[a, b, _optional(scale_b), _optional(bias), _optional(aux), c],
+                         attributes=attrs | (attributes or {}))
 
     def verify_op(self) -> None:
         _check_choice("epilogue", self.epilogue.data, tuple(EPILOGUES))
@@ -655,6 +664,16 @@ class GemmOp(SchedOp):
         if batch_a != batch_c or (len(b.shape) > 2 and b.shape[:-2] != batch_a):
             raise VerifyException(f"batch dims differ: A {list(batch_a)}, B {list(b.shape[:-2])}, C {list(batch_c)}")
         self._verify_epilogue_operands(m, n, c)
+        if self.scale_b is not None:
+            self._verify_scale(b, buffer_type(self.scale_b))
+
+    @staticmethod
+    def _verify_scale(b: BufferType, scale: BufferType) -> None:
+        if b.dtype not in STORED_DTYPES:
+            raise VerifyException(f"a scaled B holds fp8 values ({', '.join(STORED_DTYPES)}), got {b.dtype.value}")
+        if scale.dtype != DType.FP32 or scale.shape != b.shape[:-1]:
+            raise VerifyException(f"the scale of B is fp32 {list(b.shape[:-1])} (one per row of B), got "
+                                  f"{scale.dtype.value} {list(scale.shape)}")
 
     def _verify_epilogue_operands(self, m: int, n: int, c: BufferType) -> None:
         name = self.epilogue.data

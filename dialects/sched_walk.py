@@ -247,10 +247,12 @@ def operand_roles(op: Operation) -> list[Role]:
 
 
 def _gemm_roles(op: GemmOp) -> list[Role]:
-    """A and B read; the bias and aux read or written as the epilogue says; C written, and read
+    """A and B (and B's scale) read; the bias and aux read or written as the epilogue says; C written, and read
     where ``beta != 0``."""
     rule = EPILOGUES.get(op.epilogue.data)
     roles: list[Role] = [(op.a, True, False, None), (op.b, True, False, None)]
+    if op.scale_b is not None:
+        roles.append((op.scale_b, True, False, None))
     if op.bias is not None:
         writes = rule is not None and rule.bias in ("write_n", "write_m")
         roles.append((op.bias, not writes, writes, None))

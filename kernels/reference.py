@@ -187,11 +187,14 @@ def _operand_sums(name: str, a: np.ndarray, b: np.ndarray, mode: str) -> np.ndar
     return sums.reshape(-1, sums.shape[-1]).sum(axis=0)
 
 
-def gemm(a, b, c, bias=None, aux=None, *, transpose="NN", alpha=1.0, beta=0.0, epilogue="none"):
+def gemm(a, b, c, bias=None, aux=None, *, transpose="NN", alpha=1.0, beta=0.0, epilogue="none", scale_b=None):
     """``mdsl.sched.gemm`` in place: ``C = epilogue(alpha * op(A) @ op(B) + beta * C)``, writing
     ``aux`` and a bias gradient where the epilogue does. What both executors run on the CPU.
     A ``C`` with leading dims is a batched GEMM (``TN`` transposes each matrix, as
-    ``batched_matmul``); a matrix ``C`` from stacked ``TN`` operands contracts their rows (``matmul``)."""
+    ``batched_matmul``); a matrix ``C`` from stacked ``TN`` operands contracts their rows (``matmul``).
+    With ``scale_b``, B holds fp8 values and B is their :func:`dequantize` in A's dtype."""
+    if scale_b is not None:
+        b = dequantize(b, scale_b).astype(np.asarray(a).dtype)
     batched = c.ndim > 2 and np.ndim(a) > 2 and np.ndim(b) > 2
     product = (batched_matmul if batched else matmul)(a, b, transpose=transpose, alpha=alpha)
     pre = product + beta * c.astype(product.dtype) if beta else product

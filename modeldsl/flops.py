@@ -144,6 +144,8 @@ def gemm_flops(op: GemmOp) -> int:
         flops += numel(a)
     elif epilogue == "bgradb":
         flops += numel(b)
+    if op.scale_b is not None:  # B widened: one multiply per stored value (dequantize's count)
+        flops += numel(b)
     return flops
 
 

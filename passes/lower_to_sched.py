@@ -30,6 +30,9 @@ Each primitive becomes a launch of its registry kernel, except:
 * ``matmul`` and ``batched_matmul`` become ``gemm``; a ``transpose`` of the
   last two dims that only feeds GEMMs is absorbed into their flags, and a
   weight-gradient matmul (``TN`` over leading dims) reads 2-d views; a
+  ``dequantize`` of a weight stored in fp8 that a GEMM reads as B is that
+  GEMM's ``scale`` operand (it widens B a tile at a time; the widened
+  weight is not held; any other reader gets the ``dequantize`` launch); a
   projection ``x @ W^T`` whose only use is a split of its last dim (fused
   QKV, gate/up) becomes one GEMM per piece on row slices of ``W``, so the
   fused result is never held (``split_gemms=false`` keeps one GEMM and the
@@ -106,6 +109,7 @@ from modeldsl.dialects.graph import (
     ReturnOp,
     StackOp,
 )
+from modeldsl.dialects.graph_primitives import DequantizeOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.dialects.sched import (
     KEYED_BY_LAYER,
@@ -257,7 +261,8 @@ class ScheduleBuilder:
         self.values: dict[SSAValue, SSAValue] = {}
         self.params: dict[str, SSAValue] = {}
         self.deferred: dict[SSAValue, Operation] = {}  # transposes not (yet) materialized
-        self.split_gemms: dict[Operation, tuple[SSAValue, SSAValue, float]] = {}  # split -> (x, W, alpha)
+        # split -> (x, W, W's scale or None, alpha)
+        self.split_gemms: dict[Operation, tuple[SSAValue, SSAValue, SSAValue | None, float]] = {}
         self.outputs: dict[SSAValue, int] = {}
         self.in_loop_grads: dict[SSAValue, SSAValue] = {}  # collected parameter gradient -> its grads buffer
         self.signatures = {sig.op.name: sig for sig in builtin_primitives().values()}
@@ -630,12 +635,14 @@ class ScheduleBuilder:
 
     def lower_split(self, op: Operation) -> bool:
         if op in self.split_gemms:
-            x, weight, alpha = self.split_gemms.pop(op)
+            x, weight, scale, alpha = self.split_gemms.pop(op)
             row = 0
             for result in op.results:
                 rows = result.type.shape[-1].evaluate({})
                 piece = self.weight_rows(weight, row, rows)
-                self.block.add_op(GemmOp(x, piece, self.result_buffer(result), transb=True, alpha=alpha))
+                scales = None if scale is None else self.weight_rows(scale, row, rows)
+                self.block.add_op(GemmOp(x, piece, self.result_buffer(result), transb=True, alpha=alpha,
+                                         scale_b=scales))
                 row += rows
             return True
         source = op.operands[0].type
@@ -657,6 +664,18 @@ class ScheduleBuilder:
         self.deferred[op.results[0]] = op  # a GEMM may take it as a flag
         return True
 
+    def lower_dequantize(self, op: Operation) -> bool:
+        self.deferred[op.results[0]] = op  # a GEMM may take it as its scaled B
+        return True
+
+    def scaled_operand(self, value: SSAValue, like: SSAValue) -> tuple[SSAValue, SSAValue] | None:
+        """(stored values, scales) of a deferred ``dequantize`` into ``like``'s dtype, for a GEMM
+        to read as its B (``scale_b``); None for any other value (its buffer is made as usual)."""
+        producer = self.deferred.get(value)
+        if not isinstance(producer, DequantizeOp) or self.buffer_type(value.type).dtype != like.type.dtype:
+            return None
+        return self.buffer(producer.operands[0]), self.buffer(producer.operands[1])
+
     # GEMMs ---------------------------------------------------------------
     def gemm_operand(self, value: SSAValue, transposed: bool) -> tuple[SSAValue, bool]:
         """(buffer, transposed) with a last-two-dims transpose folded into the flag."""
@@ -673,11 +692,13 @@ class ScheduleBuilder:
             a, transa = self.buffer(op.operands[0]), False
         else:
             a, transa = self.gemm_operand(op.operands[0], mode[0] == "T")
-        b, transb = self.gemm_operand(op.operands[1], mode[1] == "T")
+        scaled = self.scaled_operand(op.operands[1], a)
+        b, transb = (scaled[0], mode[1] == "T") if scaled else self.gemm_operand(op.operands[1], mode[1] == "T")
+        scale = scaled[1] if scaled else None
         split = _only_user_splits_last_dim(op.results[0]) if self.split_projections else None
         if split is not None and split is op.next_op and transb and not transa and len(self.shape(b)) == 2 \
                 and find_annotation(op, AssertAttr) is None:  # (an asserted projection is held)
-            self.split_gemms[split] = (a, b, op_attr(op, "alpha", 1.0))
+            self.split_gemms[split] = (a, b, scale, op_attr(op, "alpha", 1.0))
             return True
         if transa and len(self.shape(a)) > 2:  # a weight gradient: contract over every leading dim
             a, b = self.flat(a), self.flat(b)
@@ -688,7 +709,7 @@ class ScheduleBuilder:
         bias, epilogue = epilogues.bias_gradient_epilogue(self, op, transa, transb)
         c = self.result_buffer(op.results[0])
         self.block.add_op(GemmOp(a, b, c, bias, transa=transa, transb=transb, alpha=op_attr(op, "alpha", 1.0),
-                                 epilogue=epilogue))
+                                 epilogue=epilogue, scale_b=scale))
         return True
 
     # GEMM epilogues (passes/lower_gemm_epilogues.py) ----------------------

@@ -17,10 +17,12 @@ output layer included) in ``dtype``, as QLoRA holds its base:
   before it: inside a stack's body, so the widened weight is one layer's (the stack passes the
   scale as one more per-layer operand), and inside a helper the weight is passed to (it takes the
   scale as one more argument) unless the helper has a written backward, which reads the widened
-  weight: then it is widened before the call. It is a transient that ``mdsl-plan-memory`` places
-  like any other. It is marked ``@memory(recompute)``, so that a
-  training step replays it in the backward instead of saving it (``mdsl-recompute``; its
-  ``mode=none`` saves everything the backward reads, these widened weights too);
+  weight: then it is widened before the call. ``mdsl-lower-to-sched`` makes it the ``scale``
+  operand of a GEMM that reads it as B (the GEMM widens the weight a tile at a time); for any other
+  reader it is a transient that ``mdsl-plan-memory`` places like any other. It is marked
+  ``@memory(recompute)``, so that a training step replays it in the backward instead of saving it
+  (``mdsl-recompute``; its ``mode=none`` saves everything the backward reads, these widened weights
+  too);
 - ``dtype=bf16`` stores the weight in bf16 and reads it through ``cast(W, dtype=compute)``: no
   scale. The compute dtype of a bf16-declared weight is bf16 too: in a program of the declared
   dtypes the cast is the weight's own buffer (``mdsl-lower-to-sched`` launches nothing), in an

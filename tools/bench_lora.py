@@ -38,8 +38,9 @@ and the optimizer step (:func:`~modeldsl.runtime.train.compile_optimizer_step`, 
 A third row, **LoRA on an fp8 base**, is the LoRA setting with the frozen base stored in fp8
 (``mdsl-quantize-frozen{dtype=fp8_e4m3}`` after the adapters, what ``modeldsl.load(lora=...,
 base_dtype="fp8")`` runs): every frozen linear weight (the tied embedding, which ``embedding``
-reads, stays) in 1 byte per value plus an fp32 scale per output channel, dequantized a layer at a
-time before its GEMM; its ``params`` arena is the one that shrinks.
+reads, stays) in 1 byte per value plus an fp32 scale per output channel, widened by each GEMM a
+tile at a time (no widened weight is held; the untied head the fused loss reads is widened a layer
+at a time); its ``params`` arena is the one that shrinks.
 
 **2. CPU tokens/s** (``--only speed``). A small Llama (d 256, 4 layers, 4 heads, d_ff 688, vocab
 1024) with random weights (seed 0) is saved once as a HuggingFace checkpoint

@@ -24,7 +24,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from modeldsl.kernels.cpu import compiled
-from modeldsl.kernels.cpu.pool import PARALLEL_ELEMENTS, Pool, scratch_bytes
+from modeldsl.kernels.cpu.pool import PARALLEL_ELEMENTS, TILE, Pool, scratch_bytes
+from modeldsl.kernels.cpu.quantize import CODES
 from modeldsl.kernels.cpu.tiles import Step, as_rows, float_dtype
 
 EPILOGUES = ("none", "bias")
@@ -86,12 +87,15 @@ def blocks(a, b, c, mode: str, threads: int) -> list[Block] | None:
 
 
 def gemm(pool: Pool, a, b, c, bias=None, aux=None, *, transpose="NN", alpha=1.0, beta=0.0,
-         epilogue="none", jit: bool = False) -> Step | None:
+         epilogue="none", jit: bool = False, scale_b=None) -> Step | None:
     """The step of one ``mdsl.sched.gemm`` (None: the reference runs it). With ``jit`` (and float32,
     no bias) the products of a GEMM cut over the threads run on the compiled library's spinning
     threads (:func:`~modeldsl.kernels.cpu.compiled.gemm_step`), ``alpha`` and ``beta`` in BLAS's
     call; one product stays an ``np.matmul`` on the calling thread, and so do products with one row
-    or column (numpy runs those as the faster GEMV)."""
+    or column (numpy runs those as the faster GEMV). With ``scale_b``: :func:`scaled_gemm`."""
+    if scale_b is not None:
+        return scaled_gemm(pool, a, b, scale_b, c, bias, transpose=transpose, alpha=alpha, beta=beta,
+                           epilogue=epilogue)
     dtype = float_dtype(a, b, c, bias)
     if dtype is None or epilogue not in EPILOGUES or aux is not None:
         return None
@@ -134,5 +138,72 @@ def gemm(pool: Pool, a, b, c, bias=None, aux=None, *, transpose="NN", alpha=1.0,
 
     def step() -> None:
         pool.blocks(run, len(work), total)
+
+    return step
+
+
+def column_tiles(rows: int, columns: int, threads: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` column ranges of a widened B ``[rows, columns]``: at most a tile of elements each
+    (TILE: it stays in a core's L2 while BLAS reads it), and at least one per thread where the
+    product is large enough to split."""
+    width = min(max(TILE // max(rows, 1), 1), columns)
+    if threads > 1 and rows * columns >= PARALLEL_ELEMENTS:
+        width = min(width, -(-columns // threads))
+    return [(lo, min(lo + width, columns)) for lo in range(0, columns, max(width, 1))]
+
+
+def scaled_gemm(pool: Pool, a, q, scale, c, bias=None, *, transpose="NN", alpha=1.0, beta=0.0,
+                epilogue="none") -> Step | None:
+    """``C = alpha * op(A) @ op(B) (+ bias)`` where B is ``dequantize(q, scale)``: fp8 values ``q``
+    times their row's fp32 ``scale``, widened a tile of C's columns at a time into the thread's
+    workspace (exactly the reference dequantize's float32 products: each fp8 value widens exactly,
+    then one multiply) and multiplied there, so the widened B is never held whole. A tile of C's
+    columns is ``q``'s rows ``lo:hi`` for a transposed B (``x @ W^T``), its columns ``lo:hi`` for a
+    plain one (``dy @ W``). Only a float32 A and C, a 2-d ``q`` and no ``beta``; else None (the
+    reference widens B whole)."""
+    if float_dtype(a, c, bias) != np.float32 or q.ndim != 2 or q.dtype not in CODES or beta or \
+            scale.dtype != np.float32 or scale.shape != q.shape[:-1] or epilogue not in EPILOGUES:
+        return None
+    transposed = transpose[1] == "T"
+    matrices = _matrices(a, q, c, transpose)
+    products = list(matrices) if matrices is not None else []
+    if len(products) != 1:
+        return None
+    x, y, z = products[0]
+    if x.shape[-1] != y.shape[0] or (x.shape[0], y.shape[1]) != z.shape:
+        return None
+    depth = y.shape[0]
+    tiles = column_tiles(depth, y.shape[1], pool.threads)
+    width = max(hi - lo for lo, hi in tiles) if tiles else 0
+    pool.workspace.reserve(scratch_bytes(depth * width, np.float32))
+    row_bias = bias.reshape(-1) if bias is not None and epilogue == "bias" else None
+    alpha = np.float32(alpha)
+
+    def widen(lo: int, hi: int, thread: int) -> np.ndarray:
+        """op(B)[:, lo:hi] in float32, in the thread's workspace."""
+        temp = pool.workspace.arrays(thread, depth * (hi - lo), np.float32, 1)[0]
+        if transposed:  # B's rows lo:hi, contiguous, read transposed
+            wide = temp.reshape(hi - lo, depth)
+            np.copyto(wide, q[lo:hi], casting="unsafe")  # exact: every fp8 value is a float32
+            np.multiply(wide, scale[lo:hi, None], out=wide)
+            return wide.T
+        wide = temp.reshape(depth, hi - lo)
+        np.copyto(wide, q[:, lo:hi], casting="unsafe")
+        np.multiply(wide, scale[:, None], out=wide)
+        return wide
+
+    def run(start: int, stop: int, thread: int) -> None:
+        for lo, hi in tiles[start:stop]:
+            out = z[:, lo:hi]
+            np.matmul(x, widen(lo, hi, thread), out=out)
+            if alpha != 1:
+                out *= alpha
+            if row_bias is not None:
+                out += row_bias[lo:hi]
+
+    total = z.shape[0] * z.shape[1] * depth // 64 + q.size
+
+    def step() -> None:
+        pool.blocks(run, len(tiles), total)
 
     return step

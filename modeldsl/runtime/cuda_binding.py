@@ -397,8 +397,8 @@ class CommandCompiler(ScheduleVisitor):
 
 
 def bind_gemm(op: GemmOp, refs: Mapping[SSAValue, TensorRef]) -> GemmCommand:
-    bias, aux = (refs[value] if value is not None else None for value in (op.bias, op.aux))
-    return GemmCommand(a=refs[op.a], b=refs[op.b], c=refs[op.c], bias=bias, aux=aux,
+    bias, aux, scale = (refs[value] if value is not None else None for value in (op.bias, op.aux, op.scale_b))
+    return GemmCommand(a=refs[op.a], b=refs[op.b], c=refs[op.c], bias=bias, aux=aux, scale_b=scale,
                        transa=bool(op.transa.value.data), transb=bool(op.transb.value.data),
                        alpha=op.alpha.value.data, beta=op.beta.value.data, epilogue=op.epilogue.data,
                        choice=recorded_choice(op))

@@ -275,6 +275,7 @@ class GemmCommand(Command):
     alpha: float = 1.0
     beta: float = 0.0
     epilogue: str = "none"
+    scale_b: TensorRef | None = None  # B holds fp8 values, one fp32 scale per row (mdsl.sched.gemm's scale)
     kind = "gemm"
 
     @property
@@ -283,7 +284,7 @@ class GemmCommand(Command):
 
     @property
     def refs(self) -> tuple[TensorRef | None, ...]:
-        return self.a, self.b, self.c, self.bias, self.aux
+        return self.a, self.b, self.c, self.bias, self.aux, self.scale_b
 
     @property
     def written(self) -> tuple[TensorRef | None, ...]:
@@ -297,8 +298,9 @@ class GemmCommand(Command):
 
     def compute(self, arrays: list[np.ndarray | None]) -> None:
         """The CPU's run of this GEMM and its epilogue (the kernels' reference)."""
-        a, b, c, bias, aux = arrays
-        gemm(a, b, c, bias, aux, transpose=self.mode, alpha=self.alpha, beta=self.beta, epilogue=self.epilogue)
+        a, b, c, bias, aux, scale = arrays
+        gemm(a, b, c, bias, aux, transpose=self.mode, alpha=self.alpha, beta=self.beta, epilogue=self.epilogue,
+             scale_b=scale)
 
     def dispatch(self, device: Device) -> None:
         device.gemm(self)

@@ -24,7 +24,7 @@ the weights they adapt (``W + scaling * B @ A``, slice by slice), as PEFT's ``me
 A low-precision frozen base (QLoRA-style, ``modeldsl.load(..., lora=..., base_dtype="fp8")``):
 :func:`quantize_base` runs ``mdsl-quantize-frozen`` (:mod:`modeldsl.passes.quantize_frozen`) after
 the adapters are added, so every frozen linear weight is stored in bf16, or in fp8 e4m3 with an fp32
-scale per output channel, and dequantized right before the matmul that reads it. The adapters stay in
+scale per output channel, and widened by the GEMM that reads it, a tile at a time. The adapters stay in
 the load's dtype and train as on a full-precision base; their files do not change (an adapter trained
 on an fp8 base loads on a full-precision one, and back). :func:`merged_weights` widens a stored weight
 (``q * scale``) before it folds the adapters in, so a merged save of an fp8 base holds the dequantized

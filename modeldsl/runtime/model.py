@@ -462,10 +462,11 @@ def load(model_file: str | Path | None = None, hf: str | Path | None = None, dty
     weight that only matmuls read (the linear modules, the LM head included; not the embedding, the
     norms, biases or the adapters): ``mdsl-quantize-frozen`` (:mod:`modeldsl.passes.quantize_frozen`)
     rewrites the model, the checkpoint's values are quantized once as they are read (round to nearest
-    even, saturating), and each program dequantizes a weight into the compute dtype right before its
-    matmul, one layer at a time. ``save_hf`` then writes the dequantized values (merged with the
-    adapters); ``save_adapter`` writes the adapters alone, as on a full-precision base. E029 for
-    another ``base_dtype``, or one given for a model without frozen linear weights."""
+    even, saturating), and each GEMM widens a stored weight into the compute dtype a tile at a time
+    (what else reads one, the fused LM-head loss, widens one layer's weight right before it).
+    ``save_hf`` then writes the dequantized values (merged with the adapters); ``save_adapter`` writes
+    the adapters alone, as on a full-precision base. E029 for another ``base_dtype``, or one given for
+    a model without frozen linear weights."""
     if dtype not in STORAGE:
         raise DiagnosticError([Diagnostic("E029", f"dtype '{dtype}' is not fp32 or bf16", None)])
     if base_dtype is not None:

@@ -206,10 +206,10 @@ class ScheduleExecutor:
     def gemm(self, op: GemmOp, views: Mapping[SSAValue, np.ndarray]) -> Step:
         """``C = epilogue(alpha op(A) op(B) + beta C)`` with the reference's cuBLASLt epilogues."""
         a, b, c = views[op.a], views[op.b], views[op.c]
-        bias, aux = (views[v] if v is not None else None for v in (op.bias, op.aux))
+        bias, aux, scale = (views[v] if v is not None else None for v in (op.bias, op.aux, op.scale_b))
         mode = ("T" if op.transa.value.data else "N") + ("T" if op.transb.value.data else "N")
         params = {"transpose": mode, "alpha": op.alpha.value.data, "beta": op.beta.value.data,
-                  "epilogue": op.epilogue.data}
+                  "epilogue": op.epilogue.data, "scale_b": scale}
 
         fast = cpu_gemm(self.threads, a, b, c, bias, aux, **params, jit=compiled_kernels_enabled())
         if fast is not None:

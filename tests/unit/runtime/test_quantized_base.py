@@ -22,7 +22,8 @@ from hf_checkpoints import cached_checkpoint
 
 import modeldsl
 from modeldsl.diagnostics import DiagnosticError
-from modeldsl.dialects.sched import BufferOp, LaunchOp
+from modeldsl.dialects.dtypes import DType
+from modeldsl.dialects.sched import BufferOp, GemmOp, LaunchOp
 from modeldsl.kernels.reference import dequantize, quantize
 from modeldsl.memory_report import format_training, program_memory, program_report, stored_base, training_memory
 from modeldsl.resolve.imports import STD_ROOT
@@ -188,22 +189,37 @@ def test_the_params_arena_is_smaller_by_three_bytes_a_weight_less_four_a_channel
     assert stored_base(compile_profile(load().model, 1, 16, "fp32")) is None
 
 
-def test_the_dequantized_weight_is_a_transient_of_its_layer():
-    """The forward dequantizes each weight right before its GEMM, into an activations buffer live for
-    those two steps (one layer's weight); the training step replays the dequantize in the backward
-    (@memory(recompute)) and saves no widened weight."""
+def test_the_gemms_widen_the_stored_weights_a_tile_at_a_time():
+    """Every GEMM that reads a stored weight as its B takes it with its scale (``mdsl.sched.gemm ...
+    scale``): no dequantize launch, no widened weight in the activations arena; in the training step
+    the backward's ``dy @ W`` reads it so too, and only the fused LM-head loss (not a GEMM) has the
+    head widened, a transient of its two steps."""
     model = load("fp8")
     forward = compile_profile(model.model, 1, 16, "fp32")
-    launches = [op for op in forward.walk() if isinstance(op, LaunchOp) and op.kernel.data == "dequantize"]
-    assert len(launches) == 5  # qkv, out, gate/up, down in the layer loop; the head
+    assert not [op for op in forward.walk() if isinstance(op, LaunchOp) and op.kernel.data == "dequantize"]
+    scaled = [op for op in forward.walk() if isinstance(op, GemmOp) and op.scale_b is not None]
+    assert len(scaled) == 5  # qkv, out, gate/up, down in the layer loop; the head
+    assert all(op.b.type.dtype == DType.FP8_E4M3 and op.transb.value.data for op in scaled)
     memory = program_memory(forward)
-    widened = [b for b in memory.buffers if b.arena == "activations" and
-               b.name in ("attention_qkv_weight", "up_weight", "down_weight", "lm_head")]
-    assert len(widened) == 4 and all(b.interval[1] - b.interval[0] <= 2 for b in widened), widened
+    assert not [b for b in memory.buffers if b.arena == "activations" and
+                b.name in ("attention_qkv_weight", "up_weight", "down_weight", "lm_head")]
     step = compile_training_step(model.model, 2, 8)
     saved = {op.result.name_hint for op in step.walk() if isinstance(op, BufferOp) and "saved" in op.attributes}
     assert not {n for n in saved if n and n.endswith("_weight")}, saved
-    assert sum(isinstance(op, LaunchOp) and op.kernel.data == "dequantize" for op in step.walk()) > 5
+    backward = [op for op in step.walk() if isinstance(op, GemmOp) and op.scale_b is not None
+                and not op.transb.value.data]
+    assert len(backward) == 4  # d_x of qkv, out, gate/up, down
+    widened = [op for op in step.walk() if isinstance(op, LaunchOp) and op.kernel.data == "dequantize"]
+    assert [op.inputs[0].name_hint for op in widened] == ["lm_head"]
+
+
+@pytest.mark.usefixtures("numpy_cpu_kernels")
+def test_the_emulated_cuda_device_runs_the_scaled_gemms_as_the_cpu_does():
+    """The CUDA executor's GEMM commands carry the scale (on the emulated device: the reference)."""
+    cpu, emulated = load("fp8"), load("fp8", device="emulated")
+    for model in (cpu, emulated):
+        randomize_b(model)
+    np.testing.assert_array_equal(logits(emulated), logits(cpu))
 
 
 # ----------------------------------------------------------------------------- files

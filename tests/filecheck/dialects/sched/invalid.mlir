@@ -645,3 +645,25 @@ mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grad
   %b = mdsl.sched.buffer scratch offset 0 bytes 512 : !mdsl.sched.buffer<[256], bf16>
 }
 // CHECK: invalid.mlir:{{[0-9]+}}:26: error[{{E[0-9]+}}]: expected an arena (params, activations, workspace, grads, optimizer, external)
+
+// -----
+
+mdsl.sched.program @p arenas(params = 1024, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
+  %a = mdsl.sched.buffer activations offset 0 bytes 128 : !mdsl.sched.buffer<[4, 8], fp32>
+  %q = mdsl.sched.buffer params offset 0 bytes 96 : !mdsl.sched.buffer<[3, 8], fp32>
+  %s = mdsl.sched.buffer params offset 128 bytes 12 : !mdsl.sched.buffer<[3], fp32>
+  %c = mdsl.sched.buffer activations offset 128 bytes 48 : !mdsl.sched.buffer<[4, 3], fp32>
+  mdsl.sched.gemm %a, %q scale %s -> %c {transb = true} : !mdsl.sched.buffer<[4, 8], fp32>, !mdsl.sched.buffer<[3, 8], fp32> scale !mdsl.sched.buffer<[3], fp32> -> !mdsl.sched.buffer<[4, 3], fp32>
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.sched.gemm' op a scaled B holds fp8 values (fp8_e4m3, fp8_e5m2), got fp32
+
+// -----
+
+mdsl.sched.program @p arenas(params = 1024, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
+  %a = mdsl.sched.buffer activations offset 0 bytes 128 : !mdsl.sched.buffer<[4, 8], fp32>
+  %q = mdsl.sched.buffer params offset 0 bytes 24 : !mdsl.sched.buffer<[3, 8], fp8_e4m3>
+  %s = mdsl.sched.buffer params offset 128 bytes 32 : !mdsl.sched.buffer<[8], fp32>
+  %c = mdsl.sched.buffer activations offset 128 bytes 48 : !mdsl.sched.buffer<[4, 3], fp32>
+  mdsl.sched.gemm %a, %q scale %s -> %c {transb = true} : !mdsl.sched.buffer<[4, 8], fp32>, !mdsl.sched.buffer<[3, 8], fp8_e4m3> scale !mdsl.sched.buffer<[8], fp32> -> !mdsl.sched.buffer<[4, 3], fp32>
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.sched.gemm' op the scale of B is fp32 [3] (one per row of B), got fp32 [8]

@@ -49,6 +49,10 @@ mdsl.sched.program @train arenas(params = 65536, activations = 65536, workspace 
   %gb = mdsl.sched.buffer grads offset 24576 bytes 256 : !mdsl.sched.buffer<[128], bf16>
   %ws = mdsl.sched.buffer workspace offset 0 bytes 1024 : !mdsl.sched.buffer<[512], bf16>
   %pre = mdsl.sched.buffer activations offset 25600 bytes 8192 : !y
+  %wq = mdsl.sched.buffer params bytes 8192 : !mdsl.sched.buffer<[128, 64], fp8_e4m3>
+  %wscale = mdsl.sched.buffer params bytes 512 : !mdsl.sched.buffer<[128], fp32>
+  %xf = mdsl.sched.buffer activations bytes 8192 : !mdsl.sched.buffer<[2, 16, 64], fp32>
+  %yf = mdsl.sched.buffer activations bytes 16384 : !mdsl.sched.buffer<[2, 16, 128], fp32>
 
   // CHECK: mdsl.sched.launch "rmsnorm_fwd"(%x, %g) -> (%n, %rstd) {eps = 1.000000e-05 : f64} : (!mdsl.sched.buffer<[2, 16, 64], bf16>, !mdsl.sched.buffer<[64], bf16>) -> (!mdsl.sched.buffer<[2, 16, 64], bf16>, !mdsl.sched.buffer<[2, 16], fp32>)
   mdsl.sched.launch "rmsnorm_fwd"(%x, %g) -> (%n, %rstd) {eps = 1.0e-05 : f64} : (!x, !v) -> (!x, !r)
@@ -69,6 +73,11 @@ mdsl.sched.program @train arenas(params = 65536, activations = 65536, workspace 
   mdsl.sched.gemm %n, %w bias %gb aux %pre -> %y {transb = true, epilogue = "gelu_aux_bias", stream = @compute} : !x, !w bias !mdsl.sched.buffer<[128], bf16> aux !y -> !y
   // CHECK-NEXT: mdsl.sched.gemm %n, %w aux %pre -> %y {transb = true, epilogue = "dgelu"} : !mdsl.sched.buffer<[2, 16, 64], bf16>, !mdsl.sched.buffer<[128, 64], bf16> aux !mdsl.sched.buffer<[2, 16, 128], bf16> -> !mdsl.sched.buffer<[2, 16, 128], bf16>
   mdsl.sched.gemm %n, %w aux %pre -> %y {transb = true, epilogue = "dgelu"} : !x, !w aux !y -> !y
+  // A B stored in fp8 with a scale per row, widened a tile at a time (the forward x @ W^T, the backward dy @ W):
+  // CHECK-NEXT: mdsl.sched.gemm %xf, %wq scale %wscale -> %yf {transb = true} : !mdsl.sched.buffer<[2, 16, 64], fp32>, !mdsl.sched.buffer<[128, 64], fp8_e4m3> scale !mdsl.sched.buffer<[128], fp32> -> !mdsl.sched.buffer<[2, 16, 128], fp32>
+  mdsl.sched.gemm %xf, %wq scale %wscale -> %yf {transb = true} : !mdsl.sched.buffer<[2, 16, 64], fp32>, !mdsl.sched.buffer<[128, 64], fp8_e4m3> scale !mdsl.sched.buffer<[128], fp32> -> !mdsl.sched.buffer<[2, 16, 128], fp32>
+  // CHECK-NEXT: mdsl.sched.gemm %yf, %wq scale %wscale -> %xf : {{.*}} scale !mdsl.sched.buffer<[128], fp32> -> !mdsl.sched.buffer<[2, 16, 64], fp32>
+  mdsl.sched.gemm %yf, %wq scale %wscale -> %xf : !mdsl.sched.buffer<[2, 16, 128], fp32>, !mdsl.sched.buffer<[128, 64], fp8_e4m3> scale !mdsl.sched.buffer<[128], fp32> -> !mdsl.sched.buffer<[2, 16, 64], fp32>
   // CHECK-NEXT: mdsl.sched.gemm %n, %w bias %gb aux %pre -> %y {transb = true, epilogue = "dgelu_bgrad"} :
   mdsl.sched.gemm %n, %w bias %gb aux %pre -> %y {transb = true, epilogue = "dgelu_bgrad"} : !x, !w bias !mdsl.sched.buffer<[128], bf16> aux !y -> !y
   // CHECK-NEXT: mdsl.sched.gemm %y2d, %n2d bias %gb -> %gw {transa = true, epilogue = "bgrada"} : !mdsl.sched.buffer<[32, 128], bf16>, !mdsl.sched.buffer<[32, 64], bf16> bias !mdsl.sched.buffer<[128], bf16> -> !mdsl.sched.buffer<[128, 64], bf16>

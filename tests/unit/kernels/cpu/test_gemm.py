@@ -170,3 +170,81 @@ def test_the_compiled_threads_survive_a_fork_and_a_second_caller():
         thread.join()
     np.testing.assert_array_equal(c, first)
     np.testing.assert_array_equal(d, first)
+
+
+# ----------------------------------------------------------------------------- a scaled fp8 B
+
+
+def stored_weight(shape, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(q, scale)``: a random weight in fp8 e4m3 with one scale per row, as the loader stores it."""
+    return reference.quantize(random(shape, np.float32, seed))
+
+
+SCALED = {  # (a shape, stored B shape, c shape, transpose): the forward x @ W^T and the backward dy @ W
+    "x @ W^T": ((2, 8, 48), (96, 48), (2, 8, 96), "NT"),
+    "dy @ W": ((2, 8, 96), (96, 48), (2, 8, 48), "NN"),
+}
+
+
+@pytest.mark.parametrize("tile", [1 << 18, 512])  # one tile of columns; many (48 or 96 columns each)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("params", [{}, {"alpha": 0.5}, {"bias": True}], ids=["plain", "alpha", "bias"])
+@pytest.mark.parametrize("case", sorted(SCALED))
+def test_a_scaled_b_is_the_gemm_of_its_dequantized_values(case, params, threads, tile, monkeypatch):
+    """Widened a tile of C's columns at a time, B is bitwise the reference's dequantize (each fp8
+    value times its row's scale, in float32), so C is its GEMM within the rounding of other BLAS
+    shapes (bitwise where one tile is the whole product)."""
+    import modeldsl.kernels.cpu.gemm as cpu_gemm
+
+    monkeypatch.setattr(cpu_gemm, "TILE", tile)
+    a_shape, b_shape, c_shape, mode = SCALED[case]
+    if params.get("bias") and mode == "NN":
+        pytest.skip("a bias is the forward's")
+    a, (q, scale) = random(a_shape, np.float32, 1), stored_weight(b_shape, 2)
+    extra = {**params, "bias": random((c_shape[-1],), np.float32, 4), "epilogue": "bias"} if params.get("bias") \
+        else params
+    c = np.zeros(c_shape, np.float32)
+    got, expected, step = run(a, q, c, threads, transpose=mode, scale_b=scale, **extra)
+    widened, unfused = reference.dequantize(q, scale), np.zeros(c_shape, np.float32)
+    reference.gemm(a, widened, unfused, transpose=mode, **extra)
+    np.testing.assert_array_equal(expected, unfused)
+    if tile > 1 << 17 and threads == 1:
+        np.testing.assert_array_equal(got, expected)
+    else:
+        b_op = widened.T if mode == "NT" else widened
+        assert_within_dot_bound(got, expected, matmul_magnitude(a.reshape(-1, a.shape[-1]), b_op).reshape(c_shape)
+                                * abs(extra.get("alpha", 1.0)), length=a_shape[-1])
+    first = got.copy()
+    step()
+    np.testing.assert_array_equal(got, first)
+    assert allocation_peak(step) < FEW_KB
+
+
+def test_the_reference_widens_a_scaled_b_into_as_dtype():
+    """In a bf16 program the widened B is rounded to bf16 once, as the dequantize launch's output was."""
+    import ml_dtypes
+
+    a = random((4, 48), np.float32, 1).astype(ml_dtypes.bfloat16)
+    q, scale = stored_weight((16, 48), 2)
+    c = np.zeros((4, 16), ml_dtypes.bfloat16)
+    reference.gemm(a, q, c, transpose="NT", scale_b=scale)
+    want = np.zeros_like(c)
+    reference.gemm(a, reference.dequantize(q, scale).astype(ml_dtypes.bfloat16), want, transpose="NT")
+    np.testing.assert_array_equal(c.view(np.uint16), want.view(np.uint16))
+
+
+def test_column_tiles_stay_within_a_tile_and_split_over_the_threads():
+    from modeldsl.kernels.cpu.gemm import column_tiles
+    from modeldsl.kernels.cpu.pool import TILE
+
+    assert column_tiles(1024, 3072, 1) == [(lo, lo + 256) for lo in range(0, 3072, 256)]  # 256 x 1024 = TILE
+    assert column_tiles(256, 96, 2) == [(0, 96)]  # small: one tile on one thread
+    assert column_tiles(512, 1024, 2) == [(0, 512), (512, 1024)]
+    assert all((hi - lo) * 1000 <= TILE for lo, hi in column_tiles(1000, 5000, 2))
+
+
+@pytest.mark.parametrize("params", [{"beta": 1.0}, {"epilogue": "gelu"}])
+def test_a_scaled_b_it_does_not_take_goes_to_the_reference(params):
+    q, scale = stored_weight((8, 4), 2)
+    assert gemm(Pool(1), np.zeros((8, 4), np.float32), q, np.zeros((8, 8), np.float32), transpose="NT",
+                scale_b=scale, **params) is None
