@@ -204,6 +204,8 @@ _kernel("reduction", "global_norm_finish", "ptr partial, i64 parts, ptr norm", (
 _kernel("reduction", "clip_factor", "ptr norm, ptr factor, f32 max_norm", ("fp32",))
 CAST_VARIANTS = ("f32_to_bf16", "bf16_to_f32", "f32_to_f16", "f16_to_f32", "bf16_to_f16", "f16_to_bf16")
 _kernel("cast", "cast", "ptr x, ptr out, i64 n", CAST_VARIANTS)
+DEQUANTIZE_VARIANTS = ("e4m3_to_f32", "e4m3_to_bf16", "e5m2_to_f32", "e5m2_to_bf16")
+_kernel("cast", "dequantize", "ptr q, ptr scale, ptr out, i64 n, i64 cols", DEQUANTIZE_VARIANTS)
 _ADAMW = "f64 beta1, f64 beta2, f64 eps"
 _kernel("adamw", "adamw", "ptr param, ptr grad, ptr exp_avg, ptr exp_avg_sq, ptr param_copy, ptr lr, ptr step, "
                           f"ptr grad_scale, i64 n, {_ADAMW}, f64 weight_decay, f64 lr_scale")
@@ -406,7 +408,7 @@ class CudaPrimitive:
         return token
 
 
-_DTYPE = {"f32": "fp32", "bf16": "bf16", "f16": "fp16"}
+_DTYPE = {"f32": "fp32", "bf16": "bf16", "f16": "fp16", "e4m3": "fp8_e4m3", "e5m2": "fp8_e5m2"}
 
 
 def _launch(name: str, variant: str, grid: Dim3, block: Dim3, *args: Arg, shared: int = 0) -> Launch:
@@ -1014,6 +1016,15 @@ def _cast(p: Problem) -> Plan:
     n = _numel(p.inputs[0])
     grid, block = elementwise_config(n, 8)
     return Plan((_launch("cast", p.variant, grid, block, ptr("in:x"), ptr("out:out"), i64(n)),))
+
+
+@_primitive("dequantize", "cast", "q scale", "out", "dequantize", variants=DEQUANTIZE_VARIANTS,
+            dtypes={"q": "src", "scale": "fp32", "out": "dst"})
+def _dequantize(p: Problem) -> Plan:
+    n, cols = _numel(p.inputs[0]), p.inputs[0][-1]
+    grid, block = elementwise_config(n, 1)
+    return Plan((_launch("dequantize", p.variant, grid, block, ptr("in:q"), ptr("in:scale"), ptr("out:out"), i64(n),
+                         i64(cols)),))
 
 
 _ADAMW_DTYPES = {"param": "fp32", "exp_avg": "fp32", "exp_avg_sq": "fp32", "lr": "fp32", "step": "int64",

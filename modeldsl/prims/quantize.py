@@ -28,5 +28,5 @@ ENTRIES = (
     # one multiply per element (the fp8 -> fp32 conversion is a table lookup)
     Primitive(DequantizeOp, infer_dequantize, per_output_element(1),
               no_vjp="it reads a frozen (quantized) weight and its scales: no gradient flows into them",
-              inference_params=("dtype",), cuda="none", cpu=True),
+              inference_params=("dtype",), cpu=True),
 )

@@ -37,7 +37,8 @@ from modeldsl.runtime.executor import ExecutionError
 from modeldsl.runtime.sched_executor import write_results
 
 # dtype (numpy) -> the name kernels/cuda.py gives it
-CUDA_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int32": "int32", "int64": "int64"}
+CUDA_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int32": "int32", "int64": "int64",
+               "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 SCALARS = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
 _WARNED: set[str] = set()  # primitives whose fallback was warned about
 

@@ -36,12 +36,13 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from modeldsl.diagnostics import Diagnostic
+from modeldsl.kernels import cuda as cuda_kernels
 from modeldsl.kernels.cuda import NotCovered
 from modeldsl.runtime.executor import ExecutionError
 from modeldsl.runtime.fits import available_bytes
@@ -426,6 +427,11 @@ MDSL_COPY(mdsl_strided_copy_4, unsigned int)
 MDSL_COPY(mdsl_strided_copy_8, unsigned long long)
 """
 
+# The widening of a GEMM's fp8 B (mdsl.sched.gemm's scale): cast.cu's dequantize kernel, in the
+# variant of B's and the GEMM's dtypes, into the device's one widening buffer.
+WIDEN_VARIANTS = {("float8_e4m3fn", "float32"): "e4m3_to_f32", ("float8_e4m3fn", "bfloat16"): "e4m3_to_bf16",
+                  ("float8_e5m2", "float32"): "e5m2_to_f32", ("float8_e5m2", "bfloat16"): "e5m2_to_bf16"}
+
 
 def sdpa_workspace(command: AttentionCommand, needed: int) -> int:
     """The bytes of cuDNN workspace an attention command gets: ``needed``, or the size its
@@ -492,6 +498,8 @@ class CudaDevice(DeviceBase):
         self._sdpa: dict[int, tuple[Any, dict, int]] = {}  # id(command) -> (cuDNN graph, variant pack, workspace)
         self._attention_kernels: dict[int, KernelCommand] = {}  # id(command) -> its plain kernel launch
         self._cublaslt: Any = None  # (bindings module, handle, workspace pointer)
+        self._widenings: dict[int, Any] = {}  # id(command) -> the dequantize launch widening its B
+        self._widened: tuple[int, int] = (0, 0)  # (address, bytes) of the one buffer scaled GEMMs widen B into
         self._cudnn_handle: Any = None
 
     @staticmethod
@@ -640,7 +648,7 @@ class CudaDevice(DeviceBase):
         """cuBLASLt is column-major: row-major ``C = op(A) op(B)`` is column-major
         ``C^T = op(B)^T op(A)^T``, so B's memory is cuBLASLt's A and A's memory its B."""
         if command.scale_b is not None:
-            raise NotCovered("a GEMM of an fp8 weight with a scale per channel has no cuBLASLt plan yet")
+            return self._plan_scaled_gemm(command)
         lt, handle, _ = self._lt()
         problem = gemm_problem(command)
         desc = lt.matmul_desc_create(COMPUTE_32F, cuda_type("float32"))
@@ -693,9 +701,48 @@ class CudaDevice(DeviceBase):
             rows = math.prod(command.c.shape[-2:])
             set_attribute(lt, "matmul_desc", desc, attribute.EPILOGUE_AUX_BATCH_STRIDE, rows)
 
+    # a GEMM of an fp8 B with a scale per row: B widened by the dequantize kernel into the device's
+    # one widening buffer (the largest such B of the programs), then cuBLASLt's GEMM of it
+    def _plan_scaled_gemm(self, command: GemmCommand) -> GemmPlan:
+        a, q = command.a, command.b
+        dtype = np.dtype(a.dtype)
+        variant = WIDEN_VARIANTS.get((np.dtype(q.dtype).name, dtype.name))
+        if variant is None:
+            raise NotCovered(f"widening {np.dtype(q.dtype).name} into {dtype.name}")
+        (launch,) = cuda_kernels.plan("dequantize", [q.shape, command.scale_b.shape], [q.shape], {}, variant).steps
+        self._kernel(launch.family, launch.symbol)
+        address = self._widening_buffer(q.numel * dtype.itemsize)
+        plan = self._plan_gemm(replace(command, b=replace(q, address=address, dtype=dtype), scale_b=None))
+        self._widenings[id(command)] = launch
+        return plan
+
+    def _widening_buffer(self, nbytes: int) -> int:
+        """The widening buffer, grown to ``nbytes`` where it is smaller (the GEMMs planned on the old
+        one read the new one)."""
+        address, held = self._widened
+        if nbytes <= held:
+            return address
+        new = self.allocate(nbytes)
+        for key in self._widenings:
+            plan = self._gemms[key]
+            plan.operands = (new, plan.operands[1])
+        if held:
+            self.free(address)
+        self._widened = (new, nbytes)
+        return new
+
+    def _widen(self, command: GemmCommand) -> None:
+        launch, q = self._widenings[id(command)], command.b
+        config = self._core.LaunchConfig(grid=launch.grid, block=launch.block, shmem_size=launch.shared)
+        self._core.launch(self._stream, config, self._kernel(launch.family, launch.symbol), np.uint64(q.address),
+                          np.uint64(command.scale_b.address), np.uint64(self._widened[0]), np.int64(q.numel),
+                          np.int64(q.shape[-1]))
+
     def gemm(self, command: GemmCommand) -> None:
         lt, handle, workspace = self._lt()
         plan = self._gemms[id(command)]
+        if command.scale_b is not None:
+            self._widen(command)
         a_layout, b_layout, c_layout = plan.layouts
         alpha, beta = plan.scalars.ctypes.data, plan.scalars.ctypes.data + 4
         lt.matmul(handle, plan.desc, alpha, plan.operands[0], a_layout, plan.operands[1], b_layout, beta,

@@ -21,7 +21,8 @@ import numpy as np
 
 from modeldsl.kernels import cuda
 
-STORAGE = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "fp32": np.float32, "int32": np.int32, "int64": np.int64}
+STORAGE = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "fp32": np.float32, "int32": np.int32, "int64": np.int64,
+           "fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
 SCALARS = {"i32": np.int32, "i64": np.int64, "f32": np.float32, "f64": np.float64}
 POISON_BYTE = 0xFF  # every float made of 0xFF bytes is a NaN; ints become -1
 RUNNER = os.environ.get("MDSL_KERNEL_RUNNER", "cuda")  # "emulator": the kernels on the CPU (g++)

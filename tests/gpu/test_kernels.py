@@ -509,6 +509,27 @@ def test_cast_rounds_as_numpy(runner, variant, shape):
                                   err_msg=f"cast {variant} {shape}")
 
 
+@pytest.mark.parametrize("shape", [(3, 256), (5, 300), (1, 1)], ids=ids([(3, 256), (5, 300), (1, 1)]))
+@pytest.mark.parametrize("variant", cuda.DEQUANTIZE_VARIANTS)
+def test_dequantize_is_the_reference_bit_for_bit(runner, variant, shape):
+    """Every fp8 code (subnormals, the largest, infinities, NaN) times its row's scale: the
+    reference's float32 product, stored as fp32 or rounded once to bf16 (a NaN is a NaN: a GPU's
+    multiply returns its canonical one)."""
+    prim = cuda.primitive("dequantize")
+    codes, out = storage(prim.dtype("q", variant)), storage(prim.dtype("out", variant))
+    rng = np.random.default_rng(23)
+    q = rng.integers(0, 256, shape, dtype=np.uint8)
+    q.reshape(-1)[: min(q.size, 256)] = np.arange(min(q.size, 256))
+    q = q.view(codes)
+    scale = np.exp(rng.standard_normal(shape[:-1])).astype(np.float32)
+    want = REFERENCES["dequantize"](q, scale).astype(out)
+    got = run_plan(runner, "dequantize", [q, scale], [shape], {}, variant).outputs["out"]
+    nan = np.isnan(want.astype(np.float32))
+    np.testing.assert_array_equal(np.isnan(got.astype(np.float32)), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint8), want[~nan].view(np.uint8),
+                                  err_msg=f"dequantize {variant} {shape}")
+
+
 # ----------------------------------------------------------------------------
 # AdamW
 # ----------------------------------------------------------------------------

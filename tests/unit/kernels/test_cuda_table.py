@@ -202,6 +202,8 @@ def cases():
         yield "adamw_multi", [(1,), (1,), None], [], {"sizes": [math.prod(shape), 3, 1000]}, variant, "int32"
     for shape, variant in itertools.product(ELEMENTS, cuda.CAST_VARIANTS):
         yield "cast", [shape], [shape], {}, variant, "int32"
+    for shape, variant in itertools.product(ELEMENTS, cuda.DEQUANTIZE_VARIANTS):
+        yield "dequantize", [shape, shape[:-1]], [shape], {}, variant, "int32"
     for (b, h, t, d), variant, interleaved in itertools.product(HEADS, cuda.VARIANTS, (False, True)):
         hk = max(1, h // 2) if h % 2 == 0 else h
         q, k, freqs = (b, h, t, d), (b, hk, t, d), (t, d // 2, 2)

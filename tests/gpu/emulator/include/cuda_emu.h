@@ -67,6 +67,16 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float a) { return sqrtf(a); }
+inline float __int_as_float(int i) {
+  float f;
+  memcpy(&f, &i, sizeof f);
+  return f;
+}
+inline int __float_as_int(float f) {
+  int i;
+  memcpy(&i, &f, sizeof i);
+  return i;
+}
 
 // bf16 and fp16 storage, converted with round to nearest even
 struct __nv_bfloat16 {
