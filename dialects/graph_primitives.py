@@ -2424,6 +2424,90 @@ class FusedLmHeadLossGradOp(PrimitiveOp):
         check_loss_value(self, x.shape[0], tensor(self.loss))
 
 
+# ----------------------------------------------------------------------------
+# Collectives (spec 7.6): over a named process group of ``size`` ranks
+# ----------------------------------------------------------------------------
+
+REDUCTIONS = ("sum", "avg", "max", "min")
+GROUPS = ("world", "tp", "dp", "pp", "ep")  # the process groups of a parallel layout
+
+
+class CollectiveBase(PrimitiveOp):
+    """A collective over the process group ``group`` (``tp``, ``dp``, ``pp``, ``ep``, ``world``) of
+    ``size`` ranks; every rank of the group runs it on its own value."""
+
+    def check_group(self) -> None:
+        if get_int(self, "size") < 1:
+            raise VerifyException(f"a group has at least one rank, got size {get_int(self, 'size')}")
+
+
+@irdl_op_definition
+class AllReduceOp(CollectiveBase):
+    """Every rank gets the reduction (``op``: sum, avg, max, min) of the group's values: same shape."""
+
+    name = "mdsl.graph.all_reduce"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"group": GROUPS, "op": REDUCTIONS}
+
+    x = operand_def(TensorType)
+    out = result_def(TensorType)
+    group = enum_param("world")
+    size = int_param(1)
+    op = enum_param("sum")
+
+    def verify_shapes(self) -> None:
+        self.check_group()
+        check_same_shape("result", tensor(self.x), tensor(self.out))
+
+
+def check_gathered(what: str, part: TensorType, whole: TensorType, dim: int, size: int) -> None:
+    """``whole`` is ``size`` parts along ``dim``: the other dims equal, ``dim`` ``size`` times as long."""
+    axis = resolve_axis("dim", dim, part)
+    check_same_dtype(what, part, whole)
+    check_rank(what, whole, len(part.shape))
+    for i, (a, b) in enumerate(zip(part.shape, whole.shape)):
+        check_dim(f"{what} dim {i}", a * size if i == axis else a, b)
+
+
+@irdl_op_definition
+class AllGatherOp(CollectiveBase):
+    """Every rank gets the group's values concatenated along ``dim``, in rank order."""
+
+    name = "mdsl.graph.all_gather"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"group": GROUPS}
+
+    x = operand_def(TensorType)
+    out = result_def(TensorType)
+    group = enum_param("world")
+    size = int_param(1)
+    dim = int_param(0)
+
+    def verify_shapes(self) -> None:
+        self.check_group()
+        check_gathered("result", tensor(self.x), tensor(self.out), get_int(self, "dim"), get_int(self, "size"))
+
+
+@irdl_op_definition
+class ReduceScatterOp(CollectiveBase):
+    """The group's values summed (``op``), then cut along ``dim`` into ``size`` parts: rank r gets part r."""
+
+    name = "mdsl.graph.reduce_scatter"
+    ENUMS: ClassVar[dict[str, tuple[str, ...]]] = {"group": GROUPS, "op": REDUCTIONS}
+
+    x = operand_def(TensorType)
+    out = result_def(TensorType)
+    group = enum_param("world")
+    size = int_param(1)
+    dim = int_param(0)
+    op = enum_param("sum")
+
+    def verify_shapes(self) -> None:
+        self.check_group()
+        check_gathered("input", tensor(self.out), tensor(self.x), get_int(self, "dim"), get_int(self, "size"))
+
+
+COLLECTIVE_OPS: tuple[type[Operation], ...] = (AllReduceOp, AllGatherOp, ReduceScatterOp)
+
+
 PRIMITIVE_OPS: tuple[type[Operation], ...] = (
     MatmulOp, BatchedMatmulOp, LinearBiasActOp, GroupedGemmOp, GroupedGemmWeightGradOp,
     RmsnormOp, RmsnormBackwardOp, FusedResidualRmsnormOp, FusedResidualRmsnormBackwardOp,
@@ -2443,5 +2527,5 @@ PRIMITIVE_OPS: tuple[type[Operation], ...] = (
     MambaConv1dOp, MambaConv1dBackwardOp, MambaSelectiveScanOp, MambaSelectiveScanBackwardOp,
     ZerosOp, OnesOp, FillOp, CopyOp, CastOp, DequantizeOp,
     CrossEntropyOp, CrossEntropyBackwardOp, FusedLmHeadLossOp, FusedLmHeadLossBackwardOp,
-    FusedLmHeadLossGradOp,
+    FusedLmHeadLossGradOp, *COLLECTIVE_OPS,
 )

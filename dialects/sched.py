@@ -1154,8 +1154,9 @@ def _check_rank_attr(kind: str, what: str, rank: IntegerAttr | None, needed: boo
 class CollectiveOp(SchedOp):
     """A collective over a process group:
 
-    ``mdsl.sched.collective "all_reduce" %g -> %g group "dp" {op = "sum"}``; send
-    and recv take ``peer``, broadcast takes ``root``.
+    ``mdsl.sched.collective "all_reduce" %g -> %g group "dp" {op = "sum", size = 2}``; send
+    and recv take ``peer``, broadcast takes ``root``; ``size`` is the group's ranks where the
+    lowering knows it (``--emit=comm-report`` counts the bytes a rank sends with it).
     """
 
     name = "mdsl.sched.collective"
@@ -1167,6 +1168,7 @@ class CollectiveOp(SchedOp):
     op = opt_attr_def(StringAttr)
     peer = opt_attr_def(IntegerAttr)
     root = opt_attr_def(IntegerAttr)
+    size = opt_attr_def(IntegerAttr)
 
     assembly_format = "$kind $input `->` $output `group` $group attr-dict `:` type($input) `->` type($output)"
 
@@ -1183,11 +1185,13 @@ class CollectiveOp(SchedOp):
         peer: int | None = None,
         root: int | None = None,
         stream: str | None = None,
+        size: int | None = None,
     ):
         attrs = _non_default(
             op=None if op is None else StringAttr(op),
             peer=None if peer is None else IntegerAttr(peer, i64),
             root=None if root is None else IntegerAttr(root, i64),
+            size=None if size is None else IntegerAttr(size, i64),
             stream=_stream_attr(stream),
         )
         super().__init__(
@@ -1216,6 +1220,16 @@ class CollectiveOp(SchedOp):
             raise VerifyException("all_gather output must be a whole multiple of its input")
         if kind == "reduce_scatter" and src.nbytes % max(dst.nbytes, 1):
             raise VerifyException("reduce_scatter input must be a whole multiple of its output")
+        if self.size is not None:
+            self._verify_size(kind, src, dst, self.size.value.data)
+
+    @staticmethod
+    def _verify_size(kind: str, src: BufferType, dst: BufferType, size: int) -> None:
+        if size < 1:
+            raise VerifyException(f"a group has at least one rank, got size {size}")
+        whole, part = (dst, src) if kind == "all_gather" else (src, dst)
+        if kind in ("all_gather", "reduce_scatter") and whole.nbytes != size * part.nbytes:
+            raise VerifyException(f"{kind} over {size} ranks: {whole.nbytes} bytes whole, {part.nbytes} a rank's")
 
 
 @irdl_op_definition

@@ -1417,6 +1417,33 @@ def clip_norm(x, *, max_norm):
     return mul(x, cast(factor, dtype=x.dtype))
 
 
+
+# ----------------------------------------------------------------------------
+# Collectives (a group of one rank: the executors send larger groups through the process's communicator)
+# ----------------------------------------------------------------------------
+
+
+def _one_rank(name: str, size: int) -> None:
+    if size != 1:
+        raise ValueError(f"{name} over {size} ranks runs through the process's communicator, not a reference")
+
+
+def all_reduce(x, *, group="world", size=1, op="sum"):
+    """The reduction of one rank's value: the value."""
+    _one_rank("all_reduce", size)
+    return np.array(x, copy=True)
+
+
+def all_gather(x, *, group="world", size=1, dim=0):
+    _one_rank("all_gather", size)
+    return np.array(x, copy=True)
+
+
+def reduce_scatter(x, *, group="world", size=1, dim=0, op="sum"):
+    _one_rank("reduce_scatter", size)
+    return np.array(x, copy=True)
+
+
 REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
     fn.__name__: fn
     for fn in (
@@ -1439,7 +1466,7 @@ REFERENCES: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {
         mamba_conv1d_step, mamba_selective_scan_step,
         zeros, ones, fill, copy, cast, dequantize, adamw, global_norm, clip_factor,
         cross_entropy, cross_entropy_backward, fused_lm_head_loss, fused_lm_head_loss_backward,
-        fused_lm_head_loss_grad,
+        fused_lm_head_loss_grad, all_reduce, all_gather, reduce_scatter,
     )
 }
 

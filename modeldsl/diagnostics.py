@@ -1,7 +1,7 @@
 """Coded diagnostics for bad input of any kind: DSL source, checkpoints, configs, flags.
 
 A :class:`Diagnostic` has a code (E001-E027 and W001-W005 of spec 000
-Appendix C/D, plus project codes E028-E046 and W006-W013), a message, a
+Appendix C/D, plus project codes E028-E049 and W006-W013), a message, a
 hint and a location. It renders the way compilers print errors::
 
     model.module:12:5: error[E002]: undefined identifier 'wieght'
@@ -69,6 +69,8 @@ CODES: dict[str, str] = {
     "E045": "Output file exists and was not named",
     "E046": "Runtime assertion failed",
     "E047": "Adapter target not found or not adaptable",
+    "E048": "Parallel layout does not fit the model or the launched ranks",
+    "E049": "Collective failed or timed out",
     "W001": "User definition shadows primitive",
     "W002": "Local definition shadows import",
     "W003": "Suboptimal auto-derived backward",

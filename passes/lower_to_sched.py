@@ -118,6 +118,7 @@ from modeldsl.dialects.sched import (
     AttentionOp,
     BufferOp,
     BufferType,
+    CollectiveOp,
     CopyOp,
     GemmOp,
     LaunchOp,
@@ -769,6 +770,32 @@ class ScheduleBuilder:
         op.result.name_hint = f"{buf.name_hint}_2d" if buf.name_hint else None
         self.buffers.append(op)
         return op.result
+
+    # collectives -----------------------------------------------------------
+    def lower_all_reduce(self, op: Operation) -> bool:
+        return self.collective(op, "all_reduce", reduction=op_attr(op, "op", "sum"))
+
+    def lower_all_gather(self, op: Operation) -> bool:
+        return self.collective(op, "all_gather", gathered=op.results[0])
+
+    def lower_reduce_scatter(self, op: Operation) -> bool:
+        return self.collective(op, "reduce_scatter", gathered=op.operands[0], reduction=op_attr(op, "op", "sum"))
+
+    def collective(self, op: Operation, kind: str, gathered: SSAValue | None = None,
+                   reduction: str | None = None) -> bool:
+        """``mdsl.sched.collective`` over the op's group into a new buffer. The shards of an
+        all_gather or reduce_scatter join along their outermost dim that is not 1 (a whole
+        contiguous block per rank), else E029: the transports move contiguous blocks."""
+        if gathered is not None:
+            shape, dim = self.shape(gathered), op_attr(op, "dim", 0) % len(self.shape(gathered))
+            if math.prod(shape[:dim]) != 1:
+                raise _error(f"mdsl-lower-to-sched: {kind} along dim {dim} of {list(shape)} interleaves the ranks' "
+                             "shards", "gather or scatter along the outermost dim that is not 1")
+        source = self.buffer(op.operands[0])
+        target = self.result_buffer(op.results[0])
+        self.block.add_op(CollectiveOp(kind, source, target, op_attr(op, "group", "world"), op=reduction,
+                                       size=op_attr(op, "size", 1)))
+        return True
 
     # attention -----------------------------------------------------------
     def lower_flash_attention(self, op: Operation) -> bool:

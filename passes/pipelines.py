@@ -21,6 +21,7 @@ each expansion):
   ``@train_loss(tokens, freqs [B, T, D/2, 2], segments [B, T], labels)``),
   ``mdsl-autodiff{func=train_loss}``, the chunked
   LM-head loss (``BEFORE_RECOMPUTE``), ``mdsl-recompute``, every fusion,
+  with ``dp=N`` ``mdsl-shard{dp=N}`` (the gradients summed over N data-parallel ranks),
   ``mdsl-lower-to-sched{func=train_loss_grad grads_arena=true}``,
   ``mdsl-plan-memory``;
 * ``mdsl-optimizer-update{beta1 beta2 eps weight_decay clip_norm storage}``:
@@ -59,6 +60,7 @@ from modeldsl.passes.optimizer_step import OptimizerStepPass
 from modeldsl.passes.pack_sequences import PackSequencesPass
 from modeldsl.passes.plan_memory import PlanMemoryPass
 from modeldsl.passes.recompute import RecomputePass
+from modeldsl.passes.shard import ShardPass
 from modeldsl.passes.specialize import SpecializePass
 
 # Patterns that recognize written-out functions: a training step runs them before mdsl-autodiff, so
@@ -227,6 +229,7 @@ class TrainStep(NamedPipeline, _Fusion):
     auto: bool = True
     lm_head_chunk: int = 0
     packed: bool = False  # rows of several examples: mdsl-pack-sequences before mdsl-autodiff
+    dp: int = 1  # data-parallel ranks: mdsl-shard{dp} sums the gradients over them
     # where mdsl-recompute's automatic mode hands its table (not an option: set by reporting())
     report: Callable[[str], None] | None = field(default=None, init=False, compare=False, repr=False)
 
@@ -238,6 +241,11 @@ class TrainStep(NamedPipeline, _Fusion):
         if not isinstance(self.packed, bool):
             raise PassOptionError(f"{self.name}: packed={self.packed} is not true or false", "packed",
                                   "packed=true trains on rows that pack several examples")
+        self.sharding()
+
+    def sharding(self) -> tuple[ModulePass, ...]:
+        """``mdsl-shard{dp}`` where the step runs on several data-parallel ranks (none for one)."""
+        return (ShardPass(dp=self.dp),) if self.dp != 1 else ()
 
     def reporting(self, report: Callable[[str], None] | None) -> TrainStep:
         """This pipeline, its ``mdsl-recompute`` handing the automatic mode's table to ``report``."""
@@ -262,7 +270,7 @@ class TrainStep(NamedPipeline, _Fusion):
         packing = (PackSequencesPass(),) if self.packed else ()
         return (SpecializePass.of(B=self.B, T=self.T), ANNOTATED_ADAPTERS, AttachLossPass(), *before_autodiff,
                 *packing, AutodiffPass(func=LOSS_FUNCTION), *before_recompute, self.recompute_pass(),
-                *((fuse,) if fuse else ()),
+                *((fuse,) if fuse else ()), *self.sharding(),
                 LowerToSchedPass(func=f"{LOSS_FUNCTION}_grad", storage=self.storage, grads_arena=True),
                 PlanMemoryPass())
 

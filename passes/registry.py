@@ -117,6 +117,12 @@ def _pack_sequences() -> type[ModulePass]:
     return PackSequencesPass
 
 
+def _shard() -> type[ModulePass]:
+    from modeldsl.passes.shard import ShardPass
+
+    return ShardPass
+
+
 def _pipeline(name: str) -> PassFactory:
     """The factory of the named pipeline ``name`` (:mod:`modeldsl.passes.pipelines`, imported on use)."""
 
@@ -141,6 +147,7 @@ PROJECT_PASSES: dict[str, Callable[[], type[ModulePass]]] = {
     "mdsl-adapters": _adapters,
     "mdsl-pack-sequences": _pack_sequences,
     "mdsl-quantize-frozen": _quantize_frozen,
+    "mdsl-shard": _shard,
 }
 
 # The named pipelines (passes/pipelines.py): mdsl-opt expands each into its stages.
@@ -283,6 +290,14 @@ LISTINGS: dict[str, PassListing] = {
         (("dtype=str", "default: fp8_e4m3"),),
         patterns=(("store", "StoreParam"), ("refs", "StoredRef"), ("stacks", "ThreadScale"),
                   ("calls", "ThreadIntoCall"), ("widen", "WidenForReader"))),
+    "mdsl-shard": PassListing(
+        "a model's programs for a parallel layout, collectives inserted where shardings meet", (
+            ("tp=int", "default: 1"),
+            ("dp=int", "default: 1"),
+            ("pp=int", "default: 1"),
+            ("ep=int", "default: 1"),
+            ("sp=bool", "default: false"),
+        ), patterns=(("dp_gradients", "ReduceGradients"),)),
     "mdsl-pack-sequences": PassListing(
         "a model's forward on packed rows, each example attending only to itself", (), patterns=(
             ("segment_attention", "SegmentAttention"),
@@ -302,7 +317,7 @@ LISTINGS: dict[str, PassListing] = {
         DESCRIPTIONS["mdsl-train-step"],
         (*_SHAPE_OPTIONS, ("recompute=str", "default: annotated"), ("budget=str", "default: ''"),
          ("finetune=str", "default: auto"), ("free_memory=int", "default: 0"), *_FUSION_OPTIONS,
-         ("packed=bool", "default: false")),
+         ("packed=bool", "default: false"), ("dp=int", "default: 1")),
         _TRAIN_STEP),
     "mdsl-optimizer-update": PassListing(DESCRIPTIONS["mdsl-optimizer-update"], (
         ("beta1=float", "default: 0.9"),

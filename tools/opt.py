@@ -29,7 +29,8 @@ draws it (:mod:`modeldsl.memory_report`); ``--emit=cost-report`` prints each
 program's roofline cost estimate (:mod:`modeldsl.cost`; the device's peaks
 from ``--cost-bandwidth`` and ``--cost-flops``); ``--emit=recompute-report``
 prints the automatic ``mdsl-recompute``'s table (the pass hands it over; the
-tool gives ``budget=auto`` the device's free memory); ``--verify-backward`` checks the
+tool gives ``budget=auto`` the device's free memory); ``--emit=comm-report`` prints the bytes
+each rank sends in each program's collectives (:mod:`modeldsl.comm_report`); ``--verify-backward`` checks the
 model's backward against finite differences
 (:mod:`modeldsl.tools.opt_verify_backward`).
 """
@@ -233,7 +234,8 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
         arg_parser.add_argument("--print-ir-after-change", action="store_true",
                                 help="print the IR to stderr after every pass that changed it")
         arg_parser.add_argument(
-            "--emit", choices=("ir", "json", "ast", "memory-report", "memory-plot", "cost-report", "recompute-report"),
+            "--emit", choices=("ir", "json", "ast", "memory-report", "memory-plot", "cost-report", "recompute-report",
+                               "comm-report"),
             default="ir",
             help="for Module DSL input (.module): 'ast' prints the parsed AST; after the pipeline, "
             "'json' writes the IR as JSON (docs/json-ir.md; mdsl-opt reads FILE.json back), "
@@ -242,7 +244,8 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             "'cost-report' estimates each mdsl.sched program's time per op kind: launches, bytes read and "
             "written, FLOPs and roofline time (max(bytes / bandwidth, FLOPs / peak) per op, summed), and "
             "'recompute-report' prints the automatic mode's choice of mdsl-recompute (each tensor's bytes and "
-            "recompute FLOPs per layer, saved or recomputed)")
+            "recompute FLOPs per layer, saved or recomputed), and 'comm-report' the bytes each rank sends in "
+            "each mdsl.sched program's collectives")
         arg_parser.add_argument("--cost-bandwidth", default=None, metavar="BYTES/S",
                                 help="for --emit=cost-report: the memory bandwidth in bytes/s (default 3.35e12, "
                                 "an H100 SXM)")
@@ -661,6 +664,8 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             return self.cost_report(prog)
         if self.args.emit == "recompute-report":
             return self.recompute_report()
+        if self.args.emit == "comm-report":
+            return self.comm_report(prog)
         if self.args.emit == "json":
             from modeldsl.json_ir import dumps
 
@@ -677,6 +682,17 @@ class MdslOptMain(VerifyBackwardMixin, xDSLOptMain):
             raise UserError(str(err)) from None
         print(f"mdsl-opt: wrote {self.args.plot_file}", file=sys.stderr)
         return ""
+
+    def comm_report(self, prog: ModuleOp) -> str:
+        """``--emit=comm-report``: the bytes each rank sends in each mdsl.sched program."""
+        from modeldsl.comm_report import comm_report
+        from modeldsl.dialects.sched import ProgramOp
+
+        if not any(isinstance(op, ProgramOp) for op in prog.walk()):
+            raise flag_error("--emit=comm-report: the pipeline made no mdsl.sched program",
+                             "end the pipeline with mdsl-lower-to-sched, or run a named pipeline "
+                             "(mdsl-train-step{B=2 T=16 dp=2})")
+        return comm_report(prog)
 
     def recompute_report(self) -> str:
         """``--emit=recompute-report``: the table of each automatic ``mdsl-recompute`` of the pipeline."""

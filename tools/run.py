@@ -288,18 +288,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except DiagnosticError as err:
         sys.stderr.write(render_all(err.diagnostics, fmt) + "\n")
-        return 1
+        return end_other_ranks(1)
     except FlagError as err:
         sys.stderr.write(render_all([Diagnostic("E029", f"mdsl-run: {err}", None, "see mdsl-run --help")], fmt) + "\n")
-        return 1
+        return end_other_ranks(1)
     except Exception as err:  # noqa: BLE001 - a bug, but still no traceback for users
         if os.environ.get("MDSL_DEBUG"):
             raise
         print(f"mdsl-run: internal error: {type(err).__name__}: {err}\n"
               "hint: this is a bug in modeldsl; rerun with MDSL_DEBUG=1 for a traceback and report it", file=sys.stderr)
-        return 2
+        return end_other_ranks(2)
     finally:
         set_pool_size(None)  # --threads holds for this run only
+
+
+def end_other_ranks(code: int) -> int:
+    """``code``, after ending the job's other ranks where this is one of several MPI processes (they
+    would wait for it at their next collective)."""
+    if "modeldsl.runtime.distributed" in sys.modules:
+        from modeldsl.runtime import distributed
+
+        sys.stderr.flush()
+        distributed.abort(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ it interrupts.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import math
 import os
 import signal
@@ -52,14 +54,14 @@ SAVE_DTYPES = ("fp32", "bf16")
 SETTINGS = {
     "--steps": "steps", "--batch": "batch", "--seq": "seq", "--grad-accum": "grad_accum", "--lr": "lr",
     "--warmup": "warmup", "--weight-decay": "weight_decay", "--clip": "clip", "--min-lr-ratio": "min_lr_ratio",
-    "--seed": "seed", "--dtype": "dtype", "--base-dtype": "base_dtype", "--packing": "packing",
+    "--seed": "seed", "--dtype": "dtype", "--base-dtype": "base_dtype", "--packing": "packing", "--dp": "dp",
 }
 DEFAULTS = {"grad_accum": 1, "warmup": 0, "weight_decay": 0.01, "clip": 1.0, "min_lr_ratio": 0.0, "seed": 0,
-            "dtype": "fp32", "base_dtype": None, "packing": "padded"}
+            "dtype": "fp32", "base_dtype": None, "packing": "padded", "dp": 1}
 TRAIN_ONLY = ("steps", "batch", "seq", "lr", "grad_accum", "warmup", "weight_decay", "clip", "min_lr_ratio",
               "save", "resume", "stop_after", "loss_plot", "recompute", "save_dtype",
               "overwrite", "lora", "lora_targets", "lora_dropout", "rslora", "eval", "eval_every", "base_dtype",
-              "packing")
+              "packing", "dp")
 LORA_FLAGS = ("lora_targets", "lora_dropout", "rslora")  # each needs --lora R
 BASE_DTYPES = ("bf16", "fp8")
 
@@ -106,6 +108,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--base-dtype", choices=BASE_DTYPES, help="store the frozen base of a LoRA run narrower: "
                    "bf16, or fp8 (e4m3 with a scale per output channel), dequantized layer by layer")
     g.add_argument("--rslora", action="store_true", default=None, help="rank-stabilized LoRA: scaling ALPHA / sqrt(R)")
+    g.add_argument("--dp", type=int, metavar="N", help="data parallelism over the N processes of an MPI launch "
+                   "(mpiexec -n N mdsl-run ... --dp N): each trains on its rows of every batch, the gradients "
+                   "summed over them; rank 0 prints and saves (default 1)")
     g.add_argument("--recompute", metavar="MODE", help="what the backward recomputes instead of saving "
                    "(mdsl-recompute): none, annotated (the model's own @memory/@checkpoint/save:/recompute:; the "
                    "default), full (every stacked block checkpointed), auto[:BYTES] (the cheapest recomputes until "
@@ -305,7 +310,8 @@ def _check_plot_name(name: str, save: str) -> None:
 
 def _saved_run_problem(saved: dict, state) -> str | None:
     """What makes a resumed run's saved settings unusable (the rules of the flags, and AdamW's), or None."""
-    for name, low in (("steps", 1), ("batch", 1), ("seq", 1), ("grad_accum", 1), ("warmup", 0), ("seed", 0)):
+    for name, low in (("steps", 1), ("batch", 1), ("seq", 1), ("grad_accum", 1), ("warmup", 0), ("seed", 0),
+                      ("dp", 1)):
         value = saved[name]
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             return f"its run setting {name} = {value!r} is not an integer >= {low}"
@@ -347,7 +353,7 @@ def _check_values(args) -> None:
                                                            else "a finite number >= 0")
             problems.append(f"{flag} must be {want}, got {value}")
 
-    for name in ("steps", "batch", "seq", "grad_accum", "stop_after", "eval_every"):
+    for name in ("steps", "batch", "seq", "grad_accum", "stop_after", "eval_every", "dp"):
         integer(name, 1)
     for name in ("warmup", "seed"):
         integer(name, 0)
@@ -455,7 +461,7 @@ def _check_resume(args) -> None:
         raise _state_error(path, "it holds no run settings (steps, batch, seq, grad_accum, seed)")
     saved = {"steps": run["steps"], "batch": run["batch"], "seq": run["seq"], "grad_accum": run["grad_accum"],
              "seed": run["seed"], "dtype": run.get("dtype", "fp32"), "base_dtype": run.get("base_dtype"),
-             "packing": run.get("packing", "padded"),
+             "packing": run.get("packing", "padded"), "dp": run.get("dp", 1),
              "lr": state.config.lr,
              "warmup": state.config.warmup_steps,
              "weight_decay": state.config.weight_decay, "clip": state.config.clip_norm,
@@ -608,8 +614,6 @@ def _base_and_adapter(args, state, source: Path) -> tuple[Path, Path | None]:
 
 
 def run_training(args) -> int:
-    from tqdm import tqdm
-
     import modeldsl
     from modeldsl.diagnostics import DiagnosticSink
     from modeldsl.runtime.optim import AdamWConfig
@@ -651,7 +655,7 @@ def run_training(args) -> int:
         run = TrainingRun(model, data, args.steps, args.batch, args.seq, config, args.grad_accum, args.dtype,
                           args.recompute or "annotated", args.seed, eval_data=evaluation,
                           eval_every=(args.eval_every or args.steps) if evaluation is not None else 0, state=state,
-                          warn=warn, packing=args.packing)
+                          warn=warn, packing=args.packing, dp=args.dp)
     except DiagnosticError as err:
         if err.diagnostics[0].code == "E029" and "positions" in err.diagnostics[0].message:
             raise _flag_error(err.diagnostics[0].message.replace("seq ", "--seq ", 1), f"give --seq "
@@ -662,6 +666,16 @@ def run_training(args) -> int:
     if state is not None and len(run.losses) != state.step:
         raise _state_error(source / STATE_FILE, f"it holds {len(run.losses)} losses for {state.step} steps")
 
+    if run.rank == 0:
+        return _train_and_save(args, run, model, data, config, base)
+    with contextlib.redirect_stdout(io.StringIO()):  # the other data-parallel ranks train beside rank 0, silent
+        return _train_and_save(args, run, model, data, config, base, quiet=True)
+
+
+def _train_and_save(args, run, model, data, config, base, quiet: bool = False) -> int:
+    """The steps of a training run, their report and (rank 0) the save, the merge and the loss curve."""
+    from tqdm import tqdm
+
     program = run.compile().program  # compiled, and checked against the memory (E038), before a batch is cut
     first = run.done
     last = args.stop_after if args.stop_after is not None else args.steps
@@ -669,6 +683,7 @@ def run_training(args) -> int:
     print(f"training on {len(data.tokens)} tokens of '{args.train}' ({data.describe(args.packing)}): steps "
           f"{first + 1}..{last} of {args.steps}, "
           f"{args.grad_accum} x {args.batch} sequences of {args.seq} tokens per step"
+          + (f", data-parallel over {args.dp} ranks ({args.batch // args.dp} sequences each)" if args.dp > 1 else "")
           + (", bf16 mixed precision" if args.dtype == "bf16" else "") + f", on {args.device}")
     print(step_memory_line(program, args.recompute or "annotated"))
     if _has_adapters(model):
@@ -681,7 +696,7 @@ def run_training(args) -> int:
     started = time.perf_counter()
     interrupted = False
     with _Interrupt() as interrupt, tqdm(total=args.steps, initial=first, unit="step", desc="training",
-                                         dynamic_ncols=True, file=sys.stderr) as bar:
+                                         dynamic_ncols=True, file=sys.stderr, disable=quiet) as bar:
         while run.done < last:
             info = run.step()
             bar.set_postfix(loss=f"{info.loss:.4f}", tok_s=f"{info.tokens_per_second:.0f}", epoch=info.epoch)
@@ -701,6 +716,8 @@ def run_training(args) -> int:
               f"{run.batches.epoch}, {data.where(run.batches)}")
     if interrupted:
         print(f"interrupted: stopped after step {run.done}")
+    if quiet:
+        return 130 if interrupted else 0
 
     out = Path(args.save) if args.save is not None else None
     plot = Path(args.loss_plot) if args.loss_plot is not None else (out / PLOT_FILE if out else Path(PLOT_FILE))

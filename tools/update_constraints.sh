@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates constraints.txt, the versions CI installs (every package, transitive ones included):
-# a fresh virtualenv gets modeldsl's test extra at the newest versions pyproject.toml allows, then
+# a fresh virtualenv gets modeldsl's test and distributed extras at the newest versions pyproject.toml allows, then
 # its `pip freeze` becomes the file. Run it, then the whole suite (bash .ci/run), before committing
 # the new file.
 #
@@ -12,7 +12,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install --quiet --upgrade pip
-"$work/venv/bin/python" -m pip install --quiet -e ".[test]"
+"$work/venv/bin/python" -m pip install --quiet -e ".[test,distributed]"
 {
     echo "# The versions CI installs (bash .ci/run), tested together; regenerate with"
     echo "# bash tools/update_constraints.sh ($("$work/venv/bin/python" -c 'import sys; print("Python", sys.version.split()[0])'), $(date -u +%Y-%m-%d))."

@@ -2,7 +2,7 @@
 
 Each family of primitives has one module here (:mod:`~modeldsl.prims.matmul`,
 ``norm``, ``activation``, ``attention``, ``elementwise``, ``tensor``,
-``reduction``, ``embedding``, ``loss``, ``moe``, ``mamba``, ``quantize``) whose ``ENTRIES``
+``reduction``, ``embedding``, ``loss``, ``moe``, ``mamba``, ``quantize``, ``collective``) whose ``ENTRIES``
 hold, for every op class of the family, its result-type rule, VJP rule, FLOP
 rule, scratch rule, in-place reuse, accumulation, inference parameters, fusion
 kinds and the kernels it must have. :func:`registry` gathers them keyed by
@@ -27,7 +27,7 @@ from modeldsl.dialects.graph_primitives import PrimitiveOp
 from modeldsl.prims.base import Primitive
 
 FAMILIES = ("matmul", "norm", "activation", "attention", "elementwise", "tensor", "reduction", "embedding",
-            "loss", "moe", "mamba", "quantize")
+            "loss", "moe", "mamba", "quantize", "collective")
 
 
 @lru_cache(maxsize=1)

@@ -43,8 +43,9 @@ ScratchRule = Callable[[Sequence[Shape], Sequence[Shape], Mapping[str, Any]], in
 # (cuBLASLt), "copy" (device copies of a layout op, where lowering has not made it a view),
 # "memset" (a constant), "composite" (runtime/cuda_composites.py sequences GEMMs and kernels),
 # "none" (not covered: the executor reports it), "host" (a user primitive: its numpy reference on host
-# copies, with a FallbackWarning, until a CUDA kernel is registered for it)
-CUDA_KINDS = ("kernel", "gemm", "copy", "memset", "composite", "none", "host")
+# copies, with a FallbackWarning, until a CUDA kernel is registered for it), "collective" (a collective
+# over a process group: mdsl.sched.collective, through the process's communicator)
+CUDA_KINDS = ("kernel", "gemm", "copy", "memset", "composite", "none", "host", "collective")
 
 
 class InferenceError(Exception):

@@ -37,6 +37,7 @@ from modeldsl.dialects.sched import (
     AttentionOp,
     BufferOp,
     BufferType,
+    CollectiveOp,
     CopyOp,
     GemmOp,
     LaunchOp,
@@ -53,7 +54,7 @@ from modeldsl.kernels.cpu.pool import BUFSIZE, pool_of
 from modeldsl.kernels.reference import flash_attention, flash_attention_backward, gemm
 from modeldsl.kernels.registry import entry
 from modeldsl.primitives import lookup_primitive
-from modeldsl.runtime import assertions
+from modeldsl.runtime import assertions, distributed
 from modeldsl.runtime.executor import (
     DTYPE_KEYWORDS,
     NUMPY_DTYPES,
@@ -302,6 +303,18 @@ class StepCompiler(ScheduleVisitor):
         value = op.attributes.get("value")
         target, fill = self.views[op.operands[0]], value.value.data if value is not None else 0.0
         self.steps.append(lambda: target.fill(fill))
+
+    def collective(self, op: CollectiveOp, at: At) -> None:
+        """A collective through the process's communicator (:mod:`modeldsl.runtime.distributed`)."""
+        source, target = self.views[op.input], self.views[op.output]
+        kind, group = op.kind.data, op.group.data
+        reduction = op.op.data if op.op is not None else None
+        root = op.root.value.data if op.root is not None else None
+
+        def step() -> None:
+            distributed.communicator().run(kind, group, source, target, reduction, root)
+
+        self.steps.append(step)
 
     def check(self, op: AssertOp, at: At) -> None:
         """An ``@assert``'s check of the buffer's view where it stands (E046 when it fails)."""

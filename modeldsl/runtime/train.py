@@ -49,6 +49,7 @@ from modeldsl.hf.compat import training_only_fields, warn_python
 from modeldsl.passes.fuse import FusePass
 from modeldsl.passes.lower_to_sched import rng_step_input
 from modeldsl.passes.pipelines import OptimizerUpdate, TrainStep, pipeline_of
+from modeldsl.runtime import distributed
 from modeldsl.runtime.assertions import AssertionFailed
 from modeldsl.runtime.device_memory import free_memory_bytes
 from modeldsl.runtime.executor import ExecutionError
@@ -64,7 +65,7 @@ TRAINING_DTYPES = ("fp32", "bf16")
 
 def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str | None = "fp32",
                           recompute: str = "annotated", fuse: bool | FusePass = True,
-                          packed: bool = False) -> ProgramOp:
+                          packed: bool = False, dp: int = 1) -> ProgramOp:
     """The planned schedule of ``@train_loss_grad`` for ``[batch, tokens]`` micro-batches: inputs
     (forward inputs..., labels, d_loss, and with dropout the step counter ``rng_step``), output the
     loss; parameter gradients added into ``grads``.
@@ -73,9 +74,10 @@ def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str 
     / ``auto`` (the automatic mode under that activation budget; ``auto``: the device's free memory;
     its table goes to stderr). ``fuse``: every ``mdsl-fuse`` pattern on (or the given ``FusePass``'s
     options; False: none). ``packed``: rows that pack several examples (``mdsl-pack-sequences``: the
-    inputs take the segment ids and per-row RoPE tables, :func:`modeldsl.runtime.rope.packed_inputs`)."""
+    inputs take the segment ids and per-row RoPE tables, :func:`modeldsl.runtime.rope.packed_inputs`).
+    ``dp``: data-parallel ranks (``mdsl-shard{dp}``: each parameter gradient summed over them)."""
     options = {"B": batch, "T": tokens, "storage": storage or "", **training_recompute(recompute),
-               **fuse_options(fuse), **({"packed": True} if packed else {})}
+               **fuse_options(fuse), **({"packed": True} if packed else {}), **({"dp": dp} if dp != 1 else {})}
     pipeline = pipeline_of(TrainStep, **options)
     return pipeline.reporting(_to_stderr).program(model)
 
@@ -164,6 +166,7 @@ class Trainer:
     warn: Callable[[Diagnostic], None] | None = None  # where W007 for training-only config fields go (None: warnings)
     rng_step: int = 0  # dropout's step counter: micro-batches run so far (each draws its own masks)
     packed: bool = False  # micro-batches of packed rows: (tokens, labels, segments, positions)
+    dp: int = 1  # data-parallel ranks: each runs its rows of every micro-batch, the gradients summed over them
 
     def __post_init__(self) -> None:
         for diagnostic in training_only_fields(self.model.hf_config):
@@ -195,7 +198,7 @@ class Trainer:
         key = (batch, tokens)
         if key not in self.programs:
             program = compile_training_step(self.model.model, batch, tokens, self.storage, self.recompute, self.fuse,
-                                            self.packed)
+                                            self.packed, self.dp)
             if tagged_layout(program, "grad") != tagged_layout(self.optimizer.program, "grad"):
                 raise ExecutionError("the training step lays out the gradients unlike the optimizer step")
             self.programs[key] = self.schedule.executor(program, arenas={"grads": self.optimizer.arenas["grads"]})
@@ -249,8 +252,11 @@ class Trainer:
 
     def train_step(self, micro_batches: list[tuple[np.ndarray, ...]]) -> float:
         """One optimizer step over micro-batches of (tokens, labels) (packed: and their segments
-        and positions); the mean loss (overflow to Inf or NaN shows in it, not as numpy RuntimeWarnings)."""
-        weight = 1.0 / len(micro_batches)
+        and positions); the mean loss (overflow to Inf or NaN shows in it, not as numpy RuntimeWarnings).
+        With ``dp`` ranks each gives its own rows of the step's micro-batches, its loss gradient seeded
+        with ``1 / (dp * micro-batches)`` (the summed gradients are the global batch's mean) and the
+        loss the mean over the ranks."""
+        weight = 1.0 / (len(micro_batches) * self.dp)
         with np.errstate(all="ignore"):
             losses = []
             for index, (tokens, labels, *rows) in enumerate(micro_batches):
@@ -263,7 +269,8 @@ class Trainer:
             (norm,) = self.optimizer.execute(np.array([lr], dtype=np.float32),
                                              np.array([self.step], dtype=np.int64))
         self.grad_norm = float(norm)
-        return float(np.mean(losses))
+        loss = float(np.mean(losses))
+        return distributed.communicator().all_reduce_scalar(loss, "dp", "avg") if self.dp > 1 else loss
 
     # ------------------------------------------------------------------ state
     def state_arrays(self) -> dict[str, np.ndarray]:

@@ -160,6 +160,8 @@ def _warning(diagnostic: Diagnostic) -> None:
     warn_python(diagnostic)
 
 
+MAX_GRAD_ACCUM = 1 << 16  # micro-batches of one step (each cut from the data before the step runs)
+
 @dataclass
 class TrainingRun:
     """A model being trained: its trainer, data, schedule and what the steps gave."""
@@ -180,6 +182,7 @@ class TrainingRun:
     state: Any = None  # a modeldsl.runtime.train.TrainingState to continue from
     warn: Callable[[Diagnostic], None] | None = None
     packing: str = "padded"  # instruction examples one per row, or packed (several per row, attending apart)
+    dp: int = 1  # data-parallel ranks (processes of an MPI launch): each trains on its rows of every batch
 
     def __post_init__(self) -> None:
         if self.packing not in PACKINGS:
@@ -187,11 +190,15 @@ class TrainingRun:
         if self.packing == "packed" and self.data.instructions is None:
             raise _error("packing applies to instruction data (prompt/completion or chat examples); plain text is "
                          "one stream already", "leave packing out for text")
+        if self.grad_accum > MAX_GRAD_ACCUM:
+            raise _error(f"grad_accum {self.grad_accum}: a step cuts all its micro-batches before it runs, and "
+                         f"takes at most {MAX_GRAD_ACCUM}", "give fewer micro-batches, or a larger batch")
         limit = self.model.max_positions
         if limit is not None and self.seq > limit:
             raise _error(f"seq {self.seq} is more than the model's {limit} positions (max_position_embeddings)",
                          f"give seq={limit} or less")
         self.data.check_vocabulary(self.model.config("vocab_size"))
+        self.communicator = self.start_ranks()
         if self.eval_data is not None:
             self.eval_data.check_vocabulary(self.model.config("vocab_size"))
         self.rng = np.random.default_rng(self.seed)  # training draws nothing yet; saved and restored for what will
@@ -208,13 +215,32 @@ class TrainingRun:
         if state is not None:
             self.trainer.restore(state.step, state.moments, state.rng_step)
 
+    def start_ranks(self):
+        """The process's communicator for ``dp`` data-parallel ranks (E048 where the batch does not divide)."""
+        from modeldsl.runtime import distributed
+
+        if not isinstance(self.dp, int) or isinstance(self.dp, bool) or self.dp < 1:
+            raise _error(f"dp={self.dp!r} is not a positive integer", "give dp=1, or the ranks of the launch")
+        if self.batch % self.dp:
+            raise distributed.layout_error(f"batch {self.batch} does not divide into dp={self.dp} ranks' rows",
+                                           f"give a batch that is a multiple of {self.dp}")
+        if self.dp > 1 and self.model.device is not None:
+            raise distributed.layout_error("data parallelism runs on the CPU for now (MPI ranks)",
+                                           "leave out the device, or train on one process")
+        return distributed.start(distributed.Layout(dp=self.dp))
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (0 for one process): the one that prints and saves."""
+        return self.communicator.rank
+
     def make_trainer(self):
         from modeldsl.runtime.train import Trainer
 
         packed = self.packing == "packed"
         if self.model.device is None:
             return Trainer(self.model, self.config, dtype=self.dtype, recompute=self.recompute, warn=self.warn,
-                           packed=packed)
+                           packed=packed, dp=self.dp)
         from modeldsl.runtime.cuda_train import CudaTrainer
 
         return CudaTrainer(self.model, self.config, dtype=self.dtype, device=self.model.device,
@@ -230,7 +256,7 @@ class TrainingRun:
 
     def compile(self):
         """The training step's executor, compiled and checked against the memory (E038) before a batch is cut."""
-        return self.trainer.executor(self.batch, self.seq)
+        return self.trainer.executor(self.batch // self.dp, self.seq)
 
     def step(self) -> StepInfo:
         """One optimizer step; every callback gets its :class:`StepInfo`."""
@@ -249,12 +275,18 @@ class TrainingRun:
         return info
 
     def rows(self, batch) -> tuple[np.ndarray, ...]:
-        """A micro-batch as the trainer takes it: (tokens, labels), packed with segments and positions."""
+        """A micro-batch as the trainer takes it: (tokens, labels), packed with segments and positions;
+        with ``dp`` ranks this rank's consecutive rows of it."""
         if not hasattr(batch, "labels"):
-            return batch
-        if self.packing == "packed":
-            return batch.inputs, batch.labels, batch.segments, batch.positions
-        return batch.inputs, batch.labels
+            arrays = tuple(batch)
+        elif self.packing == "packed":
+            arrays = batch.inputs, batch.labels, batch.segments, batch.positions
+        else:
+            arrays = batch.inputs, batch.labels
+        if self.dp == 1:
+            return arrays
+        per, at = self.batch // self.dp, self.communicator.layout.coordinates(self.communicator.rank)["dp"]
+        return tuple(a[at * per:(at + 1) * per] for a in arrays)
 
     def run(self, until: int | None = None) -> list[StepInfo]:
         """Step to step ``until`` (default: the end); what those steps gave."""
@@ -274,7 +306,7 @@ class TrainingRun:
         """What the training state records besides the arrays: the run's settings, the data's
         position and fingerprint, the random state."""
         return {"run": {"steps": self.steps, "batch": self.batch, "seq": self.seq, "grad_accum": self.grad_accum,
-                        "seed": self.seed, "dtype": self.dtype, "packing": self.packing,
+                        "seed": self.seed, "dtype": self.dtype, "packing": self.packing, "dp": self.dp,
                         **({"base": base} if base is not None else {})},
                 "data": {"file": self.data.file, "tokens": int(len(self.data.tokens)), "sha256": self.data.fingerprint,
                          **self.batches.state()},
@@ -306,9 +338,12 @@ class TrainingRun:
 
     def save(self, out: str | Path, overwrite: bool = False, save_dtype: str | None = None) -> None:
         """Write the run into the folder ``out`` (replaced atomically: a new or empty folder, or a
-        save of this run; anything else E044 unless ``overwrite``), for ``mdsl-run --resume``."""
+        save of this run; anything else E044 unless ``overwrite``), for ``mdsl-run --resume``. Of
+        data-parallel ranks rank 0 writes (every rank holds the same weights)."""
         from modeldsl.runtime.saves import SaveTarget, new_run, saving_folder
 
+        if self.rank != 0:
+            return
         if not hasattr(self, "run_id"):
             self.run_id = new_run()
         target = SaveTarget(Path(out), self.run_id, overwrite=overwrite, what=f"save('{out}')",
@@ -361,12 +396,13 @@ def train(model, data, *, steps: int, batch: int, seq: int, lr: float, lora: Any
           dtype: str = "fp32", recompute: str = "annotated", seed: int = 0,
           callbacks: Sequence[Callable[[StepInfo], Any]] = (), eval_data: Any = None, eval_every: int = 0,
           model_file: str | Path | None = None, base_dtype: str | None = None,
-          packing: str = "padded") -> TrainingRun:
+          packing: str = "padded", dp: int = 1) -> TrainingRun:
     """A :class:`TrainingRun` of ``model`` (a checkpoint folder, loaded with ``model_file`` or the
     std model of its architecture and with ``lora`` adapters where given, their frozen base stored in
     ``base_dtype`` (``bf16``, ``fp8``) where given; or a loaded model) on
     ``data`` (a text or ``.jsonl`` file, or a list of documents). Call ``run()`` (or ``step()``),
-    then ``save(OUT)``."""
+    then ``save(OUT)``. ``dp``: data-parallel ranks, the processes of an MPI launch
+    (``mpiexec -n DP python script.py``): each trains on its rows of every batch."""
     from modeldsl.runtime.model import load
     from modeldsl.tokenizer import Tokenizer
 
@@ -396,4 +432,4 @@ def train(model, data, *, steps: int, batch: int, seq: int, lr: float, lora: Any
     config = AdamWConfig(lr=float(lr), weight_decay=weight_decay, warmup_steps=warmup, total_steps=steps,
                          min_lr_ratio=min_lr_ratio, clip_norm=clip)
     return TrainingRun(model, read, steps, batch, seq, config, grad_accum, dtype, recompute, seed, list(callbacks),
-                       evaluated, eval_every, packing=packing)
+                       evaluated, eval_every, packing=packing, dp=dp)

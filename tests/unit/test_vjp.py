@@ -268,6 +268,12 @@ case("cast-fp32-bf16",
 case("cast-bf16-fp32",
      op(f"%y = mdsl.graph.cast %x : ({t(2, 3, dtype='bf16')}) -> {t(2, 3)}"),
      {"x": (2, 3)}, [("y", (2, 3))], dtypes={"x": "bf16"})
+# collectives over a group of one rank (the runs on several ranks: test_data_parallel.py): the
+# identity, whose rules (Megatron's pairs) are the identity, a reduce_scatter and an all_gather
+for kind in ("all_reduce", "all_gather", "reduce_scatter"):
+    case(f"collective-{kind}",
+         op(f'%y = mdsl.graph.{kind} %x {{group = "tp", size = 1 : i64}} : ({t(2, 3)}) -> {t(2, 3)}'),
+         {"x": (2, 3)}, [("y", (2, 3))])
 # constants take no operands: the gradient that reaches them goes nowhere (x's is still checked)
 case("constants",
      op(f"%z = mdsl.graph.zeros : {t(2, 3)}") + "\n" + op(f"%o = mdsl.graph.ones : {t(2, 3)}") + "\n"

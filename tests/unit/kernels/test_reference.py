@@ -1272,6 +1272,19 @@ def torch_quantize(w32: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray]:
     return q.view(torch.uint8).numpy(), scale.numpy()
 
 
+@covers("all_reduce", "all_gather", "reduce_scatter")
+@pytest.mark.parametrize("name", ["all_reduce", "all_gather", "reduce_scatter"])
+def test_a_collective_over_one_rank_is_the_value_and_a_larger_group_is_the_communicators(name):
+    """One rank's reduction, gather or scatter is its own value (a copy); a group of several runs
+    through the process's communicator (tests/unit/runtime/test_data_parallel.py), not a reference."""
+    (x,) = randn(131, (3, 4))
+    got = ref(name, x, group="tp", size=1)
+    np.testing.assert_array_equal(got, x)
+    assert got is not x
+    with pytest.raises(ValueError, match=f"{name} over 2 ranks runs through the process's communicator"):
+        ref(name, x, group="tp", size=2)
+
+
 @covers("dequantize")
 @pytest.mark.parametrize("shape", [(7, 33), (3, 4, 5)])
 @pytest.mark.parametrize("fp8", ["e4m3", "e5m2"])

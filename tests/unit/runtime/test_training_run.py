@@ -85,6 +85,17 @@ def test_bad_settings_are_coded_errors():
         modeldsl.train(loaded, DATA, lora=LORA, **SETTINGS)
     with pytest.raises(DiagnosticError, match="E029.*data=int is not a file or a list of documents"):
         modeldsl.train(loaded, 3, **SETTINGS)
+    # a resumed state's grad_accum of 10**30 (the fuzzer's) would cut batches forever
+    with pytest.raises(DiagnosticError, match="E029.*grad_accum 10{30}: a step cuts all its micro-batches"):
+        modeldsl.train(loaded, DATA, **{**SETTINGS, "grad_accum": 10**30})
+
+
+def test_data_parallel_settings_that_cannot_run_are_e048():
+    loaded = modeldsl.load(hf=EXAMPLE)
+    with pytest.raises(DiagnosticError, match="E048.*batch 3 does not divide into dp=2 ranks' rows"):
+        modeldsl.train(loaded, DATA, **{**SETTINGS, "batch": 3}, dp=2)
+    with pytest.raises(DiagnosticError, match="E048.*dp=2 takes 2 ranks; the launcher started 1"):
+        modeldsl.train(loaded, DATA, **{**SETTINGS, "batch": 2}, dp=2)
 
 
 def test_the_command_line_prints_the_evaluation_loss(capsys, tmp_path):

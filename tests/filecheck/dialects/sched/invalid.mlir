@@ -667,3 +667,12 @@ mdsl.sched.program @p arenas(params = 1024, activations = 1024, workspace = 0, g
   mdsl.sched.gemm %a, %q scale %s -> %c {transb = true} : !mdsl.sched.buffer<[4, 8], fp32>, !mdsl.sched.buffer<[3, 8], fp8_e4m3> scale !mdsl.sched.buffer<[8], fp32> -> !mdsl.sched.buffer<[4, 3], fp32>
 }
 // CHECK: error[{{E[0-9]+}}]: 'mdsl.sched.gemm' op the scale of B is fp32 [3] (one per row of B), got fp32 [8]
+
+// -----
+
+mdsl.sched.program @p arenas(params = 0, activations = 1024, workspace = 0, grads = 0, optimizer = 0, external = 0) {
+  %x = mdsl.sched.buffer activations offset 0 bytes 64 : !mdsl.sched.buffer<[16], fp32>
+  %y = mdsl.sched.buffer activations offset 64 bytes 128 : !mdsl.sched.buffer<[32], fp32>
+  mdsl.sched.collective "all_gather" %x -> %y group "tp" {size = 4 : i64} : !mdsl.sched.buffer<[16], fp32> -> !mdsl.sched.buffer<[32], fp32>
+}
+// CHECK: error[{{E[0-9]+}}]: 'mdsl.sched.collective' op all_gather over 4 ranks: 128 bytes whole, 64 a rank's

@@ -122,8 +122,8 @@ mdsl.sched.program @train arenas(params = 65536, activations = 65536, workspace 
 
   // CHECK: mdsl.sched.collective "all_reduce" %gw -> %gw group "dp" {op = "sum", stream = @comm} : !mdsl.sched.buffer<[128, 64], bf16> -> !mdsl.sched.buffer<[128, 64], bf16>
   mdsl.sched.collective "all_reduce" %gw -> %gw group "dp" {op = "sum", stream = @comm} : !w -> !w
-  // CHECK-NEXT: mdsl.sched.collective "all_gather" %x -> %y group "tp" :
-  mdsl.sched.collective "all_gather" %x -> %y group "tp" : !x -> !y
+  // CHECK-NEXT: mdsl.sched.collective "all_gather" %x -> %y group "tp" {size = 2 : i64} :
+  mdsl.sched.collective "all_gather" %x -> %y group "tp" {size = 2 : i64} : !x -> !y
   // CHECK-NEXT: mdsl.sched.collective "reduce_scatter" %y -> %x group "tp" {op = "avg"} :
   mdsl.sched.collective "reduce_scatter" %y -> %x group "tp" {op = "avg"} : !y -> !x
   // CHECK-NEXT: mdsl.sched.collective "all_to_all" %x -> %n group "ep" :

@@ -1,0 +1,58 @@
+"""One rank of the data-parallel tests (tests/unit/runtime/test_data_parallel.py), started by mpiexec
+or alone: ``python data_parallel_worker.py OUT.json DP [--die-at STEP]``.
+
+Trains the bundled tiny Llama on the bundled corpus (batch 4, seq 16, 5 AdamW steps; with ``DP``
+ranks each takes 4 / DP rows of every batch) after recording the first step's gradient of every
+parameter (one accumulate of the first batch, before any update), and writes from rank 0 the
+gradients' file (``OUT.npz``) and the losses, gradient norms and final weights' sums (``OUT.json``).
+``--die-at STEP``: rank 1 ends itself hard (no MPI finalize) before that step, as a killed rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import modeldsl
+
+ROOT = Path(__file__).resolve().parents[3]
+STEPS, BATCH, SEQ = 5, 4, 16
+
+
+def main(out: str, dp: int, die_at: int | None) -> None:
+    run = modeldsl.train(ROOT / "examples" / "tiny_llama", ROOT / "examples" / "tiny_corpus.txt", steps=STEPS,
+                         batch=BATCH, seq=SEQ, lr=1e-3, dp=dp)
+    gradients = first_gradients(run)
+    losses, norms = [], []
+    for step in range(STEPS):
+        if die_at is not None and step + 1 == die_at and run.rank == 1:
+            os._exit(3)
+        info = run.step()
+        losses.append(info.loss)
+        norms.append(info.grad_norm)
+    if run.rank == 0:
+        weights = {name: float(np.asarray(value, dtype=np.float64).sum()) for name, value in run.model.weights.items()}
+        np.savez(out + ".npz", **gradients)
+        Path(out + ".json").write_text(json.dumps({"losses": losses, "norms": norms, "weights": weights}))
+
+
+def first_gradients(run) -> dict[str, np.ndarray]:
+    """Every parameter's gradient of the run's first batch (summed over the ranks), the grads arena
+    zeroed again after: the run then starts from where it was."""
+    trainer = run.trainer
+    batch = next(iter(run.data.batches(run.seq).micro_batches(run.batch, 1)))
+    tokens, labels = run.rows(batch)
+    trainer.accumulate(tokens, labels, 1.0 / run.dp)
+    found = {name: np.array(view) for name, view in trainer.optimizer.grads.items()}
+    trainer.optimizer.arenas["grads"][:] = 0
+    return found
+
+
+if __name__ == "__main__":
+    arguments = sys.argv[1:]
+    die = int(arguments[arguments.index("--die-at") + 1]) if "--die-at" in arguments else None
+    main(arguments[0], int(arguments[1]), die)
