@@ -30,6 +30,15 @@ parameter (bf16 or fp16 storage, mixed precision) is updated through an fp32
 master copy in the ``optimizer`` arena (tagged ``master = "NAME"``; the
 caller fills it with the fp32 weights once): ``adamw`` runs on the master,
 then a ``cast`` launch writes the rounded weights the next step computes with.
+
+ZeRO-1 (``dp=N rank=R zero=1``): the optimizer state is shared out over the N data-parallel ranks
+by parameter (:func:`zero_owners`: the largest first, each to the rank holding the fewest bytes so
+far). Rank R's program keeps the moments (and masters) of its own parameters only and updates
+those; then every parameter is broadcast over the ``dp`` group from its owner
+(``mdsl.sched.collective "broadcast"``), so every rank computes the next step with the same
+weights. Each grad buffer carries its ``owner``. The gradients (summed over the ranks by the
+training step) and their global norm are every rank's, so the update is plain data parallelism's,
+bit for bit.
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ from modeldsl.diagnostics import PassOptionError
 from modeldsl.dialects.annotations import TrainableAttr, annotations_of
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import ModelOp, ParamOp, ParamRefOp, StackOp
-from modeldsl.dialects.sched import BufferOp, BufferType, LaunchOp, MemsetOp, ProgramOp
+from modeldsl.dialects.sched import BufferOp, BufferType, CollectiveOp, LaunchOp, MemsetOp, ProgramOp
 from modeldsl.passes.lower_to_sched import gradient_buffers, parameter_buffers
 
 PROGRAM_NAME = "optimizer_step"
@@ -62,27 +71,66 @@ class OptimizerStepPass(ModulePass):
     weight_decay: float = 0.01
     clip_norm: float = 0.0
     storage: str = ""
+    dp: int = 1
+    rank: int = 0
+    zero: int = 0
 
     def __post_init__(self) -> None:
         if self.storage not in ("", "fp32"):
             raise PassOptionError(f"mdsl-optimizer-step: storage={self.storage} is not fp32", "storage",
                                   "storage=fp32 or leave it out")
+        check_zero(self.name, self.dp, self.rank, self.zero)
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         for model in [m for m in op.body.block.ops if isinstance(m, ModelOp)]:
             program = optimizer_program(model, self.beta1, self.beta2, self.eps, self.weight_decay,
-                                        self.clip_norm, self.storage == "fp32")
+                                        self.clip_norm, self.storage == "fp32",
+                                        (self.dp, self.rank) if self.zero else None)
             op.body.block.insert_op_after(program, model)
 
 
+def check_zero(name: str, dp: int, rank: int, zero: int) -> None:
+    """The ZeRO options: ``zero`` 0 or 1, 1 only over several data-parallel ranks, ``rank`` one of them."""
+    for option, value, low in (("dp", dp, 1), ("rank", rank, 0), ("zero", zero, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise PassOptionError(f"{name}: {option}={value} is not an integer >= {low}", option,
+                                  "dp=2 rank=0 zero=1 shares the optimizer state over two ranks")
+    if zero not in (0, 1):
+        raise PassOptionError(f"{name}: zero={zero}: ZeRO stage 1 (the optimizer state) is the one built", "zero",
+                              "zero=1, or zero=0 for every rank's full state")
+    if zero and dp == 1:
+        raise PassOptionError(f"{name}: zero=1 shares the optimizer state over the data-parallel ranks: dp=1 has "
+                              "one", "dp", "give dp=2 or more with zero=1")
+    if rank >= dp:
+        raise PassOptionError(f"{name}: rank={rank} is not one of dp={dp} ranks", "rank", f"give rank 0..{dp - 1}")
+
+
+def zero_owners(sizes: dict[str, int], ranks: int) -> dict[str, int]:
+    """ZeRO-1's owner rank of each trainable parameter: the largest first (then by name), each to the
+    rank that holds the fewest bytes so far (the lowest such rank)."""
+    load, owners = [0] * ranks, {}
+    for name, size in sorted(sizes.items(), key=lambda item: (-item[1], item[0])):
+        rank = min(range(ranks), key=lambda r: (load[r], r))
+        owners[name], load[rank] = rank, load[rank] + size
+    return owners
+
+
 def optimizer_program(model: ModelOp, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
-                      weight_decay: float = 0.01, clip_norm: float = 0.0, fp32_storage: bool = False) -> ProgramOp:
-    """``@optimizer_step`` of a specialized model (see the module docstring)."""
+                      weight_decay: float = 0.01, clip_norm: float = 0.0, fp32_storage: bool = False,
+                      zero: tuple[int, int] | None = None) -> ProgramOp:
+    """``@optimizer_step`` of a specialized model (see the module docstring); ``zero``: ZeRO-1's
+    (data-parallel ranks, this rank)."""
     params = {p.attributes["param"].data: p for p in parameter_buffers(model, fp32_storage)}
     grads = gradient_buffers(model, fp32_storage)
+    owners = {} if zero is None else \
+        zero_owners({g.attributes["grad"].data: g.result.type.nbytes for g in grads}, zero[0])
+    for grad in grads:
+        if owners:
+            grad.attributes["owner"] = _index(owners[grad.attributes["grad"].data])
+    updated_here = [g for g in grads if zero is None or owners[g.attributes["grad"].data] == zero[1]]
     buffers: list[BufferOp] = [*params.values(), *grads]
     state: dict[str, list[SSAValue]] = {}  # name -> [the fp32 weights adamw updates, exp_avg, exp_avg_sq]
-    for grad in grads:
+    for grad in updated_here:
         name = grad.attributes["grad"].data
         fp32 = grad.result.type
         owned = [_buffer("optimizer", fp32, f"{m}.{name}", {"moment": StringAttr(f"{m}.{name}")}) for m in MOMENTS]
@@ -106,7 +154,7 @@ def optimizer_program(model: ModelOp, beta1: float = 0.9, beta2: float = 0.999, 
         runtime.append(factor.result)
     scales = parameter_scales(model)
     casts = []
-    for grad in grads:
+    for grad in updated_here:
         name = grad.attributes["grad"].data
         lr_scale, wd_scale = scales.get(name, (1.0, 1.0))
         attrs = {"beta1": _float(beta1), "beta2": _float(beta2), "eps": _float(eps),
@@ -116,7 +164,13 @@ def optimizer_program(model: ModelOp, beta1: float = 0.9, beta2: float = 0.999, 
                              [weights, exp_avg, exp_avg_sq], attrs, inplace=True))
         if weights is not params[name].result:
             casts.append(LaunchOp("cast", [weights], [params[name].result]))
-    work += casts + [MemsetOp(g.result) for g in grads]
+    work += casts
+    if zero is not None:  # every parameter from its owner
+        for grad in grads:
+            param = params[grad.attributes["grad"].data].result
+            work.append(CollectiveOp("broadcast", param, param, "dp", root=owners[grad.attributes["grad"].data],
+                                     size=zero[0]))
+    work += [MemsetOp(g.result) for g in grads]
     program = ProgramOp(PROGRAM_NAME, {})
     program.attributes["model"] = StringAttr(model.sym_name.data)
     program.body.block.add_ops([*buffers, *work])

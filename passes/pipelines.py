@@ -24,9 +24,10 @@ each expansion):
   with ``dp=N`` ``mdsl-shard{dp=N}`` (the gradients summed over N data-parallel ranks),
   ``mdsl-lower-to-sched{func=train_loss_grad grads_arena=true}``,
   ``mdsl-plan-memory``;
-* ``mdsl-optimizer-update{beta1 beta2 eps weight_decay clip_norm storage}``:
+* ``mdsl-optimizer-update{beta1 beta2 eps weight_decay clip_norm storage dp rank zero}``:
   the AdamW step over the training step's gradients: ``mdsl-specialize``,
-  ``mdsl-optimizer-step``, ``mdsl-plan-memory``.
+  ``mdsl-optimizer-step`` (``zero=1``: rank ``rank`` of ``dp``'s share of the optimizer state,
+  ZeRO-1), ``mdsl-plan-memory``.
 
 ``storage=fp32`` (the default: ``mdsl-run``'s default dtype) keeps every
 buffer in fp32; ``storage=''`` keeps the model's declared (16-bit) dtypes.
@@ -287,6 +288,9 @@ class OptimizerUpdate(NamedPipeline):
     weight_decay: float = 0.01
     clip_norm: float = 0.0
     storage: str = "fp32"
+    dp: int = 1  # ZeRO-1 (zero=1): the optimizer state shared out over dp ranks, this program rank's
+    rank: int = 0
+    zero: int = 0
 
     def __post_init__(self) -> None:
         self.update()
@@ -297,7 +301,8 @@ class OptimizerUpdate(NamedPipeline):
 
     def update(self) -> OptimizerStepPass:
         return OptimizerStepPass(beta1=self.beta1, beta2=self.beta2, eps=self.eps, weight_decay=self.weight_decay,
-                                 clip_norm=self.clip_norm, storage=self.storage)
+                                 clip_norm=self.clip_norm, storage=self.storage, dp=self.dp, rank=self.rank,
+                                 zero=self.zero)
 
     def stages(self) -> tuple[ModulePass, ...]:
         return (SpecializePass.of(B=1, T=1), ANNOTATED_ADAPTERS, self.update(), PlanMemoryPass())

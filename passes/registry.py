@@ -272,6 +272,9 @@ LISTINGS: dict[str, PassListing] = {
         ("weight_decay=float", "default: 0.01"),
         ("clip_norm=float", "default: 0.0"),
         ("storage=str", "default: ''"),
+        ("dp=int", "default: 1"),
+        ("rank=int", "default: 0"),
+        ("zero=int", "default: 0"),
     )),
     "mdsl-attach-loss": PassListing("a causal language model's training loss as a function of the model", (
         ("ignore_index=int", "default: -100"),
@@ -326,6 +329,9 @@ LISTINGS: dict[str, PassListing] = {
         ("weight_decay=float", "default: 0.01"),
         ("clip_norm=float", "default: 0.0"),
         ("storage=str", "default: fp32"),
+        ("dp=int", "default: 1"),
+        ("rank=int", "default: 0"),
+        ("zero=int", "default: 0"),
     ), 'mdsl-specialize{B=1 T=1},mdsl-adapters{annotations_only=true},mdsl-optimizer-step{storage="fp32"},'
        'mdsl-plan-memory'),
 }

@@ -55,13 +55,14 @@ SETTINGS = {
     "--steps": "steps", "--batch": "batch", "--seq": "seq", "--grad-accum": "grad_accum", "--lr": "lr",
     "--warmup": "warmup", "--weight-decay": "weight_decay", "--clip": "clip", "--min-lr-ratio": "min_lr_ratio",
     "--seed": "seed", "--dtype": "dtype", "--base-dtype": "base_dtype", "--packing": "packing", "--dp": "dp",
+    "--zero": "zero",
 }
 DEFAULTS = {"grad_accum": 1, "warmup": 0, "weight_decay": 0.01, "clip": 1.0, "min_lr_ratio": 0.0, "seed": 0,
-            "dtype": "fp32", "base_dtype": None, "packing": "padded", "dp": 1}
+            "dtype": "fp32", "base_dtype": None, "packing": "padded", "dp": 1, "zero": False}
 TRAIN_ONLY = ("steps", "batch", "seq", "lr", "grad_accum", "warmup", "weight_decay", "clip", "min_lr_ratio",
               "save", "resume", "stop_after", "loss_plot", "recompute", "save_dtype",
               "overwrite", "lora", "lora_targets", "lora_dropout", "rslora", "eval", "eval_every", "base_dtype",
-              "packing", "dp")
+              "packing", "dp", "zero")
 LORA_FLAGS = ("lora_targets", "lora_dropout", "rslora")  # each needs --lora R
 BASE_DTYPES = ("bf16", "fp8")
 
@@ -111,6 +112,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp", type=int, metavar="N", help="data parallelism over the N processes of an MPI launch "
                    "(mpiexec -n N mdsl-run ... --dp N): each trains on its rows of every batch, the gradients "
                    "summed over them; rank 0 prints and saves (default 1)")
+    g.add_argument("--zero", action="store_true", default=None, help="with --dp: ZeRO-1, the AdamW moments "
+                   "shared out over the ranks by parameter (each updates its own and sends them to the others)")
     g.add_argument("--recompute", metavar="MODE", help="what the backward recomputes instead of saving "
                    "(mdsl-recompute): none, annotated (the model's own @memory/@checkpoint/save:/recompute:; the "
                    "default), full (every stacked block checkpointed), auto[:BYTES] (the cheapest recomputes until "
@@ -315,6 +318,8 @@ def _saved_run_problem(saved: dict, state) -> str | None:
         value = saved[name]
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             return f"its run setting {name} = {value!r} is not an integer >= {low}"
+    if not isinstance(saved["zero"], bool):
+        return f"its run setting zero = {saved['zero']!r} is not true or false"
     if saved["dtype"] not in ("fp32", "bf16"):
         return f"its run setting dtype = {saved['dtype']!r} is not fp32 or bf16"
     if saved["packing"] not in ("padded", "packed"):
@@ -461,7 +466,7 @@ def _check_resume(args) -> None:
         raise _state_error(path, "it holds no run settings (steps, batch, seq, grad_accum, seed)")
     saved = {"steps": run["steps"], "batch": run["batch"], "seq": run["seq"], "grad_accum": run["grad_accum"],
              "seed": run["seed"], "dtype": run.get("dtype", "fp32"), "base_dtype": run.get("base_dtype"),
-             "packing": run.get("packing", "padded"), "dp": run.get("dp", 1),
+             "packing": run.get("packing", "padded"), "dp": run.get("dp", 1), "zero": run.get("zero", False),
              "lr": state.config.lr,
              "warmup": state.config.warmup_steps,
              "weight_decay": state.config.weight_decay, "clip": state.config.clip_norm,
@@ -550,7 +555,7 @@ def plot_losses(losses: list[float], path: Path, title: str) -> str | None:
     return None
 
 
-def _save(args, run, meta: dict, title: str) -> str | None:
+def _save(args, run, meta: dict, title: str, moments: dict | None = None) -> str | None:
     """Write the checkpoint (or the LoRA adapter), the training state and (where it belongs to the
     save) the loss curve into the save folder, swapped in atomically: what drawing the curve gave
     (:func:`plot_losses`; "" where it is drawn elsewhere)."""
@@ -563,7 +568,7 @@ def _save(args, run, meta: dict, title: str) -> str | None:
     existed = out.exists()
     try:
         with saving_folder(save_target(args)) as folder:
-            run.write(folder, meta, args.save_dtype)
+            run.write(folder, meta, args.save_dtype, moments)
             if name is not None:
                 problem = plot_losses(run.losses, folder / name, title)
     except OSError as err:
@@ -655,7 +660,7 @@ def run_training(args) -> int:
         run = TrainingRun(model, data, args.steps, args.batch, args.seq, config, args.grad_accum, args.dtype,
                           args.recompute or "annotated", args.seed, eval_data=evaluation,
                           eval_every=(args.eval_every or args.steps) if evaluation is not None else 0, state=state,
-                          warn=warn, packing=args.packing, dp=args.dp)
+                          warn=warn, packing=args.packing, dp=args.dp, zero=args.zero)
     except DiagnosticError as err:
         if err.diagnostics[0].code == "E029" and "positions" in err.diagnostics[0].message:
             raise _flag_error(err.diagnostics[0].message.replace("seq ", "--seq ", 1), f"give --seq "
@@ -716,6 +721,8 @@ def _train_and_save(args, run, model, data, config, base, quiet: bool = False) -
               f"{run.batches.epoch}, {data.where(run.batches)}")
     if interrupted:
         print(f"interrupted: stopped after step {run.done}")
+    # ZeRO-1: every rank sends its share of the moments for the save (rank 0 writes it)
+    moments = run.trainer.state_arrays() if args.save is not None and run.zero else None
     if quiet:
         return 130 if interrupted else 0
 
@@ -728,7 +735,7 @@ def _train_and_save(args, run, model, data, config, base, quiet: bool = False) -
         meta = run.meta(str(Path(base).resolve()) if _has_adapters(model) else None)
         meta["run"]["model"] = str(args.model) if args.model else None
         meta["run"]["base_dtype"] = args.base_dtype
-        problem = _save(args, run, meta, title)
+        problem = _save(args, run, meta, title, moments)
         what = "LoRA adapter" if _has_adapters(model) else "checkpoint"
         print(f"saved the {what} and training state (step {run.done}) to {out}")
     if args.merge_lora is not None:

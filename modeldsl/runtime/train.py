@@ -43,7 +43,7 @@ import numpy as np
 
 from modeldsl.diagnostics import Diagnostic
 from modeldsl.dialects.graph import ModelOp
-from modeldsl.dialects.sched import ProgramOp
+from modeldsl.dialects.sched import BufferOp, ProgramOp
 from modeldsl.files import replacing_file
 from modeldsl.hf.compat import training_only_fields, warn_python
 from modeldsl.passes.fuse import FusePass
@@ -137,11 +137,15 @@ def compile_evaluation_step(model: ModelOp, batch: int, tokens: int, storage: st
     return program
 
 
-def compile_optimizer_step(model: ModelOp, config: AdamWConfig, storage: str | None = "fp32") -> ProgramOp:
+def compile_optimizer_step(model: ModelOp, config: AdamWConfig, storage: str | None = "fp32",
+                           zero: tuple[int, int] | None = None) -> ProgramOp:
     """The planned ``@optimizer_step`` of ``model``: inputs (lr, step), output the gradient norm. The
-    pipeline ``mdsl-optimizer-update`` (:class:`~modeldsl.passes.pipelines.OptimizerUpdate`) makes it."""
+    pipeline ``mdsl-optimizer-update`` (:class:`~modeldsl.passes.pipelines.OptimizerUpdate`) makes it;
+    ``zero``: ZeRO-1's (data-parallel ranks, this rank), the program of this rank's share of the state."""
+    sharding = {} if zero is None else {"dp": zero[0], "rank": zero[1], "zero": 1}
     pipeline = pipeline_of(OptimizerUpdate, beta1=config.beta1, beta2=config.beta2, eps=config.eps,
-                           weight_decay=config.weight_decay, clip_norm=config.clip_norm, storage=storage or "")
+                           weight_decay=config.weight_decay, clip_norm=config.clip_norm, storage=storage or "",
+                           **sharding)
     return pipeline.program(model)
 
 
@@ -167,6 +171,7 @@ class Trainer:
     rng_step: int = 0  # dropout's step counter: micro-batches run so far (each draws its own masks)
     packed: bool = False  # micro-batches of packed rows: (tokens, labels, segments, positions)
     dp: int = 1  # data-parallel ranks: each runs its rows of every micro-batch, the gradients summed over them
+    zero: bool = False  # ZeRO-1: the optimizer state shared out over the dp ranks by parameter
 
     def __post_init__(self) -> None:
         for diagnostic in training_only_fields(self.model.hf_config):
@@ -180,10 +185,29 @@ class Trainer:
         self.schedule = self.shared_params()
         self.programs: dict[tuple[int, int], ScheduleExecutor] = {}
         self.evaluators: dict[tuple[int, int], ScheduleExecutor] = {}
-        self.optimizer = self.schedule.executor(compile_optimizer_step(self.model.model, self.config, self.storage))
+        if self.zero and (self.dp == 1 or self.dtype != "fp32"):
+            raise ExecutionError("zero=True shares the optimizer state over data-parallel ranks: give dp=2 or more, "
+                                 "and train in fp32 (mixed precision keeps every master on every rank)")
+        self.optimizer = self.schedule.executor(compile_optimizer_step(self.model.model, self.config, self.storage,
+                                                                       self.zero_rank()))
         for name, master in self.optimizer.masters.items():
             write(master, self.model.weights[name])
         self.grad_norm = math.nan  # of the last step, before clipping
+
+    def zero_rank(self) -> tuple[int, int] | None:
+        """ZeRO-1's (data-parallel ranks, this process's rank among them), None without it."""
+        if not self.zero:
+            return None
+        comm = distributed.communicator()
+        return self.dp, comm.layout.coordinates(comm.rank)["dp"]
+
+    def owners(self) -> dict[str, int]:
+        """ZeRO-1: the rank that keeps each trainable parameter's moments (the grad buffers' ``owner``)."""
+        found = {}
+        for op in self.optimizer.program.body.block.ops:
+            if isinstance(op, BufferOp) and "grad" in op.attributes and "owner" in op.attributes:
+                found[op.attributes["grad"].data] = op.attributes["owner"].value.data
+        return found
 
     def shared_params(self) -> ProfiledForward:
         """What makes the executors of the programs, on one shared params arena: in fp32 on the
@@ -274,14 +298,32 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def state_arrays(self) -> dict[str, np.ndarray]:
-        """The optimizer moments by name, ``exp_avg.PARAM`` and ``exp_avg_sq.PARAM`` (fp32 copies)."""
-        return {name: read(view) for name, view in self.optimizer.moments.items()}
+        """The optimizer moments by name, ``exp_avg.PARAM`` and ``exp_avg_sq.PARAM`` (fp32 copies); under
+        ZeRO-1 every rank's, each broadcast from its owner (every rank calls it, in step)."""
+        arrays = {name: read(view) for name, view in self.optimizer.moments.items()}
+        if not self.zero:
+            return arrays
+        comm, grads = distributed.communicator(), self.optimizer.grads
+        for name, owner in self.owners().items():
+            for prefix in MOMENTS:
+                key = f"{prefix}{name}"
+                value = arrays.get(key)
+                value = np.empty(grads[name].shape, np.float32) if value is None else np.ascontiguousarray(value)
+                comm.run("broadcast", "dp", value, value, root=owner)
+                arrays[key] = value
+        return arrays
 
     def restore(self, step: int, arrays: dict[str, np.ndarray], rng_step: int | None = None) -> None:
         """Continue from :meth:`state_arrays` taken after ``step`` steps, and dropout's counter from
         ``rng_step`` where given (ValueError when the moments do not fit the model's trainable parameters)."""
         moments = {k: v for k, v in arrays.items() if k.startswith(MOMENTS)}
         views = self.optimizer.moments
+        if self.zero:  # every rank's moments in the state: this rank keeps its own
+            known = {f"{prefix}{name}" for name in self.owners() for prefix in MOMENTS}
+            missing = sorted(known - set(moments))
+            if missing:
+                raise ValueError(f"no moments '{missing[0]}' for a trainable parameter of the model")
+            moments = {k: v for k, v in moments.items() if k in views or k not in known}
         unknown = sorted(set(moments) - set(views))
         if unknown:
             raise ValueError(f"the moments '{unknown[0]}' belong to no trainable parameter of the model")
@@ -329,8 +371,10 @@ class TrainingState:
 
 
 def save_training_state(path: str | Path, trainer: Trainer, meta: dict[str, Any] | None = None,
-                        arrays: dict[str, np.ndarray] | None = None) -> None:
-    """Write the trainer's step, dropout counter, AdamWConfig and moments, with the caller's JSON ``meta`` and
+                        arrays: dict[str, np.ndarray] | None = None,
+                        moments: dict[str, np.ndarray] | None = None) -> None:
+    """Write the trainer's step, dropout counter, AdamWConfig and moments (``moments``: as
+    :meth:`Trainer.state_arrays` gave them, else taken now), with the caller's JSON ``meta`` and
     numeric ``arrays``, as an ``.npz`` file (no pickles: the metadata is one JSON string),
     replacing ``path`` atomically."""
     header = {"format": STATE_FORMAT, "version": STATE_VERSION, "step": trainer.step,
@@ -340,7 +384,7 @@ def save_training_state(path: str | Path, trainer: Trainer, meta: dict[str, Any]
         if name == "state" or name.startswith(MOMENTS):
             raise ValueError(f"'{name}' is a reserved training state name")
         content[name] = np.asarray(value)
-    content.update(trainer.state_arrays())
+    content.update(trainer.state_arrays() if moments is None else moments)
     with replacing_file(path) as tmp, open(tmp, "wb") as f:  # atomically: the old file or the whole new one
         np.savez(f, **content)
 

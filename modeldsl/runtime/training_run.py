@@ -183,6 +183,7 @@ class TrainingRun:
     warn: Callable[[Diagnostic], None] | None = None
     packing: str = "padded"  # instruction examples one per row, or packed (several per row, attending apart)
     dp: int = 1  # data-parallel ranks (processes of an MPI launch): each trains on its rows of every batch
+    zero: bool = False  # ZeRO-1: the optimizer state shared out over the dp ranks
 
     def __post_init__(self) -> None:
         if self.packing not in PACKINGS:
@@ -224,6 +225,10 @@ class TrainingRun:
         if self.batch % self.dp:
             raise distributed.layout_error(f"batch {self.batch} does not divide into dp={self.dp} ranks' rows",
                                            f"give a batch that is a multiple of {self.dp}")
+        if self.zero and (self.dp == 1 or self.dtype != "fp32"):
+            raise distributed.layout_error("zero shares the optimizer state over data-parallel ranks in fp32: it needs "
+                                           f"dp > 1 (dp={self.dp}) and dtype fp32 (dtype={self.dtype})",
+                                           "give dp=2 or more and train in fp32, or leave zero out")
         if self.dp > 1 and self.model.device is not None:
             raise distributed.layout_error("data parallelism runs on the CPU for now (MPI ranks)",
                                            "leave out the device, or train on one process")
@@ -240,7 +245,7 @@ class TrainingRun:
         packed = self.packing == "packed"
         if self.model.device is None:
             return Trainer(self.model, self.config, dtype=self.dtype, recompute=self.recompute, warn=self.warn,
-                           packed=packed, dp=self.dp)
+                           packed=packed, dp=self.dp, zero=self.zero)
         from modeldsl.runtime.cuda_train import CudaTrainer
 
         return CudaTrainer(self.model, self.config, dtype=self.dtype, device=self.model.device,
@@ -307,6 +312,7 @@ class TrainingRun:
         position and fingerprint, the random state."""
         return {"run": {"steps": self.steps, "batch": self.batch, "seq": self.seq, "grad_accum": self.grad_accum,
                         "seed": self.seed, "dtype": self.dtype, "packing": self.packing, "dp": self.dp,
+                        "zero": self.zero,
                         **({"base": base} if base is not None else {})},
                 "data": {"file": self.data.file, "tokens": int(len(self.data.tokens)), "sha256": self.data.fingerprint,
                          **self.batches.state()},
@@ -315,7 +321,8 @@ class TrainingRun:
     def has_adapters(self) -> bool:
         return any(p.is_adapter for p in self.model.model.params())
 
-    def write(self, folder: Path, meta: dict[str, Any], save_dtype: str | None = None) -> None:
+    def write(self, folder: Path, meta: dict[str, Any], save_dtype: str | None = None,
+              moments: dict[str, np.ndarray] | None = None) -> None:
         """The checkpoint (with adapters: the PEFT adapter and the tokenizer) and the training state into ``folder``."""
         from modeldsl.hf.checkpoint import copy_tokenizer, save_checkpoint
         from modeldsl.runtime.lora import write_adapter
@@ -334,7 +341,7 @@ class TrainingRun:
         arrays = {"losses": np.asarray(self.losses, np.float64)}
         if written - {"float32"}:  # rounded tensors: keep the masters for --resume
             arrays |= {MASTERS + n: np.asarray(model.weights[n], np.float32) for n in self.trainer.optimizer.grads}
-        save_training_state(folder / STATE_FILE, self.trainer, meta, arrays)
+        save_training_state(folder / STATE_FILE, self.trainer, meta, arrays, moments)
 
     def save(self, out: str | Path, overwrite: bool = False, save_dtype: str | None = None) -> None:
         """Write the run into the folder ``out`` (replaced atomically: a new or empty folder, or a
@@ -342,6 +349,7 @@ class TrainingRun:
         data-parallel ranks rank 0 writes (every rank holds the same weights)."""
         from modeldsl.runtime.saves import SaveTarget, new_run, saving_folder
 
+        moments = self.trainer.state_arrays() if self.zero else None  # ZeRO-1: gathered by every rank
         if self.rank != 0:
             return
         if not hasattr(self, "run_id"):
@@ -352,7 +360,7 @@ class TrainingRun:
         try:
             with saving_folder(target) as folder:
                 self.write(folder, self.meta(str(Path(base).resolve()) if base and self.has_adapters() else None),
-                           save_dtype)
+                           save_dtype, moments)
         except OSError as err:
             raise DiagnosticError([Diagnostic("E028", f"cannot write the run to '{out}': {err.strerror or err}",
                                               None, "give a folder you can write")]) from None
@@ -396,13 +404,14 @@ def train(model, data, *, steps: int, batch: int, seq: int, lr: float, lora: Any
           dtype: str = "fp32", recompute: str = "annotated", seed: int = 0,
           callbacks: Sequence[Callable[[StepInfo], Any]] = (), eval_data: Any = None, eval_every: int = 0,
           model_file: str | Path | None = None, base_dtype: str | None = None,
-          packing: str = "padded", dp: int = 1) -> TrainingRun:
+          packing: str = "padded", dp: int = 1, zero: bool = False) -> TrainingRun:
     """A :class:`TrainingRun` of ``model`` (a checkpoint folder, loaded with ``model_file`` or the
     std model of its architecture and with ``lora`` adapters where given, their frozen base stored in
     ``base_dtype`` (``bf16``, ``fp8``) where given; or a loaded model) on
     ``data`` (a text or ``.jsonl`` file, or a list of documents). Call ``run()`` (or ``step()``),
     then ``save(OUT)``. ``dp``: data-parallel ranks, the processes of an MPI launch
-    (``mpiexec -n DP python script.py``): each trains on its rows of every batch."""
+    (``mpiexec -n DP python script.py``): each trains on its rows of every batch; ``zero``: ZeRO-1,
+    the optimizer state shared out over them."""
     from modeldsl.runtime.model import load
     from modeldsl.tokenizer import Tokenizer
 
@@ -432,4 +441,4 @@ def train(model, data, *, steps: int, batch: int, seq: int, lr: float, lora: Any
     config = AdamWConfig(lr=float(lr), weight_decay=weight_decay, warmup_steps=warmup, total_steps=steps,
                          min_lr_ratio=min_lr_ratio, clip_norm=clip)
     return TrainingRun(model, read, steps, batch, seq, config, grad_accum, dtype, recompute, seed, list(callbacks),
-                       evaluated, eval_every, packing=packing, dp=dp)
+                       evaluated, eval_every, packing=packing, dp=dp, zero=zero)

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from training_step import cpu_step, device_step
 
 import modeldsl
 from modeldsl.dialects.sched import GemmOp
 from modeldsl.passes.fuse import PATTERNS, FusePass
 from modeldsl.runtime.cuda_device import CudaDevice, EmulatedDevice
-from modeldsl.runtime.cuda_executor import CudaExecutor
-from modeldsl.runtime.sched_executor import ScheduleExecutor
 from modeldsl.runtime.train import compile_training_step
 
 pytestmark = pytest.mark.gpu
@@ -38,40 +37,21 @@ def program(model):
     return program
 
 
-def inputs(model) -> list[np.ndarray]:
-    rng = np.random.default_rng(5)
-    tokens = rng.integers(0, 32, (2, 8)).astype(np.int32)
-    labels = rng.integers(0, 32, (2, 8)).astype(np.int64)
-    return [*model.inputs(tokens, 0), labels, np.array(1.0, np.float32)]
-
-
-def cpu_step(model, program) -> tuple[np.ndarray, np.ndarray]:
-    cpu = ScheduleExecutor(program, model.weights)
-    cpu.arenas["grads"][:] = 0
-    (loss,) = cpu.execute(*inputs(model))
-    return loss.copy(), cpu.arenas["grads"].view(np.float32).copy()
-
-
-def device_step(model, program, device) -> tuple[np.ndarray, np.ndarray]:
-    executor = CudaExecutor(program, model.weights, device=device)
-    assert executor.fallbacks == []
-    grads = executor.arenas["grads"]
-    executor.device.upload(grads.address, np.zeros(grads.nbytes, np.uint8))
-    (loss,) = executor.execute(*inputs(model))
-    return np.asarray(loss).copy(), executor.device.download(grads.address, grads.nbytes).view(np.float32)
+VOCAB = 32
 
 
 def test_the_emulated_device_runs_the_fused_step_bitwise(model, program):
-    loss, grads = cpu_step(model, program)
-    device_loss, device_grads = device_step(model, program, EmulatedDevice())
-    assert device_loss == loss
+    loss, grads = cpu_step(model, program, VOCAB)
+    device_loss, device_grads, fallbacks = device_step(model, program, EmulatedDevice(), VOCAB)
+    assert fallbacks == [] and device_loss == loss
     np.testing.assert_array_equal(device_grads, grads)
     assert np.abs(grads).max() > 0
 
 
 @pytest.mark.skipif(CudaDevice.unavailable() is not None, reason="no CUDA device")
 def test_cublaslt_runs_the_fused_step(model, program):
-    loss, grads = cpu_step(model, program)
-    device_loss, device_grads = device_step(model, program, CudaDevice())
+    loss, grads = cpu_step(model, program, VOCAB)
+    device_loss, device_grads, fallbacks = device_step(model, program, CudaDevice(), VOCAB)
+    assert fallbacks == []
     np.testing.assert_allclose(device_loss, loss, rtol=1e-5)
     np.testing.assert_allclose(device_grads, grads, rtol=1e-4, atol=1e-6)

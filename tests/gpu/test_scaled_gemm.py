@@ -11,12 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from training_step import cpu_step, device_step
 
 from modeldsl.dialects.sched import GemmOp
 from modeldsl.resolve.imports import STD_ROOT
 from modeldsl.runtime.cuda_device import CudaDevice, EmulatedDevice
-from modeldsl.runtime.cuda_executor import CudaExecutor
-from modeldsl.runtime.sched_executor import ScheduleExecutor
 from modeldsl.runtime.train import compile_training_step
 
 pytestmark = pytest.mark.gpu
@@ -40,32 +39,12 @@ def program(model):
     return program
 
 
-def inputs(model) -> list[np.ndarray]:
-    rng = np.random.default_rng(5)
-    tokens = rng.integers(0, 64, (2, 8)).astype(np.int32)
-    labels = rng.integers(0, 64, (2, 8)).astype(np.int64)
-    return [*model.inputs(tokens, 0), labels, np.array(1.0, np.float32)]
-
-
-def cpu_step(model, program) -> tuple[np.ndarray, np.ndarray]:
-    cpu = ScheduleExecutor(program, model.weights)
-    cpu.arenas["grads"][:] = 0
-    (loss,) = cpu.execute(*inputs(model))
-    return loss.copy(), cpu.arenas["grads"].view(np.float32).copy()
-
-
-def device_step(model, program, device) -> tuple[np.ndarray, np.ndarray, list]:
-    executor = CudaExecutor(program, model.weights, device=device)
-    grads = executor.arenas["grads"]
-    executor.device.upload(grads.address, np.zeros(grads.nbytes, np.uint8))
-    (loss,) = executor.execute(*inputs(model))
-    return (np.asarray(loss).copy(), executor.device.download(grads.address, grads.nbytes).view(np.float32),
-            executor.fallbacks)
+VOCAB = 64
 
 
 def test_the_emulated_device_runs_the_scaled_gemms_bitwise(model, program):
-    loss, grads = cpu_step(model, program)
-    device_loss, device_grads, _ = device_step(model, program, EmulatedDevice())
+    loss, grads = cpu_step(model, program, VOCAB)
+    device_loss, device_grads, _ = device_step(model, program, EmulatedDevice(), VOCAB)
     assert device_loss == loss
     np.testing.assert_array_equal(device_grads, grads)
     assert np.abs(grads).max() > 0
@@ -73,8 +52,8 @@ def test_the_emulated_device_runs_the_scaled_gemms_bitwise(model, program):
 
 @pytest.mark.skipif(CudaDevice.unavailable() is not None, reason="no CUDA device")
 def test_the_gpu_widens_the_fp8_base_and_runs_cublaslt(model, program):
-    loss, grads = cpu_step(model, program)
-    device_loss, device_grads, fallbacks = device_step(model, program, CudaDevice())
+    loss, grads = cpu_step(model, program, VOCAB)
+    device_loss, device_grads, fallbacks = device_step(model, program, CudaDevice(), VOCAB)
     assert fallbacks == []
     np.testing.assert_allclose(device_loss, loss, rtol=1e-5)
     np.testing.assert_allclose(device_grads, grads, rtol=1e-4, atol=1e-6)

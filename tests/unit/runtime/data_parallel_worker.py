@@ -1,11 +1,13 @@
 """One rank of the data-parallel tests (tests/unit/runtime/test_data_parallel.py), started by mpiexec
-or alone: ``python data_parallel_worker.py OUT.json DP [--die-at STEP]``.
+or alone: ``python data_parallel_worker.py OUT DP [--zero] [--die-at STEP]``.
 
 Trains the bundled tiny Llama on the bundled corpus (batch 4, seq 16, 5 AdamW steps; with ``DP``
 ranks each takes 4 / DP rows of every batch) after recording the first step's gradient of every
 parameter (one accumulate of the first batch, before any update), and writes from rank 0 the
 gradients' file (``OUT.npz``) and the losses, gradient norms and final weights' sums (``OUT.json``).
-``--die-at STEP``: rank 1 ends itself hard (no MPI finalize) before that step, as a killed rank.
+``--zero``: ZeRO-1 (the AdamW moments shared out over the ranks). On several ranks the run is then
+saved into ``OUT.save`` (under ZeRO-1 every rank gathers the moments; rank 0 writes). ``--die-at STEP``: rank 1 ends
+itself hard (no MPI finalize) before that step, as a killed rank.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[3]
 STEPS, BATCH, SEQ = 5, 4, 16
 
 
-def main(out: str, dp: int, die_at: int | None) -> None:
+def main(out: str, dp: int, zero: bool, die_at: int | None) -> None:
     run = modeldsl.train(ROOT / "examples" / "tiny_llama", ROOT / "examples" / "tiny_corpus.txt", steps=STEPS,
-                         batch=BATCH, seq=SEQ, lr=1e-3, dp=dp)
+                         batch=BATCH, seq=SEQ, lr=1e-3, dp=dp, zero=zero)
     gradients = first_gradients(run)
     losses, norms = [], []
     for step in range(STEPS):
@@ -34,6 +36,8 @@ def main(out: str, dp: int, die_at: int | None) -> None:
         info = run.step()
         losses.append(info.loss)
         norms.append(info.grad_norm)
+    if dp > 1:
+        run.save(out + ".save")
     if run.rank == 0:
         weights = {name: float(np.asarray(value, dtype=np.float64).sum()) for name, value in run.model.weights.items()}
         np.savez(out + ".npz", **gradients)
@@ -55,4 +59,4 @@ def first_gradients(run) -> dict[str, np.ndarray]:
 if __name__ == "__main__":
     arguments = sys.argv[1:]
     die = int(arguments[arguments.index("--die-at") + 1]) if "--die-at" in arguments else None
-    main(arguments[0], int(arguments[1]), die)
+    main(arguments[0], int(arguments[1]), "--zero" in arguments, die)

@@ -4,7 +4,9 @@ extra; skipped where it is not installed).
 The bundled tiny Llama trained on two ranks, each on two of the four rows of every batch, gives the
 single process's first-step gradient of every parameter, its 5-step loss and gradient-norm
 trajectory, and its trained weights, within fp32 rounding (the two halves' GEMMs sum in another
-order: 1e-5 relative). A rank that dies ends the job with E049 within the collective timeout, and
+order: 1e-5 relative). ZeRO-1 (the moments shared out over the ranks) gives plain data
+parallelism's run bit for bit, saves every moment, and resumes on the same layout as if it had not
+stopped. A rank that dies ends the job with E049 within the collective timeout, and
 ``mpiexec -n 2 mdsl-run ... --dp 2`` prints the single process's losses.
 """
 
@@ -36,23 +38,27 @@ def environment(**extra: str) -> dict[str, str]:
     return {**env, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MDSL_THREADS": "1", **extra}
 
 
-def run_ranks(ranks: int, *arguments: str, flags: tuple[str, ...] = (), timeout: float = 240,
+def run_ranks(ranks: int, *arguments: str, flags: tuple[str, ...] = (), timeout: float = 240, cwd: Path = ROOT,
               **env: str) -> subprocess.CompletedProcess:
+    """The command on ``ranks`` processes (mpiexec), or alone for one, in ``cwd`` (where a run
+    without --save or --loss-plot draws its loss.png: give a temporary folder)."""
     command = [str(MPIEXEC), *flags, "-n", str(ranks), *arguments] if ranks > 1 else list(arguments)
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment(**env),
-                          cwd=ROOT)
+                          cwd=cwd)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """(one process's results, two ranks' results): each the worker's json and gradients."""
+    """(one process's results, two ranks', two ranks' with ZeRO-1): each the worker's json,
+    gradients and (on two ranks) saved training state."""
     folder = tmp_path_factory.mktemp("dp")
     found = []
-    for ranks in (1, 2):
-        out = str(folder / f"dp{ranks}")
-        done = run_ranks(ranks, sys.executable, str(WORKER), out, str(ranks))
+    for ranks, zero in ((1, ()), (2, ()), (2, ("--zero",))):
+        out = str(folder / f"dp{ranks}{''.join(zero)}")
+        done = run_ranks(ranks, sys.executable, str(WORKER), out, str(ranks), *zero)
         assert done.returncode == 0, done.stderr[-3000:]
-        found.append((json.loads(Path(out + ".json").read_text()), dict(np.load(out + ".npz"))))
+        state = dict(np.load(out + ".save/training_state.npz")) if ranks > 1 else {}
+        found.append((json.loads(Path(out + ".json").read_text()), dict(np.load(out + ".npz")), state))
     return found
 
 
@@ -62,18 +68,60 @@ def relative(a, b) -> float:
 
 
 def test_every_parameters_first_gradient_is_the_single_process_one(trained):
-    (_, single), (_, parallel) = trained
+    (_, single, _), (_, parallel, _), _ = trained
     assert set(single) == set(parallel) and len(single) == 9
     for name in single:
         assert relative(parallel[name], single[name]) < 1e-5, name
 
 
 def test_the_loss_trajectory_and_the_trained_weights_are_the_single_process_ones(trained):
-    (single, _), (parallel, _) = trained
+    (single, _, _), (parallel, _, _), _ = trained
     assert relative(parallel["losses"], single["losses"]) < 1e-5
     assert relative(parallel["norms"], single["norms"]) < 1e-5
     for name, total in single["weights"].items():
         assert abs(parallel["weights"][name] - total) <= 1e-5 * max(abs(total), 1.0), name
+
+
+def test_zero_1_is_plain_data_parallelism_bit_for_bit_and_saves_every_moment(trained):
+    _, (plain, _, plain_state), (zero, _, zero_state) = trained
+    assert zero == plain  # losses, gradient norms, weights
+    moments = sorted(k for k in plain_state if k.startswith("exp_avg"))
+    assert len(moments) == 18 and sorted(k for k in zero_state if k.startswith("exp_avg")) == moments
+    for name in moments:
+        np.testing.assert_array_equal(zero_state[name], plain_state[name], err_msg=name)
+
+
+def test_zero_1_keeps_a_share_of_the_moments_on_each_rank():
+    import modeldsl
+    from modeldsl.passes.optimizer_step import zero_owners
+    from modeldsl.runtime.optim import AdamWConfig
+    from modeldsl.runtime.train import compile_optimizer_step
+
+    model = modeldsl.load(hf=ROOT / "examples" / "tiny_llama", dtype="fp32")
+    full = compile_optimizer_step(model.model, AdamWConfig()).arenas["optimizer"]
+    shares = [compile_optimizer_step(model.model, AdamWConfig(), zero=(2, r)).arenas["optimizer"]
+              for r in range(2)]
+    assert sum(shares) <= full + 2 * 256 * 18 and max(shares) < 0.6 * full  # balanced, 256-byte aligned
+    owners = zero_owners({"a": 10, "b": 7, "c": 5, "d": 4}, 2)
+    assert owners == {"a": 0, "b": 1, "c": 1, "d": 0}
+
+
+def test_zero_1_resumes_on_the_same_layout_as_if_it_had_not_stopped(tmp_path):
+    data = str(ROOT / "examples" / "tiny_corpus.txt")
+    flags = ["--hf", str(ROOT / "examples" / "tiny_llama"), "--train", data, "--steps", "4", "--batch", "4",
+             "--seq", "16", "--lr", "1e-3"]
+    run = (sys.executable, "-m", "modeldsl.tools.run")
+    whole = run_ranks(1, *run, *flags, cwd=tmp_path)
+    first = run_ranks(2, *run, *flags, "--dp", "2", "--zero", "--stop-after", "2", "--save", str(tmp_path / "out"),
+                      cwd=tmp_path)
+    rest = run_ranks(2, *run, "--train", data, "--resume", str(tmp_path / "out"), "--save", str(tmp_path / "out"),
+                     cwd=tmp_path)
+    for done in (whole, first, rest):
+        assert done.returncode == 0, done.stderr[-3000:]
+    losses = [[float(x) for x in re.findall(r"^step \d+ loss (\S+)", d.stdout, re.M)] for d in (whole, first, rest)]
+    assert len(losses[1]) == 2 and len(losses[2]) == 2
+    assert relative(losses[1] + losses[2], losses[0]) < 1e-5
+    assert "data-parallel over 2 ranks" in rest.stdout  # the layout came from the saved run
 
 
 def test_a_rank_that_dies_ends_the_job_with_e049_within_the_timeout(tmp_path):
