@@ -21,8 +21,10 @@ buffer (or on its layer's slice of it, through the concat and views that
 join the layers of a stacked parameter), a kernel that accumulates natively
 (the embedding gradient's scatter-add) becomes a launch marked ``accumulate``
 into it, and the terms of a sum over uses (a tied weight) go in one by one;
-any other gradient is added by an in-place ``add`` launch. The remaining results (the loss, input gradients)
-are the program's outputs, numbered in order. A gradient function's
+any other gradient is added by an in-place ``add`` launch. A gradient returned
+through an ``all_reduce`` (``mdsl-shard{dp}``) is added so, then its grads buffer
+(or its layer's slice, inside the loop) is all-reduced in place. The remaining
+results (the loss, input gradients) are the program's outputs, numbered in order. A gradient function's
 ``saved`` attribute (the forward values its backward reads) is copied onto
 the program, for the recompute passes.
 
@@ -109,7 +111,7 @@ from modeldsl.dialects.graph import (
     ReturnOp,
     StackOp,
 )
-from modeldsl.dialects.graph_primitives import DequantizeOp
+from modeldsl.dialects.graph_primitives import AllReduceOp, DequantizeOp
 from modeldsl.dialects.graph_types import TensorType
 from modeldsl.dialects.sched import (
     KEYED_BY_LAYER,
@@ -262,6 +264,7 @@ class ScheduleBuilder:
         self.values: dict[SSAValue, SSAValue] = {}
         self.params: dict[str, SSAValue] = {}
         self.deferred: dict[SSAValue, Operation] = {}  # transposes not (yet) materialized
+        self.folded_reductions: dict[SSAValue, Operation] = {}  # gradient -> the all_reduce of its grads buffer
         # split -> (x, W, W's scale or None, alpha)
         self.split_gemms: dict[Operation, tuple[SSAValue, SSAValue, SSAValue | None, float]] = {}
         self.outputs: dict[SSAValue, int] = {}
@@ -286,12 +289,14 @@ class ScheduleBuilder:
         for index, (_, value) in enumerate(returned):
             if value not in self.outputs and isinstance(value.owner, Operation) and value not in func.body.block.args:
                 self.outputs[value] = index
-        self.in_loop_grads = {ret.values[p]: t for p, t in accumulated.items() if _collected_once(ret.values[p])}
+        gradients = {p: self.reduced_gradient(ret.values[p]) for p in accumulated}
+        self.in_loop_grads = {gradients[p]: t for p, t in accumulated.items() if _collected_once(gradients[p])}
         self.run_body(func.body.block, self.values)
         self.mark_saved(func)
         for position, target in accumulated.items():
-            if ret.values[position] not in self.in_loop_grads:
-                self.accumulate(ret.values[position], target)
+            if gradients[position] not in self.in_loop_grads:
+                self.accumulate(gradients[position], target)
+                self.reduce_accumulated(gradients[position], target)
         for index, (_, value) in enumerate(returned):
             source = self.buffer(value)
             if not _is_output(source, index):  # an argument, a view, loop state or a repeated value
@@ -339,6 +344,22 @@ class ScheduleBuilder:
                              "which is no trainable parameter of the model")
             found[position] = targets[name]
         return found
+
+    def reduced_gradient(self, value: SSAValue) -> SSAValue:
+        """The gradient a returned ``all_reduce(g)`` reduces (``g``), the reduction kept for after
+        ``g`` is added into its grads buffer (:meth:`reduce_accumulated`); any other value itself."""
+        producer = value.owner
+        if isinstance(producer, AllReduceOp) and len(list(value.uses)) == 1 and len(list(producer.x.uses)) == 1:
+            self.folded_reductions[producer.x] = producer
+            return producer.x
+        return value
+
+    def reduce_accumulated(self, gradient: SSAValue, target: SSAValue) -> None:
+        """The in-place all-reduce of a grads buffer (or its layer's slice) once ``gradient`` is in it."""
+        reduction = self.folded_reductions.get(gradient)
+        if reduction is not None:
+            self.block.add_op(CollectiveOp("all_reduce", target, target, op_attr(reduction, "group", "world"),
+                                           op=op_attr(reduction, "op", "sum"), size=op_attr(reduction, "size", 1)))
 
     def accumulate(self, value: SSAValue, target: SSAValue) -> None:
         """Add a gradient into its fp32 ``grads`` buffer (or a slice of it): fold it into the GEMM
@@ -773,6 +794,8 @@ class ScheduleBuilder:
 
     # collectives -----------------------------------------------------------
     def lower_all_reduce(self, op: Operation) -> bool:
+        if op.operands[0] in self.folded_reductions:  # a returned gradient's: on its grads buffer, in place
+            return True
         return self.collective(op, "all_reduce", reduction=op_attr(op, "op", "sum"))
 
     def lower_all_gather(self, op: Operation) -> bool:
@@ -980,6 +1003,7 @@ class ScheduleBuilder:
             self.at_body_start(layer)
             if result in self.in_loop_grads:
                 self.accumulate(value, layer.result)
+                self.reduce_accumulated(result, layer.result)
             else:
                 self.write_layer(value, layer.result, state)
         for value, target in zip(returned, state):  # after the collected: they may read a carried input

@@ -9,12 +9,16 @@ Data parallelism (``dp``): every rank holds every parameter and runs the step on
 the batch. In each gradient function (``mdsl-autodiff``'s ``@NAME_grad``: its ``grads`` name the
 parameter gradients it returns after its own results) the pattern ``dp_gradients``
 (:class:`ReduceGradients`) sums each parameter gradient over the ``dp`` group right where it is
-made: ``all_reduce(d_W) {group = "dp", size = dp, op = "sum"}``, the returned value (so a
-gradient the backward finishes early is reduced while the rest of the backward still runs, in the
-schedule's order); the function's own results (the loss) and its inputs' gradients stay the
-rank's. The caller seeds each rank's loss gradient with ``1 / (dp * micro-batches)``, so
-the summed gradient is the mean over the global batch, the same on every rank, and every rank's
-optimizer step makes the same update. The function is marked ``sharded = "dp=N"``: the pass runs
+made: ``all_reduce(d_W) {group = "dp", size = dp, op = "sum"}``, the returned value; the
+function's own results (the loss) and its inputs' gradients stay the rank's. Lowered into a
+training step's grads arena (``mdsl-lower-to-sched{grads_arena=true}``), a returned ``all_reduce``
+of a gradient reduces the grads buffer in place once the gradient is added into it: the rank's
+accumulated gradient, with no copy (a stacked parameter's layer by layer, inside the backward's
+layer loop, as each layer's gradient is done). The caller runs the reducing step for the last
+micro-batch of an optimizer step only (the others accumulate the rank's own, as DDP's
+``no_sync``) and seeds each rank's loss gradient with ``1 / (dp * micro-batches)``, so the summed
+gradient is the mean over the global batch, the same on every rank, and every rank's optimizer
+step makes the same update. The function is marked ``sharded = "dp=N"``: the pass runs
 once.
 
 Tensor (``tp``), pipeline (``pp``), expert (``ep``) and sequence (``sp``) parallelism are refused

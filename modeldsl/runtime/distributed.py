@@ -193,8 +193,8 @@ class MpiCommunicator:
         comm = self.groups[group]
         send, receive = np.ascontiguousarray(source).reshape(-1), target.reshape(-1)
         mpi_op = self.ops.get(op or "sum")
-        if kind == "all_reduce":
-            request = comm.Iallreduce(send, receive, mpi_op)
+        if kind == "all_reduce":  # in place (a gradient in its grads buffer): MPI_IN_PLACE, MPI's aliasing rule
+            request = comm.Iallreduce(self.mpi.IN_PLACE if np.shares_memory(send, receive) else send, receive, mpi_op)
         elif kind == "all_gather":
             request = comm.Iallgather(send, receive)
         elif kind == "reduce_scatter":

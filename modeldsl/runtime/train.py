@@ -217,12 +217,14 @@ class Trainer:
             return self.model.schedule
         return ProfiledForward(self.model.model, dict(self.model.weights), storage=self.storage, device=self.device)
 
-    def executor(self, batch: int, tokens: int) -> ScheduleExecutor:
-        """The training step of ``[batch, tokens]`` micro-batches (compiled on first use)."""
-        key = (batch, tokens)
+    def executor(self, batch: int, tokens: int, sync: bool = True) -> ScheduleExecutor:
+        """The training step of ``[batch, tokens]`` micro-batches (compiled on first use). With ``dp``
+        ranks, ``sync`` is the step that sums the accumulated gradients over them (the last micro-batch
+        of an optimizer step's); the others accumulate the rank's own."""
+        key = (batch, tokens) if sync or self.dp == 1 else (batch, tokens, "local")
         if key not in self.programs:
             program = compile_training_step(self.model.model, batch, tokens, self.storage, self.recompute, self.fuse,
-                                            self.packed, self.dp)
+                                            self.packed, self.dp if sync else 1)
             if tagged_layout(program, "grad") != tagged_layout(self.optimizer.program, "grad"):
                 raise ExecutionError("the training step lays out the gradients unlike the optimizer step")
             self.programs[key] = self.schedule.executor(program, arenas={"grads": self.optimizer.arenas["grads"]})
@@ -243,10 +245,12 @@ class Trainer:
                 weights[name] = np.array(source, dtype=weights[name].dtype)
 
     def accumulate(self, tokens: np.ndarray, labels: np.ndarray, weight: float = 1.0,
-                   segments: np.ndarray | None = None, positions: np.ndarray | None = None) -> float:
+                   segments: np.ndarray | None = None, positions: np.ndarray | None = None,
+                   sync: bool = True) -> float:
         """Run one micro-batch: its loss; ``weight`` times its gradients are added into the grads arena.
-        A packed trainer's micro-batches give each token's example (``segments``) and position in it."""
-        executor = self.executor(*tokens.shape)
+        A packed trainer's micro-batches give each token's example (``segments``) and position in it.
+        ``sync``: with ``dp`` ranks, the accumulated gradients are then summed over them."""
+        executor = self.executor(*tokens.shape, sync=sync)
         if self.packed:
             from modeldsl.runtime.rope import packed_inputs
 
@@ -285,7 +289,8 @@ class Trainer:
             losses = []
             for index, (tokens, labels, *rows) in enumerate(micro_batches):
                 try:
-                    losses.append(self.accumulate(tokens, labels, weight, *rows))
+                    losses.append(self.accumulate(tokens, labels, weight, *rows,
+                                                  sync=index == len(micro_batches) - 1))
                 except AssertionFailed as failed:  # an @assert of the model: name the step and micro-batch
                     raise failed.in_training_step(self.step + 1, index) from None
             lr = self.config.lr_at(self.step)

@@ -54,7 +54,7 @@ def test_mdsl_opt_prints_the_report(capsys):
                      "mdsl-train-step{B=1 T=8 dp=2}", "--emit=comm-report"]) == 0
     out = capsys.readouterr().out
     assert "program @train_loss_grad: bytes each rank sends per run" in out
-    assert "all_reduce      dp           2      9         560,384         560,384" in out
+    assert "all_reduce      dp           2     15         560,384         560,384" in out  # 6 stacked x 2 layers + 3
     assert opt_main([str(ROOT / "modeldsl/std/models/llama.module"), "--hf", str(EXAMPLE), "-p",
                      "mdsl-specialize{B=1 T=8}", "--emit=comm-report"]) == 1
     assert "error[E029]: --emit=comm-report: the pipeline made no mdsl.sched program" in capsys.readouterr().err

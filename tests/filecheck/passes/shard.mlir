@@ -1,11 +1,14 @@
 // mdsl-shard{dp=2} sums each parameter gradient of a gradient function over the dp group right
 // after it is made (the backward's first-finished gradient first), and leaves alone the function's
 // own results (the loss), its inputs' gradients and every other function (a written backward's
-// grads included). Run twice, it reduces once. A layout that does not divide the model is E048
+// grads included). Run twice, it reduces once. Lowered into a training step's grads arena, each
+// gradient is added into its grads buffer as without the pass (the GEMMs write there, beta = 1) and
+// that buffer is then all-reduced in place: the rank's accumulated gradient, no transient copy. A layout that does not divide the model is E048
 // naming the dimension; the parallelisms not built yet are refused.
 // RUN: mdsl-opt %s -p 'mdsl-shard{dp=2}' | filecheck %s
 // RUN: mdsl-opt %s -p 'mdsl-shard{dp=2},mdsl-shard{dp=2}' | filecheck %s --check-prefix=ONCE
 // RUN: mdsl-opt %s -p 'mdsl-shard{dp=2},mdsl-lower-to-sched{func=loss_grad}' | filecheck %s --check-prefix=SCHED
+// RUN: mdsl-opt %s -p 'mdsl-shard{dp=2},mdsl-lower-to-sched{func=loss_grad grads_arena=true}' | filecheck %s --check-prefix=GRADS
 // RUN: not mdsl-opt %s -p 'mdsl-shard{tp=3}' 2>&1 | filecheck %s --check-prefix=DIVIDES
 // RUN: not mdsl-opt %s -p 'mdsl-shard{tp=2}' 2>&1 | filecheck %s --check-prefix=NOTYET
 
@@ -50,6 +53,12 @@ mdsl.graph.model @m config {num_heads = 4 : i64} {
 
 // SCHED: mdsl.sched.collective "all_reduce" %d_w2 -> %d_w2_1 group "dp" {op = "sum", size = 2 : i64} : !mdsl.sched.buffer<[8, 8], fp32> -> !mdsl.sched.buffer<[8, 8], fp32>
 // SCHED: mdsl.sched.collective "all_reduce" %d_w1 -> %d_w1_1 group "dp" {op = "sum", size = 2 : i64}
+
+// GRADS:      mdsl.sched.gemm %dh, %h -> %d_w2 {transa = true, beta = 1.000000e+00 : f64}
+// GRADS-NEXT: mdsl.sched.gemm %dh, %x -> %d_w1 {transa = true, beta = 1.000000e+00 : f64}
+// GRADS-NEXT: mdsl.sched.gemm %dh, %w1 -> %d_x
+// GRADS-NEXT: mdsl.sched.collective "all_reduce" %d_w1 -> %d_w1 group "dp" {op = "sum", size = 2 : i64}
+// GRADS-NEXT: mdsl.sched.collective "all_reduce" %d_w2 -> %d_w2 group "dp" {op = "sum", size = 2 : i64}
 
 // DIVIDES: error[E048]: mdsl-shard: tp=3 does not divide num_heads=4 of m
 // DIVIDES: hint: choose a tp that divides num_heads (its divisors: 1, 2, 4)

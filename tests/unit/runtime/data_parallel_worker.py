@@ -1,11 +1,12 @@
 """One rank of the data-parallel tests (tests/unit/runtime/test_data_parallel.py), started by mpiexec
-or alone: ``python data_parallel_worker.py OUT DP [--zero] [--die-at STEP]``.
+or alone: ``python data_parallel_worker.py OUT DP [--zero] [--accum K] [--die-at STEP]``.
 
 Trains the bundled tiny Llama on the bundled corpus (batch 4, seq 16, 5 AdamW steps; with ``DP``
 ranks each takes 4 / DP rows of every batch) after recording the first step's gradient of every
 parameter (one accumulate of the first batch, before any update), and writes from rank 0 the
 gradients' file (``OUT.npz``) and the losses, gradient norms and final weights' sums (``OUT.json``).
-``--zero``: ZeRO-1 (the AdamW moments shared out over the ranks). On several ranks the run is then
+``--accum K``: K micro-batches of 4 / K rows per step (their gradients summed over the ranks at the
+last). ``--zero``: ZeRO-1 (the AdamW moments shared out over the ranks). On several ranks the run is then
 saved into ``OUT.save`` (under ZeRO-1 every rank gathers the moments; rank 0 writes). ``--die-at STEP``: rank 1 ends
 itself hard (no MPI finalize) before that step, as a killed rank.
 """
@@ -25,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[3]
 STEPS, BATCH, SEQ = 5, 4, 16
 
 
-def main(out: str, dp: int, zero: bool, die_at: int | None) -> None:
+def main(out: str, dp: int, zero: bool, accum: int, die_at: int | None) -> None:
     run = modeldsl.train(ROOT / "examples" / "tiny_llama", ROOT / "examples" / "tiny_corpus.txt", steps=STEPS,
-                         batch=BATCH, seq=SEQ, lr=1e-3, dp=dp, zero=zero)
+                         batch=BATCH // accum, seq=SEQ, lr=1e-3, dp=dp, zero=zero, grad_accum=accum)
     gradients = first_gradients(run)
     losses, norms = [], []
     for step in range(STEPS):
@@ -59,4 +60,5 @@ def first_gradients(run) -> dict[str, np.ndarray]:
 if __name__ == "__main__":
     arguments = sys.argv[1:]
     die = int(arguments[arguments.index("--die-at") + 1]) if "--die-at" in arguments else None
-    main(arguments[0], int(arguments[1]), "--zero" in arguments, die)
+    accum = int(arguments[arguments.index("--accum") + 1]) if "--accum" in arguments else 1
+    main(arguments[0], int(arguments[1]), "--zero" in arguments, accum, die)

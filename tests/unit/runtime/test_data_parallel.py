@@ -49,13 +49,13 @@ def run_ranks(ranks: int, *arguments: str, flags: tuple[str, ...] = (), timeout:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """(one process's results, two ranks', two ranks' with ZeRO-1): each the worker's json,
-    gradients and (on two ranks) saved training state."""
+    """(one process's results, two ranks', two ranks' with ZeRO-1, two ranks' of two micro-batches
+    a step): each the worker's json, gradients and (on two ranks) saved training state."""
     folder = tmp_path_factory.mktemp("dp")
     found = []
-    for ranks, zero in ((1, ()), (2, ()), (2, ("--zero",))):
-        out = str(folder / f"dp{ranks}{''.join(zero)}")
-        done = run_ranks(ranks, sys.executable, str(WORKER), out, str(ranks), *zero)
+    for ranks, extra in ((1, ()), (2, ()), (2, ("--zero",)), (2, ("--accum", "2"))):
+        out = str(folder / f"dp{ranks}{''.join(extra)}")
+        done = run_ranks(ranks, sys.executable, str(WORKER), out, str(ranks), *extra)
         assert done.returncode == 0, done.stderr[-3000:]
         state = dict(np.load(out + ".save/training_state.npz")) if ranks > 1 else {}
         found.append((json.loads(Path(out + ".json").read_text()), dict(np.load(out + ".npz")), state))
@@ -68,14 +68,17 @@ def relative(a, b) -> float:
 
 
 def test_every_parameters_first_gradient_is_the_single_process_one(trained):
-    (_, single, _), (_, parallel, _), _ = trained
+    (_, single, _), (_, parallel, _), *_ = trained
     assert set(single) == set(parallel) and len(single) == 9
     for name in single:
         assert relative(parallel[name], single[name]) < 1e-5, name
 
 
-def test_the_loss_trajectory_and_the_trained_weights_are_the_single_process_ones(trained):
-    (single, _, _), (parallel, _, _), _ = trained
+@pytest.mark.parametrize("which", [1, 3], ids=["one micro-batch", "two micro-batches"])
+def test_the_loss_trajectory_and_the_trained_weights_are_the_single_process_ones(trained, which):
+    """Also with two micro-batches a step, where each rank accumulates its own and the second sums
+    the accumulated gradients over the ranks."""
+    (single, _, _), parallel = trained[0], trained[which][0]
     assert relative(parallel["losses"], single["losses"]) < 1e-5
     assert relative(parallel["norms"], single["norms"]) < 1e-5
     for name, total in single["weights"].items():
@@ -83,7 +86,7 @@ def test_the_loss_trajectory_and_the_trained_weights_are_the_single_process_ones
 
 
 def test_zero_1_is_plain_data_parallelism_bit_for_bit_and_saves_every_moment(trained):
-    _, (plain, _, plain_state), (zero, _, zero_state) = trained
+    _, (plain, _, plain_state), (zero, _, zero_state), _ = trained
     assert zero == plain  # losses, gradient norms, weights
     moments = sorted(k for k in plain_state if k.startswith("exp_avg"))
     assert len(moments) == 18 and sorted(k for k in zero_state if k.startswith("exp_avg")) == moments
