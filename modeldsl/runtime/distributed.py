@@ -12,8 +12,9 @@ from the launcher's environment: MPI's (``mpiexec``: MPICH's ``PMI_RANK``/``PMI_
 ``LOCAL_RANK``); one process without them.
 
 **The communicator.** :func:`start` makes the process's communicator for a layout (E048 when the
-world is not the layout's): over one process :class:`SingleProcess` (every group has one rank), else
-:class:`MpiCommunicator` (``mpi4py``, the ``distributed`` extra, one MPI sub-communicator per named
+world is not the layout's, or torchrun started the ranks: the CPU's transport is MPI): over one
+process :class:`SingleProcess` (every group has one rank), else :class:`MpiCommunicator`
+(``mpi4py``, the ``distributed`` extra, one MPI sub-communicator per named
 group). :func:`communicator` is the one started (a single process's until one is). Each collective
 is a non-blocking MPI call polled until it completes or ``timeout`` seconds pass (``MDSL_COMM_TIMEOUT``,
 default 300): then E049, naming the rank, the collective and its group, goes to stderr and ``MPI_Abort``
@@ -263,6 +264,10 @@ def start(layout: Layout, environment: LaunchEnvironment | None = None,
         if environment.world != layout.world:
             raise layout_error(f"the layout {layout.describe()} takes {layout.world} ranks; the launcher started "
                                f"{environment.world}", f"start {layout.world} ranks: mpiexec -n {layout.world} ...")
+        if environment.launcher == "torchrun":
+            raise layout_error(f"torchrun started rank {environment.rank} of {environment.world}; the ranks on the CPU "
+                               "talk over MPI, which torchrun does not start", f"launch with mpiexec -n {layout.world} "
+                               "(the distributed extra installs it)")
         try:
             import mpi4py  # noqa: F401
         except ImportError:

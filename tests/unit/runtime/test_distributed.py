@@ -76,6 +76,13 @@ def test_a_layout_unlike_the_launch_is_e048():
         distributed.start(Layout(), LaunchEnvironment(0, 4, 0, "mpi"))
 
 
+def test_ranks_torchrun_started_are_told_to_use_mpiexec():
+    with pytest.raises(DiagnosticError, match=r"E048.*torchrun started rank 1 of 2; the ranks on the CPU talk over "
+                                              r"MPI") as err:
+        distributed.start(Layout(dp=2), LaunchEnvironment(1, 2, 1, "torchrun"))
+    assert "mpiexec -n 2" in err.value.diagnostics[0].hint
+
+
 def test_one_process_is_every_group_alone():
     comm = distributed.start(Layout(), LaunchEnvironment())
     assert isinstance(comm, SingleProcess) and distributed.communicator() is comm
