@@ -24,7 +24,8 @@ TARGETS = ("flow", "backward", "param", "instance", "model", "declaration")
 OWNED_ELSEWHERE = frozenset({"gradient", "assert"})
 
 NO_OFFLOAD = "nothing is offloaded or streamed: every tensor and parameter stays in device memory"
-NO_DISTRIBUTION = "no pass distributes the program: it runs on one device"
+NO_DISTRIBUTION = ("no pass shards a tensor by annotation: mdsl-shard distributes data parallelism only (dp), which "
+                   "needs none")
 
 # Annotations that take effect nowhere yet, whatever they annotate.
 NOWHERE: dict[str, str] = {
