@@ -12,7 +12,6 @@ run, their bytes and what one rank sends, then the total.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from xdsl.ir import Operation
@@ -105,6 +104,3 @@ def format_traffic(traffic: ProgramTraffic) -> str:
     lines.append(f"  total sent per rank: {round(traffic.sent):,} bytes ({_mib(traffic.sent)} MiB)")
     return "\n".join(lines) + "\n\n"
 
-
-def total_sent(programs: Iterable[ProgramOp]) -> float:
-    return sum(program_traffic(p).sent for p in programs)

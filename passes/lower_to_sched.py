@@ -246,6 +246,12 @@ def _unknown_op(op: Operation) -> DiagnosticError:
     return _error(f"mdsl-lower-to-sched cannot lower {op.name}")
 
 
+
+def collective_op(op: Operation, kind: str, source: SSAValue, target: SSAValue,
+                  reduction: str | None = None) -> CollectiveOp:
+    """The ``mdsl.sched.collective`` of graph collective ``op`` (its group and size) from ``source`` into ``target``."""
+    return CollectiveOp(kind, source, target, op_attr(op, "group", "world"), op=reduction, size=op_attr(op, "size", 1))
+
 class ScheduleBuilder:
     """Walks graph functions in order, creating buffers and work ops."""
 
@@ -358,8 +364,7 @@ class ScheduleBuilder:
         """The in-place all-reduce of a grads buffer (or its layer's slice) once ``gradient`` is in it."""
         reduction = self.folded_reductions.get(gradient)
         if reduction is not None:
-            self.block.add_op(CollectiveOp("all_reduce", target, target, op_attr(reduction, "group", "world"),
-                                           op=op_attr(reduction, "op", "sum"), size=op_attr(reduction, "size", 1)))
+            self.block.add_op(collective_op(reduction, "all_reduce", target, target, op_attr(reduction, "op", "sum")))
 
     def accumulate(self, value: SSAValue, target: SSAValue) -> None:
         """Add a gradient into its fp32 ``grads`` buffer (or a slice of it): fold it into the GEMM
@@ -815,9 +820,7 @@ class ScheduleBuilder:
                 raise _error(f"mdsl-lower-to-sched: {kind} along dim {dim} of {list(shape)} interleaves the ranks' "
                              "shards", "gather or scatter along the outermost dim that is not 1")
         source = self.buffer(op.operands[0])
-        target = self.result_buffer(op.results[0])
-        self.block.add_op(CollectiveOp(kind, source, target, op_attr(op, "group", "world"), op=reduction,
-                                       size=op_attr(op, "size", 1)))
+        self.block.add_op(collective_op(op, kind, source, self.result_buffer(op.results[0]), reduction))
         return True
 
     # attention -----------------------------------------------------------

@@ -722,7 +722,7 @@ def _train_and_save(args, run, model, data, config, base, quiet: bool = False) -
     if interrupted:
         print(f"interrupted: stopped after step {run.done}")
     # ZeRO-1: every rank sends its share of the moments for the save (rank 0 writes it)
-    moments = run.trainer.state_arrays() if args.save is not None and run.zero else None
+    moments = run.gathered_moments() if args.save is not None else None
     if quiet:
         return 130 if interrupted else 0
 

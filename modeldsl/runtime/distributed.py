@@ -151,9 +151,6 @@ class SingleProcess:
     def __init__(self, layout: Layout | None = None):
         self.layout = layout or Layout()
 
-    def group_size(self, group: str) -> int:
-        return 1
-
     def run(self, kind: str, group: str, source: np.ndarray, target: np.ndarray, op: str | None = None,
             root: int | None = None) -> None:
         if source is not target:
@@ -184,9 +181,6 @@ class MpiCommunicator:
             members = layout.group_ranks(group, self.rank)
             self.groups[group] = world.Split(color=members[0], key=members.index(self.rank))
         self.ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "avg": MPI.SUM}
-
-    def group_size(self, group: str) -> int:
-        return self.groups[group].Get_size()
 
     def run(self, kind: str, group: str, source: np.ndarray, target: np.ndarray, op: str | None = None,
             root: int | None = None) -> None:
@@ -249,6 +243,12 @@ _CURRENT: list[SingleProcess | MpiCommunicator] = []
 def communicator() -> SingleProcess | MpiCommunicator:
     """The process's communicator: the one :func:`start` made, else a single process's."""
     return _CURRENT[-1] if _CURRENT else SingleProcess()
+
+
+def rank_in(group: str) -> int:
+    """This process's rank in its group ``group`` of the started layout (0 for one process)."""
+    current = communicator()
+    return current.layout.coordinates(current.rank)[group]
 
 
 def start(layout: Layout, environment: LaunchEnvironment | None = None,

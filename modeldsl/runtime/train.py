@@ -185,9 +185,10 @@ class Trainer:
         self.schedule = self.shared_params()
         self.programs: dict[tuple[int, int], ScheduleExecutor] = {}
         self.evaluators: dict[tuple[int, int], ScheduleExecutor] = {}
-        if self.zero and (self.dp == 1 or self.dtype != "fp32"):
-            raise ExecutionError("zero=True shares the optimizer state over data-parallel ranks: give dp=2 or more, "
-                                 "and train in fp32 (mixed precision keeps every master on every rank)")
+        if self.zero and (self.dp == 1 or self.dtype != "fp32"):  # mixed precision keeps every master on every rank
+            raise distributed.layout_error("zero shares the optimizer state over data-parallel ranks in fp32: it needs "
+                                           f"dp > 1 (dp={self.dp}) and dtype fp32 (dtype={self.dtype})",
+                                           "give dp=2 or more and train in fp32, or leave zero out")
         self.optimizer = self.schedule.executor(compile_optimizer_step(self.model.model, self.config, self.storage,
                                                                        self.zero_rank()))
         for name, master in self.optimizer.masters.items():
@@ -198,8 +199,7 @@ class Trainer:
         """ZeRO-1's (data-parallel ranks, this process's rank among them), None without it."""
         if not self.zero:
             return None
-        comm = distributed.communicator()
-        return self.dp, comm.layout.coordinates(comm.rank)["dp"]
+        return self.dp, distributed.rank_in("dp")
 
     def owners(self) -> dict[str, int]:
         """ZeRO-1: the rank that keeps each trainable parameter's moments (the grad buffers' ``owner``)."""

@@ -225,10 +225,6 @@ class TrainingRun:
         if self.batch % self.dp:
             raise distributed.layout_error(f"batch {self.batch} does not divide into dp={self.dp} ranks' rows",
                                            f"give a batch that is a multiple of {self.dp}")
-        if self.zero and (self.dp == 1 or self.dtype != "fp32"):
-            raise distributed.layout_error("zero shares the optimizer state over data-parallel ranks in fp32: it needs "
-                                           f"dp > 1 (dp={self.dp}) and dtype fp32 (dtype={self.dtype})",
-                                           "give dp=2 or more and train in fp32, or leave zero out")
         if self.dp > 1 and self.model.device is not None:
             raise distributed.layout_error("data parallelism runs on the CPU for now (MPI ranks)",
                                            "leave out the device, or train on one process")
@@ -290,7 +286,9 @@ class TrainingRun:
             arrays = batch.inputs, batch.labels
         if self.dp == 1:
             return arrays
-        per, at = self.batch // self.dp, self.communicator.layout.coordinates(self.communicator.rank)["dp"]
+        from modeldsl.runtime import distributed
+
+        per, at = self.batch // self.dp, distributed.rank_in("dp")
         return tuple(a[at * per:(at + 1) * per] for a in arrays)
 
     def run(self, until: int | None = None) -> list[StepInfo]:
@@ -343,13 +341,18 @@ class TrainingRun:
             arrays |= {MASTERS + n: np.asarray(model.weights[n], np.float32) for n in self.trainer.optimizer.grads}
         save_training_state(folder / STATE_FILE, self.trainer, meta, arrays, moments)
 
+    def gathered_moments(self) -> dict[str, np.ndarray] | None:
+        """ZeRO-1: every rank's share of the moments, for rank 0 to save (every rank calls it, before
+        rank 0 writes); None without ZeRO-1 (the writer takes its own)."""
+        return self.trainer.state_arrays() if self.zero else None
+
     def save(self, out: str | Path, overwrite: bool = False, save_dtype: str | None = None) -> None:
         """Write the run into the folder ``out`` (replaced atomically: a new or empty folder, or a
         save of this run; anything else E044 unless ``overwrite``), for ``mdsl-run --resume``. Of
         data-parallel ranks rank 0 writes (every rank holds the same weights)."""
         from modeldsl.runtime.saves import SaveTarget, new_run, saving_folder
 
-        moments = self.trainer.state_arrays() if self.zero else None  # ZeRO-1: gathered by every rank
+        moments = self.gathered_moments()
         if self.rank != 0:
             return
         if not hasattr(self, "run_id"):

@@ -96,6 +96,8 @@ def test_data_parallel_settings_that_cannot_run_are_e048():
         modeldsl.train(loaded, DATA, **{**SETTINGS, "batch": 3}, dp=2)
     with pytest.raises(DiagnosticError, match="E048.*dp=2 takes 2 ranks; the launcher started 1"):
         modeldsl.train(loaded, DATA, **{**SETTINGS, "batch": 2}, dp=2)
+    with pytest.raises(DiagnosticError, match=r"E048.*zero shares the optimizer state .* needs dp > 1 \(dp=1\)"):
+        modeldsl.train(loaded, DATA, **SETTINGS, zero=True)
 
 
 def test_the_command_line_prints_the_evaluation_loss(capsys, tmp_path):
