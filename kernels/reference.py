@@ -1394,11 +1394,17 @@ def adamw(param, grad, exp_avg, exp_avg_sq, lr, step, grad_scale=None, *, beta1=
     return param, exp_avg, exp_avg_sq
 
 
-def global_norm(*grads):
-    """The L2 norm of all the gradients together (fp32 accumulation; float64 when fed float64)."""
+def global_norm(*grads, squared=False, plus=0):
+    """The L2 norm of all the gradients together (fp32 accumulation; float64 when fed float64).
+    ``plus=K``: the last K inputs are sums of squares already (other ranks' shares, summed), added
+    to the total; ``squared``: the sum of squares itself, not its root (a share to sum over ranks)."""
     grads = _prep(*grads)
-    total = sum(np.sum(np.square(g)) for g in grads)
-    return np.sqrt(np.asarray(total, dtype=grads[0].dtype))
+    count = len(grads) - plus
+    total = sum(np.sum(np.square(g)) for g in grads[:count])
+    for extra in grads[count:]:
+        total = total + extra.reshape(())
+    total = np.asarray(total, dtype=grads[0].dtype)
+    return total if squared else np.sqrt(total)
 
 
 def clip_factor(norm, *, max_norm):

@@ -56,6 +56,7 @@ from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import ModelOp, ParamOp, ParamRefOp, StackOp
 from modeldsl.dialects.sched import BufferOp, BufferType, CollectiveOp, LaunchOp, MemsetOp, ProgramOp
 from modeldsl.passes.lower_to_sched import gradient_buffers, parameter_buffers
+from modeldsl.passes.shard import param_shardings
 
 PROGRAM_NAME = "optimizer_step"
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -74,8 +75,12 @@ class OptimizerStepPass(ModulePass):
     dp: int = 1
     rank: int = 0
     zero: int = 0
+    tp: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
+            raise PassOptionError(f"{self.name}: tp={self.tp} is not a positive integer", "tp",
+                                  "tp=2: the gradient norm sums the sharded gradients' squares over two ranks")
         if self.storage not in ("", "fp32"):
             raise PassOptionError(f"mdsl-optimizer-step: storage={self.storage} is not fp32", "storage",
                                   "storage=fp32 or leave it out")
@@ -85,7 +90,7 @@ class OptimizerStepPass(ModulePass):
         for model in [m for m in op.body.block.ops if isinstance(m, ModelOp)]:
             program = optimizer_program(model, self.beta1, self.beta2, self.eps, self.weight_decay,
                                         self.clip_norm, self.storage == "fp32",
-                                        (self.dp, self.rank) if self.zero else None)
+                                        (self.dp, self.rank) if self.zero else None, self.tp)
             op.body.block.insert_op_after(program, model)
 
 
@@ -117,9 +122,10 @@ def zero_owners(sizes: dict[str, int], ranks: int) -> dict[str, int]:
 
 def optimizer_program(model: ModelOp, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
                       weight_decay: float = 0.01, clip_norm: float = 0.0, fp32_storage: bool = False,
-                      zero: tuple[int, int] | None = None) -> ProgramOp:
+                      zero: tuple[int, int] | None = None, tp: int = 1) -> ProgramOp:
     """``@optimizer_step`` of a specialized model (see the module docstring); ``zero``: ZeRO-1's
-    (data-parallel ranks, this rank)."""
+    (data-parallel ranks, this rank); ``tp``: the tensor-parallel ranks whose shares of the sharded
+    parameters' gradients the norm is over."""
     params = {p.attributes["param"].data: p for p in parameter_buffers(model, fp32_storage)}
     grads = gradient_buffers(model, fp32_storage)
     owners = {} if zero is None else \
@@ -146,7 +152,9 @@ def optimizer_program(model: ModelOp, beta1: float = 0.9, beta2: float = 0.999, 
     runtime = [lr.result, step.result]
     work, scratch = parameter_clipping(model, grads)
     buffers += scratch
-    work += [LaunchOp("global_norm", [g.result for g in grads], [norm.result])] if grads else []
+    norm_work, norm_scratch = norm_launches(grads, norm.result, sharded_gradients(model, grads, tp), tp)
+    work += norm_work
+    buffers += norm_scratch
     if clip_norm > 0 and grads:
         factor = _buffer("workspace", BufferType([], DType.FP32), "clip_factor")
         buffers.append(factor)
@@ -175,6 +183,30 @@ def optimizer_program(model: ModelOp, beta1: float = 0.9, beta2: float = 0.999, 
     program.attributes["model"] = StringAttr(model.sym_name.data)
     program.body.block.add_ops([*buffers, *work])
     return program
+
+
+def sharded_gradients(model: ModelOp, grads: list[BufferOp], tp: int) -> list[BufferOp]:
+    """The gradients of the parameters tensor parallelism shards (``@shard(column|row)``) over ``tp`` ranks."""
+    if tp == 1:
+        return []
+    strategies = param_shardings(model)
+    return [g for g in grads if strategies.get(g.attributes["grad"].data) in ("column", "row")]
+
+
+def norm_launches(grads: list[BufferOp], norm: SSAValue, sharded: list[BufferOp],
+                  tp: int) -> tuple[list[Operation], list[BufferOp]]:
+    """``global_norm`` of all the gradients into ``norm``. With gradients sharded over ``tp`` ranks:
+    their sum of squares (``squared``), summed over the ranks (``all_reduce(tp)``), then added to
+    the others' (``plus=1``), so every rank has the whole model's norm."""
+    if not grads:
+        return [], []
+    if not sharded:
+        return [LaunchOp("global_norm", [g.result for g in grads], [norm])], []
+    shares = _buffer("workspace", BufferType([], DType.FP32), "sharded_squares")
+    whole = [g.result for g in grads if g not in sharded]
+    return [LaunchOp("global_norm", [g.result for g in sharded], [shares.result], {"squared": _flag(True)}),
+            CollectiveOp("all_reduce", shares.result, shares.result, "tp", op="sum", size=tp),
+            LaunchOp("global_norm", [*whole, shares.result], [norm], {"plus": _index(1)})], [shares]
 
 
 def parameter_clipping(model: ModelOp, grads: list[BufferOp]) -> tuple[list[Operation], list[BufferOp]]:
@@ -244,6 +276,10 @@ def _buffer(arena: str, btype: BufferType, name: str, attrs: dict[str, Attribute
     op.attributes |= attrs or {}
     op.result.name_hint = name
     return op
+
+
+def _flag(value: bool) -> IntegerAttr:
+    return IntegerAttr(int(value), 1)
 
 
 def _index(value: int) -> IntegerAttr:

@@ -61,7 +61,7 @@ from modeldsl.passes.optimizer_step import OptimizerStepPass
 from modeldsl.passes.pack_sequences import PackSequencesPass
 from modeldsl.passes.plan_memory import PlanMemoryPass
 from modeldsl.passes.recompute import RecomputePass
-from modeldsl.passes.shard import ShardPass
+from modeldsl.passes.shard import ShardPass, rank_shapes
 from modeldsl.passes.specialize import SpecializePass
 
 # Patterns that recognize written-out functions: a training step runs them before mdsl-autodiff, so
@@ -115,6 +115,18 @@ def planned(program: ProgramOp) -> ProgramOp:
     return program
 
 
+def tensor_sharding(tp: int) -> tuple[ModulePass, ...]:
+    """``mdsl-shard{tp}`` where a program is one of several tensor-parallel ranks' (none for one): it
+    runs before ``mdsl-fuse``, so no epilogue folds into a partial sum."""
+    return (ShardPass(tp=tp),) if tp != 1 else ()
+
+
+def tensor_parallel_option(model: ModelOp) -> dict[str, int]:
+    """``{"tp": N}`` for a model lowered for one of N tensor-parallel ranks (none for the whole model)."""
+    tp = rank_shapes(model)
+    return {"tp": tp} if tp != 1 else {}
+
+
 def bind_configuration(module: ModuleOp) -> None:
     """What ``modeldsl.load`` runs on a lowered model: ``mdsl-specialize`` binding its config values."""
     SpecializePass().apply(Context(), module)
@@ -159,7 +171,8 @@ ANNOTATED_ADAPTERS = AdaptersPass(annotations_only=True)
 
 def _forward_stages(pipeline: ForwardProfile, kv_cache: int) -> tuple[ModulePass, ...]:
     fuse = pipeline.fusion()
-    return (SpecializePass.of(B=pipeline.B, T=pipeline.T), ANNOTATED_ADAPTERS, *((fuse,) if fuse else ()),
+    return (SpecializePass.of(B=pipeline.B, T=pipeline.T), ANNOTATED_ADAPTERS, *tensor_sharding(pipeline.tp),
+            *((fuse,) if fuse else ()),
             LowerToSchedPass(func="forward", storage=pipeline.storage, kv_cache=kv_cache,
                              split_gemms=pipeline.split_gemms),
             PlanMemoryPass())
@@ -183,11 +196,13 @@ class ForwardProfile(NamedPipeline, _Fusion):
     only: tuple[str, ...] = ()
     auto: bool = True
     lm_head_chunk: int = 0
+    tp: int = 1  # tensor-parallel ranks (a model lowered for one of them): mdsl-shard{tp} adds the sums
 
     def __post_init__(self) -> None:
         check_shape(self.name, self.B, self.T)
         check_storage(self.name, self.storage)
         self.fusion()
+        tensor_sharding(self.tp)
 
     def stages(self) -> tuple[ModulePass, ...]:
         return _forward_stages(self, 0)
@@ -231,6 +246,7 @@ class TrainStep(NamedPipeline, _Fusion):
     lm_head_chunk: int = 0
     packed: bool = False  # rows of several examples: mdsl-pack-sequences before mdsl-autodiff
     dp: int = 1  # data-parallel ranks: mdsl-shard{dp} sums the gradients over them
+    tp: int = 1  # tensor-parallel ranks (a model lowered for one of them): mdsl-shard{tp} adds the sums
     # where mdsl-recompute's automatic mode hands its table (not an option: set by reporting())
     report: Callable[[str], None] | None = field(default=None, init=False, compare=False, repr=False)
 
@@ -243,6 +259,7 @@ class TrainStep(NamedPipeline, _Fusion):
             raise PassOptionError(f"{self.name}: packed={self.packed} is not true or false", "packed",
                                   "packed=true trains on rows that pack several examples")
         self.sharding()
+        tensor_sharding(self.tp)
 
     def sharding(self) -> tuple[ModulePass, ...]:
         """``mdsl-shard{dp}`` where the step runs on several data-parallel ranks (none for one)."""
@@ -271,7 +288,7 @@ class TrainStep(NamedPipeline, _Fusion):
         packing = (PackSequencesPass(),) if self.packed else ()
         return (SpecializePass.of(B=self.B, T=self.T), ANNOTATED_ADAPTERS, AttachLossPass(), *before_autodiff,
                 *packing, AutodiffPass(func=LOSS_FUNCTION), *before_recompute, self.recompute_pass(),
-                *((fuse,) if fuse else ()), *self.sharding(),
+                *tensor_sharding(self.tp), *((fuse,) if fuse else ()), *self.sharding(),
                 LowerToSchedPass(func=f"{LOSS_FUNCTION}_grad", storage=self.storage, grads_arena=True),
                 PlanMemoryPass())
 
@@ -291,6 +308,7 @@ class OptimizerUpdate(NamedPipeline):
     dp: int = 1  # ZeRO-1 (zero=1): the optimizer state shared out over dp ranks, this program rank's
     rank: int = 0
     zero: int = 0
+    tp: int = 1  # tensor-parallel ranks: the gradient norm sums the sharded gradients' squares over them
 
     def __post_init__(self) -> None:
         self.update()
@@ -302,7 +320,7 @@ class OptimizerUpdate(NamedPipeline):
     def update(self) -> OptimizerStepPass:
         return OptimizerStepPass(beta1=self.beta1, beta2=self.beta2, eps=self.eps, weight_decay=self.weight_decay,
                                  clip_norm=self.clip_norm, storage=self.storage, dp=self.dp, rank=self.rank,
-                                 zero=self.zero)
+                                 zero=self.zero, tp=self.tp)
 
     def stages(self) -> tuple[ModulePass, ...]:
         return (SpecializePass.of(B=1, T=1), ANNOTATED_ADAPTERS, self.update(), PlanMemoryPass())

@@ -21,8 +21,26 @@ gradient is the mean over the global batch, the same on every rank, and every ra
 step makes the same update. The function is marked ``sharded = "dp=N"``: the pass runs
 once.
 
-Tensor (``tp``), pipeline (``pp``), expert (``ep``) and sequence (``sp``) parallelism are refused
-(E029) until their patterns land.
+Tensor parallelism (``tp``), Megatron-LM's: a parameter declared ``@shard(column)`` (the q/k/v and
+gate/up projections, and their biases) holds on each rank its share of the output rows, one declared
+``@shard(row)`` (the o and down projections) its share of the input columns, every other parameter
+all of it. The model is lowered for one rank (``tp_shapes = N`` on the model: its heads,
+``num_kv_heads`` and ``d_ff`` divided by N, :mod:`modeldsl.rank_config`), so every shape is the
+rank's already; the pass adds what makes the ranks one model, pattern ``tp_partial_sums``
+(:class:`ReducePartialSums`): each GEMM whose product is a partial sum over the ranks is followed
+by ``all_reduce(tp)``, and its readers read the sum. Those are the forward's ``NT`` GEMMs of a
+row-parallel weight (``o_proj``, ``down_proj``: each rank's share of the inputs, its term of the
+output) wherever they run (the forward, a recompute's replay) and the backward's ``NN`` GEMMs of a
+column-parallel one (the input gradient ``dx = dy W`` of q/k/v and gate/up: each rank's heads'
+term), the two all-reduces of each block Megatron's ``g`` and ``f`` place. A row-parallel GEMM's
+bias is added after the sum. What the GEMMs' inputs and the norms see is then the same on every
+rank, and so are the replicated parameters' gradients; a sharded parameter's gradient is its
+rank's share. A sharded parameter any other op reads (a transpose, an adapter's GEMM), or a model
+with LoRA adapters, is E048. Run it before ``mdsl-fuse`` (a bias or activation epilogue must not
+fold into the partial sum).
+
+Pipeline (``pp``), expert (``ep``) and sequence (``sp``) parallelism are refused (E029) until their
+patterns land.
 """
 
 from __future__ import annotations
@@ -43,17 +61,25 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, PassOptionError
-from modeldsl.dialects.graph import FuncOp, ModelOp, ReturnOp
-from modeldsl.graph_builder import GraphBuilder
+from modeldsl.dialects.annotations import ShardAttr, find_annotation
+from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamOp, ReturnOp, StackOp
+from modeldsl.dialects.graph_primitives import MatmulOp
+from modeldsl.graph_builder import GraphBuilder, op_attr
+from modeldsl.passes.adapters import weight_origins
+from modeldsl.passes.fuse import count_forward_ops, mark_backward_starts
 
 SHARDED_ATTR = "sharded"
+TP_SHAPES_ATTR = "tp_shapes"  # on a model lowered for one of N tensor-parallel ranks
+MOVED_ATTRS = ("annotations", "memory")  # what a partial product hands to its sum (hooks, save/recompute)
+# the GEMM mode whose product is a partial sum over the ranks, by the strategy of its weight
+PARTIAL_MODES = {"row": "NT", "column": "NN"}
 # (layout size, what it divides: the config values of the std models that name that dimension)
 DIVIDES = {
-    "tp": ("num_heads", "num_kv_heads", "d_ff", "vocab_size"),
+    "tp": ("num_heads", "num_kv_heads", "d_ff"),
     "pp": ("n_layers",),
     "ep": ("num_experts",),
 }
-NOT_YET = {"tp": "tensor", "pp": "pipeline", "ep": "expert"}
+NOT_YET = {"pp": "pipeline", "ep": "expert"}
 
 
 def check_divides(model: ModelOp, sizes: dict[str, int]) -> None:
@@ -116,7 +142,104 @@ class ReduceGradients(RewritePattern):
         rewriter.notify_op_modified(op)
 
 
-PATTERNS: dict[str, tuple[type[RewritePattern], ...]] = {"dp_gradients": (ReduceGradients,)}
+# ----------------------------------------------------------------------------- tensor parallelism
+
+
+def param_shardings(model: ModelOp) -> dict[str, str]:
+    """The ``@shard`` strategy of each parameter declaring one (``column``, ``row``, ``replicated``, ...)."""
+    found = {}
+    for param in model.params():
+        attr = find_annotation(param, ShardAttr)
+        if attr is not None:
+            found[param.sym_name.data] = attr.values["strategy"]
+    return found
+
+
+def tp_error(message: str, hint: str) -> DiagnosticError:
+    return DiagnosticError([Diagnostic("E048", f"mdsl-shard: {message}", None, hint=hint)])
+
+
+def partial_products(model: ModelOp, shardings: dict[str, str]) -> list[MatmulOp]:
+    """The GEMMs whose product is each rank's term of a sum over the tensor-parallel ranks: ``NT``
+    of a row-parallel weight, ``NN`` of a column-parallel one (through stacks and calls). E048 for a
+    sharded weight that another op reads."""
+    found = []
+    for value, names in weight_origins(model).items():
+        strategies = {shardings.get(n) for n in names} & set(PARTIAL_MODES)
+        if not strategies:
+            continue
+        for use in value.uses:
+            op = use.operation
+            if isinstance(op, (StackOp, CallOp)) or op.name == "mdsl.graph.return":
+                continue
+            mode = op_attr(op, "transpose", "NN")
+            if not isinstance(op, MatmulOp) or use.index != 1 or mode not in ("NT", "NN"):
+                raise tp_error(f"the {'/'.join(sorted(strategies))}-parallel parameter {sorted(names)[0]} is read by "
+                               f"{op.name} (operand {use.index}{', ' + mode if isinstance(op, MatmulOp) else ''})",
+                               "tensor parallelism shards weights that only GEMMs read as their right operand "
+                               "(x W^T and dy W); declare the parameter without @shard to replicate it")
+            if any(PARTIAL_MODES[s] == mode for s in strategies):
+                found.append(op)
+    return found
+
+
+@dataclass(frozen=True)
+class ReducePartialSums(RewritePattern):
+    """``tp_partial_sums``: a GEMM whose product is a partial sum, followed by ``all_reduce(tp)``,
+    which its readers read instead (with its annotations and memory hints)."""
+
+    tp: int
+    partial: frozenset[Operation]
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: MatmulOp, rewriter: PatternRewriter) -> None:
+        if op not in self.partial or SHARDED_ATTR in op.attributes:
+            return
+        product = op.results[0]
+        builder = GraphBuilder.at(InsertPoint.after(op), rewriter)
+        reduced = builder.one("all_reduce", product, group="tp", size=self.tp, op="sum")
+        product.replace_uses_with_if(reduced, lambda use: use.operation is not reduced.owner)
+        for name in MOVED_ATTRS:
+            if name in op.attributes:
+                reduced.owner.attributes[name] = op.attributes.pop(name)
+        reduced.name_hint, product.name_hint = product.name_hint, f"{product.name_hint or 'product'}_partial"
+        op.attributes[SHARDED_ATTR] = StringAttr(f"tp={self.tp}")
+        rewriter.notify_op_modified(op)
+
+
+def rank_shapes(model: ModelOp) -> int:
+    """N where ``model`` was lowered for one of N tensor-parallel ranks (``tp_shapes``), else 1."""
+    lowered = model.attributes.get(TP_SHAPES_ATTR)
+    return lowered.value.data if isinstance(lowered, IntegerAttr) else 1
+
+
+def check_rank_shapes(model: ModelOp, tp: int) -> None:
+    """E048 unless ``model`` was lowered for one of ``tp`` ranks, with no adapters."""
+    have = rank_shapes(model)
+    if have != tp:
+        raise tp_error(f"tp={tp}, but @{model.sym_name.data} has the shapes of "
+                       f"{'the whole model' if have == 1 else f'one of {have} ranks'}",
+                       f"lower the model for one of {tp} tensor-parallel ranks: mdsl-opt --tp {tp}, "
+                       f"modeldsl.load(..., tp={tp})")
+    adapters = [p.sym_name.data for p in model.params() if isinstance(p, ParamOp) and p.is_adapter]
+    if adapters:
+        raise tp_error(f"tensor parallelism of a model with adapters ({adapters[0]}) is not implemented",
+                       "train the adapters with data parallelism (dp=N), or leave tp=1")
+
+
+def shard_tensors(module: ModuleOp, tp: int) -> None:
+    """``tp_partial_sums`` over each model of ``module`` lowered for one of ``tp`` ranks."""
+    for model in [m for m in module.walk() if isinstance(m, ModelOp)]:
+        check_rank_shapes(model, tp)
+        partial = frozenset(partial_products(model, param_shardings(model)))
+        boundaries = mark_backward_starts(module)
+        PatternRewriteWalker(GreedyRewritePatternApplier([ReducePartialSums(tp, partial)], dce_enabled=False),
+                             apply_recursively=False).rewrite_module(model)
+        count_forward_ops(boundaries)
+
+
+PATTERNS: dict[str, tuple[type[RewritePattern], ...]] = {"dp_gradients": (ReduceGradients,),
+                                                         "tp_partial_sums": (ReducePartialSums,)}
 
 
 @dataclass(frozen=True)
@@ -149,8 +272,10 @@ class ShardPass(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         sizes = {"tp": self.tp, "pp": self.pp, "ep": self.ep}
         for model in [m for m in op.walk() if isinstance(m, ModelOp)]:
-            check_divides(model, sizes)
+            check_divides(model, sizes if TP_SHAPES_ATTR not in model.attributes else {**sizes, "tp": 1})
         self.refuse_what_is_not_built()
+        if self.tp > 1:
+            shard_tensors(op, self.tp)
         if self.dp == 1:
             return
         PatternRewriteWalker(GreedyRewritePatternApplier([ReduceGradients(self.dp)], dce_enabled=False),

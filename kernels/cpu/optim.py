@@ -83,12 +83,15 @@ def pairwise(size: int, leaf: int = TILE) -> tuple[list[tuple[int, int]], list[t
 def global_norm(pool: Pool, outputs, inputs, params) -> Step | None:
     """``sqrt(sum of g^2)`` over all the gradients, bitwise the reference: each gradient's sum of
     squares in numpy's pairwise order (pieces on the pool, their sums added as numpy would), the
-    gradients' sums added one after the other in the dtype."""
+    gradients' sums added one after the other in the dtype; then (``plus=K``) the last K inputs,
+    sums of squares already, and (``squared``) no root."""
     (out,) = outputs
-    grads = [flat(g) for g in inputs]
+    plus, squared = int(params.get("plus", 0)), bool(params.get("squared", False))
+    extras = [flat(g) for g in inputs[len(inputs) - plus:]]
+    grads = [flat(g) for g in inputs[:len(inputs) - plus]]
     dtypes = {g.dtype for g in inputs}
-    if not grads or any(g is None for g in grads) or len(dtypes) != 1 or out.dtype not in dtypes \
-            or out.dtype not in FLOATS:
+    if not grads + extras or any(g is None for g in grads + extras) or len(dtypes) != 1 or out.dtype not in dtypes \
+            or out.dtype not in FLOATS or any(e.size != 1 for e in extras):
         return None
     dtype = out.dtype.type
     work: list[tuple[np.ndarray, int, int, int]] = []  # (gradient, lo, hi, slot)
@@ -119,7 +122,9 @@ def global_norm(pool: Pool, outputs, inputs, params) -> Step | None:
         total = dtype(0)
         for slot in totals:
             total = total + slots[slot]
-        target[()] = np.sqrt(total)
+        for extra in extras:
+            total = total + extra[0]
+        target[()] = total if squared else np.sqrt(total)
 
     return step
 

@@ -197,7 +197,7 @@ class Checkpoint:
     """The tensors of a checkpoint folder, by name, across its safetensors files; with a ``prefix``
     (a wrapper's, ``language_model.``), the tensors under it by their names without it."""
 
-    def __init__(self, directory: Path, prefix: str = ""):
+    def __init__(self, directory: Path, prefix: str = "", slices: RankSlices | None = None):
         self.directory = directory
         paths = sorted(directory.glob("*.safetensors"))
         if not paths:
@@ -220,6 +220,9 @@ class Checkpoint:
                 self.where[name] = f
         self.used: set[str] = set()
         self.prefix = prefix
+        for name, (dim, index, parts) in (slices or {}).items():
+            if name in self.where:
+                self.where[name].narrow(name, dim, index, parts)
 
     def __contains__(self, name: str) -> bool:
         return name in self.where
@@ -243,6 +246,40 @@ class Checkpoint:
                 if n not in self.used and not any(fnmatchcase(n, p) for p in ignored)]
 
 
+RankSlices = dict[str, tuple[int, int, int]]  # tensor -> (dim, this rank's index, the ranks)
+TP_RULES = {"column": ("direct", "fuse"), "row": ("direct",)}  # the rules a rank reads a slice through
+TP_DIMS = {"column": 0, "row": 1}  # the dim of an [out, in] tensor each strategy splits
+
+
+def rank_slices(model: ModelOp, tp: int, rank: int) -> RankSlices:
+    """The checkpoint tensors rank ``rank`` of ``tp`` tensor-parallel ranks reads a slice of: those of
+    each parameter declared ``@shard(column)`` (dim 0: the output rows; of each tensor a ``fuse`` packs,
+    so q, k and v each give their share) or ``@shard(row)`` (dim 1: the input columns). E048 for
+    such a parameter filled through another rule (a split or transform of packed tensors)."""
+    if tp == 1:
+        return {}
+    from modeldsl.dialects.annotations import ShardAttr, find_annotation
+
+    params = {p.sym_name.data: p for p in model.params()}
+    config = config_integers(model)
+    slices: RankSlices = {}
+    for rule in parse_rules(model):
+        param = params.get(rule.target)
+        attr = find_annotation(param, ShardAttr) if param is not None else None
+        strategy = attr.values["strategy"] if attr is not None else None
+        if strategy not in TP_DIMS:
+            continue
+        if rule.op not in TP_RULES[strategy] or rule.op == "fuse" and _axis(rule, 2, config) != 0:
+            raise CheckpointError("E048", f"hf_mapping {rule.written}: a @shard({strategy}) parameter is read by rank "
+                                  f"through {', '.join(TP_RULES[strategy])} rules only, not {rule.op}",
+                                  "map the parameter from its tensors one by one (fuse along dim 0), or leave tp=1")
+        layers = [None] if rule.var is None else range(_concrete_shape(param.param_type, rule)[0])
+        for layer in layers:
+            for name in _names(rule, layer, config):
+                slices[name] = (TP_DIMS[strategy], rank, tp)
+    return slices
+
+
 def config_integers(model: ModelOp) -> dict[str, int]:
     """The model's integer config values, for sizes written as expressions (``n``, ranges)."""
     return {k: v.value.data for k, v in model.config_values.items()
@@ -253,17 +290,19 @@ def load_checkpoint(model: ModelOp, directory: str | Path, dtype: np.dtype,
                     warn: Callable[[CheckpointError], None] | None = None,
                     progress: bool = False, allow_unused: bool = False,
                     into: dict[str, np.ndarray] | None = None,
-                    mapper: Mapper | None = None) -> tuple[dict[str, np.ndarray], ImportRecord]:
+                    mapper: Mapper | None = None,
+                    slices: RankSlices | None = None) -> tuple[dict[str, np.ndarray], ImportRecord]:
     """Every parameter of a (specialized) model filled from the checkpoint (with a tqdm bar
     over the rules when ``progress``). A tensor no rule reads is E040 (W006 with
     ``allow_unused``); a tensor holding NaN or Inf is W011. Warnings go to ``warn``, else
     to Python's ``warnings``. ``into`` gives the arrays to fill (views of the schedule's
     params arena, in ``dtype``): each tensor is read into its place there (``mapper``, given,
     may back it with the file's pages instead, see :func:`direct_pieces`), no second copy of
-    the weights is made, and those arrays are the weights."""
+    the weights is made, and those arrays are the weights. ``slices`` (:func:`rank_slices`): the
+    tensors of which a tensor-parallel rank reads its share only."""
     directory = Path(directory)
     prefix = tensor_prefix(model, directory)
-    checkpoint = Checkpoint(directory, prefix)
+    checkpoint = Checkpoint(directory, prefix, slices)
     params = {p.sym_name.data: p for p in model.walk() if isinstance(p, ParamOp)}
     record = ImportRecord(directory, prefix=prefix)
     config = config_integers(model)
@@ -347,11 +386,12 @@ def _target(into: dict[str, np.ndarray] | None, name: str, shape: tuple[int, ...
 
 
 def direct_pieces(model: ModelOp, directory: str | Path, dtype: np.dtype,
-                  into: dict[str, np.ndarray]) -> Iterator[tuple[int, int, int]]:
+                  into: dict[str, np.ndarray], slices: RankSlices | None = None) -> Iterator[tuple[int, int, int]]:
     """(offset in its file, address, bytes) of each checkpoint tensor :func:`load_checkpoint` would
     read into an array of ``into`` as the file stores it (a ``direct``, row-wise ``fuse`` or
     ``stack_experts`` rule, the file's dtype ``dtype``): the bytes a loader may map instead of reading."""
-    checkpoint, config = Checkpoint(Path(directory), tensor_prefix(model, Path(directory))), config_integers(model)
+    checkpoint = Checkpoint(Path(directory), tensor_prefix(model, Path(directory)), slices)
+    config = config_integers(model)
     for rule in parse_rules(model):
         out = into.get(rule.target)
         if out is None or out.dtype != dtype or rule.op not in ROW_RULES:
@@ -364,7 +404,7 @@ def direct_pieces(model: ModelOp, directory: str | Path, dtype: np.dtype,
             if not _rows_in_order(rule, [checkpoint.where[n].array(n) for n in names], target, config):
                 continue
             for source, name, rows in _row_slices(rule, names, checkpoint, target):
-                if source.dtype(name) == dtype:
+                if source.dtype(name) == dtype and name not in source.windows:
                     yield source.data_start + source.entries[name][2], rows.ctypes.data, rows.nbytes
 
 

@@ -124,6 +124,28 @@ class SafetensorsFile:
         for name, entry in header.items():
             self.entries[name] = self.check_entry(name, entry)
         self._map: np.memmap | None = None
+        # name -> (first column, end column, the whole shape): a tensor read as a range of its columns
+        self.windows: dict[str, tuple[int, int, tuple[int, ...]]] = {}
+
+    def narrow(self, name: str, dim: int, index: int, parts: int) -> None:
+        """Present tensor ``name`` as its ``index``-th of ``parts`` equal slices along ``dim`` (one
+        tensor-parallel rank's share): along dim 0 a byte range of the file, along dim 1 of a matrix
+        a range of columns of each row; only that slice is read from then on."""
+        dtype, shape, start, end = self.entries[name]
+        if not 0 <= dim < min(len(shape), 2) or shape[dim] % parts:
+            raise CheckpointError("E048", f"tensor '{name}' {list(shape)} does not split into {parts} equal slices "
+                                  f"along dim {dim}", "choose a tp that divides the dimension", name)
+        size = shape[dim] // parts
+        if dim == 0:
+            row = math.prod(shape[1:]) * dtype.itemsize
+            self.entries[name] = (dtype, (size, *shape[1:]), start + index * size * row,
+                                  start + (index + 1) * size * row)
+            return
+        if len(shape) != 2:
+            raise CheckpointError("E048", f"tensor '{name}' {list(shape)}: only a matrix splits along dim 1",
+                                  "declare the parameter @shard(column) or replicated", name)
+        self.windows[name] = (index * size, (index + 1) * size, shape)
+        self.entries[name] = (dtype, (shape[0], size), start, end)
 
     def corrupt(self, problem: str, tensor: str | None = None) -> CheckpointError:
         return CheckpointError("E034", f"{self.path.name}: {problem}", "the file is truncated or corrupt; "
@@ -163,6 +185,9 @@ class SafetensorsFile:
             return np.zeros(shape, dtype)
         if self._map is None:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.data_start)
+        if name in self.windows:
+            first, stop, whole = self.windows[name]
+            return self._map[start:end].view(dtype).reshape(whole)[:, first:stop]
         return self._map[start:end].view(dtype).reshape(shape)
 
     def read_into(self, name: str, out: np.ndarray, inspect: Callable[[np.ndarray], Any] | None = None,
@@ -180,6 +205,8 @@ class SafetensorsFile:
         dtype, shape, start, _ = self.entries[name]
         if not out.flags.c_contiguous or out.size != math.prod(shape):
             raise ValueError(f"read_into '{name}': a C-contiguous array of {math.prod(shape)} elements is needed")
+        if name in self.windows:
+            return self.read_window_into(name, out.reshape(shape), inspect, chunk_bytes)
         flat = out.reshape(-1)
         step = max(chunk_bytes // dtype.itemsize, 1)
         convert = out.dtype != dtype
@@ -211,6 +238,16 @@ class SafetensorsFile:
             with ThreadPoolExecutor(min(threads, len(begins))) as pool:
                 return list(pool.map(chunk, begins))
 
+    def read_window_into(self, name: str, out: np.ndarray, inspect: Callable[[np.ndarray], Any] | None,
+                         chunk_bytes: int) -> list[Any]:
+        """A tensor read as a range of its columns (:meth:`narrow`), a chunk of whole rows at a time."""
+        seen = []
+        for first, rows in self.row_chunks(name, 0, out.shape[0], chunk_bytes=chunk_bytes):
+            rows = np.ascontiguousarray(rows)
+            seen.append(inspect(rows.reshape(-1)) if inspect is not None else None)
+            np.copyto(out[first:first + rows.shape[0]], rows, casting="unsafe")
+        return seen
+
     def row_chunks(self, name: str, start: int, stop: int, block: int = 1,
                    chunk_bytes: int = READ_CHUNK) -> Iterator[tuple[int, np.ndarray]]:
         """Rows ``start..stop`` of the tensor (along dim 0) as (first row, those rows as the file
@@ -218,14 +255,15 @@ class SafetensorsFile:
         ``block`` rows, at least one block) into one buffer every chunk reuses: a caller that
         places each chunk before taking the next holds no more than that buffer."""
         dtype, shape, begin, _ = self.entries[name]
-        row_bytes = math.prod(shape[1:]) * dtype.itemsize
+        first_column, stop_column, whole = self.windows.get(name, (0, None, shape))
+        row_bytes = math.prod(whole[1:]) * dtype.itemsize
         rows = max(chunk_bytes // max(row_bytes, 1) // block, 1) * block
-        buffer = scratch((min(rows, max(stop - start, 0)), *shape[1:]), dtype)
+        buffer = scratch((min(rows, max(stop - start, 0)), *whole[1:]), dtype)
         with open(self.path, "rb", buffering=0) as f:
             for first in range(start, stop, rows):
                 chunk = buffer[:min(rows, stop - first)]
                 self.read_bytes(f, self.data_start + begin + first * row_bytes, chunk, name)
-                yield first, chunk
+                yield first, chunk if stop_column is None else chunk[:, first_column:stop_column]
 
     def read_bytes(self, f: io.RawIOBase, offset: int, target: np.ndarray, name: str) -> None:
         """Fill ``target`` with the file's bytes from ``offset`` (E034 if the file ends first)."""

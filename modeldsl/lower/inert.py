@@ -24,15 +24,15 @@ TARGETS = ("flow", "backward", "param", "instance", "model", "declaration")
 OWNED_ELSEWHERE = frozenset({"gradient", "assert"})
 
 NO_OFFLOAD = "nothing is offloaded or streamed: every tensor and parameter stays in device memory"
-NO_DISTRIBUTION = ("no pass shards a tensor by annotation: mdsl-shard distributes data parallelism only (dp), which "
-                   "needs none")
+NO_DISTRIBUTION = ("mdsl-shard distributes data parallelism (dp), which needs no annotation, and tensor parallelism "
+                   "(tp) of the parameters declared @shard(column), @shard(row) or @shard(replicated)")
+TENSOR_PARALLEL = ("column", "row", "replicated")  # the @shard strategies of parameters mdsl-shard{tp} applies
 
 # Annotations that take effect nowhere yet, whatever they annotate.
 NOWHERE: dict[str, str] = {
     "precision": "no pass changes an op's compute, accumulation or output dtype (@dtype on the value casts it)",
     "scaling": "there is no fp8/fp4 quantization with scale factors",
     "recipe": "precision recipes are recorded on the model, but no pass applies them",
-    "shard": NO_DISTRIBUTION,
     "comm": NO_DISTRIBUTION,
     "partition": f"{NO_DISTRIBUTION} (@partition only feeds the E025 check of checkpoints)",
     "profile": "the executors record no profile regions",
@@ -63,6 +63,8 @@ def inert_reason(attr: AnnotationAttr, target: str) -> tuple[str, str] | None:
         return _gradient_reason(values, target)
     if name in OWNED_ELSEWHERE or name == "trainable" and set(given) <= {"grad_clip"} and given:
         return None
+    if name == "shard":
+        return _shard_reason(values, given, target)
     if name in NOWHERE:
         return f"@{name}", NOWHERE[name]
     if name == "adapter":
@@ -110,6 +112,18 @@ def _adapter_reason(values: dict, target: str) -> tuple[str, str] | None:
         return "@adapter(lora)", f"on {where} it adds nothing: write it on a flow, a parameter, an instance " \
             "or the model"
     return None
+
+
+def _shard_reason(values: dict, given: dict, target: str) -> tuple[str, str] | None:
+    """``@shard(column|row|replicated)`` on a parameter declaration is what tensor parallelism
+    (``mdsl-shard{tp=N}``) shards it by; the other strategies, the options and activations are not applied."""
+    options = sorted(set(given) - {"strategy"})
+    if target == "param" and values["strategy"] in TENSOR_PARALLEL and not options:
+        return None
+    if target == "param" and values["strategy"] in TENSOR_PARALLEL:
+        return f"@shard({values['strategy']}, {options[0]}=...)", f"{NO_DISTRIBUTION}: the size is mdsl-shard's tp, " \
+            "and the collectives are blocking"
+    return f"@shard({values['strategy']})", NO_DISTRIBUTION
 
 
 def _gradient_reason(values: dict, target: str) -> tuple[str, str] | None:

@@ -37,7 +37,7 @@ from modeldsl.diagnostics import Diagnostic, DiagnosticError, DiagnosticSink
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import ModelOp, ParamOp
 from modeldsl.frontend.read import read_model
-from modeldsl.hf.checkpoint import ImportRecord, direct_pieces, load_checkpoint, save_checkpoint
+from modeldsl.hf.checkpoint import ImportRecord, direct_pieces, load_checkpoint, rank_slices, save_checkpoint
 from modeldsl.hf.compat import (
     DiagnosticWarning,  # noqa: F401 - the API's warning class
     declarations,
@@ -51,7 +51,9 @@ from modeldsl.kernels.cpu.compiled import prepare as prepare_cpu_kernels
 from modeldsl.kernels.reference import quantize
 from modeldsl.lower import choose_top, lower_program
 from modeldsl.passes.pipelines import bind_configuration
+from modeldsl.rank_config import lower_for_rank
 from modeldsl.registry import model_for_checkpoint
+from modeldsl.runtime import distributed
 from modeldsl.runtime.executor import NUMPY_DTYPES, GraphExecutor, KVCache
 from modeldsl.runtime.fits import check_fits_on, parameter_bytes
 from modeldsl.runtime.lora import (
@@ -108,6 +110,7 @@ class Model:
     device: Any = None  # a modeldsl.runtime.cuda_device.Device the schedule runs on; None: the CPU
     params: ParamsArena | None = None  # the schedule's params arena the weights are views of (the CPU)
     save_id: str = field(default_factory=new_run, repr=False)  # marks its saves (save_hf)
+    tp: int = 1  # tensor-parallel ranks: the model is one rank's (modeldsl.rank_config), its weights its shares
 
     def __post_init__(self) -> None:
         if self.device is None:  # the first use on a machine builds the CPU kernels: now, before any timer
@@ -435,7 +438,7 @@ def load(model_file: str | Path | None = None, hf: str | Path | None = None, dty
          top: str | None = None, config: dict[str, Any] | None = None, progress: bool = False,
          sink: DiagnosticSink | None = None, device: str = "cpu", force_architecture: bool = False,
          allow_unused_tensors: bool = False, lora: Any = None, adapter: str | Path | None = None,
-         base_dtype: str | None = None) -> Model:
+         base_dtype: str | None = None, tp: int = 1) -> Model:
     """Load a DSL model with the weights of a HuggingFace checkpoint (or random
     weights, normal(0, 0.02) with seed 0, when ``hf`` is None). Without ``model_file``, the std
     model that serves the checkpoint's ``architectures`` / ``model_type`` (E036 listing the served
@@ -466,7 +469,14 @@ def load(model_file: str | Path | None = None, hf: str | Path | None = None, dty
     (what else reads one, the fused LM-head loss, widens one layer's weight right before it).
     ``save_hf`` then writes the dequantized values (merged with the adapters); ``save_adapter`` writes
     the adapters alone, as on a full-precision base. E029 for another ``base_dtype``, or one given for
-    a model without frozen linear weights."""
+    a model without frozen linear weights.
+
+    ``tp`` loads this process's share of a model tensor-parallel over ``tp`` ranks (the layout's
+    ``tp`` group, :func:`modeldsl.runtime.distributed.start`): the model is lowered for one rank
+    (:mod:`modeldsl.rank_config`), each rank reads its slice of every sharded tensor from the
+    memory-mapped checkpoint, and the forward's schedule sums the partial products over the ranks
+    (``mdsl-shard{tp}``): every rank computes the whole model's logits. E048 where ``tp`` does not
+    divide the heads or ``d_ff``."""
     if dtype not in STORAGE:
         raise DiagnosticError([Diagnostic("E029", f"dtype '{dtype}' is not fp32 or bf16", None)])
     if base_dtype is not None:
@@ -478,7 +488,7 @@ def load(model_file: str | Path | None = None, hf: str | Path | None = None, dty
             raise _argument_error("give lora= (new adapters) or adapter=DIR (trained ones), not both")
         adapters = LoraOptions.of(lora) if lora is not None else None
         model = _load(model_file, hf, dtype, top, config, progress, collected, device, force_architecture,
-                      allow_unused_tensors, adapters, adapter, base_dtype)
+                      allow_unused_tensors, adapters, adapter, base_dtype, tp)
     except DiagnosticError as err:  # the warnings of this load ride along with the error
         riding = [d for d in collected.diagnostics[before:] if d.severity == "warning" and d not in err.diagnostics]
         raise DiagnosticError(riding + err.diagnostics) from None
@@ -492,8 +502,9 @@ def load(model_file: str | Path | None = None, hf: str | Path | None = None, dty
 def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | None,
           config: dict[str, Any] | None, progress: bool, sink: DiagnosticSink, device: str,
           force_architecture: bool, allow_unused_tensors: bool, lora: LoraOptions | None = None,
-          adapter: str | Path | None = None, base_dtype: str | None = None) -> Model:
+          adapter: str | Path | None = None, base_dtype: str | None = None, tp: int = 1) -> Model:
     runs_on = _device(device)
+    check_tensor_parallel(tp, runs_on, lora, adapter, base_dtype)
     if model_file is None:
         model_file, top = _served_model(hf, top)
     program, top = read_model(model_file, top)
@@ -510,7 +521,8 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
             checkpoint_values, default = _checkpoint_values(program, decl, hf_config, sink, force_architecture)
             values = {**checkpoint_values, **values}
             _check_parameters_fit(default, values, storage, runs_on, base_dtype)
-        module = lower_program(program, decl.name, values, sink)
+        module = lower_program(program, decl.name, values, sink) if tp == 1 else \
+            lower_for_rank(program, decl.name, values, tp, sink)[0]
         bind_configuration(module)
         _verify_specialized(module)
         model = _model_op(module)
@@ -519,13 +531,15 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
         _check_parameters_fit(model, {}, storage, runs_on)
         arena = params_arena(model, "fp32" if dtype == "fp32" else None, populate=hf is None) \
             if runs_on is None else None
+        slices = rank_slices(model, tp, distributed.rank_in("tp")) if hf is not None else {}
         if arena is not None and hf is not None:
-            arena = arena.lined_up(direct_pieces(model, hf, storage, arena.views))
+            arena = arena.lined_up(direct_pieces(model, hf, storage, arena.views, slices))
         into = arena.views if arena is not None else None
         if hf is not None:
             weights, record = load_checkpoint(model, hf, storage, warn=lambda w: sink.add(_diagnostic(w, hf)),
                                               progress=progress, allow_unused=allow_unused_tensors, into=into,
-                                              mapper=arena.pages.map_file if arena is not None else None)
+                                              mapper=arena.pages.map_file if arena is not None else None,
+                                              slices=slices)
         else:
             weights, record = random_weights(model, storage, into=into), ImportRecord()
         if adapted:
@@ -542,9 +556,27 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
                                           "*.safetensors files")]) from None
     try:
         with np.errstate(all="ignore"):  # a nonsensical rope_theta is W011, not a numpy RuntimeWarning
-            return Model(module, model, weights, dtype, hf_config, record, runs_on, arena)
+            return Model(module, model, weights, dtype, hf_config, record, runs_on, arena, tp=tp)
     except RopeScalingError as err:
         raise DiagnosticError([_rope_diagnostic(err, hf_config, hf)]) from None
+
+
+def check_tensor_parallel(tp: int, device: Any, lora: Any, adapter: Any, base_dtype: str | None) -> None:
+    """E048 for a ``tp`` that is no size or that the started layout does not have, and E029 for what
+    tensor-parallel ranks do not run yet (a GPU, adapters, a narrower frozen base)."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise distributed.layout_error(f"tp={tp!r}: a parallel size is a positive integer", "give tp=1 or more")
+    if tp == 1:
+        return
+    started = distributed.communicator().layout.tp
+    if started != tp:
+        raise distributed.layout_error(f"tp={tp}, but this process's layout has tp={started}",
+                                       f"start the layout first: modeldsl.runtime.distributed.start(Layout(tp={tp}))")
+    refused = [what for what, given in (("a GPU", device is not None), ("LoRA adapters", lora or adapter),
+                                        ("base_dtype", base_dtype)) if given]
+    if refused:
+        raise DiagnosticError([Diagnostic("E029", f"tensor parallelism with {refused[0]} is not implemented", None,
+                                          "run tensor-parallel ranks on the CPU with full-precision weights")])
 
 
 def _served_model(hf: str | Path | None, top: str | None) -> tuple[Path, str]:

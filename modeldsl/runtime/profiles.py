@@ -36,7 +36,7 @@ from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import ModelOp
 from modeldsl.dialects.sched import ProgramOp
 from modeldsl.passes.lower_to_sched import parameter_buffers
-from modeldsl.passes.pipelines import ForwardProfile, GenerateStep, pipeline_of, planned
+from modeldsl.passes.pipelines import ForwardProfile, GenerateStep, pipeline_of, planned, tensor_parallel_option
 from modeldsl.runtime.executor import NUMPY_DTYPES, ExecutionError
 from modeldsl.runtime.fits import check_fits_on
 from modeldsl.runtime.pages import PagedArena, best_shift
@@ -55,7 +55,8 @@ def compile_profile(model: ModelOp, batch: int, tokens: int, storage: str | None
     """The planned forward schedule of ``model`` for ``[batch, tokens]`` inputs: the pipeline
     ``mdsl-forward-profile``, or with a KV cache of ``kv_cache`` positions ``mdsl-generate-step``
     (:mod:`modeldsl.passes.pipelines`), every ``mdsl-fuse`` pattern applied."""
-    options = {"B": batch, "T": tokens, "storage": storage or "", "split_gemms": split_gemms}
+    options = {"B": batch, "T": tokens, "storage": storage or "", "split_gemms": split_gemms,
+               **tensor_parallel_option(model)}
     if kv_cache:
         return pipeline_of(GenerateStep, **options, kv_cache=kv_cache).program(model)
     return pipeline_of(ForwardProfile, **options).program(model)

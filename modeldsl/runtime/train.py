@@ -48,7 +48,7 @@ from modeldsl.files import replacing_file
 from modeldsl.hf.compat import training_only_fields, warn_python
 from modeldsl.passes.fuse import FusePass
 from modeldsl.passes.lower_to_sched import rng_step_input
-from modeldsl.passes.pipelines import OptimizerUpdate, TrainStep, pipeline_of
+from modeldsl.passes.pipelines import OptimizerUpdate, TrainStep, pipeline_of, tensor_parallel_option
 from modeldsl.runtime import distributed
 from modeldsl.runtime.assertions import AssertionFailed
 from modeldsl.runtime.device_memory import free_memory_bytes
@@ -77,7 +77,8 @@ def compile_training_step(model: ModelOp, batch: int, tokens: int, storage: str 
     inputs take the segment ids and per-row RoPE tables, :func:`modeldsl.runtime.rope.packed_inputs`).
     ``dp``: data-parallel ranks (``mdsl-shard{dp}``: each parameter gradient summed over them)."""
     options = {"B": batch, "T": tokens, "storage": storage or "", **training_recompute(recompute),
-               **fuse_options(fuse), **({"packed": True} if packed else {}), **({"dp": dp} if dp != 1 else {})}
+               **fuse_options(fuse), **({"packed": True} if packed else {}), **({"dp": dp} if dp != 1 else {}),
+               **tensor_parallel_option(model)}
     pipeline = pipeline_of(TrainStep, **options)
     return pipeline.reporting(_to_stderr).program(model)
 
@@ -121,14 +122,15 @@ def compile_evaluation_step(model: ModelOp, batch: int, tokens: int, storage: st
 
     from modeldsl.passes.attach_loss import LOSS_FUNCTION, AttachLossPass
     from modeldsl.passes.lower_to_sched import LowerToSchedPass
-    from modeldsl.passes.pipelines import ANNOTATED_ADAPTERS
+    from modeldsl.passes.pipelines import ANNOTATED_ADAPTERS, tensor_sharding
     from modeldsl.passes.plan_memory import PlanMemoryPass
+    from modeldsl.passes.shard import rank_shapes
     from modeldsl.passes.specialize import SpecializePass
 
     fusion = fuse if isinstance(fuse, FusePass) else (FusePass() if fuse else None)
     module = ModuleOp([model.clone()])
     stages = [SpecializePass.of(B=batch, T=tokens), ANNOTATED_ADAPTERS, AttachLossPass(),
-              *([fusion] if fusion is not None else []),
+              *tensor_sharding(rank_shapes(model)), *([fusion] if fusion is not None else []),
               LowerToSchedPass(func=LOSS_FUNCTION, storage=storage or ""), PlanMemoryPass()]
     for stage in stages:
         stage.apply(Context(), module)
@@ -145,7 +147,7 @@ def compile_optimizer_step(model: ModelOp, config: AdamWConfig, storage: str | N
     sharding = {} if zero is None else {"dp": zero[0], "rank": zero[1], "zero": 1}
     pipeline = pipeline_of(OptimizerUpdate, beta1=config.beta1, beta2=config.beta2, eps=config.eps,
                            weight_decay=config.weight_decay, clip_norm=config.clip_norm, storage=storage or "",
-                           **sharding)
+                           **sharding, **tensor_parallel_option(model))
     return pipeline.program(model)
 
 

@@ -184,6 +184,7 @@ class TrainingRun:
     packing: str = "padded"  # instruction examples one per row, or packed (several per row, attending apart)
     dp: int = 1  # data-parallel ranks (processes of an MPI launch): each trains on its rows of every batch
     zero: bool = False  # ZeRO-1: the optimizer state shared out over the dp ranks
+    tp: int = 1  # tensor-parallel ranks: the model is one rank's share (modeldsl.load(tp=...))
 
     def __post_init__(self) -> None:
         if self.packing not in PACKINGS:
@@ -217,18 +218,25 @@ class TrainingRun:
             self.trainer.restore(state.step, state.moments, state.rng_step)
 
     def start_ranks(self):
-        """The process's communicator for ``dp`` data-parallel ranks (E048 where the batch does not divide)."""
+        """The process's communicator for ``tp`` tensor- and ``dp`` data-parallel ranks (E048 where the batch
+        does not divide, or the model is not one of ``tp`` ranks')."""
         from modeldsl.runtime import distributed
 
-        if not isinstance(self.dp, int) or isinstance(self.dp, bool) or self.dp < 1:
-            raise _error(f"dp={self.dp!r} is not a positive integer", "give dp=1, or the ranks of the launch")
+        for name in ("dp", "tp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise _error(f"{name}={value!r} is not a positive integer",
+                             f"give {name}=1, or the ranks of the launch")
+        if self.model.tp != self.tp:
+            raise distributed.layout_error(f"tp={self.tp}, but the model is loaded for tp={self.model.tp}",
+                                           f"load it with modeldsl.load(..., tp={self.tp}), or give the folder")
         if self.batch % self.dp:
             raise distributed.layout_error(f"batch {self.batch} does not divide into dp={self.dp} ranks' rows",
                                            f"give a batch that is a multiple of {self.dp}")
         if self.dp > 1 and self.model.device is not None:
             raise distributed.layout_error("data parallelism runs on the CPU for now (MPI ranks)",
                                            "leave out the device, or train on one process")
-        return distributed.start(distributed.Layout(dp=self.dp))
+        return distributed.start(distributed.Layout(tp=self.tp, dp=self.dp))
 
     @property
     def rank(self) -> int:
@@ -407,14 +415,16 @@ def train(model, data, *, steps: int, batch: int, seq: int, lr: float, lora: Any
           dtype: str = "fp32", recompute: str = "annotated", seed: int = 0,
           callbacks: Sequence[Callable[[StepInfo], Any]] = (), eval_data: Any = None, eval_every: int = 0,
           model_file: str | Path | None = None, base_dtype: str | None = None,
-          packing: str = "padded", dp: int = 1, zero: bool = False) -> TrainingRun:
+          packing: str = "padded", dp: int = 1, zero: bool = False, tp: int = 1) -> TrainingRun:
     """A :class:`TrainingRun` of ``model`` (a checkpoint folder, loaded with ``model_file`` or the
     std model of its architecture and with ``lora`` adapters where given, their frozen base stored in
     ``base_dtype`` (``bf16``, ``fp8``) where given; or a loaded model) on
     ``data`` (a text or ``.jsonl`` file, or a list of documents). Call ``run()`` (or ``step()``),
     then ``save(OUT)``. ``dp``: data-parallel ranks, the processes of an MPI launch
     (``mpiexec -n DP python script.py``): each trains on its rows of every batch; ``zero``: ZeRO-1,
-    the optimizer state shared out over them."""
+    the optimizer state shared out over them. ``tp``: tensor-parallel ranks (``tp * dp`` processes,
+    tensor-parallel ranks innermost), each holding its share of the heads and of the MLP (the model
+    is then loaded here, for this rank)."""
     from modeldsl.runtime.model import load
     from modeldsl.tokenizer import Tokenizer
 
@@ -426,7 +436,11 @@ def train(model, data, *, steps: int, batch: int, seq: int, lr: float, lora: Any
         raise _error(f"lr={lr!r} is not a positive number", "give a learning rate: lr=1e-3")
     if isinstance(model, (str, Path)):
         folder = Path(model)
-        model = load(model_file, hf=folder, dtype="fp32", lora=lora, base_dtype=base_dtype)
+        if tp != 1:
+            from modeldsl.runtime import distributed
+
+            distributed.start(distributed.Layout(tp=tp, dp=dp))
+        model = load(model_file, hf=folder, dtype="fp32", lora=lora, base_dtype=base_dtype, tp=tp)
     elif lora is not None or base_dtype is not None:
         if lora is None or not any(p.is_adapter for p in model.model.params()):
             raise _error("lora= and base_dtype= need the checkpoint folder: adapters are added and the base stored "
@@ -444,4 +458,4 @@ def train(model, data, *, steps: int, batch: int, seq: int, lr: float, lora: Any
     config = AdamWConfig(lr=float(lr), weight_decay=weight_decay, warmup_steps=warmup, total_steps=steps,
                          min_lr_ratio=min_lr_ratio, clip_norm=clip)
     return TrainingRun(model, read, steps, batch, seq, config, grad_accum, dtype, recompute, seed, list(callbacks),
-                       evaluated, eval_every, packing=packing, dp=dp, zero=zero)
+                       evaluated, eval_every, packing=packing, dp=dp, zero=zero, tp=tp)

@@ -105,13 +105,11 @@ class FusePass(ModulePass):
         switch = FusionSwitch(on, lm_head_chunk=self.lm_head_chunk,
                               barrier_blocks={id(o.parent) for o in op.walk() if is_ordering_point(o)})
         required = _required_fusions(op, running)
-        boundaries = _mark_backward_starts(op)
+        boundaries = mark_backward_starts(op)
         patterns = [cls(switch) for name, classes in PATTERNS.items() if name in running for cls in classes]
         PatternRewriteWalker(GreedyRewritePatternApplier(patterns)).rewrite_module(op)
         CommonSubexpressionElimination().apply(ctx, op)
-        for func, marker in boundaries.items():
-            func.attributes["forward_ops"] = IntegerAttr(list(func.body.block.ops).index(marker), i64)
-            Rewriter.erase_op(marker)
+        count_forward_ops(boundaries)
         _check_required(required, switch)
 
 
@@ -157,7 +155,14 @@ def _check_required(required: list[tuple[Operation, list[str]]], switch: FusionS
         raise DiagnosticError(errors)
 
 
-def _mark_backward_starts(module: ModuleOp) -> dict[FuncOp, BackwardStartOp]:
+def count_forward_ops(boundaries: dict[FuncOp, BackwardStartOp]) -> None:
+    """Each gradient function's ``forward_ops``: the ops before its marker, which goes."""
+    for func, marker in boundaries.items():
+        func.attributes["forward_ops"] = IntegerAttr(list(func.body.block.ops).index(marker), i64)
+        Rewriter.erase_op(marker)
+
+
+def mark_backward_starts(module: ModuleOp) -> dict[FuncOp, BackwardStartOp]:
     """A ``backward_start`` marker before the first backward op of each gradient function, so its
     ``forward_ops`` count stays true as patterns merge, replace and erase ops on either side."""
     found = {}

@@ -1,14 +1,17 @@
 """One rank of the data-parallel tests (tests/unit/runtime/test_data_parallel.py), started by mpiexec
-or alone: ``python data_parallel_worker.py OUT DP [--zero] [--accum K] [--die-at STEP]``.
+or alone: ``python data_parallel_worker.py OUT DP [--tp TP] [--zero] [--accum K] [--die-at STEP]``.
 
-Trains the bundled tiny Llama on the bundled corpus (batch 4, seq 16, 5 AdamW steps; with ``DP``
+Trains the bundled tiny Llama on the bundled corpus (batch 4, seq 16, 10 AdamW steps; with ``DP``
 ranks each takes 4 / DP rows of every batch) after recording the first step's gradient of every
 parameter (one accumulate of the first batch, before any update), and writes from rank 0 the
 gradients' file (``OUT.npz``) and the losses, gradient norms and final weights' sums (``OUT.json``).
 ``--accum K``: K micro-batches of 4 / K rows per step (their gradients summed over the ranks at the
-last). ``--zero``: ZeRO-1 (the AdamW moments shared out over the ranks). On several ranks the run is then
-saved into ``OUT.save`` (under ZeRO-1 every rank gathers the moments; rank 0 writes). ``--die-at STEP``: rank 1 ends
-itself hard (no MPI finalize) before that step, as a killed rank.
+last). ``--tp TP``: TP tensor-parallel ranks too (DP * TP processes, each holding its share of the
+heads and of the MLP), the gradients and weights gathered whole before they are written.
+``--zero``: ZeRO-1 (the AdamW moments shared out over the ranks). On several data-parallel ranks
+the run is then saved into ``OUT.save`` (under ZeRO-1 every rank gathers the moments; rank 0
+writes). ``--die-at STEP``: rank 1 ends itself hard (no MPI finalize) before that step, as a
+killed rank.
 """
 
 from __future__ import annotations
@@ -21,15 +24,16 @@ from pathlib import Path
 import numpy as np
 
 import modeldsl
+from modeldsl.runtime.tensor_parallel import whole_arrays
 
 ROOT = Path(__file__).resolve().parents[3]
-STEPS, BATCH, SEQ = 5, 4, 16
+STEPS, BATCH, SEQ = 10, 4, 16
 
 
-def main(out: str, dp: int, zero: bool, accum: int, die_at: int | None) -> None:
+def main(out: str, dp: int, tp: int, zero: bool, accum: int, die_at: int | None) -> None:
     run = modeldsl.train(ROOT / "examples" / "tiny_llama", ROOT / "examples" / "tiny_corpus.txt", steps=STEPS,
-                         batch=BATCH // accum, seq=SEQ, lr=1e-3, dp=dp, zero=zero, grad_accum=accum)
-    gradients = first_gradients(run)
+                         batch=BATCH // accum, seq=SEQ, lr=1e-3, dp=dp, zero=zero, grad_accum=accum, tp=tp)
+    gradients = whole(run, first_gradients(run))
     losses, norms = [], []
     for step in range(STEPS):
         if die_at is not None and step + 1 == die_at and run.rank == 1:
@@ -37,12 +41,18 @@ def main(out: str, dp: int, zero: bool, accum: int, die_at: int | None) -> None:
         info = run.step()
         losses.append(info.loss)
         norms.append(info.grad_norm)
-    if dp > 1:
+    if dp > 1 and tp == 1:
         run.save(out + ".save")
+    trained = whole(run, run.model.weights)
     if run.rank == 0:
-        weights = {name: float(np.asarray(value, dtype=np.float64).sum()) for name, value in run.model.weights.items()}
+        weights = {name: float(np.asarray(value, dtype=np.float64).sum()) for name, value in trained.items()}
         np.savez(out + ".npz", **gradients)
         Path(out + ".json").write_text(json.dumps({"losses": losses, "norms": norms, "weights": weights}))
+
+
+def whole(run, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The whole model's arrays from this tensor-parallel rank's shares (every rank's the same)."""
+    return whole_arrays(run.model.model, run.model.record, arrays, run.tp)
 
 
 def first_gradients(run) -> dict[str, np.ndarray]:
@@ -61,4 +71,5 @@ if __name__ == "__main__":
     arguments = sys.argv[1:]
     die = int(arguments[arguments.index("--die-at") + 1]) if "--die-at" in arguments else None
     accum = int(arguments[arguments.index("--accum") + 1]) if "--accum" in arguments else 1
-    main(arguments[0], int(arguments[1]), "--zero" in arguments, accum, die)
+    tensor = int(arguments[arguments.index("--tp") + 1]) if "--tp" in arguments else 1
+    main(arguments[0], int(arguments[1]), tensor, "--zero" in arguments, accum, die)

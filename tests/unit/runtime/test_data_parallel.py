@@ -1,12 +1,13 @@
-"""Data parallelism on several processes (mpiexec, mpi4py over MPICH's wheels: the ``distributed``
-extra; skipped where it is not installed).
+"""Data and tensor parallelism on several processes (mpiexec, mpi4py over MPICH's wheels: the
+``distributed`` extra; skipped where it is not installed).
 
 The bundled tiny Llama trained on two ranks, each on two of the four rows of every batch, gives the
-single process's first-step gradient of every parameter, its 5-step loss and gradient-norm
+single process's first-step gradient of every parameter, its 10-step loss and gradient-norm
 trajectory, and its trained weights, within fp32 rounding (the two halves' GEMMs sum in another
 order: 1e-5 relative). ZeRO-1 (the moments shared out over the ranks) gives plain data
 parallelism's run bit for bit, saves every moment, and resumes on the same layout as if it had not
-stopped. A rank that dies ends the job with E049 within the collective timeout, and
+stopped. Tensor parallelism (tp=2, and tp=2 x dp=2 on four processes: each rank holding half of
+the heads and of the MLP) gives them too, its shares put together. A rank that dies ends the job with E049 within the collective timeout, and
 ``mpiexec -n 2 mdsl-run ... --dp 2`` prints the single process's losses.
 """
 
@@ -33,6 +34,12 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or no
                                 reason="the distributed extra (mpi4py, mpich) is not installed")
 
 
+# (processes, data-parallel ranks, the worker's other flags) of the runs the fixture makes
+LAYOUTS = ((1, 1, ()), (2, 2, ()), (2, 2, ("--zero",)), (2, 2, ("--accum", "2")), (2, 1, ("--tp", "2")),
+           (4, 2, ("--tp", "2")))
+TENSOR_PARALLEL = (4, 5)  # the fixture's tensor-parallel runs
+
+
 def environment(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     return {**env, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MDSL_THREADS": "1", **extra}
@@ -49,15 +56,17 @@ def run_ranks(ranks: int, *arguments: str, flags: tuple[str, ...] = (), timeout:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """(one process's results, two ranks', two ranks' with ZeRO-1, two ranks' of two micro-batches
-    a step): each the worker's json, gradients and (on two ranks) saved training state."""
+    """(one process's results, two data-parallel ranks', two ranks' with ZeRO-1, two ranks' of two
+    micro-batches a step, two tensor-parallel ranks', tp=2 x dp=2): each the worker's json,
+    gradients and (on several data-parallel ranks) saved training state."""
     folder = tmp_path_factory.mktemp("dp")
     found = []
-    for ranks, extra in ((1, ()), (2, ()), (2, ("--zero",)), (2, ("--accum", "2"))):
+    for ranks, dp, extra in LAYOUTS:
         out = str(folder / f"dp{ranks}{''.join(extra)}")
-        done = run_ranks(ranks, sys.executable, str(WORKER), out, str(ranks), *extra)
+        done = run_ranks(ranks, sys.executable, str(WORKER), out, str(dp), *extra)
         assert done.returncode == 0, done.stderr[-3000:]
-        state = dict(np.load(out + ".save/training_state.npz")) if ranks > 1 else {}
+        saved = Path(out + ".save/training_state.npz")
+        state = dict(np.load(saved)) if saved.is_file() else {}
         found.append((json.loads(Path(out + ".json").read_text()), dict(np.load(out + ".npz")), state))
     return found
 
@@ -67,18 +76,24 @@ def relative(a, b) -> float:
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
-def test_every_parameters_first_gradient_is_the_single_process_one(trained):
-    (_, single, _), (_, parallel, _), *_ = trained
+@pytest.mark.parametrize("which", [1, *TENSOR_PARALLEL], ids=["dp=2", "tp=2", "tp=2 x dp=2"])
+def test_every_parameters_first_gradient_is_the_single_process_one(trained, which):
+    """Under tensor parallelism each rank's shares of the sharded gradients, put together."""
+    (_, single, _), (_, parallel, _) = trained[0], trained[which]
     assert set(single) == set(parallel) and len(single) == 9
     for name in single:
+        assert parallel[name].shape == single[name].shape, name
         assert relative(parallel[name], single[name]) < 1e-5, name
 
 
-@pytest.mark.parametrize("which", [1, 3], ids=["one micro-batch", "two micro-batches"])
+@pytest.mark.parametrize("which", [1, 3, *TENSOR_PARALLEL],
+                         ids=["one micro-batch", "two micro-batches", "tp=2", "tp=2 x dp=2"])
 def test_the_loss_trajectory_and_the_trained_weights_are_the_single_process_ones(trained, which):
     """Also with two micro-batches a step, where each rank accumulates its own and the second sums
-    the accumulated gradients over the ranks."""
+    the accumulated gradients over the ranks, and on tensor-parallel ranks (the trained shares put
+    together: the gradient norm sums the sharded gradients' squares over the ranks)."""
     (single, _, _), parallel = trained[0], trained[which][0]
+    assert len(single["losses"]) == 10
     assert relative(parallel["losses"], single["losses"]) < 1e-5
     assert relative(parallel["norms"], single["norms"]) < 1e-5
     for name, total in single["weights"].items():
@@ -86,7 +101,7 @@ def test_the_loss_trajectory_and_the_trained_weights_are_the_single_process_ones
 
 
 def test_zero_1_is_plain_data_parallelism_bit_for_bit_and_saves_every_moment(trained):
-    _, (plain, _, plain_state), (zero, _, zero_state), _ = trained
+    _, (plain, _, plain_state), (zero, _, zero_state), *_ = trained
     assert zero == plain  # losses, gradient norms, weights
     moments = sorted(k for k in plain_state if k.startswith("exp_avg"))
     assert len(moments) == 18 and sorted(k for k in zero_state if k.startswith("exp_avg")) == moments

@@ -11,9 +11,9 @@ class SwiGLU_MLP:
     def __init__(self, d_model: int, d_ff: int, bias: bool = False):
         pass
 
-    up_weight = Param(Tensor["2 * d_ff", "d_model"])
-    up_bias = Param(Tensor["2 * d_ff"], when="bias")
-    down_weight = Param(Tensor["d_model", "d_ff"])
+    up_weight = Param(Tensor["2 * d_ff", "d_model"], shard="column")
+    up_bias = Param(Tensor["2 * d_ff"], when="bias", shard="column")
+    down_weight = Param(Tensor["d_model", "d_ff"], shard="row")
     down_bias = Param(Tensor["d_model"], when="bias")
 
     @save("in_", "gate_up")
@@ -58,8 +58,8 @@ class GeGLU_MLP:
     def __init__(self, d_model: int, d_ff: int, approximate: bool = True):
         pass
 
-    up_weight = Param(Tensor["2 * d_ff", "d_model"])
-    down_weight = Param(Tensor["d_model", "d_ff"])
+    up_weight = Param(Tensor["2 * d_ff", "d_model"], shard="column")
+    down_weight = Param(Tensor["d_model", "d_ff"], shard="row")
 
     @save("in_", "gate_up")
     @recompute("gate", "up", "gelu_gate", "hidden")

@@ -44,13 +44,13 @@ class GQA:
         assert self.softmax_scale >= 0.0, "softmax_scale must be 0 (1/sqrt(head_dim)) or a positive scale"
         assert self.softcap >= 0.0, "softcap must be 0 (none) or positive"
 
-    qkv_weight = Param(Tensor["q_dim + 2 * kv_dim", "d_model"])
-    qkv_bias = Param(Tensor["q_dim + 2 * kv_dim"], when="use_qkv_bias")
+    qkv_weight = Param(Tensor["q_dim + 2 * kv_dim", "d_model"], shard="column")
+    qkv_bias = Param(Tensor["q_dim + 2 * kv_dim"], when="use_qkv_bias", shard="column")
     q_norm = Param(Tensor["head_dim"], when="use_qk_norm")
     k_norm = Param(Tensor["head_dim"], when="use_qk_norm")
     q_norm = Param(Tensor["q_dim"], when="qk_norm_whole")  # noqa: F811 - the other case
     k_norm = Param(Tensor["kv_dim"], when="qk_norm_whole")  # noqa: F811 - the other case
-    out_weight = Param(Tensor["d_model", "q_dim"])
+    out_weight = Param(Tensor["d_model", "q_dim"], shard="row")
     out_bias = Param(Tensor["d_model"], when="use_out_bias")
 
     @save("x", "q_rot", "k_rot", "v", "att", "lse")
