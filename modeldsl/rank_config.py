@@ -93,15 +93,15 @@ def check_rank_params(whole: ModelOp, local: ModelOp, tp: int) -> None:
 
 
 def lower_for_rank(program: Any, top: str | None, values: dict[str, Any], tp: int,
-                   sink: DiagnosticSink) -> tuple[ModuleOp, ModelOp]:
+                   sink: DiagnosticSink) -> tuple[ModuleOp, ModuleOp]:
     """The module of one of ``tp`` tensor-parallel ranks (its model marked ``tp_shapes``), and the
-    whole model, both lowered from ``program`` with ``values``."""
+    whole model's, both lowered from ``program`` with ``values``."""
     from modeldsl.lower import lower_program
 
-    whole = model_of(lower_program(program, top, values, sink=DiagnosticSink()))
-    module = lower_program(program, top, rank_values(whole, values, tp), sink=sink)
+    whole = lower_program(program, top, values, sink=DiagnosticSink())
+    module = lower_program(program, top, rank_values(model_of(whole), values, tp), sink=sink)
     local = model_of(module)
-    check_rank_params(whole, local, tp)
+    check_rank_params(model_of(whole), local, tp)
     local.attributes[TP_SHAPES_ATTR] = IntegerAttr(tp, i64)
     return module, whole
 

@@ -123,7 +123,7 @@ def _shard_reason(values: dict, given: dict, target: str) -> tuple[str, str] | N
     if target == "param" and values["strategy"] in TENSOR_PARALLEL:
         return f"@shard({values['strategy']}, {options[0]}=...)", f"{NO_DISTRIBUTION}: the size is mdsl-shard's tp, " \
             "and the collectives are blocking"
-    return f"@shard({values['strategy']})", NO_DISTRIBUTION
+    return "@shard", NO_DISTRIBUTION
 
 
 def _gradient_reason(values: dict, target: str) -> tuple[str, str] | None:

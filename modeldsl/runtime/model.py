@@ -111,6 +111,8 @@ class Model:
     params: ParamsArena | None = None  # the schedule's params arena the weights are views of (the CPU)
     save_id: str = field(default_factory=new_run, repr=False)  # marks its saves (save_hf)
     tp: int = 1  # tensor-parallel ranks: the model is one rank's (modeldsl.rank_config), its weights its shares
+    whole: ModelOp | None = None  # with tp > 1, the whole model (what a save writes)
+    slices: dict = field(default_factory=dict)  # with tp > 1, the tensors this rank read a slice of
 
     def __post_init__(self) -> None:
         if self.device is None:  # the first use on a machine builds the CPU kernels: now, before any timer
@@ -365,16 +367,28 @@ class Model:
             raise _argument_error(f"dtype '{dtype}' is not fp32 or bf16")
         target = SaveTarget(Path(directory), self.save_id, overwrite=bool(overwrite),
                             what=f"save_hf('{directory}')", how="overwrite=True", owner="this model")
-        weights = {**self.weights, **merged_weights(self.model, self.weights)}
+        model, weights, record = self.whole_checkpoint({**self.weights, **merged_weights(self.model, self.weights)})
+        if distributed.communicator().rank != 0:
+            return  # every rank holds the whole model now: one writes it
         try:
             with saving_folder(target) as folder:
-                save_checkpoint(self.model, weights, self.record, folder,
-                                STORAGE[dtype] if dtype is not None else None)
+                save_checkpoint(model, weights, record, folder, STORAGE[dtype] if dtype is not None else None)
         except OSError as err:
             raise DiagnosticError([Diagnostic("E028", f"cannot write the checkpoint to '{directory}': "
                                               f"{_reason(err)}", None,
                                               "give a folder path whose parents are folders you can write")]) from None
 
+
+    def whole_checkpoint(self, weights: dict[str, np.ndarray]) -> tuple[ModelOp, dict[str, np.ndarray], ImportRecord]:
+        """(the model, ``weights``, the import record) of the whole model: on tensor-parallel ranks the
+        whole model, every rank's shares gathered (:mod:`modeldsl.runtime.tensor_parallel`: a
+        collective, every rank calls it) and the record of the whole tensors."""
+        if self.tp == 1:
+            return self.model, weights, self.record
+        from modeldsl.runtime.tensor_parallel import whole_arrays, whole_record
+
+        return self.whole, whole_arrays(self.model, self.record, weights, self.tp), \
+            whole_record(self.record, self.slices)
 
     def save_adapter(self, directory: str | Path, overwrite: bool = False) -> None:
         """Write the LoRA adapters as PEFT does (``adapter_config.json``, ``adapter_model.safetensors``),
@@ -521,9 +535,11 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
             checkpoint_values, default = _checkpoint_values(program, decl, hf_config, sink, force_architecture)
             values = {**checkpoint_values, **values}
             _check_parameters_fit(default, values, storage, runs_on, base_dtype)
-        module = lower_program(program, decl.name, values, sink) if tp == 1 else \
-            lower_for_rank(program, decl.name, values, tp, sink)[0]
+        module, whole = (lower_program(program, decl.name, values, sink), None) if tp == 1 else \
+            lower_for_rank(program, decl.name, values, tp, sink)
         bind_configuration(module)
+        if whole is not None:
+            bind_configuration(whole)
         _verify_specialized(module)
         model = _model_op(module)
         adapted = adapt(model, lora)  # lora=, an adapter's options, or the model's @adapter annotations
@@ -556,7 +572,8 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
                                           "*.safetensors files")]) from None
     try:
         with np.errstate(all="ignore"):  # a nonsensical rope_theta is W011, not a numpy RuntimeWarning
-            return Model(module, model, weights, dtype, hf_config, record, runs_on, arena, tp=tp)
+            return Model(module, model, weights, dtype, hf_config, record, runs_on, arena, tp=tp,
+                         whole=_model_op(whole) if whole is not None else None, slices=slices)
     except RopeScalingError as err:
         raise DiagnosticError([_rope_diagnostic(err, hf_config, hf)]) from None
 

@@ -73,6 +73,17 @@ def whole_arrays(model: ModelOp, record: ImportRecord, arrays: dict[str, np.ndar
     return whole
 
 
+def whole_moments(model: ModelOp, record: ImportRecord, moments: dict[str, np.ndarray],
+                  tp: int) -> dict[str, np.ndarray]:
+    """The optimizer moments (``exp_avg.PARAM``, ``exp_avg_sq.PARAM``) of the whole model, gathered as
+    :func:`whole_arrays` gathers the parameters."""
+    whole: dict[str, np.ndarray] = {}
+    for prefix in sorted({key.split(".", 1)[0] + "." for key in moments}):
+        mine = {key[len(prefix):]: value for key, value in moments.items() if key.startswith(prefix)}
+        whole |= {prefix + name: value for name, value in whole_arrays(model, record, mine, tp).items()}
+    return whole
+
+
 def whole_record(record: ImportRecord, slices: RankSlices) -> ImportRecord:
     """The import record of the whole tensors a rank read slices of (their shapes the whole ones; no
     memory-mapped arrays, so a save writes the values it is given)."""

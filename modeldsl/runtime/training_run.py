@@ -207,6 +207,10 @@ class TrainingRun:
         self.losses: list[float] = []
         self.history: list[StepInfo] = []
         state = self.state
+        if state is not None and self.tp > 1:
+            raise DiagnosticError([Diagnostic("E029", "resuming a tensor-parallel run is not implemented yet", None,
+                                              "the saved folder is an ordinary checkpoint: train on from it "
+                                              "(--hf FOLDER) with a new optimizer state")])
         self.batches = self.data.batches(self.seq, state.meta.get("data", {}) if state is not None else None,
                                          self.packing)
         if state is not None:
@@ -318,7 +322,7 @@ class TrainingRun:
         position and fingerprint, the random state."""
         return {"run": {"steps": self.steps, "batch": self.batch, "seq": self.seq, "grad_accum": self.grad_accum,
                         "seed": self.seed, "dtype": self.dtype, "packing": self.packing, "dp": self.dp,
-                        "zero": self.zero,
+                        "zero": self.zero, "tp": self.tp,
                         **({"base": base} if base is not None else {})},
                 "data": {"file": self.data.file, "tokens": int(len(self.data.tokens)), "sha256": self.data.fingerprint,
                          **self.batches.state()},
@@ -328,8 +332,10 @@ class TrainingRun:
         return any(p.is_adapter for p in self.model.model.params())
 
     def write(self, folder: Path, meta: dict[str, Any], save_dtype: str | None = None,
-              moments: dict[str, np.ndarray] | None = None) -> None:
-        """The checkpoint (with adapters: the PEFT adapter and the tokenizer) and the training state into ``folder``."""
+              moments: dict[str, np.ndarray] | None = None, checkpoint: tuple | None = None) -> None:
+        """The checkpoint (with adapters: the PEFT adapter and the tokenizer) and the training state into
+        ``folder``; ``checkpoint``: the (model, weights, record) to write (the whole model's on
+        tensor-parallel ranks), else the model's."""
         from modeldsl.hf.checkpoint import copy_tokenizer, save_checkpoint
         from modeldsl.runtime.lora import write_adapter
         from modeldsl.runtime.model import STORAGE
@@ -337,16 +343,17 @@ class TrainingRun:
 
         self.trainer.sync_weights()
         model = self.model
+        written_model, weights, record = checkpoint or (model.model, model.weights, model.record)
         if self.has_adapters():
             write_adapter(folder, model.model, model.weights, meta["run"].get("base"))
             copy_tokenizer(model.record, folder)
             written = {"float32"}
         else:
-            written = save_checkpoint(model.model, model.weights, model.record, folder,
+            written = save_checkpoint(written_model, weights, record, folder,
                                       STORAGE[save_dtype] if save_dtype else None)
         arrays = {"losses": np.asarray(self.losses, np.float64)}
         if written - {"float32"}:  # rounded tensors: keep the masters for --resume
-            arrays |= {MASTERS + n: np.asarray(model.weights[n], np.float32) for n in self.trainer.optimizer.grads}
+            arrays |= {MASTERS + n: np.asarray(weights[n], np.float32) for n in self.trainer.optimizer.grads}
         save_training_state(folder / STATE_FILE, self.trainer, meta, arrays, moments)
 
     def gathered_moments(self) -> dict[str, np.ndarray] | None:
@@ -361,6 +368,13 @@ class TrainingRun:
         from modeldsl.runtime.saves import SaveTarget, new_run, saving_folder
 
         moments = self.gathered_moments()
+        self.trainer.sync_weights()
+        checkpoint = self.model.whole_checkpoint(self.model.weights)  # on tensor-parallel ranks, gathered
+        if self.tp > 1:
+            from modeldsl.runtime.tensor_parallel import whole_moments
+
+            moments = whole_moments(self.model.model, self.model.record, moments or self.trainer.state_arrays(),
+                                    self.tp)
         if self.rank != 0:
             return
         if not hasattr(self, "run_id"):
@@ -371,7 +385,7 @@ class TrainingRun:
         try:
             with saving_folder(target) as folder:
                 self.write(folder, self.meta(str(Path(base).resolve()) if base and self.has_adapters() else None),
-                           save_dtype, moments)
+                           save_dtype, moments, checkpoint)
         except OSError as err:
             raise DiagnosticError([Diagnostic("E028", f"cannot write the run to '{out}': {err.strerror or err}",
                                               None, "give a folder you can write")]) from None

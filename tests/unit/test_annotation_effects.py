@@ -101,7 +101,7 @@ def test_parameter_model_and_declaration_annotations_that_are_not_applied_warn()
         module Inner(d: int = 8):
           @checkpoint
           params:
-            w: [d, d] @memory(offload) @dtype(fp32) @shard(row) @frozen
+            w: [d, d] @memory(offload) @dtype(fp32) @shard(expert) @frozen
           forward:
             in: x: [B, d]
             out: [B, d]
@@ -126,6 +126,16 @@ def test_parameter_model_and_declaration_annotations_that_are_not_applied_warn()
     found = {(line, col): message.split(" has no effect")[0] for line, col, message in w013(diagnostics)}
     assert found == {(2, 3): "`@checkpoint`", (4, 15): "`@memory(offload)`", (4, 32): "`@dtype`",
                      (4, 45): "`@shard`", (11, 8): "`recipe Hybrid`", (15, 3): "`@recipe`"}  # once, for 2 instances
+
+
+def test_a_tensor_parallel_strategy_on_a_parameter_takes_effect_and_its_options_warn():
+    """``@shard(column)`` and ``@shard(row)`` on a parameter are what ``mdsl-shard{tp}`` shards by; a
+    size or an asynchronous option written with them is not applied."""
+    plain = module("x -> matmul(w1, transpose=NT) -> out\n").replace("w1: [d, d]", "w1: [d, d] @shard(column)")
+    assert "@shard(column)" in plain and w013(lowered(plain)[1]) == []
+    sized = plain.replace("@shard(column)", "@shard(row, tp_size=2)")
+    (found,) = w013(lowered(sized)[1])
+    assert found[2].startswith("`@shard(row, tp_size=...)` has no effect in this version: ")
 
 
 PYTHON = '''\

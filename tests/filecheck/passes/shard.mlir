@@ -4,13 +4,15 @@
 // grads included). Run twice, it reduces once. Lowered into a training step's grads arena, each
 // gradient is added into its grads buffer as without the pass (the GEMMs write there, beta = 1) and
 // that buffer is then all-reduced in place: the rank's accumulated gradient, no transient copy. A layout that does not divide the model is E048
-// naming the dimension; the parallelisms not built yet are refused.
+// naming the dimension; tensor parallelism of a model lowered with the whole shapes is E048 too (shard-tp.mlir
+// shards one rank's); the parallelisms not built yet are refused.
 // RUN: mdsl-opt %s -p 'mdsl-shard{dp=2}' | filecheck %s
 // RUN: mdsl-opt %s -p 'mdsl-shard{dp=2},mdsl-shard{dp=2}' | filecheck %s --check-prefix=ONCE
 // RUN: mdsl-opt %s -p 'mdsl-shard{dp=2},mdsl-lower-to-sched{func=loss_grad}' | filecheck %s --check-prefix=SCHED
 // RUN: mdsl-opt %s -p 'mdsl-shard{dp=2},mdsl-lower-to-sched{func=loss_grad grads_arena=true}' | filecheck %s --check-prefix=GRADS
 // RUN: not mdsl-opt %s -p 'mdsl-shard{tp=3}' 2>&1 | filecheck %s --check-prefix=DIVIDES
-// RUN: not mdsl-opt %s -p 'mdsl-shard{tp=2}' 2>&1 | filecheck %s --check-prefix=NOTYET
+// RUN: not mdsl-opt %s -p 'mdsl-shard{tp=2}' 2>&1 | filecheck %s --check-prefix=WHOLE
+// RUN: not mdsl-opt %s -p 'mdsl-shard{pp=2}' 2>&1 | filecheck %s --check-prefix=NOTYET
 
 !x = !mdsl.graph.tensor<[2, 8], fp32>
 !w = !mdsl.graph.tensor<[8, 8], fp32>
@@ -63,4 +65,6 @@ mdsl.graph.model @m config {num_heads = 4 : i64} {
 // DIVIDES: error[E048]: mdsl-shard: tp=3 does not divide num_heads=4 of m
 // DIVIDES: hint: choose a tp that divides num_heads (its divisors: 1, 2, 4)
 
-// NOTYET: error[E029]: {{.*}}mdsl-shard: tp=2: tensor parallelism is not implemented yet
+// WHOLE: error[E048]: mdsl-shard: tp=2, but @m has the shapes of the whole model
+
+// NOTYET: error[E029]: {{.*}}mdsl-shard: pp=2: pipeline parallelism is not implemented yet

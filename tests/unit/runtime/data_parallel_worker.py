@@ -7,10 +7,11 @@ parameter (one accumulate of the first batch, before any update), and writes fro
 gradients' file (``OUT.npz``) and the losses, gradient norms and final weights' sums (``OUT.json``).
 ``--accum K``: K micro-batches of 4 / K rows per step (their gradients summed over the ranks at the
 last). ``--tp TP``: TP tensor-parallel ranks too (DP * TP processes, each holding its share of the
-heads and of the MLP), the gradients and weights gathered whole before they are written.
-``--zero``: ZeRO-1 (the AdamW moments shared out over the ranks). On several data-parallel ranks
-the run is then saved into ``OUT.save`` (under ZeRO-1 every rank gathers the moments; rank 0
-writes). ``--die-at STEP``: rank 1 ends itself hard (no MPI finalize) before that step, as a
+heads and of the MLP), the gradients and weights gathered whole before they are written. Every run is saved into ``OUT.save``
+(under ZeRO-1 every rank gathers the moments, on tensor-parallel ranks every share; rank 0 writes),
+and the logits of a first sequence go to ``OUT.logits.npy`` (before training) and
+``OUT.final_logits.npy`` (after).
+``--zero``: ZeRO-1 (the AdamW moments shared out over the ranks). ``--die-at STEP``: rank 1 ends itself hard (no MPI finalize) before that step, as a
 killed rank.
 """
 
@@ -33,6 +34,7 @@ STEPS, BATCH, SEQ = 10, 4, 16
 def main(out: str, dp: int, tp: int, zero: bool, accum: int, die_at: int | None) -> None:
     run = modeldsl.train(ROOT / "examples" / "tiny_llama", ROOT / "examples" / "tiny_corpus.txt", steps=STEPS,
                          batch=BATCH // accum, seq=SEQ, lr=1e-3, dp=dp, zero=zero, grad_accum=accum, tp=tp)
+    logits = run.model.forward(np.arange(SEQ, dtype=np.int32)[None, :] % 300)
     gradients = whole(run, first_gradients(run))
     losses, norms = [], []
     for step in range(STEPS):
@@ -41,12 +43,14 @@ def main(out: str, dp: int, tp: int, zero: bool, accum: int, die_at: int | None)
         info = run.step()
         losses.append(info.loss)
         norms.append(info.grad_norm)
-    if dp > 1 and tp == 1:
-        run.save(out + ".save")
+    run.save(out + ".save")
+    final = run.model.forward(np.arange(SEQ, dtype=np.int32)[None, :] % 300)
     trained = whole(run, run.model.weights)
     if run.rank == 0:
         weights = {name: float(np.asarray(value, dtype=np.float64).sum()) for name, value in trained.items()}
         np.savez(out + ".npz", **gradients)
+        np.save(out + ".logits.npy", logits)
+        np.save(out + ".final_logits.npy", final)
         Path(out + ".json").write_text(json.dumps({"losses": losses, "norms": norms, "weights": weights}))
 
 

@@ -38,6 +38,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or no
 LAYOUTS = ((1, 1, ()), (2, 2, ()), (2, 2, ("--zero",)), (2, 2, ("--accum", "2")), (2, 1, ("--tp", "2")),
            (4, 2, ("--tp", "2")))
 TENSOR_PARALLEL = (4, 5)  # the fixture's tensor-parallel runs
+LABELS = [f"dp{ranks}{''.join(extra)}" for ranks, _, extra in LAYOUTS]
 
 
 def environment(**extra: str) -> dict[str, str]:
@@ -61,13 +62,13 @@ def trained(tmp_path_factory):
     gradients and (on several data-parallel ranks) saved training state."""
     folder = tmp_path_factory.mktemp("dp")
     found = []
-    for ranks, dp, extra in LAYOUTS:
-        out = str(folder / f"dp{ranks}{''.join(extra)}")
+    for (ranks, dp, extra), label in zip(LAYOUTS, LABELS):
+        out = str(folder / label)
         done = run_ranks(ranks, sys.executable, str(WORKER), out, str(dp), *extra)
         assert done.returncode == 0, done.stderr[-3000:]
         saved = Path(out + ".save/training_state.npz")
         state = dict(np.load(saved)) if saved.is_file() else {}
-        found.append((json.loads(Path(out + ".json").read_text()), dict(np.load(out + ".npz")), state))
+        found.append((json.loads(Path(out + ".json").read_text()), dict(np.load(out + ".npz")), state, folder))
     return found
 
 
@@ -79,7 +80,7 @@ def relative(a, b) -> float:
 @pytest.mark.parametrize("which", [1, *TENSOR_PARALLEL], ids=["dp=2", "tp=2", "tp=2 x dp=2"])
 def test_every_parameters_first_gradient_is_the_single_process_one(trained, which):
     """Under tensor parallelism each rank's shares of the sharded gradients, put together."""
-    (_, single, _), (_, parallel, _) = trained[0], trained[which]
+    (_, single, *_), (_, parallel, *_) = trained[0], trained[which]
     assert set(single) == set(parallel) and len(single) == 9
     for name in single:
         assert parallel[name].shape == single[name].shape, name
@@ -92,7 +93,7 @@ def test_the_loss_trajectory_and_the_trained_weights_are_the_single_process_ones
     """Also with two micro-batches a step, where each rank accumulates its own and the second sums
     the accumulated gradients over the ranks, and on tensor-parallel ranks (the trained shares put
     together: the gradient norm sums the sharded gradients' squares over the ranks)."""
-    (single, _, _), parallel = trained[0], trained[which][0]
+    single, parallel = trained[0][0], trained[which][0]
     assert len(single["losses"]) == 10
     assert relative(parallel["losses"], single["losses"]) < 1e-5
     assert relative(parallel["norms"], single["norms"]) < 1e-5
@@ -100,8 +101,29 @@ def test_the_loss_trajectory_and_the_trained_weights_are_the_single_process_ones
         assert abs(parallel["weights"][name] - total) <= 1e-5 * max(abs(total), 1.0), name
 
 
+@pytest.mark.parametrize("which", TENSOR_PARALLEL, ids=["tp=2", "tp=2 x dp=2"])
+def test_tensor_parallel_ranks_give_the_logits_and_save_the_whole_checkpoint(trained, which):
+    """Every rank's logits are the whole model's, and the save gathers the shares into the ordinary
+    checkpoint (the single process's tensors, names and shapes) with the whole moments: loaded in one
+    process it gives the logits the ranks computed with the trained shares."""
+    import modeldsl
+    from modeldsl.hf.safetensors_io import SafetensorsFile
+
+    folder, label = trained[0][3], LABELS[which]
+    single, parallel = np.load(folder / "dp1.logits.npy"), np.load(folder / f"{label}.logits.npy")
+    assert single.shape == (1, 16, 384) and relative(parallel, single) < 1e-5
+    reloaded = modeldsl.load(hf=folder / f"{label}.save").forward(np.arange(16, dtype=np.int32)[None, :] % 300)
+    assert relative(reloaded, np.load(folder / f"{label}.final_logits.npy")) < 1e-5
+    files = [SafetensorsFile(folder / f"{name}.save" / "model.safetensors") for name in ("dp1", label)]
+    assert sorted(files[0].keys()) == sorted(files[1].keys()) and len(files[0].keys()) == 2 * 9 + 3
+    assert all(files[1].shape(name) == files[0].shape(name) for name in files[0].keys())
+    single_state, state = trained[0][2], trained[which][2]
+    moments = sorted(k for k in single_state if k.startswith("exp_avg"))
+    assert len(moments) == 18 and all(state[name].shape == single_state[name].shape for name in moments)
+
+
 def test_zero_1_is_plain_data_parallelism_bit_for_bit_and_saves_every_moment(trained):
-    _, (plain, _, plain_state), (zero, _, zero_state), *_ = trained
+    (plain, _, plain_state, _), (zero, _, zero_state, _) = trained[1], trained[2]
     assert zero == plain  # losses, gradient norms, weights
     moments = sorted(k for k in plain_state if k.startswith("exp_avg"))
     assert len(moments) == 18 and sorted(k for k in zero_state if k.startswith("exp_avg")) == moments
