@@ -219,8 +219,8 @@ def check_rank_shapes(model: ModelOp, tp: int) -> None:
     if have != tp:
         raise tp_error(f"tp={tp}, but @{model.sym_name.data} has the shapes of "
                        f"{'the whole model' if have == 1 else f'one of {have} ranks'}",
-                       f"lower the model for one of {tp} tensor-parallel ranks: mdsl-opt --tp {tp}, "
-                       f"modeldsl.load(..., tp={tp})")
+                       f"lower the model for one of {tp} tensor-parallel ranks: modeldsl.load(..., tp={tp}), "
+                       f"mdsl-run --tp {tp}")
     adapters = [p.sym_name.data for p in model.params() if isinstance(p, ParamOp) and p.is_adapter]
     if adapters:
         raise tp_error(f"tensor parallelism of a model with adapters ({adapters[0]}) is not implemented",

@@ -55,14 +55,14 @@ SETTINGS = {
     "--steps": "steps", "--batch": "batch", "--seq": "seq", "--grad-accum": "grad_accum", "--lr": "lr",
     "--warmup": "warmup", "--weight-decay": "weight_decay", "--clip": "clip", "--min-lr-ratio": "min_lr_ratio",
     "--seed": "seed", "--dtype": "dtype", "--base-dtype": "base_dtype", "--packing": "packing", "--dp": "dp",
-    "--zero": "zero",
+    "--zero": "zero", "--tp": "tp",
 }
 DEFAULTS = {"grad_accum": 1, "warmup": 0, "weight_decay": 0.01, "clip": 1.0, "min_lr_ratio": 0.0, "seed": 0,
-            "dtype": "fp32", "base_dtype": None, "packing": "padded", "dp": 1, "zero": False}
+            "dtype": "fp32", "base_dtype": None, "packing": "padded", "dp": 1, "zero": False, "tp": 1}
 TRAIN_ONLY = ("steps", "batch", "seq", "lr", "grad_accum", "warmup", "weight_decay", "clip", "min_lr_ratio",
               "save", "resume", "stop_after", "loss_plot", "recompute", "save_dtype",
               "overwrite", "lora", "lora_targets", "lora_dropout", "rslora", "eval", "eval_every", "base_dtype",
-              "packing", "dp", "zero")
+              "packing", "dp", "zero", "tp")
 LORA_FLAGS = ("lora_targets", "lora_dropout", "rslora")  # each needs --lora R
 BASE_DTYPES = ("bf16", "fp8")
 
@@ -112,6 +112,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp", type=int, metavar="N", help="data parallelism over the N processes of an MPI launch "
                    "(mpiexec -n N mdsl-run ... --dp N): each trains on its rows of every batch, the gradients "
                    "summed over them; rank 0 prints and saves (default 1)")
+    g.add_argument("--tp", type=int, metavar="N", help="tensor parallelism over N processes (mpiexec -n N*DP "
+                   "mdsl-run ... --tp N): each holds 1/N of the attention heads and of the MLP (default 1)")
     g.add_argument("--zero", action="store_true", default=None, help="with --dp: ZeRO-1, the AdamW moments "
                    "shared out over the ranks by parameter (each updates its own and sends them to the others)")
     g.add_argument("--recompute", metavar="MODE", help="what the backward recomputes instead of saving "
@@ -358,7 +360,7 @@ def _check_values(args) -> None:
                                                            else "a finite number >= 0")
             problems.append(f"{flag} must be {want}, got {value}")
 
-    for name in ("steps", "batch", "seq", "grad_accum", "stop_after", "eval_every", "dp"):
+    for name in ("steps", "batch", "seq", "grad_accum", "stop_after", "eval_every", "dp", "tp"):
         integer(name, 1)
     for name in ("warmup", "seed"):
         integer(name, 0)
@@ -467,6 +469,7 @@ def _check_resume(args) -> None:
     saved = {"steps": run["steps"], "batch": run["batch"], "seq": run["seq"], "grad_accum": run["grad_accum"],
              "seed": run["seed"], "dtype": run.get("dtype", "fp32"), "base_dtype": run.get("base_dtype"),
              "packing": run.get("packing", "padded"), "dp": run.get("dp", 1), "zero": run.get("zero", False),
+             "tp": run.get("tp", 1),
              "lr": state.config.lr,
              "warmup": state.config.warmup_steps,
              "weight_decay": state.config.weight_decay, "clip": state.config.clip_norm,
@@ -626,6 +629,10 @@ def run_training(args) -> int:
     from modeldsl.tokenizer import Tokenizer
 
     state = args.resumed
+    if state is not None and args.tp > 1:
+        raise DiagnosticError([Diagnostic("E029", "resuming a tensor-parallel run is not implemented yet", None,
+                                          f"the saved folder is an ordinary checkpoint: train on from it with "
+                                          f"--hf {args.resume} (a new optimizer state)")])
     source = Path(args.resume if state is not None else args.hf)
     tokenizer = Tokenizer(source)
     base, adapter = _base_and_adapter(args, state, source)
@@ -635,7 +642,11 @@ def run_training(args) -> int:
     data = TrainingData.read(args.train, source, tokenizer, eos, args.seq, warn)
     evaluation = TrainingData.read(args.eval, source, tokenizer, eos, args.seq, warn) if args.eval else None
     sink = DiagnosticSink()
-    model = modeldsl.load(args.model, hf=base, dtype="fp32", top=args.top, progress=True, sink=sink,
+    if args.tp > 1:
+        from modeldsl.runtime import distributed
+
+        distributed.start(distributed.Layout(tp=args.tp, dp=args.dp))
+    model = modeldsl.load(args.model, hf=base, dtype="fp32", top=args.top, progress=True, sink=sink, tp=args.tp,
                           device=args.device, force_architecture=args.force_architecture,
                           allow_unused_tensors=args.allow_unused_tensors, adapter=adapter,
                           lora=getattr(args, "lora_options", None) if adapter is None else None,
@@ -660,7 +671,7 @@ def run_training(args) -> int:
         run = TrainingRun(model, data, args.steps, args.batch, args.seq, config, args.grad_accum, args.dtype,
                           args.recompute or "annotated", args.seed, eval_data=evaluation,
                           eval_every=(args.eval_every or args.steps) if evaluation is not None else 0, state=state,
-                          warn=warn, packing=args.packing, dp=args.dp, zero=args.zero)
+                          warn=warn, packing=args.packing, dp=args.dp, zero=args.zero, tp=args.tp)
     except DiagnosticError as err:
         if err.diagnostics[0].code == "E029" and "positions" in err.diagnostics[0].message:
             raise _flag_error(err.diagnostics[0].message.replace("seq ", "--seq ", 1), f"give --seq "
@@ -689,6 +700,7 @@ def _train_and_save(args, run, model, data, config, base, quiet: bool = False) -
           f"{first + 1}..{last} of {args.steps}, "
           f"{args.grad_accum} x {args.batch} sequences of {args.seq} tokens per step"
           + (f", data-parallel over {args.dp} ranks ({args.batch // args.dp} sequences each)" if args.dp > 1 else "")
+          + (f", tensor-parallel over {args.tp} ranks" if args.tp > 1 else "")
           + (", bf16 mixed precision" if args.dtype == "bf16" else "") + f", on {args.device}")
     print(step_memory_line(program, args.recompute or "annotated"))
     if _has_adapters(model):

@@ -72,4 +72,4 @@ mdsl.graph.model @mlp config {d_ff = 16 : i64} attributes {tp_shapes = 2 : i64} 
 // SCHED: mdsl.sched.collective "all_reduce" %y_partial -> %y group "tp" {op = "sum", size = 2 : i64}
 
 // RANKS: error[E048]: mdsl-shard: tp=4, but @mlp has the shapes of one of 2 ranks
-// RANKS: hint: lower the model for one of 4 tensor-parallel ranks: mdsl-opt --tp 4, modeldsl.load(..., tp=4)
+// RANKS: hint: lower the model for one of 4 tensor-parallel ranks: modeldsl.load(..., tp=4), mdsl-run --tp 4

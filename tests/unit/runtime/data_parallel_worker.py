@@ -7,12 +7,12 @@ parameter (one accumulate of the first batch, before any update), and writes fro
 gradients' file (``OUT.npz``) and the losses, gradient norms and final weights' sums (``OUT.json``).
 ``--accum K``: K micro-batches of 4 / K rows per step (their gradients summed over the ranks at the
 last). ``--tp TP``: TP tensor-parallel ranks too (DP * TP processes, each holding its share of the
-heads and of the MLP), the gradients and weights gathered whole before they are written. Every run is saved into ``OUT.save``
-(under ZeRO-1 every rank gathers the moments, on tensor-parallel ranks every share; rank 0 writes),
-and the logits of a first sequence go to ``OUT.logits.npy`` (before training) and
-``OUT.final_logits.npy`` (after).
-``--zero``: ZeRO-1 (the AdamW moments shared out over the ranks). ``--die-at STEP``: rank 1 ends itself hard (no MPI finalize) before that step, as a
-killed rank.
+heads and of the MLP), the gradients and weights gathered whole before they are written.
+``--zero``: ZeRO-1 (the AdamW moments shared out over the ranks). Every run is saved into
+``OUT.save`` (under ZeRO-1 every rank gathers the moments, on tensor-parallel ranks every share;
+rank 0 writes), and the logits of a first sequence go to ``OUT.logits.npy`` (before training) and
+``OUT.final_logits.npy`` (after). ``--die-at STEP``: rank 1 ends itself hard (no MPI finalize)
+before that step, as a killed rank.
 """
 
 from __future__ import annotations

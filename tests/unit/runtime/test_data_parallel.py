@@ -7,8 +7,9 @@ trajectory, and its trained weights, within fp32 rounding (the two halves' GEMMs
 order: 1e-5 relative). ZeRO-1 (the moments shared out over the ranks) gives plain data
 parallelism's run bit for bit, saves every moment, and resumes on the same layout as if it had not
 stopped. Tensor parallelism (tp=2, and tp=2 x dp=2 on four processes: each rank holding half of
-the heads and of the MLP) gives them too, its shares put together. A rank that dies ends the job with E049 within the collective timeout, and
-``mpiexec -n 2 mdsl-run ... --dp 2`` prints the single process's losses.
+the heads and of the MLP) gives them too, its shares put together, and saves the whole checkpoint.
+A rank that dies ends the job with E049 within the collective timeout, and ``mpiexec -n 2 mdsl-run
+... --dp 2`` (or ``--tp 2``) prints the single process's losses.
 """
 
 from __future__ import annotations
@@ -188,3 +189,19 @@ def test_mdsl_run_trains_on_two_ranks_as_on_one(tmp_path):
     assert "data-parallel over 2 ranks (2 sequences each)" in parallel.stdout
     assert parallel.stdout.count("training on") == 1  # rank 0 alone prints
     assert (tmp_path / "out" / "model.safetensors").is_file() and (tmp_path / "b.png").is_file()
+
+
+def test_mdsl_run_trains_tensor_parallel_ranks_as_one_process(tmp_path):
+    flags = ["--hf", "examples/tiny_llama", "--train", "examples/tiny_corpus.txt", "--steps", "3", "--batch", "4",
+             "--seq", "16", "--lr", "1e-3"]
+    single = run_ranks(1, sys.executable, "-m", "modeldsl.tools.run", *flags, "--loss-plot", str(tmp_path / "a.png"))
+    parallel = run_ranks(2, sys.executable, "-m", "modeldsl.tools.run", *flags, "--tp", "2", "--stop-after", "2",
+                         "--save", str(tmp_path / "out"), "--loss-plot", str(tmp_path / "b.png"))
+    assert single.returncode == 0 and parallel.returncode == 0, parallel.stderr[-3000:]
+    losses = [[float(x) for x in re.findall(r"^step \d+ loss (\S+)", out.stdout, re.M)] for out in (single, parallel)]
+    assert len(losses[0]) == 3 and relative(losses[1], losses[0][:2]) < 1e-5
+    assert "tensor-parallel over 2 ranks" in parallel.stdout and parallel.stdout.count("training on") == 1
+    resumed = run_ranks(2, sys.executable, "-m", "modeldsl.tools.run", "--train", "examples/tiny_corpus.txt",
+                        "--resume", str(tmp_path / "out"))
+    assert resumed.returncode != 0 and "error[E029]: resuming a tensor-parallel run is not implemented" in \
+        resumed.stderr
