@@ -22,6 +22,9 @@ each expansion):
   ``mdsl-autodiff{func=train_loss}``, the chunked
   LM-head loss (``BEFORE_RECOMPUTE``), ``mdsl-recompute``, every fusion,
   with ``dp=N`` ``mdsl-shard{dp=N}`` (the gradients summed over N data-parallel ranks),
+  and with ``tp=N`` (a model lowered for one of N tensor-parallel ranks: the program builders take
+  it from the model's ``tp_shapes``) ``mdsl-shard{tp=N}`` before the fusions, as in the forward
+  pipelines,
   ``mdsl-lower-to-sched{func=train_loss_grad grads_arena=true}``,
   ``mdsl-plan-memory``;
 * ``mdsl-optimizer-update{beta1 beta2 eps weight_decay clip_norm storage dp rank zero}``:

@@ -2,7 +2,7 @@
 
 ``mdsl-shard{tp=1 dp=2 pp=1 ep=1 sp=false}`` takes the layout (:class:`~modeldsl.runtime.distributed.Layout`
 places the ranks; spec 7.6.0) and first checks that it divides the model: ``tp`` the attention heads
-(``num_heads``, ``num_kv_heads``), the MLP's ``d_ff`` and the vocabulary, ``pp`` the layers, ``ep``
+(``num_heads``, ``num_kv_heads``) and the MLP's ``d_ff``, ``pp`` the layers, ``ep``
 the experts; a size that does not divide is E048 naming the dimension and its value.
 
 Data parallelism (``dp``): every rank holds every parameter and runs the step on its own rows of
