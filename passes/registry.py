@@ -275,6 +275,7 @@ LISTINGS: dict[str, PassListing] = {
         ("dp=int", "default: 1"),
         ("rank=int", "default: 0"),
         ("zero=int", "default: 0"),
+        ("tp=int", "default: 1"),
     )),
     "mdsl-attach-loss": PassListing("a causal language model's training loss as a function of the model", (
         ("ignore_index=int", "default: -100"),
@@ -300,7 +301,7 @@ LISTINGS: dict[str, PassListing] = {
             ("pp=int", "default: 1"),
             ("ep=int", "default: 1"),
             ("sp=bool", "default: false"),
-        ), patterns=(("dp_gradients", "ReduceGradients"),)),
+        ), patterns=(("dp_gradients", "ReduceGradients"), ("tp_partial_sums", "ReducePartialSums"))),
     "mdsl-pack-sequences": PassListing(
         "a model's forward on packed rows, each example attending only to itself", (), patterns=(
             ("segment_attention", "SegmentAttention"),
@@ -308,19 +309,20 @@ LISTINGS: dict[str, PassListing] = {
         )),
     "mdsl-forward-profile": PassListing(
         DESCRIPTIONS["mdsl-forward-profile"],
-        (*_SHAPE_OPTIONS, ("split_gemms=bool", "default: true"), *_FUSION_OPTIONS),
+        (*_SHAPE_OPTIONS, ("split_gemms=bool", "default: true"), *_FUSION_OPTIONS, ("tp=int", "default: 1")),
         'mdsl-specialize{B=2 T=16},mdsl-adapters{annotations_only=true},mdsl-fuse,'
         'mdsl-lower-to-sched{storage="fp32"},mdsl-plan-memory'),
     "mdsl-generate-step": PassListing(
         DESCRIPTIONS["mdsl-generate-step"],
-        (*_SHAPE_OPTIONS, ("split_gemms=bool", "default: true"), *_FUSION_OPTIONS, ("kv_cache=int", "default: 256")),
+        (*_SHAPE_OPTIONS, ("split_gemms=bool", "default: true"), *_FUSION_OPTIONS, ("tp=int", "default: 1"),
+         ("kv_cache=int", "default: 256")),
         'mdsl-specialize{B=2 T=16},mdsl-adapters{annotations_only=true},mdsl-fuse,'
         'mdsl-lower-to-sched{storage="fp32" kv_cache=256},mdsl-plan-memory'),
     "mdsl-train-step": PassListing(
         DESCRIPTIONS["mdsl-train-step"],
         (*_SHAPE_OPTIONS, ("recompute=str", "default: annotated"), ("budget=str", "default: ''"),
          ("finetune=str", "default: auto"), ("free_memory=int", "default: 0"), *_FUSION_OPTIONS,
-         ("packed=bool", "default: false"), ("dp=int", "default: 1")),
+         ("packed=bool", "default: false"), ("dp=int", "default: 1"), ("tp=int", "default: 1")),
         _TRAIN_STEP),
     "mdsl-optimizer-update": PassListing(DESCRIPTIONS["mdsl-optimizer-update"], (
         ("beta1=float", "default: 0.9"),
@@ -332,6 +334,7 @@ LISTINGS: dict[str, PassListing] = {
         ("dp=int", "default: 1"),
         ("rank=int", "default: 0"),
         ("zero=int", "default: 0"),
+        ("tp=int", "default: 1"),
     ), 'mdsl-specialize{B=1 T=1},mdsl-adapters{annotations_only=true},mdsl-optimizer-step{storage="fp32"},'
        'mdsl-plan-memory'),
 }
