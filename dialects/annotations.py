@@ -803,6 +803,16 @@ class ShardAttr(AnnotationAttr):
             raise AnnotationError(f"@shard(replicated) keeps a full copy and takes no {', '.join(sizes)}")
 
 
+# the dim of one layer's [out, in] tensor (or [out] bias) each tensor-parallel strategy divides
+SHARD_DIMS = {"column": 0, "row": 1}
+
+
+def shard_strategy(param: Operation) -> str | None:
+    """The ``@shard`` strategy a parameter declaration declares (``column``, ``row``, ...), or None."""
+    attr = find_annotation(param, ShardAttr)
+    return attr.values["strategy"] if attr is not None else None
+
+
 @irdl_attr_definition
 class PartitionAttr(AnnotationAttr):
     """``@partition(stage, micro_batch=true, recompute=false)``: spec 7.6.2."""

@@ -18,35 +18,28 @@ from typing import Any
 from xdsl.dialects.builtin import IntegerAttr, ModuleOp, i64
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, DiagnosticSink
+from modeldsl.dialects.annotations import SHARD_DIMS
 from modeldsl.dialects.graph import ModelOp, ParamRefOp, StackOp
-from modeldsl.passes.shard import TP_SHAPES_ATTR, divisors, param_shardings
+from modeldsl.hf.checkpoint import config_integers
+from modeldsl.passes.shard import DIVIDES, TP_SHAPES_ATTR, check_divides, param_shardings
 
-TP_DIVIDED = ("num_heads", "num_kv_heads", "d_ff")
+TP_DIVIDED = DIVIDES["tp"]  # num_heads, num_kv_heads, d_ff
 TP_PINNED = ("head_dim",)
-SHARD_DIMS = {"column": 0, "row": 1}  # the dim of one layer's [out, in] tensor each strategy divides
 
 
 def rank_error(message: str, hint: str) -> DiagnosticError:
     return DiagnosticError([Diagnostic("E048", message, None, hint=hint)])
 
 
-def config_ints(model: ModelOp) -> dict[str, int]:
-    return {k: v.value.data for k, v in model.config_values.items()
-            if isinstance(v, IntegerAttr) and v.type.width.data != 1}
-
-
 def rank_values(whole: ModelOp, values: dict[str, Any], tp: int) -> dict[str, Any]:
-    """The configuration of one of ``tp`` ranks of ``whole`` (lowered with ``values``)."""
-    config = config_ints(whole)
+    """The configuration of one of ``tp`` ranks of ``whole`` (lowered with ``values``; E048 where
+    ``tp`` does not divide a size)."""
+    check_divides(whole, {"tp": tp})
+    config = config_integers(whole)
     local = dict(values)
     for name in TP_DIVIDED:
-        if name not in config:
-            continue
-        if config[name] % tp:
-            raise rank_error(f"tp={tp} does not divide {name}={config[name]} of {whole.sym_name.data}",
-                             f"choose a tp that divides {name} (its divisors: "
-                             f"{', '.join(str(d) for d in divisors(config[name]))})")
-        local[name] = config[name] // tp
+        if name in config:
+            local[name] = config[name] // tp
     for name in TP_PINNED:
         if name in config:
             local[name] = config[name]
@@ -54,7 +47,7 @@ def rank_values(whole: ModelOp, values: dict[str, Any], tp: int) -> dict[str, An
 
 
 def shapes(model: ModelOp) -> dict[str, tuple[int, ...]]:
-    config = config_ints(model)
+    config = config_integers(model)
     return {p.sym_name.data: tuple(d.evaluate(config) for d in p.param_type.shape) for p in model.params()}
 
 

@@ -61,7 +61,7 @@ from xdsl.pattern_rewriter import (
 from xdsl.rewriter import InsertPoint
 
 from modeldsl.diagnostics import Diagnostic, DiagnosticError, PassOptionError
-from modeldsl.dialects.annotations import ShardAttr, find_annotation
+from modeldsl.dialects.annotations import shard_strategy
 from modeldsl.dialects.graph import CallOp, FuncOp, ModelOp, ParamOp, ReturnOp, StackOp
 from modeldsl.dialects.graph_primitives import MatmulOp
 from modeldsl.graph_builder import GraphBuilder, op_attr
@@ -147,12 +147,8 @@ class ReduceGradients(RewritePattern):
 
 def param_shardings(model: ModelOp) -> dict[str, str]:
     """The ``@shard`` strategy of each parameter declaring one (``column``, ``row``, ``replicated``, ...)."""
-    found = {}
-    for param in model.params():
-        attr = find_annotation(param, ShardAttr)
-        if attr is not None:
-            found[param.sym_name.data] = attr.values["strategy"]
-    return found
+    strategies = {param.sym_name.data: shard_strategy(param) for param in model.params()}
+    return {name: strategy for name, strategy in strategies.items() if strategy is not None}
 
 
 def tp_error(message: str, hint: str) -> DiagnosticError:

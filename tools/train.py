@@ -558,7 +558,7 @@ def plot_losses(losses: list[float], path: Path, title: str) -> str | None:
     return None
 
 
-def _save(args, run, meta: dict, title: str, moments: dict | None = None) -> str | None:
+def _save(args, run, meta: dict, title: str, gathered) -> str | None:
     """Write the checkpoint (or the LoRA adapter), the training state and (where it belongs to the
     save) the loss curve into the save folder, swapped in atomically: what drawing the curve gave
     (:func:`plot_losses`; "" where it is drawn elsewhere)."""
@@ -571,7 +571,7 @@ def _save(args, run, meta: dict, title: str, moments: dict | None = None) -> str
     existed = out.exists()
     try:
         with saving_folder(save_target(args)) as folder:
-            run.write(folder, meta, args.save_dtype, moments)
+            run.write(folder, meta, gathered, args.save_dtype)
             if name is not None:
                 problem = plot_losses(run.losses, folder / name, title)
     except OSError as err:
@@ -733,8 +733,8 @@ def _train_and_save(args, run, model, data, config, base, quiet: bool = False) -
               f"{run.batches.epoch}, {data.where(run.batches)}")
     if interrupted:
         print(f"interrupted: stopped after step {run.done}")
-    # ZeRO-1: every rank sends its share of the moments for the save (rank 0 writes it)
-    moments = run.gathered_moments() if args.save is not None else None
+    # what the other ranks hold of the save (ZeRO-1's moments, tensor-parallel shares): rank 0 writes it
+    gathered = run.gathered() if args.save is not None else None
     if quiet:
         return 130 if interrupted else 0
 
@@ -747,7 +747,7 @@ def _train_and_save(args, run, model, data, config, base, quiet: bool = False) -
         meta = run.meta(str(Path(base).resolve()) if _has_adapters(model) else None)
         meta["run"]["model"] = str(args.model) if args.model else None
         meta["run"]["base_dtype"] = args.base_dtype
-        problem = _save(args, run, meta, title, moments)
+        problem = _save(args, run, meta, title, gathered)
         what = "LoRA adapter" if _has_adapters(model) else "checkpoint"
         print(f"saved the {what} and training state (step {run.done}) to {out}")
     if args.merge_lora is not None:

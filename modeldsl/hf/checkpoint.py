@@ -248,7 +248,6 @@ class Checkpoint:
 
 RankSlices = dict[str, tuple[int, int, int]]  # tensor -> (dim, this rank's index, the ranks)
 TP_RULES = {"column": ("direct", "fuse"), "row": ("direct",)}  # the rules a rank reads a slice through
-TP_DIMS = {"column": 0, "row": 1}  # the dim of an [out, in] tensor each strategy splits
 
 
 def rank_slices(model: ModelOp, tp: int, rank: int) -> RankSlices:
@@ -258,16 +257,15 @@ def rank_slices(model: ModelOp, tp: int, rank: int) -> RankSlices:
     such a parameter filled through another rule (a split or transform of packed tensors)."""
     if tp == 1:
         return {}
-    from modeldsl.dialects.annotations import ShardAttr, find_annotation
+    from modeldsl.dialects.annotations import SHARD_DIMS, shard_strategy
 
     params = {p.sym_name.data: p for p in model.params()}
     config = config_integers(model)
     slices: RankSlices = {}
     for rule in parse_rules(model):
         param = params.get(rule.target)
-        attr = find_annotation(param, ShardAttr) if param is not None else None
-        strategy = attr.values["strategy"] if attr is not None else None
-        if strategy not in TP_DIMS:
+        strategy = shard_strategy(param) if param is not None else None
+        if strategy not in SHARD_DIMS:
             continue
         if rule.op not in TP_RULES[strategy] or rule.op == "fuse" and _axis(rule, 2, config) != 0:
             raise CheckpointError("E048", f"hf_mapping {rule.written}: a @shard({strategy}) parameter is read by rank "
@@ -276,7 +274,7 @@ def rank_slices(model: ModelOp, tp: int, rank: int) -> RankSlices:
         layers = [None] if rule.var is None else range(_concrete_shape(param.param_type, rule)[0])
         for layer in layers:
             for name in _names(rule, layer, config):
-                slices[name] = (TP_DIMS[strategy], rank, tp)
+                slices[name] = (SHARD_DIMS[strategy], rank, tp)
     return slices
 
 

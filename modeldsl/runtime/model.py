@@ -51,6 +51,7 @@ from modeldsl.kernels.cpu.compiled import prepare as prepare_cpu_kernels
 from modeldsl.kernels.reference import quantize
 from modeldsl.lower import choose_top, lower_program
 from modeldsl.passes.pipelines import bind_configuration
+from modeldsl.passes.shard import rank_shapes
 from modeldsl.rank_config import lower_for_rank
 from modeldsl.registry import model_for_checkpoint
 from modeldsl.runtime import distributed
@@ -110,7 +111,6 @@ class Model:
     device: Any = None  # a modeldsl.runtime.cuda_device.Device the schedule runs on; None: the CPU
     params: ParamsArena | None = None  # the schedule's params arena the weights are views of (the CPU)
     save_id: str = field(default_factory=new_run, repr=False)  # marks its saves (save_hf)
-    tp: int = 1  # tensor-parallel ranks: the model is one rank's (modeldsl.rank_config), its weights its shares
     whole: ModelOp | None = None  # with tp > 1, the whole model (what a save writes)
     slices: dict = field(default_factory=dict)  # with tp > 1, the tensors this rank read a slice of
 
@@ -124,6 +124,11 @@ class Model:
         self.rope = self.ropes.get("freqs")
         self.schedule = ProfiledForward(self.model, self.weights, storage="fp32" if self.dtype == "fp32" else None,
                                         max_tokens=self.max_positions, device=self.device, params=self.params)
+
+    @property
+    def tp(self) -> int:
+        """The tensor-parallel ranks the model is one rank's share of (modeldsl.rank_config; 1: the whole)."""
+        return rank_shapes(self.model)
 
     # ------------------------------------------------------------------ config
     def config(self, name: str, default: Any = None) -> Any:
@@ -572,7 +577,7 @@ def _load(model_file: str | Path, hf: str | Path | None, dtype: str, top: str | 
                                           "*.safetensors files")]) from None
     try:
         with np.errstate(all="ignore"):  # a nonsensical rope_theta is W011, not a numpy RuntimeWarning
-            return Model(module, model, weights, dtype, hf_config, record, runs_on, arena, tp=tp,
+            return Model(module, model, weights, dtype, hf_config, record, runs_on, arena,
                          whole=_model_op(whole) if whole is not None else None, slices=slices)
     except RopeScalingError as err:
         raise DiagnosticError([_rope_diagnostic(err, hf_config, hf)]) from None

@@ -16,10 +16,11 @@ from dataclasses import replace
 
 import numpy as np
 
+from modeldsl.dialects.annotations import SHARD_DIMS
 from modeldsl.dialects.graph import ModelOp
 from modeldsl.hf.checkpoint import ImportRecord, RankSlices
 from modeldsl.passes.shard import param_shardings
-from modeldsl.rank_config import SHARD_DIMS, stacked_names
+from modeldsl.rank_config import stacked_names
 from modeldsl.runtime import distributed
 
 

@@ -160,6 +160,15 @@ def _warning(diagnostic: Diagnostic) -> None:
     warn_python(diagnostic)
 
 
+@dataclass(frozen=True)
+class Gathered:
+    """What a save of a run writes: the moments (None: the trainer's own) and the (model, weights,
+    import record) of the checkpoint."""
+
+    moments: dict[str, np.ndarray] | None
+    checkpoint: tuple[Any, dict[str, np.ndarray], Any]
+
+
 MAX_GRAD_ACCUM = 1 << 16  # micro-batches of one step (each cut from the data before the step runs)
 
 @dataclass
@@ -331,19 +340,16 @@ class TrainingRun:
     def has_adapters(self) -> bool:
         return any(p.is_adapter for p in self.model.model.params())
 
-    def write(self, folder: Path, meta: dict[str, Any], save_dtype: str | None = None,
-              moments: dict[str, np.ndarray] | None = None, checkpoint: tuple | None = None) -> None:
+    def write(self, folder: Path, meta: dict[str, Any], gathered: Gathered, save_dtype: str | None = None) -> None:
         """The checkpoint (with adapters: the PEFT adapter and the tokenizer) and the training state into
-        ``folder``; ``checkpoint``: the (model, weights, record) to write (the whole model's on
-        tensor-parallel ranks), else the model's."""
+        ``folder``, from what :meth:`gathered` gave (the whole model's on tensor-parallel ranks)."""
         from modeldsl.hf.checkpoint import copy_tokenizer, save_checkpoint
         from modeldsl.runtime.lora import write_adapter
         from modeldsl.runtime.model import STORAGE
         from modeldsl.runtime.train import save_training_state
 
-        self.trainer.sync_weights()
         model = self.model
-        written_model, weights, record = checkpoint or (model.model, model.weights, model.record)
+        written_model, weights, record = gathered.checkpoint
         if self.has_adapters():
             write_adapter(folder, model.model, model.weights, meta["run"].get("base"))
             copy_tokenizer(model.record, folder)
@@ -354,27 +360,29 @@ class TrainingRun:
         arrays = {"losses": np.asarray(self.losses, np.float64)}
         if written - {"float32"}:  # rounded tensors: keep the masters for --resume
             arrays |= {MASTERS + n: np.asarray(weights[n], np.float32) for n in self.trainer.optimizer.grads}
-        save_training_state(folder / STATE_FILE, self.trainer, meta, arrays, moments)
+        save_training_state(folder / STATE_FILE, self.trainer, meta, arrays, gathered.moments)
 
-    def gathered_moments(self) -> dict[str, np.ndarray] | None:
-        """ZeRO-1: every rank's share of the moments, for rank 0 to save (every rank calls it, before
-        rank 0 writes); None without ZeRO-1 (the writer takes its own)."""
-        return self.trainer.state_arrays() if self.zero else None
-
-    def save(self, out: str | Path, overwrite: bool = False, save_dtype: str | None = None) -> None:
-        """Write the run into the folder ``out`` (replaced atomically: a new or empty folder, or a
-        save of this run; anything else E044 unless ``overwrite``), for ``mdsl-run --resume``. Of
-        data-parallel ranks rank 0 writes (every rank holds the same weights)."""
-        from modeldsl.runtime.saves import SaveTarget, new_run, saving_folder
-
-        moments = self.gathered_moments()
+    def gathered(self) -> Gathered:
+        """What a save writes, the trained weights synced into the model (every rank calls it, before rank
+        0 writes): under ZeRO-1 every rank's share of the moments; on tensor-parallel ranks the whole
+        checkpoint and moments, the shares put together; else the model's own (the moments the
+        trainer's)."""
         self.trainer.sync_weights()
-        checkpoint = self.model.whole_checkpoint(self.model.weights)  # on tensor-parallel ranks, gathered
+        moments = self.trainer.state_arrays() if self.zero else None
         if self.tp > 1:
             from modeldsl.runtime.tensor_parallel import whole_moments
 
             moments = whole_moments(self.model.model, self.model.record, moments or self.trainer.state_arrays(),
                                     self.tp)
+        return Gathered(moments, self.model.whole_checkpoint(self.model.weights))
+
+    def save(self, out: str | Path, overwrite: bool = False, save_dtype: str | None = None) -> None:
+        """Write the run into the folder ``out`` (replaced atomically: a new or empty folder, or a
+        save of this run; anything else E044 unless ``overwrite``), for ``mdsl-run --resume``. Of
+        several ranks rank 0 writes (:meth:`gathered` gives it what the others hold)."""
+        from modeldsl.runtime.saves import SaveTarget, new_run, saving_folder
+
+        gathered = self.gathered()
         if self.rank != 0:
             return
         if not hasattr(self, "run_id"):
@@ -385,7 +393,7 @@ class TrainingRun:
         try:
             with saving_folder(target) as folder:
                 self.write(folder, self.meta(str(Path(base).resolve()) if base and self.has_adapters() else None),
-                           save_dtype, moments, checkpoint)
+                           gathered, save_dtype)
         except OSError as err:
             raise DiagnosticError([Diagnostic("E028", f"cannot write the run to '{out}': {err.strerror or err}",
                                               None, "give a folder you can write")]) from None

@@ -192,6 +192,8 @@ def test_mdsl_run_trains_on_two_ranks_as_on_one(tmp_path):
 
 
 def test_mdsl_run_trains_tensor_parallel_ranks_as_one_process(tmp_path):
+    from modeldsl.hf.safetensors_io import SafetensorsFile
+
     flags = ["--hf", "examples/tiny_llama", "--train", "examples/tiny_corpus.txt", "--steps", "3", "--batch", "4",
              "--seq", "16", "--lr", "1e-3"]
     single = run_ranks(1, sys.executable, "-m", "modeldsl.tools.run", *flags, "--loss-plot", str(tmp_path / "a.png"))
@@ -201,6 +203,9 @@ def test_mdsl_run_trains_tensor_parallel_ranks_as_one_process(tmp_path):
     losses = [[float(x) for x in re.findall(r"^step \d+ loss (\S+)", out.stdout, re.M)] for out in (single, parallel)]
     assert len(losses[0]) == 3 and relative(losses[1], losses[0][:2]) < 1e-5
     assert "tensor-parallel over 2 ranks" in parallel.stdout and parallel.stdout.count("training on") == 1
+    saved = SafetensorsFile(tmp_path / "out" / "model.safetensors")  # the whole model, not rank 0's share
+    assert saved.shape("model.layers.0.self_attn.q_proj.weight") == (64, 64)
+    assert saved.shape("model.layers.0.mlp.down_proj.weight") == (64, 172)
     resumed = run_ranks(2, sys.executable, "-m", "modeldsl.tools.run", "--train", "examples/tiny_corpus.txt",
                         "--resume", str(tmp_path / "out"))
     assert resumed.returncode != 0 and "error[E029]: resuming a tensor-parallel run is not implemented" in \
