@@ -46,12 +46,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xdsl.context import Context
-from xdsl.dialects.builtin import FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
+from xdsl.dialects.builtin import BoolAttr, FloatAttr, IntegerAttr, ModuleOp, StringAttr, f64, i64
 from xdsl.ir import Attribute, Operation, SSAValue
 from xdsl.passes import ModulePass
 
 from modeldsl.diagnostics import PassOptionError
-from modeldsl.dialects.annotations import TrainableAttr, annotations_of
+from modeldsl.dialects.annotations import SHARD_DIMS, TrainableAttr, annotations_of
 from modeldsl.dialects.dtypes import DType
 from modeldsl.dialects.graph import ModelOp, ParamOp, ParamRefOp, StackOp
 from modeldsl.dialects.sched import BufferOp, BufferType, CollectiveOp, LaunchOp, MemsetOp, ProgramOp
@@ -190,7 +190,7 @@ def sharded_gradients(model: ModelOp, grads: list[BufferOp], tp: int) -> list[Bu
     if tp == 1:
         return []
     strategies = param_shardings(model)
-    return [g for g in grads if strategies.get(g.attributes["grad"].data) in ("column", "row")]
+    return [g for g in grads if strategies.get(g.attributes["grad"].data) in SHARD_DIMS]
 
 
 def norm_launches(grads: list[BufferOp], norm: SSAValue, sharded: list[BufferOp],
@@ -204,7 +204,8 @@ def norm_launches(grads: list[BufferOp], norm: SSAValue, sharded: list[BufferOp]
         return [LaunchOp("global_norm", [g.result for g in grads], [norm])], []
     shares = _buffer("workspace", BufferType([], DType.FP32), "sharded_squares")
     whole = [g.result for g in grads if g not in sharded]
-    return [LaunchOp("global_norm", [g.result for g in sharded], [shares.result], {"squared": _flag(True)}),
+    squared = {"squared": BoolAttr.from_bool(True)}
+    return [LaunchOp("global_norm", [g.result for g in sharded], [shares.result], squared),
             CollectiveOp("all_reduce", shares.result, shares.result, "tp", op="sum", size=tp),
             LaunchOp("global_norm", [*whole, shares.result], [norm], {"plus": _index(1)})], [shares]
 
@@ -276,10 +277,6 @@ def _buffer(arena: str, btype: BufferType, name: str, attrs: dict[str, Attribute
     op.attributes |= attrs or {}
     op.result.name_hint = name
     return op
-
-
-def _flag(value: bool) -> IntegerAttr:
-    return IntegerAttr(int(value), 1)
 
 
 def _index(value: int) -> IntegerAttr:

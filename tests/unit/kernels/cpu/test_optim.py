@@ -36,6 +36,18 @@ def test_global_norm_is_bitwise_the_reference(dtype, threads):
     assert outputs[0] == first  # the same value every run
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_global_norm_of_shares_and_their_squares_is_bitwise_the_reference(threads):
+    """Tensor parallelism's two launches: the sharded gradients' sum of squares (``squared``), and the
+    others' norm with that (summed over the ranks) added in (``plus=1``)."""
+    grads = [random(shape, np.float32, seed) for seed, shape in enumerate(SIZES)]
+    squares, expected, _ = fast_and_reference("global_norm", grads[1:], {"squared": True}, threads=threads)
+    np.testing.assert_array_equal(squares[0], expected[0])
+    norm, expected, _ = fast_and_reference("global_norm", [grads[0], squares[0]], {"plus": 1}, threads=threads)
+    np.testing.assert_array_equal(norm[0], expected[0])
+    np.testing.assert_allclose(norm[0], fast_and_reference("global_norm", grads)[0][0], rtol=1e-6)
+
+
 def test_global_norm_does_not_depend_on_the_threads():
     grads = [random(shape, np.float32, seed) for seed, shape in enumerate(SIZES)]
     norms = [fast_and_reference("global_norm", grads, threads=t)[0][0] for t in (1, 2)]
