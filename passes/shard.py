@@ -225,13 +225,14 @@ def check_rank_shapes(model: ModelOp, tp: int) -> None:
 
 def shard_tensors(module: ModuleOp, tp: int) -> None:
     """``tp_partial_sums`` over each model of ``module`` lowered for one of ``tp`` ranks."""
+    partial: set[Operation] = set()
     for model in [m for m in module.walk() if isinstance(m, ModelOp)]:
         check_rank_shapes(model, tp)
-        partial = frozenset(partial_products(model, param_shardings(model)))
-        boundaries = mark_backward_starts(module)
-        PatternRewriteWalker(GreedyRewritePatternApplier([ReducePartialSums(tp, partial)], dce_enabled=False),
-                             apply_recursively=False).rewrite_module(model)
-        count_forward_ops(boundaries)
+        partial.update(partial_products(model, param_shardings(model)))
+    boundaries = mark_backward_starts(module)
+    PatternRewriteWalker(GreedyRewritePatternApplier([ReducePartialSums(tp, frozenset(partial))], dce_enabled=False),
+                         apply_recursively=False).rewrite_module(module)
+    count_forward_ops(boundaries)
 
 
 PATTERNS: dict[str, tuple[type[RewritePattern], ...]] = {"dp_gradients": (ReduceGradients,),
