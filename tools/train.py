@@ -625,14 +625,12 @@ def run_training(args) -> int:
     import modeldsl
     from modeldsl.diagnostics import DiagnosticSink
     from modeldsl.runtime.optim import AdamWConfig
-    from modeldsl.runtime.training_run import TrainingData, TrainingRun, eos_id
+    from modeldsl.runtime.training_run import TrainingData, TrainingRun, check_resumable, eos_id
     from modeldsl.tokenizer import Tokenizer
 
     state = args.resumed
-    if state is not None and args.tp > 1:
-        raise DiagnosticError([Diagnostic("E029", "resuming a tensor-parallel run is not implemented yet", None,
-                                          f"the saved folder is an ordinary checkpoint: train on from it with "
-                                          f"--hf {args.resume} (a new optimizer state)")])
+    if state is not None:
+        check_resumable(args.tp, args.resume)  # before the model loads
     source = Path(args.resume if state is not None else args.hf)
     tokenizer = Tokenizer(source)
     base, adapter = _base_and_adapter(args, state, source)

@@ -169,6 +169,15 @@ class Gathered:
     checkpoint: tuple[Any, dict[str, np.ndarray], Any]
 
 
+def check_resumable(tp: int, folder: str = "FOLDER") -> None:
+    """E029 for resuming a run of ``tp`` tensor-parallel ranks (each would re-cut its share of the
+    saved moments: not built yet)."""
+    if tp > 1:
+        raise DiagnosticError([Diagnostic("E029", "resuming a tensor-parallel run is not implemented yet", None,
+                                          f"the saved folder is an ordinary checkpoint: train on from it with --hf "
+                                          f"{folder} (a new optimizer state)")])
+
+
 MAX_GRAD_ACCUM = 1 << 16  # micro-batches of one step (each cut from the data before the step runs)
 
 @dataclass
@@ -216,10 +225,8 @@ class TrainingRun:
         self.losses: list[float] = []
         self.history: list[StepInfo] = []
         state = self.state
-        if state is not None and self.tp > 1:
-            raise DiagnosticError([Diagnostic("E029", "resuming a tensor-parallel run is not implemented yet", None,
-                                              "the saved folder is an ordinary checkpoint: train on from it "
-                                              "(--hf FOLDER) with a new optimizer state")])
+        if state is not None:
+            check_resumable(self.tp)
         self.batches = self.data.batches(self.seq, state.meta.get("data", {}) if state is not None else None,
                                          self.packing)
         if state is not None:
